@@ -1,0 +1,267 @@
+//! The `strata` command: run pipelines, query and validate warehouses.
+//!
+//! Exit codes: 0 success; 1 `validate` found violations; 2 any error (bad pipeline, bad
+//! input, unknown table, storage failure). Errors print their whole chain on one line.
+
+use clap::{Parser, Subcommand, ValueEnum};
+use deltalake::arrow::array::RecordBatch;
+use deltalake::arrow::datatypes::SchemaRef;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use strata_engine::{RunReport, Warehouse};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "strata",
+    version,
+    about = "Declarative CDC pipelines (AUTO CDC, SCD type 1 and 2) on Delta Lake"
+)]
+struct Cli {
+    /// Log progress (info level); RUST_LOG overrides.
+    #[arg(short, long, global = true)]
+    verbose: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run every flow of a pipeline once over all input not yet processed.
+    Run {
+        /// The pipeline SQL file.
+        pipeline: PathBuf,
+        #[command(flatten)]
+        warehouse: WarehouseArg,
+    },
+    /// Run SQL over every table of the warehouse (`name` or `schema.name`).
+    Query {
+        /// The SQL to run.
+        sql: String,
+        #[command(flatten)]
+        warehouse: WarehouseArg,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Format::Table)]
+        format: Format,
+    },
+    /// Check an SCD type 2 table's timeline; exit 1 if it is broken.
+    Validate {
+        /// The table, `name` or `schema.name`.
+        table: String,
+        #[command(flatten)]
+        warehouse: WarehouseArg,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+struct WarehouseArg {
+    /// Warehouse folder [default: $STRATA_WAREHOUSE, else ./warehouse]
+    #[arg(long, value_name = "DIR")]
+    warehouse: Option<PathBuf>,
+}
+
+impl WarehouseArg {
+    fn open(&self) -> strata_engine::Result<Warehouse> {
+        let dir = self
+            .warehouse
+            .clone()
+            .or_else(|| std::env::var_os("STRATA_WAREHOUSE").map(PathBuf::from))
+            .unwrap_or_else(|| PathBuf::from("warehouse"));
+        Warehouse::open(dir)
+    }
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Format {
+    /// An aligned grid.
+    Table,
+    /// CSV with a header row.
+    Csv,
+    /// JSON Lines: one object per row.
+    Json,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        // The Delta kernel logs expected conditions (a table that does not exist yet) as
+        // errors; strata reports what matters itself.
+        let level = if cli.verbose { "info" } else { "warn" };
+        tracing_subscriber::EnvFilter::new(format!("{level},buoyant_kernel=off"))
+    });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(execute(cli.command)) {
+        Ok(code) => code,
+        Err(e) => {
+            if is_broken_pipe(&e) {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("error: {}", chain(e.as_ref()));
+            ExitCode::from(2)
+        }
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+async fn execute(command: Command) -> Result<ExitCode, BoxError> {
+    match command {
+        Command::Run {
+            pipeline,
+            warehouse,
+        } => {
+            let wh = warehouse.open()?;
+            let report = strata_engine::run_pipeline_file(&pipeline, &wh).await?;
+            print_report(&report)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Query {
+            sql,
+            warehouse,
+            format,
+        } => {
+            let wh = warehouse.open()?;
+            let (schema, batches) = strata_engine::query(&wh, &sql).await?;
+            write_batches(&schema, &batches, format)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Validate { table, warehouse } => {
+            let wh = warehouse.open()?;
+            let violations = strata_engine::validate(&wh, &table).await?;
+            let mut out = std::io::stdout().lock();
+            for v in &violations {
+                writeln!(out, "{table}: key ({}): {}", v.key, v.problem)?;
+            }
+            if violations.is_empty() {
+                writeln!(out, "{table}: ok")?;
+                Ok(ExitCode::SUCCESS)
+            } else {
+                writeln!(out, "{table}: {} violation(s)", violations.len())?;
+                Ok(ExitCode::from(1))
+            }
+        }
+    }
+}
+
+fn print_report(report: &RunReport) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    for i in &report.ingests {
+        match &i.skipped {
+            Some(why) => writeln!(out, "table {}: {why}", i.table)?,
+            None => writeln!(
+                out,
+                "table {}: ingested {} row(s) from {} file(s)",
+                i.table,
+                i.rows,
+                i.files.len()
+            )?,
+        }
+    }
+    for f in &report.flows {
+        match &f.skipped {
+            Some(why) => writeln!(out, "flow {}: {why}", f.flow)?,
+            None => writeln!(
+                out,
+                "flow {}: {} event(s), {} key(s) changed, {} row(s) written, {} row(s) replaced{}",
+                f.flow,
+                f.events,
+                f.keys_changed,
+                f.rows_inserted,
+                f.rows_deleted,
+                if f.recovered {
+                    " (completed an interrupted earlier run)"
+                } else {
+                    ""
+                }
+            )?,
+        }
+    }
+    Ok(())
+}
+
+fn write_batches(
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    format: Format,
+) -> Result<(), BoxError> {
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    match format {
+        Format::Table => {
+            let options =
+                deltalake::arrow::util::display::FormatOptions::default().with_null("NULL");
+            let text = if batches.is_empty() {
+                deltalake::arrow::util::pretty::pretty_format_batches_with_options(
+                    &[RecordBatch::new_empty(schema.clone())],
+                    &options,
+                )?
+            } else {
+                deltalake::arrow::util::pretty::pretty_format_batches_with_options(
+                    batches, &options,
+                )?
+            };
+            writeln!(out, "{text}")?;
+        }
+        Format::Csv => {
+            let mut writer = deltalake::arrow::csv::WriterBuilder::new()
+                .with_header(true)
+                .build(&mut out);
+            if batches.is_empty() {
+                writer.write(&RecordBatch::new_empty(schema.clone()))?;
+            }
+            for b in batches {
+                writer.write(b)?;
+            }
+        }
+        Format::Json => {
+            let mut writer = deltalake::arrow::json::WriterBuilder::new()
+                .with_explicit_nulls(true)
+                .build::<_, deltalake::arrow::json::writer::LineDelimited>(&mut out);
+            for b in batches {
+                writer.write(b)?;
+            }
+            writer.finish()?;
+        }
+    }
+    out.flush()?;
+    Ok(())
+}
+
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts = vec![e.to_string()];
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        let text = s.to_string();
+        if !parts.last().is_some_and(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        cur = s.source();
+    }
+    parts.join(": ")
+}
+
+fn is_broken_pipe(e: &BoxError) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e.as_ref());
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if io.kind() == std::io::ErrorKind::BrokenPipe {
+                return true;
+            }
+        }
+        cur = err.source();
+    }
+    false
+}

@@ -1,0 +1,348 @@
+//! The real `strata` binary in temp dirs: run, query in each format, validate, and the error
+//! cases with their exit codes and messages.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const PIPELINE: &str = r#"
+CREATE OR REFRESH STREAMING TABLE users_cdc
+AS SELECT * FROM STREAM read_files('data/cdc', format => 'json',
+  schema => 'userId INT, name STRING, city STRING, operation STRING, sequenceNum INT');
+CREATE OR REFRESH STREAMING TABLE users;
+CREATE FLOW users_flow AS AUTO CDC INTO users
+FROM STREAM(users_cdc)
+KEYS (userId)
+APPLY AS DELETE WHEN operation = "DELETE"
+SEQUENCE BY sequenceNum
+COLUMNS * EXCEPT (operation, sequenceNum)
+STORED AS SCD TYPE 2;
+"#;
+
+const BATCH1: &str = r#"{"userId": 124, "name": "Raul", "city": "Oaxaca", "operation": "INSERT", "sequenceNum": 1}
+{"userId": 123, "name": "Isabel", "city": "Monterrey", "operation": "INSERT", "sequenceNum": 1}
+{"userId": 125, "name": "Mercedes", "city": "Tijuana", "operation": "INSERT", "sequenceNum": 2}
+{"userId": 126, "name": "Lily", "city": "Cancun", "operation": "INSERT", "sequenceNum": 2}
+{"userId": 123, "name": null, "city": null, "operation": "DELETE", "sequenceNum": 6}
+{"userId": 125, "name": "Mercedes", "city": "Guadalajara", "operation": "UPDATE", "sequenceNum": 6}
+"#;
+
+const BATCH2: &str = r#"{"userId": 125, "name": "Mercedes", "city": "Mexicali", "operation": "UPDATE", "sequenceNum": 5}
+{"userId": 123, "name": "Isabel", "city": "Chihuahua", "operation": "UPDATE", "sequenceNum": 5}
+"#;
+
+struct Project {
+    dir: tempfile::TempDir,
+}
+
+impl Project {
+    fn new(pipeline: &str) -> Project {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(dir.path().join("data/cdc")).expect("mkdir");
+        std::fs::write(dir.path().join("pipeline.sql"), pipeline).expect("write");
+        Project { dir }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    fn file(&self, rel: &str, text: &str) {
+        std::fs::write(self.path(rel), text).expect("write");
+    }
+
+    fn strata(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(args)
+            .current_dir(self.dir.path())
+            .env_remove("STRATA_WAREHOUSE")
+            .output()
+            .expect("strata runs")
+    }
+
+    fn run(&self) -> Output {
+        self.strata(&["run", "pipeline.sql"])
+    }
+
+    fn query(&self, format: &str, sql: &str) -> String {
+        let out = self.strata(&["query", "--format", format, sql]);
+        assert!(out.status.success(), "query failed: {}", stderr(&out));
+        stdout(&out)
+    }
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).to_string()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).to_string()
+}
+
+fn table_files(p: &Path) -> Vec<String> {
+    let mut out: Vec<String> = walk(p)
+        .into_iter()
+        .map(|f| f.strip_prefix(p).unwrap_or(&f).display().to_string())
+        .collect();
+    out.sort();
+    out
+}
+
+fn walk(p: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(p) {
+        for e in entries.flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                out.extend(walk(&path));
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn run_query_validate_late_events() {
+    let p = Project::new(PIPELINE);
+    p.file("data/cdc/001.json", BATCH1);
+    let out = p.run();
+    assert!(out.status.success(), "run failed: {}", stderr(&out));
+    assert!(
+        stdout(&out).contains("ingested 6 row(s) from 1 file(s)"),
+        "{}",
+        stdout(&out)
+    );
+
+    p.file("data/cdc/002.json", BATCH2);
+    let out = p.run();
+    assert!(out.status.success(), "run failed: {}", stderr(&out));
+
+    let csv = p.query("csv", "SELECT * FROM users ORDER BY userId, __START_AT");
+    assert_eq!(
+        csv,
+        "userId,name,city,__START_AT,__END_AT\n\
+         123,Isabel,Monterrey,1,5\n\
+         123,Isabel,Chihuahua,5,6\n\
+         124,Raul,Oaxaca,1,\n\
+         125,Mercedes,Tijuana,2,5\n\
+         125,Mercedes,Mexicali,5,6\n\
+         125,Mercedes,Guadalajara,6,\n\
+         126,Lily,Cancun,2,\n"
+    );
+
+    let json = p.query(
+        "json",
+        "SELECT userId, city, __END_AT FROM default.users WHERE userId = 124",
+    );
+    assert_eq!(
+        json,
+        "{\"userId\":124,\"city\":\"Oaxaca\",\"__END_AT\":null}\n"
+    );
+
+    let table = p.query("table", "SELECT count(*) AS n FROM users");
+    assert!(table.contains("| n |"), "{table}");
+    assert!(table.contains("| 7 |"), "{table}");
+
+    let out = p.strata(&["validate", "users"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("users: ok"));
+
+    // Nothing new: the run commits nothing.
+    let before = table_files(&p.path("warehouse"));
+    let out = p.run();
+    assert!(out.status.success());
+    assert!(stdout(&out).contains("no new files"), "{}", stdout(&out));
+    assert_eq!(before, table_files(&p.path("warehouse")));
+}
+
+#[test]
+fn warehouse_from_environment() {
+    let p = Project::new(PIPELINE);
+    p.file("data/cdc/001.json", BATCH1);
+    let wh = p.path("elsewhere");
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["run", "pipeline.sql"])
+        .current_dir(p.dir.path())
+        .env("STRATA_WAREHOUSE", &wh)
+        .output()
+        .expect("runs");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(wh.join("default/users/_delta_log").is_dir());
+    assert!(!p.path("warehouse").exists());
+}
+
+#[test]
+fn malformed_pipeline_names_line_and_column() {
+    let p = Project::new(
+        "CREATE OR REFRESH STREAMING TABLE users;\n\
+         CREATE FLOW f AS AUTO CDC INTO users FROM STREAM(x)\n\
+         KEY (userId) SEQUENCE BY s;\n",
+    );
+    let out = p.run();
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(err.contains("pipeline.sql:3:1"), "{err}");
+    assert!(err.contains("KEY"), "{err}");
+    assert!(!p.path("warehouse/default").exists());
+}
+
+#[test]
+fn unknown_column_fails_before_anything_runs() {
+    let p = Project::new(&PIPELINE.replace("SEQUENCE BY sequenceNum", "SEQUENCE BY seqNum"));
+    p.file("data/cdc/001.json", BATCH1);
+    let out = p.run();
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(err.contains("flow users_flow"), "{err}");
+    assert!(err.contains("seqNum"), "{err}");
+    assert!(
+        !p.path("warehouse/default").exists(),
+        "nothing may be written"
+    );
+}
+
+#[test]
+fn null_key_rejects_the_batch_and_writes_nothing() {
+    let p = Project::new(PIPELINE);
+    p.file("data/cdc/001.json", BATCH1);
+    assert!(p.run().status.success());
+    let before = table_files(&p.path("warehouse"));
+    p.file(
+        "data/cdc/002.json",
+        "{\"userId\": null, \"name\": \"X\", \"city\": \"Y\", \"operation\": \"INSERT\", \"sequenceNum\": 9}\n\
+         {\"userId\": null, \"name\": \"Z\", \"city\": \"Y\", \"operation\": \"INSERT\", \"sequenceNum\": 9}\n",
+    );
+    let out = p.run();
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(err.contains("flow users_flow"), "{err}");
+    assert!(err.contains("002.json"), "{err}");
+    assert!(err.contains("userId"), "{err}");
+    assert!(err.contains("2 row(s)"), "{err}");
+    assert_eq!(
+        before,
+        table_files(&p.path("warehouse")),
+        "tables unchanged"
+    );
+}
+
+#[test]
+fn unparsable_file_is_named() {
+    let p = Project::new(PIPELINE);
+    p.file(
+        "data/cdc/001.json",
+        "{\"userId\": \"not a number\", \"sequenceNum\": 1}\n",
+    );
+    let out = p.run();
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(err.contains("001.json"), "{err}");
+    assert!(!p.path("warehouse/default/users_cdc/_delta_log").exists());
+}
+
+#[test]
+fn conflicting_tie_names_key_and_sequence() {
+    let p = Project::new(PIPELINE);
+    p.file(
+        "data/cdc/001.json",
+        "{\"userId\": 7, \"name\": \"A\", \"city\": \"x\", \"operation\": \"INSERT\", \"sequenceNum\": 3}\n\
+         {\"userId\": 7, \"name\": \"B\", \"city\": \"x\", \"operation\": \"INSERT\", \"sequenceNum\": 3}\n",
+    );
+    let out = p.run();
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(err.contains("userId=7"), "{err}");
+    assert!(err.contains("sequence value 3"), "{err}");
+    let users = p.path("warehouse/default/users");
+    let rows = if users.join("_delta_log").exists() {
+        p.query("csv", "SELECT count(*) AS n FROM users")
+    } else {
+        "n\n0\n".to_string()
+    };
+    assert_eq!(rows, "n\n0\n");
+}
+
+#[test]
+fn query_errors() {
+    let p = Project::new(PIPELINE);
+    p.file("data/cdc/001.json", BATCH1);
+    assert!(p.run().status.success());
+    let out = p.strata(&["query", "SELECT * FROM nope"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("nope"), "{}", stderr(&out));
+    let out = p.strata(&["validate", "nope"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("no table default.nope"),
+        "{}",
+        stderr(&out)
+    );
+    let out = p.strata(&["validate", "users_cdc"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("not an AUTO CDC target"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn validate_reports_broken_timelines() {
+    // A table with two open versions for one key and an interval that ends before it starts,
+    // written directly with deltalake (strata itself never writes one).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("default/broken");
+    std::fs::create_dir_all(&path).expect("mkdir");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        use deltalake::arrow::array::{Int64Array, RecordBatch};
+        use deltalake::arrow::datatypes::{DataType, Field, Schema};
+        use std::sync::Arc;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("__START_AT", DataType::Int64, true),
+            Field::new("__END_AT", DataType::Int64, true),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from(vec![1, 1, 2])),
+                Arc::new(Int64Array::from(vec![1, 5, 9])),
+                Arc::new(Int64Array::from(vec![None, None, Some(4)])),
+            ],
+        )
+        .expect("batch");
+        let url = url::Url::from_directory_path(&path).expect("url");
+        let table = deltalake::DeltaTableBuilder::from_url(url)
+            .expect("url")
+            .build()
+            .expect("handle")
+            .create()
+            .with_columns(["id", "__START_AT", "__END_AT"].map(|c| {
+                deltalake::kernel::StructField::new(c, deltalake::kernel::DataType::LONG, true)
+            }))
+            .with_configuration([("strata.keys", Some("id")), ("strata.scdType", Some("2"))])
+            .with_raise_if_key_not_exists(false)
+            .await
+            .expect("create");
+        table.write(vec![batch]).await.expect("write");
+    });
+    let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["validate", "--warehouse"])
+        .arg(dir.path())
+        .arg("broken")
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("key (id=1): has 2 open versions"), "{text}");
+    assert!(
+        text.contains("key (id=2): version starting at 9 does not end after it starts"),
+        "{text}"
+    );
+    assert!(
+        text.contains("key (id=1): version starting at 1 overlaps"),
+        "{text}"
+    );
+}

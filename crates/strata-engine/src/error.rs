@@ -1,0 +1,94 @@
+//! The engine's one error type.
+//!
+//! User mistakes (a bad pipeline, a bad batch, an unknown table) are kept apart from failures
+//! of the storage or query layers and from internal invariant violations, which are worded
+//! as bugs.
+
+use deltalake::datafusion::error::DataFusionError;
+use deltalake::DeltaTableError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The pipeline text does not parse or does not plan.
+    #[error("{file}:{source}")]
+    Pipeline {
+        file: String,
+        #[source]
+        source: strata_sql::SqlError,
+    },
+    /// The pipeline is well formed but cannot run against these schemas or tables
+    /// (unknown column, reserved name, changed key schema). Nothing has been written.
+    #[error("{0}")]
+    Plan(String),
+    /// A batch of input was rejected (NULL key, NULL sequence, conflicting tie, unparsable
+    /// file). Nothing of that run of that flow was written.
+    #[error("{0}")]
+    BadInput(String),
+    /// The user asked for something that does not exist (a table in `query`/`validate`).
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{context}: {source}")]
+    Delta {
+        context: String,
+        #[source]
+        source: DeltaTableError,
+    },
+    #[error("{context}: {source}")]
+    DataFusion {
+        context: String,
+        #[source]
+        source: Box<DataFusionError>,
+    },
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// An invariant of strata itself was violated.
+    #[error("internal error, this is a bug in strata: {0}")]
+    Internal(String),
+}
+
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+/// Adds a context sentence to errors of the layers below.
+pub(crate) trait Context<T> {
+    fn context(self, context: impl FnOnce() -> String) -> Result<T>;
+}
+
+impl<T> Context<T> for std::result::Result<T, DeltaTableError> {
+    fn context(self, context: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|source| EngineError::Delta {
+            context: context(),
+            source,
+        })
+    }
+}
+
+impl<T> Context<T> for std::result::Result<T, DataFusionError> {
+    fn context(self, context: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|source| EngineError::DataFusion {
+            context: context(),
+            source: Box::new(source),
+        })
+    }
+}
+
+impl<T> Context<T> for std::result::Result<T, deltalake::arrow::error::ArrowError> {
+    fn context(self, context: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|source| EngineError::DataFusion {
+            context: context(),
+            source: Box::new(DataFusionError::ArrowError(Box::new(source), None)),
+        })
+    }
+}
+
+impl<T> Context<T> for std::result::Result<T, std::io::Error> {
+    fn context(self, context: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|source| EngineError::Io {
+            context: context(),
+            source,
+        })
+    }
+}

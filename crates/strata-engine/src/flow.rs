@@ -1,0 +1,944 @@
+//! One run of one AUTO CDC flow.
+//!
+//! ```text
+//!  source (append-only Delta)     event store (Delta, per target)        target (Delta)
+//!  files added since the   ──▶  1. stored events of the touched keys ─┐
+//!  flow's txn version           2. + new events  ──fold (strata-core)─┴─▶ rows of touched keys
+//!                               3. commit new events + source txn      4. MERGE changed keys
+//!                                                                         + txn "strata-events"
+//! ```
+//!
+//! The event store keeps every event ever applied (after ties are settled at fold time), so
+//! that late events can be placed exactly where their sequence says (semantics page, §1).
+//! The target is derived from it: `strata-events` in the target's log says which event-store
+//! version it reflects. A crash between steps 3 and 4 is repaired by the next run, which
+//! re-derives the keys of the event-store commits the target has not seen. The source
+//! position is the application transaction `strata-flow:<name>` of the event store, written in
+//! the same commit as the events, so no event is lost or applied twice.
+
+use crate::error::{Context, EngineError, Result};
+use crate::fold::{self, FoldSpec, END_COL, OP_COL, RUN_COL, SEQ_COL, START_COL};
+use crate::sqlutil::{self, quote_ident};
+use crate::warehouse::{self, Warehouse};
+use deltalake::arrow::array::{
+    Array, ArrayRef, Int64Array, Int8Array, RecordBatch, StructArray, UInt32Array,
+};
+use deltalake::arrow::compute::{self, concat_batches};
+use deltalake::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use deltalake::datafusion::common::Column;
+use deltalake::datafusion::prelude::{col, lit, Expr, SessionContext};
+use deltalake::kernel::transaction::CommitProperties;
+use deltalake::kernel::Transaction;
+use deltalake::protocol::SaveMode;
+use deltalake::DeltaTable;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use strata_core::FoldOptions;
+use strata_sql::{CdcFlow, ColumnSelection, ScdType, SequenceBy};
+
+/// The application id under which a target records the event-store version it reflects.
+const EVENTS_APP_ID: &str = "strata-events";
+
+/// A flow checked against its source's schema: everything needed to run it.
+#[derive(Debug, Clone)]
+pub(crate) struct FlowSetup {
+    pub flow: CdcFlow,
+    /// `SELECT <output cols>, <seq> AS __strata_seq, <op> AS __strata_op FROM __strata_source`
+    pub select_sql: String,
+    pub out_cols: Vec<String>,
+    pub key_names: Vec<String>,
+    /// Event-store schema: output columns, `__strata_seq`, `__strata_op`, `__strata_run`.
+    pub event_schema: SchemaRef,
+    pub target_schema: SchemaRef,
+    pub spec: FoldSpec,
+}
+
+fn flow_err(flow: &CdcFlow, msg: impl std::fmt::Display) -> EngineError {
+    EngineError::Plan(format!(
+        "flow {} (line {}): {msg}",
+        flow.name, flow.location.line
+    ))
+}
+
+/// Resolves a `COLUMNS`/`TRACK HISTORY ON` selection against `available`, in table order for
+/// `*` forms and in the written order for explicit lists.
+fn select_columns(
+    flow: &CdcFlow,
+    clause: &str,
+    sel: &ColumnSelection,
+    available: &[String],
+) -> Result<Vec<String>> {
+    let check = |names: &[String]| -> Result<()> {
+        for n in names {
+            if !available.contains(n) {
+                return Err(flow_err(
+                    flow,
+                    format!(
+                        "{clause} names unknown column `{n}`; available: {}",
+                        available.join(", ")
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    };
+    Ok(match sel {
+        ColumnSelection::All => available.to_vec(),
+        ColumnSelection::Only(names) => {
+            check(names)?;
+            names.clone()
+        }
+        ColumnSelection::Except(names) => {
+            check(names)?;
+            available
+                .iter()
+                .filter(|c| !names.contains(c))
+                .cloned()
+                .collect()
+        }
+    })
+}
+
+/// Checks `flow` against the schema of its source and derives the event-store and target
+/// schemas. Nothing is read or written.
+pub(crate) async fn prepare_flow(flow: &CdcFlow, source: &SchemaRef) -> Result<FlowSetup> {
+    let available: Vec<String> = source.fields().iter().map(|f| f.name().clone()).collect();
+    let out_cols = select_columns(flow, "COLUMNS", &flow.columns, &available)?;
+    for k in &flow.keys {
+        if !available.contains(k) {
+            return Err(flow_err(
+                flow,
+                format!(
+                    "KEYS names unknown column `{k}`; available: {}",
+                    available.join(", ")
+                ),
+            ));
+        }
+        if !out_cols.contains(k) {
+            return Err(flow_err(
+                flow,
+                format!("key column `{k}` must be among the output COLUMNS"),
+            ));
+        }
+    }
+    for c in &out_cols {
+        let lower = c.to_ascii_lowercase();
+        if lower == "__start_at" || lower == "__end_at" {
+            return Err(flow_err(
+                flow,
+                format!(
+                    "the source carries the reserved column `{c}`; exclude it with COLUMNS * EXCEPT ({c})"
+                ),
+            ));
+        }
+        if lower.starts_with("__strata_") {
+            return Err(flow_err(
+                flow,
+                format!("column `{c}`: names starting with __strata_ are reserved"),
+            ));
+        }
+    }
+    let tracked_names = match &flow.track_history {
+        None => out_cols.clone(),
+        Some(sel) => select_columns(flow, "TRACK HISTORY ON", sel, &out_cols)?,
+    };
+
+    let seq_sql = match &flow.sequence_by {
+        SequenceBy::Expr(e) => e.clone(),
+        SequenceBy::Struct(fields) => format!(
+            "named_struct({})",
+            fields
+                .iter()
+                .map(|(name, e)| format!("{}, {e}", sqlutil::quote_str(name)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    let op_sql = format!(
+        "CAST(CASE {}{}ELSE 0 END AS TINYINT)",
+        flow.truncate_when
+            .as_ref()
+            .map(|c| format!("WHEN ({c}) THEN 2 "))
+            .unwrap_or_default(),
+        flow.delete_when
+            .as_ref()
+            .map(|c| format!("WHEN ({c}) THEN 1 "))
+            .unwrap_or_default(),
+    );
+    let select_sql = format!(
+        "SELECT {}, {seq_sql} AS {}, {op_sql} AS {} FROM {}",
+        out_cols
+            .iter()
+            .map(|c| quote_ident(c))
+            .collect::<Vec<_>>()
+            .join(", "),
+        quote_ident(SEQ_COL),
+        quote_ident(OP_COL),
+        strata_sql::SOURCE_PLACEHOLDER,
+    );
+
+    // Plan the SELECT over an empty source: unknown columns in expressions, conditions that
+    // are not boolean and unorderable sequences are errors before anything runs.
+    let ctx = crate::warehouse::new_session();
+    let empty = RecordBatch::new_empty(source.clone());
+    ctx.register_batch(strata_sql::SOURCE_PLACEHOLDER, empty)
+        .context(|| "registering source".to_string())?;
+    for (clause, cond) in [
+        ("APPLY AS DELETE WHEN", &flow.delete_when),
+        ("APPLY AS TRUNCATE WHEN", &flow.truncate_when),
+    ] {
+        if let Some(c) = cond {
+            let df = ctx
+                .sql(&format!(
+                    "SELECT ({c}) FROM {}",
+                    strata_sql::SOURCE_PLACEHOLDER
+                ))
+                .await
+                .map_err(|e| flow_err(flow, format!("{clause} {c}: {e}")))?;
+            let t = df.schema().field(0).data_type();
+            if !matches!(t, DataType::Boolean | DataType::Null) {
+                return Err(flow_err(
+                    flow,
+                    format!("{clause} {c}: the condition is of type {t}, not BOOLEAN"),
+                ));
+            }
+        }
+    }
+    let df = ctx
+        .sql(&select_sql)
+        .await
+        .map_err(|e| flow_err(flow, format!("SEQUENCE BY {seq_sql}: {e}")))?;
+    let planned: Schema = df.schema().as_arrow().clone();
+    let seq_type = planned.field(out_cols.len()).data_type().clone();
+    if !orderable(&seq_type) {
+        return Err(flow_err(
+            flow,
+            format!("SEQUENCE BY {seq_sql}: values of type {seq_type} cannot be ordered"),
+        ));
+    }
+
+    let mut fields: Vec<Field> = planned.fields()[..out_cols.len()]
+        .iter()
+        .map(|f| f.as_ref().clone().with_nullable(true))
+        .collect();
+    let mut target_fields = fields.clone();
+    if flow.stored_as == ScdType::Type2 {
+        target_fields.push(Field::new(START_COL, seq_type.clone(), true));
+        target_fields.push(Field::new(END_COL, seq_type.clone(), true));
+    }
+    fields.push(Field::new(SEQ_COL, seq_type, true));
+    fields.push(Field::new(OP_COL, DataType::Int8, false));
+    fields.push(Field::new(RUN_COL, DataType::Int64, false));
+
+    let index = |name: &String| out_cols.iter().position(|c| c == name).unwrap_or(0);
+    let spec = FoldSpec {
+        n_out: out_cols.len(),
+        keys: flow.keys.iter().map(index).collect(),
+        tracked: tracked_names.iter().map(index).collect(),
+        scd2: flow.stored_as == ScdType::Type2,
+        options: FoldOptions {
+            ignore_null_updates: flow.ignore_null_updates,
+        },
+        flow: flow.name.clone(),
+    };
+    Ok(FlowSetup {
+        flow: flow.clone(),
+        select_sql,
+        out_cols,
+        key_names: flow.keys.clone(),
+        event_schema: Arc::new(Schema::new(fields)),
+        target_schema: Arc::new(Schema::new(target_fields)),
+        spec,
+    })
+}
+
+fn orderable(t: &DataType) -> bool {
+    match t {
+        DataType::Struct(fields) => fields.iter().all(|f| orderable(f.data_type())),
+        DataType::Null
+        | DataType::List(_)
+        | DataType::LargeList(_)
+        | DataType::FixedSizeList(_, _)
+        | DataType::Map(_, _)
+        | DataType::Union(_, _)
+        | DataType::Binary
+        | DataType::LargeBinary => false,
+        _ => true,
+    }
+}
+
+/// What one run of a flow did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FlowReport {
+    pub flow: String,
+    /// Source Delta version range read, `(from, to]`.
+    pub source_versions: Option<(Option<i64>, i64)>,
+    pub events: usize,
+    pub keys_touched: usize,
+    pub keys_changed: usize,
+    pub rows_inserted: usize,
+    pub rows_deleted: usize,
+    /// Event-store commits repaired from an earlier interrupted run.
+    pub recovered: bool,
+    /// Why nothing ran, if nothing did.
+    pub skipped: Option<String>,
+}
+
+/// Checks a batch of new events (R4): NULL keys (except on truncates) and NULL sequence
+/// values reject it. `place` names where the rows came from.
+pub(crate) fn validate_events(setup: &FlowSetup, batch: &RecordBatch, place: &str) -> Result<()> {
+    let n_out = setup.spec.n_out;
+    let ops = batch
+        .column(n_out + 1)
+        .as_any()
+        .downcast_ref::<Int8Array>()
+        .ok_or_else(|| EngineError::Internal("op column is not Int8".into()))?;
+    let not_truncate: Vec<bool> = (0..batch.num_rows())
+        .map(|i| ops.is_null(i) || ops.value(i) != 2)
+        .collect();
+    let reject = |what: String, count: usize| {
+        EngineError::BadInput(format!(
+            "flow {}: {count} row(s) {what} in {place}; the batch was rejected and nothing was written",
+            setup.flow.name
+        ))
+    };
+    for (k, name) in setup.spec.keys.iter().zip(&setup.key_names) {
+        let c = batch.column(*k);
+        let count = (0..batch.num_rows())
+            .filter(|&i| not_truncate[i] && c.is_null(i))
+            .count();
+        if count > 0 {
+            return Err(reject(format!("with a NULL key column `{name}`"), count));
+        }
+    }
+    let seq = batch.column(n_out);
+    let count = (0..batch.num_rows())
+        .filter(|&i| seq_is_null(seq, i))
+        .count();
+    if count > 0 {
+        return Err(reject("with a NULL SEQUENCE BY value".to_string(), count));
+    }
+    Ok(())
+}
+
+fn seq_is_null(seq: &ArrayRef, i: usize) -> bool {
+    if seq.is_null(i) {
+        return true;
+    }
+    match seq.as_any().downcast_ref::<StructArray>() {
+        Some(s) => s.columns().iter().any(|c| seq_is_null(c, i)),
+        None => false,
+    }
+}
+
+/// Evaluates the flow's SELECT over `source` rows registered in `ctx` as the placeholder.
+pub(crate) async fn events_from(
+    ctx: &SessionContext,
+    setup: &FlowSetup,
+    run: i64,
+) -> Result<RecordBatch> {
+    let batches = ctx
+        .sql(&setup.select_sql)
+        .await
+        .context(|| format!("flow {}", setup.flow.name))?
+        .collect()
+        .await
+        .context(|| format!("flow {}: evaluating events", setup.flow.name))?;
+    let n = setup.out_cols.len() + 2;
+    let partial = Arc::new(Schema::new(setup.event_schema.fields()[..n].to_vec()));
+    let mut cast: Vec<RecordBatch> = Vec::with_capacity(batches.len());
+    for b in batches {
+        cast.push(sqlutil::cast_batch(&b, &partial)?);
+    }
+    let merged = concat_batches(&partial, &cast).context(|| "concatenating events".into())?;
+    let mut columns = merged.columns().to_vec();
+    columns.push(Arc::new(Int64Array::from(vec![run; merged.num_rows()])));
+    RecordBatch::try_new(setup.event_schema.clone(), columns)
+        .context(|| format!("flow {}: event batch", setup.flow.name))
+}
+
+fn table_files(table: &DeltaTable) -> Result<HashSet<String>> {
+    Ok(table
+        .snapshot()
+        .context(|| "reading table state".into())?
+        .log_data()
+        .iter()
+        .map(|f| f.path().to_string())
+        .collect())
+}
+
+/// Files added to the append-only `source` after version `from`.
+pub(crate) async fn new_files(source: &DeltaTable, from: Option<i64>) -> Result<Vec<String>> {
+    let now = table_files(source)?;
+    let old = match from {
+        None => HashSet::new(),
+        Some(v) => {
+            let mut old = source.clone();
+            old.load_version(v as u64)
+                .await
+                .context(|| format!("loading source version {v}"))?;
+            table_files(&old)?
+        }
+    };
+    let mut files: Vec<String> = now.difference(&old).cloned().collect();
+    files.sort();
+    Ok(files)
+}
+
+/// Reads every row of `table` restricted to `files` (all files when `None`) in a new session.
+pub(crate) async fn register_table(
+    ctx: &SessionContext,
+    name: &str,
+    table: &DeltaTable,
+    files: Option<Vec<String>>,
+) -> Result<()> {
+    table
+        .update_datafusion_session(&ctx.state())
+        .context(|| "registering object store".into())?;
+    let mut builder = table.table_provider();
+    if let Some(f) = files {
+        builder = builder.with_file_paths(f);
+    }
+    let provider = builder
+        .await
+        .context(|| format!("reading {}", table.table_url()))?;
+    ctx.register_table(name, provider)
+        .context(|| format!("registering {name}"))?;
+    Ok(())
+}
+
+async fn collect_sql(ctx: &SessionContext, sql: &str, schema: &SchemaRef) -> Result<RecordBatch> {
+    let batches = ctx
+        .sql(sql)
+        .await
+        .context(|| format!("planning {sql}"))?
+        .collect()
+        .await
+        .context(|| format!("running {sql}"))?;
+    let cast = batches
+        .iter()
+        .map(|b| sqlutil::cast_batch(b, schema))
+        .collect::<Result<Vec<_>>>()?;
+    concat_batches(schema, &cast).context(|| "concatenating".into())
+}
+
+/// Which keys to re-derive.
+enum Touched {
+    All,
+    Keys(RecordBatch),
+}
+
+/// Distinct keys of the non-truncate rows of `events`, or `All` when a truncate is among them.
+fn touched_keys(setup: &FlowSetup, events: &RecordBatch) -> Result<Touched> {
+    let ops = events
+        .column(setup.spec.n_out + 1)
+        .as_any()
+        .downcast_ref::<Int8Array>()
+        .ok_or_else(|| EngineError::Internal("op column is not Int8".into()))?;
+    if ops.iter().any(|o| o == Some(2)) {
+        return Ok(Touched::All);
+    }
+    let key_cols: Vec<ArrayRef> = setup
+        .spec
+        .keys
+        .iter()
+        .map(|&k| events.column(k).clone())
+        .collect();
+    let rows = sqlutil::rows(&key_cols)?;
+    let mut seen = HashSet::new();
+    let idx: Vec<u32> = (0..events.num_rows())
+        .filter(|&i| seen.insert(rows.row(i)))
+        .map(|i| i as u32)
+        .collect();
+    let idx = UInt32Array::from(idx);
+    let fields: Vec<Field> = setup
+        .spec
+        .keys
+        .iter()
+        .map(|&k| events.schema().field(k).clone())
+        .collect();
+    let cols = key_cols
+        .iter()
+        .map(|c| compute::take(c.as_ref(), &idx, None))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .context(|| "collecting keys".into())?;
+    Ok(Touched::Keys(
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), cols)
+            .context(|| "collecting keys".into())?,
+    ))
+}
+
+fn merge_touched(a: Touched, b: Touched) -> Result<Touched> {
+    Ok(match (a, b) {
+        (Touched::All, _) | (_, Touched::All) => Touched::All,
+        (Touched::Keys(x), Touched::Keys(y)) => {
+            Touched::Keys(concat_batches(&x.schema(), &[x.clone(), y]).context(|| "keys".into())?)
+        }
+    })
+}
+
+/// Rows of the table registered as `table` whose keys are in `touched` (plus, for the event
+/// store, every truncate).
+async fn read_slice(
+    ctx: &SessionContext,
+    setup: &FlowSetup,
+    table: &str,
+    touched: &Touched,
+    schema: &SchemaRef,
+    with_truncates: bool,
+) -> Result<RecordBatch> {
+    let sql = match touched {
+        Touched::All => format!("SELECT * FROM {table}"),
+        Touched::Keys(keys) => {
+            let _ = ctx.deregister_table("__strata_keys");
+            ctx.register_batch("__strata_keys", keys.clone())
+                .context(|| "registering keys".into())?;
+            let on = setup
+                .key_names
+                .iter()
+                .map(|k| format!("t.{q} = k.{q}", q = quote_ident(k)))
+                .collect::<Vec<_>>()
+                .join(" AND ");
+            let mut sql =
+                format!("SELECT t.* FROM {table} t LEFT SEMI JOIN __strata_keys k ON {on}");
+            if with_truncates {
+                sql.push_str(&format!(
+                    " UNION ALL SELECT * FROM {table} WHERE {} = 2",
+                    quote_ident(OP_COL)
+                ));
+            }
+            sql
+        }
+    };
+    collect_sql(ctx, &sql, schema).await
+}
+
+/// Keys whose rows differ between `old` and `new` (both in the target schema), as indices:
+/// for each changed key, one row of `old` carrying it (if any).
+fn changed_keys(setup: &FlowSetup, old: &RecordBatch, new: &RecordBatch) -> Result<ChangeSet> {
+    let key_of = |b: &RecordBatch| -> Result<_> {
+        sqlutil::rows(
+            &setup
+                .spec
+                .keys
+                .iter()
+                .map(|&k| b.column(k).clone())
+                .collect::<Vec<_>>(),
+        )
+    };
+    let (old_keys, new_keys) = (key_of(old)?, key_of(new)?);
+    let (old_rows, new_rows) = (sqlutil::rows(old.columns())?, sqlutil::rows(new.columns())?);
+    type Side<'a> = (Vec<&'a [u8]>, Vec<&'a [u8]>, Option<usize>);
+    let mut by_key: HashMap<&[u8], Side> = HashMap::new();
+    for i in 0..old.num_rows() {
+        let e = by_key.entry(old_keys.row(i).data()).or_default();
+        e.0.push(old_rows.row(i).data());
+        e.2.get_or_insert(i);
+    }
+    for i in 0..new.num_rows() {
+        by_key
+            .entry(new_keys.row(i).data())
+            .or_default()
+            .1
+            .push(new_rows.row(i).data());
+    }
+    let mut changed: HashSet<&[u8]> = HashSet::new();
+    let mut delete_rows = Vec::new();
+    for (k, (mut o, mut n, first_old)) in by_key {
+        o.sort_unstable();
+        n.sort_unstable();
+        if o != n {
+            changed.insert(k);
+            if let Some(i) = first_old {
+                delete_rows.push(i as u32);
+            }
+        }
+    }
+    let insert_rows: Vec<u32> = (0..new.num_rows())
+        .filter(|&i| changed.contains(new_keys.row(i).data()))
+        .map(|i| i as u32)
+        .collect();
+    let deleted = (0..old.num_rows())
+        .filter(|&i| changed.contains(old_keys.row(i).data()))
+        .count();
+    delete_rows.sort_unstable();
+    Ok(ChangeSet {
+        keys: changed.len(),
+        delete_rows,
+        insert_rows,
+        rows_deleted: deleted,
+    })
+}
+
+struct ChangeSet {
+    keys: usize,
+    /// One old row per changed key that exists in the target (its key drives the delete).
+    delete_rows: Vec<u32>,
+    /// Every new row of a changed key.
+    insert_rows: Vec<u32>,
+    rows_deleted: usize,
+}
+
+/// Table properties every AUTO CDC target carries.
+fn target_configuration(
+    setup: &FlowSetup,
+    user: &std::collections::BTreeMap<String, String>,
+) -> Vec<(String, Option<String>)> {
+    let mut conf: Vec<(String, Option<String>)> = user
+        .iter()
+        .map(|(k, v)| (k.clone(), Some(v.clone())))
+        .collect();
+    conf.push((
+        "delta.enableChangeDataFeed".to_string(),
+        Some("true".to_string()),
+    ));
+    conf.push(("strata.keys".to_string(), Some(setup.key_names.join(","))));
+    conf.push((
+        "strata.scdType".to_string(),
+        Some(match setup.flow.stored_as {
+            ScdType::Type1 => "1".to_string(),
+            ScdType::Type2 => "2".to_string(),
+        }),
+    ));
+    conf
+}
+
+fn same_fields(a: &Schema, b: &Schema) -> bool {
+    a.fields().len() == b.fields().len()
+        && a.fields()
+            .iter()
+            .zip(b.fields())
+            .all(|(x, y)| x.name() == y.name() && sqlutil::same_type(x.data_type(), y.data_type()))
+}
+
+/// Checks an existing event store and target against the flow (R10) before anything runs.
+pub(crate) async fn check_existing(wh: &Warehouse, setup: &FlowSetup) -> Result<()> {
+    let flow = &setup.flow;
+    if let Some(store) = warehouse::open_delta(&wh.event_store_path(&flow.target)).await? {
+        let schema = sqlutil::table_schema(&store)?;
+        let mut key_and_seq: Vec<usize> = setup.spec.keys.clone();
+        key_and_seq.push(setup.spec.n_out);
+        for i in key_and_seq {
+            let want = setup.event_schema.field(i);
+            let ok = schema
+                .field_with_name(want.name())
+                .map(|f| sqlutil::same_type(f.data_type(), want.data_type()))
+                .unwrap_or(false);
+            if !ok {
+                return Err(flow_err(
+                    flow,
+                    format!(
+                        "the key columns or the SEQUENCE BY type changed since the flow last ran \
+                         (`{}` is now {}); a full refresh of {} is needed",
+                        if i == setup.spec.n_out {
+                            "SEQUENCE BY"
+                        } else {
+                            want.name()
+                        },
+                        want.data_type(),
+                        flow.target
+                    ),
+                ));
+            }
+        }
+        if !same_fields(&schema, &setup.event_schema) {
+            return Err(flow_err(
+                flow,
+                format!(
+                    "the output columns changed since the flow last ran; a full refresh of {} is needed",
+                    flow.target
+                ),
+            ));
+        }
+    }
+    if let Some(target) = wh.open_table(&flow.target).await? {
+        let schema = sqlutil::table_schema(&target)?;
+        if !same_fields(&schema, &setup.target_schema) {
+            return Err(flow_err(
+                flow,
+                format!(
+                    "target {} has columns ({}) but the flow produces ({}); a full refresh is needed",
+                    flow.target,
+                    sqlutil::describe_fields(&schema),
+                    sqlutil::describe_fields(&setup.target_schema)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Runs `setup` once over all source rows it has not seen.
+pub(crate) async fn run_flow(
+    wh: &Warehouse,
+    setup: &FlowSetup,
+    target_properties: &std::collections::BTreeMap<String, String>,
+) -> Result<FlowReport> {
+    let flow = &setup.flow;
+    let mut report = FlowReport {
+        flow: flow.name.clone(),
+        ..Default::default()
+    };
+    let Some(source) = wh.open_table(&flow.source).await? else {
+        report.skipped = Some(format!("source {} has no data yet", flow.source));
+        return Ok(report);
+    };
+    let store_path = wh.event_store_path(&flow.target);
+    let store = warehouse::open_delta(&store_path).await?;
+    let app_id = format!("strata-flow:{}", flow.name);
+    let from = match &store {
+        Some(s) => txn_version(s, &app_id).await?,
+        None => None,
+    };
+    let source_version = version_of(&source);
+
+    let target = wh.open_table(&flow.target).await?;
+    let applied = match &target {
+        Some(t) => txn_version(t, EVENTS_APP_ID).await?.unwrap_or(-1),
+        None => -1,
+    };
+    let store_version = store.as_ref().map_or(-1, version_of);
+
+    let ctx = warehouse::new_session();
+    // Keys of event-store commits the target does not reflect yet (an interrupted run).
+    let mut touched: Option<Touched> = None;
+    if let Some(store) = &store {
+        register_table(&ctx, "__strata_events", store, None).await?;
+        if store_version > applied {
+            let pending = collect_sql(
+                &ctx,
+                &format!(
+                    "SELECT * FROM __strata_events WHERE {} > {applied}",
+                    quote_ident(RUN_COL)
+                ),
+                &setup.event_schema,
+            )
+            .await?;
+            if pending.num_rows() > 0 {
+                touched = Some(touched_keys(setup, &pending)?);
+                report.recovered = true;
+            }
+        }
+    }
+
+    let has_new_input = from.is_none_or(|f| f < source_version);
+    let run = store_version + 1;
+    let new_events = if has_new_input {
+        let files = new_files(&source, from).await?;
+        register_table(&ctx, strata_sql::SOURCE_PLACEHOLDER, &source, Some(files)).await?;
+        let events = events_from(&ctx, setup, run).await?;
+        let place = format!(
+            "the rows of {} added after version {}",
+            flow.source,
+            from.map_or("(start)".to_string(), |v| v.to_string())
+        );
+        validate_events(setup, &events, &place)?;
+        report.source_versions = Some((from, source_version));
+        report.events = events.num_rows();
+        Some(events)
+    } else {
+        None
+    };
+    if new_events.is_none() && touched.is_none() {
+        report.skipped = Some("no new input".to_string());
+        return Ok(report);
+    }
+    if let Some(ev) = &new_events {
+        let t = touched_keys(setup, ev)?;
+        touched = Some(match touched {
+            Some(p) => merge_touched(p, t)?,
+            None => t,
+        });
+    }
+    let Some(touched) = touched else {
+        return Err(EngineError::Internal("no keys to derive".into()));
+    };
+    report.keys_touched = match &touched {
+        Touched::All => 0,
+        Touched::Keys(k) => k.num_rows(),
+    };
+
+    // Every stored event of the touched keys, plus the new ones: the fold's input.
+    let mut parts = Vec::new();
+    if store.is_some() {
+        parts.push(
+            read_slice(
+                &ctx,
+                setup,
+                "__strata_events",
+                &touched,
+                &setup.event_schema,
+                true,
+            )
+            .await?,
+        );
+    }
+    if let Some(ev) = &new_events {
+        parts.push(ev.clone());
+    }
+    let all_events =
+        concat_batches(&setup.event_schema, &parts).context(|| "concatenating events".into())?;
+    let derived = fold::fold_batch(&all_events, &setup.spec, &setup.target_schema)?;
+
+    // Commit the events (and the source position) first: from here on they are never lost.
+    let new_store_version = match new_events {
+        Some(ev) => {
+            let handle = match store {
+                Some(s) => s,
+                None => {
+                    warehouse::create_delta(
+                        &store_path,
+                        "events",
+                        &setup.event_schema,
+                        Vec::new(),
+                        None,
+                    )
+                    .await?
+                }
+            };
+            let written = handle
+                .write(vec![ev])
+                .with_save_mode(SaveMode::Append)
+                .with_commit_properties(
+                    CommitProperties::default()
+                        .with_application_transaction(Transaction::new(&app_id, source_version)),
+                )
+                .await
+                .context(|| format!("flow {}: committing events", flow.name))?;
+            written.version().map_or(run, |v| v as i64)
+        }
+        None => store_version,
+    };
+
+    // The target: only keys whose rows change are rewritten.
+    let target = match target {
+        Some(t) if !table_files(&t)?.is_empty() => t,
+        existing => {
+            // No rows yet: everything folded is new, written with a plain append (which also
+            // creates the table with its properties on the first run).
+            report.keys_changed = report.keys_touched;
+            report.rows_inserted = derived.num_rows();
+            let handle = match existing {
+                Some(t) => t,
+                None => {
+                    warehouse::create_delta(
+                        &wh.table_path(&flow.target),
+                        &flow.target.name,
+                        &setup.target_schema,
+                        target_configuration(setup, target_properties),
+                        None,
+                    )
+                    .await?
+                }
+            };
+            handle
+                .write(vec![derived])
+                .with_save_mode(SaveMode::Append)
+                .with_commit_properties(target_commit(new_store_version, &app_id, source_version))
+                .await
+                .context(|| format!("flow {}: writing target {}", flow.name, flow.target))?;
+            return Ok(report);
+        }
+    };
+    register_table(&ctx, "__strata_target", &target, None).await?;
+    let current = read_slice(
+        &ctx,
+        setup,
+        "__strata_target",
+        &touched,
+        &setup.target_schema,
+        false,
+    )
+    .await?;
+    let change = changed_keys(setup, &current, &derived)?;
+    report.keys_changed = change.keys;
+    report.rows_deleted = change.rows_deleted;
+    report.rows_inserted = change.insert_rows.len();
+    if change.keys == 0 {
+        return Ok(report);
+    }
+    let props = target_commit(new_store_version, &app_id, source_version);
+    let inserts = compute::take_record_batch(&derived, &UInt32Array::from(change.insert_rows))
+        .context(|| "selecting rows".into())?;
+    let deletes = compute::take_record_batch(&current, &UInt32Array::from(change.delete_rows))
+        .context(|| "selecting rows".into())?;
+    let source_df = merge_source(&ctx, &inserts, &deletes)?;
+    let mut predicate: Expr = col(Column::new(Some("source"), "__strata_action")).eq(lit("del"));
+    for k in &setup.key_names {
+        predicate = predicate.and(
+            col(Column::new(Some("target"), k.as_str()))
+                .eq(col(Column::new(Some("source"), k.as_str()))),
+        );
+    }
+    let names: Vec<String> = setup
+        .target_schema
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    target
+        .merge(source_df, predicate)
+        .with_source_alias("source")
+        .with_target_alias("target")
+        .with_commit_properties(props)
+        .when_matched_delete(|d| d)
+        .context(|| "merge".into())?
+        .when_not_matched_insert(|mut ins| {
+            ins = ins.predicate(col(Column::new(Some("source"), "__strata_action")).eq(lit("ins")));
+            for n in &names {
+                ins = ins.set(n.as_str(), col(Column::new(Some("source"), n.as_str())));
+            }
+            ins
+        })
+        .context(|| "merge".into())?
+        .await
+        .context(|| format!("flow {}: merging into {}", flow.name, flow.target))?;
+    Ok(report)
+}
+
+/// A target commit records the event-store version it reflects and the flow's source position.
+fn target_commit(store_version: i64, app_id: &str, source_version: i64) -> CommitProperties {
+    CommitProperties::default()
+        .with_application_transaction(Transaction::new(EVENTS_APP_ID, store_version))
+        .with_application_transaction(Transaction::new(app_id, source_version))
+}
+
+/// The MERGE source: new rows tagged `ins`, one row per changed key tagged `del`.
+fn merge_source(
+    ctx: &SessionContext,
+    inserts: &RecordBatch,
+    deletes: &RecordBatch,
+) -> Result<deltalake::datafusion::prelude::DataFrame> {
+    let tag = |b: &RecordBatch, t: &str| -> Result<RecordBatch> {
+        let mut fields: Vec<Field> = b
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        fields.push(Field::new("__strata_action", DataType::Utf8, false));
+        let mut cols = b.columns().to_vec();
+        cols.push(Arc::new(deltalake::arrow::array::StringArray::from(vec![
+            t;
+            b.num_rows()
+        ])));
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).context(|| "merge source".into())
+    };
+    let (i, d) = (tag(inserts, "ins")?, tag(deletes, "del")?);
+    let both = concat_batches(&i.schema(), &[i.clone(), d]).context(|| "merge source".into())?;
+    ctx.read_batch(both).context(|| "merge source".into())
+}
+
+/// The table's version as Delta's signed transaction versions count it, -1 if none.
+pub(crate) fn version_of(table: &DeltaTable) -> i64 {
+    table.version().map_or(-1, |v| v as i64)
+}
+
+async fn txn_version(table: &DeltaTable, app_id: &str) -> Result<Option<i64>> {
+    table
+        .snapshot()
+        .context(|| "reading table state".into())?
+        .transaction_version(table.log_store().as_ref(), app_id)
+        .await
+        .context(|| format!("reading transaction {app_id}"))
+}

@@ -1,0 +1,276 @@
+//! The fold of `strata-core` over Arrow data.
+//!
+//! Input: one [`RecordBatch`] of events in the event-store layout (output columns, then
+//! `__strata_seq`, `__strata_op`, `__strata_run`). Output: the target rows of every key the
+//! batch holds. Events are row indices; values are row indices too, so nothing is copied
+//! until the output columns are gathered with `take` at the end.
+//!
+//! Comparisons go through Arrow's row format, which orders every Arrow type (structs
+//! included) the way the SQL `ORDER BY` would, and makes equality a byte comparison.
+
+use crate::error::{Context, EngineError, Result};
+use deltalake::arrow::array::{Array, ArrayRef, Int8Array, RecordBatch, UInt32Array};
+use deltalake::arrow::compute::take;
+use deltalake::arrow::datatypes::SchemaRef;
+use deltalake::arrow::row::{RowConverter, Rows, SortField};
+use deltalake::arrow::util::display::{ArrayFormatter, FormatOptions};
+use std::cmp::Ordering;
+use std::sync::Arc;
+use strata_core::{EventKind, EventModel, FoldOptions};
+
+pub(crate) const SEQ_COL: &str = "__strata_seq";
+pub(crate) const OP_COL: &str = "__strata_op";
+pub(crate) const RUN_COL: &str = "__strata_run";
+pub(crate) const START_COL: &str = "__START_AT";
+pub(crate) const END_COL: &str = "__END_AT";
+
+/// What the fold needs to know about a flow's columns, as indices into the event batch.
+#[derive(Debug, Clone)]
+pub(crate) struct FoldSpec {
+    /// Output columns (event-store columns `0..n_out`).
+    pub n_out: usize,
+    pub keys: Vec<usize>,
+    /// Tracked output columns (SCD2); all of them without `TRACK HISTORY`.
+    pub tracked: Vec<usize>,
+    pub scd2: bool,
+    pub options: FoldOptions,
+    pub flow: String,
+}
+
+/// A version's values: one event's row, or (after `IGNORE NULL UPDATES` filled some NULLs
+/// from older versions) a row index per output column.
+#[derive(Debug, Clone)]
+enum Values {
+    One(u32),
+    Mixed(Arc<[u32]>),
+}
+
+impl Values {
+    fn source(&self, col: usize) -> u32 {
+        match self {
+            Values::One(i) => *i,
+            Values::Mixed(v) => v[col],
+        }
+    }
+}
+
+struct ArrowModel<'a> {
+    batch: &'a RecordBatch,
+    spec: &'a FoldSpec,
+    ops: &'a Int8Array,
+    seq: Rows,
+    /// Kind and every output value, for duplicate detection (R5).
+    whole: Rows,
+    /// Tracked columns together, when values are always single rows.
+    tracked: Option<Rows>,
+    /// One row-format column per output column, for mixed values.
+    per_column: Vec<Rows>,
+}
+
+fn rows_of(columns: &[ArrayRef]) -> Result<Rows> {
+    let fields = columns
+        .iter()
+        .map(|c| SortField::new(c.data_type().clone()))
+        .collect();
+    let converter = RowConverter::new(fields).context(|| "row format".to_string())?;
+    converter
+        .convert_columns(columns)
+        .context(|| "row format".to_string())
+}
+
+impl<'a> ArrowModel<'a> {
+    fn new(batch: &'a RecordBatch, spec: &'a FoldSpec, ops: &'a Int8Array) -> Result<Self> {
+        let col = |i: usize| batch.column(i).clone();
+        let seq_idx = spec.n_out;
+        let op_idx = spec.n_out + 1;
+        let seq = rows_of(&[col(seq_idx)])?;
+        let mut whole_cols = vec![col(op_idx)];
+        whole_cols.extend((0..spec.n_out).map(col));
+        let whole = rows_of(&whole_cols)?;
+        let (tracked, per_column) = if spec.options.ignore_null_updates {
+            let per = (0..spec.n_out)
+                .map(|i| rows_of(&[col(i)]))
+                .collect::<Result<Vec<_>>>()?;
+            (None, per)
+        } else {
+            let cols: Vec<ArrayRef> = spec.tracked.iter().map(|&i| col(i)).collect();
+            let tracked = if cols.is_empty() {
+                None
+            } else {
+                Some(rows_of(&cols)?)
+            };
+            (tracked, Vec::new())
+        };
+        Ok(ArrowModel {
+            batch,
+            spec,
+            ops,
+            seq,
+            whole,
+            tracked,
+            per_column,
+        })
+    }
+}
+
+impl EventModel for ArrowModel<'_> {
+    type Event = u32;
+    type Values = Values;
+
+    fn kind(&self, e: u32) -> EventKind {
+        EventKind::from_code(self.ops.value(e as usize)).unwrap_or(EventKind::Upsert)
+    }
+
+    fn seq_cmp(&self, a: u32, b: u32) -> Ordering {
+        self.seq.row(a as usize).cmp(&self.seq.row(b as usize))
+    }
+
+    fn values(&self, e: u32) -> Values {
+        Values::One(e)
+    }
+
+    fn fill(&self, new: Values, old: &Values) -> Values {
+        let merged: Vec<u32> = (0..self.spec.n_out)
+            .map(|c| {
+                let n = new.source(c);
+                if self.batch.column(c).is_null(n as usize) {
+                    old.source(c)
+                } else {
+                    n
+                }
+            })
+            .collect();
+        Values::Mixed(merged.into())
+    }
+
+    fn tracked_eq(&self, a: &Values, b: &Values) -> bool {
+        match (a, b, &self.tracked) {
+            (Values::One(x), Values::One(y), Some(rows)) => {
+                rows.row(*x as usize) == rows.row(*y as usize)
+            }
+            (Values::One(_), Values::One(_), None) if self.per_column.is_empty() => true,
+            _ => self.spec.tracked.iter().all(|&c| {
+                let rows = &self.per_column[c];
+                rows.row(a.source(c) as usize) == rows.row(b.source(c) as usize)
+            }),
+        }
+    }
+
+    fn identical(&self, a: u32, b: u32) -> bool {
+        self.whole.row(a as usize) == self.whole.row(b as usize)
+    }
+}
+
+/// Renders the key of row `i` for messages: `userId=123`.
+pub(crate) fn describe_key(batch: &RecordBatch, keys: &[usize], i: usize) -> String {
+    keys.iter()
+        .map(|&k| {
+            format!(
+                "{}={}",
+                batch.schema().field(k).name(),
+                render(batch.column(k), i)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+pub(crate) fn render(array: &ArrayRef, i: usize) -> String {
+    let options = FormatOptions::default().with_null("NULL");
+    match ArrayFormatter::try_new(array.as_ref(), &options) {
+        Ok(f) => f.value(i).to_string(),
+        Err(_) => "?".to_string(),
+    }
+}
+
+/// Folds every key of `events` into target rows with schema `target`.
+///
+/// `events` may hold events of any arrival order, old and new; truncates (NULL keys) are
+/// applied to every key.
+pub(crate) fn fold_batch(
+    events: &RecordBatch,
+    spec: &FoldSpec,
+    target: &SchemaRef,
+) -> Result<RecordBatch> {
+    let ops = events
+        .column(spec.n_out + 1)
+        .as_any()
+        .downcast_ref::<Int8Array>()
+        .ok_or_else(|| EngineError::Internal("event store op column is not Int8".into()))?;
+    let model = ArrowModel::new(events, spec, ops)?;
+    let key_cols: Vec<ArrayRef> = spec
+        .keys
+        .iter()
+        .map(|&i| events.column(i).clone())
+        .collect();
+    let keys = rows_of(&key_cols)?;
+
+    let watermark = strata_core::truncate_watermark(&model, 0..events.num_rows() as u32);
+    let mut order: Vec<u32> = (0..events.num_rows() as u32)
+        .filter(|&i| model.kind(i) != EventKind::Truncate)
+        .collect();
+    order.sort_by(|&a, &b| {
+        keys.row(a as usize)
+            .cmp(&keys.row(b as usize))
+            .then_with(|| model.seq_cmp(a, b))
+    });
+
+    let mut value_idx: Vec<Vec<u32>> = vec![Vec::new(); spec.n_out];
+    let mut starts: Vec<u32> = Vec::new();
+    let mut ends: Vec<Option<u32>> = Vec::new();
+    let mut group: Vec<u32> = Vec::new();
+    let mut i = 0;
+    while i < order.len() {
+        let mut j = i + 1;
+        while j < order.len() && keys.row(order[i] as usize) == keys.row(order[j] as usize) {
+            j += 1;
+        }
+        group.clear();
+        group.extend_from_slice(&order[i..j]);
+        strata_core::drop_truncated(&model, &mut group, watermark);
+        strata_core::order_events(&model, &mut group).map_err(|tie| {
+            EngineError::BadInput(format!(
+                "flow {}: two different upserts for key ({}) at the same sequence value {}; \
+                 make the sequence unique per key or remove one of them",
+                spec.flow,
+                describe_key(events, &spec.keys, tie.first as usize),
+                render(events.column(spec.n_out), tie.first as usize),
+            ))
+        })?;
+        let mut push = |values: &Values| {
+            for (c, idx) in value_idx.iter_mut().enumerate() {
+                idx.push(values.source(c));
+            }
+        };
+        if spec.scd2 {
+            for v in strata_core::fold_scd2(&model, &group, spec.options) {
+                push(&v.values);
+                starts.push(v.start);
+                ends.push(v.end);
+            }
+        } else if let Some(values) = strata_core::fold_scd1(&model, &group, spec.options) {
+            push(&values);
+        }
+        i = j;
+    }
+
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(target.fields().len());
+    for (c, idx) in value_idx.into_iter().enumerate() {
+        columns.push(take_column(events.column(c), UInt32Array::from(idx))?);
+    }
+    if spec.scd2 {
+        let seq = events.column(spec.n_out);
+        columns.push(take_column(seq, UInt32Array::from(starts))?);
+        columns.push(take_column(seq, UInt32Array::from(ends))?);
+    }
+    RecordBatch::try_new(target.clone(), columns).context(|| {
+        format!(
+            "flow {}: folded rows do not match the target schema",
+            spec.flow
+        )
+    })
+}
+
+fn take_column(array: &ArrayRef, idx: UInt32Array) -> Result<ArrayRef> {
+    take(array.as_ref(), &idx, None).context(|| "gathering output rows".to_string())
+}

@@ -1,0 +1,423 @@
+//! Streaming tables with an `AS SELECT ... FROM STREAM read_files(...)` (or `STREAM(t)`):
+//! append-only ingestion.
+//!
+//! Each run lists the input folder, takes the files not yet ingested in file-name order,
+//! applies the table's SELECT to each, checks the rows against every AUTO CDC flow that reads
+//! the table (NULL keys and sequences are rejected here, naming the file, before anything is
+//! committed), and appends all rows in one Delta commit whose commit info lists the files
+//! taken (`strata.files`). A crash before the commit leaves nothing; after it, the files are
+//! known to be taken.
+
+use crate::error::{Context, EngineError, Result};
+use crate::flow::{self, FlowSetup};
+use crate::sqlutil;
+use crate::warehouse::{self, Warehouse};
+use deltalake::arrow::array::RecordBatch;
+use deltalake::arrow::datatypes::{Field, Schema, SchemaRef};
+use deltalake::datafusion::datasource::MemTable;
+use deltalake::datafusion::prelude::{
+    CsvReadOptions, DataFrame, JsonReadOptions, ParquetReadOptions, SessionContext,
+};
+use deltalake::kernel::transaction::CommitProperties;
+use deltalake::kernel::Transaction;
+use deltalake::protocol::SaveMode;
+use deltalake::DeltaTable;
+use futures::StreamExt;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use strata_sql::{
+    FileFormat, QuerySource, ReadFiles, StreamingTable, TableName, SOURCE_PLACEHOLDER,
+};
+
+const FILES_KEY: &str = "strata.files";
+
+/// What one ingestion run did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IngestReport {
+    pub table: String,
+    pub files: Vec<String>,
+    pub rows: usize,
+    pub skipped: Option<String>,
+}
+
+/// A streaming table with a query, checked against its input's schema.
+#[derive(Debug, Clone)]
+pub(crate) struct IngestSetup {
+    pub table: StreamingTable,
+    pub query_sql: String,
+    pub source: Source,
+    /// The schema of the table's rows.
+    pub schema: SchemaRef,
+    /// Flows that read this table: their batch checks run before each commit.
+    pub downstream: Vec<FlowSetup>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum Source {
+    Files { dir: PathBuf, spec: ReadFiles },
+    Table(TableName),
+}
+
+fn arrow_schema(cols: &[strata_sql::ColumnDef]) -> SchemaRef {
+    Arc::new(Schema::new(
+        cols.iter()
+            .map(|c| Field::new(&c.name, c.data_type.clone(), c.nullable))
+            .collect::<Vec<_>>(),
+    ))
+}
+
+fn table_err(table: &TableName, msg: impl std::fmt::Display) -> EngineError {
+    EngineError::Plan(format!("streaming table {table}: {msg}"))
+}
+
+/// Every input file under `dir` (or `dir` itself if it is a file), relative names, sorted.
+/// Names starting with `.` or `_` are skipped, as Spark does.
+fn list_files(dir: &Path) -> Result<Vec<String>> {
+    if dir.is_file() {
+        let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        return Ok(vec![name.to_string()]);
+    }
+    let mut out = Vec::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let abs = dir.join(&rel);
+        let entries =
+            std::fs::read_dir(&abs).context(|| format!("cannot list {}", abs.display()))?;
+        for entry in entries {
+            let entry = entry.context(|| format!("cannot list {}", abs.display()))?;
+            let name = entry.file_name().to_string_lossy().to_string();
+            if name.starts_with('.') || name.starts_with('_') {
+                continue;
+            }
+            let child = rel.join(&name);
+            if entry.path().is_dir() {
+                stack.push(child);
+            } else {
+                out.push(child.to_string_lossy().to_string());
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn input_root(dir: &Path) -> PathBuf {
+    if dir.is_file() {
+        dir.parent().map(Path::to_path_buf).unwrap_or_default()
+    } else {
+        dir.to_path_buf()
+    }
+}
+
+/// Reads one input file into a DataFrame, with the declared schema if any.
+async fn read_file(ctx: &SessionContext, path: &Path, spec: &ReadFiles) -> Result<DataFrame> {
+    let path_str = path.to_string_lossy().to_string();
+    let ext = path
+        .extension()
+        .map(|e| format!(".{}", e.to_string_lossy()))
+        .unwrap_or_default();
+    let schema = spec.schema.as_ref().map(|s| arrow_schema(s));
+    let result = match spec.format {
+        FileFormat::Json => {
+            let mut opts = JsonReadOptions::default().file_extension(&ext);
+            if let Some(s) = &schema {
+                opts = opts.schema(s);
+            }
+            ctx.read_json(path_str, opts).await
+        }
+        FileFormat::Csv => {
+            let mut opts = CsvReadOptions::new()
+                .has_header(spec.header)
+                .delimiter(spec.delimiter)
+                .file_extension(&ext);
+            if let Some(s) = &schema {
+                opts = opts.schema(s);
+            }
+            ctx.read_csv(path_str, opts).await
+        }
+        FileFormat::Parquet => {
+            let mut opts = ParquetReadOptions::default().file_extension(&ext);
+            if let Some(s) = &schema {
+                opts = opts.schema(s);
+            }
+            ctx.read_parquet(path_str, opts).await
+        }
+    };
+    result.map_err(|e| EngineError::BadInput(format!("file {}: {e}", path.display())))
+}
+
+/// Plans the table's query over `input` (registered as the placeholder) in a new session.
+async fn plan_query(sql: &str, input: SchemaRef) -> Result<SchemaRef> {
+    let ctx = warehouse::new_session();
+    ctx.register_batch(SOURCE_PLACEHOLDER, RecordBatch::new_empty(input))
+        .context(|| "registering input".into())?;
+    let df = ctx.sql(sql).await.context(|| sql.to_string())?;
+    Ok(Arc::new(df.schema().as_arrow().clone()))
+}
+
+/// Checks a streaming table's query and finds its row schema. `None` when it cannot be
+/// known yet (no files, no `schema =>`, no table): the table and its flows wait for input.
+pub(crate) async fn prepare_ingest(
+    wh: &Warehouse,
+    table: &StreamingTable,
+    pipeline_dir: &Path,
+    known: &BTreeMap<TableName, SchemaRef>,
+) -> Result<Option<IngestSetup>> {
+    let Some(query) = &table.query else {
+        return Err(EngineError::Internal(format!(
+            "{} has no query",
+            table.name
+        )));
+    };
+    let (source, input_schema) = match &query.source {
+        QuerySource::ReadFiles(spec) => {
+            let dir = pipeline_dir.join(&spec.path);
+            if !dir.exists() {
+                return Err(table_err(
+                    &table.name,
+                    format!("read_files path {} does not exist", dir.display()),
+                ));
+            }
+            for key in spec.other_options.keys() {
+                if !matches!(key.as_str(), "multiline" | "inferschema" | "encoding") {
+                    return Err(table_err(
+                        &table.name,
+                        format!("read_files option `{key}` is not supported"),
+                    ));
+                }
+            }
+            let schema = match &spec.schema {
+                Some(cols) => Some(arrow_schema(cols)),
+                None => match list_files(&dir)?.first() {
+                    Some(first) => {
+                        let ctx = warehouse::new_session();
+                        let df = read_file(&ctx, &input_root(&dir).join(first), spec).await?;
+                        Some(Arc::new(df.schema().as_arrow().clone()))
+                    }
+                    None => None,
+                },
+            };
+            (
+                Source::Files {
+                    dir,
+                    spec: spec.clone(),
+                },
+                schema,
+            )
+        }
+        QuerySource::Table(t) => (Source::Table(t.clone()), known.get(t).cloned()),
+    };
+    let existing = match wh.open_table(&table.name).await? {
+        Some(t) => Some(sqlutil::table_schema(&t)?),
+        None => None,
+    };
+    let planned = match input_schema {
+        Some(input) => Some(
+            plan_query(&query.sql, input)
+                .await
+                .map_err(|e| table_err(&table.name, e))?,
+        ),
+        None => None,
+    };
+    let schema = match (planned, existing, &table.columns) {
+        (_, _, Some(cols)) => arrow_schema(cols),
+        (Some(p), Some(e), None) => {
+            if !p
+                .fields()
+                .iter()
+                .zip(e.fields())
+                .all(|(a, b)| a.name() == b.name())
+                || p.fields().len() != e.fields().len()
+            {
+                return Err(table_err(
+                    &table.name,
+                    format!(
+                        "the query now produces ({}) but the table has ({}); a full refresh is needed",
+                        sqlutil::describe_fields(&p),
+                        sqlutil::describe_fields(&e)
+                    ),
+                ));
+            }
+            e
+        }
+        (Some(p), None, None) => Arc::new(Schema::new(
+            p.fields()
+                .iter()
+                .map(|f| f.as_ref().clone().with_nullable(true))
+                .collect::<Vec<_>>(),
+        )),
+        (None, Some(e), None) => e,
+        (None, None, None) => return Ok(None),
+    };
+    Ok(Some(IngestSetup {
+        table: table.clone(),
+        query_sql: query.sql.clone(),
+        source,
+        schema,
+        downstream: Vec::new(),
+    }))
+}
+
+/// Input files already taken by `table`, from its commit history.
+async fn ingested_files(table: &DeltaTable) -> Result<BTreeSet<String>> {
+    let mut out = BTreeSet::new();
+    let mut history = table.history(None);
+    while let Some(info) = history.next().await {
+        let info = info.context(|| "reading table history".into())?;
+        if let Some(serde_json::Value::Array(files)) = info.info.get(FILES_KEY) {
+            out.extend(files.iter().filter_map(|f| f.as_str().map(str::to_string)));
+        }
+    }
+    Ok(out)
+}
+
+/// Applies the table's query to `input` rows and casts them to the table's schema.
+async fn apply_query(setup: &IngestSetup, input: DataFrame, place: &str) -> Result<RecordBatch> {
+    let ctx = warehouse::new_session();
+    ctx.register_table(SOURCE_PLACEHOLDER, input.into_view())
+        .context(|| "registering input".into())?;
+    let batches = ctx
+        .sql(&setup.query_sql)
+        .await
+        .context(|| format!("streaming table {}", setup.table.name))?
+        .collect()
+        .await
+        .map_err(|e| {
+            EngineError::BadInput(format!(
+                "streaming table {}: {place}: {e}",
+                setup.table.name
+            ))
+        })?;
+    let cast = batches
+        .iter()
+        .map(|b| sqlutil::cast_batch(b, &setup.schema))
+        .collect::<Result<Vec<_>>>()
+        .map_err(|e| {
+            EngineError::BadInput(format!(
+                "streaming table {}: {place}: {e}",
+                setup.table.name
+            ))
+        })?;
+    deltalake::arrow::compute::concat_batches(&setup.schema, &cast)
+        .context(|| "concatenating rows".into())
+}
+
+/// Rejects rows that a downstream flow would reject, naming `place`.
+async fn check_downstream(setup: &IngestSetup, rows: &RecordBatch, place: &str) -> Result<()> {
+    for flow_setup in &setup.downstream {
+        let ctx = warehouse::new_session();
+        let table = MemTable::try_new(rows.schema(), vec![vec![rows.clone()]])
+            .context(|| "registering rows".into())?;
+        ctx.register_table(SOURCE_PLACEHOLDER, Arc::new(table))
+            .context(|| "registering rows".into())?;
+        let events = flow::events_from(&ctx, flow_setup, 0).await?;
+        flow::validate_events(flow_setup, &events, place)?;
+    }
+    Ok(())
+}
+
+/// Runs one ingestion: new input → one commit.
+pub(crate) async fn run_ingest(wh: &Warehouse, setup: &IngestSetup) -> Result<IngestReport> {
+    let name = &setup.table.name;
+    let mut report = IngestReport {
+        table: name.to_string(),
+        ..Default::default()
+    };
+    let existing = wh.open_table(name).await?;
+    let mut commit = CommitProperties::default();
+    let mut parts: Vec<RecordBatch> = Vec::new();
+    match &setup.source {
+        Source::Files { dir, spec } => {
+            let taken = match &existing {
+                Some(t) => ingested_files(t).await?,
+                None => BTreeSet::new(),
+            };
+            let new: Vec<String> = list_files(dir)?
+                .into_iter()
+                .filter(|f| !taken.contains(f))
+                .collect();
+            if new.is_empty() {
+                report.skipped = Some("no new files".into());
+                return Ok(report);
+            }
+            let root = input_root(dir);
+            for file in &new {
+                let path = root.join(file);
+                let place = format!("file {}", path.display());
+                let ctx = warehouse::new_session();
+                let df = read_file(&ctx, &path, spec).await?;
+                let rows = apply_query(setup, df, &place).await?;
+                check_downstream(setup, &rows, &place).await?;
+                parts.push(rows);
+            }
+            commit = commit.with_metadata([(FILES_KEY.to_string(), serde_json::json!(new))]);
+            report.files = new;
+        }
+        Source::Table(source_name) => {
+            let Some(source) = wh.open_table(source_name).await? else {
+                report.skipped = Some(format!("source {source_name} has no data yet"));
+                return Ok(report);
+            };
+            let app_id = format!("strata-source:{source_name}");
+            let from = match &existing {
+                Some(t) => t
+                    .snapshot()
+                    .context(|| "reading table state".into())?
+                    .transaction_version(t.log_store().as_ref(), &app_id)
+                    .await
+                    .context(|| "reading source position".into())?,
+                None => None,
+            };
+            let version = flow::version_of(&source);
+            if from.is_some_and(|f| f >= version) {
+                report.skipped = Some("no new input".into());
+                return Ok(report);
+            }
+            let files = flow::new_files(&source, from).await?;
+            let ctx = warehouse::new_session();
+            flow::register_table(&ctx, "__strata_input", &source, Some(files)).await?;
+            let df = ctx
+                .table("__strata_input")
+                .await
+                .context(|| "reading source".into())?;
+            let place = format!("the rows of {source_name} added after version {from:?}");
+            let rows = apply_query(setup, df, &place).await?;
+            check_downstream(setup, &rows, &place).await?;
+            parts.push(rows);
+            commit = commit.with_application_transaction(Transaction::new(&app_id, version));
+        }
+    }
+    report.rows = parts.iter().map(RecordBatch::num_rows).sum();
+    let handle = match existing {
+        Some(t) => t,
+        None => {
+            let mut configuration: Vec<(String, Option<String>)> = setup
+                .table
+                .properties
+                .iter()
+                .map(|(k, v)| (k.clone(), Some(v.clone())))
+                .collect();
+            configuration.push((
+                "delta.enableChangeDataFeed".to_string(),
+                Some("true".to_string()),
+            ));
+            warehouse::create_delta(
+                &wh.table_path(name),
+                &name.name,
+                &setup.schema,
+                configuration,
+                setup.table.comment.as_deref(),
+            )
+            .await?
+        }
+    };
+    let write = handle
+        .write(parts)
+        .with_save_mode(SaveMode::Append)
+        .with_commit_properties(commit);
+    write
+        .await
+        .context(|| format!("streaming table {name}: committing"))?;
+    Ok(report)
+}

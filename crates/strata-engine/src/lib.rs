@@ -1,0 +1,29 @@
+//! # strata-engine: runs pipelines
+//!
+//! ```text
+//!   pipeline.sql ─strata-sql─▶ PipelinePlan ─prepare─▶ schemas checked, flows set up
+//!        │                                                   │ (nothing written yet)
+//!        ▼                                                   ▼
+//!   ingest.rs: read_files → streaming table (one commit: rows + the file names taken)
+//!   flow.rs:   streaming table → event store → fold (strata-core, via fold.rs) → target
+//!   query.rs:  SQL over every table of a warehouse; SCD2 integrity checks
+//! ```
+//!
+//! Every write is one atomic Delta commit that also records how far its input was read, so
+//! a crash at any point and a re-run converge to the same tables.
+
+mod error;
+mod flow;
+mod fold;
+mod ingest;
+mod pipeline;
+mod query;
+mod sqlutil;
+mod warehouse;
+
+pub use error::{EngineError, Result};
+pub use flow::FlowReport;
+pub use ingest::IngestReport;
+pub use pipeline::{run_pipeline_file, RunReport};
+pub use query::{query, validate, Violation};
+pub use warehouse::{new_session, Warehouse};

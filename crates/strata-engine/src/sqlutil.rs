@@ -1,0 +1,91 @@
+//! Small helpers between Arrow, DataFusion and Delta: quoting, casting, schemas, row format.
+
+use crate::error::{Context, EngineError, Result};
+use deltalake::arrow::array::{ArrayRef, RecordBatch};
+use deltalake::arrow::compute::cast;
+use deltalake::arrow::datatypes::{DataType, Schema, SchemaRef};
+use deltalake::arrow::row::{RowConverter, Rows, SortField};
+use deltalake::DeltaTable;
+
+/// `name` as a double-quoted SQL identifier (DataFusion's default dialect).
+pub(crate) fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// `s` as a single-quoted SQL string literal.
+pub(crate) fn quote_str(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+/// Casts `batch` column by column (by position) to `schema`.
+pub(crate) fn cast_batch(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
+    if batch.num_columns() != schema.fields().len() {
+        return Err(EngineError::Internal(format!(
+            "batch has {} columns, expected {}",
+            batch.num_columns(),
+            schema.fields().len()
+        )));
+    }
+    let cols = batch
+        .columns()
+        .iter()
+        .zip(schema.fields())
+        .map(|(c, f)| {
+            if c.data_type() == f.data_type() {
+                Ok(c.clone())
+            } else {
+                cast(c.as_ref(), f.data_type())
+                    .context(|| format!("column {}: cannot convert to {}", f.name(), f.data_type()))
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    RecordBatch::try_new(schema.clone(), cols).context(|| "casting batch".into())
+}
+
+/// Arrow's row format of `columns`: ordered like SQL `ORDER BY`, equal as bytes.
+pub(crate) fn rows(columns: &[ArrayRef]) -> Result<Rows> {
+    let fields = columns
+        .iter()
+        .map(|c| SortField::new(c.data_type().clone()))
+        .collect();
+    let converter = RowConverter::new(fields).context(|| "row format".into())?;
+    converter
+        .convert_columns(columns)
+        .context(|| "row format".into())
+}
+
+/// Type equality that ignores nullability of nested fields and the spelling of time zones.
+pub(crate) fn same_type(a: &DataType, b: &DataType) -> bool {
+    match (a, b) {
+        (DataType::Timestamp(u1, z1), DataType::Timestamp(u2, z2)) => {
+            u1 == u2 && z1.is_some() == z2.is_some()
+        }
+        (DataType::Struct(f1), DataType::Struct(f2)) => {
+            f1.len() == f2.len()
+                && f1
+                    .iter()
+                    .zip(f2.iter())
+                    .all(|(x, y)| x.name() == y.name() && same_type(x.data_type(), y.data_type()))
+        }
+        _ => a == b,
+    }
+}
+
+/// The Arrow schema of a Delta table.
+pub(crate) fn table_schema(table: &DeltaTable) -> Result<SchemaRef> {
+    Ok(table
+        .snapshot()
+        .context(|| "reading table state".into())?
+        .snapshot()
+        .arrow_schema())
+}
+
+/// `a INT, b STRING` for messages.
+pub(crate) fn describe_fields(schema: &Schema) -> String {
+    schema
+        .fields()
+        .iter()
+        .map(|f| format!("{} {}", f.name(), f.data_type()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}

@@ -1,0 +1,150 @@
+//! Where tables live and how they are opened.
+//!
+//! ```text
+//!   <warehouse>/<schema>/<table>/_delta_log          user-visible Delta tables
+//!   <warehouse>/_strata/<schema>/<table>/events      event store of an AUTO CDC target
+//! ```
+//!
+//! Folders starting with `_` or `.` at the top level are strata's own and are not tables.
+
+use crate::error::{Context, EngineError, Result};
+use deltalake::arrow::datatypes::Schema;
+use deltalake::datafusion::execution::context::SessionContext;
+use deltalake::datafusion::prelude::SessionConfig;
+use deltalake::kernel::engine::arrow_conversion::TryIntoKernel;
+use deltalake::kernel::StructType;
+use deltalake::{DeltaTable, DeltaTableBuilder};
+use std::path::{Path, PathBuf};
+use strata_sql::TableName;
+
+/// A folder of Delta tables.
+#[derive(Debug, Clone)]
+pub struct Warehouse {
+    root: PathBuf,
+}
+
+impl Warehouse {
+    /// Opens (and creates, if missing) the warehouse folder.
+    pub fn open(root: impl AsRef<Path>) -> Result<Self> {
+        let root = root.as_ref();
+        std::fs::create_dir_all(root)
+            .context(|| format!("cannot create warehouse folder {}", root.display()))?;
+        let root = std::fs::canonicalize(root)
+            .context(|| format!("cannot open warehouse folder {}", root.display()))?;
+        Ok(Warehouse { root })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn table_path(&self, name: &TableName) -> PathBuf {
+        self.root.join(&name.schema).join(&name.name)
+    }
+
+    /// The event store of the AUTO CDC target `name`.
+    pub fn event_store_path(&self, name: &TableName) -> PathBuf {
+        self.root
+            .join("_strata")
+            .join(&name.schema)
+            .join(&name.name)
+            .join("events")
+    }
+
+    /// Every table of the warehouse, sorted.
+    pub fn list_tables(&self) -> Result<Vec<TableName>> {
+        let mut out = Vec::new();
+        for schema in read_dir_sorted(&self.root)? {
+            let Some(schema_name) = visible_dir_name(&schema) else {
+                continue;
+            };
+            for table in read_dir_sorted(&schema)? {
+                let Some(table_name) = visible_dir_name(&table) else {
+                    continue;
+                };
+                if table.join("_delta_log").is_dir() {
+                    out.push(TableName::new(Some(&schema_name), &table_name));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Opens an existing table; `None` if there is no Delta table at its path.
+    pub async fn open_table(&self, name: &TableName) -> Result<Option<DeltaTable>> {
+        open_delta(&self.table_path(name)).await
+    }
+}
+
+fn read_dir_sorted(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .context(|| format!("cannot list {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    entries.sort();
+    Ok(entries)
+}
+
+fn visible_dir_name(path: &Path) -> Option<String> {
+    let name = path.file_name()?.to_str()?;
+    (path.is_dir() && !name.starts_with('_') && !name.starts_with('.')).then(|| name.to_string())
+}
+
+pub(crate) fn table_url(path: &Path) -> Result<url::Url> {
+    std::fs::create_dir_all(path).context(|| format!("cannot create {}", path.display()))?;
+    url::Url::from_directory_path(path)
+        .map_err(|_| EngineError::Internal(format!("not an absolute path: {}", path.display())))
+}
+
+/// Opens the Delta table at `path`, `None` if there is none yet.
+pub(crate) async fn open_delta(path: &Path) -> Result<Option<DeltaTable>> {
+    if !path.join("_delta_log").is_dir() {
+        return Ok(None);
+    }
+    let url = table_url(path)?;
+    let table = deltalake::open_table(url)
+        .await
+        .context(|| format!("cannot open Delta table {}", path.display()))?;
+    Ok(Some(table))
+}
+
+/// Creates an empty Delta table at `path`. Properties outside Delta's own (`strata.*`,
+/// `pipelines.*`) are kept as written.
+pub(crate) async fn create_delta(
+    path: &Path,
+    name: &str,
+    schema: &Schema,
+    configuration: Vec<(String, Option<String>)>,
+    comment: Option<&str>,
+) -> Result<DeltaTable> {
+    let url = table_url(path)?;
+    let handle = DeltaTableBuilder::from_url(url)
+        .and_then(|b| b.build())
+        .context(|| format!("cannot open {}", path.display()))?;
+    let st: StructType = schema
+        .try_into_kernel()
+        .map_err(|e| EngineError::Internal(format!("schema not representable in Delta: {e}")))?;
+    let mut create = handle
+        .create()
+        .with_table_name(name)
+        .with_columns(st.fields().cloned())
+        .with_configuration(configuration)
+        .with_raise_if_key_not_exists(false);
+    if let Some(c) = comment {
+        create = create.with_comment(c);
+    }
+    create
+        .await
+        .context(|| format!("cannot create Delta table {}", path.display()))
+}
+
+/// A DataFusion session with strata's settings: identifiers keep their case as written (so
+/// `sequenceNum` means the column `sequenceNum`), and the default schema is `default`.
+pub fn new_session() -> SessionContext {
+    let mut config = SessionConfig::new()
+        .with_default_catalog_and_schema("strata", TableName::DEFAULT_SCHEMA)
+        .with_create_default_catalog_and_schema(true)
+        .with_information_schema(true);
+    config.options_mut().sql_parser.enable_ident_normalization = false;
+    SessionContext::new_with_config(config)
+}

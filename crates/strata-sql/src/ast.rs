@@ -1,0 +1,173 @@
+//! The parsed form of a pipeline: one [`Statement`] per SQL statement, in file order.
+//!
+//! Expressions (conditions, sequence expressions, the SELECT of a streaming table) are kept
+//! as SQL text that DataFusion's default dialect accepts: the parser has already applied the
+//! Spark lexical rules (a double-quoted token became a single-quoted string literal, backticks
+//! quote identifiers), so the engine hands these strings straight to DataFusion.
+
+use deltalake::arrow::datatypes::DataType;
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// A place in the pipeline text, 1-based.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Location {
+    pub line: u64,
+    pub column: u64,
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.line, self.column)
+    }
+}
+
+/// `schema.name` or `name`; the schema defaults to `default`. A legacy `LIVE.` prefix
+/// is dropped by the parser (`LIVE.users` is `default.users`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TableName {
+    pub schema: String,
+    pub name: String,
+}
+
+impl TableName {
+    pub const DEFAULT_SCHEMA: &'static str = "default";
+
+    pub fn new(schema: Option<&str>, name: &str) -> Self {
+        TableName {
+            schema: schema.unwrap_or(Self::DEFAULT_SCHEMA).to_string(),
+            name: name.to_string(),
+        }
+    }
+}
+
+impl fmt::Display for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.schema, self.name)
+    }
+}
+
+/// One statement of a pipeline file.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Statement {
+    StreamingTable(StreamingTable),
+    Flow(CdcFlow),
+}
+
+/// A declared column: `name TYPE [NOT NULL] [COMMENT '...']`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ColumnDef {
+    pub name: String,
+    pub data_type: DataType,
+    pub nullable: bool,
+}
+
+/// `CREATE [OR REFRESH] STREAMING TABLE name [(cols)] [COMMENT '...'] [TBLPROPERTIES (...)]
+/// [AS SELECT ...]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamingTable {
+    pub name: TableName,
+    pub columns: Option<Vec<ColumnDef>>,
+    pub comment: Option<String>,
+    /// `TBLPROPERTIES ('k' = 'v', ...)`, keys as written.
+    pub properties: BTreeMap<String, String>,
+    /// `None` for a table that only receives flows (an AUTO CDC target).
+    pub query: Option<SourceQuery>,
+    pub location: Location,
+}
+
+/// The `AS SELECT ...` of a streaming table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SourceQuery {
+    /// The query with its one streaming source (`STREAM read_files(...)`, `STREAM(t)`,
+    /// `STREAM t`) replaced by the table name [`SOURCE_PLACEHOLDER`]. Everything else
+    /// (projection, WHERE, casts) is untouched.
+    pub sql: String,
+    pub source: QuerySource,
+}
+
+/// The name the engine registers the new input rows under when it runs a [`SourceQuery`].
+pub const SOURCE_PLACEHOLDER: &str = "__strata_source";
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum QuerySource {
+    ReadFiles(ReadFiles),
+    Table(TableName),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileFormat {
+    Json,
+    Csv,
+    Parquet,
+}
+
+/// `read_files(path, format => 'json', schema => 'a INT, b STRING', header => true, ...)`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReadFiles {
+    /// As written; relative paths are resolved by the engine against the pipeline file.
+    pub path: String,
+    pub format: FileFormat,
+    /// Parsed `schema =>` option.
+    pub schema: Option<Vec<ColumnDef>>,
+    /// CSV: `header => true|false` (default false, as in Spark and Lakeflow).
+    pub header: bool,
+    /// CSV: `sep`/`delimiter` (default `,`).
+    pub delimiter: u8,
+    /// Every other option, lower-cased key, value as text. The engine rejects the ones it
+    /// does not know.
+    pub other_options: BTreeMap<String, String>,
+    pub location: Location,
+}
+
+/// `COLUMNS a, b` / `COLUMNS * EXCEPT (a, b)`, also used for `TRACK HISTORY ON`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ColumnSelection {
+    #[default]
+    All,
+    Only(Vec<String>),
+    Except(Vec<String>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ScdType {
+    #[default]
+    Type1,
+    Type2,
+}
+
+/// `SEQUENCE BY expr` or `SEQUENCE BY STRUCT(a, b)`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SequenceBy {
+    Expr(String),
+    /// Orders by the first expression, then the next. Each entry is (field name, expression
+    /// SQL); the field name is the column name for a plain column, else `c0`, `c1`, ...
+    Struct(Vec<(String, String)>),
+}
+
+/// `CREATE FLOW name AS AUTO CDC INTO target FROM STREAM(source) KEYS (...) ...`
+/// (or the legacy `APPLY CHANGES INTO` spelling).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CdcFlow {
+    pub name: String,
+    pub target: TableName,
+    pub source: TableName,
+    pub keys: Vec<String>,
+    pub ignore_null_updates: bool,
+    /// Condition SQL of `APPLY AS DELETE WHEN`.
+    pub delete_when: Option<String>,
+    /// Condition SQL of `APPLY AS TRUNCATE WHEN`.
+    pub truncate_when: Option<String>,
+    pub sequence_by: SequenceBy,
+    pub columns: ColumnSelection,
+    pub stored_as: ScdType,
+    /// `TRACK HISTORY ON ...`; `None` means every column is tracked.
+    pub track_history: Option<ColumnSelection>,
+    pub location: Location,
+}
+
+/// A parsed pipeline file.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Pipeline {
+    pub statements: Vec<Statement>,
+}

@@ -1,0 +1,896 @@
+//! Pipeline text to [`Pipeline`].
+//!
+//! The text is tokenized once (Spark lexical rules, see `lex.rs`) and split at `;`. Each
+//! statement is walked by the recursive-descent code here, which knows strata's statement
+//! keywords (`CREATE STREAMING TABLE`, `CREATE FLOW ... AUTO CDC`, `APPLY CHANGES INTO`).
+//! Embedded expressions and the `AS SELECT` of a streaming table are handed to sqlparser
+//! and kept as the SQL text it prints back.
+
+use crate::ast::*;
+use crate::error::Result;
+use crate::lex::{self, is_keyword, location, run_sqlparser, Cursor, End, Source};
+use crate::types::{parse_column_defs, parse_schema_string};
+use deltalake::datafusion::sql::sqlparser;
+use sqlparser::ast::{
+    Expr, FunctionArg, FunctionArgExpr, Ident, ObjectName, ObjectNamePart, Query, SetExpr, Spanned,
+    TableAlias, TableFactor, TableFunctionArgs, TableWithJoins, Value,
+};
+use sqlparser::keywords::RESERVED_FOR_TABLE_ALIAS;
+use sqlparser::parser::Parser;
+use sqlparser::tokenizer::{Location as SpLocation, Token, TokenWithSpan};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Parses a whole pipeline file.
+pub fn parse_pipeline(text: &str) -> Result<Pipeline> {
+    let src = Source::new(text);
+    let tokens = lex::tokenize(&src, text)?;
+    let mut statements = Vec::new();
+    let mut start = 0;
+    for (i, t) in tokens.iter().enumerate() {
+        if t.token == Token::SemiColon {
+            let end = End {
+                location: location(t.span.start),
+                found: "';'".to_string(),
+            };
+            let body = tokens.get(start..i).unwrap_or(&[]);
+            parse_one(&src, body, end, &mut statements)?;
+            start = i + 1;
+        }
+    }
+    let end = End {
+        location: src.end_location(),
+        found: "end of input".to_string(),
+    };
+    parse_one(
+        &src,
+        tokens.get(start..).unwrap_or(&[]),
+        end,
+        &mut statements,
+    )?;
+    Ok(Pipeline { statements })
+}
+
+/// Parses one statement's tokens (nothing for an empty statement such as `;;`).
+fn parse_one(
+    src: &Source,
+    tokens: &[TokenWithSpan],
+    end: End,
+    out: &mut Vec<Statement>,
+) -> Result<()> {
+    if tokens.is_empty() {
+        return Ok(());
+    }
+    let mut c = Cursor::new(src, tokens, end);
+    let statement = parse_statement(&mut c)?;
+    if !c.at_end() {
+        return Err(c.expected("end of statement"));
+    }
+    out.push(statement);
+    Ok(())
+}
+
+fn parse_statement(c: &mut Cursor) -> Result<Statement> {
+    let at = c.loc();
+    if c.eat_keyword("CREATE") {
+        if c.eat_keyword("OR") {
+            c.expect_keyword("REFRESH")?;
+        }
+        if c.eat_keyword("STREAMING") {
+            // `STREAMING LIVE TABLE` is the legacy DLT spelling of the same thing.
+            c.eat_keyword("LIVE");
+            c.expect_keyword("TABLE")?;
+            return streaming_table(c, at).map(Statement::StreamingTable);
+        }
+        if c.eat_keyword("FLOW") {
+            return flow(c, at).map(Statement::Flow);
+        }
+        let here = c.loc();
+        let unsupported = if c.peek_keyword("MATERIALIZED") {
+            Some("CREATE MATERIALIZED VIEW")
+        } else if c.peek_keyword("VIEW") || c.peek_keyword("TEMPORARY") {
+            Some("CREATE VIEW")
+        } else if c.peek_keyword("LIVE") {
+            Some("CREATE LIVE TABLE (a materialized view)")
+        } else {
+            None
+        };
+        return Err(match unsupported {
+            Some(what) => c.error_at(here, format!("{what} is not supported yet")),
+            None => c.expected("STREAMING TABLE or FLOW"),
+        });
+    }
+    if c.eat_keyword("APPLY") {
+        // Legacy standalone form: the flow is named after its target table.
+        c.expect_keyword("CHANGES")?;
+        c.expect_keyword("INTO")?;
+        return cdc_flow(c, None, at).map(Statement::Flow);
+    }
+    Err(c.expected("CREATE or APPLY CHANGES"))
+}
+
+// ---------------------------------------------------------------------------------------
+// Names
+
+/// `name`, `schema.name` or `LIVE.name` (the legacy prefix for the pipeline's own schema).
+fn table_name(c: &mut Cursor, what: &str) -> Result<(TableName, Location)> {
+    let (first, at) = c.ident(what)?;
+    let mut parts = vec![first];
+    while c.eat_token(&Token::Period) {
+        parts.push(c.ident("a name after '.'")?.0);
+    }
+    resolve_table_name(&parts)
+        .map(|t| (t, at))
+        .map_err(|m| c.error_at(at, m))
+}
+
+fn resolve_table_name(parts: &[String]) -> std::result::Result<TableName, String> {
+    match parts {
+        [name] => Ok(TableName::new(None, name)),
+        [schema, name] if schema.eq_ignore_ascii_case("live") => Ok(TableName::new(None, name)),
+        [schema, name] => Ok(TableName::new(Some(schema), name)),
+        _ => Err(format!(
+            "'{}': catalog-qualified names (catalog.schema.table) are not supported",
+            parts.join(".")
+        )),
+    }
+}
+
+/// `a, b, c`: one or more identifiers.
+fn ident_list(c: &mut Cursor, what: &str) -> Result<Vec<String>> {
+    let mut names = vec![c.ident(what)?.0];
+    while c.eat_token(&Token::Comma) {
+        names.push(c.ident(what)?.0);
+    }
+    Ok(names)
+}
+
+// ---------------------------------------------------------------------------------------
+// CREATE STREAMING TABLE
+
+fn streaming_table(c: &mut Cursor, at: Location) -> Result<StreamingTable> {
+    if c.eat_keyword("IF") {
+        c.expect_keyword("NOT")?;
+        c.expect_keyword("EXISTS")?;
+    }
+    let (name, _) = table_name(c, "a table name")?;
+    let columns = if c.eat_token(&Token::LParen) {
+        let cols = parse_column_defs(c)?;
+        if !c.eat_token(&Token::RParen) {
+            return Err(c.expected("',' or ')'"));
+        }
+        Some(cols)
+    } else {
+        None
+    };
+    let mut comment = None;
+    let mut properties = None;
+    loop {
+        let clause_at = c.loc();
+        if c.eat_keyword("COMMENT") {
+            if comment.is_some() {
+                return Err(c.error_at(clause_at, "duplicate COMMENT clause"));
+            }
+            comment = Some(c.string("a comment string")?);
+        } else if c.eat_keyword("TBLPROPERTIES") {
+            if properties.is_some() {
+                return Err(c.error_at(clause_at, "duplicate TBLPROPERTIES clause"));
+            }
+            properties = Some(tblproperties(c)?);
+        } else {
+            break;
+        }
+    }
+    let query = if c.eat_keyword("AS") {
+        Some(source_query(c)?)
+    } else if c.at_end() {
+        None
+    } else {
+        let what = if columns.is_none() && comment.is_none() && properties.is_none() {
+            "a column list, COMMENT, TBLPROPERTIES, AS or end of statement"
+        } else {
+            "COMMENT, TBLPROPERTIES, AS or end of statement"
+        };
+        return Err(c.expected(what));
+    };
+    Ok(StreamingTable {
+        name,
+        columns,
+        comment,
+        properties: properties.unwrap_or_default(),
+        query,
+        location: at,
+    })
+}
+
+/// `('k' = 'v', k.dotted = true, ...)`; the `=` is optional, as in Spark.
+fn tblproperties(c: &mut Cursor) -> Result<BTreeMap<String, String>> {
+    c.expect_token(&Token::LParen)?;
+    let mut props = BTreeMap::new();
+    if c.eat_token(&Token::RParen) {
+        return Ok(props);
+    }
+    loop {
+        let key_at = c.loc();
+        let key = match c.peek().map(|t| &t.token) {
+            Some(Token::SingleQuotedString(s)) => {
+                c.next();
+                s.clone()
+            }
+            Some(Token::Word(_)) => {
+                let mut parts = vec![c.ident("a property name")?.0];
+                while c.eat_token(&Token::Period) {
+                    parts.push(c.ident("a name after '.'")?.0);
+                }
+                parts.join(".")
+            }
+            _ => return Err(c.expected("a property name")),
+        };
+        c.eat_token(&Token::Eq);
+        let value = match c.peek().map(|t| &t.token) {
+            Some(Token::SingleQuotedString(s)) => s.clone(),
+            Some(Token::Number(n, _)) => n.clone(),
+            Some(Token::Word(w)) if w.quote_style.is_none() => w.value.to_ascii_lowercase(),
+            _ => return Err(c.expected("a property value")),
+        };
+        c.next();
+        if props.insert(key.clone(), value).is_some() {
+            return Err(c.error_at(key_at, format!("property '{key}' is set twice")));
+        }
+        if !c.eat_token(&Token::Comma) {
+            break;
+        }
+    }
+    if !c.eat_token(&Token::RParen) {
+        return Err(c.expected("',' or ')'"));
+    }
+    Ok(props)
+}
+
+// ---------------------------------------------------------------------------------------
+// The AS SELECT of a streaming table
+
+/// The rest of the statement as a query reading from exactly one streaming source.
+fn source_query(c: &mut Cursor) -> Result<SourceQuery> {
+    let query_at = c.loc();
+    let (tokens, marks) = strip_stream(c.rest()).map_err(|at| {
+        c.error_at(
+            location(at),
+            "STREAM(...) takes a table name or read_files(...), not a query",
+        )
+    })?;
+    c.skip_rest();
+    let (mut query, _) = run_sqlparser(c.src, tokens, &c.end, |p| {
+        let q = p.parse_query()?;
+        let next = p.peek_token();
+        match next.token {
+            Token::EOF => Ok(q),
+            _ => p.expected("end of statement", next),
+        }
+    })?;
+
+    let mut factors = Vec::new();
+    collect_query(&mut query, &mut factors);
+    let mut found: Option<(QuerySource, usize)> = None;
+    let mut used_marks = BTreeSet::new();
+    for (i, factor) in factors.iter().enumerate() {
+        let TableFactor::Table { name, args, .. } = &**factor else {
+            continue;
+        };
+        let (parts, start) = name_parts(c, name)?;
+        let marked = start.is_some_and(|s| marks.contains(&s));
+        if marked {
+            used_marks.insert(start);
+        }
+        let at = start.map(location).unwrap_or(query_at);
+        let is_read_files = parts
+            .last()
+            .is_some_and(|n| n.eq_ignore_ascii_case("read_files"));
+        let source = match args {
+            Some(args) if is_read_files => QuerySource::ReadFiles(read_files(c.src, args, at)?),
+            Some(_) if marked => {
+                return Err(c.error_at(
+                    at,
+                    format!(
+                        "expected a table name or read_files(...) after STREAM, found function '{}'",
+                        parts.join(".")
+                    ),
+                ));
+            }
+            None if marked => {
+                QuerySource::Table(resolve_table_name(&parts).map_err(|m| c.error_at(at, m))?)
+            }
+            // A plain (batch) table or another table function: not the streaming source.
+            _ => continue,
+        };
+        if found.is_some() {
+            return Err(c.error_at(
+                at,
+                "a streaming table reads exactly one streaming source; this is a second one",
+            ));
+        }
+        found = Some((source, i));
+    }
+    if let Some(unused) = marks.iter().find(|m| !used_marks.contains(&Some(**m))) {
+        return Err(c.error_at(
+            location(*unused),
+            "STREAM may only name a source in the FROM clause of the query",
+        ));
+    }
+    let Some((source, index)) = found else {
+        return Err(c.error_at(
+            query_at,
+            "the query of a streaming table needs a streaming source in its FROM: \
+             STREAM read_files(...) or STREAM(table)",
+        ));
+    };
+    if let Some(TableFactor::Table {
+        name, args, alias, ..
+    }) = factors.into_iter().nth(index)
+    {
+        // `SELECT raw.x FROM STREAM(raw)` names the table in its columns: keep that name
+        // as the alias, so the query means the same once it reads the placeholder.
+        if alias.is_none() && args.is_none() {
+            if let Some(ObjectNamePart::Identifier(last)) = name.0.last() {
+                *alias = Some(TableAlias {
+                    explicit: true,
+                    name: last.clone(),
+                    columns: Vec::new(),
+                    at: None,
+                });
+            }
+        }
+        // Any alias (and anything else on the factor) stays: only what is read changes.
+        *name = ObjectName::from(vec![Ident::new(SOURCE_PLACEHOLDER)]);
+        *args = None;
+    }
+    Ok(SourceQuery {
+        sql: query.to_string(),
+        source,
+    })
+}
+
+/// The parts of a table name and where its first part starts.
+fn name_parts(c: &Cursor, name: &ObjectName) -> Result<(Vec<String>, Option<SpLocation>)> {
+    let mut parts = Vec::new();
+    let mut start = None;
+    for part in &name.0 {
+        match part {
+            ObjectNamePart::Identifier(id) => {
+                start.get_or_insert(id.span.start);
+                parts.push(id.value.clone());
+            }
+            ObjectNamePart::Function(f) => {
+                return Err(c.error_at(
+                    location(f.name.span.start),
+                    format!("unsupported table name '{name}'"),
+                ));
+            }
+        }
+    }
+    Ok((parts, start))
+}
+
+/// Removes the `STREAM` word (and the parentheses of `STREAM(x)`) in front of a source in a
+/// FROM clause, so that sqlparser sees a plain table or `read_files(...)` call. Returns the
+/// tokens and where each source marked by STREAM starts, or where a query is written
+/// inside `STREAM(...)` (which reads a table or files, never a query).
+fn strip_stream(
+    tokens: &[TokenWithSpan],
+) -> std::result::Result<(Vec<TokenWithSpan>, Vec<SpLocation>), SpLocation> {
+    let mut out: Vec<TokenWithSpan> = Vec::with_capacity(tokens.len());
+    let mut marks = Vec::new();
+    let mut dropped_closers: Vec<usize> = Vec::new();
+    // Per parenthesis depth: whether we are between FROM and the next clause, where a
+    // comma introduces another source.
+    let mut in_from: Vec<bool> = vec![false];
+    let mut i = 0;
+    while let Some(t) = tokens.get(i) {
+        if dropped_closers.contains(&i) {
+            i += 1;
+            continue;
+        }
+        match &t.token {
+            Token::LParen => in_from.push(false),
+            Token::RParen if in_from.len() > 1 => {
+                in_from.pop();
+            }
+            Token::Word(w) if w.quote_style.is_none() => {
+                let word = w.value.to_ascii_uppercase();
+                let top = in_from.last().copied().unwrap_or(false);
+                match word.as_str() {
+                    "FROM" => set_top(&mut in_from, true),
+                    "SELECT" | "WHERE" | "GROUP" | "HAVING" | "ORDER" | "LIMIT" | "QUALIFY"
+                    | "WINDOW" | "UNION" | "EXCEPT" | "INTERSECT" | "MINUS" => {
+                        set_top(&mut in_from, false)
+                    }
+                    _ => {}
+                }
+                let source_position = match out.last().map(|p| &p.token) {
+                    Some(prev) if is_keyword(prev, "FROM") || is_keyword(prev, "JOIN") => true,
+                    Some(Token::Comma) => top,
+                    _ => false,
+                };
+                if word == "STREAM" && source_position {
+                    match tokens.get(i + 1).map(|n| &n.token) {
+                        Some(Token::LParen) => {
+                            if let (Some(close), Some(inner)) =
+                                (matching_paren(tokens, i + 1), tokens.get(i + 2))
+                            {
+                                let is_query = ["SELECT", "WITH", "VALUES", "FROM"]
+                                    .iter()
+                                    .any(|kw| is_keyword(&inner.token, kw));
+                                if is_query {
+                                    return Err(inner.span.start);
+                                }
+                                if matches!(inner.token, Token::Word(_)) {
+                                    marks.push(inner.span.start);
+                                    dropped_closers.push(close);
+                                    i += 2;
+                                    continue;
+                                }
+                            }
+                        }
+                        Some(Token::Word(next))
+                            if !RESERVED_FOR_TABLE_ALIAS.contains(&next.keyword) =>
+                        {
+                            if let Some(n) = tokens.get(i + 1) {
+                                marks.push(n.span.start);
+                            }
+                            i += 1;
+                            continue;
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+        out.push(t.clone());
+        i += 1;
+    }
+    Ok((out, marks))
+}
+
+fn set_top(stack: &mut [bool], value: bool) {
+    if let Some(top) = stack.last_mut() {
+        *top = value;
+    }
+}
+
+/// Index of the `)` closing the `(` at `open`.
+fn matching_paren(tokens: &[TokenWithSpan], open: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    for (i, t) in tokens.iter().enumerate().skip(open) {
+        match t.token {
+            Token::LParen => depth += 1,
+            Token::RParen => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Every table factor reachable through the FROM clauses of `query` (CTEs, set operations,
+/// derived tables and nested joins included), in text order.
+fn collect_query<'q>(query: &'q mut Query, out: &mut Vec<&'q mut TableFactor>) {
+    if let Some(with) = query.with.as_mut() {
+        for cte in with.cte_tables.iter_mut() {
+            collect_query(&mut cte.query, out);
+        }
+    }
+    collect_set_expr(&mut query.body, out);
+}
+
+fn collect_set_expr<'q>(body: &'q mut SetExpr, out: &mut Vec<&'q mut TableFactor>) {
+    match body {
+        SetExpr::Select(select) => {
+            for twj in select.from.iter_mut() {
+                collect_table_with_joins(twj, out);
+            }
+        }
+        SetExpr::Query(q) => collect_query(q, out),
+        SetExpr::SetOperation { left, right, .. } => {
+            collect_set_expr(left, out);
+            collect_set_expr(right, out);
+        }
+        _ => {}
+    }
+}
+
+fn collect_table_with_joins<'q>(twj: &'q mut TableWithJoins, out: &mut Vec<&'q mut TableFactor>) {
+    collect_factor(&mut twj.relation, out);
+    for join in twj.joins.iter_mut() {
+        collect_factor(&mut join.relation, out);
+    }
+}
+
+fn collect_factor<'q>(factor: &'q mut TableFactor, out: &mut Vec<&'q mut TableFactor>) {
+    if matches!(factor, TableFactor::Table { .. }) {
+        out.push(factor);
+        return;
+    }
+    match factor {
+        TableFactor::Derived { subquery, .. } => collect_query(subquery, out),
+        TableFactor::NestedJoin {
+            table_with_joins, ..
+        } => collect_table_with_joins(table_with_joins, out),
+        _ => {}
+    }
+}
+
+/// `read_files('path', format => 'json', schema => '...', header => true, sep => ',', ...)`.
+fn read_files(src: &Source, args: &TableFunctionArgs, at: Location) -> Result<ReadFiles> {
+    let mut path = None;
+    let mut format = None;
+    let mut schema = None;
+    let mut header = None;
+    let mut delimiter = None;
+    let mut other_options = BTreeMap::new();
+    let mut seen = BTreeSet::new();
+    for arg in &args.args {
+        let (name, arg) = match arg {
+            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => {
+                let arg_at = expr_location(e, at);
+                if path.is_some() {
+                    return Err(src.error(
+                        arg_at,
+                        "read_files takes one path; write options as name => value",
+                    ));
+                }
+                match e {
+                    Expr::Value(v) => match &v.value {
+                        Value::SingleQuotedString(s) => path = Some(s.clone()),
+                        _ => {
+                            return Err(src.error(arg_at, "the path of read_files must be a string"))
+                        }
+                    },
+                    _ => return Err(src.error(arg_at, "the path of read_files must be a string")),
+                }
+                continue;
+            }
+            FunctionArg::Named { name, arg, .. } => (name, arg),
+            FunctionArg::ExprNamed {
+                name: Expr::Identifier(name),
+                arg,
+                ..
+            } => (name, arg),
+            other => {
+                return Err(src.error(at, format!("unsupported read_files argument '{other}'")));
+            }
+        };
+        let key = name.value.to_ascii_lowercase();
+        let key_at = location(name.span.start);
+        // `sep` and `delimiter` are two names for one option.
+        let canonical = if key == "sep" {
+            "delimiter"
+        } else {
+            key.as_str()
+        };
+        if !seen.insert(canonical.to_string()) {
+            return Err(src.error(key_at, format!("option '{key}' is given twice")));
+        }
+        let FunctionArgExpr::Expr(expr) = arg else {
+            return Err(src.error(key_at, format!("option '{key}' must be a literal")));
+        };
+        let value_at = expr_location(expr, key_at);
+        let Some(value) = literal_text(expr) else {
+            return Err(src.error(value_at, format!("option '{key}' must be a literal")));
+        };
+        match canonical {
+            "format" => {
+                format = Some(match value.to_ascii_lowercase().as_str() {
+                    "json" => FileFormat::Json,
+                    "csv" => FileFormat::Csv,
+                    "parquet" => FileFormat::Parquet,
+                    _ => {
+                        return Err(src.error(
+                            value_at,
+                            format!("unknown format '{value}': expected json, csv or parquet"),
+                        ))
+                    }
+                })
+            }
+            "schema" => schema = Some(parse_schema_string(src, &value, Some(value_at))?),
+            "header" => {
+                header = Some(match value.to_ascii_lowercase().as_str() {
+                    "true" => true,
+                    "false" => false,
+                    _ => {
+                        return Err(src.error(
+                            value_at,
+                            format!("option 'header' must be true or false, found '{value}'"),
+                        ))
+                    }
+                })
+            }
+            "delimiter" => {
+                let mut chars = value.chars();
+                match (chars.next(), chars.next()) {
+                    (Some(ch), None) if ch.is_ascii() => delimiter = Some(ch as u8),
+                    _ => {
+                        return Err(src.error(
+                            value_at,
+                            format!("option '{key}' must be one ASCII character, found '{value}'"),
+                        ))
+                    }
+                }
+            }
+            _ => {
+                other_options.insert(key, value);
+            }
+        }
+    }
+    let Some(path) = path else {
+        return Err(src.error(at, "read_files needs a path as its first argument"));
+    };
+    let Some(format) = format else {
+        return Err(src.error(
+            at,
+            "read_files needs a format option: format => 'json', 'csv' or 'parquet'",
+        ));
+    };
+    Ok(ReadFiles {
+        path,
+        format,
+        schema,
+        header: header.unwrap_or(false),
+        delimiter: delimiter.unwrap_or(b','),
+        other_options,
+        location: at,
+    })
+}
+
+fn expr_location(e: &Expr, fallback: Location) -> Location {
+    let start = e.span().start;
+    if start.line == 0 {
+        fallback
+    } else {
+        location(start)
+    }
+}
+
+/// The text of a literal option value: a string, number, boolean or bare word.
+fn literal_text(e: &Expr) -> Option<String> {
+    match e {
+        Expr::Value(v) => match &v.value {
+            Value::SingleQuotedString(s) => Some(s.clone()),
+            Value::Boolean(b) => Some(b.to_string()),
+            Value::Number(..) => Some(v.value.to_string()),
+            _ => None,
+        },
+        Expr::Identifier(id) => Some(id.value.clone()),
+        _ => None,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// CREATE FLOW ... AS AUTO CDC INTO / APPLY CHANGES INTO
+
+fn flow(c: &mut Cursor, at: Location) -> Result<CdcFlow> {
+    let (name, _) = c.ident("a flow name")?;
+    c.expect_keyword("AS")?;
+    let kind_at = c.loc();
+    if c.eat_keyword("AUTO") {
+        c.expect_keyword("CDC")?;
+    } else if c.eat_keyword("APPLY") {
+        c.expect_keyword("CHANGES")?;
+    } else if c.peek_keyword("INSERT") {
+        return Err(c.error_at(
+            kind_at,
+            "append flows (CREATE FLOW ... AS INSERT INTO) are not supported yet",
+        ));
+    } else {
+        return Err(c.expected("AUTO CDC"));
+    }
+    if c.peek_keyword("FROM") && c.peek_nth_keyword(1, "SNAPSHOT") {
+        return Err(c.error_at(kind_at, "AUTO CDC FROM SNAPSHOT is not supported yet"));
+    }
+    c.expect_keyword("INTO")?;
+    cdc_flow(c, Some(name), at)
+}
+
+/// Everything after `AUTO CDC INTO` / `APPLY CHANGES INTO`.
+fn cdc_flow(c: &mut Cursor, name: Option<String>, at: Location) -> Result<CdcFlow> {
+    let (target, _) = table_name(c, "a target table name")?;
+    c.expect_keyword("FROM")?;
+    if c.peek_keyword("SNAPSHOT")
+        && !c.peek_nth_keyword(1, "KEYS")
+        && c.peek_nth(1).is_none_or(|t| t.token != Token::Period)
+    {
+        return Err(c.error_at(c.loc(), "AUTO CDC FROM SNAPSHOT is not supported yet"));
+    }
+    let source = stream_source(c)?;
+    c.expect_keyword("KEYS")?;
+    c.expect_token(&Token::LParen)?;
+    // `KEYS ()` parses; the planner reports it, with the other contradictions of a flow.
+    let keys = if c.eat_token(&Token::RParen) {
+        Vec::new()
+    } else {
+        let keys = ident_list(c, "a key column")?;
+        if !c.eat_token(&Token::RParen) {
+            return Err(c.expected("',' or ')'"));
+        }
+        keys
+    };
+
+    let mut ignore_null_updates = None;
+    let mut delete_when = None;
+    let mut truncate_when = None;
+    let mut sequence_by = None;
+    let mut columns = None;
+    let mut stored_as = None;
+    let mut track_history = None;
+    while !c.at_end() {
+        let clause_at = c.loc();
+        if c.eat_keyword("IGNORE") {
+            c.expect_keyword("NULL")?;
+            c.expect_keyword("UPDATES")?;
+            once(
+                c,
+                &mut ignore_null_updates,
+                true,
+                "IGNORE NULL UPDATES",
+                clause_at,
+            )?;
+        } else if c.eat_keyword("APPLY") {
+            c.expect_keyword("AS")?;
+            if c.eat_keyword("DELETE") {
+                c.expect_keyword("WHEN")?;
+                let cond = expression(c)?;
+                once(c, &mut delete_when, cond, "APPLY AS DELETE WHEN", clause_at)?;
+            } else if c.eat_keyword("TRUNCATE") {
+                c.expect_keyword("WHEN")?;
+                let cond = expression(c)?;
+                once(
+                    c,
+                    &mut truncate_when,
+                    cond,
+                    "APPLY AS TRUNCATE WHEN",
+                    clause_at,
+                )?;
+            } else {
+                return Err(c.expected("DELETE or TRUNCATE"));
+            }
+        } else if c.eat_keyword("SEQUENCE") {
+            c.expect_keyword("BY")?;
+            let seq = sequence(c)?;
+            once(c, &mut sequence_by, seq, "SEQUENCE BY", clause_at)?;
+        } else if c.eat_keyword("COLUMNS") {
+            let sel = column_selection(c)?;
+            once(c, &mut columns, sel, "COLUMNS", clause_at)?;
+        } else if c.eat_keyword("STORED") {
+            c.expect_keyword("AS")?;
+            c.expect_keyword("SCD")?;
+            c.expect_keyword("TYPE")?;
+            let scd = match c.peek().map(|t| &t.token) {
+                Some(Token::Number(n, _)) if n == "1" => ScdType::Type1,
+                Some(Token::Number(n, _)) if n == "2" => ScdType::Type2,
+                _ => return Err(c.expected("1 or 2")),
+            };
+            c.next();
+            once(c, &mut stored_as, scd, "STORED AS SCD TYPE", clause_at)?;
+        } else if c.eat_keyword("TRACK") {
+            c.expect_keyword("HISTORY")?;
+            c.expect_keyword("ON")?;
+            let sel = column_selection(c)?;
+            once(c, &mut track_history, sel, "TRACK HISTORY ON", clause_at)?;
+        } else {
+            return Err(c.expected(
+                "IGNORE NULL UPDATES, APPLY AS DELETE WHEN, APPLY AS TRUNCATE WHEN, \
+                 SEQUENCE BY, COLUMNS, STORED AS SCD TYPE, TRACK HISTORY ON or end of statement",
+            ));
+        }
+    }
+    let Some(sequence_by) = sequence_by else {
+        return Err(c.expected("SEQUENCE BY (a flow needs one)"));
+    };
+    Ok(CdcFlow {
+        name: name.unwrap_or_else(|| target.name.clone()),
+        target,
+        source,
+        keys,
+        ignore_null_updates: ignore_null_updates.unwrap_or(false),
+        delete_when,
+        truncate_when,
+        sequence_by,
+        columns: columns.unwrap_or_default(),
+        stored_as: stored_as.unwrap_or_default(),
+        track_history,
+        location: at,
+    })
+}
+
+/// Stores a clause's value, or fails if the clause was already given.
+fn once<T>(c: &Cursor, slot: &mut Option<T>, value: T, clause: &str, at: Location) -> Result<()> {
+    if slot.is_some() {
+        return Err(c.error_at(at, format!("duplicate {clause} clause")));
+    }
+    *slot = Some(value);
+    Ok(())
+}
+
+/// `STREAM(source)`, `STREAM source` or `source`.
+fn stream_source(c: &mut Cursor) -> Result<TableName> {
+    if c.peek_keyword("STREAM") {
+        match c.peek_nth(1).map(|t| &t.token) {
+            Some(Token::LParen) => {
+                c.next();
+                c.next();
+                let (name, _) = table_name(c, "a source table name")?;
+                c.expect_token(&Token::RParen)?;
+                return Ok(name);
+            }
+            // `FROM stream KEYS` reads a table that is called `stream`.
+            Some(t @ Token::Word(_)) if !is_keyword(t, "KEYS") => {
+                c.next();
+            }
+            _ => {}
+        }
+    }
+    Ok(table_name(c, "a source table name")?.0)
+}
+
+/// One SQL expression, printed back as SQL. sqlparser stops at the first token that cannot
+/// continue the expression, which is the next strata keyword.
+fn expression(c: &mut Cursor) -> Result<String> {
+    Ok(c.sql(|p| p.parse_expr())?.to_string())
+}
+
+/// `SEQUENCE BY expr` or `SEQUENCE BY STRUCT(a, b, ...)`.
+fn sequence(c: &mut Cursor) -> Result<SequenceBy> {
+    let is_struct =
+        c.peek_keyword("STRUCT") && c.peek_nth(1).is_some_and(|t| t.token == Token::LParen);
+    if !is_struct {
+        return Ok(SequenceBy::Expr(expression(c)?));
+    }
+    c.next();
+    c.next();
+    let exprs = c.sql(|p| p.parse_comma_separated(Parser::parse_expr))?;
+    if !c.eat_token(&Token::RParen) {
+        return Err(c.expected("',' or ')'"));
+    }
+    let fields = exprs
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let name = match e {
+                Expr::Identifier(id) => id.value.clone(),
+                Expr::CompoundIdentifier(parts) => match parts.last() {
+                    Some(id) => id.value.clone(),
+                    None => format!("c{i}"),
+                },
+                _ => format!("c{i}"),
+            };
+            (name, e.to_string())
+        })
+        .collect();
+    Ok(SequenceBy::Struct(fields))
+}
+
+/// `a, b` / `(a, b)` / `*` / `* EXCEPT (a, b)` (parentheses optional after EXCEPT).
+fn column_selection(c: &mut Cursor) -> Result<ColumnSelection> {
+    if c.eat_token(&Token::Mul) {
+        if !c.eat_keyword("EXCEPT") {
+            return Ok(ColumnSelection::All);
+        }
+        return Ok(ColumnSelection::Except(maybe_parenthesized_list(c)?));
+    }
+    Ok(ColumnSelection::Only(maybe_parenthesized_list(c)?))
+}
+
+fn maybe_parenthesized_list(c: &mut Cursor) -> Result<Vec<String>> {
+    if c.eat_token(&Token::LParen) {
+        let names = ident_list(c, "a column name")?;
+        if !c.eat_token(&Token::RParen) {
+            return Err(c.expected("',' or ')'"));
+        }
+        Ok(names)
+    } else {
+        ident_list(c, "a column name")
+    }
+}

@@ -1,0 +1,286 @@
+//! Spark SQL type names (`INT`, `STRING`, `DECIMAL(10,2)`, ...) to Arrow types, and the
+//! DDL column lists built from them.
+//!
+//! The same column-list parser serves three places: [`parse_ddl_schema`] (a standalone DDL
+//! string), the `schema => '...'` option of `read_files`, and the column list of
+//! `CREATE STREAMING TABLE name (...)`.
+
+use crate::ast::{ColumnDef, Location};
+use crate::error::Result;
+use crate::lex::{self, location, Cursor, End, Source};
+use deltalake::arrow::datatypes::{DataType, TimeUnit};
+use deltalake::datafusion::sql::sqlparser::tokenizer::{Location as SpLocation, Span, Token};
+
+/// Parses a DDL column list such as `userId INT, name STRING, ts TIMESTAMP`.
+pub fn parse_ddl_schema(ddl: &str) -> Result<Vec<ColumnDef>> {
+    let src = Source::new(ddl);
+    parse_schema_string(&src, ddl, None)
+}
+
+/// Parses the DDL `ddl` that appears as a string literal in `src`, starting at `origin`
+/// (the opening quote). Tokens are moved to their place in `src`, so that an error points
+/// into the pipeline text, not into the string. With no origin, `ddl` is `src` itself.
+pub(crate) fn parse_schema_string(
+    src: &Source,
+    ddl: &str,
+    origin: Option<Location>,
+) -> Result<Vec<ColumnDef>> {
+    let shift = |l: SpLocation| -> SpLocation {
+        match origin {
+            None => l,
+            // Column 1 of the string's first line is just after the opening quote.
+            Some(o) if l.line <= 1 => SpLocation::new(o.line, o.column.saturating_add(l.column)),
+            Some(o) => SpLocation::new(o.line.saturating_add(l.line - 1), l.column),
+        }
+    };
+    let inner = Source::new(ddl);
+    let tokens = lex::tokenize(&inner, ddl).map_err(|e| relocate(src, e, &shift))?;
+    let tokens: Vec<_> = tokens
+        .into_iter()
+        .map(|mut t| {
+            t.span = Span::new(shift(t.span.start), shift(t.span.end));
+            t
+        })
+        .collect();
+    let end_in_ddl = inner.end_location();
+    let end = End {
+        location: match origin {
+            None => end_in_ddl,
+            Some(_) => location(shift(SpLocation::new(end_in_ddl.line, end_in_ddl.column))),
+        },
+        found: if origin.is_some() {
+            "end of schema string".to_string()
+        } else {
+            "end of input".to_string()
+        },
+    };
+    let mut c = Cursor::new(src, &tokens, end);
+    let columns = parse_column_defs(&mut c)?;
+    if !c.at_end() {
+        return Err(c.expected("',' or end of schema"));
+    }
+    Ok(columns)
+}
+
+/// Moves a syntax error found while tokenizing a schema string into the pipeline text.
+fn relocate(
+    src: &Source,
+    e: crate::SqlError,
+    shift: &dyn Fn(SpLocation) -> SpLocation,
+) -> crate::SqlError {
+    match e {
+        crate::SqlError::Syntax {
+            location: l,
+            message,
+            ..
+        } => src.error(location(shift(SpLocation::new(l.line, l.column))), message),
+        other => other,
+    }
+}
+
+/// `name TYPE [NOT NULL] [COMMENT '...'], ...`: stops before the first token that does not
+/// continue the list (the caller checks what comes next). Names must be unique, ignoring
+/// case, as Spark resolves columns case-insensitively.
+pub(crate) fn parse_column_defs(c: &mut Cursor) -> Result<Vec<ColumnDef>> {
+    let mut columns: Vec<ColumnDef> = Vec::new();
+    loop {
+        if c.peek_keyword("CONSTRAINT") {
+            return Err(c.error_at(c.loc(), "CONSTRAINT (expectations) is not supported yet"));
+        }
+        let (name, at) = c.ident("a column name")?;
+        if columns
+            .iter()
+            .any(|col| col.name.eq_ignore_ascii_case(&name))
+        {
+            return Err(c.error_at(at, format!("column '{name}' is declared twice")));
+        }
+        let data_type = parse_type(c)?;
+        let mut nullable = true;
+        loop {
+            if c.eat_keyword("NOT") {
+                c.expect_keyword("NULL")?;
+                nullable = false;
+            } else if c.eat_keyword("COMMENT") {
+                // Column comments are documentation only; the engine has no use for them.
+                c.string("a comment string")?;
+            } else {
+                break;
+            }
+        }
+        columns.push(ColumnDef {
+            name,
+            data_type,
+            nullable,
+        });
+        if !c.eat_token(&Token::Comma) {
+            return Ok(columns);
+        }
+    }
+}
+
+/// One Spark type name, with its `(n)` / `(p, s)` arguments where it takes them.
+fn parse_type(c: &mut Cursor) -> Result<DataType> {
+    let at = c.loc();
+    let name = match c.peek().map(|t| &t.token) {
+        Some(Token::Word(w)) if w.quote_style.is_none() => w.value.to_ascii_uppercase(),
+        _ => return Err(c.expected("a column type")),
+    };
+    c.next();
+    let data_type = match name.as_str() {
+        "TINYINT" | "BYTE" => DataType::Int8,
+        "SMALLINT" | "SHORT" => DataType::Int16,
+        "INT" | "INTEGER" => DataType::Int32,
+        "BIGINT" | "LONG" => DataType::Int64,
+        "FLOAT" | "REAL" => DataType::Float32,
+        "DOUBLE" => DataType::Float64,
+        "BOOLEAN" => DataType::Boolean,
+        "STRING" | "TEXT" => DataType::Utf8,
+        "VARCHAR" | "CHAR" | "CHARACTER" => {
+            // The length is a constraint Arrow strings do not carry.
+            if c.peek_token(&Token::LParen) {
+                type_args(c, 1, 1)?;
+            }
+            DataType::Utf8
+        }
+        "BINARY" => DataType::Binary,
+        "DATE" => DataType::Date32,
+        "TIMESTAMP" | "TIMESTAMP_LTZ" => {
+            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
+        }
+        "TIMESTAMP_NTZ" => DataType::Timestamp(TimeUnit::Microsecond, None),
+        "DECIMAL" | "DEC" | "NUMERIC" => {
+            let (precision, scale) = if c.peek_token(&Token::LParen) {
+                let args = type_args(c, 1, 2)?;
+                (
+                    args.first().copied().unwrap_or(10),
+                    args.get(1).copied().unwrap_or(0),
+                )
+            } else {
+                (10, 0)
+            };
+            if !(1..=38).contains(&precision) || scale > precision {
+                return Err(c.error_at(
+                    at,
+                    format!(
+                        "invalid DECIMAL({precision},{scale}): precision must be 1 to 38 and scale at most the precision"
+                    ),
+                ));
+            }
+            // Both fit: precision <= 38 and scale <= precision.
+            DataType::Decimal128(precision as u8, scale as i8)
+        }
+        _ => {
+            return Err(c.error_at(at, format!("unknown column type '{name}'")));
+        }
+    };
+    Ok(data_type)
+}
+
+/// `(n)` or `(n, m)`: between `min` and `max` small unsigned integers.
+fn type_args(c: &mut Cursor, min: usize, max: usize) -> Result<Vec<u32>> {
+    c.expect_token(&Token::LParen)?;
+    let mut args = Vec::new();
+    loop {
+        let value = match c.peek().map(|t| &t.token) {
+            Some(Token::Number(n, _)) => n.parse::<u32>().ok(),
+            _ => None,
+        };
+        match value {
+            Some(v) if args.len() < max => {
+                c.next();
+                args.push(v);
+            }
+            _ => return Err(c.expected("a whole number")),
+        }
+        if !c.eat_token(&Token::Comma) {
+            break;
+        }
+    }
+    if args.len() < min {
+        return Err(c.expected("a whole number"));
+    }
+    c.expect_token(&Token::RParen)?;
+    Ok(args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::SqlError;
+
+    #[test]
+    fn spark_types_map_to_arrow() {
+        let cols = parse_ddl_schema(
+            "a TINYINT, b BYTE, c SMALLINT, d SHORT, e INT, f INTEGER, g BIGINT, h LONG, \
+             i FLOAT, j REAL, k DOUBLE, l BOOLEAN, m STRING, n VARCHAR(10), o CHAR(3), p TEXT, \
+             q BINARY, r DATE, s TIMESTAMP, t TIMESTAMP_NTZ, u DECIMAL(10,2), v NUMERIC, \
+             w decimal NOT NULL COMMENT 'x', `x y` int",
+        )
+        .unwrap();
+        let types: Vec<_> = cols.iter().map(|c| c.data_type.clone()).collect();
+        assert_eq!(
+            types,
+            vec![
+                DataType::Int8,
+                DataType::Int8,
+                DataType::Int16,
+                DataType::Int16,
+                DataType::Int32,
+                DataType::Int32,
+                DataType::Int64,
+                DataType::Int64,
+                DataType::Float32,
+                DataType::Float32,
+                DataType::Float64,
+                DataType::Boolean,
+                DataType::Utf8,
+                DataType::Utf8,
+                DataType::Utf8,
+                DataType::Utf8,
+                DataType::Binary,
+                DataType::Date32,
+                DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+                DataType::Timestamp(TimeUnit::Microsecond, None),
+                DataType::Decimal128(10, 2),
+                DataType::Decimal128(10, 0),
+                DataType::Decimal128(10, 0),
+                DataType::Int32,
+            ]
+        );
+        assert!(cols[..22].iter().all(|c| c.nullable));
+        assert!(!cols[22].nullable);
+        assert_eq!(cols[23].name, "x y");
+    }
+
+    #[test]
+    fn unknown_type_is_named() {
+        let err = parse_ddl_schema("a INT, b FOO").unwrap_err();
+        match err {
+            SqlError::Syntax {
+                location, message, ..
+            } => {
+                assert_eq!(message, "unknown column type 'FOO'");
+                assert_eq!((location.line, location.column), (1, 10));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn bad_ddl_is_an_error() {
+        for ddl in [
+            "",
+            "a",
+            "a INT,",
+            "a INT b INT",
+            "a DECIMAL(40,2)",
+            "a DECIMAL(5,6)",
+            "a DECIMAL(",
+            "a INT, A STRING",
+            "a VARCHAR(x)",
+            "'a' INT",
+        ] {
+            assert!(parse_ddl_schema(ddl).is_err(), "{ddl}");
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! Planner tests: the execution order and every dataset-graph error.
+
+use strata_sql::*;
+
+fn plan(text: &str) -> Result<PipelinePlan> {
+    plan_pipeline(parse_pipeline(text).unwrap_or_else(|e| panic!("{e}")))
+}
+
+/// The plan error for `text`: (line, message).
+fn plan_error(text: &str) -> (u64, String) {
+    match plan(text) {
+        Err(SqlError::Plan { location, message }) => (location.line, message),
+        other => panic!("expected a plan error for {text}, got {other:?}"),
+    }
+}
+
+fn t(name: &str) -> TableName {
+    TableName::new(None, name)
+}
+
+const CDC: &str =
+    "CREATE STREAMING TABLE cdc AS SELECT * FROM STREAM read_files('d', format => 'json');\n";
+
+#[test]
+fn documented_example_plans() {
+    let p = plan(
+        "CREATE STREAMING TABLE users;\n\
+         CREATE FLOW users_flow AS AUTO CDC INTO users FROM STREAM(users_cdc) KEYS (userId)\n\
+           SEQUENCE BY seq STORED AS SCD TYPE 2 TRACK HISTORY ON * EXCEPT (city);\n\
+         CREATE STREAMING TABLE users_cdc AS SELECT * FROM STREAM read_files('d', format => 'json');",
+    )
+    .unwrap();
+    assert_eq!(p.tables.len(), 2);
+    assert_eq!(p.flows.len(), 1);
+    // The ingest comes first although it is declared last: the flow reads its table.
+    assert_eq!(p.order, vec![Node::Ingest(t("users_cdc")), Node::Flow(0)]);
+}
+
+#[test]
+fn order_follows_the_graph_then_the_file() {
+    let p = plan(&format!(
+        "{CDC}\
+         CREATE STREAMING TABLE silver;\n\
+         CREATE STREAMING TABLE gold;\n\
+         CREATE FLOW to_gold AS AUTO CDC INTO gold FROM STREAM(silver_view) KEYS (id) SEQUENCE BY ts;\n\
+         CREATE FLOW to_silver AS AUTO CDC INTO silver FROM STREAM(cdc) KEYS (id) SEQUENCE BY ts;\n\
+         CREATE STREAMING TABLE silver_view AS SELECT * FROM STREAM(silver);\n\
+         CREATE STREAMING TABLE other AS SELECT * FROM STREAM read_files('e', format => 'csv');"
+    ))
+    .unwrap();
+    assert_eq!(
+        p.order,
+        vec![
+            Node::Ingest(t("cdc")),
+            Node::Flow(1),
+            Node::Ingest(t("silver_view")),
+            Node::Flow(0),
+            Node::Ingest(t("other")),
+        ]
+    );
+}
+
+#[test]
+fn two_flows_into_one_target() {
+    let base = format!(
+        "{CDC}CREATE STREAMING TABLE cdc2 AS SELECT * FROM STREAM read_files('e', format => 'json');\n\
+         CREATE STREAMING TABLE target;\n\
+         CREATE FLOW a AS AUTO CDC INTO target FROM cdc KEYS (id, k) SEQUENCE BY ts STORED AS SCD TYPE 2;\n"
+    );
+    let ok = plan(&format!(
+        "{base}CREATE FLOW b AS AUTO CDC INTO target FROM cdc2 KEYS (K, id) SEQUENCE BY ts STORED AS SCD TYPE 2;"
+    ))
+    .unwrap();
+    assert_eq!(ok.order.len(), 4);
+
+    let (line, m) = plan_error(&format!(
+        "{base}CREATE FLOW b AS AUTO CDC INTO target FROM cdc2 KEYS (id, k) SEQUENCE BY ts;"
+    ));
+    assert_eq!(line, 5);
+    assert!(m.contains("different keys or SCD type"), "{m}");
+    let (_, m) = plan_error(&format!(
+        "{base}CREATE FLOW b AS AUTO CDC INTO target FROM cdc2 KEYS (id) SEQUENCE BY ts STORED AS SCD TYPE 2;"
+    ));
+    assert!(m.contains("different keys or SCD type"), "{m}");
+}
+
+#[test]
+fn graph_errors() {
+    let cases: &[(&str, u64, &str)] = &[
+        (
+            "CREATE STREAMING TABLE a;\nCREATE STREAMING TABLE LIVE.a;",
+            2,
+            "table default.a is declared twice",
+        ),
+        (
+            "CREATE STREAMING TABLE a;\nCREATE STREAMING TABLE b;\n\
+             CREATE FLOW f AS AUTO CDC INTO a FROM b KEYS (id) SEQUENCE BY ts;\n\
+             CREATE FLOW f AS AUTO CDC INTO b FROM a KEYS (id) SEQUENCE BY ts;",
+            4,
+            "flow f is declared twice",
+        ),
+        (
+            "CREATE STREAMING TABLE s;\nCREATE FLOW f AS AUTO CDC INTO nowhere FROM s KEYS (id) SEQUENCE BY ts;",
+            2,
+            "writes default.nowhere, which is not declared",
+        ),
+        (
+            "CREATE STREAMING TABLE t;\nCREATE FLOW f AS AUTO CDC INTO t FROM nowhere KEYS (id) SEQUENCE BY ts;",
+            2,
+            "reads default.nowhere, which is not declared",
+        ),
+        (
+            "CREATE STREAMING TABLE t AS SELECT * FROM STREAM(nowhere);",
+            1,
+            "reads STREAM(default.nowhere), which is not declared",
+        ),
+        (
+            "CREATE STREAMING TABLE s;\nCREATE STREAMING TABLE t AS SELECT * FROM STREAM(s);\n\
+             CREATE FLOW f AS AUTO CDC INTO t FROM s KEYS (id) SEQUENCE BY ts;",
+            3,
+            "filled by its own AS query",
+        ),
+        (
+            "CREATE STREAMING TABLE s;\nCREATE STREAMING TABLE t;\n\
+             CREATE FLOW f AS AUTO CDC INTO t FROM s KEYS (id) APPLY AS TRUNCATE WHEN x SEQUENCE BY ts STORED AS SCD TYPE 2;",
+            3,
+            "SCD type 1 only",
+        ),
+        (
+            "CREATE STREAMING TABLE s;\nCREATE STREAMING TABLE t;\n\
+             CREATE FLOW f AS AUTO CDC INTO t FROM s KEYS (id) SEQUENCE BY ts TRACK HISTORY ON a;",
+            3,
+            "TRACK HISTORY needs STORED AS SCD TYPE 2",
+        ),
+        (
+            "CREATE STREAMING TABLE s;\nCREATE STREAMING TABLE t;\n\
+             CREATE FLOW f AS AUTO CDC INTO t FROM s KEYS () SEQUENCE BY ts;",
+            3,
+            "has no KEYS",
+        ),
+        (
+            "CREATE STREAMING TABLE s;\nCREATE STREAMING TABLE t;\n\
+             CREATE FLOW f AS AUTO CDC INTO t FROM s KEYS (id, ID) SEQUENCE BY ts;",
+            3,
+            "column ID is listed twice in KEYS",
+        ),
+        (
+            "CREATE STREAMING TABLE a;\nCREATE STREAMING TABLE b;\n\
+             CREATE FLOW a_to_b AS AUTO CDC INTO b FROM a KEYS (id) SEQUENCE BY ts;\n\
+             CREATE FLOW b_to_a AS AUTO CDC INTO a FROM b KEYS (id) SEQUENCE BY ts;",
+            3,
+            "cycle",
+        ),
+        (
+            "CREATE STREAMING TABLE a;\n\
+             CREATE FLOW self AS AUTO CDC INTO a FROM a KEYS (id) SEQUENCE BY ts;",
+            2,
+            "cycle: flow self -> flow self",
+        ),
+        (
+            "CREATE STREAMING TABLE a AS SELECT * FROM STREAM(a);",
+            1,
+            "cycle",
+        ),
+    ];
+    for (text, line, fragment) in cases {
+        let (l, m) = plan_error(text);
+        assert!(m.contains(fragment), "{text}: {m}");
+        assert_eq!(l, *line, "{text}: {m}");
+    }
+}

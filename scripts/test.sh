@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs everything CI runs: formatting, clippy with warnings denied, and every test (unit,
+# golden scenarios, property tests, CLI tests on the real binary, the benchmark harness's own
+# checks). One debug build serves all of them.
+#
+# A persistent CARGO_TARGET_DIR outside the clone makes reruns on the same machine fast.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/strata-target}"
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "cargo fmt --check"
+cargo fmt --all --check
+
+step "cargo clippy (warnings denied)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "cargo test"
+cargo test --workspace --locked
+
+if [ -x benchmarks/selftest.sh ]; then
+  step "benchmark harness self-test (small workload, debug binary)"
+  STRATA_BIN="$CARGO_TARGET_DIR/debug/strata" benchmarks/selftest.sh
+fi
