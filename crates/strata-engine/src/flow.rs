@@ -154,8 +154,8 @@ pub(crate) async fn prepare_flow(flow: &CdcFlow, source: &SchemaRef) -> Result<F
                 .join(", ")
         ),
     };
-    let op_sql = format!(
-        "CAST(CASE {}{}ELSE 0 END AS TINYINT)",
+    let whens = format!(
+        "{}{}",
         flow.truncate_when
             .as_ref()
             .map(|c| format!("WHEN ({c}) THEN 2 "))
@@ -165,6 +165,11 @@ pub(crate) async fn prepare_flow(flow: &CdcFlow, source: &SchemaRef) -> Result<F
             .map(|c| format!("WHEN ({c}) THEN 1 "))
             .unwrap_or_default(),
     );
+    let op_sql = if whens.is_empty() {
+        "CAST(0 AS TINYINT)".to_string()
+    } else {
+        format!("CAST(CASE {whens}ELSE 0 END AS TINYINT)")
+    };
     let select_sql = format!(
         "SELECT {}, {seq_sql} AS {}, {op_sql} AS {} FROM {}",
         out_cols
@@ -217,9 +222,11 @@ pub(crate) async fn prepare_flow(flow: &CdcFlow, source: &SchemaRef) -> Result<F
         ));
     }
 
+    // View types (DataFusion's in-memory string layout) are stored as plain strings.
+    let seq_type = sqlutil::storage_type(&seq_type);
     let mut fields: Vec<Field> = planned.fields()[..out_cols.len()]
         .iter()
-        .map(|f| f.as_ref().clone().with_nullable(true))
+        .map(|f| Field::new(f.name(), sqlutil::storage_type(f.data_type()), true))
         .collect();
     let mut target_fields = fields.clone();
     if flow.stored_as == ScdType::Type2 {
@@ -316,7 +323,21 @@ pub(crate) fn validate_events(setup: &FlowSetup, batch: &RecordBatch, place: &st
         .filter(|&i| seq_is_null(seq, i))
         .count();
     if count > 0 {
-        return Err(reject("with a NULL SEQUENCE BY value".to_string(), count));
+        let expr = match &setup.flow.sequence_by {
+            SequenceBy::Expr(e) => e.clone(),
+            SequenceBy::Struct(fields) => format!(
+                "STRUCT({})",
+                fields
+                    .iter()
+                    .map(|(_, e)| e.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        return Err(reject(
+            format!("with a NULL SEQUENCE BY value ({expr})"),
+            count,
+        ));
     }
     Ok(())
 }
@@ -652,6 +673,26 @@ pub(crate) async fn check_existing(wh: &Warehouse, setup: &FlowSetup) -> Result<
         }
     }
     if let Some(target) = wh.open_table(&flow.target).await? {
+        let recorded = target
+            .snapshot()
+            .context(|| "reading table state".into())?
+            .metadata()
+            .configuration()
+            .get("strata.keys")
+            .cloned();
+        if let Some(recorded) = recorded {
+            if recorded != setup.key_names.join(",") {
+                return Err(flow_err(
+                    flow,
+                    format!(
+                        "KEYS changed from ({recorded}) to ({}) since the flow last ran; \
+                         a full refresh of {} is needed",
+                        setup.key_names.join(", "),
+                        flow.target
+                    ),
+                ));
+            }
+        }
         let schema = sqlutil::table_schema(&target)?;
         if !same_fields(&schema, &setup.target_schema) {
             return Err(flow_err(
@@ -776,8 +817,12 @@ pub(crate) async fn run_flow(
     if let Some(ev) = &new_events {
         parts.push(ev.clone());
     }
-    let all_events =
-        concat_batches(&setup.event_schema, &parts).context(|| "concatenating events".into())?;
+    let all_events = match parts.len() {
+        1 => parts.swap_remove(0),
+        _ => {
+            concat_batches(&setup.event_schema, &parts).context(|| "concatenating events".into())?
+        }
+    };
     let derived = fold::fold_batch(&all_events, &setup.spec, &setup.target_schema)?;
 
     // Commit the events (and the source position) first: from here on they are never lost.

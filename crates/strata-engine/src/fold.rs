@@ -9,10 +9,12 @@
 //! included) the way the SQL `ORDER BY` would, and makes equality a byte comparison.
 
 use crate::error::{Context, EngineError, Result};
+use deltalake::arrow::array::{make_comparator, DynComparator};
 use deltalake::arrow::array::{Array, ArrayRef, Int8Array, RecordBatch, UInt32Array};
 use deltalake::arrow::compute::take;
+use deltalake::arrow::compute::SortOptions;
 use deltalake::arrow::datatypes::SchemaRef;
-use deltalake::arrow::row::{RowConverter, Rows, SortField};
+use deltalake::arrow::row::Rows;
 use deltalake::arrow::util::display::{ArrayFormatter, FormatOptions};
 use std::cmp::Ordering;
 use std::sync::Arc;
@@ -58,58 +60,40 @@ struct ArrowModel<'a> {
     batch: &'a RecordBatch,
     spec: &'a FoldSpec,
     ops: &'a Int8Array,
+    /// Sequence values in row format: sorting compares them millions of times.
     seq: Rows,
-    /// Kind and every output value, for duplicate detection (R5).
-    whole: Rows,
-    /// Tracked columns together, when values are always single rows.
-    tracked: Option<Rows>,
-    /// One row-format column per output column, for mixed values.
-    per_column: Vec<Rows>,
+    /// One comparator per output column. Values are compared far less often than
+    /// sequences (once per upsert), so these save the memory a row-format copy would take.
+    columns: Vec<DynComparator>,
 }
 
 fn rows_of(columns: &[ArrayRef]) -> Result<Rows> {
-    let fields = columns
-        .iter()
-        .map(|c| SortField::new(c.data_type().clone()))
-        .collect();
-    let converter = RowConverter::new(fields).context(|| "row format".to_string())?;
-    converter
-        .convert_columns(columns)
-        .context(|| "row format".to_string())
+    crate::sqlutil::rows(columns)
 }
 
 impl<'a> ArrowModel<'a> {
     fn new(batch: &'a RecordBatch, spec: &'a FoldSpec, ops: &'a Int8Array) -> Result<Self> {
-        let col = |i: usize| batch.column(i).clone();
-        let seq_idx = spec.n_out;
-        let op_idx = spec.n_out + 1;
-        let seq = rows_of(&[col(seq_idx)])?;
-        let mut whole_cols = vec![col(op_idx)];
-        whole_cols.extend((0..spec.n_out).map(col));
-        let whole = rows_of(&whole_cols)?;
-        let (tracked, per_column) = if spec.options.ignore_null_updates {
-            let per = (0..spec.n_out)
-                .map(|i| rows_of(&[col(i)]))
-                .collect::<Result<Vec<_>>>()?;
-            (None, per)
-        } else {
-            let cols: Vec<ArrayRef> = spec.tracked.iter().map(|&i| col(i)).collect();
-            let tracked = if cols.is_empty() {
-                None
-            } else {
-                Some(rows_of(&cols)?)
-            };
-            (tracked, Vec::new())
-        };
+        let seq = rows_of(&[batch.column(spec.n_out).clone()])?;
+        // NULLs compare equal to NULLs: an update from NULL to NULL is no change.
+        let options = SortOptions::default();
+        let columns = (0..spec.n_out)
+            .map(|i| {
+                let c = batch.column(i);
+                make_comparator(c.as_ref(), c.as_ref(), options)
+                    .context(|| format!("comparing values of {}", batch.schema().field(i).name()))
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(ArrowModel {
             batch,
             spec,
             ops,
             seq,
-            whole,
-            tracked,
-            per_column,
+            columns,
         })
+    }
+
+    fn column_eq(&self, c: usize, a: u32, b: u32) -> bool {
+        a == b || (self.columns[c])(a as usize, b as usize) == Ordering::Equal
     }
 }
 
@@ -144,20 +128,15 @@ impl EventModel for ArrowModel<'_> {
     }
 
     fn tracked_eq(&self, a: &Values, b: &Values) -> bool {
-        match (a, b, &self.tracked) {
-            (Values::One(x), Values::One(y), Some(rows)) => {
-                rows.row(*x as usize) == rows.row(*y as usize)
-            }
-            (Values::One(_), Values::One(_), None) if self.per_column.is_empty() => true,
-            _ => self.spec.tracked.iter().all(|&c| {
-                let rows = &self.per_column[c];
-                rows.row(a.source(c) as usize) == rows.row(b.source(c) as usize)
-            }),
-        }
+        self.spec
+            .tracked
+            .iter()
+            .all(|&c| self.column_eq(c, a.source(c), b.source(c)))
     }
 
     fn identical(&self, a: u32, b: u32) -> bool {
-        self.whole.row(a as usize) == self.whole.row(b as usize)
+        self.ops.value(a as usize) == self.ops.value(b as usize)
+            && (0..self.spec.n_out).all(|c| self.column_eq(c, a, b))
     }
 }
 

@@ -244,7 +244,7 @@ pub(crate) async fn prepare_ingest(
         (Some(p), None, None) => Arc::new(Schema::new(
             p.fields()
                 .iter()
-                .map(|f| f.as_ref().clone().with_nullable(true))
+                .map(|f| Field::new(f.name(), sqlutil::storage_type(f.data_type()), true))
                 .collect::<Vec<_>>(),
         )),
         (None, Some(e), None) => e,

@@ -2,10 +2,13 @@
 
 use crate::error::{Context, EngineError, Result};
 use crate::flow::register_table;
+use crate::sqlutil;
 use crate::sqlutil::quote_ident;
 use crate::warehouse::{new_session, Warehouse};
-use deltalake::arrow::array::RecordBatch;
+use deltalake::arrow::array::{Array, RecordBatch};
+use deltalake::arrow::compute::concat_batches;
 use deltalake::arrow::datatypes::SchemaRef;
+use deltalake::arrow::row::{RowConverter, SortField};
 use deltalake::arrow::util::display::{ArrayFormatter, FormatOptions};
 use deltalake::datafusion::catalog::MemorySchemaProvider;
 use deltalake::datafusion::prelude::SessionContext;
@@ -92,50 +95,103 @@ pub async fn validate(wh: &Warehouse, name: &str) -> Result<Vec<Violation>> {
         .map(|c| quote_ident(c))
         .collect::<Vec<_>>()
         .join(", ");
-    let (s, e) = (quote_ident("__START_AT"), quote_ident("__END_AT"));
-    let checks = [
-        format!(
-            "SELECT {k}, 'has ' || CAST(count(*) AS VARCHAR) || ' open versions' FROM t \
-             WHERE {e} IS NULL GROUP BY {k} HAVING count(*) > 1"
-        ),
-        format!(
-            "SELECT {k}, 'version starting at ' || CAST({s} AS VARCHAR) || ' does not end after it starts (ends at ' || CAST({e} AS VARCHAR) || ')' \
-             FROM t WHERE {e} IS NOT NULL AND NOT ({s} < {e})"
-        ),
-        format!(
-            "SELECT {k}, 'version starting at ' || CAST({s} AS VARCHAR) || ' overlaps the next one, starting at ' || CAST(nxt AS VARCHAR) \
-             FROM (SELECT *, LEAD({s}) OVER (PARTITION BY {k} ORDER BY {s}) AS nxt FROM t) \
-             WHERE nxt IS NOT NULL AND ({e} IS NULL OR {e} > nxt)"
-        ),
-    ];
+    let sql = format!(
+        "SELECT {k}, {}, {} FROM t",
+        quote_ident("__START_AT"),
+        quote_ident("__END_AT")
+    );
+    let batches = ctx
+        .sql(&sql)
+        .await
+        .context(|| "validate".into())?
+        .collect()
+        .await
+        .context(|| "validate".into())?;
+    let Some(first) = batches.first() else {
+        return Ok(Vec::new());
+    };
+    let batch = concat_batches(&first.schema(), &batches).context(|| "validate".into())?;
+    Ok(check_timelines(&batch, &keys)?)
+}
+
+/// The checks of [`validate`] over `keys..., __START_AT, __END_AT` rows, done here rather than
+/// in SQL so that every sequence type (structs included) compares as `ORDER BY` would.
+fn check_timelines(batch: &RecordBatch, keys: &[String]) -> Result<Vec<Violation>> {
+    let n = keys.len();
+    let (start, end) = (batch.column(n), batch.column(n + 1));
+    let key_rows = sqlutil::rows(&batch.columns()[..n])?;
+    let converter = RowConverter::new(vec![SortField::new(start.data_type().clone())])
+        .context(|| "validate".into())?;
+    let starts = converter
+        .convert_columns(&[start.clone()])
+        .context(|| "validate".into())?;
+    let ends = converter
+        .convert_columns(&[end.clone()])
+        .context(|| "validate".into())?;
+    let options = FormatOptions::default().with_null("NULL");
+    let fmt = |c: usize| ArrayFormatter::try_new(batch.column(c).as_ref(), &options);
+    let key_fmt = (0..n)
+        .map(fmt)
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .context(|| "validate".into())?;
+    let (start_fmt, end_fmt) = (
+        fmt(n).context(|| "validate".into())?,
+        fmt(n + 1).context(|| "validate".into())?,
+    );
+    let describe = |i: usize| {
+        keys.iter()
+            .enumerate()
+            .map(|(c, name)| format!("{name}={}", key_fmt[c].value(i)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut order: Vec<usize> = (0..batch.num_rows()).collect();
+    order.sort_by(|&a, &b| {
+        key_rows
+            .row(a)
+            .cmp(&key_rows.row(b))
+            .then_with(|| starts.row(a).cmp(&starts.row(b)))
+    });
     let mut out = Vec::new();
-    for sql in checks {
-        let batches = ctx
-            .sql(&sql)
-            .await
-            .context(|| "validate".into())?
-            .collect()
-            .await
-            .context(|| "validate".into())?;
-        let options = FormatOptions::default().with_null("NULL");
-        for b in batches {
-            let formatters = b
-                .columns()
-                .iter()
-                .map(|c| ArrayFormatter::try_new(c.as_ref(), &options))
-                .collect::<std::result::Result<Vec<_>, _>>()
-                .context(|| "validate".into())?;
-            for row in 0..b.num_rows() {
-                let key = keys
-                    .iter()
-                    .enumerate()
-                    .map(|(i, name)| format!("{name}={}", formatters[i].value(row)))
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                let problem = formatters[keys.len()].value(row).to_string();
-                out.push(Violation { key, problem });
+    let mut i = 0;
+    while i < order.len() {
+        let mut j = i;
+        while j < order.len() && key_rows.row(order[i]) == key_rows.row(order[j]) {
+            j += 1;
+        }
+        let group = &order[i..j];
+        let open = group.iter().filter(|&&r| end.is_null(r)).count();
+        if open > 1 {
+            out.push(Violation {
+                key: describe(group[0]),
+                problem: format!("has {open} open versions"),
+            });
+        }
+        for (pos, &r) in group.iter().enumerate() {
+            if !end.is_null(r) && starts.row(r) >= ends.row(r) {
+                out.push(Violation {
+                    key: describe(r),
+                    problem: format!(
+                        "version starting at {} does not end after it starts (ends at {})",
+                        start_fmt.value(r),
+                        end_fmt.value(r)
+                    ),
+                });
+            }
+            if let Some(&next) = group.get(pos + 1) {
+                if end.is_null(r) || ends.row(r) > starts.row(next) {
+                    out.push(Violation {
+                        key: describe(r),
+                        problem: format!(
+                            "version starting at {} overlaps the next one, starting at {}",
+                            start_fmt.value(r),
+                            start_fmt.value(next)
+                        ),
+                    });
+                }
             }
         }
+        i = j;
     }
     Ok(out)
 }

@@ -71,6 +71,28 @@ pub(crate) fn same_type(a: &DataType, b: &DataType) -> bool {
     }
 }
 
+/// The type a value is stored with: view layouts become their plain equivalents, which is
+/// what Delta stores and what reading a table gives back.
+pub(crate) fn storage_type(t: &DataType) -> DataType {
+    match t {
+        DataType::Utf8View => DataType::Utf8,
+        DataType::BinaryView => DataType::Binary,
+        DataType::Struct(fields) => DataType::Struct(
+            fields
+                .iter()
+                .map(|f| {
+                    std::sync::Arc::new(
+                        f.as_ref()
+                            .clone()
+                            .with_data_type(storage_type(f.data_type())),
+                    )
+                })
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
 /// The Arrow schema of a Delta table.
 pub(crate) fn table_schema(table: &DeltaTable) -> Result<SchemaRef> {
     Ok(table
