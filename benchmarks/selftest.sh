@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The benchmark harness checking itself and strata at a small size (part of scripts/test.sh):
+# 1. DuckDB's SQL formulation of the SCD2 fold against a pure-Python fold;
+# 2. `run.py --small`: strata and DuckDB on the same generated workload (updates, no-ops,
+#    deletes, re-inserts, late events, an incremental batch); exits non-zero unless both give
+#    the same rows. Timings of a debug build mean nothing and are not reported anywhere.
+# Needs python3 and PyPI (the scripts create benchmarks/.venv themselves).
+set -euo pipefail
+cd "$(dirname "$0")"
+: "${STRATA_BIN:?set STRATA_BIN to the strata binary}"
+python3 test_duckdb_formulation.py
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+python3 run.py --small --strata "$STRATA_BIN" --workdir "$work" --json "$work/results.json"
