@@ -14,7 +14,7 @@ pub enum EngineError {
     Pipeline {
         file: String,
         #[source]
-        source: strata_sql::SqlError,
+        source: Box<strata_sql::SqlError>,
     },
     /// The pipeline is well formed but cannot run against these schemas or tables
     /// (unknown column, reserved name, changed key schema). Nothing has been written.
@@ -31,7 +31,7 @@ pub enum EngineError {
     Delta {
         context: String,
         #[source]
-        source: DeltaTableError,
+        source: Box<DeltaTableError>,
     },
     #[error("{context}: {source}")]
     DataFusion {
@@ -61,7 +61,7 @@ impl<T> Context<T> for std::result::Result<T, DeltaTableError> {
     fn context(self, context: impl FnOnce() -> String) -> Result<T> {
         self.map_err(|source| EngineError::Delta {
             context: context(),
-            source,
+            source: Box::new(source),
         })
     }
 }

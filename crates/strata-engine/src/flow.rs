@@ -785,7 +785,13 @@ pub(crate) async fn run_flow(
         return Ok(report);
     }
     if let Some(ev) = &new_events {
-        let t = touched_keys(setup, ev)?;
+        // Without an event store there is nothing stored to look up: the first run derives
+        // every key it sees, and the target has nothing yet.
+        let t = if store.is_some() {
+            touched_keys(setup, ev)?
+        } else {
+            Touched::All
+        };
         touched = Some(match touched {
             Some(p) => merge_touched(p, t)?,
             None => t,
@@ -823,7 +829,11 @@ pub(crate) async fn run_flow(
             concat_batches(&setup.event_schema, &parts).context(|| "concatenating events".into())?
         }
     };
-    let derived = fold::fold_batch(&all_events, &setup.spec, &setup.target_schema)?;
+    let (derived, keys_derived) = fold::fold_batch(&all_events, &setup.spec, &setup.target_schema)?;
+    drop(all_events);
+    if matches!(touched, Touched::All) {
+        report.keys_touched = keys_derived;
+    }
 
     // Commit the events (and the source position) first: from here on they are never lost.
     let new_store_version = match new_events {

@@ -162,7 +162,8 @@ pub(crate) fn render(array: &ArrayRef, i: usize) -> String {
     }
 }
 
-/// Folds every key of `events` into target rows with schema `target`.
+/// Folds every key of `events` into target rows with schema `target`; also returns how many
+/// keys the events hold.
 ///
 /// `events` may hold events of any arrival order, old and new; truncates (NULL keys) are
 /// applied to every key.
@@ -170,7 +171,7 @@ pub(crate) fn fold_batch(
     events: &RecordBatch,
     spec: &FoldSpec,
     target: &SchemaRef,
-) -> Result<RecordBatch> {
+) -> Result<(RecordBatch, usize)> {
     let ops = events
         .column(spec.n_out + 1)
         .as_any()
@@ -182,26 +183,39 @@ pub(crate) fn fold_batch(
         .iter()
         .map(|&i| events.column(i).clone())
         .collect();
-    let keys = rows_of(&key_cols)?;
+    let key_eq = key_cols
+        .iter()
+        .map(|c| make_comparator(c.as_ref(), c.as_ref(), SortOptions::default()))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .context(|| "comparing keys".to_string())?;
+    let same_key = |a: u32, b: u32| {
+        key_eq
+            .iter()
+            .all(|cmp| cmp(a as usize, b as usize) == Ordering::Equal)
+    };
 
     let watermark = strata_core::truncate_watermark(&model, 0..events.num_rows() as u32);
     let mut order: Vec<u32> = (0..events.num_rows() as u32)
         .filter(|&i| model.kind(i) != EventKind::Truncate)
         .collect();
-    order.sort_by(|&a, &b| {
-        keys.row(a as usize)
-            .cmp(&keys.row(b as usize))
-            .then_with(|| model.seq_cmp(a, b))
-    });
+    {
+        // One row-format key per event (key, then sequence) makes the sort a memcmp.
+        let mut sort_cols = key_cols.clone();
+        sort_cols.push(events.column(spec.n_out).clone());
+        let sort_rows = rows_of(&sort_cols)?;
+        order.sort_unstable_by(|&a, &b| sort_rows.row(a as usize).cmp(&sort_rows.row(b as usize)));
+    }
 
     let mut value_idx: Vec<Vec<u32>> = vec![Vec::new(); spec.n_out];
     let mut starts: Vec<u32> = Vec::new();
     let mut ends: Vec<Option<u32>> = Vec::new();
     let mut group: Vec<u32> = Vec::new();
+    let mut groups = 0;
     let mut i = 0;
     while i < order.len() {
+        groups += 1;
         let mut j = i + 1;
-        while j < order.len() && keys.row(order[i] as usize) == keys.row(order[j] as usize) {
+        while j < order.len() && same_key(order[i], order[j]) {
             j += 1;
         }
         group.clear();
@@ -242,12 +256,13 @@ pub(crate) fn fold_batch(
         columns.push(take_column(seq, UInt32Array::from(starts))?);
         columns.push(take_column(seq, UInt32Array::from(ends))?);
     }
-    RecordBatch::try_new(target.clone(), columns).context(|| {
+    let rows = RecordBatch::try_new(target.clone(), columns).context(|| {
         format!(
             "flow {}: folded rows do not match the target schema",
             spec.flow
         )
-    })
+    })?;
+    Ok((rows, groups))
 }
 
 fn take_column(array: &ArrayRef, idx: UInt32Array) -> Result<ArrayRef> {

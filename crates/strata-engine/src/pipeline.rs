@@ -36,11 +36,11 @@ pub async fn run_pipeline_file(path: &Path, wh: &Warehouse) -> Result<RunReport>
         .unwrap_or_default();
     let parsed = strata_sql::parse_pipeline(&text).map_err(|source| EngineError::Pipeline {
         file: file.clone(),
-        source,
+        source: Box::new(source),
     })?;
     let plan = strata_sql::plan_pipeline(parsed).map_err(|source| EngineError::Pipeline {
         file: file.clone(),
-        source,
+        source: Box::new(source),
     })?;
 
     // Check everything before anything runs.

@@ -111,7 +111,7 @@ pub async fn validate(wh: &Warehouse, name: &str) -> Result<Vec<Violation>> {
         return Ok(Vec::new());
     };
     let batch = concat_batches(&first.schema(), &batches).context(|| "validate".into())?;
-    Ok(check_timelines(&batch, &keys)?)
+    check_timelines(&batch, &keys)
 }
 
 /// The checks of [`validate`] over `keys..., __START_AT, __END_AT` rows, done here rather than
@@ -123,10 +123,10 @@ fn check_timelines(batch: &RecordBatch, keys: &[String]) -> Result<Vec<Violation
     let converter = RowConverter::new(vec![SortField::new(start.data_type().clone())])
         .context(|| "validate".into())?;
     let starts = converter
-        .convert_columns(&[start.clone()])
+        .convert_columns(std::slice::from_ref(start))
         .context(|| "validate".into())?;
     let ends = converter
-        .convert_columns(&[end.clone()])
+        .convert_columns(std::slice::from_ref(end))
         .context(|| "validate".into())?;
     let options = FormatOptions::default().with_null("NULL");
     let fmt = |c: usize| ArrayFormatter::try_new(batch.column(c).as_ref(), &options);
