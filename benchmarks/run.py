@@ -138,7 +138,7 @@ class Strata:
     def check(self) -> None:
         if not (os.path.isfile(self.bin) and os.access(self.bin, os.X_OK)):
             raise SystemExit(f"strata binary not found or not executable: {self.bin}\n"
-                             "build it with: CARGO_TARGET_DIR=/work/target cargo build --release "
+                             "build it with: cargo build --release "
                              "-p strata-cli   (or pass --strata / set STRATA_BIN)")
 
     def version(self) -> str:
@@ -525,10 +525,8 @@ def report(results: list[dict], strata: Strata, a) -> None:
 def default_strata() -> str:
     if os.environ.get("STRATA_BIN"):
         return os.environ["STRATA_BIN"]
-    for p in (Path("/work/target/release/strata"), REPO_DIR / "target" / "release" / "strata"):
-        if p.exists():
-            return str(p)
-    return "/work/target/release/strata"
+    target = Path(os.environ.get("CARGO_TARGET_DIR") or REPO_DIR / "target")
+    return str(target / "release" / "strata")
 
 
 def main(argv=None) -> int:
@@ -536,7 +534,7 @@ def main(argv=None) -> int:
     ap.add_argument("workload", nargs="?", choices=["bulk", "incremental", "all"], default="all")
     ap.add_argument("--small", action="store_true", help="small preset for a ~1 minute smoke test")
     ap.add_argument("--strata", default=default_strata(),
-                    help="strata binary (default: $STRATA_BIN, else /work/target/release/strata)")
+                    help="strata binary (default: $STRATA_BIN, else $CARGO_TARGET_DIR or target/, release/strata)")
     ap.add_argument("--events", type=int, help="events in the (base) table")
     ap.add_argument("--keys", type=int, help="keys in the (base) table")
     ap.add_argument("--files", type=int, help="files the (base) events are split into")
