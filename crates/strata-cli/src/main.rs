@@ -170,6 +170,9 @@ fn print_report(report: &RunReport) -> std::io::Result<()> {
             )?,
         }
     }
+    for w in &report.waiting {
+        writeln!(out, "waiting: {w}")?;
+    }
     for f in &report.flows {
         match &f.skipped {
             Some(why) => writeln!(out, "flow {}: {why}", f.flow)?,

@@ -157,6 +157,27 @@ fn run_query_validate_late_events() {
 }
 
 #[test]
+fn empty_input_folder_waits_and_says_so() {
+    let p = Project::new(&PIPELINE.replace(
+        "format => 'json',\n  schema => 'userId INT, name STRING, city STRING, operation STRING, sequenceNum INT')",
+        "format => 'json')",
+    ));
+    let out = p.run();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("waiting: default.users_cdc: no input files yet"),
+        "{text}"
+    );
+    assert!(text.contains("waiting: flow users_flow"), "{text}");
+    p.file("data/cdc/001.json", BATCH1);
+    let out = p.run();
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Schema inferred from the file: 123[1,6) 124[1,) 125[2,6) 125[6,) 126[2,).
+    assert_eq!(p.query("csv", "SELECT count(*) AS n FROM users"), "n\n5\n");
+}
+
+#[test]
 fn warehouse_from_environment() {
     let p = Project::new(PIPELINE);
     p.file("data/cdc/001.json", BATCH1);

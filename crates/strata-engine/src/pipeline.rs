@@ -15,6 +15,9 @@ use strata_sql::{Node, TableName};
 pub struct RunReport {
     pub ingests: Vec<IngestReport>,
     pub flows: Vec<FlowReport>,
+    /// Datasets that did not run because their schema cannot be known yet (no input files
+    /// and no `schema =>`), with the reason.
+    pub waiting: Vec<String>,
 }
 
 enum Prepared {
@@ -124,7 +127,7 @@ pub async fn run_pipeline_file(path: &Path, wh: &Warehouse) -> Result<RunReport>
                     .unwrap_or_default();
                 report.flows.push(flow::run_flow(wh, setup, &props).await?);
             }
-            Prepared::Waiting(why) => tracing::info!("skipped: {why}"),
+            Prepared::Waiting(why) => report.waiting.push(why.clone()),
         }
     }
     Ok(report)
