@@ -605,14 +605,7 @@ fn target_configuration(
     setup: &FlowSetup,
     user: &std::collections::BTreeMap<String, String>,
 ) -> Vec<(String, Option<String>)> {
-    let mut conf: Vec<(String, Option<String>)> = user
-        .iter()
-        .map(|(k, v)| (k.clone(), Some(v.clone())))
-        .collect();
-    conf.push((
-        "delta.enableChangeDataFeed".to_string(),
-        Some("true".to_string()),
-    ));
+    let mut conf = warehouse::table_configuration(user);
     conf.push(("strata.keys".to_string(), Some(setup.key_names.join(","))));
     conf.push((
         "strata.scdType".to_string(),

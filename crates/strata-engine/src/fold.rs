@@ -67,13 +67,9 @@ struct ArrowModel<'a> {
     columns: Vec<DynComparator>,
 }
 
-fn rows_of(columns: &[ArrayRef]) -> Result<Rows> {
-    crate::sqlutil::rows(columns)
-}
-
 impl<'a> ArrowModel<'a> {
     fn new(batch: &'a RecordBatch, spec: &'a FoldSpec, ops: &'a Int8Array) -> Result<Self> {
-        let seq = rows_of(&[batch.column(spec.n_out).clone()])?;
+        let seq = crate::sqlutil::rows(&[batch.column(spec.n_out).clone()])?;
         // NULLs compare equal to NULLs: an update from NULL to NULL is no change.
         let options = SortOptions::default();
         let columns = (0..spec.n_out)
@@ -202,7 +198,7 @@ pub(crate) fn fold_batch(
         // One row-format key per event (key, then sequence) makes the sort a memcmp.
         let mut sort_cols = key_cols.clone();
         sort_cols.push(events.column(spec.n_out).clone());
-        let sort_rows = rows_of(&sort_cols)?;
+        let sort_rows = crate::sqlutil::rows(&sort_cols)?;
         order.sort_unstable_by(|&a, &b| sort_rows.row(a as usize).cmp(&sort_rows.row(b as usize)));
     }
 

@@ -392,21 +392,11 @@ pub(crate) async fn run_ingest(wh: &Warehouse, setup: &IngestSetup) -> Result<In
     let handle = match existing {
         Some(t) => t,
         None => {
-            let mut configuration: Vec<(String, Option<String>)> = setup
-                .table
-                .properties
-                .iter()
-                .map(|(k, v)| (k.clone(), Some(v.clone())))
-                .collect();
-            configuration.push((
-                "delta.enableChangeDataFeed".to_string(),
-                Some("true".to_string()),
-            ));
             warehouse::create_delta(
                 &wh.table_path(name),
                 &name.name,
                 &setup.schema,
-                configuration,
+                warehouse::table_configuration(&setup.table.properties),
                 setup.table.comment.as_deref(),
             )
             .await?

@@ -108,6 +108,22 @@ pub(crate) async fn open_delta(path: &Path) -> Result<Option<DeltaTable>> {
     Ok(Some(table))
 }
 
+/// Table properties as written in `TBLPROPERTIES`, plus the change data feed that every
+/// strata table has enabled (R12), as Delta configuration entries.
+pub(crate) fn table_configuration<'a>(
+    properties: impl IntoIterator<Item = (&'a String, &'a String)>,
+) -> Vec<(String, Option<String>)> {
+    let mut conf: Vec<(String, Option<String>)> = properties
+        .into_iter()
+        .map(|(k, v)| (k.clone(), Some(v.clone())))
+        .collect();
+    conf.push((
+        "delta.enableChangeDataFeed".to_string(),
+        Some("true".to_string()),
+    ));
+    conf
+}
+
 /// Creates an empty Delta table at `path`. Properties outside Delta's own (`strata.*`,
 /// `pipelines.*`) are kept as written.
 pub(crate) async fn create_delta(
