@@ -34,7 +34,10 @@ use deltalake::DeltaTable;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use strata_core::FoldOptions;
-use strata_sql::{CdcFlow, ColumnSelection, ScdType, SequenceBy};
+use crate::snapshot;
+use crate::timeline::Timeline;
+use deltalake::arrow::datatypes::TimeUnit;
+use strata_sql::{CdcFlow, ColumnSelection, FlowKind, ScdType, SequenceBy};
 
 /// The application id under which a target records the event-store version it reflects.
 const EVENTS_APP_ID: &str = "strata-events";
@@ -49,8 +52,25 @@ pub(crate) struct FlowSetup {
     pub key_names: Vec<String>,
     /// Event-store schema: output columns, `__strata_seq`, `__strata_op`, `__strata_run`.
     pub event_schema: SchemaRef,
+    /// Rows as the fold produces them: output columns, then `__START_AT`, `__END_AT` for
+    /// SCD type 2 and `SNAPSHOTS` targets.
+    pub fold_schema: SchemaRef,
+    /// The target's columns: output columns, then the timeline columns of its convention.
     pub target_schema: SchemaRef,
+    pub timeline: Timeline,
     pub spec: FoldSpec,
+}
+
+impl FlowSetup {
+    /// An `AUTO CDC FROM SNAPSHOT` flow.
+    pub(crate) fn is_snapshot(&self) -> bool {
+        matches!(self.flow.kind, FlowKind::Snapshot { .. })
+    }
+
+    /// A snapshot flow without `SNAPSHOT VERSION BY`: each run snapshots the whole source.
+    pub(crate) fn table_mode(&self) -> bool {
+        matches!(self.flow.kind, FlowKind::Snapshot { version_by: None })
+    }
 }
 
 fn flow_err(flow: &CdcFlow, msg: impl std::fmt::Display) -> EngineError {
@@ -101,7 +121,11 @@ fn select_columns(
 
 /// Checks `flow` against the schema of its source and derives the event-store and target
 /// schemas. Nothing is read or written.
-pub(crate) async fn prepare_flow(flow: &CdcFlow, source: &SchemaRef) -> Result<FlowSetup> {
+pub(crate) async fn prepare_flow(
+    flow: &CdcFlow,
+    source: &SchemaRef,
+    target_properties: &std::collections::BTreeMap<String, String>,
+) -> Result<FlowSetup> {
     let available: Vec<String> = source.fields().iter().map(|f| f.name().clone()).collect();
     let out_cols = select_columns(flow, "COLUMNS", &flow.columns, &available)?;
     for k in &flow.keys {
@@ -214,7 +238,17 @@ pub(crate) async fn prepare_flow(flow: &CdcFlow, source: &SchemaRef) -> Result<F
         .await
         .map_err(|e| flow_err(flow, format!("SEQUENCE BY {seq_sql}: {e}")))?;
     let planned: Schema = df.schema().as_arrow().clone();
-    let seq_type = planned.field(out_cols.len()).data_type().clone();
+    let mut seq_type = planned.field(out_cols.len()).data_type().clone();
+    if matches!(flow.kind, FlowKind::Snapshot { version_by: None }) {
+        // Table mode: the version is the run's start time, as a Delta TIMESTAMP.
+        seq_type = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
+    }
+    if matches!(flow.kind, FlowKind::Snapshot { .. }) && matches!(seq_type, DataType::Struct(_)) {
+        return Err(flow_err(
+            flow,
+            format!("SNAPSHOT VERSION BY {seq_sql}: a version must be a single value, not a struct"),
+        ));
+    }
     if !orderable(&seq_type) {
         return Err(flow_err(
             flow,
@@ -228,11 +262,32 @@ pub(crate) async fn prepare_flow(flow: &CdcFlow, source: &SchemaRef) -> Result<F
         .iter()
         .map(|f| Field::new(f.name(), sqlutil::storage_type(f.data_type()), true))
         .collect();
+    let mut fold_fields = fields.clone();
     let mut target_fields = fields.clone();
-    if flow.stored_as == ScdType::Type2 {
-        target_fields.push(Field::new(START_COL, seq_type.clone(), true));
-        target_fields.push(Field::new(END_COL, seq_type.clone(), true));
-    }
+    let timeline = if flow.stored_as.has_timeline() {
+        let t = Timeline::from_properties(target_properties)
+            .map_err(|e| flow_err(flow, format!("target {}: {e}", flow.target)))?;
+        t.open_end_value(&seq_type)
+            .map_err(|e| flow_err(flow, format!("target {}: {e}", flow.target)))?;
+        for name in t.column_names() {
+            if let Some(c) = out_cols.iter().find(|c| c.eq_ignore_ascii_case(&name)) {
+                return Err(flow_err(
+                    flow,
+                    format!(
+                        "the source column `{c}` has the name of a timeline column of {}; \
+                         exclude it with COLUMNS * EXCEPT ({c}) or rename the timeline column",
+                        flow.target
+                    ),
+                ));
+            }
+        }
+        fold_fields.push(Field::new(START_COL, seq_type.clone(), true));
+        fold_fields.push(Field::new(END_COL, seq_type.clone(), true));
+        target_fields.extend(t.fields(&seq_type));
+        t
+    } else {
+        Timeline::default()
+    };
     fields.push(Field::new(SEQ_COL, seq_type, true));
     fields.push(Field::new(OP_COL, DataType::Int8, false));
     fields.push(Field::new(RUN_COL, DataType::Int64, false));
@@ -254,7 +309,9 @@ pub(crate) async fn prepare_flow(flow: &CdcFlow, source: &SchemaRef) -> Result<F
         out_cols,
         key_names: flow.keys.clone(),
         event_schema: Arc::new(Schema::new(fields)),
+        fold_schema: Arc::new(Schema::new(fold_fields)),
         target_schema: Arc::new(Schema::new(target_fields)),
+        timeline,
         spec,
     })
 }
@@ -285,6 +342,8 @@ pub struct FlowReport {
     pub keys_changed: usize,
     pub rows_inserted: usize,
     pub rows_deleted: usize,
+    /// Things worth telling the user (late snapshot versions, redeliveries).
+    pub notes: Vec<String>,
     /// Event-store commits repaired from an earlier interrupted run.
     pub recovered: bool,
     /// Why nothing ran, if nothing did.
@@ -334,10 +393,12 @@ pub(crate) fn validate_events(setup: &FlowSetup, batch: &RecordBatch, place: &st
                     .join(", ")
             ),
         };
-        return Err(reject(
-            format!("with a NULL SEQUENCE BY value ({expr})"),
-            count,
-        ));
+        let clause = if setup.is_snapshot() {
+            "SNAPSHOT VERSION BY"
+        } else {
+            "SEQUENCE BY"
+        };
+        return Err(reject(format!("with a NULL {clause} value ({expr})"), count));
     }
     Ok(())
 }
@@ -601,7 +662,7 @@ struct ChangeSet {
 }
 
 /// Table properties every AUTO CDC target carries.
-fn target_configuration(
+pub(crate) fn target_configuration(
     setup: &FlowSetup,
     user: &std::collections::BTreeMap<String, String>,
 ) -> Vec<(String, Option<String>)> {
@@ -612,6 +673,7 @@ fn target_configuration(
         Some(match setup.flow.stored_as {
             ScdType::Type1 => "1".to_string(),
             ScdType::Type2 => "2".to_string(),
+            ScdType::Snapshots => "snapshots".to_string(),
         }),
     ));
     conf
@@ -708,6 +770,9 @@ pub(crate) async fn run_flow(
     setup: &FlowSetup,
     target_properties: &std::collections::BTreeMap<String, String>,
 ) -> Result<FlowReport> {
+    if setup.flow.stored_as == ScdType::Snapshots {
+        return snapshot::run_snapshots_mode(wh, setup, target_properties).await;
+    }
     let flow = &setup.flow;
     let mut report = FlowReport {
         flow: flow.name.clone(),
@@ -739,15 +804,22 @@ pub(crate) async fn run_flow(
     if let Some(store) = &store {
         register_table(&ctx, "__strata_events", store, None).await?;
         if store_version > applied {
-            let pending = collect_sql(
-                &ctx,
-                &format!(
-                    "SELECT * FROM __strata_events WHERE {} > {applied}",
-                    quote_ident(RUN_COL)
-                ),
-                &setup.event_schema,
-            )
-            .await?;
+            let (seq, op, run) = (
+                quote_ident(SEQ_COL),
+                quote_ident(OP_COL),
+                quote_ident(RUN_COL),
+            );
+            let sql = if setup.is_snapshot() {
+                // Also the events that the unapplied runs' deliveries superseded.
+                format!(
+                    "SELECT * FROM __strata_events WHERE {op} < {m} AND ({run} > {applied} OR \
+                     {seq} IN (SELECT {seq} FROM __strata_events WHERE {op} = {m} AND {run} > {applied}))",
+                    m = snapshot::OP_MARKER
+                )
+            } else {
+                format!("SELECT * FROM __strata_events WHERE {run} > {applied}")
+            };
+            let pending = collect_sql(&ctx, &sql, &setup.event_schema).await?;
             if pending.num_rows() > 0 {
                 touched = Some(touched_keys(setup, &pending)?);
                 report.recovered = true;
@@ -757,9 +829,16 @@ pub(crate) async fn run_flow(
 
     let has_new_input = from.is_none_or(|f| f < source_version);
     let run = store_version + 1;
+    // What the event store gets in this run (for a snapshot flow, the events plus markers).
+    let mut to_commit: Option<RecordBatch> = None;
+    let mut superseded: Option<RecordBatch> = None;
     let new_events = if has_new_input {
-        let files = new_files(&source, from).await?;
-        register_table(&ctx, strata_sql::SOURCE_PLACEHOLDER, &source, Some(files)).await?;
+        let files = if setup.table_mode() {
+            None
+        } else {
+            Some(new_files(&source, from).await?)
+        };
+        register_table(&ctx, strata_sql::SOURCE_PLACEHOLDER, &source, files).await?;
         let events = events_from(&ctx, setup, run).await?;
         let place = format!(
             "the rows of {} added after version {}",
@@ -769,7 +848,23 @@ pub(crate) async fn run_flow(
         validate_events(setup, &events, &place)?;
         report.source_versions = Some((from, source_version));
         report.events = events.num_rows();
-        Some(events)
+        if setup.is_snapshot() {
+            let s = snapshot::to_events(&ctx, setup, store.is_some(), &events, run).await?;
+            report.notes = s.notes;
+            if store.is_some() {
+                snapshot::register_effective(&ctx, setup, "__strata_effective", Some(&s.markers))
+                    .await?;
+            }
+            to_commit = Some(
+                concat_batches(&setup.event_schema, &[s.events.clone(), s.markers])
+                    .context(|| "snapshot events".into())?,
+            );
+            superseded = s.superseded;
+            Some(s.events)
+        } else {
+            to_commit = Some(events.clone());
+            Some(events)
+        }
     } else {
         None
     };
@@ -790,6 +885,13 @@ pub(crate) async fn run_flow(
             None => t,
         });
     }
+    if let Some(old) = &superseded {
+        let t = touched_keys(setup, old)?;
+        touched = Some(match touched {
+            Some(p) => merge_touched(p, t)?,
+            None => t,
+        });
+    }
     let Some(touched) = touched else {
         return Err(EngineError::Internal("no keys to derive".into()));
     };
@@ -801,11 +903,18 @@ pub(crate) async fn run_flow(
     // Every stored event of the touched keys, plus the new ones: the fold's input.
     let mut parts = Vec::new();
     if store.is_some() {
+        if setup.is_snapshot() && new_events.is_none() {
+            snapshot::register_effective(&ctx, setup, "__strata_effective", None).await?;
+        }
         parts.push(
             read_slice(
                 &ctx,
                 setup,
-                "__strata_events",
+                if setup.is_snapshot() {
+                    "__strata_effective"
+                } else {
+                    "__strata_events"
+                },
                 &touched,
                 &setup.event_schema,
                 true,
@@ -822,14 +931,25 @@ pub(crate) async fn run_flow(
             concat_batches(&setup.event_schema, &parts).context(|| "concatenating events".into())?
         }
     };
-    let (derived, keys_derived) = fold::fold_batch(&all_events, &setup.spec, &setup.target_schema)?;
+    let (derived, keys_derived) = fold::fold_batch(&all_events, &setup.spec, &setup.fold_schema)?;
     drop(all_events);
+    let derived = if setup.spec.scd2 {
+        setup.timeline.apply(
+            &derived,
+            setup.spec.n_out,
+            &setup.spec.keys,
+            &setup.target_schema,
+        )?
+    } else {
+        derived
+    };
     if matches!(touched, Touched::All) {
         report.keys_touched = keys_derived;
     }
 
     // Commit the events (and the source position) first: from here on they are never lost.
-    let new_store_version = match new_events {
+    drop(new_events);
+    let new_store_version = match to_commit {
         Some(ev) => {
             let handle = match store {
                 Some(s) => s,
@@ -982,7 +1102,7 @@ pub(crate) fn version_of(table: &DeltaTable) -> i64 {
     table.version().map_or(-1, |v| v as i64)
 }
 
-async fn txn_version(table: &DeltaTable, app_id: &str) -> Result<Option<i64>> {
+pub(crate) async fn txn_version(table: &DeltaTable, app_id: &str) -> Result<Option<i64>> {
     table
         .snapshot()
         .context(|| "reading table state".into())?

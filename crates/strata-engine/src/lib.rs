@@ -15,15 +15,18 @@
 mod error;
 mod flow;
 mod fold;
+mod history;
 mod ingest;
 mod pipeline;
 mod query;
+mod snapshot;
 mod sqlutil;
+mod timeline;
 mod warehouse;
 
 pub use error::{EngineError, Result};
 pub use flow::FlowReport;
 pub use ingest::IngestReport;
-pub use pipeline::{run_pipeline_file, RunReport};
+pub use pipeline::{run_pipeline_file, run_pipeline_file_with, RunReport};
 pub use query::{query, validate, Violation};
 pub use warehouse::{new_session, Warehouse};

@@ -30,8 +30,24 @@ enum Prepared {
 /// Runs the pipeline in `path` once over all input not yet processed (triggered mode).
 /// Relative paths inside the pipeline resolve against the pipeline file's folder.
 pub async fn run_pipeline_file(path: &Path, wh: &Warehouse) -> Result<RunReport> {
+    run_pipeline_file_with(path, wh, &BTreeMap::new()).await
+}
+
+/// [`run_pipeline_file`] with pipeline configuration values, substituted for `${name}` in
+/// the pipeline text before it is parsed.
+pub async fn run_pipeline_file_with(
+    path: &Path,
+    wh: &Warehouse,
+    configuration: &BTreeMap<String, String>,
+) -> Result<RunReport> {
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path).context(|| format!("cannot read {file}"))?;
+    let text = strata_sql::substitute(&text, configuration).map_err(|source| {
+        EngineError::Pipeline {
+            file: file.clone(),
+            source: Box::new(source),
+        }
+    })?;
     let pipeline_dir = std::fs::canonicalize(path)
         .context(|| format!("cannot resolve {file}"))?
         .parent()
@@ -72,7 +88,12 @@ pub async fn run_pipeline_file(path: &Path, wh: &Warehouse) -> Result<RunReport>
                     .ok_or_else(|| EngineError::Internal(format!("planned flow {i} is missing")))?;
                 match schemas.get(&f.source) {
                     Some(source) => {
-                        let setup = flow::prepare_flow(f, source).await?;
+                        let props = plan
+                            .tables
+                            .get(&f.target)
+                            .map(|t| t.properties.clone())
+                            .unwrap_or_default();
+                        let setup = flow::prepare_flow(f, source, &props).await?;
                         flow::check_existing(wh, &setup).await?;
                         if let Some(prev) = schemas.get(&f.target) {
                             if prev.fields() != setup.target_schema.fields() {

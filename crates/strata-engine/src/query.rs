@@ -4,6 +4,7 @@ use crate::error::{Context, EngineError, Result};
 use crate::flow::register_table;
 use crate::sqlutil;
 use crate::sqlutil::quote_ident;
+use crate::timeline::Timeline;
 use crate::warehouse::{new_session, Warehouse};
 use deltalake::arrow::array::{Array, RecordBatch};
 use deltalake::arrow::compute::concat_batches;
@@ -39,8 +40,9 @@ async fn warehouse_session(wh: &Warehouse) -> Result<SessionContext> {
 /// Runs `sql` over every table of `wh`.
 pub async fn query(wh: &Warehouse, sql: &str) -> Result<(SchemaRef, Vec<RecordBatch>)> {
     let ctx = warehouse_session(wh).await?;
+    let rewritten = crate::history::rewrite_as_of(wh, sql).await?;
     let df = ctx
-        .sql(sql)
+        .sql(rewritten.as_deref().unwrap_or(sql))
         .await
         .map_err(|e| EngineError::Plan(format!("query: {e}")))?;
     let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
@@ -83,11 +85,13 @@ pub async fn validate(wh: &Warehouse, name: &str) -> Result<Vec<Violation>> {
                 "{table_name} is not an AUTO CDC target of strata (no strata.keys property)"
             ))
         })?;
-    if config.get("strata.scdType").map(String::as_str) != Some("2") {
+    let mode = config.get("strata.scdType").cloned().unwrap_or_default();
+    if mode != "2" && mode != "snapshots" {
         return Err(EngineError::Plan(format!(
-            "{table_name} is not an SCD type 2 table; validate checks SCD2 timelines"
+            "{table_name} is not an SCD type 2 or SNAPSHOTS table; validate checks timelines"
         )));
     }
+    let timeline = Timeline::from_properties(&config)?;
     let ctx = new_session();
     register_table(&ctx, "t", &table, None).await?;
     let k = keys
@@ -97,8 +101,8 @@ pub async fn validate(wh: &Warehouse, name: &str) -> Result<Vec<Violation>> {
         .join(", ");
     let sql = format!(
         "SELECT {k}, {}, {} FROM t",
-        quote_ident("__START_AT"),
-        quote_ident("__END_AT")
+        quote_ident(&timeline.valid_from),
+        quote_ident(&timeline.valid_to)
     );
     let batches = ctx
         .sql(&sql)
@@ -111,7 +115,43 @@ pub async fn validate(wh: &Warehouse, name: &str) -> Result<Vec<Violation>> {
         return Ok(Vec::new());
     };
     let batch = concat_batches(&first.schema(), &batches).context(|| "validate".into())?;
+    if mode == "snapshots" {
+        return check_snapshots(&batch, &keys);
+    }
+    // The convention's open-end marker means "open", like NULL.
+    let mut cols = batch.columns().to_vec();
+    let n = keys.len();
+    cols[n + 1] = timeline.open_as_null(&cols[n + 1])?;
+    let batch = RecordBatch::try_new(batch.schema(), cols).context(|| "validate".into())?;
     check_timelines(&batch, &keys)
+}
+
+/// A `SNAPSHOTS` table: at most one row per key in each version.
+fn check_snapshots(batch: &RecordBatch, keys: &[String]) -> Result<Vec<Violation>> {
+    let n = keys.len();
+    let rows = sqlutil::rows(&batch.columns()[..n + 1])?;
+    let mut order: Vec<usize> = (0..batch.num_rows()).collect();
+    order.sort_by(|&a, &b| rows.row(a).cmp(&rows.row(b)));
+    let options = FormatOptions::default().with_null("NULL");
+    let fmts = (0..=n)
+        .map(|c| ArrayFormatter::try_new(batch.column(c).as_ref(), &options))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .context(|| "validate".into())?;
+    let mut out = Vec::new();
+    for w in order.windows(2) {
+        if rows.row(w[0]) == rows.row(w[1]) {
+            out.push(Violation {
+                key: keys
+                    .iter()
+                    .enumerate()
+                    .map(|(c, name)| format!("{name}={}", fmts[c].value(w[0])))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                problem: format!("appears twice in version {}", fmts[n].value(w[0])),
+            });
+        }
+    }
+    Ok(out)
 }
 
 /// The checks of [`validate`] over `keys..., __START_AT, __END_AT` rows, done here rather than

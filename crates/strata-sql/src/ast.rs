@@ -129,11 +129,48 @@ pub enum ColumnSelection {
     Except(Vec<String>),
 }
 
+/// How a target keeps history: `STORED AS SCD TYPE 1 | SCD TYPE 2 | SNAPSHOTS`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ScdType {
+    /// The current state only.
     #[default]
     Type1,
+    /// One row per version of a key, with a validity interval.
     Type2,
+    /// Every delivered snapshot's rows, each with start = end = its version (snapshot flows
+    /// only). Same physical layout as SCD type 2.
+    Snapshots,
+}
+
+impl ScdType {
+    /// Whether the target carries the interval columns.
+    pub fn has_timeline(self) -> bool {
+        matches!(self, ScdType::Type2 | ScdType::Snapshots)
+    }
+}
+
+impl fmt::Display for ScdType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ScdType::Type1 => "SCD TYPE 1",
+            ScdType::Type2 => "SCD TYPE 2",
+            ScdType::Snapshots => "SNAPSHOTS",
+        })
+    }
+}
+
+/// What feeds a flow: change events, or full snapshots.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum FlowKind {
+    /// `AUTO CDC INTO`: each source row is a change event ordered by `SEQUENCE BY`.
+    #[default]
+    Changes,
+    /// `AUTO CDC FROM SNAPSHOT INTO`: each delivery is a full extract.
+    Snapshot {
+        /// `SNAPSHOT VERSION BY expr` (SQL); `None` is table mode: each run takes the
+        /// source's whole content as one snapshot, versioned by the run's UTC timestamp.
+        version_by: Option<String>,
+    },
 }
 
 /// `SEQUENCE BY expr` or `SEQUENCE BY STRUCT(a, b)`.
@@ -150,6 +187,7 @@ pub enum SequenceBy {
 #[derive(Debug, Clone, PartialEq)]
 pub struct CdcFlow {
     pub name: String,
+    pub kind: FlowKind,
     pub target: TableName,
     pub source: TableName,
     pub keys: Vec<String>,
@@ -158,6 +196,7 @@ pub struct CdcFlow {
     pub delete_when: Option<String>,
     /// Condition SQL of `APPLY AS TRUNCATE WHEN`.
     pub truncate_when: Option<String>,
+    /// For snapshot flows, the version expression (table mode: the run's timestamp).
     pub sequence_by: SequenceBy,
     pub columns: ColumnSelection,
     pub stored_as: ScdType,

@@ -18,6 +18,7 @@
 //! (unknown columns, reserved names) are the engine's.
 
 pub mod ast;
+mod config;
 mod error;
 mod lex;
 mod parser;
@@ -25,7 +26,8 @@ mod plan;
 mod types;
 
 pub use ast::*;
+pub use config::substitute;
 pub use error::{Result, SqlError};
-pub use parser::parse_pipeline;
+pub use parser::{parse_pipeline, TABLE_MODE_VERSION_SQL};
 pub use plan::{plan_pipeline, Node, PipelinePlan};
 pub use types::parse_ddl_schema;

@@ -102,8 +102,9 @@ fn parse_statement(c: &mut Cursor) -> Result<Statement> {
     if c.eat_keyword("APPLY") {
         // Legacy standalone form: the flow is named after its target table.
         c.expect_keyword("CHANGES")?;
+        let snapshot = from_snapshot(c);
         c.expect_keyword("INTO")?;
-        return cdc_flow(c, None, at).map(Statement::Flow);
+        return cdc_flow(c, None, at, snapshot).map(Statement::Flow);
     }
     Err(c.expected("CREATE or APPLY CHANGES"))
 }
@@ -687,23 +688,28 @@ fn flow(c: &mut Cursor, at: Location) -> Result<CdcFlow> {
     } else {
         return Err(c.expected("AUTO CDC"));
     }
-    if c.peek_keyword("FROM") && c.peek_nth_keyword(1, "SNAPSHOT") {
-        return Err(c.error_at(kind_at, "AUTO CDC FROM SNAPSHOT is not supported yet"));
-    }
+    let snapshot = from_snapshot(c);
     c.expect_keyword("INTO")?;
-    cdc_flow(c, Some(name), at)
+    cdc_flow(c, Some(name), at, snapshot)
 }
 
+/// Eats `FROM SNAPSHOT` (between `AUTO CDC` and `INTO`), saying whether it was there.
+fn from_snapshot(c: &mut Cursor) -> bool {
+    if c.peek_keyword("FROM") && c.peek_nth_keyword(1, "SNAPSHOT") {
+        c.next();
+        c.next();
+        return true;
+    }
+    false
+}
+
+/// The version of a table-mode snapshot (no `SNAPSHOT VERSION BY`): the run's start time.
+pub const TABLE_MODE_VERSION_SQL: &str = "now()";
+
 /// Everything after `AUTO CDC INTO` / `APPLY CHANGES INTO`.
-fn cdc_flow(c: &mut Cursor, name: Option<String>, at: Location) -> Result<CdcFlow> {
+fn cdc_flow(c: &mut Cursor, name: Option<String>, at: Location, snapshot: bool) -> Result<CdcFlow> {
     let (target, _) = table_name(c, "a target table name")?;
     c.expect_keyword("FROM")?;
-    if c.peek_keyword("SNAPSHOT")
-        && !c.peek_nth_keyword(1, "KEYS")
-        && c.peek_nth(1).is_none_or(|t| t.token != Token::Period)
-    {
-        return Err(c.error_at(c.loc(), "AUTO CDC FROM SNAPSHOT is not supported yet"));
-    }
     let source = stream_source(c)?;
     c.expect_keyword("KEYS")?;
     c.expect_token(&Token::LParen)?;
@@ -725,9 +731,37 @@ fn cdc_flow(c: &mut Cursor, name: Option<String>, at: Location) -> Result<CdcFlo
     let mut columns = None;
     let mut stored_as = None;
     let mut track_history = None;
+    let mut version_by = None;
+    let only_changes = |c: &Cursor, clause: &str, at: Location| -> Result<()> {
+        if snapshot {
+            return Err(c.error_at(
+                at,
+                format!(
+                    "{clause} is not allowed in AUTO CDC FROM SNAPSHOT: a snapshot is a full \
+                     extract, ordered by SNAPSHOT VERSION BY"
+                ),
+            ));
+        }
+        Ok(())
+    };
     while !c.at_end() {
         let clause_at = c.loc();
-        if c.eat_keyword("IGNORE") {
+        if c.peek_keyword("SNAPSHOT") {
+            c.next();
+            c.expect_keyword("VERSION")?;
+            c.expect_keyword("BY")?;
+            if !snapshot {
+                return Err(c.error_at(
+                    clause_at,
+                    "SNAPSHOT VERSION BY belongs to AUTO CDC FROM SNAPSHOT flows; \
+                     a change-event flow orders its events with SEQUENCE BY",
+                ));
+            }
+            let v = expression(c)?;
+            once(c, &mut version_by, v, "SNAPSHOT VERSION BY", clause_at)?;
+        } else if c.peek_keyword("IGNORE") {
+            only_changes(c, "IGNORE NULL UPDATES", clause_at)?;
+            c.next();
             c.expect_keyword("NULL")?;
             c.expect_keyword("UPDATES")?;
             once(
@@ -737,7 +771,9 @@ fn cdc_flow(c: &mut Cursor, name: Option<String>, at: Location) -> Result<CdcFlo
                 "IGNORE NULL UPDATES",
                 clause_at,
             )?;
-        } else if c.eat_keyword("APPLY") {
+        } else if c.peek_keyword("APPLY") {
+            only_changes(c, "APPLY AS", clause_at)?;
+            c.next();
             c.expect_keyword("AS")?;
             if c.eat_keyword("DELETE") {
                 c.expect_keyword("WHEN")?;
@@ -756,7 +792,9 @@ fn cdc_flow(c: &mut Cursor, name: Option<String>, at: Location) -> Result<CdcFlo
             } else {
                 return Err(c.expected("DELETE or TRUNCATE"));
             }
-        } else if c.eat_keyword("SEQUENCE") {
+        } else if c.peek_keyword("SEQUENCE") {
+            only_changes(c, "SEQUENCE BY", clause_at)?;
+            c.next();
             c.expect_keyword("BY")?;
             let seq = sequence(c)?;
             once(c, &mut sequence_by, seq, "SEQUENCE BY", clause_at)?;
@@ -765,32 +803,56 @@ fn cdc_flow(c: &mut Cursor, name: Option<String>, at: Location) -> Result<CdcFlo
             once(c, &mut columns, sel, "COLUMNS", clause_at)?;
         } else if c.eat_keyword("STORED") {
             c.expect_keyword("AS")?;
-            c.expect_keyword("SCD")?;
-            c.expect_keyword("TYPE")?;
-            let scd = match c.peek().map(|t| &t.token) {
-                Some(Token::Number(n, _)) if n == "1" => ScdType::Type1,
-                Some(Token::Number(n, _)) if n == "2" => ScdType::Type2,
-                _ => return Err(c.expected("1 or 2")),
+            let scd = if c.eat_keyword("SNAPSHOTS") {
+                if !snapshot {
+                    return Err(c.error_at(
+                        clause_at,
+                        "STORED AS SNAPSHOTS needs snapshots: use it with AUTO CDC FROM SNAPSHOT",
+                    ));
+                }
+                ScdType::Snapshots
+            } else {
+                c.expect_keyword("SCD")?;
+                c.expect_keyword("TYPE")?;
+                let scd = match c.peek().map(|t| &t.token) {
+                    Some(Token::Number(n, _)) if n == "1" => ScdType::Type1,
+                    Some(Token::Number(n, _)) if n == "2" => ScdType::Type2,
+                    _ => return Err(c.expected("1 or 2")),
+                };
+                c.next();
+                scd
             };
-            c.next();
-            once(c, &mut stored_as, scd, "STORED AS SCD TYPE", clause_at)?;
+            once(c, &mut stored_as, scd, "STORED AS", clause_at)?;
         } else if c.eat_keyword("TRACK") {
             c.expect_keyword("HISTORY")?;
             c.expect_keyword("ON")?;
             let sel = column_selection(c)?;
             once(c, &mut track_history, sel, "TRACK HISTORY ON", clause_at)?;
         } else {
-            return Err(c.expected(
+            return Err(c.expected(if snapshot {
+                "SNAPSHOT VERSION BY, COLUMNS, STORED AS, TRACK HISTORY ON or end of statement"
+            } else {
                 "IGNORE NULL UPDATES, APPLY AS DELETE WHEN, APPLY AS TRUNCATE WHEN, \
-                 SEQUENCE BY, COLUMNS, STORED AS SCD TYPE, TRACK HISTORY ON or end of statement",
-            ));
+                 SEQUENCE BY, COLUMNS, STORED AS SCD TYPE, TRACK HISTORY ON or end of statement"
+            }));
         }
     }
-    let Some(sequence_by) = sequence_by else {
-        return Err(c.expected("SEQUENCE BY (a flow needs one)"));
+    let (kind, sequence_by) = if snapshot {
+        let seq = SequenceBy::Expr(
+            version_by
+                .clone()
+                .unwrap_or_else(|| TABLE_MODE_VERSION_SQL.to_string()),
+        );
+        (FlowKind::Snapshot { version_by }, seq)
+    } else {
+        let Some(sequence_by) = sequence_by else {
+            return Err(c.expected("SEQUENCE BY (a flow needs one)"));
+        };
+        (FlowKind::Changes, sequence_by)
     };
     Ok(CdcFlow {
         name: name.unwrap_or_else(|| target.name.clone()),
+        kind,
         target,
         source,
         keys,

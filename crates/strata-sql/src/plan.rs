@@ -94,6 +94,27 @@ pub fn plan_pipeline(pipeline: Pipeline) -> Result<PipelinePlan> {
         check_flow(f, &tables)?;
         // Flows into one table share its layout and merge semantics, so they must agree.
         if let Some(other) = flows[..i].iter().find(|g| g.target == f.target) {
+            let snapshot = |g: &CdcFlow| matches!(g.kind, FlowKind::Snapshot { .. });
+            if snapshot(other) != snapshot(f) {
+                return Err(plan_error(
+                    f.location,
+                    format!(
+                        "flows {} and {} cannot share a target: {} is written by both an AUTO CDC \
+                         FROM SNAPSHOT flow and a change-event AUTO CDC flow; give each its own table",
+                        other.name, f.name, f.target
+                    ),
+                ));
+            }
+            if snapshot(f) {
+                return Err(plan_error(
+                    f.location,
+                    format!(
+                        "flows {} and {} cannot share a target: {} already receives snapshots from {}; \
+                         a snapshot flow must be the only flow into its target",
+                        other.name, f.name, f.target, other.name
+                    ),
+                ));
+            }
             if other.stored_as != f.stored_as || !same_keys(&other.keys, &f.keys) {
                 return Err(plan_error(
                     f.location,
@@ -157,10 +178,10 @@ fn check_flow(f: &CdcFlow, tables: &BTreeMap<TableName, StreamingTable>) -> Resu
             f.name
         ));
     }
-    if f.track_history.is_some() && f.stored_as == ScdType::Type1 {
+    if f.track_history.is_some() && f.stored_as != ScdType::Type2 {
         return err(format!(
-            "flow {}: TRACK HISTORY needs STORED AS SCD TYPE 2; SCD type 1 keeps no history",
-            f.name
+            "flow {}: TRACK HISTORY needs STORED AS SCD TYPE 2; {} keeps no versions to track",
+            f.name, f.stored_as
         ));
     }
     Ok(())

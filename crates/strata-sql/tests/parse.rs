@@ -133,6 +133,7 @@ fn documented_example_parses_exactly() {
                 location: loc(5, 1),
             }),
             Statement::Flow(CdcFlow {
+                kind: FlowKind::Changes,
                 name: "users_flow".to_string(),
                 target: TableName::new(None, "users"),
                 source: TableName::new(None, "users_cdc"),

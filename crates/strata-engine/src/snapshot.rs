@@ -1,0 +1,643 @@
+//! AUTO CDC FROM SNAPSHOT: full extracts turned into change events.
+//!
+//! A snapshot flow keeps the same event store as a change-event flow, so history is still
+//! "the fold over all events" (semantics page §1) and late data is placed exactly. Applying
+//! snapshot `v` (semantics page §4) writes, at sequence `v`:
+//!
+//! - an upsert for every key that is new or changed against the state at the applied version
+//!   before `v` (`p`), a delete for every key of that state missing from `v`;
+//! - a *marker* event (op 3, no key) that records `v` as applied, by this run;
+//! - when `v` is older than an applied version (`n`, the next one), *pins* at `n` for the keys
+//!   whose state at `v` changed and that have no event at `n`: they restore the state at `n`
+//!   as it was, so inserting `v` changes history only in `[v, n)`.
+//!
+//! A redelivered version replaces what it contributed: events at `v` written by an earlier run
+//! than `v`'s latest marker are superseded (see [`register_effective`]). The state at any
+//! applied version other than the ones a run delivers is unchanged by that run, which is what
+//! lets the run compute every state it needs from the store as it was.
+//!
+//! `STORED AS SNAPSHOTS` keeps no event store: [`run_snapshots_mode`] writes each delivery's
+//! rows with start = end = version, replacing a redelivered version's rows in the same commit.
+
+use crate::error::{Context, EngineError, Result};
+use crate::flow::{self, FlowReport, FlowSetup};
+use crate::fold::{self, FoldSpec, OP_COL, RUN_COL, SEQ_COL};
+use crate::sqlutil::{self, quote_ident};
+use crate::warehouse::{self, Warehouse};
+use deltalake::arrow::array::{
+    new_null_array, Array, ArrayRef, BooleanArray, Int64Array, Int8Array, RecordBatch, UInt32Array,
+};
+use deltalake::arrow::compute::{self, concat_batches};
+use deltalake::arrow::datatypes::{Schema, SchemaRef};
+use deltalake::datafusion::common::Column;
+use deltalake::datafusion::prelude::{col, lit, Expr, SessionContext};
+use deltalake::datafusion::scalar::ScalarValue;
+use deltalake::kernel::transaction::CommitProperties;
+use deltalake::kernel::Transaction;
+use deltalake::protocol::SaveMode;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+/// Op code of a marker event: "version `seq` was delivered by run `run`".
+pub(crate) const OP_MARKER: i8 = 3;
+
+/// What applying the pending snapshots of one run produces.
+pub(crate) struct SnapshotEvents {
+    /// Upserts, deletes and pins: the new input of the fold.
+    pub events: RecordBatch,
+    /// One marker per applied version.
+    pub markers: RecordBatch,
+    /// Keys of stored events that redeliveries supersede (they must be re-derived too).
+    pub superseded: Option<RecordBatch>,
+    /// Late versions and redeliveries, for the run report.
+    pub notes: Vec<String>,
+}
+
+/// A snapshot's rows grouped by version, ascending.
+struct Versions {
+    /// (version, row indices of the snapshot rows)
+    groups: Vec<(ScalarValue, Vec<u32>)>,
+}
+
+fn render_version(v: &ScalarValue) -> String {
+    match v {
+        ScalarValue::Utf8(Some(s)) | ScalarValue::LargeUtf8(Some(s)) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Groups `rows` (event schema: data, seq, op, run) by version and rejects a key that
+/// appears twice in one version.
+fn group_versions(setup: &FlowSetup, rows: &RecordBatch) -> Result<Versions> {
+    let n_out = setup.spec.n_out;
+    let seq = rows.column(n_out);
+    let mut sort_cols = vec![seq.clone()];
+    sort_cols.extend(setup.spec.keys.iter().map(|&k| rows.column(k).clone()));
+    let seq_rows = sqlutil::rows(std::slice::from_ref(seq))?;
+    let full = sqlutil::rows(&sort_cols)?;
+    let mut order: Vec<u32> = (0..rows.num_rows() as u32).collect();
+    order.sort_unstable_by(|&a, &b| full.row(a as usize).cmp(&full.row(b as usize)));
+    let mut groups: Vec<(ScalarValue, Vec<u32>)> = Vec::new();
+    for (pos, &i) in order.iter().enumerate() {
+        if pos > 0 && full.row(order[pos - 1] as usize) == full.row(i as usize) {
+            return Err(EngineError::BadInput(format!(
+                "flow {}: key ({}) appears twice in snapshot version {}; a snapshot holds one \
+                 row per key. The run was rejected and nothing was written",
+                setup.flow.name,
+                fold::describe_key(rows, &setup.spec.keys, i as usize),
+                fold::render(seq, i as usize),
+            )));
+        }
+        let new_group = pos == 0 || seq_rows.row(order[pos - 1] as usize) != seq_rows.row(i as usize);
+        if new_group {
+            let v = ScalarValue::try_from_array(seq, i as usize)
+                .context(|| "reading a snapshot version".into())?;
+            groups.push((v, Vec::new()));
+        }
+        if let Some(g) = groups.last_mut() {
+            g.1.push(i);
+        }
+    }
+    Ok(Versions { groups })
+}
+
+/// Registers `name` as the event store's effective events: data events (no markers) whose
+/// run is not older than the latest marker of their version. `new_markers`, when given, count
+/// as markers too (the run's own deliveries supersede what they replace).
+pub(crate) async fn register_effective(
+    ctx: &SessionContext,
+    setup: &FlowSetup,
+    name: &str,
+    new_markers: Option<&RecordBatch>,
+) -> Result<()> {
+    let markers_table = format!("{name}_markers");
+    let _ = ctx.deregister_table(&markers_table);
+    let markers = match new_markers {
+        Some(m) => m.clone(),
+        None => RecordBatch::new_empty(setup.event_schema.clone()),
+    };
+    ctx.register_batch(&markers_table, markers)
+        .context(|| "registering markers".into())?;
+    let (seq, op, run) = (
+        quote_ident(SEQ_COL),
+        quote_ident(OP_COL),
+        quote_ident(RUN_COL),
+    );
+    let sql = format!(
+        "SELECT e.* FROM __strata_events e JOIN \
+           (SELECT {seq} AS v, max({run}) AS r FROM \
+              (SELECT {seq}, {run} FROM __strata_events WHERE {op} = {OP_MARKER} \
+               UNION ALL SELECT {seq}, {run} FROM {markers_table}) GROUP BY {seq}) m \
+         ON e.{seq} = m.v WHERE e.{op} < {OP_MARKER} AND e.{run} >= m.r"
+    );
+    let df = ctx
+        .sql(&sql)
+        .await
+        .context(|| "planning the effective events".into())?;
+    let _ = ctx.deregister_table(name);
+    ctx.register_table(name, df.into_view())
+        .context(|| format!("registering {name}"))?;
+    Ok(())
+}
+
+/// Versions recorded by markers in the store registered as `__strata_events`, ascending.
+async fn stored_versions(ctx: &SessionContext) -> Result<Vec<ScalarValue>> {
+    let batches = ctx
+        .sql(&format!(
+            "SELECT DISTINCT {} FROM __strata_events WHERE {} = {OP_MARKER}",
+            quote_ident(SEQ_COL),
+            quote_ident(OP_COL)
+        ))
+        .await
+        .context(|| "reading applied versions".into())?
+        .collect()
+        .await
+        .context(|| "reading applied versions".into())?;
+    let mut out = Vec::new();
+    for b in batches {
+        for i in 0..b.num_rows() {
+            out.push(
+                ScalarValue::try_from_array(b.column(0), i)
+                    .context(|| "reading applied versions".into())?,
+            );
+        }
+    }
+    out.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    Ok(out)
+}
+
+/// Effective stored events (view `__strata_effective_old`) whose version satisfies `pred`.
+async fn stored_events(
+    ctx: &SessionContext,
+    setup: &FlowSetup,
+    pred: deltalake::datafusion::prelude::Expr,
+) -> Result<RecordBatch> {
+    let batches = ctx
+        .table("__strata_effective_old")
+        .await
+        .context(|| "reading the event store".into())?
+        .filter(pred)
+        .context(|| "reading the event store".into())?
+        .collect()
+        .await
+        .context(|| "reading the event store".into())?;
+    let cast = batches
+        .iter()
+        .map(|b| sqlutil::cast_batch(b, &setup.event_schema))
+        .collect::<Result<Vec<_>>>()?;
+    concat_batches(&setup.event_schema, &cast).context(|| "reading the event store".into())
+}
+
+/// The data columns of the event schema: the shape of one snapshot.
+fn data_schema(setup: &FlowSetup) -> SchemaRef {
+    Arc::new(Schema::new(
+        setup.event_schema.fields()[..setup.spec.n_out].to_vec(),
+    ))
+}
+
+/// The state at stored version `v`: the SCD1 fold of the stored events up to `v`.
+async fn state_at(ctx: &SessionContext, setup: &FlowSetup, v: &ScalarValue) -> Result<RecordBatch> {
+    let events = stored_events(ctx, setup, col(SEQ_COL).lt_eq(lit(v.clone()))).await?;
+    let spec = FoldSpec {
+        scd2: false,
+        ..setup.spec.clone()
+    };
+    Ok(fold::fold_batch(&events, &spec, &data_schema(setup))?.0)
+}
+
+/// Key rows (row format) of `batch`'s key columns, owned.
+fn key_set(setup: &FlowSetup, batch: &RecordBatch) -> Result<HashSet<Vec<u8>>> {
+    let keys = sqlutil::rows(
+        &setup
+            .spec
+            .keys
+            .iter()
+            .map(|&k| batch.column(k).clone())
+            .collect::<Vec<_>>(),
+    )?;
+    Ok((0..batch.num_rows())
+        .map(|i| keys.row(i).data().to_vec())
+        .collect())
+}
+
+/// The difference between two states (data columns): rows of `new` that are new or changed,
+/// and rows of `old` whose key is gone.
+struct Diff {
+    upserts: Vec<u32>,
+    deletes: Vec<u32>,
+}
+
+fn diff(setup: &FlowSetup, new: &RecordBatch, old: &RecordBatch) -> Result<Diff> {
+    let key_cols = |b: &RecordBatch| -> Vec<ArrayRef> {
+        setup
+            .spec
+            .keys
+            .iter()
+            .map(|&k| b.column(k).clone())
+            .collect()
+    };
+    let (nk, ok) = (
+        sqlutil::rows(&key_cols(new))?,
+        sqlutil::rows(&key_cols(old))?,
+    );
+    let (nr, or) = (
+        sqlutil::rows(new.columns())?,
+        sqlutil::rows(old.columns())?,
+    );
+    let mut old_by_key: HashMap<&[u8], usize> = HashMap::with_capacity(old.num_rows());
+    for i in 0..old.num_rows() {
+        old_by_key.insert(ok.row(i).data(), i);
+    }
+    let mut seen = vec![false; old.num_rows()];
+    let mut upserts = Vec::new();
+    for i in 0..new.num_rows() {
+        match old_by_key.get(nk.row(i).data()) {
+            Some(&j) => {
+                seen[j] = true;
+                if nr.row(i) != or.row(j) {
+                    upserts.push(i as u32);
+                }
+            }
+            None => upserts.push(i as u32),
+        }
+    }
+    let deletes = (0..old.num_rows())
+        .filter(|&j| !seen[j])
+        .map(|j| j as u32)
+        .collect();
+    Ok(Diff { upserts, deletes })
+}
+
+/// Events in the event schema: the data columns of `rows` at `idx`, at version `v`.
+fn make_events(
+    setup: &FlowSetup,
+    rows: &RecordBatch,
+    idx: &[u32],
+    v: &ScalarValue,
+    op: i8,
+    run: i64,
+) -> Result<RecordBatch> {
+    let idx = UInt32Array::from(idx.to_vec());
+    let n = idx.len();
+    let mut cols: Vec<ArrayRef> = rows.columns()[..setup.spec.n_out]
+        .iter()
+        .map(|c| compute::take(c.as_ref(), &idx, None))
+        .collect::<std::result::Result<_, _>>()
+        .context(|| "building snapshot events".into())?;
+    cols.push(
+        v.to_array_of_size(n)
+            .context(|| "building snapshot events".into())?,
+    );
+    cols.push(Arc::new(Int8Array::from(vec![op; n])));
+    cols.push(Arc::new(Int64Array::from(vec![run; n])));
+    let cast: Vec<ArrayRef> = cols
+        .into_iter()
+        .zip(setup.event_schema.fields())
+        .map(|(c, f)| {
+            if c.data_type() == f.data_type() {
+                Ok(c)
+            } else {
+                compute::cast(c.as_ref(), f.data_type())
+                    .context(|| format!("building snapshot events: {}", f.name()))
+            }
+        })
+        .collect::<Result<_>>()?;
+    RecordBatch::try_new(setup.event_schema.clone(), cast)
+        .context(|| "building snapshot events".into())
+}
+
+fn marker(setup: &FlowSetup, v: &ScalarValue, run: i64) -> Result<RecordBatch> {
+    let mut cols: Vec<ArrayRef> = setup.event_schema.fields()[..setup.spec.n_out]
+        .iter()
+        .map(|f| new_null_array(f.data_type(), 1))
+        .collect();
+    let seq = v.to_array_of_size(1).context(|| "marker".into())?;
+    let seq_type = setup.event_schema.field(setup.spec.n_out).data_type();
+    cols.push(compute::cast(seq.as_ref(), seq_type).context(|| "marker".into())?);
+    cols.push(Arc::new(Int8Array::from(vec![OP_MARKER])));
+    cols.push(Arc::new(Int64Array::from(vec![run])));
+    RecordBatch::try_new(setup.event_schema.clone(), cols).context(|| "marker".into())
+}
+
+fn take_rows(b: &RecordBatch, idx: &[u32]) -> Result<RecordBatch> {
+    compute::take_record_batch(b, &UInt32Array::from(idx.to_vec())).context(|| "rows".into())
+}
+
+fn data_only(setup: &FlowSetup, rows: &RecordBatch) -> Result<RecordBatch> {
+    RecordBatch::try_new(
+        data_schema(setup),
+        rows.columns()[..setup.spec.n_out].to_vec(),
+    )
+    .context(|| "snapshot rows".into())
+}
+
+/// Turns the snapshot rows of this run (event schema, op 0) into events against the store
+/// registered as `__strata_events` (`has_store`).
+pub(crate) async fn to_events(
+    ctx: &SessionContext,
+    setup: &FlowSetup,
+    has_store: bool,
+    rows: &RecordBatch,
+    run: i64,
+) -> Result<SnapshotEvents> {
+    let versions = group_versions(setup, rows)?;
+    let mut applied: Vec<ScalarValue> = Vec::new();
+    if has_store {
+        register_effective(ctx, setup, "__strata_effective_old", None).await?;
+        applied = stored_versions(ctx).await?;
+    }
+    let stored: Vec<ScalarValue> = applied.clone();
+    let pending: Vec<ScalarValue> = versions.groups.iter().map(|g| g.0.clone()).collect();
+    let empty = RecordBatch::new_empty(data_schema(setup));
+    let mut parts: Vec<RecordBatch> = Vec::new();
+    let mut markers: Vec<RecordBatch> = Vec::new();
+    let mut superseded: Vec<RecordBatch> = Vec::new();
+    let mut notes = Vec::new();
+    let mut last: Option<(ScalarValue, RecordBatch)> = None;
+
+    for (v, idx) in &versions.groups {
+        let snap = data_only(setup, &take_rows(rows, idx)?)?;
+        let p = applied.iter().rev().find(|a| *a < v).cloned();
+        let n = applied.iter().find(|a| *a > v).cloned();
+        let redelivery = stored.contains(v);
+
+        let state_p = match &p {
+            None => empty.clone(),
+            Some(p) => match &last {
+                Some((lv, ls)) if lv == p => ls.clone(),
+                _ => state_at(ctx, setup, p).await?,
+            },
+        };
+        let old_state_v = if redelivery {
+            state_at(ctx, setup, v).await?
+        } else {
+            state_p.clone()
+        };
+
+        let d = diff(setup, &snap, &state_p)?;
+        parts.push(make_events(setup, &snap, &d.upserts, v, 0, run)?);
+        parts.push(make_events(setup, &state_p, &d.deletes, v, 1, run)?);
+        markers.push(marker(setup, v, run)?);
+
+        let changed = diff(setup, &snap, &old_state_v)?;
+        let n_changed = changed.upserts.len() + changed.deletes.len();
+        if redelivery {
+            superseded.push(stored_events(ctx, setup, col(SEQ_COL).eq(lit(v.clone()))).await?);
+            notes.push(format!(
+                "snapshot version {} redelivered: it replaces the earlier delivery ({} key(s) differ)",
+                render_version(v),
+                n_changed
+            ));
+        }
+        if let Some(n) = &n {
+            if !redelivery {
+                notes.push(format!(
+                    "snapshot version {} arrived after version {} was applied: placed into history{}",
+                    render_version(v),
+                    render_version(n),
+                    match &p {
+                        Some(p) => format!(" between versions {} and {}", render_version(p), render_version(n)),
+                        None => " before it".to_string(),
+                    }
+                ));
+            }
+            // Pins keep the state at `n` as it was for the keys `v` changed, unless `n` is
+            // itself delivered again later in this run (then it is re-derived from `v`).
+            if n_changed > 0 && !pending.contains(n) {
+                let at_n = key_set(
+                    setup,
+                    &stored_events(ctx, setup, col(SEQ_COL).eq(lit(n.clone()))).await?,
+                )?;
+                let key_of = |b: &RecordBatch| -> Result<_> {
+                    sqlutil::rows(
+                        &setup
+                            .spec
+                            .keys
+                            .iter()
+                            .map(|&k| b.column(k).clone())
+                            .collect::<Vec<_>>(),
+                    )
+                };
+                let (sk, ok) = (key_of(&snap)?, key_of(&old_state_v)?);
+                let old_keys: HashMap<&[u8], u32> = (0..old_state_v.num_rows())
+                    .map(|i| (ok.row(i).data(), i as u32))
+                    .collect();
+                let mut pin_upserts: Vec<u32> = Vec::new();
+                let mut pin_deletes: Vec<u32> = Vec::new();
+                for &i in &changed.upserts {
+                    let k = sk.row(i as usize).data();
+                    if at_n.contains(k) {
+                        continue;
+                    }
+                    if let Some(&j) = old_keys.get(k) {
+                        // Changed value: restore the old one at n.
+                        pin_upserts.push(j);
+                    } else {
+                        pin_deletes.push(i);
+                    }
+                }
+                for &j in &changed.deletes {
+                    if !at_n.contains(ok.row(j as usize).data()) {
+                        pin_upserts.push(j);
+                    }
+                }
+                parts.push(make_events(setup, &old_state_v, &pin_upserts, n, 0, run)?);
+                parts.push(make_events(setup, &snap, &pin_deletes, n, 1, run)?);
+            }
+        }
+        if !applied.contains(v) {
+            let pos = applied.partition_point(|a| a < v);
+            applied.insert(pos, v.clone());
+        }
+        last = Some((v.clone(), snap));
+    }
+
+    let events = concat_batches(&setup.event_schema, &parts).context(|| "snapshot events".into())?;
+    let markers =
+        concat_batches(&setup.event_schema, &markers).context(|| "snapshot markers".into())?;
+    let superseded = match superseded.is_empty() {
+        true => None,
+        false => Some(
+            concat_batches(&setup.event_schema, &superseded)
+                .context(|| "superseded events".into())?,
+        ),
+    };
+    Ok(SnapshotEvents {
+        events,
+        markers,
+        superseded,
+        notes,
+    })
+}
+
+/// `STORED AS SNAPSHOTS`: every delivery's rows with start = end = version, written straight
+/// to the target. A redelivered version's rows are replaced in the same commit.
+pub(crate) async fn run_snapshots_mode(
+    wh: &Warehouse,
+    setup: &FlowSetup,
+    target_properties: &std::collections::BTreeMap<String, String>,
+) -> Result<FlowReport> {
+    let f = &setup.flow;
+    let mut report = FlowReport {
+        flow: f.name.clone(),
+        ..Default::default()
+    };
+    let Some(source) = wh.open_table(&f.source).await? else {
+        report.skipped = Some(format!("source {} has no data yet", f.source));
+        return Ok(report);
+    };
+    let app_id = format!("strata-flow:{}", f.name);
+    let target = wh.open_table(&f.target).await?;
+    let from = match &target {
+        Some(t) => flow::txn_version(t, &app_id).await?,
+        None => None,
+    };
+    let source_version = flow::version_of(&source);
+    if from.is_some_and(|v| v >= source_version) {
+        report.skipped = Some("no new input".to_string());
+        return Ok(report);
+    }
+    let ctx = warehouse::new_session();
+    let files = if setup.table_mode() {
+        None
+    } else {
+        Some(flow::new_files(&source, from).await?)
+    };
+    flow::register_table(&ctx, strata_sql::SOURCE_PLACEHOLDER, &source, files).await?;
+    let rows = flow::events_from(&ctx, setup, 0).await?;
+    let place = format!("the rows of {}", f.source);
+    flow::validate_events(setup, &rows, &place)?;
+    let versions = group_versions(setup, &rows)?;
+    report.source_versions = Some((from, source_version));
+    report.events = rows.num_rows();
+    if versions.groups.is_empty() {
+        report.skipped = Some("no new input".to_string());
+        return Ok(report);
+    }
+    let timeline = &setup.timeline;
+    let start_col = timeline.valid_from.clone();
+
+    // Versions already in the target.
+    let mut existing: Vec<ScalarValue> = Vec::new();
+    if let Some(t) = &target {
+        flow::register_table(&ctx, "__strata_target", t, None).await?;
+        let batches = ctx
+            .sql(&format!(
+                "SELECT DISTINCT {} FROM __strata_target",
+                quote_ident(&start_col)
+            ))
+            .await
+            .context(|| "reading versions".into())?
+            .collect()
+            .await
+            .context(|| "reading versions".into())?;
+        for b in batches {
+            for i in 0..b.num_rows() {
+                existing.push(
+                    ScalarValue::try_from_array(b.column(0), i)
+                        .context(|| "reading versions".into())?,
+                );
+            }
+        }
+    }
+    let old_max = existing
+        .iter()
+        .max_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal))
+        .cloned();
+    let mut replace: Vec<ScalarValue> = Vec::new();
+    let mut parts = Vec::new();
+    let new_max = versions.groups.last().map(|g| g.0.clone());
+    let overall_max = match (&old_max, &new_max) {
+        (Some(a), Some(b)) if a > b => Some(a.clone()),
+        (_, b) => b.clone(),
+    };
+    for (v, idx) in &versions.groups {
+        if existing.contains(v) {
+            report.notes.push(format!(
+                "snapshot version {} redelivered: its rows are replaced",
+                render_version(v)
+            ));
+        } else if old_max.as_ref().is_some_and(|m| m > v) {
+            report.notes.push(format!(
+                "snapshot version {} arrived after a later version was applied: added to history",
+                render_version(v)
+            ));
+        }
+        replace.push(v.clone());
+        let snap = take_rows(&rows, idx)?;
+        let n = snap.num_rows();
+        let mut cols: Vec<ArrayRef> = snap.columns()[..setup.spec.n_out].to_vec();
+        let seq = snap.column(setup.spec.n_out).clone();
+        cols.push(seq.clone());
+        cols.push(seq);
+        let internal = RecordBatch::try_new(setup.fold_schema.clone(), cols)
+            .context(|| "snapshot rows".into())?;
+        let mut mapped =
+            timeline.apply(&internal, setup.spec.n_out, &setup.spec.keys, &setup.target_schema)?;
+        if let Some(flag) = &timeline.current_flag {
+            let current = overall_max.as_ref() == Some(v);
+            mapped = with_flag(&mapped, flag, current, n)?;
+        }
+        report.rows_inserted += n;
+        parts.push(mapped);
+    }
+    // The previous latest version is no longer current.
+    if let (Some(flag), Some(old), Some(all)) = (&timeline.current_flag, &old_max, &overall_max) {
+        if old != all && !replace.contains(old) {
+            let prev = ctx
+                .table("__strata_target")
+                .await
+                .context(|| "reading the previous version".into())?
+                .filter(Expr::Column(Column::new_unqualified(start_col.as_str())).eq(lit(old.clone())))
+                .context(|| "reading the previous version".into())?
+                .collect()
+                .await
+                .context(|| "reading the previous version".into())?;
+            for b in prev {
+                let b = sqlutil::cast_batch(&b, &setup.target_schema)?;
+                let n = b.num_rows();
+                parts.push(with_flag(&b, flag, false, n)?);
+            }
+            replace.push(old.clone());
+        }
+    }
+    let rows_out =
+        concat_batches(&setup.target_schema, &parts).context(|| "snapshot rows".into())?;
+    let handle = match target {
+        Some(t) => t,
+        None => {
+            warehouse::create_delta(
+                &wh.table_path(&f.target),
+                &f.target.name,
+                &setup.target_schema,
+                flow::target_configuration(setup, target_properties),
+                None,
+            )
+            .await?
+        }
+    };
+    let start_ref = Expr::Column(Column::new_unqualified(start_col.as_str()));
+    let predicate = start_ref.in_list(replace.into_iter().map(lit).collect(), false);
+    handle
+        .write(vec![rows_out])
+        .with_save_mode(SaveMode::Overwrite)
+        .with_replace_where(predicate)
+        .with_commit_properties(
+            CommitProperties::default()
+                .with_application_transaction(Transaction::new(&app_id, source_version)),
+        )
+        .await
+        .context(|| format!("flow {}: writing {}", f.name, f.target))?;
+    report.keys_changed = report.rows_inserted;
+    Ok(report)
+}
+
+fn with_flag(b: &RecordBatch, flag: &str, value: bool, n: usize) -> Result<RecordBatch> {
+    let i = b
+        .schema()
+        .index_of(flag)
+        .context(|| format!("current flag {flag}"))?;
+    let mut cols = b.columns().to_vec();
+    cols[i] = Arc::new(BooleanArray::from(vec![value; n]));
+    RecordBatch::try_new(b.schema(), cols).context(|| "current flag".into())
+}
