@@ -10,7 +10,7 @@ Everything is computed inside DuckDB from ``range(N)`` with a hand-rolled
 integer hash, so the output depends only on the parameters and the seed
 (10M events take a few seconds).
 
-Two modes:
+Three modes:
 
 ``bulk``   -- a fresh workload of ``--events`` events over ``--keys`` keys in
               ``--files`` files (part-00000.parquet ...), in time order.
@@ -19,6 +19,10 @@ Two modes:
               seqs after all existing ones, except a ``--late-share`` of
               them, which get seqs *older* than the key's latest delivered
               event (late data).
+``snapshot`` -- two full snapshots of a table (``key, name, city, amount`` plus
+              the version column ``v`` = 1 and 2): version 2 differs from
+              version 1 in ``--change-pct`` percent of the keys, a third each
+              changed, removed and new (see ``gen_snapshot``).
 
 Model
 -----
@@ -306,6 +310,97 @@ def gen_batch(workload: Path, events: int, keys_pct: float, noop_share: float, d
     return st
 
 
+# --------------------------------------------------------------------------- snapshots
+
+SNAPSHOT_COLUMNS = "key, name, city, amount, v"
+KEY_MULT = 2654435761  # odd: i -> (i * KEY_MULT) % 2^40 is a bijection, so keys are unique
+
+
+def snapshot_dir(workload: Path, version: int) -> Path:
+    """Where gen_snapshot writes version V's files (run.py links them into the pipeline's folder)."""
+    return workload / "versions" / f"v{version}"
+
+
+def snapshot_files(workload: Path, version: int) -> list[Path]:
+    return sorted(snapshot_dir(workload, version).glob("part-*.parquet"))
+
+
+def gen_snapshot(workload: Path, rows: int, change_pct: float, seed: int, files: int = 1,
+                 threads: int | None = None) -> dict:
+    """Two full snapshots of a table ``key BIGINT, name VARCHAR, city VARCHAR, amount BIGINT``
+    with a version column ``v BIGINT``: v = 1 has ROWS rows; v = 2 differs in CHANGE_PCT percent
+    of the keys, a third each changed, removed and new.  Each version is split into FILES
+    parquet files under WORKLOAD/versions/v1 and .../v2.
+
+    Row i of the key universe has key (i * KEY_MULT) mod 2^40, so keys are unique, and neither
+    the key order nor the key ranges say which rows are old, new, changed or removed.  Rows are
+    written in i order (not sorted by key); the new keys come last in v2, the removed rows are
+    missing from it.  A changed key always gets a new amount, and its city is drawn again (it
+    may stay the same, become NULL or stop being NULL); 5% of the cities are NULL.
+    """
+    if rows < 1 or files < 1:
+        raise ValueError("rows and files must be >= 1")
+    if not 0.0 <= change_pct <= 100.0:
+        raise ValueError("change_pct must be within [0, 100]")
+    for v in (1, 2):
+        d = snapshot_dir(workload, v)
+        d.mkdir(parents=True, exist_ok=True)
+        for old in d.glob("*.parquet"):
+            old.unlink()
+    t0 = time.perf_counter()
+    con = _connect(seed, threads)
+    third = change_pct / 100.0 / 3.0
+    n_new = round(rows * third)
+    # kind: 0 unchanged, 1 changed, 2 removed (i < rows); 3 new (i >= rows).
+    con.execute(f"""
+        CREATE TEMP TABLE u AS
+        SELECT range AS i,
+               (range * {KEY_MULT}) % {1 << 40} AS key,
+               CASE WHEN range >= {rows} THEN 3
+                    WHEN unit(h2(range, 31)) < {third} THEN 1
+                    WHEN unit(h2(range, 31)) < {2 * third} THEN 2
+                    ELSE 0 END AS kind
+        FROM range({rows + n_new})
+    """)
+    con.execute("""
+        CREATE OR REPLACE MACRO snap_city(k, ver) AS
+            CASE WHEN unit(h3(k, ver, 8)) < 0.05 THEN NULL ELSE city_of(h3(k, ver, 5)) END;
+        CREATE OR REPLACE MACRO snap_amount0(k) AS (h3(k, 0, 6) % 100000)::BIGINT;
+    """)
+    paths = {}
+    con.execute("SET preserve_insertion_order = true")
+    for v, where in ((1, "kind <> 3"), (2, "kind <> 2")):
+        ver = "0" if v == 1 else "CASE WHEN kind = 1 THEN 1 ELSE 0 END"
+        amount = ("snap_amount0(key)" if v == 1 else
+                  "CASE WHEN kind = 1 THEN ((snap_amount0(key) + 1 + h3(key, 1, 6) % 99999) "
+                  "% 100000)::BIGINT ELSE snap_amount0(key) END")
+        con.execute(f"""
+            CREATE OR REPLACE TEMP TABLE s AS
+            SELECT key, 'name_' || key AS name, snap_city(key, {ver}) AS city,
+                   {amount} AS amount, {v}::BIGINT AS v,
+                   ((row_number() OVER (ORDER BY i) - 1) * {files}) // count(*) OVER () AS f
+            FROM u WHERE {where}
+            ORDER BY i
+        """)
+        out = snapshot_dir(workload, v)
+        paths[v] = []
+        for f in range(files):
+            p = out / f"part-{f:05d}.parquet"
+            tmp = p.with_name("." + p.name + ".tmp")
+            con.execute(f"COPY (SELECT {SNAPSHOT_COLUMNS} FROM s WHERE f = {f}) TO '{tmp}' "
+                        "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 122880)")
+            tmp.rename(p)
+            paths[v].append(str(p))
+    counts = dict(con.execute("SELECT kind, count(*) FROM u GROUP BY ALL").fetchall())
+    con.close()
+    changed, removed, new = counts.get(1, 0), counts.get(2, 0), counts.get(3, 0)
+    return {"mode": "snapshot", "rows": rows, "change_pct": change_pct, "files": files, "seed": seed,
+            "rows_v1": rows, "rows_v2": rows - removed + new, "changed": changed, "removed": removed,
+            "new": new, "unchanged": rows - changed - removed,
+            "scd2_rows": rows + changed + new,  # closed old versions stay
+            "paths": paths, "generate_seconds": round(time.perf_counter() - t0, 2)}
+
+
 def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, required=True,
                    help="workload directory; files go to OUT/data/events/part-NNNNN.parquet")
@@ -330,7 +425,19 @@ def main(argv=None) -> None:
     i = sub.add_parser("batch", help="append one incremental file to an existing workload")
     add_common(i)
     i.add_argument("--keys-pct", type=float, default=1.0, help="percent of existing keys touched")
+    s = sub.add_parser("snapshot", help="write snapshot versions 1 and 2 (a full extract and its successor)")
+    s.add_argument("--out", type=Path, required=True,
+                   help="workload directory; files go to OUT/versions/v1/ and OUT/versions/v2/")
+    s.add_argument("--rows", type=int, required=True, help="rows of version 1")
+    s.add_argument("--change-pct", type=float, default=1.0,
+                   help="percent of keys that differ in version 2: a third each changed, removed, new")
+    s.add_argument("--files", type=int, default=1, help="files per version (default 1)")
+    s.add_argument("--seed", type=int, default=42)
+    s.add_argument("--threads", type=int, default=None, help="DuckDB threads (default: all)")
     a = ap.parse_args(argv)
+    if a.mode == "snapshot":
+        print(json.dumps(gen_snapshot(a.out, a.rows, a.change_pct, a.seed, a.files, a.threads), indent=2))
+        return
     _check_shares(a)
     if a.mode == "bulk":
         st = gen_bulk(a.out, a.events, a.keys, a.files, a.noop_share, a.delete_share,

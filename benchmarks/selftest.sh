@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The benchmark harness checking itself and strata at a small size (part of scripts/test.sh):
-# 1. DuckDB's SQL formulation of the SCD2 fold against a pure-Python fold;
-# 2. `run.py --small`: strata and DuckDB on the same generated workload (updates, no-ops,
-#    deletes, re-inserts, late events, an incremental batch); exits non-zero unless both give
-#    the same rows. Timings of a debug build mean nothing and are not reported anywhere.
+# 1. DuckDB's SQL formulation of the SCD2 fold against a pure-Python fold, and DuckDB's
+#    snapshot diff-and-apply against a pure-Python diff;
+# 2. `run.py --small`: strata and DuckDB on the same generated workloads (updates, no-ops,
+#    deletes, re-inserts, late events, an incremental batch; and a 20k-row snapshot followed by
+#    its successor with 1% of keys changed, removed or new, through AUTO CDC FROM SNAPSHOT);
+#    exits non-zero unless both give the same rows. Timings of a debug build mean nothing and
+#    are not reported anywhere.
 # Needs python3 and PyPI (the scripts create benchmarks/.venv themselves).
 set -euo pipefail
 cd "$(dirname "$0")"

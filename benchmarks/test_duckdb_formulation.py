@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Checks duckdb_scd2.sql (and the generator) against a pure-Python SCD2 fold.
+"""Checks duckdb_scd2.sql (and the generator) against a pure-Python SCD2 fold, and run.py's
+DuckDB formulation of the snapshot workload (and its generator) against a pure-Python diff.
 
 Run either way (both use benchmarks/.venv, creating it if needed):
 
@@ -209,6 +210,109 @@ def test_delta_log_reader():
             + json.dumps({"add": {"path": "c%20d.parquet", "partitionValues": {}}}) + "\n")
         files = run.delta_files(t)
         assert [f.name for f in files] == ["b.parquet", "c d.parquet"], files
+
+
+def snapshot_scd2(v1, v2, ver1=1, ver2=2):
+    """Reference SCD2 of two snapshots (dicts key -> (name, city, amount)): every v1 row opens at
+    ver1; a key missing from v2 or with other values in v2 is closed at ver2; a changed or new key
+    opens at ver2; an unchanged key keeps its open row (start ver1)."""
+    out = Counter()
+    for k, vals in v1.items():
+        end = None if v2.get(k, object()) == vals else ver2
+        out[(k, *vals, ver1, end)] += 1
+    for k, vals in v2.items():
+        if k not in v1 or v1[k] != vals:
+            out[(k, *vals, ver2, None)] += 1
+    return out
+
+
+def _duckdb_snapshot(con, v1_files, v2_files) -> Counter:
+    """run.py's two steps on CON (in memory here; run.py uses a database file, same SQL)."""
+    import run
+
+    fl = {k: "[" + ", ".join(f"'{f}'" for f in files) + "]"
+          for k, files in (("v1", v1_files), ("v2", v2_files))}
+    con.execute(run.SNAPSHOT_LOAD_SQL.format(v1=fl["v1"]))
+    con.execute(run.SNAPSHOT_APPLY_SQL.format(v1=fl["v1"], v2=fl["v2"], version=2))
+    got = Counter(con.execute("SELECT * FROM target").fetchall())
+    con.execute("DROP TABLE target; DROP TABLE changes")
+    return got
+
+
+def _write_snapshot(con, path: Path, rows: dict, v: int) -> None:
+    con.execute("CREATE OR REPLACE TEMP TABLE s (key BIGINT, name VARCHAR, city VARCHAR, "
+                "amount BIGINT, v BIGINT)")
+    if rows:
+        con.executemany("INSERT INTO s VALUES (?, ?, ?, ?, ?)", [[k, *vals, v] for k, vals in rows.items()])
+    con.execute(f"COPY s TO '{path}' (FORMAT parquet)")
+
+
+def test_snapshot_formulation():
+    """run.py's DuckDB diff-and-apply of snapshot 2 against snapshot 1 equals the reference,
+    on hand-written NULL cases and on random small snapshots."""
+    rng = random.Random(99)
+    con = duckdb.connect()
+    cases = [
+        ({1: ("a", None, 1), 2: ("b", "x", 2), 3: ("c", "y", 3), 4: ("d", None, None)},
+         {1: ("a", None, 1), 2: ("b", None, 2), 4: ("d", None, None), 5: ("e", "z", 5)}),
+        ({}, {1: ("a", "x", 1)}),
+        ({1: ("a", "x", 1)}, {}),
+    ]
+    for _ in range(40):
+        dom = lambda: None if rng.random() < 0.2 else rng.choice(["p", "q"])  # noqa: E731
+        v1 = {k: (dom(), dom(), rng.choice([None, 1, 2])) for k in rng.sample(range(12), rng.randint(0, 10))}
+        v2 = {k: (dom(), dom(), rng.choice([None, 1, 2])) for k in rng.sample(range(12), rng.randint(0, 10))}
+        for k in v1:  # many unchanged keys
+            if k in v2 and rng.random() < 0.5:
+                v2[k] = v1[k]
+        cases.append((v1, v2))
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        for i, (v1, v2) in enumerate(cases):
+            _write_snapshot(con, tmp / "v1.parquet", v1, 1)
+            _write_snapshot(con, tmp / "v2.parquet", v2, 2)
+            got = _duckdb_snapshot(con, [tmp / "v1.parquet"], [tmp / "v2.parquet"])
+            assert got == snapshot_scd2(v1, v2), f"case {i}: v1={v1} v2={v2} got={got}"
+
+
+def test_snapshot_generator():
+    """gen_snapshot: the counts it reports, a third each changed/removed/new, every changed key
+    really differs, output is deterministic; DuckDB's apply over it equals the reference."""
+    import gen
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        st = gen.gen_snapshot(tmp / "wl", rows=3000, change_pct=30, seed=5, files=2)
+        con = duckdb.connect()
+
+        def read(v):
+            files = gen.snapshot_files(tmp / "wl", v)
+            assert len(files) == 2
+            rows = con.execute("SELECT key, name, city, amount, v FROM read_parquet(["
+                               + ", ".join(f"'{f}'" for f in files) + "])").fetchall()
+            assert {r[4] for r in rows} == {v}
+            d = {r[0]: r[1:4] for r in rows}
+            assert len(d) == len(rows), "duplicate key"
+            return d
+
+        v1, v2 = read(1), read(2)
+        changed = [k for k in v1 if k in v2 and v1[k] != v2[k]]
+        removed = [k for k in v1 if k not in v2]
+        new = [k for k in v2 if k not in v1]
+        assert (len(v1), len(v2)) == (st["rows_v1"], st["rows_v2"]) == (3000, 3000 - len(removed) + len(new))
+        assert (len(changed), len(removed), len(new)) == (st["changed"], st["removed"], st["new"])
+        for n in (len(changed), len(removed), len(new)):
+            assert 200 < n < 400, (len(changed), len(removed), len(new))
+        assert any(v[1] is None for v in v1.values())
+        expected = snapshot_scd2(v1, v2)
+        assert sum(expected.values()) == st["scd2_rows"]
+        got = _duckdb_snapshot(con, gen.snapshot_files(tmp / "wl", 1), gen.snapshot_files(tmp / "wl", 2))
+        assert got == expected
+        gen.gen_snapshot(tmp / "wl2", rows=3000, change_pct=30, seed=5, files=2)
+        for v in (1, 2):
+            for f1, f2 in zip(gen.snapshot_files(tmp / "wl", v), gen.snapshot_files(tmp / "wl2", v)):
+                assert (con.execute(f"SELECT * FROM read_parquet('{f1}')").fetchall()
+                        == con.execute(f"SELECT * FROM read_parquet('{f2}')").fetchall())
 
 
 def _main() -> int:

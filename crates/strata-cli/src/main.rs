@@ -33,6 +33,10 @@ enum Command {
         pipeline: PathBuf,
         #[command(flatten)]
         warehouse: WarehouseArg,
+        /// A configuration value, substituted for `${NAME}` in the pipeline text
+        /// (repeatable), e.g. `--conf customers_mode='SCD TYPE 2'`.
+        #[arg(long = "conf", value_name = "NAME=VALUE", value_parser = parse_conf)]
+        conf: Vec<(String, String)>,
     },
     /// Run SQL over every table of the warehouse (`name` or `schema.name`).
     Query {
@@ -122,9 +126,11 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
         Command::Run {
             pipeline,
             warehouse,
+            conf,
         } => {
             let wh = warehouse.open()?;
-            let report = strata_engine::run_pipeline_file(&pipeline, &wh).await?;
+            let conf: std::collections::BTreeMap<String, String> = conf.into_iter().collect();
+            let report = strata_engine::run_pipeline_file_with(&pipeline, &wh, &conf).await?;
             print_report(&report)?;
             Ok(ExitCode::SUCCESS)
         }
@@ -153,6 +159,13 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
                 Ok(ExitCode::from(1))
             }
         }
+    }
+}
+
+fn parse_conf(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
+        _ => Err(format!("expected NAME=VALUE, got '{s}'")),
     }
 }
 
@@ -190,6 +203,9 @@ fn print_report(report: &RunReport) -> std::io::Result<()> {
                     ""
                 }
             )?,
+        }
+        for note in &f.notes {
+            writeln!(out, "flow {}: {note}", f.flow)?;
         }
     }
     Ok(())

@@ -367,3 +367,79 @@ fn validate_reports_broken_timelines() {
         "{text}"
     );
 }
+
+const SNAPSHOT_PIPELINE: &str = r#"
+CREATE OR REFRESH STREAMING TABLE deliveries
+AS SELECT * FROM STREAM read_files('data/snap', format => 'csv', header => true,
+  schema => 'id INT, city STRING, v INT');
+CREATE OR REFRESH STREAMING TABLE customers TBLPROPERTIES ('strata.scd.convention' = '${convention}');
+CREATE FLOW customers_hist AS AUTO CDC FROM SNAPSHOT INTO customers
+FROM STREAM(deliveries)
+KEYS (id)
+SNAPSHOT VERSION BY v
+COLUMNS * EXCEPT (v)
+STORED AS ${mode};
+"#;
+
+/// The history mode and the convention come from configuration values; a late snapshot is
+/// reported and placed into history; `as_of` reads it back.
+#[test]
+fn snapshots_with_configured_mode_late_version_and_as_of() {
+    let p = Project::new(SNAPSHOT_PIPELINE);
+    std::fs::create_dir_all(p.path("data/snap")).expect("mkdir");
+    p.file(
+        "data/snap/001.csv",
+        "id,city,v\n1,Oaxaca,1\n2,Monterrey,1\n1,Oaxaca,3\n2,Carmel,3\n",
+    );
+
+    // A missing value names the place and runs nothing.
+    let out = p.run();
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("5:87: configuration value `convention` is not set"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!p.path("warehouse/default/customers").exists());
+
+    let run = |p: &Project| {
+        p.strata(&[
+            "run",
+            "pipeline.sql",
+            "--conf",
+            "mode=SCD TYPE 2",
+            "--conf",
+            "convention=dbt",
+        ])
+    };
+    let out = run(&p);
+    assert!(out.status.success(), "run failed: {}", stderr(&out));
+
+    p.file("data/snap/002.csv", "id,city,v\n1,Oaxaca,2\n2,Tijuana,2\n");
+    let out = run(&p);
+    assert!(out.status.success(), "run failed: {}", stderr(&out));
+    assert!(
+        stdout(&out).contains("snapshot version 2 arrived after version 3 was applied"),
+        "{}",
+        stdout(&out)
+    );
+    let csv = p.query(
+        "csv",
+        "SELECT id, city, dbt_valid_from, dbt_valid_to FROM customers ORDER BY id, dbt_valid_from",
+    );
+    assert_eq!(
+        csv,
+        "id,city,dbt_valid_from,dbt_valid_to\n\
+         1,Oaxaca,1,\n\
+         2,Monterrey,1,2\n\
+         2,Tijuana,2,3\n\
+         2,Carmel,3,\n"
+    );
+    let csv = p.query(
+        "csv",
+        "SELECT id, city FROM as_of('customers', 2) ORDER BY id",
+    );
+    assert_eq!(csv, "id,city\n1,Oaxaca\n2,Tijuana\n");
+    let out = p.strata(&["validate", "customers"]);
+    assert!(out.status.success(), "{}", stdout(&out));
+}

@@ -129,3 +129,51 @@ pub fn scd2(flow: &RefFlow, events: &[RefEvent]) -> Result<Vec<RefVersion>, Stri
     }
     Ok(out)
 }
+
+/// One delivered snapshot: its version and its rows (key → values).
+pub type RefSnapshot = (i64, BTreeMap<i64, Vec<Value>>);
+
+/// AUTO CDC FROM SNAPSHOT, SCD type 2 (semantics page §4): walk each key through the
+/// snapshots in version order. Present with new tracked values: close the open version and
+/// open one at this version; present with only untracked changes: update the open version in
+/// place; absent: close the open version at this version. `snapshots` may come in any order;
+/// versions must be distinct.
+pub fn snapshot_scd2(flow: &RefFlow, snapshots: &[RefSnapshot]) -> Vec<RefVersion> {
+    let mut ordered: Vec<&RefSnapshot> = snapshots.iter().collect();
+    ordered.sort_by_key(|s| s.0);
+    let keys: std::collections::BTreeSet<i64> =
+        ordered.iter().flat_map(|s| s.1.keys().copied()).collect();
+    let mut out = Vec::new();
+    for key in keys {
+        let mut open: Option<(Vec<Value>, i64)> = None;
+        for (version, rows) in &ordered {
+            match (rows.get(&key), open.take()) {
+                (None, None) => {}
+                (None, Some((v, start))) => out.push((key, v, start, Some(*version))),
+                (Some(new), None) => open = Some((new.clone(), *version)),
+                (Some(new), Some((old, start))) => {
+                    let same = (0..new.len()).all(|i| !flow.tracked[i] || new[i] == old[i]);
+                    if same {
+                        open = Some((new.clone(), start));
+                    } else {
+                        out.push((key, old, start, Some(*version)));
+                        open = Some((new.clone(), *version));
+                    }
+                }
+            }
+        }
+        if let Some((v, start)) = open {
+            out.push((key, v, start, None));
+        }
+    }
+    out
+}
+
+/// AUTO CDC FROM SNAPSHOT, SCD type 1: the rows of the latest version.
+pub fn snapshot_scd1(snapshots: &[RefSnapshot]) -> BTreeMap<i64, Vec<Value>> {
+    snapshots
+        .iter()
+        .max_by_key(|s| s.0)
+        .map(|s| s.1.clone())
+        .unwrap_or_default()
+}

@@ -18,12 +18,15 @@
 
 use crate::error::{Context, EngineError, Result};
 use crate::fold::{self, FoldSpec, END_COL, OP_COL, RUN_COL, SEQ_COL, START_COL};
+use crate::snapshot;
 use crate::sqlutil::{self, quote_ident};
+use crate::timeline::Timeline;
 use crate::warehouse::{self, Warehouse};
 use deltalake::arrow::array::{
     Array, ArrayRef, Int64Array, Int8Array, RecordBatch, StructArray, UInt32Array,
 };
 use deltalake::arrow::compute::{self, concat_batches};
+use deltalake::arrow::datatypes::TimeUnit;
 use deltalake::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use deltalake::datafusion::common::Column;
 use deltalake::datafusion::prelude::{col, lit, Expr, SessionContext};
@@ -34,9 +37,6 @@ use deltalake::DeltaTable;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use strata_core::FoldOptions;
-use crate::snapshot;
-use crate::timeline::Timeline;
-use deltalake::arrow::datatypes::TimeUnit;
 use strata_sql::{CdcFlow, ColumnSelection, FlowKind, ScdType, SequenceBy};
 
 /// The application id under which a target records the event-store version it reflects.
@@ -246,7 +246,9 @@ pub(crate) async fn prepare_flow(
     if matches!(flow.kind, FlowKind::Snapshot { .. }) && matches!(seq_type, DataType::Struct(_)) {
         return Err(flow_err(
             flow,
-            format!("SNAPSHOT VERSION BY {seq_sql}: a version must be a single value, not a struct"),
+            format!(
+                "SNAPSHOT VERSION BY {seq_sql}: a version must be a single value, not a struct"
+            ),
         ));
     }
     if !orderable(&seq_type) {
@@ -398,7 +400,10 @@ pub(crate) fn validate_events(setup: &FlowSetup, batch: &RecordBatch, place: &st
         } else {
             "SEQUENCE BY"
         };
-        return Err(reject(format!("with a NULL {clause} value ({expr})"), count));
+        return Err(reject(
+            format!("with a NULL {clause} value ({expr})"),
+            count,
+        ));
     }
     Ok(())
 }

@@ -14,8 +14,8 @@ use crate::timeline::Timeline;
 use crate::warehouse::Warehouse;
 use deltalake::datafusion::sql::sqlparser;
 use sqlparser::ast::{
-    Expr, FunctionArg, FunctionArgExpr, Ident, Statement, TableAlias, TableFactor, Value,
-    VisitMut, VisitorMut,
+    Expr, FunctionArg, FunctionArgExpr, Ident, Statement, TableAlias, TableFactor, Value, VisitMut,
+    VisitorMut,
 };
 use sqlparser::dialect::GenericDialect;
 use sqlparser::parser::Parser;

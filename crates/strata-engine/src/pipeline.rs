@@ -21,8 +21,8 @@ pub struct RunReport {
 }
 
 enum Prepared {
-    Ingest(IngestSetup),
-    Flow(FlowSetup),
+    Ingest(Box<IngestSetup>),
+    Flow(Box<FlowSetup>),
     /// Waits for input: its schema cannot be known yet.
     Waiting(String),
 }
@@ -42,12 +42,11 @@ pub async fn run_pipeline_file_with(
 ) -> Result<RunReport> {
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path).context(|| format!("cannot read {file}"))?;
-    let text = strata_sql::substitute(&text, configuration).map_err(|source| {
-        EngineError::Pipeline {
+    let text =
+        strata_sql::substitute(&text, configuration).map_err(|source| EngineError::Pipeline {
             file: file.clone(),
             source: Box::new(source),
-        }
-    })?;
+        })?;
     let pipeline_dir = std::fs::canonicalize(path)
         .context(|| format!("cannot resolve {file}"))?
         .parent()
@@ -74,7 +73,7 @@ pub async fn run_pipeline_file_with(
                 match ingest::prepare_ingest(wh, table, &pipeline_dir, &schemas).await? {
                     Some(setup) => {
                         schemas.insert(name.clone(), setup.schema.clone());
-                        prepared.push(Prepared::Ingest(setup));
+                        prepared.push(Prepared::Ingest(Box::new(setup)));
                     }
                     None => prepared.push(Prepared::Waiting(format!(
                         "{name}: no input files yet and no schema => to plan with"
@@ -104,7 +103,7 @@ pub async fn run_pipeline_file_with(
                             }
                         }
                         schemas.insert(f.target.clone(), setup.target_schema.clone());
-                        prepared.push(Prepared::Flow(setup));
+                        prepared.push(Prepared::Flow(Box::new(setup)));
                     }
                     None => prepared.push(Prepared::Waiting(format!(
                         "flow {}: its source {} has no schema yet",
@@ -118,7 +117,7 @@ pub async fn run_pipeline_file_with(
     let flows: Vec<FlowSetup> = prepared
         .iter()
         .filter_map(|p| match p {
-            Prepared::Flow(f) => Some(f.clone()),
+            Prepared::Flow(f) => Some(f.as_ref().clone()),
             _ => None,
         })
         .collect();

@@ -88,7 +88,8 @@ fn group_versions(setup: &FlowSetup, rows: &RecordBatch) -> Result<Versions> {
                 fold::render(seq, i as usize),
             )));
         }
-        let new_group = pos == 0 || seq_rows.row(order[pos - 1] as usize) != seq_rows.row(i as usize);
+        let new_group =
+            pos == 0 || seq_rows.row(order[pos - 1] as usize) != seq_rows.row(i as usize);
         if new_group {
             let v = ScalarValue::try_from_array(seq, i as usize)
                 .context(|| "reading a snapshot version".into())?;
@@ -240,10 +241,7 @@ fn diff(setup: &FlowSetup, new: &RecordBatch, old: &RecordBatch) -> Result<Diff>
         sqlutil::rows(&key_cols(new))?,
         sqlutil::rows(&key_cols(old))?,
     );
-    let (nr, or) = (
-        sqlutil::rows(new.columns())?,
-        sqlutil::rows(old.columns())?,
-    );
+    let (nr, or) = (sqlutil::rows(new.columns())?, sqlutil::rows(old.columns())?);
     let mut old_by_key: HashMap<&[u8], usize> = HashMap::with_capacity(old.num_rows());
     for i in 0..old.num_rows() {
         old_by_key.insert(ok.row(i).data(), i);
@@ -452,7 +450,8 @@ pub(crate) async fn to_events(
         last = Some((v.clone(), snap));
     }
 
-    let events = concat_batches(&setup.event_schema, &parts).context(|| "snapshot events".into())?;
+    let events =
+        concat_batches(&setup.event_schema, &parts).context(|| "snapshot events".into())?;
     let markers =
         concat_batches(&setup.event_schema, &markers).context(|| "snapshot markers".into())?;
     let superseded = match superseded.is_empty() {
@@ -572,8 +571,12 @@ pub(crate) async fn run_snapshots_mode(
         cols.push(seq);
         let internal = RecordBatch::try_new(setup.fold_schema.clone(), cols)
             .context(|| "snapshot rows".into())?;
-        let mut mapped =
-            timeline.apply(&internal, setup.spec.n_out, &setup.spec.keys, &setup.target_schema)?;
+        let mut mapped = timeline.apply(
+            &internal,
+            setup.spec.n_out,
+            &setup.spec.keys,
+            &setup.target_schema,
+        )?;
         if let Some(flag) = &timeline.current_flag {
             let current = overall_max.as_ref() == Some(v);
             mapped = with_flag(&mapped, flag, current, n)?;
@@ -588,7 +591,9 @@ pub(crate) async fn run_snapshots_mode(
                 .table("__strata_target")
                 .await
                 .context(|| "reading the previous version".into())?
-                .filter(Expr::Column(Column::new_unqualified(start_col.as_str())).eq(lit(old.clone())))
+                .filter(
+                    Expr::Column(Column::new_unqualified(start_col.as_str())).eq(lit(old.clone())),
+                )
                 .context(|| "reading the previous version".into())?
                 .collect()
                 .await

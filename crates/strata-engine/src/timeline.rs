@@ -19,8 +19,8 @@
 
 use crate::error::{Context, EngineError, Result};
 use deltalake::arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch, StringBuilder};
-use deltalake::arrow::compute::kernels::{cmp, nullif, zip};
 use deltalake::arrow::compute::is_null;
+use deltalake::arrow::compute::kernels::{cmp, nullif, zip};
 use deltalake::arrow::datatypes::{DataType, Field, SchemaRef};
 use deltalake::arrow::util::display::{ArrayFormatter, FormatOptions};
 use deltalake::datafusion::scalar::ScalarValue;
@@ -130,8 +130,7 @@ impl Timeline {
         })?;
         let optional = |v: &String| (!v.trim().is_empty()).then(|| v.trim().to_string());
         let required = |key: &str, v: &String| -> Result<String> {
-            optional(v)
-                .ok_or_else(|| EngineError::Plan(format!("{PREFIX}{key} cannot be empty")))
+            optional(v).ok_or_else(|| EngineError::Plan(format!("{PREFIX}{key} cannot be empty")))
         };
         if let Some(v) = props.get("validfrom") {
             t.valid_from = required("validFrom", v)?;

@@ -106,6 +106,9 @@ mod tests {
     fn unknown_names_are_located() {
         let e = substitute("SELECT 1;\n  STORED AS ${mode}", &conf(&[])).unwrap_err();
         let text = e.to_string();
-        assert!(text.starts_with("2:13: configuration value `mode` is not set"), "{text}");
+        assert!(
+            text.starts_with("2:13: configuration value `mode` is not set"),
+            "{text}"
+        );
     }
 }
