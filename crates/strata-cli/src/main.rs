@@ -91,7 +91,9 @@ fn main() -> ExitCode {
         // The Delta kernel logs expected conditions (a table that does not exist yet) as
         // errors; strata reports what matters itself.
         let level = if cli.verbose { "info" } else { "warn" };
-        tracing_subscriber::EnvFilter::new(format!("{level},buoyant_kernel=off"))
+        tracing_subscriber::EnvFilter::new(format!(
+            "{level},buoyant_kernel=off,deltalake_core::operations::merge=error"
+        ))
     });
     tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -206,6 +208,17 @@ fn print_report(report: &RunReport) -> std::io::Result<()> {
         }
         for note in &f.notes {
             writeln!(out, "flow {}: {note}", f.flow)?;
+        }
+    }
+    for p in &report.pits {
+        match &p.skipped {
+            Some(why) => writeln!(out, "point-in-time table {}: {why}", p.table)?,
+            None => writeln!(
+                out,
+                "point-in-time table {}: {} as-of value(s) computed ({} of them recomputed \
+                 because history changed), {} removed, {} row(s) written",
+                p.table, p.computed, p.recomputed, p.removed, p.rows
+            )?,
         }
     }
     Ok(())

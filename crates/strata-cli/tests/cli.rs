@@ -443,3 +443,58 @@ fn snapshots_with_configured_mode_late_version_and_as_of() {
     let out = p.strata(&["validate", "customers"]);
     assert!(out.status.success(), "{}", stdout(&out));
 }
+
+/// A point-in-time table computes only new as-of values, and recomputes the ones a late
+/// event can change.
+#[test]
+fn point_in_time_table_refreshes_incrementally() {
+    let pipeline = |spine: &str| {
+        format!(
+            "CREATE OR REFRESH STREAMING TABLE cdc AS SELECT * FROM STREAM read_files('data/cdc', \
+             format => 'csv', header => true, schema => 'id INT, name STRING, seq INT');\n\
+             CREATE OR REFRESH STREAMING TABLE people;\n\
+             CREATE FLOW f AS AUTO CDC INTO people FROM STREAM(cdc) KEYS (id) SEQUENCE BY seq \
+             COLUMNS * EXCEPT (seq) STORED AS SCD TYPE 2;\n\
+             CREATE OR REFRESH POINT IN TIME TABLE people_pit KEYS (id) AS OF {spine} FROM people;\n"
+        )
+    };
+    let p = Project::new(&pipeline("(10, 20, 30)"));
+    p.file("data/cdc/001.csv", "id,name,seq\n1,a,10\n1,b,25\n2,c,15\n");
+    let out = p.run();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("people_pit: 3 as-of value(s) computed (0 of them recomputed"),
+        "{}",
+        stdout(&out)
+    );
+    p.file("pipeline.sql", &pipeline("RANGE (10, 50, 10)"));
+    let out = p.run();
+    assert!(
+        stdout(&out).contains("people_pit: 2 as-of value(s) computed (0 of them recomputed"),
+        "{}",
+        stdout(&out)
+    );
+    // A late event at 22 changes history from 22 on: as-of values 30, 40 and 50.
+    p.file("data/cdc/002.csv", "id,name,seq\n1,x,22\n");
+    let out = p.run();
+    assert!(
+        stdout(&out).contains("people_pit: 3 as-of value(s) computed (3 of them recomputed"),
+        "{}",
+        stdout(&out)
+    );
+    let csv = p.query(
+        "csv",
+        "SELECT as_of, id, people_start FROM people_pit ORDER BY as_of, id",
+    );
+    assert_eq!(
+        csv,
+        "as_of,id,people_start\n10,1,10\n20,1,10\n20,2,15\n30,1,25\n30,2,15\n\
+         40,1,25\n40,2,15\n50,1,25\n50,2,15\n"
+    );
+    let out = p.run();
+    assert!(
+        stdout(&out).contains("people_pit: up to date"),
+        "{}",
+        stdout(&out)
+    );
+}

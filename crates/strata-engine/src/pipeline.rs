@@ -15,6 +15,7 @@ use strata_sql::{Node, TableName};
 pub struct RunReport {
     pub ingests: Vec<IngestReport>,
     pub flows: Vec<FlowReport>,
+    pub pits: Vec<crate::pit::PitReport>,
     /// Datasets that did not run because their schema cannot be known yet (no input files
     /// and no `schema =>`), with the reason.
     pub waiting: Vec<String>,
@@ -25,6 +26,8 @@ enum Prepared {
     Flow(Box<FlowSetup>),
     /// Waits for input: its schema cannot be known yet.
     Waiting(String),
+    /// A point-in-time table (index into the plan's `pits`).
+    PointInTime(usize),
 }
 
 /// Runs the pipeline in `path` once over all input not yet processed (triggered mode).
@@ -80,6 +83,7 @@ pub async fn run_pipeline_file_with(
                     ))),
                 }
             }
+            Node::PointInTime(i) => prepared.push(Prepared::PointInTime(*i)),
             Node::Flow(i) => {
                 let f = plan
                     .flows
@@ -148,6 +152,13 @@ pub async fn run_pipeline_file_with(
                 report.flows.push(flow::run_flow(wh, setup, &props).await?);
             }
             Prepared::Waiting(why) => report.waiting.push(why.clone()),
+            Prepared::PointInTime(i) => {
+                let pit = plan.pits.get(*i).ok_or_else(|| {
+                    EngineError::Internal(format!("planned point-in-time table {i} is missing"))
+                })?;
+                tracing::info!(table = %pit.name, "refreshing point-in-time table");
+                report.pits.push(crate::pit::refresh(wh, pit).await?);
+            }
         }
     }
     Ok(report)

@@ -18,7 +18,7 @@ use strata_sql::TableName;
 
 /// A session where every table of `wh` is registered as `schema.name` (and `name` for the
 /// default schema).
-async fn warehouse_session(wh: &Warehouse) -> Result<SessionContext> {
+pub(crate) async fn warehouse_session(wh: &Warehouse) -> Result<SessionContext> {
     let ctx = new_session();
     let catalog = ctx
         .catalog("strata")

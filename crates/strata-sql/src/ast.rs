@@ -52,6 +52,36 @@ impl fmt::Display for TableName {
 pub enum Statement {
     StreamingTable(StreamingTable),
     Flow(CdcFlow),
+    PointInTime(PitTable),
+}
+
+/// `CREATE [OR REFRESH] POINT IN TIME TABLE name [TBLPROPERTIES (...)] KEYS (k, ...)
+/// AS OF spine FROM t1, t2, ...`: for every as-of value of the spine and every key of the
+/// historised tables, the surrogate key (or start) of each table's version valid then.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PitTable {
+    pub name: TableName,
+    pub keys: Vec<String>,
+    pub spine: Spine,
+    /// The historised tables (SCD type 2 or `SNAPSHOTS` targets of this pipeline).
+    pub sources: Vec<TableName>,
+    pub properties: BTreeMap<String, String>,
+    pub location: Location,
+}
+
+/// The as-of values of a point-in-time table.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Spine {
+    /// `AS OF (v1, v2, ...)`: constant expressions (SQL).
+    List(Vec<String>),
+    /// `AS OF RANGE (start, stop, step)`: `start`, `start + step`, ... up to `stop` included.
+    Range {
+        start: String,
+        stop: String,
+        step: String,
+    },
+    /// `AS OF (SELECT ...)`: the first column of a query over the warehouse's tables.
+    Query(String),
 }
 
 /// A declared column: `name TYPE [NOT NULL] [COMMENT '...']`.

@@ -84,6 +84,12 @@ fn parse_statement(c: &mut Cursor) -> Result<Statement> {
         if c.eat_keyword("FLOW") {
             return flow(c, at).map(Statement::Flow);
         }
+        if c.eat_keyword("POINT") {
+            c.expect_keyword("IN")?;
+            c.expect_keyword("TIME")?;
+            c.expect_keyword("TABLE")?;
+            return pit_table(c, at).map(Statement::PointInTime);
+        }
         let here = c.loc();
         let unsupported = if c.peek_keyword("MATERIALIZED") {
             Some("CREATE MATERIALIZED VIEW")
@@ -96,7 +102,7 @@ fn parse_statement(c: &mut Cursor) -> Result<Statement> {
         };
         return Err(match unsupported {
             Some(what) => c.error_at(here, format!("{what} is not supported yet")),
-            None => c.expected("STREAMING TABLE or FLOW"),
+            None => c.expected("STREAMING TABLE, FLOW or POINT IN TIME TABLE"),
         });
     }
     if c.eat_keyword("APPLY") {
@@ -865,6 +871,93 @@ fn cdc_flow(c: &mut Cursor, name: Option<String>, at: Location, snapshot: bool) 
         track_history,
         location: at,
     })
+}
+
+// ---------------------------------------------------------------------------------------
+// CREATE POINT IN TIME TABLE
+
+fn pit_table(c: &mut Cursor, at: Location) -> Result<PitTable> {
+    let (name, _) = table_name(c, "a table name")?;
+    let mut properties = None;
+    let mut keys = None;
+    let mut spine = None;
+    let mut sources = None;
+    while !c.at_end() {
+        let clause_at = c.loc();
+        if c.eat_keyword("TBLPROPERTIES") {
+            let p = tblproperties(c)?;
+            once(c, &mut properties, p, "TBLPROPERTIES", clause_at)?;
+        } else if c.eat_keyword("KEYS") {
+            c.expect_token(&Token::LParen)?;
+            let k = ident_list(c, "a key column")?;
+            if !c.eat_token(&Token::RParen) {
+                return Err(c.expected("',' or ')'"));
+            }
+            once(c, &mut keys, k, "KEYS", clause_at)?;
+        } else if c.eat_keyword("AS") {
+            c.expect_keyword("OF")?;
+            let sp = spine_clause(c)?;
+            once(c, &mut spine, sp, "AS OF", clause_at)?;
+        } else if c.eat_keyword("FROM") {
+            let mut list = vec![table_name(c, "a historised table")?.0];
+            while c.eat_token(&Token::Comma) {
+                list.push(table_name(c, "a historised table")?.0);
+            }
+            once(c, &mut sources, list, "FROM", clause_at)?;
+        } else {
+            return Err(c.expected("TBLPROPERTIES, KEYS, AS OF, FROM or end of statement"));
+        }
+    }
+    let Some(keys) = keys else {
+        return Err(c.expected("KEYS (a point-in-time table needs its business key)"));
+    };
+    let Some(spine) = spine else {
+        return Err(c.expected("AS OF (the as-of values)"));
+    };
+    let Some(sources) = sources else {
+        return Err(c.expected("FROM (the historised tables)"));
+    };
+    Ok(PitTable {
+        name,
+        keys,
+        spine,
+        sources,
+        properties: properties.unwrap_or_default(),
+        location: at,
+    })
+}
+
+/// `RANGE (start, stop, step)`, `(SELECT ...)` or `(v1, v2, ...)`.
+fn spine_clause(c: &mut Cursor) -> Result<Spine> {
+    let ranged = c.eat_keyword("RANGE");
+    c.expect_token(&Token::LParen)?;
+    if !ranged && (c.peek_keyword("SELECT") || c.peek_keyword("WITH")) {
+        let q = c.sql(|p| p.parse_query())?;
+        if !c.eat_token(&Token::RParen) {
+            return Err(c.expected("')'"));
+        }
+        return Ok(Spine::Query(q.to_string()));
+    }
+    let at = c.loc();
+    let exprs = c.sql(|p| p.parse_comma_separated(Parser::parse_expr))?;
+    if !c.eat_token(&Token::RParen) {
+        return Err(c.expected("',' or ')'"));
+    }
+    let mut exprs: Vec<String> = exprs.iter().map(ToString::to_string).collect();
+    if !ranged {
+        return Ok(Spine::List(exprs));
+    }
+    if exprs.len() != 3 {
+        return Err(c.error_at(
+            at,
+            "AS OF RANGE takes a start, a stop and a step: RANGE (DATE '2024-01-01', \
+             DATE '2024-12-31', INTERVAL 1 DAY)",
+        ));
+    }
+    let step = exprs.pop().unwrap_or_default();
+    let stop = exprs.pop().unwrap_or_default();
+    let start = exprs.pop().unwrap_or_default();
+    Ok(Spine::Range { start, stop, step })
 }
 
 /// Stores a clause's value, or fails if the clause was already given.

@@ -16,6 +16,9 @@ pub enum Node {
     Ingest(TableName),
     /// Run this AUTO CDC flow (index into [`PipelinePlan::flows`]).
     Flow(usize),
+    /// Refresh this point-in-time table (index into [`PipelinePlan::pits`]); these run after
+    /// every ingestion and flow.
+    PointInTime(usize),
 }
 
 /// A validated pipeline: every referenced table is defined, the graph is acyclic, every
@@ -24,6 +27,7 @@ pub enum Node {
 pub struct PipelinePlan {
     pub tables: BTreeMap<TableName, StreamingTable>,
     pub flows: Vec<CdcFlow>,
+    pub pits: Vec<PitTable>,
     pub order: Vec<Node>,
 }
 
@@ -41,8 +45,10 @@ pub fn plan_pipeline(pipeline: Pipeline) -> Result<PipelinePlan> {
     let mut table_stmt: BTreeMap<TableName, usize> = BTreeMap::new();
     let mut flows: Vec<CdcFlow> = Vec::new();
     let mut flow_stmt: Vec<usize> = Vec::new();
+    let mut pits: Vec<PitTable> = Vec::new();
     for (i, statement) in pipeline.statements.into_iter().enumerate() {
         match statement {
+            Statement::PointInTime(p) => pits.push(p),
             Statement::StreamingTable(t) => {
                 if let Some(first) = tables.get(&t.name) {
                     return Err(plan_error(
@@ -128,10 +134,15 @@ pub fn plan_pipeline(pipeline: Pipeline) -> Result<PipelinePlan> {
         }
     }
 
-    let order = order(&tables, &table_stmt, &flows, &flow_stmt)?;
+    let mut order = order(&tables, &table_stmt, &flows, &flow_stmt)?;
+    for (i, p) in pits.iter().enumerate() {
+        check_pit(p, &pits[..i], &tables, &flows)?;
+        order.push(Node::PointInTime(i));
+    }
     Ok(PipelinePlan {
         tables,
         flows,
+        pits,
         order,
     })
 }
@@ -183,6 +194,51 @@ fn check_flow(f: &CdcFlow, tables: &BTreeMap<TableName, StreamingTable>) -> Resu
             "flow {}: TRACK HISTORY needs STORED AS SCD TYPE 2; {} keeps no versions to track",
             f.name, f.stored_as
         ));
+    }
+    Ok(())
+}
+
+fn check_pit(
+    p: &PitTable,
+    earlier: &[PitTable],
+    tables: &BTreeMap<TableName, StreamingTable>,
+    flows: &[CdcFlow],
+) -> Result<()> {
+    let err = |m: String| Err(plan_error(p.location, m));
+    if tables.contains_key(&p.name) || earlier.iter().any(|e| e.name == p.name) {
+        return err(format!("table {} is declared twice", p.name));
+    }
+    if p.keys.is_empty() {
+        return err(format!("point-in-time table {} has no KEYS", p.name));
+    }
+    if p.sources.is_empty() {
+        return err(format!("point-in-time table {} reads no table", p.name));
+    }
+    for (i, s) in p.sources.iter().enumerate() {
+        if p.sources[..i].contains(s) {
+            return err(format!(
+                "point-in-time table {}: {s} is listed twice in FROM",
+                p.name
+            ));
+        }
+        let writer = flows.iter().find(|f| &f.target == s);
+        match writer {
+            Some(f) if f.stored_as.has_timeline() => {}
+            Some(f) => {
+                return err(format!(
+                    "point-in-time table {}: {s} is stored as {} and keeps no history; \
+                     FROM takes SCD TYPE 2 or SNAPSHOTS tables",
+                    p.name, f.stored_as
+                ))
+            }
+            None => {
+                return err(format!(
+                    "point-in-time table {} reads {s}, which is not the target of an AUTO CDC \
+                     flow of this pipeline",
+                    p.name
+                ))
+            }
+        }
     }
     Ok(())
 }
@@ -288,6 +344,7 @@ fn order(
                             "flow {}",
                             flows.get(*f).map(|f| f.name.as_str()).unwrap_or("?")
                         ),
+                        Node::PointInTime(i) => format!("point-in-time table {i}"),
                     })
                     .collect();
                 let location = cycle

@@ -547,14 +547,6 @@ fn unsupported_statements_say_so() {
             "CREATE FLOW f AS INSERT INTO t BY NAME SELECT * FROM STREAM(s)",
             (1, 18),
         ),
-        (
-            "CREATE FLOW f AS AUTO CDC FROM SNAPSHOT s INTO t KEYS (id)",
-            (1, 18),
-        ),
-        (
-            "CREATE FLOW f AS AUTO CDC INTO t FROM SNAPSHOT s KEYS (id)",
-            (1, 39),
-        ),
     ];
     for (text, (line, column)) in cases {
         let (l, c, m, _) = syntax_error(text);
@@ -652,5 +644,68 @@ fn garbage_never_panics() {
             // Whatever parses must also plan or fail cleanly.
             let _ = plan_pipeline(p);
         }
+    }
+}
+
+#[test]
+fn snapshot_flows_parse_in_every_spelling() {
+    let text = "CREATE FLOW h AS AUTO CDC FROM SNAPSHOT INTO customers
+        FROM STREAM(deliveries) KEYS (customer_id)
+        STORED AS SCD TYPE 2 SNAPSHOT VERSION BY reporting_date
+        COLUMNS * EXCEPT (reporting_date) TRACK HISTORY ON * EXCEPT (last_login);
+        APPLY CHANGES FROM SNAPSHOT INTO balances FROM accounts KEYS (id) STORED AS SNAPSHOTS;";
+    let p = parse_pipeline(text).expect("parses");
+    let flows: Vec<&CdcFlow> = p
+        .statements
+        .iter()
+        .filter_map(|s| match s {
+            Statement::Flow(f) => Some(f),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        flows[0].kind,
+        FlowKind::Snapshot {
+            version_by: Some("reporting_date".into())
+        }
+    );
+    assert_eq!(flows[0].stored_as, ScdType::Type2);
+    assert_eq!(
+        flows[0].sequence_by,
+        SequenceBy::Expr("reporting_date".into())
+    );
+    assert_eq!(flows[1].name, "balances");
+    assert_eq!(flows[1].kind, FlowKind::Snapshot { version_by: None });
+    assert_eq!(flows[1].stored_as, ScdType::Snapshots);
+}
+
+#[test]
+fn snapshot_flows_reject_change_event_clauses() {
+    let cases = [
+        (
+            "CREATE FLOW f AS AUTO CDC FROM SNAPSHOT INTO t FROM s KEYS (id) SEQUENCE BY v",
+            (1, 65),
+            "SEQUENCE BY is not allowed in AUTO CDC FROM SNAPSHOT",
+        ),
+        (
+            "CREATE FLOW f AS AUTO CDC FROM SNAPSHOT INTO t FROM s KEYS (id) APPLY AS DELETE WHEN x",
+            (1, 65),
+            "APPLY AS is not allowed in AUTO CDC FROM SNAPSHOT",
+        ),
+        (
+            "CREATE FLOW f AS AUTO CDC INTO t FROM s KEYS (id) SEQUENCE BY v STORED AS SNAPSHOTS",
+            (1, 65),
+            "STORED AS SNAPSHOTS needs snapshots",
+        ),
+        (
+            "CREATE FLOW f AS AUTO CDC INTO t FROM s KEYS (id) SNAPSHOT VERSION BY v SEQUENCE BY v",
+            (1, 51),
+            "SNAPSHOT VERSION BY belongs to AUTO CDC FROM SNAPSHOT flows",
+        ),
+    ];
+    for (text, (line, column), message) in cases {
+        let (l, c, m, _) = syntax_error(text);
+        assert!(m.starts_with(message), "{text}: {m}");
+        assert_eq!((l, c), (line, column), "{text}");
     }
 }

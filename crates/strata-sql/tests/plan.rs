@@ -169,3 +169,30 @@ fn graph_errors() {
         assert_eq!(l, *line, "{text}: {m}");
     }
 }
+
+#[test]
+fn snapshot_flows_own_their_target() {
+    let (line, m) = plan_error(&format!(
+        "{CDC}CREATE STREAMING TABLE t;\n\
+         CREATE FLOW a AS AUTO CDC FROM SNAPSHOT INTO t FROM cdc KEYS (id) SNAPSHOT VERSION BY v;\n\
+         CREATE FLOW b AS AUTO CDC INTO t FROM STREAM(cdc) KEYS (id) SEQUENCE BY v;"
+    ));
+    assert_eq!(line, 4);
+    assert!(m.contains("cannot share a target"), "{m}");
+    let (line, m) = plan_error(&format!(
+        "{CDC}CREATE STREAMING TABLE t;\n\
+         CREATE FLOW a AS AUTO CDC FROM SNAPSHOT INTO t FROM cdc KEYS (id) SNAPSHOT VERSION BY v;\n\
+         CREATE FLOW b AS AUTO CDC FROM SNAPSHOT INTO t FROM cdc KEYS (id) SNAPSHOT VERSION BY v;"
+    ));
+    assert_eq!(line, 4);
+    assert!(m.contains("must be the only flow into its target"), "{m}");
+    let (_, m) = plan_error(&format!(
+        "{CDC}CREATE STREAMING TABLE t;\n\
+         CREATE FLOW a AS AUTO CDC FROM SNAPSHOT INTO t FROM cdc KEYS (id) STORED AS SNAPSHOTS \
+         TRACK HISTORY ON x;"
+    ));
+    assert!(
+        m.contains("TRACK HISTORY needs STORED AS SCD TYPE 2; SNAPSHOTS"),
+        "{m}"
+    );
+}
