@@ -498,3 +498,44 @@ fn point_in_time_table_refreshes_incrementally() {
         stdout(&out)
     );
 }
+
+/// `strata.scd.partitionBy = 'start'` partitions a historised table by its start column;
+/// the rows, `validate` and `as_of` are the same as without it.
+#[test]
+fn historised_table_partitioned_by_start() {
+    let p = Project::new(
+        "CREATE OR REFRESH STREAMING TABLE d AS SELECT * FROM STREAM read_files('data/snap', \
+         format => 'csv', header => true, schema => 'id INT, city STRING, v DATE');\n\
+         CREATE OR REFRESH STREAMING TABLE c TBLPROPERTIES ('strata.scd.convention' = 'kimball', \
+         'strata.scd.partitionBy' = 'start');\n\
+         CREATE FLOW f AS AUTO CDC FROM SNAPSHOT INTO c FROM STREAM(d) KEYS (id) \
+         SNAPSHOT VERSION BY v COLUMNS * EXCEPT (v) STORED AS SCD TYPE 2;\n",
+    );
+    std::fs::create_dir_all(p.path("data/snap")).expect("mkdir");
+    p.file(
+        "data/snap/001.csv",
+        "id,city,v\n1,Oaxaca,2024-01-31\n2,Monterrey,2024-01-31\n1,Oaxaca,2024-02-29\n2,Carmel,2024-02-29\n",
+    );
+    let out = p.run();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(p.path("warehouse/default/c/valid_from=2024-01-31").is_dir());
+    assert!(p.path("warehouse/default/c/valid_from=2024-02-29").is_dir());
+    let csv = p.query(
+        "csv",
+        "SELECT id, city, valid_from, valid_to, is_current FROM c ORDER BY id, valid_from",
+    );
+    assert_eq!(
+        csv,
+        "id,city,valid_from,valid_to,is_current\n\
+         1,Oaxaca,2024-01-31,9999-12-31,true\n\
+         2,Monterrey,2024-01-31,2024-02-29,false\n\
+         2,Carmel,2024-02-29,9999-12-31,true\n"
+    );
+    let csv = p.query(
+        "csv",
+        "SELECT id, city FROM as_of('c', DATE '2024-02-01') ORDER BY id",
+    );
+    assert_eq!(csv, "id,city\n1,Oaxaca\n2,Monterrey\n");
+    let out = p.strata(&["validate", "c"]);
+    assert!(out.status.success(), "{}", stdout(&out));
+}

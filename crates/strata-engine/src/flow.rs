@@ -965,6 +965,7 @@ pub(crate) async fn run_flow(
                         &setup.event_schema,
                         Vec::new(),
                         None,
+                        Vec::new(),
                     )
                     .await?
                 }
@@ -1000,6 +1001,7 @@ pub(crate) async fn run_flow(
                         &setup.target_schema,
                         target_configuration(setup, target_properties),
                         None,
+                        setup.timeline.partition_columns(),
                     )
                     .await?
                 }

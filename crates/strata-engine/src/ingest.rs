@@ -398,6 +398,7 @@ pub(crate) async fn run_ingest(wh: &Warehouse, setup: &IngestSetup) -> Result<In
                 &setup.schema,
                 warehouse::table_configuration(&setup.table.properties),
                 setup.table.comment.as_deref(),
+                Vec::new(),
             )
             .await?
         }

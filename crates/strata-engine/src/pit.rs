@@ -445,6 +445,7 @@ pub(crate) async fn refresh(wh: &Warehouse, pit: &PitTable) -> Result<PitReport>
                 &out_schema,
                 warehouse::table_configuration(&pit.properties),
                 None,
+                Vec::new(),
             )
             .await?,
             true,

@@ -617,6 +617,7 @@ pub(crate) async fn run_snapshots_mode(
                 &setup.target_schema,
                 flow::target_configuration(setup, target_properties),
                 None,
+                setup.timeline.partition_columns(),
             )
             .await?
         }

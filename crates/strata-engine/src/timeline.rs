@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 pub(crate) const PREFIX: &str = "strata.scd.";
-const KEYS: [&str; 7] = [
+const KEYS: [&str; 8] = [
     "convention",
     "validfrom",
     "validto",
@@ -37,6 +37,7 @@ const KEYS: [&str; 7] = [
     "surrogatekey",
     "updatedat",
     "openend",
+    "partitionby",
 ];
 pub(crate) const PRESETS: [&str; 3] = ["databricks", "dbt", "kimball"];
 
@@ -50,6 +51,8 @@ pub(crate) struct Timeline {
     pub current_flag: Option<String>,
     /// The open-end marker as written (`None`: open rows end in NULL).
     pub open_end: Option<String>,
+    /// `strata.scd.partitionBy = 'start'`: the table is partitioned by its start column.
+    pub partition_by_start: bool,
 }
 
 impl Default for Timeline {
@@ -61,6 +64,7 @@ impl Default for Timeline {
             valid_to: "__END_AT".into(),
             current_flag: None,
             open_end: None,
+            partition_by_start: false,
         })
     }
 }
@@ -76,6 +80,7 @@ impl Timeline {
                 valid_to: s("__END_AT"),
                 current_flag: None,
                 open_end: None,
+                partition_by_start: false,
             },
             "dbt" => Timeline {
                 surrogate_key: Some(s("dbt_scd_id")),
@@ -84,6 +89,7 @@ impl Timeline {
                 valid_to: s("dbt_valid_to"),
                 current_flag: None,
                 open_end: None,
+                partition_by_start: false,
             },
             "kimball" => Timeline {
                 surrogate_key: Some(s("surrogate_key")),
@@ -92,6 +98,7 @@ impl Timeline {
                 valid_to: s("valid_to"),
                 current_flag: Some(s("is_current")),
                 open_end: Some(s("9999-12-31")),
+                partition_by_start: false,
             },
             _ => return None,
         })
@@ -150,6 +157,18 @@ impl Timeline {
         if let Some(v) = props.get("openend") {
             t.open_end = optional(v).filter(|v| !v.eq_ignore_ascii_case("null"));
         }
+        if let Some(v) = props.get("partitionby") {
+            t.partition_by_start = match v.trim().to_ascii_lowercase().as_str() {
+                "start" => true,
+                "" | "none" => false,
+                other => {
+                    return Err(EngineError::Plan(format!(
+                        "{PREFIX}partitionBy = '{other}': the one partitioning strata offers for \
+                         a historised table is by its start column ('start'), or 'none'"
+                    )))
+                }
+            };
+        }
         let names = t.column_names();
         for (i, a) in names.iter().enumerate() {
             if names[..i].iter().any(|b| b.eq_ignore_ascii_case(a)) {
@@ -163,7 +182,19 @@ impl Timeline {
 
     /// Whether rows need no mapping (the `databricks` layout).
     pub fn is_internal(&self) -> bool {
-        *self == Timeline::default()
+        Timeline {
+            partition_by_start: false,
+            ..self.clone()
+        } == Timeline::default()
+    }
+
+    /// The Delta partition columns of the table.
+    pub fn partition_columns(&self) -> Vec<String> {
+        if self.partition_by_start {
+            vec![self.valid_from.clone()]
+        } else {
+            Vec::new()
+        }
     }
 
     /// The timeline columns in table order.

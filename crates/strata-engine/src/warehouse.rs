@@ -132,6 +132,7 @@ pub(crate) async fn create_delta(
     schema: &Schema,
     configuration: Vec<(String, Option<String>)>,
     comment: Option<&str>,
+    partition_columns: Vec<String>,
 ) -> Result<DeltaTable> {
     let url = table_url(path)?;
     let handle = DeltaTableBuilder::from_url(url)
@@ -145,6 +146,7 @@ pub(crate) async fn create_delta(
         .with_table_name(name)
         .with_columns(st.fields().cloned())
         .with_configuration(configuration)
+        .with_partition_columns(partition_columns)
         .with_raise_if_key_not_exists(false);
     if let Some(c) = comment {
         create = create.with_comment(c);
