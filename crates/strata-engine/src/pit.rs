@@ -90,7 +90,11 @@ async fn sql_batches(ctx: &SessionContext, sql: &str, what: &str) -> Result<Vec<
 }
 
 /// The spine's distinct values, as one column named `as_of`.
-async fn spine_values(ctx: &SessionContext, pit: &PitTable) -> Result<Vec<RecordBatch>> {
+async fn spine_values(
+    wh: &Warehouse,
+    ctx: &SessionContext,
+    pit: &PitTable,
+) -> Result<Vec<RecordBatch>> {
     let inner = match &pit.spine {
         Spine::List(values) => format!(
             "SELECT column1 AS {AS_OF_COL} FROM (VALUES {})",
@@ -104,6 +108,9 @@ async fn spine_values(ctx: &SessionContext, pit: &PitTable) -> Result<Vec<Record
             format!("SELECT value AS {AS_OF_COL} FROM generate_series({start}, {stop}, {step})")
         }
         Spine::Query(q) => {
+            let q = &crate::history::rewrite_as_of(wh, q)
+                .await?
+                .unwrap_or_else(|| q.clone());
             let df = ctx
                 .sql(q)
                 .await
@@ -234,7 +241,7 @@ pub(crate) async fn refresh(wh: &Warehouse, pit: &PitTable) -> Result<PitReport>
     }
 
     let ctx = warehouse_session(wh).await?;
-    let spine = spine_values(&ctx, pit).await?;
+    let spine = spine_values(wh, &ctx, pit).await?;
     let wanted = scalars(&spine)?;
     let target = wh.open_table(&pit.name).await?;
     let mut existing: Vec<ScalarValue> = Vec::new();

@@ -460,7 +460,7 @@ fn syntax_errors_name_what_was_expected() {
         (
             "CREATE TABLE t",
             (1, 8),
-            "expected STREAMING TABLE or FLOW, found 'TABLE'",
+            "expected STREAMING TABLE, FLOW or POINT IN TIME TABLE, found 'TABLE'",
         ),
         (
             "CREATE STREAMING TABLE",
