@@ -854,7 +854,11 @@ pub(crate) async fn run_flow(
         report.source_versions = Some((from, source_version));
         report.events = events.num_rows();
         if setup.is_snapshot() {
-            let s = snapshot::to_events(&ctx, setup, store.is_some(), &events, run).await?;
+            // The target reflects the latest stored version when no earlier run is pending.
+            let in_step = store.is_some() && store_version == applied;
+            let current = target.as_ref().filter(|_| in_step);
+            let s =
+                snapshot::to_events(&ctx, setup, store.is_some(), current, &events, run).await?;
             report.notes = s.notes;
             if store.is_some() {
                 snapshot::register_effective(&ctx, setup, "__strata_effective", Some(&s.markers))

@@ -35,6 +35,7 @@ use deltalake::datafusion::scalar::ScalarValue;
 use deltalake::kernel::transaction::CommitProperties;
 use deltalake::kernel::Transaction;
 use deltalake::protocol::SaveMode;
+use deltalake::DeltaTable;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -331,10 +332,15 @@ fn data_only(setup: &FlowSetup, rows: &RecordBatch) -> Result<RecordBatch> {
 
 /// Turns the snapshot rows of this run (event schema, op 0) into events against the store
 /// registered as `__strata_events` (`has_store`).
+///
+/// `current`, when given, is the target as of the latest stored version (the target is in
+/// step with the store): the state at that version is then read from it rather than folded
+/// from the whole store, which is the common case of a snapshot newer than all before it.
 pub(crate) async fn to_events(
     ctx: &SessionContext,
     setup: &FlowSetup,
     has_store: bool,
+    current: Option<&DeltaTable>,
     rows: &RecordBatch,
     run: i64,
 ) -> Result<SnapshotEvents> {
@@ -352,6 +358,7 @@ pub(crate) async fn to_events(
     let mut superseded: Vec<RecordBatch> = Vec::new();
     let mut notes = Vec::new();
     let mut last: Option<(ScalarValue, RecordBatch)> = None;
+    let mut current_state: Option<RecordBatch> = None;
 
     for (v, idx) in &versions.groups {
         let snap = data_only(setup, &take_rows(rows, idx)?)?;
@@ -359,15 +366,27 @@ pub(crate) async fn to_events(
         let n = applied.iter().find(|a| *a > v).cloned();
         let redelivery = stored.contains(v);
 
+        let latest_stored = stored.last();
+        let mut state = async |at: &ScalarValue| -> Result<RecordBatch> {
+            match current {
+                Some(t) if Some(at) == latest_stored => {
+                    if current_state.is_none() {
+                        current_state = Some(target_state(setup, t).await?);
+                    }
+                    Ok(current_state.clone().unwrap_or_else(|| empty.clone()))
+                }
+                _ => state_at(ctx, setup, at).await,
+            }
+        };
         let state_p = match &p {
             None => empty.clone(),
             Some(p) => match &last {
                 Some((lv, ls)) if lv == p => ls.clone(),
-                _ => state_at(ctx, setup, p).await?,
+                _ => state(p).await?,
             },
         };
         let old_state_v = if redelivery {
-            state_at(ctx, setup, v).await?
+            state(v).await?
         } else {
             state_p.clone()
         };
@@ -467,6 +486,46 @@ pub(crate) async fn to_events(
         superseded,
         notes,
     })
+}
+
+/// The current rows of the target (open versions for SCD type 2) as data columns.
+async fn target_state(setup: &FlowSetup, target: &DeltaTable) -> Result<RecordBatch> {
+    let ctx = warehouse::new_session();
+    flow::register_table(&ctx, "t", target, None).await?;
+    let mut df = ctx
+        .table("t")
+        .await
+        .context(|| "reading the target".into())?;
+    if setup.spec.scd2 {
+        let end = Expr::Column(Column::new_unqualified(setup.timeline.valid_to.as_str()));
+        let end_type = setup
+            .target_schema
+            .field_with_name(&setup.timeline.valid_to)
+            .map(|f| f.data_type().clone())
+            .context(|| "reading the target".into())?;
+        let open = match setup.timeline.open_end_value(&end_type)? {
+            Some(marker) => end.clone().is_null().or(end.eq(lit(marker))),
+            None => end.is_null(),
+        };
+        df = df.filter(open).context(|| "reading the target".into())?;
+    }
+    let cols: Vec<Expr> = setup
+        .out_cols
+        .iter()
+        .map(|c| Expr::Column(Column::new_unqualified(c.as_str())))
+        .collect();
+    let batches = df
+        .select(cols)
+        .context(|| "reading the target".into())?
+        .collect()
+        .await
+        .context(|| "reading the target".into())?;
+    let schema = data_schema(setup);
+    let cast = batches
+        .iter()
+        .map(|b| sqlutil::cast_batch(b, &schema))
+        .collect::<Result<Vec<_>>>()?;
+    concat_batches(&schema, &cast).context(|| "reading the target".into())
 }
 
 /// `STORED AS SNAPSHOTS`: every delivery's rows with start = end = version, written straight
