@@ -539,3 +539,47 @@ fn historised_table_partitioned_by_start() {
     let out = p.strata(&["validate", "c"]);
     assert!(out.status.success(), "{}", stdout(&out));
 }
+
+/// The bundled snapshot example (examples/customers) does what its README says.
+#[test]
+fn customers_example_runs_as_documented() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/customers");
+    let p = Project::new("");
+    for f in walk(&src) {
+        let rel = f.strip_prefix(&src).expect("inside the example");
+        let to = p.path(&rel.display().to_string());
+        std::fs::create_dir_all(to.parent().expect("parent")).expect("mkdir");
+        std::fs::copy(&f, &to).expect("copy");
+    }
+    let out = p.run();
+    assert!(out.status.success(), "{}", stderr(&out));
+    std::fs::copy(
+        p.path("late/2024-02.csv"),
+        p.path("data/deliveries/2024-02.csv"),
+    )
+    .expect("copy");
+    let out = p.run();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains(
+            "snapshot version 2024-02-29 arrived after version 2024-03-31 was applied: \
+             placed into history between versions 2024-01-31 and 2024-03-31"
+        ),
+        "{}",
+        stdout(&out)
+    );
+    let csv = p.query(
+        "csv",
+        "SELECT m.as_of, c.name, c.city, p.plan FROM customer_month_end m \
+         LEFT JOIN dim_customer c ON c.surrogate_key = m.dim_customer_sk \
+         LEFT JOIN dim_plan p ON p.surrogate_key = m.dim_plan_sk \
+         WHERE m.as_of = DATE '2024-02-29' ORDER BY c.name",
+    );
+    assert_eq!(
+        csv,
+        "as_of,name,city,plan\n2024-02-29,Ana,Oaxaca,premium\n\
+         2024-02-29,Ben,Carmel,premium\n2024-02-29,Cleo,Tijuana,\n"
+    );
+    let out = p.strata(&["validate", "dim_customer"]);
+    assert!(out.status.success(), "{}", stdout(&out));
+}
