@@ -835,7 +835,7 @@ pub(crate) async fn run_flow(
     let has_new_input = from.is_none_or(|f| f < source_version);
     let run = store_version + 1;
     // What the event store gets in this run (for a snapshot flow, the events plus markers).
-    let mut to_commit: Option<RecordBatch> = None;
+    let mut to_commit: Option<Vec<RecordBatch>> = None;
     let mut superseded: Option<RecordBatch> = None;
     let new_events = if has_new_input {
         let files = if setup.table_mode() {
@@ -864,14 +864,11 @@ pub(crate) async fn run_flow(
                 snapshot::register_effective(&ctx, setup, "__strata_effective", Some(&s.markers))
                     .await?;
             }
-            to_commit = Some(
-                concat_batches(&setup.event_schema, &[s.events.clone(), s.markers])
-                    .context(|| "snapshot events".into())?,
-            );
+            to_commit = Some(vec![s.events.clone(), s.markers]);
             superseded = s.superseded;
             Some(s.events)
         } else {
-            to_commit = Some(events.clone());
+            to_commit = Some(vec![events.clone()]);
             Some(events)
         }
     } else {
@@ -975,7 +972,7 @@ pub(crate) async fn run_flow(
                 }
             };
             let written = handle
-                .write(vec![ev])
+                .write(ev)
                 .with_save_mode(SaveMode::Append)
                 .with_commit_properties(
                     CommitProperties::default()

@@ -67,31 +67,31 @@ fn render_version(v: &ScalarValue) -> String {
     }
 }
 
-/// Groups `rows` (event schema: data, seq, op, run) by version and rejects a key that
-/// appears twice in one version.
+/// Groups `rows` (event schema: data, seq, op, run) by version, ascending.
 fn group_versions(setup: &FlowSetup, rows: &RecordBatch) -> Result<Versions> {
-    let n_out = setup.spec.n_out;
-    let seq = rows.column(n_out);
-    let mut sort_cols = vec![seq.clone()];
-    sort_cols.extend(setup.spec.keys.iter().map(|&k| rows.column(k).clone()));
+    let seq = rows.column(setup.spec.n_out);
+    if rows.num_rows() == 0 {
+        return Ok(Versions { groups: Vec::new() });
+    }
+    // The common case, one version per run, needs no sort.
+    let first =
+        ScalarValue::try_from_array(seq, 0).context(|| "reading a snapshot version".into())?;
+    let first_scalar = first
+        .to_scalar()
+        .context(|| "reading a snapshot version".into())?;
+    let same = deltalake::arrow::compute::kernels::cmp::not_distinct(seq, &first_scalar)
+        .context(|| "grouping snapshot versions".into())?;
+    if same.true_count() == rows.num_rows() {
+        return Ok(Versions {
+            groups: vec![(first, (0..rows.num_rows() as u32).collect())],
+        });
+    }
     let seq_rows = sqlutil::rows(std::slice::from_ref(seq))?;
-    let full = sqlutil::rows(&sort_cols)?;
     let mut order: Vec<u32> = (0..rows.num_rows() as u32).collect();
-    order.sort_unstable_by(|&a, &b| full.row(a as usize).cmp(&full.row(b as usize)));
+    order.sort_by(|&a, &b| seq_rows.row(a as usize).cmp(&seq_rows.row(b as usize)));
     let mut groups: Vec<(ScalarValue, Vec<u32>)> = Vec::new();
     for (pos, &i) in order.iter().enumerate() {
-        if pos > 0 && full.row(order[pos - 1] as usize) == full.row(i as usize) {
-            return Err(EngineError::BadInput(format!(
-                "flow {}: key ({}) appears twice in snapshot version {}; a snapshot holds one \
-                 row per key. The run was rejected and nothing was written",
-                setup.flow.name,
-                fold::describe_key(rows, &setup.spec.keys, i as usize),
-                fold::render(seq, i as usize),
-            )));
-        }
-        let new_group =
-            pos == 0 || seq_rows.row(order[pos - 1] as usize) != seq_rows.row(i as usize);
-        if new_group {
+        if pos == 0 || seq_rows.row(order[pos - 1] as usize) != seq_rows.row(i as usize) {
             let v = ScalarValue::try_from_array(seq, i as usize)
                 .context(|| "reading a snapshot version".into())?;
             groups.push((v, Vec::new()));
@@ -224,12 +224,19 @@ fn key_set(setup: &FlowSetup, batch: &RecordBatch) -> Result<HashSet<Vec<u8>>> {
 
 /// The difference between two states (data columns): rows of `new` that are new or changed,
 /// and rows of `old` whose key is gone.
+#[derive(Clone)]
 struct Diff {
     upserts: Vec<u32>,
     deletes: Vec<u32>,
 }
 
-fn diff(setup: &FlowSetup, new: &RecordBatch, old: &RecordBatch) -> Result<Diff> {
+/// `version` names the snapshot `new` is, for the error on a key that appears twice in it.
+fn diff(
+    setup: &FlowSetup,
+    new: &RecordBatch,
+    old: &RecordBatch,
+    version: &ScalarValue,
+) -> Result<Diff> {
     let key_cols = |b: &RecordBatch| -> Vec<ArrayRef> {
         setup
             .spec
@@ -238,32 +245,60 @@ fn diff(setup: &FlowSetup, new: &RecordBatch, old: &RecordBatch) -> Result<Diff>
             .map(|&k| b.column(k).clone())
             .collect()
     };
-    let (nk, ok) = (
-        sqlutil::rows(&key_cols(new))?,
-        sqlutil::rows(&key_cols(old))?,
-    );
-    let (nr, or) = (sqlutil::rows(new.columns())?, sqlutil::rows(old.columns())?);
-    let mut old_by_key: HashMap<&[u8], usize> = HashMap::with_capacity(old.num_rows());
-    for i in 0..old.num_rows() {
-        old_by_key.insert(ok.row(i).data(), i);
-    }
-    let mut seen = vec![false; old.num_rows()];
-    let mut upserts = Vec::new();
+    let nk = sqlutil::rows(&key_cols(new))?;
+    let mut new_by_key: HashMap<&[u8], u32> = HashMap::with_capacity(new.num_rows());
     for i in 0..new.num_rows() {
-        match old_by_key.get(nk.row(i).data()) {
-            Some(&j) => {
-                seen[j] = true;
-                if nr.row(i) != or.row(j) {
-                    upserts.push(i as u32);
-                }
-            }
-            None => upserts.push(i as u32),
+        if new_by_key.insert(nk.row(i).data(), i as u32).is_some() {
+            return Err(EngineError::BadInput(format!(
+                "flow {}: key ({}) appears twice in snapshot version {}; a snapshot holds one \
+                 row per key. The run was rejected and nothing was written",
+                setup.flow.name,
+                fold::describe_key(new, &setup.spec.keys, i),
+                render_version(version),
+            )));
         }
     }
-    let deletes = (0..old.num_rows())
-        .filter(|&j| !seen[j])
-        .map(|j| j as u32)
-        .collect();
+    if old.num_rows() == 0 {
+        return Ok(Diff {
+            upserts: (0..new.num_rows() as u32).collect(),
+            deletes: Vec::new(),
+        });
+    }
+    let ok = sqlutil::rows(&key_cols(old))?;
+    // Matched keys compare column by column (NULL equals NULL), without a copy of every row
+    // in row format.
+    let same: Vec<_> = new
+        .columns()
+        .iter()
+        .zip(old.columns())
+        .map(|(a, b)| {
+            deltalake::arrow::array::make_comparator(
+                a.as_ref(),
+                b.as_ref(),
+                deltalake::arrow::compute::SortOptions::default(),
+            )
+        })
+        .collect::<std::result::Result<_, _>>()
+        .context(|| "comparing snapshots".into())?;
+    let mut seen = vec![false; new.num_rows()];
+    let mut upserts = Vec::new();
+    let mut deletes = Vec::new();
+    for j in 0..old.num_rows() {
+        match new_by_key.get(ok.row(j).data()) {
+            Some(&i) => {
+                seen[i as usize] = true;
+                if !same
+                    .iter()
+                    .all(|c| c(i as usize, j) == std::cmp::Ordering::Equal)
+                {
+                    upserts.push(i);
+                }
+            }
+            None => deletes.push(j as u32),
+        }
+    }
+    upserts.extend((0..new.num_rows() as u32).filter(|&i| !seen[i as usize]));
+    upserts.sort_unstable();
     Ok(Diff { upserts, deletes })
 }
 
@@ -276,13 +311,18 @@ fn make_events(
     op: i8,
     run: i64,
 ) -> Result<RecordBatch> {
-    let idx = UInt32Array::from(idx.to_vec());
     let n = idx.len();
-    let mut cols: Vec<ArrayRef> = rows.columns()[..setup.spec.n_out]
-        .iter()
-        .map(|c| compute::take(c.as_ref(), &idx, None))
-        .collect::<std::result::Result<_, _>>()
-        .context(|| "building snapshot events".into())?;
+    let all_in_order = n == rows.num_rows() && idx.iter().enumerate().all(|(i, &j)| i as u32 == j);
+    let mut cols: Vec<ArrayRef> = if all_in_order {
+        rows.columns()[..setup.spec.n_out].to_vec()
+    } else {
+        let idx = UInt32Array::from(idx.to_vec());
+        rows.columns()[..setup.spec.n_out]
+            .iter()
+            .map(|c| compute::take(c.as_ref(), &idx, None))
+            .collect::<std::result::Result<_, _>>()
+            .context(|| "building snapshot events".into())?
+    };
     cols.push(
         v.to_array_of_size(n)
             .context(|| "building snapshot events".into())?,
@@ -318,7 +358,11 @@ fn marker(setup: &FlowSetup, v: &ScalarValue, run: i64) -> Result<RecordBatch> {
     RecordBatch::try_new(setup.event_schema.clone(), cols).context(|| "marker".into())
 }
 
+/// The rows of `b` at `idx`; `b` itself (no copy) when `idx` is all of it, in any order.
 fn take_rows(b: &RecordBatch, idx: &[u32]) -> Result<RecordBatch> {
+    if idx.len() == b.num_rows() {
+        return Ok(b.clone());
+    }
     compute::take_record_batch(b, &UInt32Array::from(idx.to_vec())).context(|| "rows".into())
 }
 
@@ -391,12 +435,16 @@ pub(crate) async fn to_events(
             state_p.clone()
         };
 
-        let d = diff(setup, &snap, &state_p)?;
+        let d = diff(setup, &snap, &state_p, v)?;
         parts.push(make_events(setup, &snap, &d.upserts, v, 0, run)?);
         parts.push(make_events(setup, &state_p, &d.deletes, v, 1, run)?);
         markers.push(marker(setup, v, run)?);
 
-        let changed = diff(setup, &snap, &old_state_v)?;
+        let changed = if redelivery {
+            diff(setup, &snap, &old_state_v, v)?
+        } else {
+            d.clone()
+        };
         let n_changed = changed.upserts.len() + changed.deletes.len();
         if redelivery {
             superseded.push(stored_events(ctx, setup, col(SEQ_COL).eq(lit(v.clone()))).await?);
@@ -623,6 +671,13 @@ pub(crate) async fn run_snapshots_mode(
         }
         replace.push(v.clone());
         let snap = take_rows(&rows, idx)?;
+        // A key twice in one version is an error here too.
+        diff(
+            setup,
+            &data_only(setup, &snap)?,
+            &RecordBatch::new_empty(data_schema(setup)),
+            v,
+        )?;
         let n = snap.num_rows();
         let mut cols: Vec<ArrayRef> = snap.columns()[..setup.spec.n_out].to_vec();
         let seq = snap.column(setup.spec.n_out).clone();
