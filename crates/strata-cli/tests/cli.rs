@@ -583,3 +583,35 @@ fn customers_example_runs_as_documented() {
     let out = p.strata(&["validate", "dim_customer"]);
     assert!(out.status.success(), "{}", stdout(&out));
 }
+
+/// A date range spine keeps DATE values, and a second run with nothing new is up to date
+/// (the values read back from the table equal the spine's).
+#[test]
+fn point_in_time_date_range_is_stable() {
+    let p = Project::new(
+        "CREATE OR REFRESH STREAMING TABLE cdc AS SELECT * FROM STREAM read_files('data/cdc', \
+         format => 'csv', header => true, schema => 'id INT, plan STRING, day DATE');\n\
+         CREATE OR REFRESH STREAMING TABLE plans;\n\
+         CREATE FLOW f AS AUTO CDC INTO plans FROM STREAM(cdc) KEYS (id) SEQUENCE BY day \
+         COLUMNS * EXCEPT (day) STORED AS SCD TYPE 2;\n\
+         CREATE OR REFRESH POINT IN TIME TABLE pit KEYS (id) \
+         AS OF RANGE (DATE '2024-01-01', DATE '2024-01-05', INTERVAL 1 DAY) FROM plans;\n",
+    );
+    p.file(
+        "data/cdc/001.csv",
+        "id,plan,day\n1,free,2024-01-02\n1,premium,2024-01-04\n",
+    );
+    let out = p.run();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let csv = p.query(
+        "csv",
+        "SELECT as_of, arrow_typeof(as_of) AS t, plans_start FROM pit ORDER BY as_of",
+    );
+    assert_eq!(
+        csv,
+        "as_of,t,plans_start\n2024-01-02,Date32,2024-01-02\n2024-01-03,Date32,2024-01-02\n\
+         2024-01-04,Date32,2024-01-04\n2024-01-05,Date32,2024-01-04\n"
+    );
+    let out = p.run();
+    assert!(stdout(&out).contains("pit: up to date"), "{}", stdout(&out));
+}

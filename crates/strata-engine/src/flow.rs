@@ -34,7 +34,7 @@ use deltalake::kernel::transaction::CommitProperties;
 use deltalake::kernel::Transaction;
 use deltalake::protocol::SaveMode;
 use deltalake::DeltaTable;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use strata_core::FoldOptions;
 use strata_sql::{CdcFlow, ColumnSelection, FlowKind, ScdType, SequenceBy};
@@ -532,7 +532,7 @@ fn touched_keys(setup: &FlowSetup, events: &RecordBatch) -> Result<Touched> {
         .map(|&k| events.column(k).clone())
         .collect();
     let rows = sqlutil::rows(&key_cols)?;
-    let mut seen = HashSet::new();
+    let mut seen = ahash::AHashSet::with_capacity(events.num_rows());
     let idx: Vec<u32> = (0..events.num_rows())
         .filter(|&i| seen.insert(rows.row(i)))
         .map(|i| i as u32)
@@ -616,7 +616,8 @@ fn changed_keys(setup: &FlowSetup, old: &RecordBatch, new: &RecordBatch) -> Resu
     let (old_keys, new_keys) = (key_of(old)?, key_of(new)?);
     let (old_rows, new_rows) = (sqlutil::rows(old.columns())?, sqlutil::rows(new.columns())?);
     type Side<'a> = (Vec<&'a [u8]>, Vec<&'a [u8]>, Option<usize>);
-    let mut by_key: HashMap<&[u8], Side> = HashMap::new();
+    let mut by_key: ahash::AHashMap<&[u8], Side> =
+        ahash::AHashMap::with_capacity(old.num_rows() + new.num_rows());
     for i in 0..old.num_rows() {
         let e = by_key.entry(old_keys.row(i).data()).or_default();
         e.0.push(old_rows.row(i).data());
@@ -629,7 +630,7 @@ fn changed_keys(setup: &FlowSetup, old: &RecordBatch, new: &RecordBatch) -> Resu
             .1
             .push(new_rows.row(i).data());
     }
-    let mut changed: HashSet<&[u8]> = HashSet::new();
+    let mut changed: ahash::AHashSet<&[u8]> = ahash::AHashSet::new();
     let mut delete_rows = Vec::new();
     for (k, (mut o, mut n, first_old)) in by_key {
         o.sort_unstable();

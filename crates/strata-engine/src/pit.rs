@@ -22,7 +22,7 @@ use crate::timeline::Timeline;
 use crate::warehouse::{self, Warehouse};
 use deltalake::arrow::array::{Array, RecordBatch};
 use deltalake::arrow::compute::concat_batches;
-use deltalake::arrow::datatypes::{Field, Schema, SchemaRef};
+use deltalake::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use deltalake::datafusion::common::Column;
 use deltalake::datafusion::physical_plan::collect;
 use deltalake::datafusion::prelude::{lit, Expr, SessionContext};
@@ -105,7 +105,21 @@ async fn spine_values(
                 .join(", ")
         ),
         Spine::Range { start, stop, step } => {
-            format!("SELECT value AS {AS_OF_COL} FROM generate_series({start}, {stop}, {step})")
+            // generate_series steps dates as timestamps; the values keep the start's type.
+            let start_type = ctx
+                .sql(&format!("SELECT {start}"))
+                .await
+                .map_err(|e| EngineError::Plan(format!("{}: AS OF RANGE: {e}", pit.name)))?
+                .schema()
+                .field(0)
+                .data_type()
+                .clone();
+            let value = if start_type == DataType::Date32 {
+                "CAST(value AS DATE)"
+            } else {
+                "value"
+            };
+            format!("SELECT {value} AS {AS_OF_COL} FROM generate_series({start}, {stop}, {step})")
         }
         Spine::Query(q) => {
             let q = &crate::history::rewrite_as_of(wh, q)
@@ -130,6 +144,22 @@ async fn spine_values(
         "SELECT DISTINCT {AS_OF_COL} FROM ({inner}) WHERE {AS_OF_COL} IS NOT NULL ORDER BY 1"
     );
     sql_batches(ctx, &sql, &format!("{}: AS OF", pit.name)).await
+}
+
+/// The spine as Delta stores it (timestamps in microseconds, strings as plain UTF-8), so its
+/// values compare equal to the as-of values read back from the table.
+fn delta_typed(batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
+    batches
+        .into_iter()
+        .map(|b| {
+            let t = match crate::sqlutil::storage_type(b.schema().field(0).data_type()) {
+                DataType::Timestamp(_, tz) => DataType::Timestamp(TimeUnit::Microsecond, tz),
+                other => other,
+            };
+            let schema = Arc::new(Schema::new(vec![Field::new(AS_OF_COL, t, true)]));
+            crate::sqlutil::cast_batch(&b, &schema)
+        })
+        .collect()
 }
 
 /// The smallest start among the rows of `source` that changed after `from` (its change data
@@ -241,7 +271,7 @@ pub(crate) async fn refresh(wh: &Warehouse, pit: &PitTable) -> Result<PitReport>
     }
 
     let ctx = warehouse_session(wh).await?;
-    let spine = spine_values(wh, &ctx, pit).await?;
+    let spine = delta_typed(spine_values(wh, &ctx, pit).await?)?;
     let wanted = scalars(&spine)?;
     let target = wh.open_table(&pit.name).await?;
     let mut existing: Vec<ScalarValue> = Vec::new();
@@ -383,30 +413,45 @@ pub(crate) async fn refresh(wh: &Warehouse, pit: &PitTable) -> Result<PitReport>
         };
         ctes.push(format!("s{i} AS ({body})"));
     }
-    let union = (0..sources.len())
-        .map(|i| format!("SELECT {AS_OF_COL}, {} FROM s{i}", keys_t(&format!("s{i}"))))
-        .collect::<Vec<_>>()
-        .join(" UNION ");
-    ctes.push(format!("k AS ({union})"));
-    let mut select = format!("SELECT k.{AS_OF_COL}, {}", keys_t("k"));
-    let mut joins = String::new();
+    // One source: its rows are the answer. More: full outer joins on (as_of, keys), the
+    // as-of value and keys taken from whichever side has them.
+    let coalesced = |col: &str, upto: usize| {
+        if upto == 0 {
+            format!("s0.{col}")
+        } else {
+            format!(
+                "coalesce({})",
+                (0..=upto)
+                    .map(|i| format!("s{i}.{col}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        }
+    };
+    let last = sources.len() - 1;
+    let mut select = format!("SELECT {} AS {AS_OF_COL}", coalesced(AS_OF_COL, last));
+    for k in &pit.keys {
+        let q = quote_ident(k);
+        select.push_str(&format!(", {} AS {q}", coalesced(&q, last)));
+    }
     for (i, s) in sources.iter().enumerate() {
         select.push_str(&format!(", s{i}.c AS {}", quote_ident(&s.out_name)));
-        let on = std::iter::once(format!("s{i}.{AS_OF_COL} = k.{AS_OF_COL}"))
-            .chain(
-                pit.keys
-                    .iter()
-                    .map(|key| format!("s{i}.{q} = k.{q}", q = quote_ident(key))),
-            )
-            .collect::<Vec<_>>()
-            .join(" AND ");
-        joins.push_str(&format!(" LEFT JOIN s{i} ON {on}"));
     }
-    let sql = format!(
-        "WITH {} {select} FROM k{joins} ORDER BY k.{AS_OF_COL}, {}",
-        ctes.join(", "),
-        keys_t("k")
-    );
+    let mut from = "s0".to_string();
+    for i in 1..sources.len() {
+        let on = std::iter::once(format!(
+            "s{i}.{AS_OF_COL} = {}",
+            coalesced(AS_OF_COL, i - 1)
+        ))
+        .chain(pit.keys.iter().map(|k| {
+            let q = quote_ident(k);
+            format!("s{i}.{q} = {}", coalesced(&q, i - 1))
+        }))
+        .collect::<Vec<_>>()
+        .join(" AND ");
+        from.push_str(&format!(" FULL OUTER JOIN s{i} ON {on}"));
+    }
+    let sql = format!("WITH {} {select} FROM {from}", ctes.join(", "));
     let df = ctx
         .sql(&sql)
         .await
@@ -427,11 +472,10 @@ pub(crate) async fn refresh(wh: &Warehouse, pit: &PitTable) -> Result<PitReport>
         .iter()
         .map(|b| crate::sqlutil::cast_batch(b, &out_schema))
         .collect::<Result<Vec<_>>>()?;
-    let rows = concat_batches(&out_schema, &batches).context(|| "point-in-time rows".into())?;
-    report.rows = rows.num_rows();
+    report.rows = batches.iter().map(RecordBatch::num_rows).sum();
     // As-of values at which no key has a version leave no rows; computing them again finds
     // none again, and there is nothing to commit.
-    if rows.num_rows() == 0 && report.recomputed == 0 && removed.is_empty() && target.is_some() {
+    if report.rows == 0 && report.recomputed == 0 && removed.is_empty() && target.is_some() {
         report.skipped = Some("up to date".to_string());
         return Ok(report);
     }
@@ -458,7 +502,7 @@ pub(crate) async fn refresh(wh: &Warehouse, pit: &PitTable) -> Result<PitReport>
             true,
         ),
     };
-    let write = handle.write(vec![rows]).with_commit_properties(props);
+    let write = handle.write(batches).with_commit_properties(props);
     let write = if fresh {
         write.with_save_mode(SaveMode::Append)
     } else {

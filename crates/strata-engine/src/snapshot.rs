@@ -24,6 +24,7 @@ use crate::flow::{self, FlowReport, FlowSetup};
 use crate::fold::{self, FoldSpec, OP_COL, RUN_COL, SEQ_COL};
 use crate::sqlutil::{self, quote_ident};
 use crate::warehouse::{self, Warehouse};
+use ahash::{AHashMap, AHashSet};
 use deltalake::arrow::array::{
     new_null_array, Array, ArrayRef, BooleanArray, Int64Array, Int8Array, RecordBatch, UInt32Array,
 };
@@ -36,7 +37,6 @@ use deltalake::kernel::transaction::CommitProperties;
 use deltalake::kernel::Transaction;
 use deltalake::protocol::SaveMode;
 use deltalake::DeltaTable;
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 /// Op code of a marker event: "version `seq` was delivered by run `run`".
@@ -208,7 +208,7 @@ async fn state_at(ctx: &SessionContext, setup: &FlowSetup, v: &ScalarValue) -> R
 }
 
 /// Key rows (row format) of `batch`'s key columns, owned.
-fn key_set(setup: &FlowSetup, batch: &RecordBatch) -> Result<HashSet<Vec<u8>>> {
+fn key_set(setup: &FlowSetup, batch: &RecordBatch) -> Result<AHashSet<Vec<u8>>> {
     let keys = sqlutil::rows(
         &setup
             .spec
@@ -246,7 +246,7 @@ fn diff(
             .collect()
     };
     let nk = sqlutil::rows(&key_cols(new))?;
-    let mut new_by_key: HashMap<&[u8], u32> = HashMap::with_capacity(new.num_rows());
+    let mut new_by_key: AHashMap<&[u8], u32> = AHashMap::with_capacity(new.num_rows());
     for i in 0..new.num_rows() {
         if new_by_key.insert(nk.row(i).data(), i as u32).is_some() {
             return Err(EngineError::BadInput(format!(
@@ -484,7 +484,7 @@ pub(crate) async fn to_events(
                     )
                 };
                 let (sk, ok) = (key_of(&snap)?, key_of(&old_state_v)?);
-                let old_keys: HashMap<&[u8], u32> = (0..old_state_v.num_rows())
+                let old_keys: AHashMap<&[u8], u32> = (0..old_state_v.num_rows())
                     .map(|i| (ok.row(i).data(), i as u32))
                     .collect();
                 let mut pin_upserts: Vec<u32> = Vec::new();
