@@ -5,8 +5,10 @@
 # 2. `run.py --small`: strata and DuckDB on the same generated workloads (updates, no-ops,
 #    deletes, re-inserts, late events, an incremental batch; and a 20k-row snapshot followed by
 #    its successor with 1% of keys changed, removed or new, through AUTO CDC FROM SNAPSHOT);
-#    exits non-zero unless both give the same rows. Timings of a debug build mean nothing and
-#    are not reported anywhere.
+#    exits non-zero unless both give the same rows;
+# 3. `pit_bench.py --small`: a point-in-time table over 2k keys and 365 days against DuckDB's
+#    ASOF JOIN, and fact joins (range, PIT, ASOF), all compared.
+# Timings of a debug build mean nothing and are not reported anywhere.
 # Needs python3 and PyPI (the scripts create benchmarks/.venv themselves).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -15,3 +17,4 @@ python3 test_duckdb_formulation.py
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 python3 run.py --small --strata "$STRATA_BIN" --workdir "$work" --json "$work/results.json"
+python3 pit_bench.py --small --strata "$STRATA_BIN" --workdir "$work/pit"
