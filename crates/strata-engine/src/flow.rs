@@ -67,6 +67,18 @@ impl FlowSetup {
         matches!(self.flow.kind, FlowKind::Snapshot { .. })
     }
 
+    /// The key columns of `batch` (in the event or target layout) in Arrow's row format.
+    pub(crate) fn key_rows(&self, batch: &RecordBatch) -> Result<deltalake::arrow::row::Rows> {
+        sqlutil::rows(
+            &self
+                .spec
+                .keys
+                .iter()
+                .map(|&k| batch.column(k).clone())
+                .collect::<Vec<_>>(),
+        )
+    }
+
     /// A snapshot flow without `SNAPSHOT VERSION BY`: each run snapshots the whole source.
     pub(crate) fn table_mode(&self) -> bool {
         matches!(self.flow.kind, FlowKind::Snapshot { version_by: None })
@@ -603,17 +615,7 @@ async fn read_slice(
 /// Keys whose rows differ between `old` and `new` (both in the target schema), as indices:
 /// for each changed key, one row of `old` carrying it (if any).
 fn changed_keys(setup: &FlowSetup, old: &RecordBatch, new: &RecordBatch) -> Result<ChangeSet> {
-    let key_of = |b: &RecordBatch| -> Result<_> {
-        sqlutil::rows(
-            &setup
-                .spec
-                .keys
-                .iter()
-                .map(|&k| b.column(k).clone())
-                .collect::<Vec<_>>(),
-        )
-    };
-    let (old_keys, new_keys) = (key_of(old)?, key_of(new)?);
+    let (old_keys, new_keys) = (setup.key_rows(old)?, setup.key_rows(new)?);
     let (old_rows, new_rows) = (sqlutil::rows(old.columns())?, sqlutil::rows(new.columns())?);
     type Side<'a> = (Vec<&'a [u8]>, Vec<&'a [u8]>, Option<usize>);
     let mut by_key: ahash::AHashMap<&[u8], Side> =

@@ -209,14 +209,7 @@ async fn state_at(ctx: &SessionContext, setup: &FlowSetup, v: &ScalarValue) -> R
 
 /// Key rows (row format) of `batch`'s key columns, owned.
 fn key_set(setup: &FlowSetup, batch: &RecordBatch) -> Result<AHashSet<Vec<u8>>> {
-    let keys = sqlutil::rows(
-        &setup
-            .spec
-            .keys
-            .iter()
-            .map(|&k| batch.column(k).clone())
-            .collect::<Vec<_>>(),
-    )?;
+    let keys = setup.key_rows(batch)?;
     Ok((0..batch.num_rows())
         .map(|i| keys.row(i).data().to_vec())
         .collect())
@@ -237,15 +230,7 @@ fn diff(
     old: &RecordBatch,
     version: &ScalarValue,
 ) -> Result<Diff> {
-    let key_cols = |b: &RecordBatch| -> Vec<ArrayRef> {
-        setup
-            .spec
-            .keys
-            .iter()
-            .map(|&k| b.column(k).clone())
-            .collect()
-    };
-    let nk = sqlutil::rows(&key_cols(new))?;
+    let nk = setup.key_rows(new)?;
     let mut new_by_key: AHashMap<&[u8], u32> = AHashMap::with_capacity(new.num_rows());
     for i in 0..new.num_rows() {
         if new_by_key.insert(nk.row(i).data(), i as u32).is_some() {
@@ -264,7 +249,7 @@ fn diff(
             deletes: Vec::new(),
         });
     }
-    let ok = sqlutil::rows(&key_cols(old))?;
+    let ok = setup.key_rows(old)?;
     // Matched keys compare column by column (NULL equals NULL), without a copy of every row
     // in row format.
     let same: Vec<_> = new
@@ -473,17 +458,7 @@ pub(crate) async fn to_events(
                     setup,
                     &stored_events(ctx, setup, col(SEQ_COL).eq(lit(n.clone()))).await?,
                 )?;
-                let key_of = |b: &RecordBatch| -> Result<_> {
-                    sqlutil::rows(
-                        &setup
-                            .spec
-                            .keys
-                            .iter()
-                            .map(|&k| b.column(k).clone())
-                            .collect::<Vec<_>>(),
-                    )
-                };
-                let (sk, ok) = (key_of(&snap)?, key_of(&old_state_v)?);
+                let (sk, ok) = (setup.key_rows(&snap)?, setup.key_rows(&old_state_v)?);
                 let old_keys: AHashMap<&[u8], u32> = (0..old_state_v.num_rows())
                     .map(|i| (ok.row(i).data(), i as u32))
                     .collect();

@@ -163,25 +163,7 @@ async fn actual(wh: &Warehouse, scd2: bool) -> Vec<String> {
     } else {
         "SELECT id, name, city FROM t ORDER BY id"
     };
-    let (_, batches) = strata_engine::query(wh, sql).await.expect("query");
-    let options = FormatOptions::default().with_null("NULL");
-    let mut out = Vec::new();
-    for b in batches {
-        let f: Vec<_> = b
-            .columns()
-            .iter()
-            .map(|c| ArrayFormatter::try_new(c.as_ref(), &options).expect("format"))
-            .collect();
-        for r in 0..b.num_rows() {
-            out.push(
-                f.iter()
-                    .map(|x| x.value(r).to_string())
-                    .collect::<Vec<_>>()
-                    .join("|"),
-            );
-        }
-    }
-    out
+    rows_of(wh, sql).await
 }
 
 async fn run_case(c: &Case) -> Result<(), String> {
