@@ -669,6 +669,15 @@ struct ChangeSet {
     rows_deleted: usize,
 }
 
+/// The value of the `strata.scdType` table property for a history mode.
+fn scd_type_property(mode: ScdType) -> &'static str {
+    match mode {
+        ScdType::Type1 => "1",
+        ScdType::Type2 => "2",
+        ScdType::Snapshots => "snapshots",
+    }
+}
+
 /// Table properties every AUTO CDC target carries.
 pub(crate) fn target_configuration(
     setup: &FlowSetup,
@@ -678,11 +687,7 @@ pub(crate) fn target_configuration(
     conf.push(("strata.keys".to_string(), Some(setup.key_names.join(","))));
     conf.push((
         "strata.scdType".to_string(),
-        Some(match setup.flow.stored_as {
-            ScdType::Type1 => "1".to_string(),
-            ScdType::Type2 => "2".to_string(),
-            ScdType::Snapshots => "snapshots".to_string(),
-        }),
+        Some(scd_type_property(setup.flow.stored_as).to_string()),
     ));
     conf
 }
@@ -736,13 +741,34 @@ pub(crate) async fn check_existing(wh: &Warehouse, setup: &FlowSetup) -> Result<
         }
     }
     if let Some(target) = wh.open_table(&flow.target).await? {
-        let recorded = target
+        let config = target
             .snapshot()
             .context(|| "reading table state".into())?
             .metadata()
             .configuration()
-            .get("strata.keys")
-            .cloned();
+            .clone();
+        let mode = scd_type_property(flow.stored_as);
+        if let Some(recorded) = config.get("strata.scdType").filter(|m| **m != mode) {
+            let name = |m: &str| match m {
+                "1" => "SCD TYPE 1".to_string(),
+                "2" => "SCD TYPE 2".to_string(),
+                "snapshots" => "SNAPSHOTS".to_string(),
+                other => other.to_string(),
+            };
+            return Err(flow_err(
+                flow,
+                format!(
+                    "{} is stored as {} but the flow now says STORED AS {}; switching the \
+                     history mode needs a rebuild of {} from its source (remove the table and \
+                     its state under _strata, then run again)",
+                    flow.target,
+                    name(recorded),
+                    flow.stored_as,
+                    flow.target
+                ),
+            ));
+        }
+        let recorded = config.get("strata.keys").cloned();
         if let Some(recorded) = recorded {
             if recorded != setup.key_names.join(",") {
                 return Err(flow_err(
