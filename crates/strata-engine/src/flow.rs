@@ -741,12 +741,7 @@ pub(crate) async fn check_existing(wh: &Warehouse, setup: &FlowSetup) -> Result<
         }
     }
     if let Some(target) = wh.open_table(&flow.target).await? {
-        let config = target
-            .snapshot()
-            .context(|| "reading table state".into())?
-            .metadata()
-            .configuration()
-            .clone();
+        let config = warehouse::table_properties(&target)?;
         let mode = scd_type_property(flow.stored_as);
         if let Some(recorded) = config.get("strata.scdType").filter(|m| **m != mode) {
             let name = |m: &str| match m {

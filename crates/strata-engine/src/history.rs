@@ -58,12 +58,7 @@ pub(crate) async fn rewrite_as_of(wh: &Warehouse, sql: &str) -> Result<Option<St
         let table = wh.open_table(&tn).await?.ok_or_else(|| {
             EngineError::NotFound(format!("{FUNCTION}('{name}', ...): no table {tn}"))
         })?;
-        let config = table
-            .snapshot()
-            .map_err(|e| EngineError::Internal(format!("reading {tn}: {e}")))?
-            .metadata()
-            .configuration()
-            .clone();
+        let config = crate::warehouse::table_properties(&table)?;
         let snapshots = match config.get("strata.scdType").map(String::as_str) {
             Some("2") => false,
             Some("snapshots") => true,

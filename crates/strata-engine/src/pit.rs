@@ -65,21 +65,6 @@ fn app_id(pit: &PitTable, source: &TableName) -> String {
     format!("strata-pit:{}:{source}", pit.name)
 }
 
-fn scalars(batches: &[RecordBatch]) -> Result<Vec<ScalarValue>> {
-    let mut out = Vec::new();
-    for b in batches {
-        for i in 0..b.num_rows() {
-            if b.column(0).is_valid(i) {
-                out.push(
-                    ScalarValue::try_from_array(b.column(0), i)
-                        .context(|| "reading as-of values".into())?,
-                );
-            }
-        }
-    }
-    Ok(out)
-}
-
 async fn sql_batches(ctx: &SessionContext, sql: &str, what: &str) -> Result<Vec<RecordBatch>> {
     ctx.sql(sql)
         .await
@@ -223,7 +208,7 @@ async fn changed_since(
          FROM o FULL OUTER JOIN n ON {on}"
     );
     let min = sql_batches(&tmp, &sql, "change feed").await?;
-    let v = scalars(&min)?;
+    let v = crate::sqlutil::scalars(&min)?;
     Ok(Some(v.into_iter().next()))
 }
 
@@ -239,12 +224,7 @@ pub(crate) async fn refresh(wh: &Warehouse, pit: &PitTable) -> Result<PitReport>
             report.skipped = Some(format!("waiting for {name}, which has no rows yet"));
             return Ok(report);
         };
-        let config = table
-            .snapshot()
-            .context(|| "reading table state".into())?
-            .metadata()
-            .configuration()
-            .clone();
+        let config = warehouse::table_properties(&table)?;
         let timeline = Timeline::from_properties(&config)?;
         let snapshots = config.get("strata.scdType").map(String::as_str) == Some("snapshots");
         let schema = crate::sqlutil::table_schema(&table)?;
@@ -272,13 +252,13 @@ pub(crate) async fn refresh(wh: &Warehouse, pit: &PitTable) -> Result<PitReport>
 
     let ctx = warehouse_session(wh).await?;
     let spine = delta_typed(spine_values(wh, &ctx, pit).await?)?;
-    let wanted = scalars(&spine)?;
+    let wanted = crate::sqlutil::scalars(&spine)?;
     let target = wh.open_table(&pit.name).await?;
     let mut existing: Vec<ScalarValue> = Vec::new();
     let mut bound: Option<Option<ScalarValue>> = None; // Some(None): everything
     if let Some(t) = &target {
         flow::register_table(&ctx, "__strata_pit", t, None).await?;
-        existing = scalars(
+        existing = crate::sqlutil::scalars(
             &sql_batches(
                 &ctx,
                 &format!("SELECT DISTINCT {AS_OF_COL} FROM __strata_pit"),

@@ -71,12 +71,7 @@ pub async fn validate(wh: &Warehouse, name: &str) -> Result<Vec<Violation>> {
     let table = wh.open_table(&table_name).await?.ok_or_else(|| {
         EngineError::NotFound(format!("no table {table_name} in {}", wh.root().display()))
     })?;
-    let config = table
-        .snapshot()
-        .context(|| "reading table state".into())?
-        .metadata()
-        .configuration()
-        .clone();
+    let config = crate::warehouse::table_properties(&table)?;
     let keys: Vec<String> = config
         .get("strata.keys")
         .map(|k| k.split(',').map(str::to_string).collect())

@@ -26,7 +26,7 @@ use crate::sqlutil::{self, quote_ident};
 use crate::warehouse::{self, Warehouse};
 use ahash::{AHashMap, AHashSet};
 use deltalake::arrow::array::{
-    new_null_array, Array, ArrayRef, BooleanArray, Int64Array, Int8Array, RecordBatch, UInt32Array,
+    new_null_array, ArrayRef, BooleanArray, Int64Array, Int8Array, RecordBatch, UInt32Array,
 };
 use deltalake::arrow::compute::{self, concat_batches};
 use deltalake::arrow::datatypes::{Schema, SchemaRef};
@@ -155,15 +155,7 @@ async fn stored_versions(ctx: &SessionContext) -> Result<Vec<ScalarValue>> {
         .collect()
         .await
         .context(|| "reading applied versions".into())?;
-    let mut out = Vec::new();
-    for b in batches {
-        for i in 0..b.num_rows() {
-            out.push(
-                ScalarValue::try_from_array(b.column(0), i)
-                    .context(|| "reading applied versions".into())?,
-            );
-        }
-    }
+    let mut out = sqlutil::scalars(&batches)?;
     out.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
     Ok(out)
 }
@@ -223,6 +215,29 @@ struct Diff {
     deletes: Vec<u32>,
 }
 
+/// Row of each key of snapshot `batch` (`keys`: its key rows), rejecting a key that appears
+/// twice in it; `version` names the snapshot in that error.
+fn key_index<'a>(
+    setup: &FlowSetup,
+    batch: &RecordBatch,
+    keys: &'a deltalake::arrow::row::Rows,
+    version: &ScalarValue,
+) -> Result<AHashMap<&'a [u8], u32>> {
+    let mut index: AHashMap<&[u8], u32> = AHashMap::with_capacity(batch.num_rows());
+    for i in 0..batch.num_rows() {
+        if index.insert(keys.row(i).data(), i as u32).is_some() {
+            return Err(EngineError::BadInput(format!(
+                "flow {}: key ({}) appears twice in snapshot version {}; a snapshot holds one \
+                 row per key. The run was rejected and nothing was written",
+                setup.flow.name,
+                fold::describe_key(batch, &setup.spec.keys, i),
+                render_version(version),
+            )));
+        }
+    }
+    Ok(index)
+}
+
 /// `version` names the snapshot `new` is, for the error on a key that appears twice in it.
 fn diff(
     setup: &FlowSetup,
@@ -231,18 +246,7 @@ fn diff(
     version: &ScalarValue,
 ) -> Result<Diff> {
     let nk = setup.key_rows(new)?;
-    let mut new_by_key: AHashMap<&[u8], u32> = AHashMap::with_capacity(new.num_rows());
-    for i in 0..new.num_rows() {
-        if new_by_key.insert(nk.row(i).data(), i as u32).is_some() {
-            return Err(EngineError::BadInput(format!(
-                "flow {}: key ({}) appears twice in snapshot version {}; a snapshot holds one \
-                 row per key. The run was rejected and nothing was written",
-                setup.flow.name,
-                fold::describe_key(new, &setup.spec.keys, i),
-                render_version(version),
-            )));
-        }
-    }
+    let new_by_key = key_index(setup, new, &nk, version)?;
     if old.num_rows() == 0 {
         return Ok(Diff {
             upserts: (0..new.num_rows() as u32).collect(),
@@ -314,20 +318,7 @@ fn make_events(
     );
     cols.push(Arc::new(Int8Array::from(vec![op; n])));
     cols.push(Arc::new(Int64Array::from(vec![run; n])));
-    let cast: Vec<ArrayRef> = cols
-        .into_iter()
-        .zip(setup.event_schema.fields())
-        .map(|(c, f)| {
-            if c.data_type() == f.data_type() {
-                Ok(c)
-            } else {
-                compute::cast(c.as_ref(), f.data_type())
-                    .context(|| format!("building snapshot events: {}", f.name()))
-            }
-        })
-        .collect::<Result<_>>()?;
-    RecordBatch::try_new(setup.event_schema.clone(), cast)
-        .context(|| "building snapshot events".into())
+    sqlutil::cast_columns(cols, &setup.event_schema)
 }
 
 fn marker(setup: &FlowSetup, v: &ScalarValue, run: i64) -> Result<RecordBatch> {
@@ -335,12 +326,10 @@ fn marker(setup: &FlowSetup, v: &ScalarValue, run: i64) -> Result<RecordBatch> {
         .iter()
         .map(|f| new_null_array(f.data_type(), 1))
         .collect();
-    let seq = v.to_array_of_size(1).context(|| "marker".into())?;
-    let seq_type = setup.event_schema.field(setup.spec.n_out).data_type();
-    cols.push(compute::cast(seq.as_ref(), seq_type).context(|| "marker".into())?);
+    cols.push(v.to_array_of_size(1).context(|| "marker".into())?);
     cols.push(Arc::new(Int8Array::from(vec![OP_MARKER])));
     cols.push(Arc::new(Int64Array::from(vec![run])));
-    RecordBatch::try_new(setup.event_schema.clone(), cols).context(|| "marker".into())
+    sqlutil::cast_columns(cols, &setup.event_schema)
 }
 
 /// The rows of `b` at `idx`; `b` itself (no copy) when `idx` is all of it, in any order.
@@ -612,14 +601,7 @@ pub(crate) async fn run_snapshots_mode(
             .collect()
             .await
             .context(|| "reading versions".into())?;
-        for b in batches {
-            for i in 0..b.num_rows() {
-                existing.push(
-                    ScalarValue::try_from_array(b.column(0), i)
-                        .context(|| "reading versions".into())?,
-                );
-            }
-        }
+        existing = sqlutil::scalars(&batches)?;
     }
     let old_max = existing
         .iter()
@@ -647,12 +629,7 @@ pub(crate) async fn run_snapshots_mode(
         replace.push(v.clone());
         let snap = take_rows(&rows, idx)?;
         // A key twice in one version is an error here too.
-        diff(
-            setup,
-            &data_only(setup, &snap)?,
-            &RecordBatch::new_empty(data_schema(setup)),
-            v,
-        )?;
+        key_index(setup, &snap, &setup.key_rows(&snap)?, v)?;
         let n = snap.num_rows();
         let mut cols: Vec<ArrayRef> = snap.columns()[..setup.spec.n_out].to_vec();
         let seq = snap.column(setup.spec.n_out).clone();

@@ -1,10 +1,11 @@
 //! Small helpers between Arrow, DataFusion and Delta: quoting, casting, schemas, row format.
 
 use crate::error::{Context, EngineError, Result};
-use deltalake::arrow::array::{ArrayRef, RecordBatch};
+use deltalake::arrow::array::{Array, ArrayRef, RecordBatch};
 use deltalake::arrow::compute::cast;
 use deltalake::arrow::datatypes::{DataType, Schema, SchemaRef};
 use deltalake::arrow::row::{RowConverter, Rows, SortField};
+use deltalake::datafusion::scalar::ScalarValue;
 use deltalake::DeltaTable;
 
 /// `name` as a double-quoted SQL identifier (DataFusion's default dialect).
@@ -19,20 +20,24 @@ pub(crate) fn quote_str(s: &str) -> String {
 
 /// Casts `batch` column by column (by position) to `schema`.
 pub(crate) fn cast_batch(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
-    if batch.num_columns() != schema.fields().len() {
+    cast_columns(batch.columns().to_vec(), schema)
+}
+
+/// A batch of `schema` from `columns`, each cast (by position) to its field's type.
+pub(crate) fn cast_columns(columns: Vec<ArrayRef>, schema: &SchemaRef) -> Result<RecordBatch> {
+    if columns.len() != schema.fields().len() {
         return Err(EngineError::Internal(format!(
             "batch has {} columns, expected {}",
-            batch.num_columns(),
+            columns.len(),
             schema.fields().len()
         )));
     }
-    let cols = batch
-        .columns()
-        .iter()
+    let cols = columns
+        .into_iter()
         .zip(schema.fields())
         .map(|(c, f)| {
             if c.data_type() == f.data_type() {
-                Ok(c.clone())
+                Ok(c)
             } else {
                 cast(c.as_ref(), f.data_type())
                     .context(|| format!("column {}: cannot convert to {}", f.name(), f.data_type()))
@@ -40,6 +45,22 @@ pub(crate) fn cast_batch(batch: &RecordBatch, schema: &SchemaRef) -> Result<Reco
         })
         .collect::<Result<Vec<_>>>()?;
     RecordBatch::try_new(schema.clone(), cols).context(|| "casting batch".into())
+}
+
+/// The non-NULL values of the first column of `batches`, as scalars.
+pub(crate) fn scalars(batches: &[RecordBatch]) -> Result<Vec<ScalarValue>> {
+    let mut out = Vec::new();
+    for b in batches {
+        for i in 0..b.num_rows() {
+            if b.column(0).is_valid(i) {
+                out.push(
+                    ScalarValue::try_from_array(b.column(0), i)
+                        .context(|| "reading values".into())?,
+                );
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Arrow's row format of `columns`: ordered like SQL `ORDER BY`, equal as bytes.

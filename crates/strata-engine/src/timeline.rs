@@ -57,7 +57,7 @@ pub(crate) struct Timeline {
 
 impl Default for Timeline {
     fn default() -> Self {
-        Timeline::preset("databricks").unwrap_or_else(|| Timeline {
+        Timeline {
             surrogate_key: None,
             updated_at: None,
             valid_from: "__START_AT".into(),
@@ -65,7 +65,7 @@ impl Default for Timeline {
             current_flag: None,
             open_end: None,
             partition_by_start: false,
-        })
+        }
     }
 }
 
@@ -73,15 +73,7 @@ impl Timeline {
     fn preset(name: &str) -> Option<Timeline> {
         let s = |v: &str| v.to_string();
         Some(match name {
-            "databricks" => Timeline {
-                surrogate_key: None,
-                updated_at: None,
-                valid_from: s("__START_AT"),
-                valid_to: s("__END_AT"),
-                current_flag: None,
-                open_end: None,
-                partition_by_start: false,
-            },
+            "databricks" => Timeline::default(),
             "dbt" => Timeline {
                 surrogate_key: Some(s("dbt_scd_id")),
                 updated_at: Some(s("dbt_updated_at")),

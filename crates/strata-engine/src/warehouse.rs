@@ -14,6 +14,7 @@ use deltalake::datafusion::prelude::SessionConfig;
 use deltalake::kernel::engine::arrow_conversion::TryIntoKernel;
 use deltalake::kernel::StructType;
 use deltalake::{DeltaTable, DeltaTableBuilder};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use strata_sql::TableName;
 
@@ -106,6 +107,17 @@ pub(crate) async fn open_delta(path: &Path) -> Result<Option<DeltaTable>> {
         .await
         .context(|| format!("cannot open Delta table {}", path.display()))?;
     Ok(Some(table))
+}
+
+/// The properties (Delta configuration) of `table`: `strata.keys`, `strata.scdType`, the
+/// timeline convention, and whatever `TBLPROPERTIES` set.
+pub(crate) fn table_properties(table: &DeltaTable) -> Result<HashMap<String, String>> {
+    Ok(table
+        .snapshot()
+        .context(|| "reading table state".into())?
+        .metadata()
+        .configuration()
+        .clone())
 }
 
 /// Table properties as written in `TBLPROPERTIES`, plus the change data feed that every

@@ -208,26 +208,6 @@ async fn run_case(c: &Case) -> Result<(), String> {
     Ok(())
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(16),
-        max_shrink_iters: 64,
-        failure_persistence: None,
-        .. ProptestConfig::default()
-    })]
-
-    #[test]
-    fn engine_equals_reference_under_any_arrival_order(c in case()) {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let result = rt.block_on(run_case(&c));
-        prop_assert!(result.is_ok(), "{}", result.unwrap_err());
-    }
-}
-
 // ---------------------------------------------------------------------------------------
 // AUTO CDC FROM SNAPSHOT: snapshots delivered in any order, some first with wrong content and
 // then redelivered, equal the snapshots applied in version order (reference model).
@@ -477,6 +457,16 @@ async fn rows_of(wh: &Warehouse, sql: &str) -> Vec<String> {
     out
 }
 
+/// Runs one case on a fresh two-thread runtime (each case runs the real pipeline).
+fn block_on(case: impl std::future::Future<Output = Result<(), String>>) -> Result<(), String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(case)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig {
         cases: std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(16),
@@ -486,13 +476,14 @@ proptest! {
     })]
 
     #[test]
+    fn engine_equals_reference_under_any_arrival_order(c in case()) {
+        let result = block_on(run_case(&c));
+        prop_assert!(result.is_ok(), "{}", result.unwrap_err());
+    }
+
+    #[test]
     fn snapshots_in_any_order_equal_version_order(c in snap_case()) {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let result = rt.block_on(run_snap_case(&c));
+        let result = block_on(run_snap_case(&c));
         prop_assert!(result.is_ok(), "{}", result.unwrap_err());
     }
 }
