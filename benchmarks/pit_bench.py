@@ -530,15 +530,7 @@ def main(argv=None) -> int:
         f"all equal: {'yes' if same else 'NO'}")
     log("=" * 78)
     out_json = a.json or (wl / f"pit-results-{time.strftime('%Y%m%d-%H%M%S')}.json")
-    out_json.write_text(json.dumps(res, indent=2, default=str))
-    log(f"measurements written to {out_json}")
-    if FAILURES:
-        log(f"\n{len(FAILURES)} FAILURE(S):")
-        for f in FAILURES:
-            log("- " + f)
-        return 1
-    log("all results match")
-    return 0
+    return bench.finish(res, out_json, FAILURES)
 
 
 if __name__ == "__main__":

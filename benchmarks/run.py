@@ -794,11 +794,16 @@ def main(argv=None) -> int:
             results.append(bench_incremental(a, strata, sizes))
     report(results, strata, a)
     out_json = a.json or (a.workdir / f"results-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    return finish(results, out_json, FAILURES)
+
+
+def finish(results, out_json: Path, failures: list[str]) -> int:
+    """Writes the measurements to OUT_JSON, lists the failures; the exit code of a run."""
     out_json.write_text(json.dumps(results, indent=2, default=str))
     log(f"measurements written to {out_json}")
-    if FAILURES:
-        log(f"\n{len(FAILURES)} FAILURE(S):")
-        for f in FAILURES:
+    if failures:
+        log(f"\n{len(failures)} FAILURE(S):")
+        for f in failures:
             log("- " + f)
         return 1
     log("all results match")
