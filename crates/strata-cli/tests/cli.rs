@@ -615,3 +615,33 @@ fn point_in_time_date_range_is_stable() {
     let out = p.run();
     assert!(stdout(&out).contains("pit: up to date"), "{}", stdout(&out));
 }
+
+/// `as_of` on a table without history, or with the wrong arguments, is a clear error.
+#[test]
+fn as_of_errors_are_clear() {
+    let p = Project::new(PIPELINE);
+    p.file("data/cdc/001.json", BATCH1);
+    assert!(p.run().status.success());
+    let out = p.strata(&["query", "SELECT * FROM as_of('users_cdc', 1)"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out)
+            .contains("users_cdc keeps no history; as_of reads SCD type 2 and SNAPSHOTS tables"),
+        "{}",
+        stderr(&out)
+    );
+    let out = p.strata(&["query", "SELECT * FROM as_of('users')"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("as_of takes a table name and a value"),
+        "{}",
+        stderr(&out)
+    );
+    let out = p.strata(&["query", "SELECT * FROM as_of('nope', 1)"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("no table default.nope"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -196,3 +196,32 @@ fn snapshot_flows_own_their_target() {
         "{m}"
     );
 }
+
+#[test]
+fn point_in_time_tables_read_historised_targets() {
+    let flows = "CREATE STREAMING TABLE h;\n\
+         CREATE FLOW fh AS AUTO CDC INTO h FROM STREAM(cdc) KEYS (id) SEQUENCE BY v STORED AS SCD TYPE 2;\n\
+         CREATE STREAMING TABLE c;\n\
+         CREATE FLOW fc AS AUTO CDC INTO c FROM STREAM(cdc) KEYS (id) SEQUENCE BY v;\n";
+    let ok = plan(&format!(
+        "{CDC}{flows}CREATE POINT IN TIME TABLE p KEYS (id) AS OF (1, 2) FROM h;"
+    ))
+    .unwrap();
+    assert_eq!(ok.order.last(), Some(&Node::PointInTime(0)));
+    let (line, m) = plan_error(&format!(
+        "{CDC}{flows}CREATE POINT IN TIME TABLE p KEYS (id) AS OF (1) FROM c;"
+    ));
+    assert_eq!(line, 6);
+    assert!(
+        m.contains("c is stored as SCD TYPE 1 and keeps no history"),
+        "{m}"
+    );
+    let (_, m) = plan_error(&format!(
+        "{CDC}{flows}CREATE POINT IN TIME TABLE p KEYS (id) AS OF (1) FROM cdc;"
+    ));
+    assert!(m.contains("not the target of an AUTO CDC flow"), "{m}");
+    let (_, m) = plan_error(&format!(
+        "{CDC}{flows}CREATE POINT IN TIME TABLE p KEYS (id) AS OF (1) FROM h, h;"
+    ));
+    assert!(m.contains("listed twice in FROM"), "{m}");
+}
