@@ -92,3 +92,19 @@ impl<T> Context<T> for std::result::Result<T, std::io::Error> {
         })
     }
 }
+
+/// `e` and its causes, joined with `: ` (each cause once: a message that already ends with
+/// its cause's text is not repeated).
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}

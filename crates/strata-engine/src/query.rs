@@ -23,7 +23,14 @@ pub(crate) async fn warehouse_session(wh: &Warehouse) -> Result<SessionContext> 
     let catalog = ctx
         .catalog("strata")
         .ok_or_else(|| EngineError::Internal("catalog strata missing".into()))?;
-    for name in wh.list_tables()? {
+    let tables = wh.list_tables()?;
+    let log = TableName::new(None, crate::event_log::EVENT_LOG_TABLE);
+    if !tables.contains(&log) {
+        if let Some(t) = crate::warehouse::open_delta(&crate::event_log::path(wh)).await? {
+            register_table(&ctx, crate::event_log::EVENT_LOG_TABLE, &t, None).await?;
+        }
+    }
+    for name in tables {
         if catalog.schema(&name.schema).is_none() {
             catalog
                 .register_schema(&name.schema, Arc::new(MemorySchemaProvider::new()))
@@ -37,12 +44,23 @@ pub(crate) async fn warehouse_session(wh: &Warehouse) -> Result<SessionContext> 
     Ok(ctx)
 }
 
+/// `sql` with strata's table functions (`as_of`, `table_changes`) replaced by what they
+/// read, registered in `ctx` where needed.
+pub(crate) async fn rewrite(wh: &Warehouse, ctx: &SessionContext, sql: &str) -> Result<String> {
+    let sql = crate::history::rewrite_as_of(wh, sql)
+        .await?
+        .unwrap_or_else(|| sql.to_string());
+    Ok(crate::changes::rewrite_table_changes(wh, ctx, &sql)
+        .await?
+        .unwrap_or(sql))
+}
+
 /// Runs `sql` over every table of `wh`.
 pub async fn query(wh: &Warehouse, sql: &str) -> Result<(SchemaRef, Vec<RecordBatch>)> {
     let ctx = warehouse_session(wh).await?;
-    let rewritten = crate::history::rewrite_as_of(wh, sql).await?;
+    let sql = rewrite(wh, &ctx, sql).await?;
     let df = ctx
-        .sql(rewritten.as_deref().unwrap_or(sql))
+        .sql(&sql)
         .await
         .map_err(|e| EngineError::Plan(format!("query: {e}")))?;
     let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
