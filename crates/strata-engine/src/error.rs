@@ -93,18 +93,17 @@ impl<T> Context<T> for std::result::Result<T, std::io::Error> {
     }
 }
 
-/// `e` and its causes, joined with `: ` (each cause once: a message that already ends with
-/// its cause's text is not repeated).
+/// `e` and its causes, joined with `: `; a cause whose text the message before it already
+/// contains is not repeated.
 pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
+    let mut parts = vec![e.to_string()];
+    let mut cur = e.source();
+    while let Some(s) = cur {
         let text = s.to_string();
-        if !out.ends_with(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
+        if !parts.last().is_some_and(|p| p.contains(&text)) {
+            parts.push(text);
         }
-        source = s.source();
+        cur = s.source();
     }
-    out
+    parts.join(": ")
 }

@@ -684,8 +684,9 @@ pub(crate) fn count_changes(
 ) -> Result<()> {
     let (old_keys, new_keys) = (setup.key_rows(old)?, setup.key_rows(new)?);
     let (old_rows, new_rows) = (sqlutil::rows(old.columns())?, sqlutil::rows(new.columns())?);
-    let old_set: ahash::AHashSet<&[u8]> =
-        (0..old.num_rows()).map(|i| old_rows.row(i).data()).collect();
+    let old_set: ahash::AHashSet<&[u8]> = (0..old.num_rows())
+        .map(|i| old_rows.row(i).data())
+        .collect();
     report.rows_written += (0..new.num_rows())
         .filter(|&i| !old_set.contains(new_rows.row(i).data()))
         .count();

@@ -27,6 +27,8 @@ pub struct RunReport {
     pub waiting: Vec<String>,
     /// Tables a full refresh set aside, and where their old content now is.
     pub set_aside: Vec<(TableName, PathBuf)>,
+    /// The run was asked to stop ([`RunOptions::stop`]) before all its nodes ran.
+    pub stopped: bool,
 }
 
 /// How to run a pipeline beyond its text.
@@ -42,6 +44,9 @@ pub struct RunOptions {
     pub full_refresh: Option<Vec<String>>,
     /// Called as each node starts and ends (progress display).
     pub progress: Option<ProgressFn>,
+    /// When set (by a signal handler), the run stops before its next node: the node in
+    /// flight finishes its commit, nothing after it starts. [`RunReport::stopped`] says so.
+    pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// A callback for [`Progress`] events.
@@ -282,6 +287,14 @@ pub async fn run_pipeline(path: &Path, wh: &Warehouse, options: &RunOptions) -> 
         if !selected.contains(node) {
             continue;
         }
+        if options
+            .stop
+            .as_ref()
+            .is_some_and(|s| s.load(std::sync::atomic::Ordering::SeqCst))
+        {
+            report.stopped = true;
+            break;
+        }
         let started = chrono::Utc::now();
         let clock = std::time::Instant::now();
         let describe = plan.describe(node);
@@ -323,7 +336,13 @@ async fn check_batch_reads(wh: &Warehouse, plan: &PipelinePlan) -> Result<()> {
     let queries = plan
         .materialized
         .values()
-        .map(|m| (format!("materialized view {}", m.name), m.location, &m.query))
+        .map(|m| {
+            (
+                format!("materialized view {}", m.name),
+                m.location,
+                &m.query,
+            )
+        })
         .chain(
             plan.views
                 .values()

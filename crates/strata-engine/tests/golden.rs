@@ -99,8 +99,7 @@ async fn run_scenario(path: &Path) -> Result<(), String> {
                     } else if word == "full-refresh" {
                         options.full_refresh = Some(Vec::new());
                     } else if let Some(list) = word.strip_prefix("full-refresh=") {
-                        options.full_refresh =
-                            Some(list.split(',').map(str::to_string).collect());
+                        options.full_refresh = Some(list.split(',').map(str::to_string).collect());
                     } else {
                         return Err(at(format!("unknown run option `{word}`")));
                     }
