@@ -269,7 +269,7 @@ async fn run_continuous(
 }
 
 fn humanize(d: Duration) -> String {
-    if d.as_millis() % 1000 != 0 {
+    if !d.as_millis().is_multiple_of(1000) {
         format!("{} ms", d.as_millis())
     } else {
         format!("{} s", d.as_secs())
