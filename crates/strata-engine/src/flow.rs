@@ -1061,6 +1061,20 @@ pub(crate) async fn run_flow(
     if matches!(touched, Touched::All) {
         report.keys_touched = keys_derived;
     }
+    if setup.flow.stored_as == ScdType::Type2 {
+        // The built-in integrity check: a broken timeline is never committed.
+        let violations = crate::query::check_rows(&derived, &setup.key_names, &setup.timeline)?;
+        if let Some(v) = violations.first() {
+            return Err(EngineError::Internal(format!(
+                "flow {}: the SCD2 integrity check failed before anything was written: key ({}) \
+                 {} ({} violation(s) in all)",
+                flow.name,
+                v.key,
+                v.problem,
+                violations.len()
+            )));
+        }
+    }
 
     // Commit the events (and the source position) first: from here on they are never lost.
     drop(new_events);

@@ -139,6 +139,35 @@ pub async fn validate(wh: &Warehouse, name: &str) -> Result<Vec<Violation>> {
     check_timelines(&batch, &keys)
 }
 
+/// The SCD2 integrity check on rows about to be written (keys in `keys`, the convention's
+/// timeline columns by name): the violations, if any.
+pub(crate) fn check_rows(
+    rows: &RecordBatch,
+    keys: &[String],
+    timeline: &Timeline,
+) -> Result<Vec<Violation>> {
+    let column = |name: &str| {
+        rows.column_by_name(name)
+            .cloned()
+            .ok_or_else(|| EngineError::Internal(format!("rows have no column {name}")))
+    };
+    let mut cols = keys.iter().map(|k| column(k)).collect::<Result<Vec<_>>>()?;
+    cols.push(column(&timeline.valid_from)?);
+    cols.push(timeline.open_as_null(&column(&timeline.valid_to)?)?);
+    let fields: Vec<deltalake::arrow::datatypes::Field> = keys
+        .iter()
+        .chain([&timeline.valid_from, &timeline.valid_to])
+        .zip(&cols)
+        .map(|(n, c)| deltalake::arrow::datatypes::Field::new(n, c.data_type().clone(), true))
+        .collect();
+    let batch = RecordBatch::try_new(
+        Arc::new(deltalake::arrow::datatypes::Schema::new(fields)),
+        cols,
+    )
+    .context(|| "integrity check".into())?;
+    check_timelines(&batch, keys)
+}
+
 /// A `SNAPSHOTS` table: at most one row per key in each version.
 fn check_snapshots(batch: &RecordBatch, keys: &[String]) -> Result<Vec<Violation>> {
     let n = keys.len();
@@ -247,4 +276,43 @@ fn check_timelines(batch: &RecordBatch, keys: &[String]) -> Result<Vec<Violation
         i = j;
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deltalake::arrow::array::Int64Array;
+    use deltalake::arrow::datatypes::{DataType, Field, Schema};
+
+    /// The check run before a flow commits finds two open versions and an overlap.
+    #[test]
+    fn check_rows_finds_broken_timelines() {
+        let timeline = Timeline::from_properties(&std::collections::HashMap::new()).unwrap();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new(&timeline.valid_from, DataType::Int64, true),
+            Field::new(&timeline.valid_to, DataType::Int64, true),
+        ]));
+        let batch = |ids: Vec<i64>, starts: Vec<i64>, ends: Vec<Option<i64>>| {
+            RecordBatch::try_new(
+                schema.clone(),
+                vec![
+                    Arc::new(Int64Array::from(ids)),
+                    Arc::new(Int64Array::from(starts)),
+                    Arc::new(Int64Array::from(ends)),
+                ],
+            )
+            .unwrap()
+        };
+        let keys = vec!["id".to_string()];
+        let good = batch(vec![1, 1, 2], vec![1, 5, 1], vec![Some(5), None, None]);
+        assert!(check_rows(&good, &keys, &timeline).unwrap().is_empty());
+        let two_open = batch(vec![1, 1], vec![1, 5], vec![None, None]);
+        let v = check_rows(&two_open, &keys, &timeline).unwrap();
+        assert!(v.iter().any(|v| v.problem == "has 2 open versions"), "{v:?}");
+        let overlap = batch(vec![1, 1], vec![1, 5], vec![Some(7), None]);
+        let v = check_rows(&overlap, &keys, &timeline).unwrap();
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(v[0].problem.contains("overlaps the next one"), "{v:?}");
+    }
 }
