@@ -309,7 +309,10 @@ mod tests {
         assert!(check_rows(&good, &keys, &timeline).unwrap().is_empty());
         let two_open = batch(vec![1, 1], vec![1, 5], vec![None, None]);
         let v = check_rows(&two_open, &keys, &timeline).unwrap();
-        assert!(v.iter().any(|v| v.problem == "has 2 open versions"), "{v:?}");
+        assert!(
+            v.iter().any(|v| v.problem == "has 2 open versions"),
+            "{v:?}"
+        );
         let overlap = batch(vec![1, 1], vec![1, 5], vec![Some(7), None]);
         let v = check_rows(&overlap, &keys, &timeline).unwrap();
         assert_eq!(v.len(), 1, "{v:?}");
