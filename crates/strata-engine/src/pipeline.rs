@@ -283,51 +283,129 @@ pub async fn run_pipeline(path: &Path, wh: &Warehouse, options: &RunOptions) -> 
         .chain(plan.pits.iter().map(|p| p.name.clone()))
         .collect();
     let pipeline_name = path.display().to_string();
-    for (node, p) in &prepared {
-        if !selected.contains(node) {
-            continue;
-        }
-        if options
+    // Run the selected nodes: each after the nodes that write what it reads (and after the
+    // earlier writers of its own table), independent ones side by side.
+    let nodes: Vec<(&Node, &Prepared)> = prepared
+        .iter()
+        .filter(|(n, _)| selected.contains(n))
+        .map(|(n, p)| (n, p))
+        .collect();
+    let deps: Vec<Vec<usize>> = (0..nodes.len())
+        .map(|j| {
+            let reads = plan.reads(nodes[j].0);
+            let writes = plan.writes(nodes[j].0);
+            (0..j)
+                .filter(|&i| {
+                    let w = plan.writes(nodes[i].0);
+                    w.as_ref().is_some_and(|w| reads.contains(w))
+                        || (w.is_some() && w == writes)
+                        || (matches!(nodes[j].0, Node::PointInTime(_))
+                            && matches!(
+                                nodes[i].0,
+                                Node::Ingest(_) | Node::Flow(_) | Node::Append(_)
+                            ))
+                })
+                .collect()
+        })
+        .collect();
+    let limit = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, 4);
+    let stop_requested = || {
+        options
             .stop
             .as_ref()
             .is_some_and(|s| s.load(std::sync::atomic::Ordering::SeqCst))
-        {
-            report.stopped = true;
-            break;
-        }
-        let started = chrono::Utc::now();
-        let clock = std::time::Instant::now();
-        let describe = plan.describe(node);
-        if let Some(progress) = &options.progress {
-            (progress.0)(Progress::Started {
-                node: describe.clone(),
+    };
+    let mut started_nodes = vec![false; nodes.len()];
+    let mut done = vec![false; nodes.len()];
+    let mut running = futures::stream::FuturesUnordered::new();
+    let mut failure: Option<EngineError> = None;
+    loop {
+        while failure.is_none() && running.len() < limit {
+            let Some(i) =
+                (0..nodes.len()).find(|&i| !started_nodes[i] && deps[i].iter().all(|&d| done[d]))
+            else {
+                break;
+            };
+            if stop_requested() {
+                report.stopped = true;
+                break;
+            }
+            started_nodes[i] = true;
+            let (node, p) = nodes[i];
+            let describe = plan.describe(node);
+            if let Some(progress) = &options.progress {
+                (progress.0)(Progress::Started {
+                    node: describe.clone(),
+                });
+            }
+            let record = EventRecord::new(
+                &run_id,
+                &pipeline_name,
+                plan.writes(node).map(|t| t.to_string()).unwrap_or_default(),
+                node_flow_name(&plan, node),
+                node_kind(&plan, node),
+                chrono::Utc::now(),
+            );
+            let (plan, declared) = (&plan, &declared);
+            running.push(async move {
+                let clock = std::time::Instant::now();
+                let mut record = record;
+                let outcome = run_node(wh, plan, p, declared, &mut record).await;
+                record.ended_at = chrono::Utc::now();
+                (i, describe, clock.elapsed(), record, outcome)
             });
         }
-        let mut record = EventRecord::new(
-            &run_id,
-            &pipeline_name,
-            plan.writes(node).map(|t| t.to_string()).unwrap_or_default(),
-            node_flow_name(&plan, node),
-            node_kind(&plan, node),
-            started,
-        );
-        let outcome = run_node(wh, &plan, p, &declared, &mut report, &mut record).await;
-        record.ended_at = chrono::Utc::now();
-        if let Err(e) = &outcome {
-            record.status = Status::Failed;
-            record.error = Some(crate::error::chain(e));
+        let Some((i, describe, elapsed, mut record, outcome)) =
+            futures::StreamExt::next(&mut running).await
+        else {
+            break;
+        };
+        done[i] = true;
+        match outcome {
+            Ok(out) => out.add_to(&mut report),
+            Err(e) => {
+                record.status = Status::Failed;
+                record.error = Some(crate::error::chain(&e));
+                failure.get_or_insert(e);
+            }
         }
         event_log::append(wh, std::slice::from_ref(&record)).await?;
         if let Some(progress) = &options.progress {
             (progress.0)(Progress::Finished {
                 node: describe,
                 summary: summary(&record),
-                elapsed: clock.elapsed(),
+                elapsed,
             });
         }
-        outcome?;
     }
-    Ok(report)
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(report),
+    }
+}
+
+/// What one node run adds to the run's report.
+enum NodeOutput {
+    Ingest(IngestReport),
+    Flow(FlowReport),
+    Waiting(String),
+    PointInTime(PitReport),
+    View(MvReport),
+}
+
+impl NodeOutput {
+    fn add_to(self, report: &mut RunReport) {
+        match self {
+            NodeOutput::Ingest(r) => report.ingests.push(r),
+            NodeOutput::Flow(r) => report.flows.push(r),
+            NodeOutput::Waiting(w) => report.waiting.push(w),
+            NodeOutput::PointInTime(r) => report.pits.push(r),
+            NodeOutput::View(r) => report.views.push(r),
+        }
+    }
 }
 
 /// Every table a materialized view or view reads is declared in the pipeline or exists in
@@ -372,10 +450,9 @@ async fn run_node(
     plan: &PipelinePlan,
     p: &Prepared,
     declared: &BTreeSet<TableName>,
-    report: &mut RunReport,
     record: &mut EventRecord,
-) -> Result<()> {
-    match p {
+) -> Result<NodeOutput> {
+    Ok(match p {
         Prepared::Ingest(setup) => {
             tracing::info!(table = %setup.table.name, flow = setup.flow_name(), "ingesting");
             let r = ingest::run_ingest(wh, setup).await?;
@@ -386,7 +463,7 @@ async fn run_node(
             skipped_or(record, &r.skipped, || {
                 format!("{} file(s), {} row(s) appended", r.files.len(), r.rows)
             });
-            report.ingests.push(r);
+            NodeOutput::Ingest(r)
         }
         Prepared::Flow(setup) => {
             tracing::info!(flow = %setup.flow.name, "running flow");
@@ -413,12 +490,12 @@ async fn run_node(
                 }
                 m
             });
-            report.flows.push(r);
+            NodeOutput::Flow(r)
         }
         Prepared::Waiting(why) => {
             record.status = Status::Skipped;
             record.message = Some(why.clone());
-            report.waiting.push(why.clone());
+            NodeOutput::Waiting(why.clone())
         }
         Prepared::PointInTime(i) => {
             let pit = plan.pits.get(*i).ok_or_else(|| {
@@ -433,7 +510,7 @@ async fn run_node(
                     r.computed, r.recomputed, r.removed
                 )
             });
-            report.pits.push(r);
+            NodeOutput::PointInTime(r)
         }
         Prepared::MaterializedView(name) => {
             let mv = plan.materialized.get(name).ok_or_else(|| {
@@ -447,10 +524,9 @@ async fn run_node(
             record.rows_dropped = r.rows_dropped;
             record.expectations = r.expectations.clone();
             skipped_or(record, &r.skipped, || format!("{} row(s)", r.rows));
-            report.views.push(r);
+            NodeOutput::View(r)
         }
-    }
-    Ok(())
+    })
 }
 
 fn skipped_or(record: &mut EventRecord, skipped: &Option<String>, done: impl FnOnce() -> String) {
