@@ -906,6 +906,10 @@ pub(crate) async fn run_flow(
     let store_version = store.as_ref().map_or(-1, version_of);
 
     let ctx = warehouse::new_session();
+    let clock = std::time::Instant::now();
+    let phase = |what: &str| {
+        tracing::info!(flow = %flow.name, elapsed_ms = clock.elapsed().as_millis() as u64, "{what}");
+    };
     // Keys of event-store commits the target does not reflect yet (an interrupted run).
     let mut touched: Option<Touched> = None;
     if let Some(store) = &store {
@@ -1046,7 +1050,9 @@ pub(crate) async fn run_flow(
             concat_batches(&setup.event_schema, &parts).context(|| "concatenating events".into())?
         }
     };
+    phase("read new events and the stored events of the touched keys");
     let (derived, keys_derived) = fold::fold_batch(&all_events, &setup.spec, &setup.fold_schema)?;
+    phase("folded");
     drop(all_events);
     let derived = if setup.spec.scd2 {
         setup.timeline.apply(
@@ -1141,6 +1147,7 @@ pub(crate) async fn run_flow(
             return Ok(report);
         }
     };
+    phase("committed the events");
     register_table(&ctx, "__strata_target", &target, None).await?;
     let current = read_slice(
         &ctx,
@@ -1151,6 +1158,7 @@ pub(crate) async fn run_flow(
         false,
     )
     .await?;
+    phase("read the target rows of the touched keys");
     let change = changed_keys(setup, &current, &derived)?;
     count_changes(setup, &current, &derived, &mut report)?;
     report.keys_changed = change.keys;
@@ -1195,6 +1203,7 @@ pub(crate) async fn run_flow(
         .context(|| "merge".into())?
         .await
         .context(|| format!("flow {}: merging into {}", flow.name, flow.target))?;
+    phase("merged the changed keys into the target");
     Ok(report)
 }
 
