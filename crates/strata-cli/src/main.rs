@@ -9,7 +9,7 @@ use deltalake::arrow::datatypes::SchemaRef;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use strata_engine::{RunReport, Warehouse};
+use strata_engine::{PlanStep, RunReport, Warehouse};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -29,7 +29,7 @@ struct Cli {
 enum Command {
     /// Run every flow of a pipeline once over all input not yet processed.
     Run {
-        /// The pipeline SQL file.
+        /// The pipeline: a SQL file, or a YAML spec (.yaml/.yml).
         pipeline: PathBuf,
         #[command(flatten)]
         warehouse: WarehouseArg,
@@ -37,6 +37,17 @@ enum Command {
         /// (repeatable), e.g. `--conf customers_mode='SCD TYPE 2'`.
         #[arg(long = "conf", value_name = "NAME=VALUE", value_parser = parse_conf)]
         conf: Vec<(String, String)>,
+    },
+    /// Print a pipeline's dataset graph in execution order; runs nothing.
+    Plan {
+        /// The pipeline: a SQL file, or a YAML spec (.yaml/.yml).
+        pipeline: PathBuf,
+        /// A configuration value, as for `run` (repeatable).
+        #[arg(long = "conf", value_name = "NAME=VALUE", value_parser = parse_conf)]
+        conf: Vec<(String, String)>,
+        /// Output format: plain text, or JSON (one object per step, one per line).
+        #[arg(long, value_enum, default_value_t = PlanFormat::Text)]
+        format: PlanFormat,
     },
     /// Run SQL over every table of the warehouse (`name` or `schema.name`).
     Query {
@@ -66,13 +77,27 @@ struct WarehouseArg {
 
 impl WarehouseArg {
     fn open(&self) -> strata_engine::Result<Warehouse> {
+        self.open_or(None)
+    }
+
+    /// `--warehouse`, else a pipeline spec's `warehouse`, else the environment's.
+    fn open_or(&self, spec: Option<PathBuf>) -> strata_engine::Result<Warehouse> {
         let dir = self
             .warehouse
             .clone()
+            .or(spec)
             .or_else(|| std::env::var_os("STRATA_WAREHOUSE").map(PathBuf::from))
             .unwrap_or_else(|| PathBuf::from("warehouse"));
         Warehouse::open(dir)
     }
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum PlanFormat {
+    /// One numbered line per step.
+    Text,
+    /// JSON Lines: one object per step.
+    Json,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -130,10 +155,28 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
             warehouse,
             conf,
         } => {
-            let wh = warehouse.open()?;
             let conf: std::collections::BTreeMap<String, String> = conf.into_iter().collect();
-            let report = strata_engine::run_pipeline_file_with(&pipeline, &wh, &conf).await?;
+            let report = if strata_engine::is_spec(&pipeline) {
+                let loaded = strata_engine::load_pipeline(&pipeline, &conf)?;
+                let planned = strata_engine::plan_sources(&loaded.sources, &loaded.configuration)?;
+                let wh = warehouse.open_or(loaded.warehouse.clone())?;
+                strata_engine::run_planned(&planned, &loaded.dir, &wh).await?
+            } else {
+                let wh = warehouse.open()?;
+                strata_engine::run_pipeline_file_with(&pipeline, &wh, &conf).await?
+            };
             print_report(&report)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Plan {
+            pipeline,
+            conf,
+            format,
+        } => {
+            let conf: std::collections::BTreeMap<String, String> = conf.into_iter().collect();
+            let loaded = strata_engine::load_pipeline(&pipeline, &conf)?;
+            let planned = strata_engine::plan_sources(&loaded.sources, &loaded.configuration)?;
+            print_plan(&pipeline, &loaded, &planned.steps(), format)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Query {
@@ -169,6 +212,51 @@ fn parse_conf(s: &str) -> Result<(String, String), String> {
         Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
         _ => Err(format!("expected NAME=VALUE, got '{s}'")),
     }
+}
+
+fn print_plan(
+    path: &std::path::Path,
+    loaded: &strata_engine::LoadedPipeline,
+    steps: &[PlanStep],
+    format: PlanFormat,
+) -> Result<(), BoxError> {
+    let mut out = std::io::stdout().lock();
+    match format {
+        PlanFormat::Json => {
+            for step in steps {
+                writeln!(out, "{}", serde_json::to_string(step)?)?;
+            }
+        }
+        PlanFormat::Text => {
+            match &loaded.name {
+                Some(name) => writeln!(
+                    out,
+                    "pipeline {name} ({}): {} step(s)",
+                    path.display(),
+                    steps.len()
+                )?,
+                None => writeln!(out, "pipeline {}: {} step(s)", path.display(), steps.len())?,
+            }
+            for (i, step) in steps.iter().enumerate() {
+                writeln!(
+                    out,
+                    "{:>2}. {} {}: {}",
+                    i + 1,
+                    step.kind,
+                    step.name,
+                    step.detail
+                )?;
+                writeln!(
+                    out,
+                    "    {} -> {}    [{}]",
+                    step.reads.join(", "),
+                    step.writes,
+                    step.origin
+                )?;
+            }
+        }
+    }
+    Ok(())
 }
 
 fn print_report(report: &RunReport) -> std::io::Result<()> {

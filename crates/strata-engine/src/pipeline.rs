@@ -8,7 +8,7 @@ use crate::warehouse::Warehouse;
 use deltalake::arrow::datatypes::SchemaRef;
 use std::collections::BTreeMap;
 use std::path::Path;
-use strata_sql::{Node, TableName};
+use strata_sql::{Node, PipelinePlan, TableName};
 
 /// What a run did, node by node, in execution order.
 #[derive(Debug, Clone, Default)]
@@ -63,7 +63,15 @@ pub async fn run_pipeline_file_with(
         file: file.clone(),
         source: Box::new(source),
     })?;
+    run_plan(&plan, &pipeline_dir, wh).await
+}
 
+/// Runs a planned pipeline once; relative paths resolve against `pipeline_dir`.
+pub(crate) async fn run_plan(
+    plan: &PipelinePlan,
+    pipeline_dir: &Path,
+    wh: &Warehouse,
+) -> Result<RunReport> {
     // Check everything before anything runs.
     let mut schemas: BTreeMap<TableName, SchemaRef> = BTreeMap::new();
     let mut prepared: Vec<Prepared> = Vec::new();
@@ -73,7 +81,7 @@ pub async fn run_pipeline_file_with(
                 let table = plan.tables.get(name).ok_or_else(|| {
                     EngineError::Internal(format!("planned table {name} is missing"))
                 })?;
-                match ingest::prepare_ingest(wh, table, &pipeline_dir, &schemas).await? {
+                match ingest::prepare_ingest(wh, table, pipeline_dir, &schemas).await? {
                     Some(setup) => {
                         schemas.insert(name.clone(), setup.schema.clone());
                         prepared.push(Prepared::Ingest(Box::new(setup)));
