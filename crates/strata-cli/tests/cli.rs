@@ -766,10 +766,25 @@ fn yaml_spec_runs_generated_flows_and_libraries() {
         "order_id,status,v\n7,paid,2\n"
     );
 
-    // --warehouse wins over the spec's.
-    let out = p.strata(&["run", "spec.yaml", "--warehouse", "other"]);
+    // --warehouse wins over the spec's, --conf over its configuration.
+    let out = p.strata(&[
+        "run",
+        "spec.yaml",
+        "--warehouse",
+        "other",
+        "--conf",
+        "currency=USD",
+    ]);
     assert!(out.status.success(), "run failed: {}", stderr(&out));
-    assert!(p.path("other/default/orders").exists());
+    let out = p.strata(&[
+        "query",
+        "--warehouse",
+        "other",
+        "--format",
+        "csv",
+        "SELECT DISTINCT currency FROM price_list",
+    ]);
+    assert_eq!(stdout(&out), "currency\nUSD\n", "{}", stderr(&out));
 }
 
 #[test]
@@ -817,6 +832,20 @@ fn plan_prints_the_graph_without_running() {
     );
 }
 
+#[test]
+fn plan_and_run_fail_alike_on_a_sql_file() {
+    let p = Project::new("CREATE STREAMING TABLE t;\nCREATE FLOW f AS AUTO CDC INTO t FROM STREAM(s) KEYS (k) SEQUENCE BY v;\n");
+    let run = p.run();
+    let plan = p.strata(&["plan", "pipeline.sql"]);
+    assert_eq!(plan.status.code(), Some(2));
+    assert_eq!(stderr(&run), stderr(&plan));
+    assert!(
+        stderr(&plan).starts_with("error: pipeline.sql:2:1: flow f reads default.s"),
+        "{}",
+        stderr(&plan)
+    );
+}
+
 /// Runs `run` and `plan` on the spec; both fail with exit 2 and the same message.
 fn spec_error(spec: &str, gold: &str) -> String {
     let p = spec_project(spec, gold);
@@ -853,6 +882,16 @@ fn yaml_spec_errors_name_file_entry_key_and_line() {
     assert!(e.contains("spec.yaml: unknown field `warehose`"), "{e}");
     assert!(e.contains("line 2"), "{e}");
 
+    // Only the default schema for now.
+    let e = spec_error(
+        &SPEC.replace("name: shop\n", "name: shop\nschema: sales\n"),
+        GOLD,
+    );
+    assert!(
+        e.contains("spec.yaml: schema: only `default` is supported"),
+        "{e}"
+    );
+
     // Missing keys.
     let e = spec_error(&SPEC.replace("    keys: [sku]\n", ""), GOLD);
     assert!(
@@ -879,7 +918,8 @@ fn yaml_spec_errors_name_file_entry_key_and_line() {
     // A bad expression is a syntax error in the SQL generated for the entry.
     let e = spec_error(&SPEC.replace("\"op = 'DELETE'\"", "\"op = \""), GOLD);
     assert!(
-        e.contains("error: spec.yaml: tables[0] (customers): generated SQL "),
+        e.contains("error: spec.yaml: tables[0] (customers): generated SQL ")
+            && e.contains("APPLY AS DELETE WHEN (op = )"),
         "{e}"
     );
 

@@ -48,7 +48,7 @@ struct Spec {
 
 /// A configuration or property value: YAML may type `2` or `true`, SQL sees text.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "a string, number or boolean")]
 enum Scalar {
     Text(String),
     Int(i64),
@@ -382,11 +382,12 @@ pub(crate) fn table_sql(entry: &TableEntry) -> Result<String, String> {
     if entry.ignore_null_updates {
         sql.push_str("\nIGNORE NULL UPDATES");
     }
+    // Conditions in parentheses: an incomplete one fails inside them, not at the next clause.
     if let Some(cond) = &entry.delete_when {
-        let _ = write!(sql, "\nAPPLY AS DELETE WHEN {cond}");
+        let _ = write!(sql, "\nAPPLY AS DELETE WHEN ({cond})");
     }
     if let Some(cond) = &entry.truncate_when {
-        let _ = write!(sql, "\nAPPLY AS TRUNCATE WHEN {cond}");
+        let _ = write!(sql, "\nAPPLY AS TRUNCATE WHEN ({cond})");
     }
     if snapshot {
         if let Some(v) = &entry.snapshot_version_by {
@@ -500,7 +501,7 @@ mod tests {
         assert_eq!(f.keys, vec!["id".to_string()]);
         assert_eq!(f.stored_as, ScdType::Type2);
         assert_eq!(f.sequence_by, SequenceBy::Expr("ts".into()));
-        assert_eq!(f.delete_when.as_deref(), Some("op = 'DELETE'"));
+        assert_eq!(f.delete_when.as_deref(), Some("(op = 'DELETE')"));
         assert_eq!(
             f.columns,
             ColumnSelection::Except(vec!["op".into(), "ts".into()])
