@@ -955,3 +955,34 @@ fn yaml_spec_errors_name_file_entry_key_and_line() {
         "{e}"
     );
 }
+
+#[test]
+fn shop_example_runs_as_documented() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/shop");
+    let p = Project::new("");
+    for f in walk(&src) {
+        let rel = f.strip_prefix(&src).expect("inside the example");
+        if rel.starts_with("warehouse") {
+            continue;
+        }
+        let to = p.path(&rel.display().to_string());
+        std::fs::create_dir_all(to.parent().expect("parent")).expect("mkdir");
+        std::fs::copy(&f, &to).expect("copy");
+    }
+    let out = p.strata(&["run", "spec.yaml"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        p.query("table", "SELECT * FROM customers ORDER BY id, __START_AT"),
+        "+----+------+--------+------------+----------+\n\
+         | id | name | city   | __START_AT | __END_AT |\n\
+         +----+------+--------+------------+----------+\n\
+         | 1  | Ann  | Oslo   | 1          | 2        |\n\
+         | 1  | Ann  | Bergen | 2          | NULL     |\n\
+         | 2  | Bob  | Rome   | 1          | 3        |\n\
+         +----+------+--------+------------+----------+\n"
+    );
+    assert_eq!(
+        p.query("csv", "SELECT * FROM price_list ORDER BY sku"),
+        "sku,price,currency\na,12,EUR\nb,20,EUR\n"
+    );
+}

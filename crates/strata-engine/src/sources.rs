@@ -62,9 +62,9 @@ impl SourceMap {
     /// The error of the merged plan, named by its text and local location.
     fn error(&self, e: SqlError) -> EngineError {
         let (at, message) = match &e {
-            SqlError::Syntax { location, .. } | SqlError::Plan { location, .. } => {
-                (*location, self.relocate_message(&e.to_string()))
-            }
+            // The snippet of a syntax error is the user's text: left as it is.
+            SqlError::Syntax { location, .. } => (*location, e.to_string()),
+            SqlError::Plan { location, .. } => (*location, self.relocate_message(&e.to_string())),
         };
         let Some((name, kind, line)) = self.find(at.line) else {
             return EngineError::Internal(format!("no pipeline text holds location {at}: {e}"));
@@ -190,9 +190,7 @@ pub async fn run_planned(
 ) -> Result<RunReport> {
     run_plan(&planned.plan, dir, wh).await.map_err(|e| match e {
         // Checks against schemas quote a flow's line; say which text it is in.
-        EngineError::Plan(m) if planned.map.starts.len() > 1 => {
-            EngineError::Plan(planned.map.relocate_message(&m))
-        }
+        EngineError::Plan(m) => EngineError::Plan(planned.map.relocate_message(&m)),
         e => e,
     })
 }
@@ -375,6 +373,25 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("b.sql:3:18: "), "{e}");
+    }
+
+    #[test]
+    fn quoted_locations_are_relocated() {
+        let map = SourceMap {
+            starts: vec![
+                (1, "a.sql".into(), SourceKind::File),
+                (4, "s.yaml: tables[0] (t)".into(), SourceKind::Generated),
+                (9, "b.sql".into(), SourceKind::File),
+            ],
+        };
+        assert_eq!(
+            map.relocate_message("flow f (line 10): x (first at 2:3), (line x) first at 5:1"),
+            "flow f (b.sql:2): x (first at a.sql:2:3), (line x) first at s.yaml: tables[0] (t)"
+        );
+        assert_eq!(
+            map.relocate_message("flow t_flow (line 6): unknown column"),
+            "flow t_flow (s.yaml: tables[0] (t)): unknown column"
+        );
     }
 
     #[test]
