@@ -3,13 +3,19 @@
 //! Exit codes: 0 success; 1 `validate` found violations; 2 any error (bad pipeline, bad
 //! input, unknown table, storage failure). Errors print their whole chain on one line.
 
+mod events;
+mod progress;
+
 use clap::{Parser, Subcommand, ValueEnum};
 use deltalake::arrow::array::RecordBatch;
 use deltalake::arrow::datatypes::SchemaRef;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use strata_engine::{PlanStep, RunReport, Warehouse};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use strata_engine::{PlanStep, RunOptions, RunReport, Selection, Warehouse};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -37,6 +43,34 @@ enum Command {
         /// (repeatable), e.g. `--conf customers_mode='SCD TYPE 2'`.
         #[arg(long = "conf", value_name = "NAME=VALUE", value_parser = parse_conf)]
         conf: Vec<(String, String)>,
+        /// Refresh only this dataset (or flow); with a trailing `+`, also everything
+        /// downstream of it.
+        #[arg(long, value_name = "NAME[+]")]
+        select: Option<Selection>,
+        /// Rebuild tables from their sources: all of them, or the ones named (comma-separated
+        /// or repeated) and everything that reads them. Tables with
+        /// `pipelines.reset.allowed = false` are refused. Old content is kept under
+        /// `<warehouse>/_strata/full_refresh/`.
+        #[arg(long, value_name = "TABLE", num_args = 0.., value_delimiter = ',')]
+        full_refresh: Option<Vec<String>>,
+        /// Keep running: pick up new input every `--interval` until SIGINT or SIGTERM, which
+        /// let the commit in flight finish and then stop.
+        #[arg(long)]
+        continuous: bool,
+        /// The pause between runs in continuous mode, e.g. `500ms`, `5s`, `1m`.
+        #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+        interval: Duration,
+    },
+    /// Show the event log: what each run did, dataset by dataset.
+    Events {
+        #[command(flatten)]
+        warehouse: WarehouseArg,
+        /// How many of the latest runs to show [default: 1, or 10 with --flow].
+        #[arg(long, value_name = "N")]
+        last: Option<usize>,
+        /// Only this flow's (or dataset's own query's) records.
+        #[arg(long, value_name = "NAME")]
+        flow: Option<String>,
     },
     /// Print a pipeline's dataset graph in execution order; runs nothing.
     Plan {
@@ -154,18 +188,43 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
             pipeline,
             warehouse,
             conf,
+            select,
+            full_refresh,
+            continuous,
+            interval,
         } => {
-            let conf: std::collections::BTreeMap<String, String> = conf.into_iter().collect();
-            let report = if strata_engine::is_spec(&pipeline) {
-                let loaded = strata_engine::load_pipeline(&pipeline, &conf)?;
-                let planned = strata_engine::plan_sources(&loaded.sources, &loaded.configuration)?;
-                let wh = warehouse.open_or(loaded.warehouse.clone())?;
-                strata_engine::run_planned(&planned, &loaded.dir, &wh).await?
+            let configuration: std::collections::BTreeMap<String, String> =
+                conf.into_iter().collect();
+            // A spec may name its warehouse; --warehouse wins.
+            let wh = if strata_engine::is_spec(&pipeline) {
+                let loaded = strata_engine::load_pipeline(&pipeline, &configuration)?;
+                warehouse.open_or(loaded.warehouse)?
             } else {
-                let wh = warehouse.open()?;
-                strata_engine::run_pipeline_file_with(&pipeline, &wh, &conf).await?
+                warehouse.open()?
             };
-            print_report(&report)?;
+            let stop = Arc::new(AtomicBool::new(false));
+            let options = RunOptions {
+                configuration,
+                select,
+                full_refresh,
+                progress: Some(progress::reporter()),
+                stop: Some(stop.clone()),
+            };
+            if continuous {
+                return run_continuous(&pipeline, &wh, options, interval, stop).await;
+            }
+            let report = strata_engine::run_pipeline(&pipeline, &wh, &options).await?;
+            print_report(&report, false)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Events {
+            warehouse,
+            last,
+            flow,
+        } => {
+            let wh = warehouse.open()?;
+            let last = last.unwrap_or(if flow.is_some() { 10 } else { 1 });
+            events::show(&wh, last, flow.as_deref()).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Plan {
@@ -205,6 +264,87 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
             }
         }
     }
+}
+
+/// Runs the pipeline again and again, `interval` apart, until SIGINT or SIGTERM. A signal
+/// during a run lets the node in flight finish its commit; nothing after it starts.
+async fn run_continuous(
+    pipeline: &std::path::Path,
+    wh: &Warehouse,
+    mut options: RunOptions,
+    interval: Duration,
+    stop: Arc<AtomicBool>,
+) -> Result<ExitCode, BoxError> {
+    let wake = Arc::new(tokio::sync::Notify::new());
+    {
+        let (stop, wake) = (stop.clone(), wake.clone());
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            eprintln!("stopping: finishing the commit in flight");
+            stop.store(true, Ordering::SeqCst);
+            wake.notify_one();
+        });
+    }
+    eprintln!(
+        "running continuously every {}; stop with Ctrl-C or SIGTERM",
+        humanize(interval)
+    );
+    let mut runs = 0usize;
+    while !stop.load(Ordering::SeqCst) {
+        let report = strata_engine::run_pipeline(pipeline, wh, &options).await?;
+        print_report(&report, true)?;
+        runs += 1;
+        // A full refresh happens once; later runs pick up new input.
+        options.full_refresh = None;
+        if report.stopped {
+            break;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = wake.notified() => {}
+        }
+    }
+    eprintln!("stopped after {runs} run(s)");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn humanize(d: Duration) -> String {
+    if !d.as_millis().is_multiple_of(1000) {
+        format!("{} ms", d.as_millis())
+    } else {
+        format!("{} s", d.as_secs())
+    }
+}
+
+/// `500ms`, `5s`, `2m`, `1h`, or a bare number of seconds.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("expected a duration such as 500ms, 5s or 1m, got '{s}'"))?;
+    let seconds = match unit.trim() {
+        "ms" => value / 1000.0,
+        "" | "s" => value,
+        "m" | "min" => value * 60.0,
+        "h" => value * 3600.0,
+        other => {
+            return Err(format!(
+                "unknown duration unit '{other}' (use ms, s, m or h)"
+            ))
+        }
+    };
+    if !seconds.is_finite() || seconds <= 0.0 {
+        return Err(format!("the interval must be positive, got '{s}'"));
+    }
+    Ok(Duration::from_secs_f64(seconds))
 }
 
 fn parse_conf(s: &str) -> Result<(String, String), String> {
@@ -259,18 +399,51 @@ fn print_plan(
     Ok(())
 }
 
-fn print_report(report: &RunReport) -> std::io::Result<()> {
+/// The run's outcome on stdout, node by node. `quiet` leaves out what found nothing new
+/// (continuous mode, where most runs find nothing).
+fn print_report(report: &RunReport, quiet: bool) -> std::io::Result<()> {
     let mut out = std::io::stdout().lock();
+    for (table, moved) in &report.set_aside {
+        writeln!(
+            out,
+            "full refresh: {table} rebuilt from its sources; its previous content is kept in {}",
+            moved.display()
+        )?;
+    }
     for i in &report.ingests {
+        let what = if i.append {
+            format!("flow {} (into {})", i.flow, i.table)
+        } else {
+            format!("table {}", i.table)
+        };
         match &i.skipped {
-            Some(why) => writeln!(out, "table {}: {why}", i.table)?,
-            None => writeln!(
-                out,
-                "table {}: ingested {} row(s) from {} file(s)",
-                i.table,
-                i.rows,
-                i.files.len()
-            )?,
+            Some(_) if quiet => {}
+            Some(why) => writeln!(out, "{what}: {why}")?,
+            None => {
+                let from = if i.files.is_empty() {
+                    "from its source table".to_string()
+                } else {
+                    format!("from {} file(s)", i.files.len())
+                };
+                let dropped = if i.rows_dropped > 0 {
+                    format!(", {} dropped by expectations", i.rows_dropped)
+                } else {
+                    String::new()
+                };
+                writeln!(out, "{what}: ingested {} row(s) {from}{dropped}", i.rows)?
+            }
+        }
+        for e in &i.expectations {
+            if e.failed > 0 {
+                writeln!(
+                    out,
+                    "{what}: expectation {} ({}): {} of {} row(s) failed",
+                    e.name,
+                    e.action.as_str(),
+                    e.failed,
+                    e.passed + e.failed
+                )?;
+            }
         }
     }
     for w in &report.waiting {
@@ -278,6 +451,7 @@ fn print_report(report: &RunReport) -> std::io::Result<()> {
     }
     for f in &report.flows {
         match &f.skipped {
+            Some(_) if quiet => {}
             Some(why) => writeln!(out, "flow {}: {why}", f.flow)?,
             None => writeln!(
                 out,
@@ -298,8 +472,26 @@ fn print_report(report: &RunReport) -> std::io::Result<()> {
             writeln!(out, "flow {}: {note}", f.flow)?;
         }
     }
+    for v in &report.views {
+        match &v.skipped {
+            Some(_) if quiet => {}
+            Some(why) => writeln!(out, "materialized view {}: {why}", v.table)?,
+            None => writeln!(
+                out,
+                "materialized view {}: recomputed, {} row(s){}",
+                v.table,
+                v.rows,
+                if v.rows_dropped > 0 {
+                    format!(", {} dropped by expectations", v.rows_dropped)
+                } else {
+                    String::new()
+                }
+            )?,
+        }
+    }
     for p in &report.pits {
         match &p.skipped {
+            Some(_) if quiet => {}
             Some(why) => writeln!(out, "point-in-time table {}: {why}", p.table)?,
             None => writeln!(
                 out,
@@ -308,6 +500,12 @@ fn print_report(report: &RunReport) -> std::io::Result<()> {
                 p.table, p.computed, p.recomputed, p.removed, p.rows
             )?,
         }
+    }
+    if report.stopped {
+        writeln!(
+            out,
+            "stopped before the remaining datasets (signal received)"
+        )?;
     }
     Ok(())
 }
@@ -361,16 +559,7 @@ fn write_batches(
 }
 
 fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts = vec![e.to_string()];
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        let text = s.to_string();
-        if !parts.last().is_some_and(|p| p.contains(&text)) {
-            parts.push(text);
-        }
-        cur = s.source();
-    }
-    parts.join(": ")
+    strata_engine::chain(e)
 }
 
 fn is_broken_pipe(e: &BoxError) -> bool {

@@ -97,3 +97,18 @@ impl<T> Context<T> for std::result::Result<T, std::io::Error> {
         })
     }
 }
+
+/// `e` and its causes, joined with `: `; a cause whose text the message before it already
+/// contains is not repeated.
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts = vec![e.to_string()];
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        let text = s.to_string();
+        if !parts.last().is_some_and(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        cur = s.source();
+    }
+    parts.join(": ")
+}

@@ -59,6 +59,9 @@ pub(crate) struct FlowSetup {
     pub target_schema: SchemaRef,
     pub timeline: Timeline,
     pub spec: FoldSpec,
+    /// The source is an AUTO CDC target, read through its change data feed (set by the
+    /// pipeline; table-mode snapshot flows read the table itself).
+    pub source_feed: bool,
 }
 
 impl FlowSetup {
@@ -327,6 +330,7 @@ pub(crate) async fn prepare_flow(
         target_schema: Arc::new(Schema::new(target_fields)),
         timeline,
         spec,
+        source_feed: false,
     })
 }
 
@@ -356,6 +360,16 @@ pub struct FlowReport {
     pub keys_changed: usize,
     pub rows_inserted: usize,
     pub rows_deleted: usize,
+    /// SCD type 1: keys whose current row was inserted or changed / removed.
+    pub keys_upserted: usize,
+    pub keys_deleted: usize,
+    /// Target rows written whose values were not there before (inserted or updated rows;
+    /// rows of a rewritten key that come back unchanged do not count).
+    pub rows_written: usize,
+    /// SCD type 2: versions (key, start) that did not exist before / that were open before
+    /// and are closed now.
+    pub versions_opened: usize,
+    pub versions_closed: usize,
     /// Things worth telling the user (late snapshot versions, redeliveries).
     pub notes: Vec<String>,
     /// Event-store commits repaired from an earlier interrupted run.
@@ -660,6 +674,70 @@ fn changed_keys(setup: &FlowSetup, old: &RecordBatch, new: &RecordBatch) -> Resu
     })
 }
 
+/// Fills the change counts of `report` from the rows of the touched keys before (`old`)
+/// and after (`new`) the run, both in the target layout.
+pub(crate) fn count_changes(
+    setup: &FlowSetup,
+    old: &RecordBatch,
+    new: &RecordBatch,
+    report: &mut FlowReport,
+) -> Result<()> {
+    let (old_keys, new_keys) = (setup.key_rows(old)?, setup.key_rows(new)?);
+    let (old_rows, new_rows) = (sqlutil::rows(old.columns())?, sqlutil::rows(new.columns())?);
+    let old_set: ahash::AHashSet<&[u8]> = (0..old.num_rows())
+        .map(|i| old_rows.row(i).data())
+        .collect();
+    report.rows_written += (0..new.num_rows())
+        .filter(|&i| !old_set.contains(new_rows.row(i).data()))
+        .count();
+    if !setup.flow.stored_as.has_timeline() {
+        let before: ahash::AHashMap<&[u8], &[u8]> = (0..old.num_rows())
+            .map(|i| (old_keys.row(i).data(), old_rows.row(i).data()))
+            .collect();
+        let after: ahash::AHashSet<&[u8]> = (0..new.num_rows())
+            .map(|i| new_keys.row(i).data())
+            .collect();
+        report.keys_upserted += (0..new.num_rows())
+            .filter(|&i| before.get(new_keys.row(i).data()) != Some(&new_rows.row(i).data()))
+            .count();
+        report.keys_deleted += before.keys().filter(|k| !after.contains(*k)).count();
+        return Ok(());
+    }
+    let schema = &setup.target_schema;
+    let index = |name: &str| {
+        schema
+            .index_of(name)
+            .map_err(|_| EngineError::Internal(format!("target has no column {name}")))
+    };
+    let (s, e) = (
+        index(&setup.timeline.valid_from)?,
+        index(&setup.timeline.valid_to)?,
+    );
+    let with_start =
+        |b: &RecordBatch, keys: &deltalake::arrow::row::Rows| -> Result<Vec<Vec<u8>>> {
+            let starts = sqlutil::rows(&[b.column(s).clone()])?;
+            Ok((0..b.num_rows())
+                .map(|i| [keys.row(i).data(), starts.row(i).data()].concat())
+                .collect())
+        };
+    let (old_ids, new_ids) = (with_start(old, &old_keys)?, with_start(new, &new_keys)?);
+    let old_end = setup.timeline.open_as_null(old.column(e))?;
+    let new_end = setup.timeline.open_as_null(new.column(e))?;
+    let old_set: ahash::AHashSet<&[u8]> = old_ids.iter().map(Vec::as_slice).collect();
+    report.versions_opened += new_ids
+        .iter()
+        .filter(|id| !old_set.contains(id.as_slice()))
+        .count();
+    let closed_now: ahash::AHashSet<&[u8]> = (0..new.num_rows())
+        .filter(|&i| new_end.is_valid(i))
+        .map(|i| new_ids[i].as_slice())
+        .collect();
+    report.versions_closed += (0..old.num_rows())
+        .filter(|&i| old_end.is_null(i) && closed_now.contains(old_ids[i].as_slice()))
+        .count();
+    Ok(())
+}
+
 struct ChangeSet {
     keys: usize,
     /// One old row per changed key that exists in the target (its key drives the delete).
@@ -862,12 +940,19 @@ pub(crate) async fn run_flow(
     let mut to_commit: Option<Vec<RecordBatch>> = None;
     let mut superseded: Option<RecordBatch> = None;
     let new_events = if has_new_input {
-        let files = if setup.table_mode() {
-            None
+        if setup.source_feed && !setup.table_mode() {
+            let feed =
+                crate::changes::read_feed(&source, from, Some(source_version), false).await?;
+            ctx.register_batch(strata_sql::SOURCE_PLACEHOLDER, feed)
+                .context(|| "registering the change feed".into())?;
         } else {
-            Some(new_files(&source, from).await?)
-        };
-        register_table(&ctx, strata_sql::SOURCE_PLACEHOLDER, &source, files).await?;
+            let files = if setup.table_mode() {
+                None
+            } else {
+                Some(new_files(&source, from).await?)
+            };
+            register_table(&ctx, strata_sql::SOURCE_PLACEHOLDER, &source, files).await?;
+        }
         let events = events_from(&ctx, setup, run).await?;
         let place = format!(
             "the rows of {} added after version {}",
@@ -976,6 +1061,20 @@ pub(crate) async fn run_flow(
     if matches!(touched, Touched::All) {
         report.keys_touched = keys_derived;
     }
+    if setup.flow.stored_as == ScdType::Type2 {
+        // The built-in integrity check: a broken timeline is never committed.
+        let violations = crate::query::check_rows(&derived, &setup.key_names, &setup.timeline)?;
+        if let Some(v) = violations.first() {
+            return Err(EngineError::Internal(format!(
+                "flow {}: the SCD2 integrity check failed before anything was written: key ({}) \
+                 {} ({} violation(s) in all)",
+                flow.name,
+                v.key,
+                v.problem,
+                violations.len()
+            )));
+        }
+    }
 
     // Commit the events (and the source position) first: from here on they are never lost.
     drop(new_events);
@@ -1017,6 +1116,8 @@ pub(crate) async fn run_flow(
             // creates the table with its properties on the first run).
             report.keys_changed = report.keys_touched;
             report.rows_inserted = derived.num_rows();
+            let empty = RecordBatch::new_empty(setup.target_schema.clone());
+            count_changes(setup, &empty, &derived, &mut report)?;
             let handle = match existing {
                 Some(t) => t,
                 None => {
@@ -1051,6 +1152,7 @@ pub(crate) async fn run_flow(
     )
     .await?;
     let change = changed_keys(setup, &current, &derived)?;
+    count_changes(setup, &current, &derived, &mut report)?;
     report.keys_changed = change.keys;
     report.rows_deleted = change.rows_deleted;
     report.rows_inserted = change.insert_rows.len();

@@ -1,14 +1,21 @@
-//! Streaming tables with an `AS SELECT ... FROM STREAM read_files(...)` (or `STREAM(t)`):
+//! Streaming tables with an `AS SELECT ... FROM STREAM read_files(...)` (or `STREAM(t)`),
+//! and append flows (`CREATE FLOW f AS INSERT INTO t BY NAME SELECT ... FROM STREAM(...)`):
 //! append-only ingestion.
 //!
 //! Each run lists the input folder, takes the files not yet ingested in file-name order,
-//! applies the table's SELECT to each, checks the rows against every AUTO CDC flow that reads
-//! the table (NULL keys and sequences are rejected here, naming the file, before anything is
-//! committed), and appends all rows in one Delta commit whose commit info lists the files
-//! taken (`strata.files`). A crash before the commit leaves nothing; after it, the files are
-//! known to be taken.
+//! applies the query to each, checks the table's expectations, checks the rows against every
+//! AUTO CDC flow that reads the table (NULL keys and sequences are rejected here, naming the
+//! file, before anything is committed), and appends all rows in one Delta commit whose
+//! commit info lists the files taken (`strata.files`, or `strata.files.<flow>` for an append
+//! flow). A crash before the commit leaves nothing; after it, the files are known to be
+//! taken. A table source is read from the version after the one recorded in the target's
+//! application transaction `strata-source:<table>` (`strata-append:<flow>` for an append
+//! flow); the source of an AUTO CDC target is read through its change data feed
+//! (`changes.rs`).
 
+use crate::changes;
 use crate::error::{Context, EngineError, Result};
+use crate::expect::{self, ExpectationCount};
 use crate::flow::{self, FlowSetup};
 use crate::sqlutil;
 use crate::warehouse::{self, Warehouse};
@@ -27,7 +34,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use strata_sql::{
-    FileFormat, QuerySource, ReadFiles, StreamingTable, TableName, SOURCE_PLACEHOLDER,
+    FileFormat, QuerySource, ReadFiles, SourceQuery, StreamingTable, TableName, SOURCE_PLACEHOLDER,
 };
 
 const FILES_KEY: &str = "strata.files";
@@ -36,15 +43,26 @@ const FILES_KEY: &str = "strata.files";
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct IngestReport {
     pub table: String,
+    /// The table's own name for its query, the flow's name for an append flow.
+    pub flow: String,
+    pub append: bool,
     pub files: Vec<String>,
+    /// Rows the query produced.
+    pub rows_read: usize,
+    /// Rows appended (after expectations dropped theirs).
     pub rows: usize,
+    pub rows_dropped: usize,
+    pub expectations: Vec<ExpectationCount>,
     pub skipped: Option<String>,
 }
 
-/// A streaming table with a query, checked against its input's schema.
+/// A streaming table's query or an append flow, checked against its input's schema.
 #[derive(Debug, Clone)]
 pub(crate) struct IngestSetup {
+    /// The table written, as declared.
     pub table: StreamingTable,
+    /// `Some(flow name)` for an append flow, `None` for the table's own query.
+    pub append_flow: Option<String>,
     pub query_sql: String,
     pub source: Source,
     /// The schema of the table's rows.
@@ -55,8 +73,46 @@ pub(crate) struct IngestSetup {
 
 #[derive(Debug, Clone)]
 pub(crate) enum Source {
-    Files { dir: PathBuf, spec: ReadFiles },
+    Files {
+        dir: PathBuf,
+        spec: ReadFiles,
+    },
+    /// An append-only table: the files added since the last read.
     Table(TableName),
+    /// An AUTO CDC target: its change data feed since the last read.
+    Feed(TableName),
+}
+
+impl IngestSetup {
+    /// The flow's name in reports and the event log.
+    pub(crate) fn flow_name(&self) -> &str {
+        self.append_flow
+            .as_deref()
+            .unwrap_or(self.table.name.name.as_str())
+    }
+
+    /// The commit-info key listing the input files taken.
+    fn files_key(&self) -> String {
+        match &self.append_flow {
+            None => FILES_KEY.to_string(),
+            Some(f) => format!("{FILES_KEY}.{f}"),
+        }
+    }
+
+    /// The application transaction recording how far a table source was read.
+    fn source_app_id(&self, source: &TableName) -> String {
+        match &self.append_flow {
+            None => format!("strata-source:{source}"),
+            Some(f) => format!("strata-append:{f}"),
+        }
+    }
+
+    fn err(&self, msg: impl std::fmt::Display) -> EngineError {
+        match &self.append_flow {
+            None => table_err(&self.table.name, msg),
+            Some(f) => EngineError::Plan(format!("flow {f} (into {}): {msg}", self.table.name)),
+        }
+    }
 }
 
 fn arrow_schema(cols: &[strata_sql::ColumnDef]) -> SchemaRef {
@@ -156,35 +212,45 @@ async fn plan_query(sql: &str, input: SchemaRef) -> Result<SchemaRef> {
     Ok(Arc::new(df.schema().as_arrow().clone()))
 }
 
-/// Checks a streaming table's query and finds its row schema. `None` when it cannot be
-/// known yet (no files, no `schema =>`, no table): the table and its flows wait for input.
+/// Checks a streaming table's query (or, with `append`, an append flow into it) and finds
+/// its row schema. `None` when it cannot be known yet (no files, no `schema =>`, no table):
+/// the table and its flows wait for input. `known` holds the schemas of the datasets
+/// prepared before, `feeds` the AUTO CDC targets (read through their change feed).
 pub(crate) async fn prepare_ingest(
     wh: &Warehouse,
     table: &StreamingTable,
+    append: Option<&strata_sql::AppendFlow>,
     pipeline_dir: &Path,
     known: &BTreeMap<TableName, SchemaRef>,
+    feeds: &BTreeSet<TableName>,
 ) -> Result<Option<IngestSetup>> {
-    let Some(query) = &table.query else {
-        return Err(EngineError::Internal(format!(
-            "{} has no query",
-            table.name
-        )));
+    let query: &SourceQuery = match (append, &table.query) {
+        (Some(f), _) => &f.query,
+        (None, Some(q)) => q,
+        (None, None) => {
+            return Err(EngineError::Internal(format!(
+                "{} has no query",
+                table.name
+            )))
+        }
+    };
+    let mut setup = IngestSetup {
+        table: table.clone(),
+        append_flow: append.map(|f| f.name.clone()),
+        query_sql: query.sql.clone(),
+        source: Source::Table(table.name.clone()),
+        schema: Arc::new(Schema::empty()),
+        downstream: Vec::new(),
     };
     let (source, input_schema) = match &query.source {
         QuerySource::ReadFiles(spec) => {
             let dir = pipeline_dir.join(&spec.path);
             if !dir.exists() {
-                return Err(table_err(
-                    &table.name,
-                    format!("read_files path {} does not exist", dir.display()),
-                ));
+                return Err(setup.err(format!("read_files path {} does not exist", dir.display())));
             }
             for key in spec.other_options.keys() {
                 if !matches!(key.as_str(), "multiline" | "inferschema" | "encoding") {
-                    return Err(table_err(
-                        &table.name,
-                        format!("read_files option `{key}` is not supported"),
-                    ));
+                    return Err(setup.err(format!("read_files option `{key}` is not supported")));
                 }
             }
             let schema = match &spec.schema {
@@ -206,8 +272,13 @@ pub(crate) async fn prepare_ingest(
                 schema,
             )
         }
+        QuerySource::Table(t) if feeds.contains(t) => (
+            Source::Feed(t.clone()),
+            known.get(t).map(|s| changes::feed_schema(s)),
+        ),
         QuerySource::Table(t) => (Source::Table(t.clone()), known.get(t).cloned()),
     };
+    setup.source = source;
     let existing = match wh.open_table(&table.name).await? {
         Some(t) => Some(sqlutil::table_schema(&t)?),
         None => None,
@@ -216,10 +287,51 @@ pub(crate) async fn prepare_ingest(
         Some(input) => Some(
             plan_query(&query.sql, input)
                 .await
-                .map_err(|e| table_err(&table.name, e))?,
+                .map_err(|e| setup.err(e))?,
         ),
         None => None,
     };
+    let fresh = |p: &SchemaRef| -> SchemaRef {
+        Arc::new(Schema::new(
+            p.fields()
+                .iter()
+                .map(|f| Field::new(f.name(), sqlutil::storage_type(f.data_type()), true))
+                .collect::<Vec<_>>(),
+        ))
+    };
+    if append.is_some() {
+        // Columns match by name; the table's columns come from its declaration, the table
+        // itself, an earlier writer of this run, or else this flow.
+        let target = table
+            .columns
+            .as_ref()
+            .map(|c| arrow_schema(c))
+            .or(existing)
+            .or_else(|| known.get(&table.name).cloned());
+        let schema = match (target, &planned) {
+            (Some(t), Some(p)) => {
+                for f in p.fields() {
+                    if t.fields()
+                        .iter()
+                        .all(|g| !g.name().eq_ignore_ascii_case(f.name()))
+                    {
+                        return Err(setup.err(format!(
+                            "the query produces column {}, which {} does not have ({})",
+                            f.name(),
+                            table.name,
+                            sqlutil::describe_fields(&t)
+                        )));
+                    }
+                }
+                t
+            }
+            (Some(t), None) => t,
+            (None, Some(p)) => fresh(p),
+            (None, None) => return Ok(None),
+        };
+        setup.schema = schema;
+        return Ok(Some(setup));
+    }
     let schema = match (planned, existing, &table.columns) {
         (_, _, Some(cols)) => arrow_schema(cols),
         (Some(p), Some(e), None) => {
@@ -230,42 +342,29 @@ pub(crate) async fn prepare_ingest(
                 .all(|(a, b)| a.name() == b.name())
                 || p.fields().len() != e.fields().len()
             {
-                return Err(table_err(
-                    &table.name,
-                    format!(
-                        "the query now produces ({}) but the table has ({}); a full refresh is needed",
-                        sqlutil::describe_fields(&p),
-                        sqlutil::describe_fields(&e)
-                    ),
-                ));
+                return Err(setup.err(format!(
+                    "the query now produces ({}) but the table has ({}); a full refresh is needed",
+                    sqlutil::describe_fields(&p),
+                    sqlutil::describe_fields(&e)
+                )));
             }
             e
         }
-        (Some(p), None, None) => Arc::new(Schema::new(
-            p.fields()
-                .iter()
-                .map(|f| Field::new(f.name(), sqlutil::storage_type(f.data_type()), true))
-                .collect::<Vec<_>>(),
-        )),
+        (Some(p), None, None) => fresh(&p),
         (None, Some(e), None) => e,
         (None, None, None) => return Ok(None),
     };
-    Ok(Some(IngestSetup {
-        table: table.clone(),
-        query_sql: query.sql.clone(),
-        source,
-        schema,
-        downstream: Vec::new(),
-    }))
+    setup.schema = schema;
+    Ok(Some(setup))
 }
 
-/// Input files already taken by `table`, from its commit history.
-async fn ingested_files(table: &DeltaTable) -> Result<BTreeSet<String>> {
+/// Input files already taken by `table` under `key`, from its commit history.
+async fn ingested_files(table: &DeltaTable, key: &str) -> Result<BTreeSet<String>> {
     let mut out = BTreeSet::new();
     let mut history = table.history(None);
     while let Some(info) = history.next().await {
         let info = info.context(|| "reading table history".into())?;
-        if let Some(serde_json::Value::Array(files)) = info.info.get(FILES_KEY) {
+        if let Some(serde_json::Value::Array(files)) = info.info.get(key) {
             out.extend(files.iter().filter_map(|f| f.as_str().map(str::to_string)));
         }
     }
@@ -283,24 +382,41 @@ async fn apply_query(setup: &IngestSetup, input: DataFrame, place: &str) -> Resu
         .context(|| format!("streaming table {}", setup.table.name))?
         .collect()
         .await
-        .map_err(|e| {
-            EngineError::BadInput(format!(
-                "streaming table {}: {place}: {e}",
-                setup.table.name
-            ))
-        })?;
+        .map_err(|e| setup.err(format!("{place}: {e}")))?;
     let cast = batches
         .iter()
-        .map(|b| sqlutil::cast_batch(b, &setup.schema))
+        .map(|b| {
+            if setup.append_flow.is_some() {
+                align_by_name(b, &setup.schema)
+            } else {
+                sqlutil::cast_batch(b, &setup.schema)
+            }
+        })
         .collect::<Result<Vec<_>>>()
-        .map_err(|e| {
-            EngineError::BadInput(format!(
-                "streaming table {}: {place}: {e}",
-                setup.table.name
-            ))
-        })?;
+        .map_err(|e| setup.err(format!("{place}: {e}")))?;
     deltalake::arrow::compute::concat_batches(&setup.schema, &cast)
         .context(|| "concatenating rows".into())
+}
+
+/// `batch` with `schema`'s columns, matched by name ignoring case; a column the batch lacks
+/// is NULL.
+fn align_by_name(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
+    let bs = batch.schema();
+    let columns = schema
+        .fields()
+        .iter()
+        .map(|f| {
+            match bs
+                .fields()
+                .iter()
+                .position(|g| g.name().eq_ignore_ascii_case(f.name()))
+            {
+                Some(i) => batch.column(i).clone(),
+                None => deltalake::arrow::array::new_null_array(f.data_type(), batch.num_rows()),
+            }
+        })
+        .collect();
+    sqlutil::cast_columns(columns, schema)
 }
 
 /// Rejects rows that a downstream flow would reject, naming `place`.
@@ -317,11 +433,37 @@ async fn check_downstream(setup: &IngestSetup, rows: &RecordBatch, place: &str) 
     Ok(())
 }
 
+/// The query's rows of one input, checked: expectations applied (counts added to
+/// `report`), then the downstream flows' checks on the rows kept.
+async fn checked_rows(
+    setup: &IngestSetup,
+    input: DataFrame,
+    place: &str,
+    report: &mut IngestReport,
+) -> Result<RecordBatch> {
+    let rows = apply_query(setup, input, place).await?;
+    report.rows_read += rows.num_rows();
+    let before = rows.num_rows();
+    let (rows, counts) = expect::apply(
+        &setup.table.expectations,
+        &setup.table.name.to_string(),
+        place,
+        rows,
+    )
+    .await?;
+    report.rows_dropped += before - rows.num_rows();
+    expect::accumulate(&mut report.expectations, counts);
+    check_downstream(setup, &rows, place).await?;
+    Ok(rows)
+}
+
 /// Runs one ingestion: new input → one commit.
 pub(crate) async fn run_ingest(wh: &Warehouse, setup: &IngestSetup) -> Result<IngestReport> {
     let name = &setup.table.name;
     let mut report = IngestReport {
         table: name.to_string(),
+        flow: setup.flow_name().to_string(),
+        append: setup.append_flow.is_some(),
         ..Default::default()
     };
     let existing = wh.open_table(name).await?;
@@ -329,8 +471,9 @@ pub(crate) async fn run_ingest(wh: &Warehouse, setup: &IngestSetup) -> Result<In
     let mut parts: Vec<RecordBatch> = Vec::new();
     match &setup.source {
         Source::Files { dir, spec } => {
+            let key = setup.files_key();
             let taken = match &existing {
-                Some(t) => ingested_files(t).await?,
+                Some(t) => ingested_files(t, &key).await?,
                 None => BTreeSet::new(),
             };
             let new: Vec<String> = list_files(dir)?
@@ -347,26 +490,19 @@ pub(crate) async fn run_ingest(wh: &Warehouse, setup: &IngestSetup) -> Result<In
                 let place = format!("file {}", path.display());
                 let ctx = warehouse::new_session();
                 let df = read_file(&ctx, &path, spec).await?;
-                let rows = apply_query(setup, df, &place).await?;
-                check_downstream(setup, &rows, &place).await?;
-                parts.push(rows);
+                parts.push(checked_rows(setup, df, &place, &mut report).await?);
             }
-            commit = commit.with_metadata([(FILES_KEY.to_string(), serde_json::json!(new))]);
+            commit = commit.with_metadata([(key, serde_json::json!(new))]);
             report.files = new;
         }
-        Source::Table(source_name) => {
+        Source::Table(source_name) | Source::Feed(source_name) => {
             let Some(source) = wh.open_table(source_name).await? else {
                 report.skipped = Some(format!("source {source_name} has no data yet"));
                 return Ok(report);
             };
-            let app_id = format!("strata-source:{source_name}");
+            let app_id = setup.source_app_id(source_name);
             let from = match &existing {
-                Some(t) => t
-                    .snapshot()
-                    .context(|| "reading table state".into())?
-                    .transaction_version(t.log_store().as_ref(), &app_id)
-                    .await
-                    .context(|| "reading source position".into())?,
+                Some(t) => flow::txn_version(t, &app_id).await?,
                 None => None,
             };
             let version = flow::version_of(&source);
@@ -374,17 +510,23 @@ pub(crate) async fn run_ingest(wh: &Warehouse, setup: &IngestSetup) -> Result<In
                 report.skipped = Some("no new input".into());
                 return Ok(report);
             }
-            let files = flow::new_files(&source, from).await?;
             let ctx = warehouse::new_session();
-            flow::register_table(&ctx, "__strata_input", &source, Some(files)).await?;
-            let df = ctx
-                .table("__strata_input")
-                .await
-                .context(|| "reading source".into())?;
-            let place = format!("the rows of {source_name} added after version {from:?}");
-            let rows = apply_query(setup, df, &place).await?;
-            check_downstream(setup, &rows, &place).await?;
-            parts.push(rows);
+            let df = if matches!(setup.source, Source::Feed(_)) {
+                let feed = changes::read_feed(&source, from, Some(version), false).await?;
+                ctx.read_batch(feed)
+                    .context(|| "reading the change feed".into())?
+            } else {
+                let files = flow::new_files(&source, from).await?;
+                flow::register_table(&ctx, "__strata_input", &source, Some(files)).await?;
+                ctx.table("__strata_input")
+                    .await
+                    .context(|| "reading source".into())?
+            };
+            let place = format!(
+                "the rows of {source_name} added after version {}",
+                from.map_or("(start)".to_string(), |v| v.to_string())
+            );
+            parts.push(checked_rows(setup, df, &place, &mut report).await?);
             commit = commit.with_application_transaction(Transaction::new(&app_id, version));
         }
     }

@@ -14,11 +14,15 @@
 //! Every write is one atomic Delta commit that also records how far its input was read, so
 //! a crash at any point and a re-run converge to the same tables.
 
+mod changes;
 mod error;
+mod event_log;
+mod expect;
 mod flow;
 mod fold;
 mod history;
 mod ingest;
+mod mview;
 mod pipeline;
 mod pit;
 mod query;
@@ -29,10 +33,16 @@ mod sqlutil;
 mod timeline;
 mod warehouse;
 
-pub use error::{EngineError, Result};
+pub use error::{chain, EngineError, Result};
+pub use event_log::{EventRecord, Status, EVENT_LOG_TABLE};
+pub use expect::ExpectationCount;
 pub use flow::FlowReport;
 pub use ingest::IngestReport;
-pub use pipeline::{run_pipeline_file, run_pipeline_file_with, RunReport};
+pub use mview::MvReport;
+pub use pipeline::{
+    plan_file, run_pipeline, run_pipeline_file, run_pipeline_file_with, Progress, ProgressFn,
+    RunOptions, RunReport, Selection,
+};
 pub use pit::PitReport;
 pub use query::{query, validate, Violation};
 pub use sources::{

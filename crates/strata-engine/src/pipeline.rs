@@ -1,24 +1,98 @@
 //! A whole pipeline run: parse, plan, check every dataset against the schemas it will meet,
-//! then run each node once, in dependency order.
+//! then run each node once, in dependency order, recording each in the event log.
 
 use crate::error::{Context, EngineError, Result};
+use crate::event_log::{self, EventRecord, Status};
 use crate::flow::{self, FlowReport, FlowSetup};
 use crate::ingest::{self, IngestReport, IngestSetup};
+use crate::mview::{self, MvReport};
+use crate::pit::PitReport;
 use crate::warehouse::Warehouse;
 use deltalake::arrow::datatypes::SchemaRef;
-use std::collections::BTreeMap;
-use std::path::Path;
-use strata_sql::{Node, PipelinePlan, TableName};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use strata_sql::{FlowKind, Node, PipelinePlan, TableName};
 
 /// What a run did, node by node, in execution order.
 #[derive(Debug, Clone, Default)]
 pub struct RunReport {
+    /// The id of the run's records in the event log.
+    pub run_id: String,
     pub ingests: Vec<IngestReport>,
     pub flows: Vec<FlowReport>,
-    pub pits: Vec<crate::pit::PitReport>,
+    pub views: Vec<MvReport>,
+    pub pits: Vec<PitReport>,
     /// Datasets that did not run because their schema cannot be known yet (no input files
     /// and no `schema =>`), with the reason.
     pub waiting: Vec<String>,
+    /// Tables a full refresh set aside, and where their old content now is.
+    pub set_aside: Vec<(TableName, PathBuf)>,
+    /// The run was asked to stop ([`RunOptions::stop`]) before all its nodes ran.
+    pub stopped: bool,
+}
+
+/// How to run a pipeline beyond its text.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Values substituted for `${name}` in the pipeline text before it is parsed.
+    pub configuration: BTreeMap<String, String>,
+    /// `--select NAME[+]`: run only what writes this dataset (or this flow), and with
+    /// `downstream` everything that reads it, directly or not.
+    pub select: Option<Selection>,
+    /// `--full-refresh [TABLE ...]`: `Some(empty)` rebuilds every table, `Some(names)`
+    /// those tables and everything that reads them.
+    pub full_refresh: Option<Vec<String>>,
+    /// Called as each node starts and ends (progress display).
+    pub progress: Option<ProgressFn>,
+    /// When set (by a signal handler), the run stops before its next node: the node in
+    /// flight finishes its commit, nothing after it starts. [`RunReport::stopped`] says so.
+    pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+}
+
+/// A callback for [`Progress`] events.
+#[derive(Clone)]
+pub struct ProgressFn(pub std::sync::Arc<dyn Fn(Progress) + Send + Sync>);
+
+impl std::fmt::Debug for ProgressFn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProgressFn")
+    }
+}
+
+/// A node starting or ending, for progress displays.
+#[derive(Debug, Clone)]
+pub enum Progress {
+    Started {
+        node: String,
+    },
+    Finished {
+        node: String,
+        summary: String,
+        elapsed: std::time::Duration,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Selection {
+    pub name: String,
+    pub downstream: bool,
+}
+
+impl std::str::FromStr for Selection {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let (name, downstream) = match s.strip_suffix('+') {
+            Some(n) => (n, true),
+            None => (s, false),
+        };
+        if name.is_empty() {
+            return Err("expected a dataset or flow name, optionally followed by +".into());
+        }
+        Ok(Selection {
+            name: name.to_string(),
+            downstream,
+        })
+    }
 }
 
 enum Prepared {
@@ -26,14 +100,14 @@ enum Prepared {
     Flow(Box<FlowSetup>),
     /// Waits for input: its schema cannot be known yet.
     Waiting(String),
-    /// A point-in-time table (index into the plan's `pits`).
     PointInTime(usize),
+    MaterializedView(TableName),
 }
 
 /// Runs the pipeline in `path` once over all input not yet processed (triggered mode).
 /// Relative paths inside the pipeline resolve against the pipeline file's folder.
 pub async fn run_pipeline_file(path: &Path, wh: &Warehouse) -> Result<RunReport> {
-    run_pipeline_file_with(path, wh, &BTreeMap::new()).await
+    run_pipeline(path, wh, &RunOptions::default()).await
 }
 
 /// [`run_pipeline_file`] with pipeline configuration values, substituted for `${name}` in
@@ -43,68 +117,142 @@ pub async fn run_pipeline_file_with(
     wh: &Warehouse,
     configuration: &BTreeMap<String, String>,
 ) -> Result<RunReport> {
+    let options = RunOptions {
+        configuration: configuration.clone(),
+        ..Default::default()
+    };
+    run_pipeline(path, wh, &options).await
+}
+
+/// Parses and plans the pipeline in `path` without running anything.
+pub fn plan_file(
+    path: &Path,
+    configuration: &BTreeMap<String, String>,
+) -> Result<(PipelinePlan, PathBuf)> {
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path).context(|| format!("cannot read {file}"))?;
-    let text =
-        strata_sql::substitute(&text, configuration).map_err(|source| EngineError::Pipeline {
-            file: file.clone(),
-            source: Box::new(source),
-        })?;
+    let pipeline_error = |source| EngineError::Pipeline {
+        file: file.clone(),
+        source: Box::new(source),
+    };
+    let text = strata_sql::substitute(&text, configuration).map_err(pipeline_error)?;
     let pipeline_dir = std::fs::canonicalize(path)
         .context(|| format!("cannot resolve {file}"))?
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_default();
-    let parsed = strata_sql::parse_pipeline(&text).map_err(|source| EngineError::Pipeline {
-        file: file.clone(),
-        source: Box::new(source),
-    })?;
-    let plan = strata_sql::plan_pipeline(parsed).map_err(|source| EngineError::Pipeline {
-        file: file.clone(),
-        source: Box::new(source),
-    })?;
-    run_plan(&plan, &pipeline_dir, wh).await
+    let parsed = strata_sql::parse_pipeline(&text).map_err(pipeline_error)?;
+    let plan = strata_sql::plan_pipeline(parsed).map_err(pipeline_error)?;
+    Ok((plan, pipeline_dir))
 }
 
-/// Runs a planned pipeline once; relative paths resolve against `pipeline_dir`.
+/// Runs the pipeline in `path` (a SQL file, or a YAML spec: see [`crate::load_pipeline`])
+/// with `options`.
+pub async fn run_pipeline(path: &Path, wh: &Warehouse, options: &RunOptions) -> Result<RunReport> {
+    if crate::spec::is_spec(path) {
+        let loaded = crate::spec::load_pipeline(path, &options.configuration)?;
+        let planned = crate::sources::plan_sources(&loaded.sources, &loaded.configuration)?;
+        return crate::sources::run_planned(planned, path, loaded.dir, wh, options).await;
+    }
+    let (plan, pipeline_dir) = plan_file(path, &options.configuration)?;
+    run_plan(plan, path, pipeline_dir, wh, options).await
+}
+
+/// Runs a planned pipeline read from `path`; relative paths resolve against `pipeline_dir`.
 pub(crate) async fn run_plan(
-    plan: &PipelinePlan,
-    pipeline_dir: &Path,
+    plan: PipelinePlan,
+    path: &Path,
+    pipeline_dir: PathBuf,
     wh: &Warehouse,
+    options: &RunOptions,
 ) -> Result<RunReport> {
+    let selected = select(&plan, options.select.as_ref())?;
+    let run_started = chrono::Utc::now();
+    let run_id = format!(
+        "{}-{:08x}",
+        run_started.format("%Y%m%dT%H%M%S%.6fZ"),
+        std::process::id()
+    );
+    let mut report = RunReport {
+        run_id: run_id.clone(),
+        ..Default::default()
+    };
+    if let Some(names) = &options.full_refresh {
+        let tables = refresh_set(&plan, names)?;
+        check_reset_allowed(wh, &plan, &tables).await?;
+        report.set_aside = set_aside(wh, &tables, &run_id)?;
+    }
+
     // Check everything before anything runs.
+    check_batch_reads(wh, &plan).await?;
+    let feeds: BTreeSet<TableName> = plan.flows.iter().map(|f| f.target.clone()).collect();
     let mut schemas: BTreeMap<TableName, SchemaRef> = BTreeMap::new();
-    let mut prepared: Vec<Prepared> = Vec::new();
+    let mut prepared: Vec<(Node, Prepared)> = Vec::new();
     for node in &plan.order {
-        match node {
+        let p = match node {
             Node::Ingest(name) => {
                 let table = plan.tables.get(name).ok_or_else(|| {
                     EngineError::Internal(format!("planned table {name} is missing"))
                 })?;
-                match ingest::prepare_ingest(wh, table, pipeline_dir, &schemas).await? {
+                match ingest::prepare_ingest(wh, table, None, &pipeline_dir, &schemas, &feeds)
+                    .await?
+                {
                     Some(setup) => {
                         schemas.insert(name.clone(), setup.schema.clone());
-                        prepared.push(Prepared::Ingest(Box::new(setup)));
+                        Prepared::Ingest(Box::new(setup))
                     }
-                    None => prepared.push(Prepared::Waiting(format!(
+                    None => Prepared::Waiting(format!(
                         "{name}: no input files yet and no schema => to plan with"
-                    ))),
+                    )),
                 }
             }
-            Node::PointInTime(i) => prepared.push(Prepared::PointInTime(*i)),
+            Node::Append(i) => {
+                let f = plan.appends.get(*i).ok_or_else(|| {
+                    EngineError::Internal(format!("planned append flow {i} is missing"))
+                })?;
+                let table = plan.tables.get(&f.target).ok_or_else(|| {
+                    EngineError::Internal(format!("planned table {} is missing", f.target))
+                })?;
+                match ingest::prepare_ingest(wh, table, Some(f), &pipeline_dir, &schemas, &feeds)
+                    .await?
+                {
+                    Some(setup) => {
+                        schemas
+                            .entry(f.target.clone())
+                            .or_insert_with(|| setup.schema.clone());
+                        Prepared::Ingest(Box::new(setup))
+                    }
+                    None => Prepared::Waiting(format!(
+                        "flow {}: no input files yet and no schema => to plan with",
+                        f.name
+                    )),
+                }
+            }
+            Node::PointInTime(i) => Prepared::PointInTime(*i),
+            Node::MaterializedView(name) => Prepared::MaterializedView(name.clone()),
             Node::Flow(i) => {
                 let f = plan
                     .flows
                     .get(*i)
                     .ok_or_else(|| EngineError::Internal(format!("planned flow {i} is missing")))?;
-                match schemas.get(&f.source) {
+                let table_mode = matches!(f.kind, FlowKind::Snapshot { version_by: None });
+                let feed = feeds.contains(&f.source) && !table_mode;
+                let source = schemas.get(&f.source).map(|s| {
+                    if feed {
+                        crate::changes::feed_schema(s)
+                    } else {
+                        s.clone()
+                    }
+                });
+                match source {
                     Some(source) => {
                         let props = plan
                             .tables
                             .get(&f.target)
                             .map(|t| t.properties.clone())
                             .unwrap_or_default();
-                        let setup = flow::prepare_flow(f, source, &props).await?;
+                        let mut setup = flow::prepare_flow(f, &source, &props).await?;
+                        setup.source_feed = feed;
                         flow::check_existing(wh, &setup).await?;
                         if let Some(prev) = schemas.get(&f.target) {
                             if prev.fields() != setup.target_schema.fields() {
@@ -115,25 +263,26 @@ pub(crate) async fn run_plan(
                             }
                         }
                         schemas.insert(f.target.clone(), setup.target_schema.clone());
-                        prepared.push(Prepared::Flow(Box::new(setup)));
+                        Prepared::Flow(Box::new(setup))
                     }
-                    None => prepared.push(Prepared::Waiting(format!(
+                    None => Prepared::Waiting(format!(
                         "flow {}: its source {} has no schema yet",
                         f.name, f.source
-                    ))),
+                    )),
                 }
             }
-        }
+        };
+        prepared.push((node.clone(), p));
     }
     // Each ingestion checks its rows against the flows that will read them.
     let flows: Vec<FlowSetup> = prepared
         .iter()
-        .filter_map(|p| match p {
+        .filter_map(|(_, p)| match p {
             Prepared::Flow(f) => Some(f.as_ref().clone()),
             _ => None,
         })
         .collect();
-    for p in prepared.iter_mut() {
+    for (_, p) in prepared.iter_mut() {
         if let Prepared::Ingest(setup) = p {
             setup.downstream = flows
                 .iter()
@@ -143,31 +292,400 @@ pub(crate) async fn run_plan(
         }
     }
 
-    let mut report = RunReport::default();
-    for p in &prepared {
-        match p {
-            Prepared::Ingest(setup) => {
-                tracing::info!(table = %setup.table.name, "ingesting");
-                report.ingests.push(ingest::run_ingest(wh, setup).await?);
-            }
-            Prepared::Flow(setup) => {
-                tracing::info!(flow = %setup.flow.name, "running flow");
-                let props = plan
-                    .tables
-                    .get(&setup.flow.target)
-                    .map(|t| t.properties.clone())
-                    .unwrap_or_default();
-                report.flows.push(flow::run_flow(wh, setup, &props).await?);
-            }
-            Prepared::Waiting(why) => report.waiting.push(why.clone()),
-            Prepared::PointInTime(i) => {
-                let pit = plan.pits.get(*i).ok_or_else(|| {
-                    EngineError::Internal(format!("planned point-in-time table {i} is missing"))
-                })?;
-                tracing::info!(table = %pit.name, "refreshing point-in-time table");
-                report.pits.push(crate::pit::refresh(wh, pit).await?);
+    let declared: BTreeSet<TableName> = plan
+        .tables
+        .keys()
+        .chain(plan.materialized.keys())
+        .cloned()
+        .chain(plan.pits.iter().map(|p| p.name.clone()))
+        .collect();
+    let pipeline_name = path.display().to_string();
+    for (node, p) in &prepared {
+        if !selected.contains(node) {
+            continue;
+        }
+        if options
+            .stop
+            .as_ref()
+            .is_some_and(|s| s.load(std::sync::atomic::Ordering::SeqCst))
+        {
+            report.stopped = true;
+            break;
+        }
+        let started = chrono::Utc::now();
+        let clock = std::time::Instant::now();
+        let describe = plan.describe(node);
+        if let Some(progress) = &options.progress {
+            (progress.0)(Progress::Started {
+                node: describe.clone(),
+            });
+        }
+        let mut record = EventRecord::new(
+            &run_id,
+            &pipeline_name,
+            plan.writes(node).map(|t| t.to_string()).unwrap_or_default(),
+            node_flow_name(&plan, node),
+            node_kind(&plan, node),
+            started,
+        );
+        let outcome = run_node(wh, &plan, p, &declared, &mut report, &mut record).await;
+        record.ended_at = chrono::Utc::now();
+        if let Err(e) = &outcome {
+            record.status = Status::Failed;
+            record.error = Some(crate::error::chain(e));
+        }
+        event_log::append(wh, std::slice::from_ref(&record)).await?;
+        if let Some(progress) = &options.progress {
+            (progress.0)(Progress::Finished {
+                node: describe,
+                summary: summary(&record),
+                elapsed: clock.elapsed(),
+            });
+        }
+        outcome?;
+    }
+    Ok(report)
+}
+
+/// Every table a materialized view or view reads is declared in the pipeline or exists in
+/// the warehouse.
+async fn check_batch_reads(wh: &Warehouse, plan: &PipelinePlan) -> Result<()> {
+    let queries = plan
+        .materialized
+        .values()
+        .map(|m| {
+            (
+                format!("materialized view {}", m.name),
+                m.location,
+                &m.query,
+            )
+        })
+        .chain(
+            plan.views
+                .values()
+                .map(|v| (format!("view {}", v.name), v.location, &v.query)),
+        );
+    for (what, at, q) in queries {
+        for t in &q.reads {
+            let declared = plan.tables.contains_key(t)
+                || plan.materialized.contains_key(t)
+                || plan.views.contains_key(t)
+                || plan.pits.iter().any(|p| &p.name == t);
+            if !declared && wh.open_table(t).await?.is_none() {
+                return Err(EngineError::Plan(format!(
+                    "{what} (line {}) reads {t}, which is neither declared in the pipeline nor a \
+                     table of the warehouse",
+                    at.line
+                )));
             }
         }
     }
-    Ok(report)
+    Ok(())
+}
+
+/// Runs one prepared node, filling `record` with what it did.
+async fn run_node(
+    wh: &Warehouse,
+    plan: &PipelinePlan,
+    p: &Prepared,
+    declared: &BTreeSet<TableName>,
+    report: &mut RunReport,
+    record: &mut EventRecord,
+) -> Result<()> {
+    match p {
+        Prepared::Ingest(setup) => {
+            tracing::info!(table = %setup.table.name, flow = setup.flow_name(), "ingesting");
+            let r = ingest::run_ingest(wh, setup).await?;
+            record.rows_read = r.rows_read;
+            record.rows_written = r.rows;
+            record.rows_dropped = r.rows_dropped;
+            record.expectations = r.expectations.clone();
+            skipped_or(record, &r.skipped, || {
+                format!("{} file(s), {} row(s) appended", r.files.len(), r.rows)
+            });
+            report.ingests.push(r);
+        }
+        Prepared::Flow(setup) => {
+            tracing::info!(flow = %setup.flow.name, "running flow");
+            let props = plan
+                .tables
+                .get(&setup.flow.target)
+                .map(|t| t.properties.clone())
+                .unwrap_or_default();
+            let r = flow::run_flow(wh, setup, &props).await?;
+            record.rows_read = r.events;
+            record.rows_written = r.rows_written;
+            record.rows_upserted = r.keys_upserted;
+            record.rows_deleted = r.keys_deleted;
+            record.versions_opened = r.versions_opened;
+            record.versions_closed = r.versions_closed;
+            skipped_or(record, &r.skipped, || {
+                let mut m = format!(
+                    "{} event(s), {} key(s) touched, {} changed",
+                    r.events, r.keys_touched, r.keys_changed
+                );
+                for n in &r.notes {
+                    m.push_str("; ");
+                    m.push_str(n);
+                }
+                m
+            });
+            report.flows.push(r);
+        }
+        Prepared::Waiting(why) => {
+            record.status = Status::Skipped;
+            record.message = Some(why.clone());
+            report.waiting.push(why.clone());
+        }
+        Prepared::PointInTime(i) => {
+            let pit = plan.pits.get(*i).ok_or_else(|| {
+                EngineError::Internal(format!("planned point-in-time table {i} is missing"))
+            })?;
+            tracing::info!(table = %pit.name, "refreshing point-in-time table");
+            let r = crate::pit::refresh(wh, pit).await?;
+            record.rows_written = r.rows;
+            skipped_or(record, &r.skipped, || {
+                format!(
+                    "{} as-of value(s) computed ({} recomputed), {} removed",
+                    r.computed, r.recomputed, r.removed
+                )
+            });
+            report.pits.push(r);
+        }
+        Prepared::MaterializedView(name) => {
+            let mv = plan.materialized.get(name).ok_or_else(|| {
+                EngineError::Internal(format!("planned materialized view {name} is missing"))
+            })?;
+            tracing::info!(table = %name, "refreshing materialized view");
+            let reads = plan.reads(&Node::MaterializedView(name.clone()));
+            let r = mview::refresh(wh, mv, &plan.views, &reads, declared).await?;
+            record.rows_read = r.rows_read;
+            record.rows_written = r.rows;
+            record.rows_dropped = r.rows_dropped;
+            record.expectations = r.expectations.clone();
+            skipped_or(record, &r.skipped, || format!("{} row(s)", r.rows));
+            report.views.push(r);
+        }
+    }
+    Ok(())
+}
+
+fn skipped_or(record: &mut EventRecord, skipped: &Option<String>, done: impl FnOnce() -> String) {
+    match skipped {
+        Some(why) => {
+            record.status = Status::Skipped;
+            record.message = Some(why.clone());
+        }
+        None => record.message = Some(done()),
+    }
+}
+
+/// One line for a progress display.
+fn summary(r: &EventRecord) -> String {
+    match (r.status, &r.message) {
+        (Status::Failed, _) => "FAILED".to_string(),
+        (_, Some(m)) => m.clone(),
+        (s, None) => s.as_str().to_string(),
+    }
+}
+
+fn node_kind(plan: &PipelinePlan, node: &Node) -> &'static str {
+    match node {
+        Node::Ingest(_) => "ingest",
+        Node::Append(_) => "append",
+        Node::Flow(i) => match plan.flows.get(*i).map(|f| &f.kind) {
+            Some(FlowKind::Snapshot { .. }) => "snapshot",
+            _ => "cdc",
+        },
+        Node::MaterializedView(_) => "materialized_view",
+        Node::PointInTime(_) => "point_in_time",
+    }
+}
+
+fn node_flow_name(plan: &PipelinePlan, node: &Node) -> String {
+    match node {
+        Node::Flow(i) => plan.flows.get(*i).map(|f| f.name.clone()),
+        Node::Append(i) => plan.appends.get(*i).map(|f| f.name.clone()),
+        other => plan.writes(other).map(|t| t.name),
+    }
+    .unwrap_or_default()
+}
+
+/// `schema.name` or `name` as a table name.
+fn parse_table_name(s: &str) -> TableName {
+    match s.split_once('.') {
+        Some((schema, name)) => TableName::new(Some(schema), name),
+        None => TableName::new(None, s),
+    }
+}
+
+/// The nodes that read, directly or not, what `start` writes (`start` included).
+fn downstream(plan: &PipelinePlan, start: Vec<Node>) -> BTreeSet<usize> {
+    let index = |n: &Node| plan.order.iter().position(|m| m == n);
+    let mut out: BTreeSet<usize> = start.iter().filter_map(index).collect();
+    // The order is topological: one pass in order reaches everything downstream.
+    for (i, node) in plan.order.iter().enumerate() {
+        let reads = plan.reads(node);
+        let feeds_on_selected = out.iter().any(|&j| {
+            plan.writes(&plan.order[j])
+                .is_some_and(|w| reads.contains(&w))
+        });
+        if feeds_on_selected {
+            out.insert(i);
+        }
+    }
+    out
+}
+
+/// The nodes a `--select` runs (every node without one).
+fn select(plan: &PipelinePlan, selection: Option<&Selection>) -> Result<Vec<Node>> {
+    let Some(sel) = selection else {
+        return Ok(plan.order.clone());
+    };
+    let table = parse_table_name(&sel.name);
+    let direct: Vec<Node> = plan
+        .order
+        .iter()
+        .filter(|n| {
+            plan.writes(n).as_ref() == Some(&table)
+                || match n {
+                    Node::Flow(i) => plan.flows.get(*i).is_some_and(|f| f.name == sel.name),
+                    Node::Append(i) => plan.appends.get(*i).is_some_and(|f| f.name == sel.name),
+                    _ => false,
+                }
+        })
+        .cloned()
+        .collect();
+    if direct.is_empty() {
+        return Err(EngineError::NotFound(format!(
+            "--select {}: the pipeline has no dataset or flow named {}",
+            sel.name, sel.name
+        )));
+    }
+    if !sel.downstream {
+        return Ok(direct);
+    }
+    Ok(downstream(plan, direct)
+        .into_iter()
+        .map(|i| plan.order[i].clone())
+        .collect())
+}
+
+/// The stored tables a full refresh rebuilds: all of them, or the named ones and every
+/// table that reads them (whose progress through them would no longer mean anything).
+fn refresh_set(plan: &PipelinePlan, names: &[String]) -> Result<Vec<TableName>> {
+    let start: Vec<Node> = if names.is_empty() {
+        plan.order.clone()
+    } else {
+        let mut start = Vec::new();
+        for n in names {
+            let t = parse_table_name(n);
+            let writers: Vec<Node> = plan
+                .order
+                .iter()
+                .filter(|node| plan.writes(node).as_ref() == Some(&t))
+                .cloned()
+                .collect();
+            if writers.is_empty() && !plan.tables.contains_key(&t) {
+                return Err(EngineError::NotFound(format!(
+                    "--full-refresh {n}: the pipeline has no table {t}"
+                )));
+            }
+            start.extend(writers);
+        }
+        start
+    };
+    let mut tables: Vec<TableName> = downstream(plan, start)
+        .into_iter()
+        .filter_map(|i| plan.writes(&plan.order[i]))
+        .collect();
+    for n in names {
+        tables.push(parse_table_name(n));
+    }
+    tables.sort();
+    tables.dedup();
+    Ok(tables)
+}
+
+/// Refuses a full refresh that would reset a table declared (or created) with
+/// `pipelines.reset.allowed = false`.
+async fn check_reset_allowed(
+    wh: &Warehouse,
+    plan: &PipelinePlan,
+    tables: &[TableName],
+) -> Result<()> {
+    const KEY: &str = "pipelines.reset.allowed";
+    let mut refused = Vec::new();
+    for t in tables {
+        let declared = plan
+            .tables
+            .get(t)
+            .and_then(|d| d.properties.get(KEY).cloned())
+            .or_else(|| {
+                plan.materialized
+                    .get(t)
+                    .and_then(|m| m.properties.get(KEY).cloned())
+            });
+        let stored = match wh.open_table(t).await? {
+            Some(table) => crate::warehouse::table_properties(&table)?
+                .get(KEY)
+                .cloned(),
+            None => None,
+        };
+        let guarded = [declared, stored]
+            .iter()
+            .flatten()
+            .any(|v| v.eq_ignore_ascii_case("false"));
+        if guarded && wh.open_table(t).await?.is_some() {
+            refused.push(t.to_string());
+        }
+    }
+    if refused.is_empty() {
+        return Ok(());
+    }
+    Err(EngineError::Plan(format!(
+        "full refresh refused: {} ha{} pipelines.reset.allowed = false, so its history cannot \
+         be wiped and rebuilt (its sources may no longer hold it); nothing was changed. \
+         Refresh other tables by name, or change the property if a rebuild is really meant",
+        refused.join(", "),
+        if refused.len() == 1 { "s" } else { "ve" }
+    )))
+}
+
+/// Moves each table (and its event store) out of the way, into
+/// `<warehouse>/_strata/full_refresh/<run>/`, so the run rebuilds it from its sources and
+/// the old content stays on disk until the user deletes it.
+fn set_aside(
+    wh: &Warehouse,
+    tables: &[TableName],
+    run_id: &str,
+) -> Result<Vec<(TableName, PathBuf)>> {
+    let base = wh.root().join("_strata").join("full_refresh").join(run_id);
+    let mut out = Vec::new();
+    for t in tables {
+        let moves = [
+            (wh.table_path(t), base.join(&t.schema).join(&t.name)),
+            (
+                wh.event_store_path(t),
+                base.join("events").join(&t.schema).join(&t.name),
+            ),
+        ];
+        let mut moved = false;
+        for (from, to) in moves {
+            if !from.exists() {
+                continue;
+            }
+            if let Some(parent) = to.parent() {
+                std::fs::create_dir_all(parent)
+                    .context(|| format!("cannot create {}", parent.display()))?;
+            }
+            std::fs::rename(&from, &to)
+                .context(|| format!("cannot move {} to {}", from.display(), to.display()))?;
+            moved = true;
+        }
+        if moved {
+            out.push((t.clone(), base.join(&t.schema).join(&t.name)));
+        }
+    }
+    Ok(out)
 }

@@ -23,7 +23,14 @@ pub(crate) async fn warehouse_session(wh: &Warehouse) -> Result<SessionContext> 
     let catalog = ctx
         .catalog("strata")
         .ok_or_else(|| EngineError::Internal("catalog strata missing".into()))?;
-    for name in wh.list_tables()? {
+    let tables = wh.list_tables()?;
+    let log = TableName::new(None, crate::event_log::EVENT_LOG_TABLE);
+    if !tables.contains(&log) {
+        if let Some(t) = crate::warehouse::open_delta(&crate::event_log::path(wh)).await? {
+            register_table(&ctx, crate::event_log::EVENT_LOG_TABLE, &t, None).await?;
+        }
+    }
+    for name in tables {
         if catalog.schema(&name.schema).is_none() {
             catalog
                 .register_schema(&name.schema, Arc::new(MemorySchemaProvider::new()))
@@ -37,12 +44,23 @@ pub(crate) async fn warehouse_session(wh: &Warehouse) -> Result<SessionContext> 
     Ok(ctx)
 }
 
+/// `sql` with strata's table functions (`as_of`, `table_changes`) replaced by what they
+/// read, registered in `ctx` where needed.
+pub(crate) async fn rewrite(wh: &Warehouse, ctx: &SessionContext, sql: &str) -> Result<String> {
+    let sql = crate::history::rewrite_as_of(wh, sql)
+        .await?
+        .unwrap_or_else(|| sql.to_string());
+    Ok(crate::changes::rewrite_table_changes(wh, ctx, &sql)
+        .await?
+        .unwrap_or(sql))
+}
+
 /// Runs `sql` over every table of `wh`.
 pub async fn query(wh: &Warehouse, sql: &str) -> Result<(SchemaRef, Vec<RecordBatch>)> {
     let ctx = warehouse_session(wh).await?;
-    let rewritten = crate::history::rewrite_as_of(wh, sql).await?;
+    let sql = rewrite(wh, &ctx, sql).await?;
     let df = ctx
-        .sql(rewritten.as_deref().unwrap_or(sql))
+        .sql(&sql)
         .await
         .map_err(|e| EngineError::Plan(format!("query: {e}")))?;
     let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
@@ -119,6 +137,35 @@ pub async fn validate(wh: &Warehouse, name: &str) -> Result<Vec<Violation>> {
     cols[n + 1] = timeline.open_as_null(&cols[n + 1])?;
     let batch = RecordBatch::try_new(batch.schema(), cols).context(|| "validate".into())?;
     check_timelines(&batch, &keys)
+}
+
+/// The SCD2 integrity check on rows about to be written (keys in `keys`, the convention's
+/// timeline columns by name): the violations, if any.
+pub(crate) fn check_rows(
+    rows: &RecordBatch,
+    keys: &[String],
+    timeline: &Timeline,
+) -> Result<Vec<Violation>> {
+    let column = |name: &str| {
+        rows.column_by_name(name)
+            .cloned()
+            .ok_or_else(|| EngineError::Internal(format!("rows have no column {name}")))
+    };
+    let mut cols = keys.iter().map(|k| column(k)).collect::<Result<Vec<_>>>()?;
+    cols.push(column(&timeline.valid_from)?);
+    cols.push(timeline.open_as_null(&column(&timeline.valid_to)?)?);
+    let fields: Vec<deltalake::arrow::datatypes::Field> = keys
+        .iter()
+        .chain([&timeline.valid_from, &timeline.valid_to])
+        .zip(&cols)
+        .map(|(n, c)| deltalake::arrow::datatypes::Field::new(n, c.data_type().clone(), true))
+        .collect();
+    let batch = RecordBatch::try_new(
+        Arc::new(deltalake::arrow::datatypes::Schema::new(fields)),
+        cols,
+    )
+    .context(|| "integrity check".into())?;
+    check_timelines(&batch, keys)
 }
 
 /// A `SNAPSHOTS` table: at most one row per key in each version.
@@ -229,4 +276,46 @@ fn check_timelines(batch: &RecordBatch, keys: &[String]) -> Result<Vec<Violation
         i = j;
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deltalake::arrow::array::Int64Array;
+    use deltalake::arrow::datatypes::{DataType, Field, Schema};
+
+    /// The check run before a flow commits finds two open versions and an overlap.
+    #[test]
+    fn check_rows_finds_broken_timelines() {
+        let timeline = Timeline::from_properties(&std::collections::HashMap::new()).unwrap();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new(&timeline.valid_from, DataType::Int64, true),
+            Field::new(&timeline.valid_to, DataType::Int64, true),
+        ]));
+        let batch = |ids: Vec<i64>, starts: Vec<i64>, ends: Vec<Option<i64>>| {
+            RecordBatch::try_new(
+                schema.clone(),
+                vec![
+                    Arc::new(Int64Array::from(ids)),
+                    Arc::new(Int64Array::from(starts)),
+                    Arc::new(Int64Array::from(ends)),
+                ],
+            )
+            .unwrap()
+        };
+        let keys = vec!["id".to_string()];
+        let good = batch(vec![1, 1, 2], vec![1, 5, 1], vec![Some(5), None, None]);
+        assert!(check_rows(&good, &keys, &timeline).unwrap().is_empty());
+        let two_open = batch(vec![1, 1], vec![1, 5], vec![None, None]);
+        let v = check_rows(&two_open, &keys, &timeline).unwrap();
+        assert!(
+            v.iter().any(|v| v.problem == "has 2 open versions"),
+            "{v:?}"
+        );
+        let overlap = batch(vec![1, 1], vec![1, 5], vec![Some(7), None]);
+        let v = check_rows(&overlap, &keys, &timeline).unwrap();
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(v[0].problem.contains("overlaps the next one"), "{v:?}");
+    }
 }

@@ -7,10 +7,10 @@
 //! text and local line; the parser and planner need to know nothing of several texts.
 
 use crate::error::{EngineError, Result};
-use crate::pipeline::{run_plan, RunReport};
+use crate::pipeline::{run_plan, RunOptions, RunReport};
 use crate::warehouse::Warehouse;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use strata_sql::{
     FlowKind, Location, Node, PipelinePlan, QuerySource, SequenceBy, SqlError, Statement,
 };
@@ -182,17 +182,23 @@ pub fn plan_sources(
     Ok(PlannedPipeline { plan, map })
 }
 
-/// Runs a planned pipeline once (triggered mode); relative paths resolve against `dir`.
+/// Runs a planned pipeline read from `path` (the event log names it) with `options`;
+/// relative paths resolve against `dir`.
 pub async fn run_planned(
-    planned: &PlannedPipeline,
-    dir: &Path,
+    planned: PlannedPipeline,
+    path: &Path,
+    dir: PathBuf,
     wh: &Warehouse,
+    options: &RunOptions,
 ) -> Result<RunReport> {
-    run_plan(&planned.plan, dir, wh).await.map_err(|e| match e {
-        // Checks against schemas quote a flow's line; say which text it is in.
-        EngineError::Plan(m) => EngineError::Plan(planned.map.relocate_message(&m)),
-        e => e,
-    })
+    let PlannedPipeline { plan, map } = planned;
+    run_plan(plan, path, dir, wh, options)
+        .await
+        .map_err(|e| match e {
+            // Checks against schemas quote a flow's line; say which text it is in.
+            EngineError::Plan(m) => EngineError::Plan(map.relocate_message(&m)),
+            e => e,
+        })
 }
 
 /// One node of a plan, for `strata plan`.
@@ -300,6 +306,49 @@ impl PlannedPipeline {
                         reads: vec![f.source.to_string()],
                         writes: f.target.to_string(),
                         origin: origin(f.location),
+                    });
+                }
+                Node::Append(i) => {
+                    let Some(f) = self.plan.appends.get(*i) else {
+                        continue;
+                    };
+                    let (detail, reads) = match &f.query.source {
+                        QuerySource::ReadFiles(rf) => (
+                            format!(
+                                "append flow from read_files ({})",
+                                format!("{:?}", rf.format).to_ascii_lowercase()
+                            ),
+                            vec![format!("files {}", rf.path)],
+                        ),
+                        QuerySource::Table(src) => {
+                            ("append flow from STREAM".to_string(), vec![src.to_string()])
+                        }
+                    };
+                    steps.push(PlanStep {
+                        kind: "append",
+                        name: f.name.clone(),
+                        detail,
+                        reads,
+                        writes: f.target.to_string(),
+                        origin: origin(f.location),
+                    });
+                }
+                Node::MaterializedView(name) => {
+                    let Some(m) = self.plan.materialized.get(name) else {
+                        continue;
+                    };
+                    steps.push(PlanStep {
+                        kind: "materialized_view",
+                        name: name.to_string(),
+                        detail: "materialized view".to_string(),
+                        reads: self
+                            .plan
+                            .reads(node)
+                            .iter()
+                            .map(ToString::to_string)
+                            .collect(),
+                        writes: name.to_string(),
+                        origin: origin(m.location),
                     });
                 }
                 Node::PointInTime(i) => {

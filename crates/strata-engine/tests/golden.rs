@@ -81,13 +81,37 @@ async fn run_scenario(path: &Path) -> Result<(), String> {
                 std::fs::write(&p, body.join("\n") + "\n").map_err(|e| e.to_string())?;
             }
             "run" => {
-                let result = strata_engine::run_pipeline_file(&pipeline, &wh).await;
-                match (rest.strip_prefix("error"), result) {
+                // `run [select=NAME[+]] [full-refresh[=t1,t2]] [error TEXT]`
+                let mut options = strata_engine::RunOptions::default();
+                let mut expect_error: Option<&str> = None;
+                let mut remaining = rest;
+                while !remaining.is_empty() {
+                    if let Some(want) = remaining.strip_prefix("error") {
+                        expect_error = Some(want);
+                        break;
+                    }
+                    let (word, tail) = remaining
+                        .split_once(' ')
+                        .map(|(a, b)| (a, b.trim()))
+                        .unwrap_or((remaining, ""));
+                    if let Some(sel) = word.strip_prefix("select=") {
+                        options.select = Some(sel.parse().map_err(|e: String| at(e))?);
+                    } else if word == "full-refresh" {
+                        options.full_refresh = Some(Vec::new());
+                    } else if let Some(list) = word.strip_prefix("full-refresh=") {
+                        options.full_refresh = Some(list.split(',').map(str::to_string).collect());
+                    } else {
+                        return Err(at(format!("unknown run option `{word}`")));
+                    }
+                    remaining = tail;
+                }
+                let result = strata_engine::run_pipeline(&pipeline, &wh, &options).await;
+                match (expect_error, result) {
                     (None, Ok(_)) => {}
                     (None, Err(e)) => return Err(at(format!("run failed: {e}"))),
                     (Some(_), Ok(_)) => return Err(at("run succeeded, expected an error".into())),
                     (Some(want), Err(e)) => {
-                        let msg = e.to_string();
+                        let msg = strata_engine::chain(&e);
                         if !msg.contains(want.trim()) {
                             return Err(at(format!(
                                 "error `{msg}` does not contain `{}`",

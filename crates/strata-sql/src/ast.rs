@@ -53,6 +53,83 @@ pub enum Statement {
     StreamingTable(StreamingTable),
     Flow(CdcFlow),
     PointInTime(PitTable),
+    MaterializedView(MaterializedView),
+    View(View),
+    AppendFlow(AppendFlow),
+}
+
+/// What happens to a row that fails an expectation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpectAction {
+    /// No `ON VIOLATION`: the row is kept and counted.
+    Warn,
+    /// `ON VIOLATION DROP ROW`: the row is dropped and counted.
+    Drop,
+    /// `ON VIOLATION FAIL UPDATE`: the run fails; nothing of the batch is committed.
+    Fail,
+}
+
+impl ExpectAction {
+    /// The name the event log uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExpectAction::Warn => "warn",
+            ExpectAction::Drop => "drop",
+            ExpectAction::Fail => "fail",
+        }
+    }
+}
+
+/// `CONSTRAINT name EXPECT (condition) [ON VIOLATION DROP ROW | FAIL UPDATE]`. A row passes
+/// when the condition is true; false and NULL are violations.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Expectation {
+    pub name: String,
+    /// Condition SQL.
+    pub condition: String,
+    pub action: ExpectAction,
+    pub location: Location,
+}
+
+/// `CREATE [OR REFRESH] MATERIALIZED VIEW name [(cols, constraints)] [COMMENT] [TBLPROPERTIES]
+/// AS SELECT ...`: the stored result of a batch query, recomputed when what it reads changed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MaterializedView {
+    pub name: TableName,
+    pub columns: Option<Vec<ColumnDef>>,
+    pub expectations: Vec<Expectation>,
+    pub comment: Option<String>,
+    pub properties: BTreeMap<String, String>,
+    pub query: BatchQuery,
+    pub location: Location,
+}
+
+/// `CREATE [TEMPORARY] VIEW name AS SELECT ...`: a named query, not stored, for the queries
+/// of materialized views and other views.
+#[derive(Debug, Clone, PartialEq)]
+pub struct View {
+    pub name: TableName,
+    pub query: BatchQuery,
+    pub location: Location,
+}
+
+/// A batch query (no `STREAM`) and the tables it reads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchQuery {
+    pub sql: String,
+    /// Every table named in a FROM clause (CTE names excluded), including the first argument
+    /// of `table_changes('t', ...)` and `as_of('t', ...)`, in text order, without repeats.
+    pub reads: Vec<TableName>,
+}
+
+/// `CREATE FLOW name AS INSERT INTO target BY NAME SELECT ... FROM STREAM(source)`: appends
+/// the new rows of one streaming source to a streaming table, matching columns by name.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AppendFlow {
+    pub name: String,
+    pub target: TableName,
+    pub query: SourceQuery,
+    pub location: Location,
 }
 
 /// `CREATE [OR REFRESH] POINT IN TIME TABLE name [TBLPROPERTIES (...)] KEYS (k, ...)
@@ -98,6 +175,8 @@ pub struct ColumnDef {
 pub struct StreamingTable {
     pub name: TableName,
     pub columns: Option<Vec<ColumnDef>>,
+    /// `CONSTRAINT ... EXPECT ...` entries of the column list, in order.
+    pub expectations: Vec<Expectation>,
     pub comment: Option<String>,
     /// `TBLPROPERTIES ('k' = 'v', ...)`, keys as written.
     pub properties: BTreeMap<String, String>,

@@ -9,7 +9,7 @@
 use crate::ast::*;
 use crate::error::Result;
 use crate::lex::{self, is_keyword, location, run_sqlparser, Cursor, End, Source};
-use crate::types::{parse_column_defs, parse_schema_string};
+use crate::types::{parse_schema_string, parse_table_elements};
 use deltalake::datafusion::sql::sqlparser;
 use sqlparser::ast::{
     Expr, FunctionArg, FunctionArgExpr, Ident, ObjectName, ObjectNamePart, Query, SetExpr, Spanned,
@@ -82,7 +82,7 @@ fn parse_statement(c: &mut Cursor) -> Result<Statement> {
             return streaming_table(c, at).map(Statement::StreamingTable);
         }
         if c.eat_keyword("FLOW") {
-            return flow(c, at).map(Statement::Flow);
+            return flow(c, at);
         }
         if c.eat_keyword("POINT") {
             c.expect_keyword("IN")?;
@@ -90,20 +90,24 @@ fn parse_statement(c: &mut Cursor) -> Result<Statement> {
             c.expect_keyword("TABLE")?;
             return pit_table(c, at).map(Statement::PointInTime);
         }
-        let here = c.loc();
-        let unsupported = if c.peek_keyword("MATERIALIZED") {
-            Some("CREATE MATERIALIZED VIEW")
-        } else if c.peek_keyword("VIEW") || c.peek_keyword("TEMPORARY") {
-            Some("CREATE VIEW")
-        } else if c.peek_keyword("LIVE") {
-            Some("CREATE LIVE TABLE (a materialized view)")
-        } else {
-            None
-        };
-        return Err(match unsupported {
-            Some(what) => c.error_at(here, format!("{what} is not supported yet")),
-            None => c.expected("STREAMING TABLE, FLOW or POINT IN TIME TABLE"),
-        });
+        if c.eat_keyword("MATERIALIZED") {
+            c.expect_keyword("VIEW")?;
+            return materialized_view(c, at).map(Statement::MaterializedView);
+        }
+        // `CREATE LIVE TABLE` is the legacy DLT spelling of a materialized view.
+        if c.peek_keyword("LIVE") && c.peek_nth_keyword(1, "TABLE") {
+            c.next();
+            c.next();
+            return materialized_view(c, at).map(Statement::MaterializedView);
+        }
+        if c.eat_keyword("TEMPORARY") || c.peek_keyword("VIEW") || c.peek_keyword("LIVE") {
+            c.eat_keyword("LIVE");
+            c.expect_keyword("VIEW")?;
+            return view(c, at).map(Statement::View);
+        }
+        return Err(
+            c.expected("STREAMING TABLE, MATERIALIZED VIEW, VIEW, FLOW or POINT IN TIME TABLE")
+        );
     }
     if c.eat_keyword("APPLY") {
         // Legacy standalone form: the flow is named after its target table.
@@ -159,54 +163,242 @@ fn streaming_table(c: &mut Cursor, at: Location) -> Result<StreamingTable> {
         c.expect_keyword("NOT")?;
         c.expect_keyword("EXISTS")?;
     }
+    let head = dataset_head(c)?;
+    let query = if c.eat_keyword("AS") {
+        Some(source_query(c)?)
+    } else if c.at_end() {
+        None
+    } else {
+        return Err(c.expected(head.what_next()));
+    };
+    Ok(StreamingTable {
+        name: head.name,
+        columns: head.columns,
+        expectations: head.expectations,
+        comment: head.comment,
+        properties: head.properties.unwrap_or_default(),
+        query,
+        location: at,
+    })
+}
+
+/// What stored datasets share before `AS`: `name [(columns, constraints)] [COMMENT '...']
+/// [TBLPROPERTIES (...)]`.
+struct DatasetHead {
+    name: TableName,
+    columns: Option<Vec<ColumnDef>>,
+    expectations: Vec<Expectation>,
+    comment: Option<String>,
+    properties: Option<BTreeMap<String, String>>,
+}
+
+impl DatasetHead {
+    fn what_next(&self) -> &'static str {
+        if self.columns.is_none()
+            && self.expectations.is_empty()
+            && self.comment.is_none()
+            && self.properties.is_none()
+        {
+            "a column list, COMMENT, TBLPROPERTIES, AS or end of statement"
+        } else {
+            "COMMENT, TBLPROPERTIES, AS or end of statement"
+        }
+    }
+}
+
+fn dataset_head(c: &mut Cursor) -> Result<DatasetHead> {
     let (name, _) = table_name(c, "a table name")?;
-    let columns = if c.eat_token(&Token::LParen) {
-        let cols = parse_column_defs(c)?;
+    let (columns, expectations) = if c.eat_token(&Token::LParen) {
+        let (cols, exps) = parse_table_elements(c, true)?;
         if !c.eat_token(&Token::RParen) {
             return Err(c.expected("',' or ')'"));
         }
-        Some(cols)
+        ((!cols.is_empty()).then_some(cols), exps)
     } else {
-        None
+        (None, Vec::new())
     };
     let mut comment = None;
     let mut properties = None;
     loop {
         let clause_at = c.loc();
         if c.eat_keyword("COMMENT") {
-            if comment.is_some() {
-                return Err(c.error_at(clause_at, "duplicate COMMENT clause"));
-            }
-            comment = Some(c.string("a comment string")?);
+            let text = c.string("a comment string")?;
+            once(c, &mut comment, text, "COMMENT", clause_at)?;
         } else if c.eat_keyword("TBLPROPERTIES") {
-            if properties.is_some() {
-                return Err(c.error_at(clause_at, "duplicate TBLPROPERTIES clause"));
-            }
-            properties = Some(tblproperties(c)?);
+            let props = tblproperties(c)?;
+            once(c, &mut properties, props, "TBLPROPERTIES", clause_at)?;
         } else {
             break;
         }
     }
-    let query = if c.eat_keyword("AS") {
-        Some(source_query(c)?)
-    } else if c.at_end() {
-        None
-    } else {
-        let what = if columns.is_none() && comment.is_none() && properties.is_none() {
-            "a column list, COMMENT, TBLPROPERTIES, AS or end of statement"
-        } else {
-            "COMMENT, TBLPROPERTIES, AS or end of statement"
-        };
-        return Err(c.expected(what));
-    };
-    Ok(StreamingTable {
+    Ok(DatasetHead {
         name,
         columns,
+        expectations,
         comment,
-        properties: properties.unwrap_or_default(),
+        properties,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// CREATE MATERIALIZED VIEW / CREATE VIEW
+
+fn materialized_view(c: &mut Cursor, at: Location) -> Result<MaterializedView> {
+    let head = dataset_head(c)?;
+    if !c.eat_keyword("AS") {
+        return Err(c.expected(if head.what_next().starts_with("a column") {
+            "a column list, COMMENT, TBLPROPERTIES or AS"
+        } else {
+            "COMMENT, TBLPROPERTIES or AS"
+        }));
+    }
+    let query = batch_query(c, "a materialized view")?;
+    Ok(MaterializedView {
+        name: head.name,
+        columns: head.columns,
+        expectations: head.expectations,
+        comment: head.comment,
+        properties: head.properties.unwrap_or_default(),
         query,
         location: at,
     })
+}
+
+fn view(c: &mut Cursor, at: Location) -> Result<View> {
+    if c.eat_keyword("IF") {
+        c.expect_keyword("NOT")?;
+        c.expect_keyword("EXISTS")?;
+    }
+    let (name, _) = table_name(c, "a view name")?;
+    let clause_at = c.loc();
+    if c.eat_keyword("COMMENT") {
+        c.string("a comment string")?;
+    } else if c.peek_token(&Token::LParen) {
+        return Err(c.error_at(
+            clause_at,
+            "a view has no column list or expectations here; put expectations on the table that reads it",
+        ));
+    }
+    c.expect_keyword("AS")?;
+    let query = batch_query(c, "a view")?;
+    Ok(View {
+        name,
+        query,
+        location: at,
+    })
+}
+
+/// The rest of the statement as a batch query: no `STREAM`, tables read as they are.
+fn batch_query(c: &mut Cursor, what: &str) -> Result<BatchQuery> {
+    let (tokens, marks) = strip_stream(c.rest()).map_err(|at| {
+        c.error_at(
+            location(at),
+            "STREAM(...) takes a table name or read_files(...), not a query",
+        )
+    })?;
+    if let Some(first) = marks.first() {
+        return Err(c.error_at(
+            location(*first),
+            format!(
+                "{what} reads its tables in batch; STREAM(...) belongs in a streaming table \
+                 or a flow"
+            ),
+        ));
+    }
+    c.skip_rest();
+    let (query, _) = run_sqlparser(c.src, tokens, &c.end, |p| {
+        let q = p.parse_query()?;
+        let next = p.peek_token();
+        match next.token {
+            Token::EOF => Ok(q),
+            _ => p.expected("end of statement", next),
+        }
+    })?;
+    let reads = query_reads(c, &query)?;
+    Ok(BatchQuery {
+        sql: query.to_string(),
+        reads,
+    })
+}
+
+/// The tables a batch query reads (see [`BatchQuery::reads`]).
+fn query_reads(c: &Cursor, query: &Query) -> Result<Vec<TableName>> {
+    use sqlparser::ast::{Visit, Visitor};
+    use std::ops::ControlFlow;
+    #[derive(Default)]
+    struct Reads {
+        ctes: BTreeSet<String>,
+        tables: Vec<(Vec<String>, Option<SpLocation>)>,
+        error: Option<(Option<SpLocation>, String)>,
+    }
+    impl Visitor for Reads {
+        type Break = ();
+        fn pre_visit_query(&mut self, q: &Query) -> ControlFlow<()> {
+            if let Some(with) = &q.with {
+                for cte in &with.cte_tables {
+                    self.ctes.insert(cte.alias.name.value.to_ascii_lowercase());
+                }
+            }
+            ControlFlow::Continue(())
+        }
+        fn pre_visit_table_factor(&mut self, f: &TableFactor) -> ControlFlow<()> {
+            let TableFactor::Table { name, args, .. } = f else {
+                return ControlFlow::Continue(());
+            };
+            let mut parts = Vec::new();
+            let mut start = None;
+            for p in &name.0 {
+                if let ObjectNamePart::Identifier(id) = p {
+                    start.get_or_insert(id.span.start);
+                    parts.push(id.value.clone());
+                }
+            }
+            match args {
+                None => self.tables.push((parts, start)),
+                Some(a) => {
+                    let function = parts.last().map(|p| p.to_ascii_lowercase());
+                    if matches!(function.as_deref(), Some("table_changes" | "as_of")) {
+                        let first = a.args.first().and_then(|arg| match arg {
+                            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => literal_text(e),
+                            _ => None,
+                        });
+                        match first {
+                            Some(t) => self
+                                .tables
+                                .push((t.split('.').map(str::to_string).collect(), start)),
+                            None => {
+                                self.error = Some((
+                                    start,
+                                    format!(
+                                        "{}(...) takes the table name as a string first",
+                                        parts.join(".")
+                                    ),
+                                ))
+                            }
+                        }
+                    }
+                }
+            }
+            ControlFlow::Continue(())
+        }
+    }
+    let mut v = Reads::default();
+    let _ = query.visit(&mut v);
+    if let Some((at, message)) = v.error {
+        return Err(c.error_at(at.map(location).unwrap_or_default(), message));
+    }
+    let mut out: Vec<TableName> = Vec::new();
+    for (parts, at) in v.tables {
+        if parts.len() == 1 && v.ctes.contains(&parts[0].to_ascii_lowercase()) {
+            continue;
+        }
+        let name = resolve_table_name(&parts)
+            .map_err(|m| c.error_at(at.map(location).unwrap_or_default(), m))?;
+        if !out.contains(&name) {
+            out.push(name);
+        }
+    }
+    Ok(out)
 }
 
 /// `('k' = 'v', k.dotted = true, ...)`; the `=` is optional, as in Spark.
@@ -678,7 +870,7 @@ fn literal_text(e: &Expr) -> Option<String> {
 // ---------------------------------------------------------------------------------------
 // CREATE FLOW ... AS AUTO CDC INTO / APPLY CHANGES INTO
 
-fn flow(c: &mut Cursor, at: Location) -> Result<CdcFlow> {
+fn flow(c: &mut Cursor, at: Location) -> Result<Statement> {
     let (name, _) = c.ident("a flow name")?;
     c.expect_keyword("AS")?;
     let kind_at = c.loc();
@@ -686,17 +878,29 @@ fn flow(c: &mut Cursor, at: Location) -> Result<CdcFlow> {
         c.expect_keyword("CDC")?;
     } else if c.eat_keyword("APPLY") {
         c.expect_keyword("CHANGES")?;
-    } else if c.peek_keyword("INSERT") {
-        return Err(c.error_at(
-            kind_at,
-            "append flows (CREATE FLOW ... AS INSERT INTO) are not supported yet",
-        ));
+    } else if c.eat_keyword("INSERT") {
+        c.expect_keyword("INTO")?;
+        let (target, _) = table_name(c, "a target table name")?;
+        let by_at = c.loc();
+        if !(c.eat_keyword("BY") && c.eat_keyword("NAME")) {
+            return Err(c.error_at(
+                by_at,
+                "an append flow matches columns by name: write INSERT INTO target BY NAME SELECT ...",
+            ));
+        }
+        let query = source_query(c)?;
+        return Ok(Statement::AppendFlow(AppendFlow {
+            name,
+            target,
+            query,
+            location: at,
+        }));
     } else {
-        return Err(c.expected("AUTO CDC"));
+        return Err(c.error_at(kind_at, "expected AUTO CDC or INSERT INTO after AS"));
     }
     let snapshot = from_snapshot(c);
     c.expect_keyword("INTO")?;
-    cdc_flow(c, Some(name), at, snapshot)
+    cdc_flow(c, Some(name), at, snapshot).map(Statement::Flow)
 }
 
 /// Eats `FROM SNAPSHOT` (between `AUTO CDC` and `INTO`), saying whether it was there.

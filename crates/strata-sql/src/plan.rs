@@ -16,19 +16,112 @@ pub enum Node {
     Ingest(TableName),
     /// Run this AUTO CDC flow (index into [`PipelinePlan::flows`]).
     Flow(usize),
+    /// Run this append flow (index into [`PipelinePlan::appends`]).
+    Append(usize),
+    /// Recompute this materialized view.
+    MaterializedView(TableName),
     /// Refresh this point-in-time table (index into [`PipelinePlan::pits`]); these run after
     /// every ingestion and flow.
     PointInTime(usize),
 }
 
 /// A validated pipeline: every referenced table is defined, the graph is acyclic, every
-/// flow's options agree with each other. `order` runs a flow after its source.
+/// flow's options agree with each other. `order` runs every node after the nodes that
+/// write what it reads.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PipelinePlan {
     pub tables: BTreeMap<TableName, StreamingTable>,
     pub flows: Vec<CdcFlow>,
+    pub appends: Vec<AppendFlow>,
+    pub materialized: BTreeMap<TableName, MaterializedView>,
+    pub views: BTreeMap<TableName, View>,
     pub pits: Vec<PitTable>,
     pub order: Vec<Node>,
+}
+
+impl PipelinePlan {
+    /// The tables `node` writes.
+    pub fn writes(&self, node: &Node) -> Option<TableName> {
+        match node {
+            Node::Ingest(t) | Node::MaterializedView(t) => Some(t.clone()),
+            Node::Flow(i) => self.flows.get(*i).map(|f| f.target.clone()),
+            Node::Append(i) => self.appends.get(*i).map(|f| f.target.clone()),
+            Node::PointInTime(i) => self.pits.get(*i).map(|p| p.name.clone()),
+        }
+    }
+
+    /// The datasets `node` reads, views resolved to the tables behind them.
+    pub fn reads(&self, node: &Node) -> Vec<TableName> {
+        match node {
+            Node::Ingest(t) => match self.tables.get(t).and_then(|t| t.query.as_ref()) {
+                Some(SourceQuery {
+                    source: QuerySource::Table(src),
+                    ..
+                }) => vec![src.clone()],
+                _ => Vec::new(),
+            },
+            Node::Flow(i) => self
+                .flows
+                .get(*i)
+                .map(|f| vec![f.source.clone()])
+                .unwrap_or_default(),
+            Node::Append(i) => match self.appends.get(*i).map(|f| &f.query.source) {
+                Some(QuerySource::Table(src)) => vec![src.clone()],
+                _ => Vec::new(),
+            },
+            Node::MaterializedView(t) => self
+                .materialized
+                .get(t)
+                .map(|m| expand_views(&m.query.reads, &self.views))
+                .unwrap_or_default(),
+            Node::PointInTime(i) => self
+                .pits
+                .get(*i)
+                .map(|p| p.sources.clone())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// A short name for messages: `flow users_flow`, `table default.users`, ...
+    pub fn describe(&self, node: &Node) -> String {
+        match node {
+            Node::Ingest(t) => format!("table {t}"),
+            Node::Flow(i) => format!(
+                "flow {}",
+                self.flows.get(*i).map(|f| f.name.as_str()).unwrap_or("?")
+            ),
+            Node::Append(i) => format!(
+                "flow {}",
+                self.appends.get(*i).map(|f| f.name.as_str()).unwrap_or("?")
+            ),
+            Node::MaterializedView(t) => format!("materialized view {t}"),
+            Node::PointInTime(i) => format!(
+                "point-in-time table {}",
+                self.pits
+                    .get(*i)
+                    .map(|p| p.name.to_string())
+                    .unwrap_or_default()
+            ),
+        }
+    }
+}
+
+/// `reads` with every view replaced by what it reads, recursively (views are acyclic once
+/// planned), without repeats.
+fn expand_views(reads: &[TableName], views: &BTreeMap<TableName, View>) -> Vec<TableName> {
+    let mut out: Vec<TableName> = Vec::new();
+    let mut stack: Vec<TableName> = reads.iter().rev().cloned().collect();
+    let mut seen = BTreeSet::new();
+    while let Some(t) = stack.pop() {
+        if !seen.insert(t.clone()) {
+            continue;
+        }
+        match views.get(&t) {
+            Some(v) => stack.extend(v.query.reads.iter().rev().cloned()),
+            None => out.push(t),
+        }
+    }
+    out
 }
 
 fn plan_error(location: Location, message: impl Into<String>) -> SqlError {
@@ -40,40 +133,67 @@ fn plan_error(location: Location, message: impl Into<String>) -> SqlError {
 
 /// Validates the graph of `pipeline`.
 pub fn plan_pipeline(pipeline: Pipeline) -> Result<PipelinePlan> {
-    // Statement index of each table and flow: the tie-breaker of the execution order.
+    // Statement index of each node: the tie-breaker of the execution order.
     let mut tables: BTreeMap<TableName, StreamingTable> = BTreeMap::new();
-    let mut table_stmt: BTreeMap<TableName, usize> = BTreeMap::new();
     let mut flows: Vec<CdcFlow> = Vec::new();
-    let mut flow_stmt: Vec<usize> = Vec::new();
+    let mut appends: Vec<AppendFlow> = Vec::new();
+    let mut materialized: BTreeMap<TableName, MaterializedView> = BTreeMap::new();
+    let mut views: BTreeMap<TableName, View> = BTreeMap::new();
     let mut pits: Vec<PitTable> = Vec::new();
+    let mut stmt_of: Vec<(Node, usize)> = Vec::new();
+    // Every dataset name with where it was declared, to refuse a name declared twice.
+    let mut names: BTreeMap<TableName, Location> = BTreeMap::new();
+    let mut declare = |name: &TableName, at: Location| -> Result<()> {
+        if let Some(first) = names.get(name) {
+            return Err(plan_error(
+                at,
+                format!("table {name} is declared twice (first at {first})"),
+            ));
+        }
+        names.insert(name.clone(), at);
+        Ok(())
+    };
+    let mut flow_names: BTreeMap<String, Location> = BTreeMap::new();
+    let mut declare_flow = |name: &str, at: Location| -> Result<()> {
+        if let Some(first) = flow_names.get(name) {
+            return Err(plan_error(
+                at,
+                format!("flow {name} is declared twice (first at {first})"),
+            ));
+        }
+        flow_names.insert(name.to_string(), at);
+        Ok(())
+    };
     for (i, statement) in pipeline.statements.into_iter().enumerate() {
         match statement {
-            Statement::PointInTime(p) => pits.push(p),
+            Statement::PointInTime(p) => {
+                declare(&p.name, p.location)?;
+                stmt_of.push((Node::PointInTime(pits.len()), i));
+                pits.push(p)
+            }
             Statement::StreamingTable(t) => {
-                if let Some(first) = tables.get(&t.name) {
-                    return Err(plan_error(
-                        t.location,
-                        format!(
-                            "table {} is declared twice (first at {})",
-                            t.name, first.location
-                        ),
-                    ));
-                }
-                table_stmt.insert(t.name.clone(), i);
+                declare(&t.name, t.location)?;
+                stmt_of.push((Node::Ingest(t.name.clone()), i));
                 tables.insert(t.name.clone(), t);
             }
             Statement::Flow(f) => {
-                if let Some(first) = flows.iter().find(|g| g.name == f.name) {
-                    return Err(plan_error(
-                        f.location,
-                        format!(
-                            "flow {} is declared twice (first at {})",
-                            f.name, first.location
-                        ),
-                    ));
-                }
-                flow_stmt.push(i);
+                declare_flow(&f.name, f.location)?;
+                stmt_of.push((Node::Flow(flows.len()), i));
                 flows.push(f);
+            }
+            Statement::AppendFlow(f) => {
+                declare_flow(&f.name, f.location)?;
+                stmt_of.push((Node::Append(appends.len()), i));
+                appends.push(f);
+            }
+            Statement::MaterializedView(m) => {
+                declare(&m.name, m.location)?;
+                stmt_of.push((Node::MaterializedView(m.name.clone()), i));
+                materialized.insert(m.name.clone(), m);
+            }
+            Statement::View(v) => {
+                declare(&v.name, v.location)?;
+                views.insert(v.name.clone(), v);
             }
         }
     }
@@ -84,17 +204,70 @@ pub fn plan_pipeline(pipeline: Pipeline) -> Result<PipelinePlan> {
             ..
         }) = &t.query
         {
-            if !tables.contains_key(src) {
-                return Err(plan_error(
-                    t.location,
-                    format!(
-                        "table {} reads STREAM({src}), which is not declared in this pipeline",
-                        t.name
-                    ),
-                ));
-            }
+            check_stream_source(
+                src,
+                &format!("table {}", t.name),
+                t.location,
+                &tables,
+                &materialized,
+                &views,
+            )?;
+        }
+        if !t.expectations.is_empty() && flows.iter().any(|f| f.target == t.name) {
+            return Err(plan_error(
+                t.expectations[0].location,
+                format!(
+                    "{} is the target of an AUTO CDC flow; expectations belong on the table \
+                     the flow reads (they check rows before the flow applies them)",
+                    t.name
+                ),
+            ));
         }
     }
+    for f in &appends {
+        match tables.get(&f.target) {
+            None => {
+                return Err(plan_error(
+                    f.location,
+                    format!(
+                        "flow {} inserts into {}, which is not declared; declare it with \
+                         CREATE STREAMING TABLE {}",
+                        f.name, f.target, f.target.name
+                    ),
+                ))
+            }
+            Some(_) if flows.iter().any(|g| g.target == f.target) => {
+                return Err(plan_error(
+                    f.location,
+                    format!(
+                        "flow {} inserts into {}, which an AUTO CDC flow writes; give the \
+                         appended rows their own streaming table",
+                        f.name, f.target
+                    ),
+                ))
+            }
+            Some(_) => {}
+        }
+        if let QuerySource::Table(src) = &f.query.source {
+            check_stream_source(
+                src,
+                &format!("flow {}", f.name),
+                f.location,
+                &tables,
+                &materialized,
+                &views,
+            )?;
+        }
+    }
+    for m in materialized.values() {
+        if m.query.reads.contains(&m.name) {
+            return Err(plan_error(
+                m.location,
+                format!("materialized view {} reads itself", m.name),
+            ));
+        }
+    }
+    check_views(&views)?;
 
     for (i, f) in flows.iter().enumerate() {
         check_flow(f, &tables)?;
@@ -133,18 +306,78 @@ pub fn plan_pipeline(pipeline: Pipeline) -> Result<PipelinePlan> {
             }
         }
     }
-
-    let mut order = order(&tables, &table_stmt, &flows, &flow_stmt)?;
     for (i, p) in pits.iter().enumerate() {
         check_pit(p, &pits[..i], &tables, &flows)?;
-        order.push(Node::PointInTime(i));
     }
-    Ok(PipelinePlan {
+
+    let mut plan = PipelinePlan {
         tables,
         flows,
+        appends,
+        materialized,
+        views,
         pits,
-        order,
-    })
+        order: Vec::new(),
+    };
+    plan.order = order(&plan, stmt_of)?;
+    Ok(plan)
+}
+
+/// `STREAM(src)` must name a streaming table of the pipeline (an append-only table or the
+/// target of AUTO CDC flows, whose change feed is read).
+fn check_stream_source(
+    src: &TableName,
+    reader: &str,
+    at: Location,
+    tables: &BTreeMap<TableName, StreamingTable>,
+    materialized: &BTreeMap<TableName, MaterializedView>,
+    views: &BTreeMap<TableName, View>,
+) -> Result<()> {
+    if tables.contains_key(src) {
+        return Ok(());
+    }
+    let why = if materialized.contains_key(src) {
+        "is a materialized view, which is recomputed rather than appended to; read it in batch \
+         from a materialized view, or stream from the streaming table behind it"
+    } else if views.contains_key(src) {
+        "is a view; STREAM reads streaming tables"
+    } else {
+        "is not declared in this pipeline"
+    };
+    Err(plan_error(
+        at,
+        format!("{reader} reads STREAM({src}), which {why}"),
+    ))
+}
+
+/// Views may read each other but not in a cycle.
+fn check_views(views: &BTreeMap<TableName, View>) -> Result<()> {
+    for v in views.values() {
+        let mut stack: Vec<(TableName, Vec<TableName>)> =
+            vec![(v.name.clone(), vec![v.name.clone()])];
+        while let Some((t, path)) = stack.pop() {
+            let Some(view) = views.get(&t) else { continue };
+            for r in &view.query.reads {
+                if r == &v.name {
+                    let names: Vec<String> = path.iter().map(|p| format!("view {p}")).collect();
+                    return Err(plan_error(
+                        v.location,
+                        format!(
+                            "the pipeline has a cycle: {} -> view {} (each reads the next)",
+                            names.join(" -> "),
+                            v.name
+                        ),
+                    ));
+                }
+                if !path.contains(r) && views.contains_key(r) {
+                    let mut p = path.clone();
+                    p.push(r.clone());
+                    stack.push((r.clone(), p));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 fn check_flow(f: &CdcFlow, tables: &BTreeMap<TableName, StreamingTable>) -> Result<()> {
@@ -250,58 +483,32 @@ fn same_keys(a: &[String], b: &[String]) -> bool {
     set(a) == set(b)
 }
 
-/// Topological order of the work: a node runs after every node that writes what it reads.
-/// Among the nodes that are ready, the one declared first runs first, so the order is
-/// deterministic and follows the file where the graph allows.
-fn order(
-    tables: &BTreeMap<TableName, StreamingTable>,
-    table_stmt: &BTreeMap<TableName, usize>,
-    flows: &[CdcFlow],
-    flow_stmt: &[usize],
-) -> Result<Vec<Node>> {
-    struct Item {
-        node: Node,
-        stmt: usize,
-        location: Location,
-        /// The table this node reads, if any.
-        reads: Option<TableName>,
-        writes: TableName,
-    }
-    let mut items: Vec<Item> = Vec::new();
-    for t in tables.values() {
-        if let Some(q) = &t.query {
-            items.push(Item {
-                node: Node::Ingest(t.name.clone()),
-                stmt: table_stmt.get(&t.name).copied().unwrap_or(usize::MAX),
-                location: t.location,
-                reads: match &q.source {
-                    QuerySource::Table(src) => Some(src.clone()),
-                    QuerySource::ReadFiles(_) => None,
-                },
-                writes: t.name.clone(),
-            });
-        }
-    }
-    for (i, f) in flows.iter().enumerate() {
-        items.push(Item {
-            node: Node::Flow(i),
-            stmt: flow_stmt.get(i).copied().unwrap_or(usize::MAX),
-            location: f.location,
-            reads: Some(f.source.clone()),
-            writes: f.target.clone(),
-        });
-    }
-    items.sort_by_key(|it| it.stmt);
-
+/// Topological order of the work: a node runs after every node that writes what it reads
+/// (point-in-time tables after every ingestion and flow, as their spine query may read any
+/// table). Among the nodes that are ready, the one declared first runs first, so the order
+/// is deterministic and follows the file where the graph allows.
+fn order(plan: &PipelinePlan, mut stmt_of: Vec<(Node, usize)>) -> Result<Vec<Node>> {
+    // Streaming tables without a query are written only by their flows.
+    stmt_of.retain(|(n, _)| match n {
+        Node::Ingest(t) => plan.tables.get(t).is_some_and(|t| t.query.is_some()),
+        _ => true,
+    });
+    stmt_of.sort_by_key(|(_, s)| *s);
+    let items: Vec<Node> = stmt_of.into_iter().map(|(n, _)| n).collect();
+    let writes: Vec<Option<TableName>> = items.iter().map(|n| plan.writes(n)).collect();
+    let is_stream_writer =
+        |n: &Node| matches!(n, Node::Ingest(_) | Node::Flow(_) | Node::Append(_));
     // deps[i]: the items that must run before item i (the writers of what it reads).
     let deps: Vec<Vec<usize>> = items
         .iter()
         .map(|it| {
-            items
-                .iter()
-                .enumerate()
-                .filter(|(_, w)| it.reads.as_ref() == Some(&w.writes))
-                .map(|(j, _)| j)
+            let reads = plan.reads(it);
+            (0..items.len())
+                .filter(|&j| {
+                    let w = writes[j].as_ref();
+                    w.is_some_and(|w| reads.contains(w))
+                        || (matches!(it, Node::PointInTime(_)) && is_stream_writer(&items[j]))
+                })
                 .collect()
         })
         .collect();
@@ -312,7 +519,7 @@ fn order(
         match ready {
             Some(i) => {
                 done[i] = true;
-                order.push(items[i].node.clone());
+                order.push(items[i].clone());
             }
             None => {
                 // Every node left waits on another node left: follow the waits from the
@@ -338,20 +545,12 @@ fn order(
                 let names: Vec<String> = cycle
                     .iter()
                     .rev()
-                    .map(|&i| match &items[i].node {
-                        Node::Ingest(t) => format!("table {t}"),
-                        Node::Flow(f) => format!(
-                            "flow {}",
-                            flows.get(*f).map(|f| f.name.as_str()).unwrap_or("?")
-                        ),
-                        Node::PointInTime(i) => format!("point-in-time table {i}"),
-                    })
+                    .map(|&i| plan.describe(&items[i]))
                     .collect();
                 let location = cycle
                     .iter()
-                    .map(|&i| &items[i])
-                    .min_by_key(|it| it.stmt)
-                    .map(|it| it.location)
+                    .map(|&i| node_location(plan, &items[i]))
+                    .min_by_key(|l| (l.line, l.column))
                     .unwrap_or_default();
                 return Err(plan_error(
                     location,
@@ -365,4 +564,15 @@ fn order(
         }
     }
     Ok(order)
+}
+
+fn node_location(plan: &PipelinePlan, node: &Node) -> Location {
+    match node {
+        Node::Ingest(t) => plan.tables.get(t).map(|t| t.location),
+        Node::Flow(i) => plan.flows.get(*i).map(|f| f.location),
+        Node::Append(i) => plan.appends.get(*i).map(|f| f.location),
+        Node::MaterializedView(t) => plan.materialized.get(t).map(|m| m.location),
+        Node::PointInTime(i) => plan.pits.get(*i).map(|p| p.location),
+    }
+    .unwrap_or_default()
 }

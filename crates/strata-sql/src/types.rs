@@ -5,7 +5,7 @@
 //! string), the `schema => '...'` option of `read_files`, and the column list of
 //! `CREATE STREAMING TABLE name (...)`.
 
-use crate::ast::{ColumnDef, Location};
+use crate::ast::{ColumnDef, ExpectAction, Expectation, Location};
 use crate::error::Result;
 use crate::lex::{self, location, Cursor, End, Source};
 use deltalake::arrow::datatypes::{DataType, TimeUnit};
@@ -82,40 +82,96 @@ fn relocate(
 /// continue the list (the caller checks what comes next). Names must be unique, ignoring
 /// case, as Spark resolves columns case-insensitively.
 pub(crate) fn parse_column_defs(c: &mut Cursor) -> Result<Vec<ColumnDef>> {
+    let (columns, expectations) = parse_table_elements(c, false)?;
+    debug_assert!(expectations.is_empty());
+    Ok(columns)
+}
+
+/// The column list of a dataset: column definitions and, where `constraints` allows,
+/// `CONSTRAINT name EXPECT (condition) [ON VIOLATION DROP ROW | FAIL UPDATE]` entries, in
+/// any order. Expectation names must be unique within the dataset.
+pub(crate) fn parse_table_elements(
+    c: &mut Cursor,
+    constraints: bool,
+) -> Result<(Vec<ColumnDef>, Vec<Expectation>)> {
     let mut columns: Vec<ColumnDef> = Vec::new();
+    let mut expectations: Vec<Expectation> = Vec::new();
     loop {
         if c.peek_keyword("CONSTRAINT") {
-            return Err(c.error_at(c.loc(), "CONSTRAINT (expectations) is not supported yet"));
-        }
-        let (name, at) = c.ident("a column name")?;
-        if columns
-            .iter()
-            .any(|col| col.name.eq_ignore_ascii_case(&name))
-        {
-            return Err(c.error_at(at, format!("column '{name}' is declared twice")));
-        }
-        let data_type = parse_type(c)?;
-        let mut nullable = true;
-        loop {
-            if c.eat_keyword("NOT") {
-                c.expect_keyword("NULL")?;
-                nullable = false;
-            } else if c.eat_keyword("COMMENT") {
-                // Column comments are documentation only; the engine has no use for them.
-                c.string("a comment string")?;
-            } else {
-                break;
+            let at = c.loc();
+            if !constraints {
+                return Err(c.error_at(at, "CONSTRAINT is not allowed here"));
             }
+            c.next();
+            let e = parse_expectation(c, at)?;
+            if expectations
+                .iter()
+                .any(|x| x.name.eq_ignore_ascii_case(&e.name))
+            {
+                return Err(c.error_at(at, format!("expectation '{}' is declared twice", e.name)));
+            }
+            expectations.push(e);
+        } else {
+            let (name, at) = c.ident("a column name or CONSTRAINT")?;
+            if columns
+                .iter()
+                .any(|col| col.name.eq_ignore_ascii_case(&name))
+            {
+                return Err(c.error_at(at, format!("column '{name}' is declared twice")));
+            }
+            let data_type = parse_type(c)?;
+            let mut nullable = true;
+            loop {
+                if c.eat_keyword("NOT") {
+                    c.expect_keyword("NULL")?;
+                    nullable = false;
+                } else if c.eat_keyword("COMMENT") {
+                    // Column comments are documentation only; the engine has no use for them.
+                    c.string("a comment string")?;
+                } else {
+                    break;
+                }
+            }
+            columns.push(ColumnDef {
+                name,
+                data_type,
+                nullable,
+            });
         }
-        columns.push(ColumnDef {
-            name,
-            data_type,
-            nullable,
-        });
         if !c.eat_token(&Token::Comma) {
-            return Ok(columns);
+            return Ok((columns, expectations));
         }
     }
+}
+
+/// After `CONSTRAINT`: `name EXPECT (condition) [ON VIOLATION DROP ROW | FAIL UPDATE]`.
+fn parse_expectation(c: &mut Cursor, at: crate::ast::Location) -> Result<Expectation> {
+    let (name, _) = c.ident("an expectation name")?;
+    c.expect_keyword("EXPECT")?;
+    let condition = match c.sql(|p| p.parse_expr())? {
+        deltalake::datafusion::sql::sqlparser::ast::Expr::Nested(inner) => inner.to_string(),
+        other => other.to_string(),
+    };
+    let action = if c.eat_keyword("ON") {
+        c.expect_keyword("VIOLATION")?;
+        if c.eat_keyword("DROP") {
+            c.expect_keyword("ROW")?;
+            ExpectAction::Drop
+        } else if c.eat_keyword("FAIL") {
+            c.expect_keyword("UPDATE")?;
+            ExpectAction::Fail
+        } else {
+            return Err(c.expected("DROP ROW or FAIL UPDATE"));
+        }
+    } else {
+        ExpectAction::Warn
+    };
+    Ok(Expectation {
+        name,
+        condition,
+        action,
+        location: at,
+    })
 }
 
 /// One Spark type name, with its `(n)` / `(p, s)` arguments where it takes them.

@@ -225,3 +225,85 @@ fn point_in_time_tables_read_historised_targets() {
     ));
     assert!(m.contains("listed twice in FROM"), "{m}");
 }
+
+#[test]
+fn materialized_views_and_append_flows_order_by_what_they_read() {
+    // The view is declared first but reads the CDC target through a view.
+    let p = plan(
+        "CREATE MATERIALIZED VIEW totals AS SELECT count(*) AS n FROM recent;\n\
+         CREATE VIEW recent AS SELECT * FROM users WHERE id > 0;\n\
+         CREATE STREAMING TABLE raw AS SELECT * FROM STREAM read_files('d', format => 'json');\n\
+         CREATE STREAMING TABLE users;\n\
+         CREATE FLOW f AS AUTO CDC INTO users FROM STREAM(raw) KEYS (id) SEQUENCE BY ts;\n\
+         CREATE STREAMING TABLE everything;\n\
+         CREATE FLOW copy AS INSERT INTO everything BY NAME SELECT * FROM STREAM(users);",
+    )
+    .unwrap();
+    assert_eq!(
+        p.order,
+        vec![
+            Node::Ingest(t("raw")),
+            Node::Flow(0),
+            Node::MaterializedView(t("totals")),
+            Node::Append(0),
+        ]
+    );
+    assert_eq!(
+        p.reads(&Node::MaterializedView(t("totals"))),
+        vec![t("users")]
+    );
+}
+
+#[test]
+fn materialized_view_and_append_flow_errors() {
+    let cases: &[(&str, u64, &str)] = &[
+        (
+            "CREATE MATERIALIZED VIEW a AS SELECT * FROM b;\nCREATE MATERIALIZED VIEW b AS SELECT * FROM a;",
+            1,
+            "cycle: materialized view default.b -> materialized view default.a -> materialized view default.b",
+        ),
+        (
+            "CREATE MATERIALIZED VIEW a AS SELECT * FROM a;",
+            1,
+            "reads itself",
+        ),
+        (
+            "CREATE VIEW a AS SELECT * FROM b;\nCREATE VIEW b AS SELECT * FROM a;",
+            1,
+            "cycle: view default.a -> view default.b -> view default.a",
+        ),
+        (
+            "CREATE MATERIALIZED VIEW m AS SELECT 1 AS x;\nCREATE STREAMING TABLE s AS SELECT * FROM STREAM(m);",
+            2,
+            "STREAM(default.m), which is a materialized view",
+        ),
+        (
+            "CREATE FLOW f AS INSERT INTO nowhere BY NAME SELECT * FROM STREAM read_files('d', format => 'json');",
+            1,
+            "inserts into default.nowhere, which is not declared",
+        ),
+        (
+            "CREATE STREAMING TABLE s;\nCREATE STREAMING TABLE t;\n\
+             CREATE FLOW f AS AUTO CDC INTO t FROM s KEYS (id) SEQUENCE BY ts;\n\
+             CREATE FLOW g AS INSERT INTO t BY NAME SELECT * FROM STREAM(s);",
+            4,
+            "which an AUTO CDC flow writes",
+        ),
+        (
+            "CREATE STREAMING TABLE s;\nCREATE STREAMING TABLE t (CONSTRAINT c EXPECT (id > 0));\n\
+             CREATE FLOW f AS AUTO CDC INTO t FROM s KEYS (id) SEQUENCE BY ts;",
+            2,
+            "is the target of an AUTO CDC flow; expectations belong on the table",
+        ),
+        (
+            "CREATE STREAMING TABLE s;\nCREATE MATERIALIZED VIEW s AS SELECT 1 AS x;",
+            2,
+            "table default.s is declared twice (first at 1:1)",
+        ),
+    ];
+    for (text, line, fragment) in cases {
+        let (l, m) = plan_error(text);
+        assert!(m.contains(fragment), "{text}: {m}");
+        assert_eq!(l, *line, "{text}: {m}");
+    }
+}
