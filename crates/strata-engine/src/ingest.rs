@@ -13,6 +13,7 @@
 //! flow); the source of an AUTO CDC target is read through its change data feed
 //! (`changes.rs`).
 
+use crate::autoload;
 use crate::changes;
 use crate::error::{Context, EngineError, Result};
 use crate::expect::{self, ExpectationCount};
@@ -67,6 +68,8 @@ pub(crate) struct IngestSetup {
     pub source: Source,
     /// The schema of the table's rows.
     pub schema: SchemaRef,
+    /// The table gains columns in this run (schema evolution).
+    pub evolve: bool,
     /// Flows that read this table: their batch checks run before each commit.
     pub downstream: Vec<FlowSetup>,
 }
@@ -76,6 +79,10 @@ pub(crate) enum Source {
     Files {
         dir: PathBuf,
         spec: ReadFiles,
+        mode: autoload::Mode,
+        /// Auto Loader mode: the input columns of this run (inferred and recorded, or
+        /// declared), the rescued-data column among them.
+        input: Option<Vec<(String, deltalake::arrow::datatypes::DataType)>>,
     },
     /// An append-only table: the files added since the last read.
     Table(TableName),
@@ -96,6 +103,14 @@ impl IngestSetup {
         match &self.append_flow {
             None => FILES_KEY.to_string(),
             Some(f) => format!("{FILES_KEY}.{f}"),
+        }
+    }
+
+    /// The commit-info key recording the inferred input columns.
+    fn schema_key(&self) -> String {
+        match &self.append_flow {
+            None => autoload::SCHEMA_KEY.to_string(),
+            Some(f) => format!("{}.{f}", autoload::SCHEMA_KEY),
         }
     }
 
@@ -240,8 +255,10 @@ pub(crate) async fn prepare_ingest(
         query_sql: query.sql.clone(),
         source: Source::Table(table.name.clone()),
         schema: Arc::new(Schema::empty()),
+        evolve: false,
         downstream: Vec::new(),
     };
+    let existing_table = wh.open_table(&table.name).await?;
     let (source, input_schema) = match &query.source {
         QuerySource::ReadFiles(spec) => {
             let dir = pipeline_dir.join(&spec.path);
@@ -249,25 +266,74 @@ pub(crate) async fn prepare_ingest(
                 return Err(setup.err(format!("read_files path {} does not exist", dir.display())));
             }
             for key in spec.other_options.keys() {
-                if !matches!(key.as_str(), "multiline" | "inferschema" | "encoding") {
+                if !matches!(
+                    key.as_str(),
+                    "multiline" | "inferschema" | "encoding" | "rescueddatacolumn"
+                ) {
                     return Err(setup.err(format!("read_files option `{key}` is not supported")));
                 }
             }
-            let schema = match &spec.schema {
-                Some(cols) => Some(arrow_schema(cols)),
-                None => match list_files(&dir)?.first() {
-                    Some(first) => {
-                        let ctx = warehouse::new_session();
-                        let df = read_file(&ctx, &input_root(&dir).join(first), spec).await?;
-                        Some(Arc::new(df.schema().as_arrow().clone()))
-                    }
-                    None => None,
+            let mode = autoload::mode(spec).map_err(|e| setup.err(e))?;
+            let mut input = None;
+            let schema = match &mode {
+                autoload::Mode::Declared => match &spec.schema {
+                    Some(cols) => Some(arrow_schema(cols)),
+                    None => match list_files(&dir)?.first() {
+                        Some(first) => {
+                            let ctx = warehouse::new_session();
+                            let df = read_file(&ctx, &input_root(&dir).join(first), spec).await?;
+                            Some(Arc::new(df.schema().as_arrow().clone()))
+                        }
+                        None => None,
+                    },
                 },
+                autoload::Mode::Autoload { rescued, inferred } => {
+                    let columns = if *inferred {
+                        let (previous, taken) = match &existing_table {
+                            Some(t) => (
+                                recorded_columns(t, &setup.schema_key()).await?,
+                                ingested_files(t, &setup.files_key()).await?,
+                            ),
+                            None => (Vec::new(), BTreeSet::new()),
+                        };
+                        let root = input_root(&dir);
+                        let new: Vec<PathBuf> = list_files(&dir)?
+                            .into_iter()
+                            .filter(|f| !taken.contains(f))
+                            .map(|f| root.join(f))
+                            .collect();
+                        let inferred = autoload::infer(&new, spec)?;
+                        (!(previous.is_empty() && inferred.is_empty()))
+                            .then(|| autoload::merge(&previous, &inferred, rescued))
+                    } else {
+                        let declared: Vec<(String, deltalake::arrow::datatypes::DataType)> = spec
+                            .schema
+                            .iter()
+                            .flatten()
+                            .map(|c| (c.name.clone(), c.data_type.clone()))
+                            .collect();
+                        Some(autoload::merge(&declared, &[], rescued))
+                    };
+                    let schema = columns.as_deref().map(autoload::schema_of);
+                    input = columns;
+                    schema
+                }
+            };
+            let schema = match schema {
+                Some(s) if autoload::wants_metadata(&query.sql) => {
+                    let mut fields: Vec<Field> =
+                        s.fields().iter().map(|f| f.as_ref().clone()).collect();
+                    fields.push(Field::new("_metadata", autoload::metadata_type(), true));
+                    Some(Arc::new(Schema::new(fields)))
+                }
+                other => other,
             };
             (
                 Source::Files {
                     dir,
                     spec: spec.clone(),
+                    mode,
+                    input,
                 },
                 schema,
             )
@@ -279,16 +345,30 @@ pub(crate) async fn prepare_ingest(
         QuerySource::Table(t) => (Source::Table(t.clone()), known.get(t).cloned()),
     };
     setup.source = source;
-    let existing = match wh.open_table(&table.name).await? {
-        Some(t) => Some(sqlutil::table_schema(&t)?),
+    let existing = match &existing_table {
+        Some(t) => Some(sqlutil::table_schema(t)?),
         None => None,
     };
     let planned = match input_schema {
-        Some(input) => Some(
-            plan_query(&query.sql, input)
+        Some(input) => {
+            let planned = plan_query(&query.sql, input.clone())
                 .await
-                .map_err(|e| setup.err(e))?,
-        ),
+                .map_err(|e| setup.err(e))?;
+            // `_metadata` is not part of `*`: unless the query names it bare, it is left out.
+            if planned.index_of("_metadata").is_ok() && !autoload::names_metadata(&query.sql) {
+                setup.query_sql = format!(
+                    "SELECT * EXCLUDE (\"_metadata\") FROM ({}) AS __strata_query",
+                    query.sql
+                );
+                Some(
+                    plan_query(&setup.query_sql, input)
+                        .await
+                        .map_err(|e| setup.err(e))?,
+                )
+            } else {
+                Some(planned)
+            }
+        }
         None => None,
     };
     let fresh = |p: &SchemaRef| -> SchemaRef {
@@ -335,13 +415,34 @@ pub(crate) async fn prepare_ingest(
     let schema = match (planned, existing, &table.columns) {
         (_, _, Some(cols)) => arrow_schema(cols),
         (Some(p), Some(e), None) => {
-            if !p
+            let prefix = p
                 .fields()
                 .iter()
                 .zip(e.fields())
-                .all(|(a, b)| a.name() == b.name())
-                || p.fields().len() != e.fields().len()
-            {
+                .all(|(a, b)| a.name() == b.name());
+            let auto = matches!(
+                setup.source,
+                Source::Files {
+                    mode: autoload::Mode::Autoload { .. },
+                    ..
+                }
+            );
+            if prefix && auto && p.fields().len() > e.fields().len() {
+                // Schema evolution: the new input columns are added to the table.
+                let mut fields: Vec<Field> =
+                    e.fields().iter().map(|f| f.as_ref().clone()).collect();
+                for f in &p.fields()[e.fields().len()..] {
+                    fields.push(Field::new(
+                        f.name(),
+                        sqlutil::storage_type(f.data_type()),
+                        true,
+                    ));
+                }
+                setup.evolve = true;
+                setup.schema = Arc::new(Schema::new(fields));
+                return Ok(Some(setup));
+            }
+            if !prefix || p.fields().len() != e.fields().len() {
                 return Err(setup.err(format!(
                     "the query now produces ({}) but the table has ({}); a full refresh is needed",
                     sqlutil::describe_fields(&p),
@@ -356,6 +457,21 @@ pub(crate) async fn prepare_ingest(
     };
     setup.schema = schema;
     Ok(Some(setup))
+}
+
+/// The input columns the latest ingestion recorded under `key` (none before the first).
+async fn recorded_columns(
+    table: &DeltaTable,
+    key: &str,
+) -> Result<Vec<(String, deltalake::arrow::datatypes::DataType)>> {
+    let mut history = table.history(None);
+    while let Some(info) = history.next().await {
+        let info = info.context(|| "reading table history".into())?;
+        if let Some(columns) = info.info.get(key).and_then(autoload::from_json) {
+            return Ok(columns);
+        }
+    }
+    Ok(Vec::new())
 }
 
 /// Input files already taken by `table` under `key`, from its commit history.
@@ -470,7 +586,12 @@ pub(crate) async fn run_ingest(wh: &Warehouse, setup: &IngestSetup) -> Result<In
     let mut commit = CommitProperties::default();
     let mut parts: Vec<RecordBatch> = Vec::new();
     match &setup.source {
-        Source::Files { dir, spec } => {
+        Source::Files {
+            dir,
+            spec,
+            mode,
+            input,
+        } => {
             let key = setup.files_key();
             let taken = match &existing {
                 Some(t) => ingested_files(t, &key).await?,
@@ -489,10 +610,35 @@ pub(crate) async fn run_ingest(wh: &Warehouse, setup: &IngestSetup) -> Result<In
                 let path = root.join(file);
                 let place = format!("file {}", path.display());
                 let ctx = warehouse::new_session();
-                let df = read_file(&ctx, &path, spec).await?;
+                let df = match (mode, input) {
+                    (autoload::Mode::Autoload { rescued, inferred }, Some(columns)) => {
+                        let batch = autoload::read(
+                            &path,
+                            file,
+                            spec,
+                            &autoload::schema_of(columns),
+                            rescued.as_str(),
+                            !inferred,
+                        )?;
+                        ctx.read_batch(batch)
+                            .context(|| format!("file {}", path.display()))?
+                    }
+                    _ => read_file(&ctx, &path, spec).await?,
+                };
+                let df = if autoload::wants_metadata(&setup.query_sql) {
+                    autoload::with_metadata(df, &path)?
+                } else {
+                    df
+                };
                 parts.push(checked_rows(setup, df, &place, &mut report).await?);
             }
-            commit = commit.with_metadata([(key, serde_json::json!(new))]);
+            // One call: each `with_metadata` replaces what an earlier one set.
+            let mut metadata = vec![(key, serde_json::json!(new))];
+            if let (autoload::Mode::Autoload { inferred: true, .. }, Some(columns)) = (mode, input)
+            {
+                metadata.push((setup.schema_key(), autoload::to_json(columns)));
+            }
+            commit = commit.with_metadata(metadata);
             report.files = new;
         }
         Source::Table(source_name) | Source::Feed(source_name) => {
@@ -545,10 +691,13 @@ pub(crate) async fn run_ingest(wh: &Warehouse, setup: &IngestSetup) -> Result<In
             .await?
         }
     };
-    let write = handle
+    let mut write = handle
         .write(parts)
         .with_save_mode(SaveMode::Append)
         .with_commit_properties(commit);
+    if setup.evolve {
+        write = write.with_schema_mode(deltalake::operations::write::SchemaMode::Merge);
+    }
     write
         .await
         .context(|| format!("streaming table {name}: committing"))?;
