@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use strata_engine::{RunOptions, RunReport, Selection, Warehouse};
+use strata_engine::{PlanStep, RunOptions, RunReport, Selection, Warehouse};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -35,7 +35,7 @@ struct Cli {
 enum Command {
     /// Run every flow of a pipeline once over all input not yet processed.
     Run {
-        /// The pipeline SQL file.
+        /// The pipeline: a SQL file, or a YAML spec (.yaml/.yml).
         pipeline: PathBuf,
         #[command(flatten)]
         warehouse: WarehouseArg,
@@ -72,6 +72,17 @@ enum Command {
         #[arg(long, value_name = "NAME")]
         flow: Option<String>,
     },
+    /// Print a pipeline's dataset graph in execution order; runs nothing.
+    Plan {
+        /// The pipeline: a SQL file, or a YAML spec (.yaml/.yml).
+        pipeline: PathBuf,
+        /// A configuration value, as for `run` (repeatable).
+        #[arg(long = "conf", value_name = "NAME=VALUE", value_parser = parse_conf)]
+        conf: Vec<(String, String)>,
+        /// Output format: plain text, or JSON (one object per step, one per line).
+        #[arg(long, value_enum, default_value_t = PlanFormat::Text)]
+        format: PlanFormat,
+    },
     /// Run SQL over every table of the warehouse (`name` or `schema.name`).
     Query {
         /// The SQL to run.
@@ -100,13 +111,27 @@ struct WarehouseArg {
 
 impl WarehouseArg {
     fn open(&self) -> strata_engine::Result<Warehouse> {
+        self.open_or(None)
+    }
+
+    /// `--warehouse`, else a pipeline spec's `warehouse`, else the environment's.
+    fn open_or(&self, spec: Option<PathBuf>) -> strata_engine::Result<Warehouse> {
         let dir = self
             .warehouse
             .clone()
+            .or(spec)
             .or_else(|| std::env::var_os("STRATA_WAREHOUSE").map(PathBuf::from))
             .unwrap_or_else(|| PathBuf::from("warehouse"));
         Warehouse::open(dir)
     }
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum PlanFormat {
+    /// One numbered line per step.
+    Text,
+    /// JSON Lines: one object per step.
+    Json,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -168,10 +193,18 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
             continuous,
             interval,
         } => {
-            let wh = warehouse.open()?;
+            let configuration: std::collections::BTreeMap<String, String> =
+                conf.into_iter().collect();
+            // A spec may name its warehouse; --warehouse wins.
+            let wh = if strata_engine::is_spec(&pipeline) {
+                let loaded = strata_engine::load_pipeline(&pipeline, &configuration)?;
+                warehouse.open_or(loaded.warehouse)?
+            } else {
+                warehouse.open()?
+            };
             let stop = Arc::new(AtomicBool::new(false));
             let options = RunOptions {
-                configuration: conf.into_iter().collect(),
+                configuration,
                 select,
                 full_refresh,
                 progress: Some(progress::reporter()),
@@ -192,6 +225,17 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
             let wh = warehouse.open()?;
             let last = last.unwrap_or(if flow.is_some() { 10 } else { 1 });
             events::show(&wh, last, flow.as_deref()).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Plan {
+            pipeline,
+            conf,
+            format,
+        } => {
+            let conf: std::collections::BTreeMap<String, String> = conf.into_iter().collect();
+            let loaded = strata_engine::load_pipeline(&pipeline, &conf)?;
+            let planned = strata_engine::plan_sources(&loaded.sources, &loaded.configuration)?;
+            print_plan(&pipeline, &loaded, &planned.steps(), format)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Query {
@@ -308,6 +352,51 @@ fn parse_conf(s: &str) -> Result<(String, String), String> {
         Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
         _ => Err(format!("expected NAME=VALUE, got '{s}'")),
     }
+}
+
+fn print_plan(
+    path: &std::path::Path,
+    loaded: &strata_engine::LoadedPipeline,
+    steps: &[PlanStep],
+    format: PlanFormat,
+) -> Result<(), BoxError> {
+    let mut out = std::io::stdout().lock();
+    match format {
+        PlanFormat::Json => {
+            for step in steps {
+                writeln!(out, "{}", serde_json::to_string(step)?)?;
+            }
+        }
+        PlanFormat::Text => {
+            match &loaded.name {
+                Some(name) => writeln!(
+                    out,
+                    "pipeline {name} ({}): {} step(s)",
+                    path.display(),
+                    steps.len()
+                )?,
+                None => writeln!(out, "pipeline {}: {} step(s)", path.display(), steps.len())?,
+            }
+            for (i, step) in steps.iter().enumerate() {
+                writeln!(
+                    out,
+                    "{:>2}. {} {}: {}",
+                    i + 1,
+                    step.kind,
+                    step.name,
+                    step.detail
+                )?;
+                writeln!(
+                    out,
+                    "    {} -> {}    [{}]",
+                    step.reads.join(", "),
+                    step.writes,
+                    step.origin
+                )?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The run's outcome on stdout, node by node. `quiet` leaves out what found nothing new

@@ -649,6 +649,350 @@ fn as_of_errors_are_clear() {
     );
 }
 
+// --- YAML pipeline specs -------------------------------------------------------------------
+
+const SPEC: &str = r#"name: shop
+warehouse: wh
+configuration:
+  source_root: data
+  currency: EUR
+libraries:
+  - sql/gold.sql
+tables:
+  - name: customers
+    source:
+      path: "${source_root}/customers"
+      format: json
+      schema: "id INT, name STRING, city STRING, op STRING, ts BIGINT"
+    keys: [id]
+    sequence_by: ts
+    stored_as: SCD TYPE 2
+    delete_when: "op = 'DELETE'"
+    except_columns: [op, ts]
+  - name: products
+    source: { path: "${source_root}/products", format: csv, header: true, schema: "sku STRING, price INT, seq INT" }
+    keys: [sku]
+    sequence_by: seq
+    scd_type: 1
+"#;
+
+const ORDERS_ENTRY: &str = r#"  - name: orders
+    source: { path: data/orders, format: json, schema: "order_id INT, status STRING, v INT" }
+    keys: [order_id]
+    sequence_by: v
+    stored_as: SCD TYPE 1
+"#;
+
+const GOLD: &str = "-- the price list, in ${currency}\n\
+CREATE OR REFRESH STREAMING TABLE price_list\n\
+AS SELECT sku, price, '${currency}' AS currency FROM STREAM(products);\n";
+
+const CUSTOMERS: &str = r#"{"id": 1, "name": "Ann", "city": "Oslo", "op": "INSERT", "ts": 1}
+{"id": 2, "name": "Bob", "city": "Rome", "op": "INSERT", "ts": 1}
+{"id": 1, "name": "Ann", "city": "Bergen", "op": "UPDATE", "ts": 2}
+{"id": 2, "name": null, "city": null, "op": "DELETE", "ts": 3}
+"#;
+
+/// A project with `spec.yaml`, `sql/gold.sql` and input files; the warehouse is `wh`.
+fn spec_project(spec: &str, gold: &str) -> Project {
+    let p = Project::new("");
+    for dir in ["sql", "data/customers", "data/products", "data/orders"] {
+        std::fs::create_dir_all(p.path(dir)).expect("mkdir");
+    }
+    p.file("spec.yaml", spec);
+    p.file("sql/gold.sql", gold);
+    p.file("data/customers/001.json", CUSTOMERS);
+    p.file(
+        "data/products/001.csv",
+        "sku,price,seq\na,10,1\nb,20,1\na,12,2\n",
+    );
+    p
+}
+
+fn query_wh(p: &Project, sql: &str) -> String {
+    let out = p.strata(&["query", "--warehouse", "wh", "--format", "csv", sql]);
+    assert!(out.status.success(), "query failed: {}", stderr(&out));
+    stdout(&out)
+}
+
+#[test]
+fn yaml_spec_runs_generated_flows_and_libraries() {
+    let p = spec_project(SPEC, GOLD);
+    let out = p.strata(&["run", "spec.yaml"]);
+    assert!(out.status.success(), "run failed: {}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("table default.customers_raw: ingested 4 row(s) from 1 file(s)"),
+        "{text}"
+    );
+    assert!(text.contains("flow customers_flow:"), "{text}");
+    assert!(text.contains("flow products_flow:"), "{text}");
+
+    // SCD type 2 with deletes and excepted columns; the warehouse is the spec's `wh`.
+    assert_eq!(
+        query_wh(&p, "SELECT * FROM customers ORDER BY id, __START_AT"),
+        "id,name,city,__START_AT,__END_AT\n\
+         1,Ann,Oslo,1,2\n\
+         1,Ann,Bergen,2,\n\
+         2,Bob,Rome,1,3\n"
+    );
+    // SCD type 1 keeps the latest row per key.
+    assert_eq!(
+        query_wh(&p, "SELECT * FROM products ORDER BY sku"),
+        "sku,price,seq\na,12,2\nb,20,1\n"
+    );
+    // The library reads a generated table, with configuration substituted.
+    assert_eq!(
+        query_wh(&p, "SELECT * FROM price_list ORDER BY sku"),
+        "sku,price,currency\na,12,EUR\nb,20,EUR\n"
+    );
+
+    // Adding a table is a change of the spec only.
+    p.file("spec.yaml", &format!("{SPEC}{ORDERS_ENTRY}"));
+    p.file(
+        "data/orders/001.json",
+        "{\"order_id\": 7, \"status\": \"new\", \"v\": 1}\n{\"order_id\": 7, \"status\": \"paid\", \"v\": 2}\n",
+    );
+    let out = p.strata(&["run", "spec.yaml"]);
+    assert!(out.status.success(), "run failed: {}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("table default.orders_raw: ingested 2 row(s) from 1 file(s)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("table default.customers_raw: no new files"),
+        "{text}"
+    );
+    assert_eq!(
+        query_wh(&p, "SELECT * FROM orders"),
+        "order_id,status,v\n7,paid,2\n"
+    );
+
+    // --warehouse wins over the spec's, --conf over its configuration.
+    let out = p.strata(&[
+        "run",
+        "spec.yaml",
+        "--warehouse",
+        "other",
+        "--conf",
+        "currency=USD",
+    ]);
+    assert!(out.status.success(), "run failed: {}", stderr(&out));
+    let out = p.strata(&[
+        "query",
+        "--warehouse",
+        "other",
+        "--format",
+        "csv",
+        "SELECT DISTINCT currency FROM price_list",
+    ]);
+    assert_eq!(stdout(&out), "currency\nUSD\n", "{}", stderr(&out));
+}
+
+#[test]
+fn plan_prints_the_graph_without_running() {
+    let p = spec_project(SPEC, GOLD);
+    let out = p.strata(&["plan", "spec.yaml"]);
+    assert!(out.status.success(), "plan failed: {}", stderr(&out));
+    let text = stdout(&out);
+    let expected = [
+        "pipeline shop (spec.yaml): 5 step(s)",
+        " 1. ingest default.customers_raw: streaming table from read_files (json)",
+        "    files data/customers -> default.customers_raw    [spec.yaml: tables[0] (customers)]",
+        " 2. auto_cdc customers_flow: AUTO CDC flow, SCD TYPE 2, keys (id), sequence by ts, deletes",
+        "    default.customers_raw -> default.customers    [spec.yaml: tables[0] (customers)]",
+        " 4. auto_cdc products_flow: AUTO CDC flow, SCD TYPE 1, keys (sku), sequence by seq",
+        " 5. ingest default.price_list: streaming table from STREAM",
+        "    default.products -> default.price_list    [sql/gold.sql:2:1]",
+    ];
+    for line in expected {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing line {line:?} in:\n{text}"
+        );
+    }
+    assert!(!p.path("wh").exists(), "plan wrote a warehouse");
+
+    let out = p.strata(&["plan", "spec.yaml", "--format", "json"]);
+    assert!(out.status.success(), "plan failed: {}", stderr(&out));
+    let steps: Vec<serde_json::Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect();
+    assert_eq!(steps.len(), 5);
+    assert_eq!(steps[1]["kind"], "auto_cdc");
+    assert_eq!(steps[1]["writes"], "default.customers");
+
+    // A SQL file plans too.
+    let p = Project::new(PIPELINE);
+    let out = p.strata(&["plan", "pipeline.sql"]);
+    assert!(out.status.success(), "plan failed: {}", stderr(&out));
+    assert!(
+        stdout(&out).contains(" 2. auto_cdc users_flow: AUTO CDC flow, SCD TYPE 2, keys (userId), sequence by sequenceNum, deletes"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn plan_and_run_fail_alike_on_a_sql_file() {
+    let p = Project::new("CREATE STREAMING TABLE t;\nCREATE FLOW f AS AUTO CDC INTO t FROM STREAM(s) KEYS (k) SEQUENCE BY v;\n");
+    let run = p.run();
+    let plan = p.strata(&["plan", "pipeline.sql"]);
+    assert_eq!(plan.status.code(), Some(2));
+    assert_eq!(stderr(&run), stderr(&plan));
+    assert!(
+        stderr(&plan).starts_with("error: pipeline.sql:2:1: flow f reads default.s"),
+        "{}",
+        stderr(&plan)
+    );
+}
+
+/// Runs `run` and `plan` on the spec; both fail with exit 2 and the same message.
+fn spec_error(spec: &str, gold: &str) -> String {
+    let p = spec_project(spec, gold);
+    let run = p.strata(&["run", "spec.yaml"]);
+    assert_eq!(run.status.code(), Some(2), "{}", stdout(&run));
+    let plan = p.strata(&["plan", "spec.yaml"]);
+    assert_eq!(plan.status.code(), Some(2), "{}", stdout(&plan));
+    assert_eq!(stderr(&run), stderr(&plan));
+    assert!(
+        !p.path("wh/default").exists(),
+        "a failed spec wrote a table"
+    );
+    stderr(&run)
+}
+
+#[test]
+fn yaml_spec_errors_name_file_entry_key_and_line() {
+    // Unknown key: named, with its entry and line.
+    let e = spec_error(
+        &SPEC.replace(
+            "    sequence_by: seq\n",
+            "    sequence_by: seq\n    sequnce: 1\n",
+        ),
+        GOLD,
+    );
+    assert!(
+        e.contains("spec.yaml: tables[1]: unknown field `sequnce`"),
+        "{e}"
+    );
+    assert!(e.contains("at line 23 column 5"), "{e}");
+
+    // Unknown top-level key.
+    let e = spec_error(
+        &SPEC.replace("name: shop\n", "name: shop\nwarehose: x\n"),
+        GOLD,
+    );
+    assert!(e.contains("spec.yaml: unknown field `warehose`"), "{e}");
+    assert!(e.contains("line 2"), "{e}");
+
+    // Only the default schema for now.
+    let e = spec_error(
+        &SPEC.replace("name: shop\n", "name: shop\nschema: sales\n"),
+        GOLD,
+    );
+    assert!(
+        e.contains("spec.yaml: schema: only `default` is supported"),
+        "{e}"
+    );
+
+    // Missing keys.
+    let e = spec_error(&SPEC.replace("    keys: [sku]\n", ""), GOLD);
+    assert!(
+        e.contains("spec.yaml: tables[1]: missing field `keys`"),
+        "{e}"
+    );
+    let e = spec_error(&SPEC.replace("name: shop\n", ""), GOLD);
+    assert!(e.contains("spec.yaml: missing field `name`"), "{e}");
+    let e = spec_error(&SPEC.replace("    sequence_by: ts\n", ""), GOLD);
+    assert!(
+        e.contains("spec.yaml: tables[0] (customers): sequence_by: needed"),
+        "{e}"
+    );
+
+    // A bad option value names the entry.
+    let e = spec_error(&SPEC.replace("scd_type: 1", "stored_as: SCD TYPE 3"), GOLD);
+    assert!(
+        e.contains(
+            "error: spec.yaml: tables[1] (products): stored_as: expected SCD TYPE 1, SCD TYPE 2 \
+             or SNAPSHOTS, found `SCD TYPE 3`"
+        ),
+        "{e}"
+    );
+    // A bad expression is a syntax error in the SQL generated for the entry.
+    let e = spec_error(&SPEC.replace("\"op = 'DELETE'\"", "\"op = \""), GOLD);
+    assert!(
+        e.contains("error: spec.yaml: tables[0] (customers): generated SQL ")
+            && e.contains("APPLY AS DELETE WHEN (op = )"),
+        "{e}"
+    );
+
+    // Bad SQL in a library: the file and its own line:column.
+    let e = spec_error(
+        SPEC,
+        "-- gold\n\nCREATE OR REFRESH STREAMING TABEL price_list;\n",
+    );
+    assert!(e.contains("error: sql/gold.sql:3:"), "{e}");
+    // A plan error in a library, and a name declared both in a library and by an entry.
+    let e = spec_error(
+        SPEC,
+        "CREATE STREAMING TABLE price_list AS SELECT * FROM STREAM(prodcts);\n",
+    );
+    assert!(
+        e.contains(
+            "error: sql/gold.sql:1:1: table default.price_list reads STREAM(default.prodcts)"
+        ),
+        "{e}"
+    );
+    let e = spec_error(SPEC, "CREATE STREAMING TABLE products;\n");
+    assert!(
+        e.contains(
+            "error: sql/gold.sql:1:1: table default.products is declared twice \
+             (first at spec.yaml: tables[1] (products))"
+        ),
+        "{e}"
+    );
+    // A configuration value that is not set, in a library.
+    let e = spec_error(SPEC, &GOLD.replace("${currency}' AS", "${curency}' AS"));
+    assert!(
+        e.contains("error: sql/gold.sql:3:") && e.contains("`curency` is not set"),
+        "{e}"
+    );
+}
+
+#[test]
+fn shop_example_runs_as_documented() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/shop");
+    let p = Project::new("");
+    for f in walk(&src) {
+        let rel = f.strip_prefix(&src).expect("inside the example");
+        if rel.starts_with("warehouse") {
+            continue;
+        }
+        let to = p.path(&rel.display().to_string());
+        std::fs::create_dir_all(to.parent().expect("parent")).expect("mkdir");
+        std::fs::copy(&f, &to).expect("copy");
+    }
+    let out = p.strata(&["run", "spec.yaml"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        p.query("table", "SELECT * FROM customers ORDER BY id, __START_AT"),
+        "+----+------+--------+------------+----------+\n\
+         | id | name | city   | __START_AT | __END_AT |\n\
+         +----+------+--------+------------+----------+\n\
+         | 1  | Ann  | Oslo   | 1          | 2        |\n\
+         | 1  | Ann  | Bergen | 2          | NULL     |\n\
+         | 2  | Bob  | Rome   | 1          | 3        |\n\
+         +----+------+--------+------------+----------+\n"
+    );
+    assert_eq!(
+        p.query("csv", "SELECT * FROM price_list ORDER BY sku"),
+        "sku,price,currency\na,12,EUR\nb,20,EUR\n"
+    );
+}
+
 /// The showcase example: two deliveries through bronze, silver (expectations) and gold (SCD2
 /// dimensions, SCD1 facts, materialized views); its own check.py folds the source files in
 /// plain Python and compares the answer with what strata computed.

@@ -16,6 +16,11 @@ pub enum EngineError {
         #[source]
         source: Box<strata_sql::SqlError>,
     },
+    /// A YAML pipeline spec is malformed, or a text of a pipeline assembled from several
+    /// (a spec's libraries and generated SQL) does not parse or plan; the message names the
+    /// file, or the spec entry, and the place.
+    #[error("{0}")]
+    Spec(String),
     /// The pipeline is well formed but cannot run against these schemas or tables
     /// (unknown column, reserved name, changed key schema). Nothing has been written.
     #[error("{0}")]

@@ -7,6 +7,8 @@
 //!   ingest.rs: read_files → streaming table (one commit: rows + the file names taken)
 //!   flow.rs:   streaming table → event store → fold (strata-core, via fold.rs) → target
 //!   query.rs:  SQL over every table of a warehouse; SCD2 integrity checks
+//!   spec.rs:   YAML pipeline specs: libraries + SQL generated per table entry, planned as
+//!              one pipeline of several texts by sources.rs (errors name each text)
 //! ```
 //!
 //! Every write is one atomic Delta commit that also records how far its input was read, so
@@ -26,6 +28,8 @@ mod pipeline;
 mod pit;
 mod query;
 mod snapshot;
+mod sources;
+mod spec;
 mod sqlutil;
 mod timeline;
 mod warehouse;
@@ -42,4 +46,8 @@ pub use pipeline::{
 };
 pub use pit::PitReport;
 pub use query::{query, validate, Violation};
+pub use sources::{
+    plan_sources, run_planned, PipelineSource, PlanStep, PlannedPipeline, SourceKind,
+};
+pub use spec::{is_spec, load_pipeline, LoadedPipeline};
 pub use warehouse::{new_session, Warehouse};

@@ -146,9 +146,26 @@ pub fn plan_file(
     Ok((plan, pipeline_dir))
 }
 
-/// Runs the pipeline in `path` with `options`.
+/// Runs the pipeline in `path` (a SQL file, or a YAML spec: see [`crate::load_pipeline`])
+/// with `options`.
 pub async fn run_pipeline(path: &Path, wh: &Warehouse, options: &RunOptions) -> Result<RunReport> {
+    if crate::spec::is_spec(path) {
+        let loaded = crate::spec::load_pipeline(path, &options.configuration)?;
+        let planned = crate::sources::plan_sources(&loaded.sources, &loaded.configuration)?;
+        return crate::sources::run_planned(planned, path, loaded.dir, wh, options).await;
+    }
     let (plan, pipeline_dir) = plan_file(path, &options.configuration)?;
+    run_plan(plan, path, pipeline_dir, wh, options).await
+}
+
+/// Runs a planned pipeline read from `path`; relative paths resolve against `pipeline_dir`.
+pub(crate) async fn run_plan(
+    plan: PipelinePlan,
+    path: &Path,
+    pipeline_dir: PathBuf,
+    wh: &Warehouse,
+    options: &RunOptions,
+) -> Result<RunReport> {
     let selected = select(&plan, options.select.as_ref())?;
     let run_started = chrono::Utc::now();
     let run_id = format!(
