@@ -1214,7 +1214,12 @@ pub(crate) async fn run_flow(
             .with_replace_where(predicate)
             .with_commit_properties(props)
             .await
-            .context(|| format!("flow {}: replacing changed keys in {}", flow.name, flow.target))?;
+            .context(|| {
+                format!(
+                    "flow {}: replacing changed keys in {}",
+                    flow.name, flow.target
+                )
+            })?;
         phase("replaced the changed keys' rows in the target");
         return Ok(report);
     }

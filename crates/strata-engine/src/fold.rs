@@ -158,6 +158,19 @@ pub(crate) fn render(array: &ArrayRef, i: usize) -> String {
     }
 }
 
+/// Below this many events the fold runs on one thread.
+const PARALLEL_MIN_ROWS: usize = 100_000;
+
+/// The output of folding one part of the keys: for each output column the event row its
+/// value comes from, and for SCD type 2 the event rows of each version's start and end.
+#[derive(Default)]
+struct Folded {
+    value_idx: Vec<Vec<u32>>,
+    starts: Vec<u32>,
+    ends: Vec<Option<u32>>,
+    groups: usize,
+}
+
 /// Folds every key of `events` into target rows with schema `target`; also returns how many
 /// keys the events hold.
 ///
@@ -167,6 +180,24 @@ pub(crate) fn fold_batch(
     events: &RecordBatch,
     spec: &FoldSpec,
     target: &SchemaRef,
+) -> Result<(RecordBatch, usize)> {
+    let parts = if events.num_rows() < PARALLEL_MIN_ROWS {
+        1
+    } else {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+            .clamp(1, 8)
+    };
+    fold_batch_in(events, spec, target, parts)
+}
+
+/// [`fold_batch`] with the keys split into `parts` parts folded side by side.
+fn fold_batch_in(
+    events: &RecordBatch,
+    spec: &FoldSpec,
+    target: &SchemaRef,
+    parts: usize,
 ) -> Result<(RecordBatch, usize)> {
     let ops = events
         .column(spec.n_out + 1)
@@ -191,56 +222,104 @@ pub(crate) fn fold_batch(
     };
 
     let watermark = strata_core::truncate_watermark(&model, 0..events.num_rows() as u32);
-    let mut order: Vec<u32> = (0..events.num_rows() as u32)
-        .filter(|&i| model.kind(i) != EventKind::Truncate)
-        .collect();
+    // One row-format key per event (key, then sequence) makes the sort a memcmp.
+    let mut sort_cols = key_cols.clone();
+    sort_cols.push(events.column(spec.n_out).clone());
+    let sort_rows = crate::sqlutil::rows(&sort_cols)?;
+    // Keys are independent: split them into parts by a hash of the key, and sort and fold
+    // the parts side by side.
+    let parts = parts.max(1);
+    let mut partitions: Vec<Vec<u32>> = vec![Vec::new(); parts];
     {
-        // One row-format key per event (key, then sequence) makes the sort a memcmp.
-        let mut sort_cols = key_cols.clone();
-        sort_cols.push(events.column(spec.n_out).clone());
-        let sort_rows = crate::sqlutil::rows(&sort_cols)?;
-        order.sort_unstable_by(|&a, &b| sort_rows.row(a as usize).cmp(&sort_rows.row(b as usize)));
+        let key_rows = crate::sqlutil::rows(&key_cols)?;
+        let hasher = ahash::RandomState::with_seeds(1, 2, 3, 4);
+        for i in 0..events.num_rows() as u32 {
+            if model.kind(i) == EventKind::Truncate {
+                continue;
+            }
+            let part = if parts == 1 {
+                0
+            } else {
+                (hasher.hash_one(key_rows.row(i as usize).data()) % parts as u64) as usize
+            };
+            partitions[part].push(i);
+        }
     }
-
+    let fold_part = |mut order: Vec<u32>| -> Result<Folded> {
+        order.sort_unstable_by(|&a, &b| sort_rows.row(a as usize).cmp(&sort_rows.row(b as usize)));
+        let mut out = Folded {
+            value_idx: vec![Vec::new(); spec.n_out],
+            ..Default::default()
+        };
+        let mut group: Vec<u32> = Vec::new();
+        let mut i = 0;
+        while i < order.len() {
+            out.groups += 1;
+            let mut j = i + 1;
+            while j < order.len() && same_key(order[i], order[j]) {
+                j += 1;
+            }
+            group.clear();
+            group.extend_from_slice(&order[i..j]);
+            strata_core::drop_truncated(&model, &mut group, watermark);
+            strata_core::order_events(&model, &mut group).map_err(|tie| {
+                EngineError::BadInput(format!(
+                    "flow {}: two different upserts for key ({}) at the same sequence value {}; \
+                     make the sequence unique per key or remove one of them",
+                    spec.flow,
+                    describe_key(events, &spec.keys, tie.first as usize),
+                    render(events.column(spec.n_out), tie.first as usize),
+                ))
+            })?;
+            let value_idx = &mut out.value_idx;
+            let mut push = |values: &Values| {
+                for (c, idx) in value_idx.iter_mut().enumerate() {
+                    idx.push(values.source(c));
+                }
+            };
+            if spec.scd2 {
+                for v in strata_core::fold_scd2(&model, &group, spec.options) {
+                    push(&v.values);
+                    out.starts.push(v.start);
+                    out.ends.push(v.end);
+                }
+            } else if let Some(values) = strata_core::fold_scd1(&model, &group, spec.options) {
+                push(&values);
+            }
+            i = j;
+        }
+        Ok(out)
+    };
+    let folded: Vec<Result<Folded>> = if parts == 1 {
+        partitions.into_iter().map(fold_part).collect()
+    } else {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = partitions
+                .into_iter()
+                .map(|p| scope.spawn(|| fold_part(p)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(EngineError::Internal("a fold thread panicked".into()))
+                    })
+                })
+                .collect()
+        })
+    };
     let mut value_idx: Vec<Vec<u32>> = vec![Vec::new(); spec.n_out];
     let mut starts: Vec<u32> = Vec::new();
     let mut ends: Vec<Option<u32>> = Vec::new();
-    let mut group: Vec<u32> = Vec::new();
     let mut groups = 0;
-    let mut i = 0;
-    while i < order.len() {
-        groups += 1;
-        let mut j = i + 1;
-        while j < order.len() && same_key(order[i], order[j]) {
-            j += 1;
+    for part in folded {
+        let part = part?;
+        groups += part.groups;
+        for (all, mine) in value_idx.iter_mut().zip(part.value_idx) {
+            all.extend(mine);
         }
-        group.clear();
-        group.extend_from_slice(&order[i..j]);
-        strata_core::drop_truncated(&model, &mut group, watermark);
-        strata_core::order_events(&model, &mut group).map_err(|tie| {
-            EngineError::BadInput(format!(
-                "flow {}: two different upserts for key ({}) at the same sequence value {}; \
-                 make the sequence unique per key or remove one of them",
-                spec.flow,
-                describe_key(events, &spec.keys, tie.first as usize),
-                render(events.column(spec.n_out), tie.first as usize),
-            ))
-        })?;
-        let mut push = |values: &Values| {
-            for (c, idx) in value_idx.iter_mut().enumerate() {
-                idx.push(values.source(c));
-            }
-        };
-        if spec.scd2 {
-            for v in strata_core::fold_scd2(&model, &group, spec.options) {
-                push(&v.values);
-                starts.push(v.start);
-                ends.push(v.end);
-            }
-        } else if let Some(values) = strata_core::fold_scd1(&model, &group, spec.options) {
-            push(&values);
-        }
-        i = j;
+        starts.extend(part.starts);
+        ends.extend(part.ends);
     }
 
     let mut columns: Vec<ArrayRef> = Vec::with_capacity(target.fields().len());
@@ -263,4 +342,89 @@ pub(crate) fn fold_batch(
 
 fn take_column(array: &ArrayRef, idx: UInt32Array) -> Result<ArrayRef> {
     take(array.as_ref(), &idx, None).context(|| "gathering output rows".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deltalake::arrow::array::Int64Array;
+    use deltalake::arrow::datatypes::{DataType, Field, Schema};
+
+    /// Folding the keys in parts (threads) gives the rows one part gives, for SCD type 1 and
+    /// 2, with deletes, late events and a truncate.
+    #[test]
+    fn folding_in_parts_equals_folding_whole() {
+        let n = 20_000usize;
+        let mut ids = Vec::new();
+        let mut vals = Vec::new();
+        let mut seqs = Vec::new();
+        let mut ops: Vec<i8> = Vec::new();
+        let mut x: u64 = 42;
+        for i in 0..n {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ids.push(Some((x >> 33) as i64 % 997));
+            vals.push(Some((x >> 20) as i64 % 7));
+            // Unique sequence per event, in shuffled order (late events).
+            seqs.push(((i * 7919) % n) as i64 + 10);
+            ops.push(if (x >> 40) % 10 == 0 { 1 } else { 0 });
+        }
+        // One truncate in the middle of the sequence range.
+        ids.push(None);
+        vals.push(None);
+        seqs.push((n / 2) as i64);
+        ops.push(2);
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("v", DataType::Int64, true),
+            Field::new(SEQ_COL, DataType::Int64, true),
+            Field::new(OP_COL, DataType::Int8, true),
+            Field::new(RUN_COL, DataType::Int64, true),
+        ]));
+        let rows = ids.len();
+        let events = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from(ids)),
+                Arc::new(Int64Array::from(vals)),
+                Arc::new(Int64Array::from(seqs)),
+                Arc::new(Int8Array::from(ops)),
+                Arc::new(Int64Array::from(vec![0i64; rows])),
+            ],
+        )
+        .unwrap();
+        for scd2 in [false, true] {
+            let spec = FoldSpec {
+                n_out: 2,
+                keys: vec![0],
+                tracked: vec![0, 1],
+                scd2,
+                options: FoldOptions::default(),
+                flow: "f".into(),
+            };
+            let mut fields = vec![
+                Field::new("id", DataType::Int64, true),
+                Field::new("v", DataType::Int64, true),
+            ];
+            if scd2 {
+                fields.push(Field::new(START_COL, DataType::Int64, true));
+                fields.push(Field::new(END_COL, DataType::Int64, true));
+            }
+            let target = Arc::new(Schema::new(fields));
+            let sorted = |b: &RecordBatch| {
+                let rows = crate::sqlutil::rows(b.columns()).unwrap();
+                let mut v: Vec<Vec<u8>> = (0..b.num_rows())
+                    .map(|i| rows.row(i).data().to_vec())
+                    .collect();
+                v.sort();
+                v
+            };
+            let (whole, g1) = fold_batch_in(&events, &spec, &target, 1).unwrap();
+            let (split, g4) = fold_batch_in(&events, &spec, &target, 4).unwrap();
+            assert_eq!(g1, g4);
+            assert!(whole.num_rows() > 100, "scd2={scd2}: {}", whole.num_rows());
+            assert_eq!(sorted(&whole), sorted(&split), "scd2={scd2}");
+        }
+    }
 }
