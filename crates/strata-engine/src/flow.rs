@@ -1109,16 +1109,21 @@ pub(crate) async fn run_flow(
                     .await?
                 }
             };
-            let written = handle
-                .write(ev)
-                .with_save_mode(SaveMode::Append)
-                .with_commit_properties(
-                    CommitProperties::default()
-                        .with_application_transaction(Transaction::new(&app_id, source_version)),
-                )
-                .await
-                .context(|| format!("flow {}: committing events", flow.name))?;
-            written.version().map_or(run, |v| v as i64)
+            let version = warehouse::append(
+                &handle,
+                ev,
+                CommitProperties::default()
+                    .with_application_transaction(Transaction::new(&app_id, source_version)),
+            )
+            .await
+            .map_err(|e| {
+                EngineError::Plan(format!("flow {}: committing events: {e}", flow.name))
+            })?;
+            if version < 0 {
+                run
+            } else {
+                version
+            }
         }
         None => store_version,
     };
@@ -1147,12 +1152,12 @@ pub(crate) async fn run_flow(
                     .await?
                 }
             };
-            handle
-                .write(vec![derived])
-                .with_save_mode(SaveMode::Append)
-                .with_commit_properties(target_commit(new_store_version, &app_id, source_version))
-                .await
-                .context(|| format!("flow {}: writing target {}", flow.name, flow.target))?;
+            warehouse::append(
+                &handle,
+                vec![derived],
+                target_commit(new_store_version, &app_id, source_version),
+            )
+            .await?;
             return Ok(report);
         }
     };

@@ -158,9 +158,6 @@ pub(crate) fn render(array: &ArrayRef, i: usize) -> String {
     }
 }
 
-/// Below this many events the fold runs on one thread.
-const PARALLEL_MIN_ROWS: usize = 100_000;
-
 /// The output of folding one part of the keys: for each output column the event row its
 /// value comes from, and for SCD type 2 the event rows of each version's start and end.
 #[derive(Default)]
@@ -181,13 +178,10 @@ pub(crate) fn fold_batch(
     spec: &FoldSpec,
     target: &SchemaRef,
 ) -> Result<(RecordBatch, usize)> {
-    let parts = if events.num_rows() < PARALLEL_MIN_ROWS {
+    let parts = if events.num_rows() < crate::warehouse::parallel_min_rows() {
         1
     } else {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-            .clamp(1, 8)
+        crate::warehouse::parallelism()
     };
     fold_batch_in(events, spec, target, parts)
 }
@@ -368,7 +362,7 @@ mod tests {
             vals.push(Some((x >> 20) as i64 % 7));
             // Unique sequence per event, in shuffled order (late events).
             seqs.push(((i * 7919) % n) as i64 + 10);
-            ops.push(if (x >> 40) % 10 == 0 { 1 } else { 0 });
+            ops.push(if (x >> 40).is_multiple_of(10) { 1 } else { 0 });
         }
         // One truncate in the middle of the sequence range.
         ids.push(None);

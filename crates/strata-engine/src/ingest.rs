@@ -691,15 +691,16 @@ pub(crate) async fn run_ingest(wh: &Warehouse, setup: &IngestSetup) -> Result<In
             .await?
         }
     };
-    let mut write = handle
-        .write(parts)
-        .with_save_mode(SaveMode::Append)
-        .with_commit_properties(commit);
     if setup.evolve {
-        write = write.with_schema_mode(deltalake::operations::write::SchemaMode::Merge);
+        handle
+            .write(parts)
+            .with_save_mode(SaveMode::Append)
+            .with_commit_properties(commit)
+            .with_schema_mode(deltalake::operations::write::SchemaMode::Merge)
+            .await
+            .context(|| format!("streaming table {name}: committing"))?;
+    } else {
+        warehouse::append(&handle, parts, commit).await?;
     }
-    write
-        .await
-        .context(|| format!("streaming table {name}: committing"))?;
     Ok(report)
 }

@@ -178,3 +178,90 @@ pub fn new_session() -> SessionContext {
     config.options_mut().sql_parser.enable_ident_normalization = false;
     SessionContext::new_with_config(config)
 }
+
+/// Below this many rows a write encodes its parquet on one thread, and a fold runs on one
+/// thread. `STRATA_PARALLEL_MIN_ROWS` overrides it (the golden scenarios set it to 1 so that
+/// the parallel paths run on their small inputs too).
+pub(crate) fn parallel_min_rows() -> usize {
+    static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MIN.get_or_init(|| {
+        std::env::var("STRATA_PARALLEL_MIN_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(500_000)
+    })
+}
+
+/// How many threads parallel work uses: the cores, at most 8.
+pub(crate) fn parallelism() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, 8)
+}
+
+/// Appends `batches` to `table` in one commit carrying `commit`. Large inputs are cut into
+/// one slice per core, each encoded to parquet by its own writer at the same time (delta-rs
+/// encodes an unpartitioned write on one thread), and all files are committed together.
+pub(crate) async fn append(
+    table: &DeltaTable,
+    batches: Vec<deltalake::arrow::array::RecordBatch>,
+    commit: deltalake::kernel::transaction::CommitProperties,
+) -> Result<i64> {
+    use deltalake::kernel::transaction::CommitBuilder;
+    use deltalake::protocol::{DeltaOperation, SaveMode};
+    use deltalake::writer::{DeltaWriter, RecordBatchWriter};
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    let parts = parallelism();
+    if rows < parallel_min_rows() || parts == 1 || batches.is_empty() {
+        let written = table
+            .clone()
+            .write(batches)
+            .with_save_mode(SaveMode::Append)
+            .with_commit_properties(commit)
+            .await
+            .context(|| format!("writing {}", table.table_url()))?;
+        return Ok(written.version().map_or(-1, |v| v as i64));
+    }
+    let schema = batches[0].schema();
+    let all = deltalake::arrow::compute::concat_batches(&schema, &batches)
+        .context(|| "collecting rows".into())?;
+    drop(batches);
+    let chunk = rows.div_ceil(parts);
+    let mut writers = Vec::new();
+    for p in 0..parts {
+        let offset = p * chunk;
+        if offset >= rows {
+            break;
+        }
+        let slice = all.slice(offset, chunk.min(rows - offset));
+        let table = table.clone();
+        writers.push(tokio::spawn(async move {
+            let mut writer = RecordBatchWriter::for_table(&table)?;
+            writer.write(slice).await?;
+            writer.flush().await
+        }));
+    }
+    drop(all);
+    let mut actions = Vec::new();
+    for w in writers {
+        let adds = w
+            .await
+            .map_err(|e| EngineError::Internal(format!("a writer task failed: {e}")))?
+            .context(|| format!("writing {}", table.table_url()))?;
+        actions.extend(adds.into_iter().map(deltalake::kernel::Action::Add));
+    }
+    let snapshot = table.snapshot().context(|| "reading table state".into())?;
+    let partition_by: Vec<String> = snapshot.metadata().partition_columns().to_vec();
+    let operation = DeltaOperation::Write {
+        mode: SaveMode::Append,
+        partition_by: (!partition_by.is_empty()).then_some(partition_by),
+        predicate: None,
+    };
+    let done = CommitBuilder::from(commit)
+        .with_actions(actions)
+        .build(Some(snapshot), table.log_store(), operation)
+        .await
+        .context(|| format!("committing to {}", table.table_url()))?;
+    Ok(done.version() as i64)
+}

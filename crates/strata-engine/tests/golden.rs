@@ -175,6 +175,11 @@ async fn run_scenario(path: &Path) -> Result<(), String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn golden_scenarios() {
+    // Every scenario also exercises the parallel fold and the parallel write, which large
+    // inputs take (set before the engine first reads it).
+    if std::env::var_os("STRATA_PARALLEL_MIN_ROWS").is_none() {
+        std::env::set_var("STRATA_PARALLEL_MIN_ROWS", "1");
+    }
     let mut files: Vec<PathBuf> = std::fs::read_dir(scenarios_dir())
         .expect("tests/scenarios exists")
         .filter_map(|e| e.ok().map(|e| e.path()))
