@@ -158,8 +158,12 @@ fn main() -> ExitCode {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+    // Query planning recurses over expression trees (a batch's key predicate can be
+    // thousands of terms deep), so the work runs on runtime threads with roomy stacks
+    // (reserved address space; memory is only used as deep as the recursion goes).
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .thread_stack_size(64 << 20)
         .build()
     {
         Ok(r) => r,
@@ -168,7 +172,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match runtime.block_on(execute(cli.command)) {
+    let outcome = runtime.block_on(async {
+        match tokio::spawn(execute(cli.command)).await {
+            Ok(result) => result,
+            Err(e) => Err(BoxError::from(format!(
+                "internal error, this is a bug in strata: {e}"
+            ))),
+        }
+    });
+    match outcome {
         Ok(code) => code,
         Err(e) => {
             if is_broken_pipe(&e) {

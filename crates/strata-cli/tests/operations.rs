@@ -337,3 +337,43 @@ fn bad_interval_is_an_error() {
         text(&out.stderr)
     );
 }
+
+/// A batch changing many keys of a large table: up to 10,000 changed keys their rows are
+/// replaced with one `replace_where`, beyond with a MERGE; both give the same table, and a
+/// key predicate thousands of terms deep does not overflow a stack.
+#[test]
+fn large_batches_replace_or_merge_the_changed_keys() {
+    let pipeline = r#"
+CREATE OR REFRESH STREAMING TABLE raw
+AS SELECT * FROM STREAM read_files('data/cdc', format => 'csv', header => true,
+  schema => 'id BIGINT, v STRING, seq BIGINT');
+CREATE OR REFRESH STREAMING TABLE t;
+CREATE FLOW f AS AUTO CDC INTO t FROM STREAM(raw) KEYS (id) SEQUENCE BY seq
+COLUMNS * EXCEPT (seq) STORED AS SCD TYPE 2;
+"#;
+    for changed in [9_500usize, 12_000] {
+        let p = Project::new(pipeline);
+        let mut first = String::from("id,v,seq\n");
+        for i in 0..15_000 {
+            first.push_str(&format!("{i},a,1\n"));
+        }
+        p.file("data/cdc/001.csv", &first);
+        p.ok(&["run", "pipeline.sql"]);
+        let mut second = String::from("id,v,seq\n");
+        for i in 0..changed {
+            second.push_str(&format!("{i},b,2\n"));
+        }
+        p.file("data/cdc/002.csv", &second);
+        let out = p.ok(&["run", "pipeline.sql"]);
+        assert!(out.contains(&format!("{changed} key(s) changed")), "{out}");
+        assert_eq!(
+            p.csv("SELECT v, count(*) AS n FROM t WHERE __END_AT IS NULL GROUP BY v ORDER BY v"),
+            format!("v,n\na,{}\nb,{changed}\n", 15_000 - changed)
+        );
+        assert_eq!(
+            p.csv("SELECT count(*) AS n FROM t WHERE __END_AT = 2"),
+            format!("n\n{changed}\n")
+        );
+        assert!(p.ok(&["validate", "t"]).contains("t: ok"));
+    }
+}

@@ -1203,7 +1203,8 @@ pub(crate) async fn run_flow(
         .context(|| "selecting rows".into())?;
     let deletes = compute::take_record_batch(&current, &UInt32Array::from(change.delete_rows))
         .context(|| "selecting rows".into())?;
-    if let [key] = setup.key_names.as_slice() {
+    let replace = setup.key_names.len() == 1 && change.keys <= REPLACE_MAX_KEYS;
+    if let (true, [key]) = (replace, setup.key_names.as_slice()) {
         // One key column: the changed keys' rows are replaced in one overwrite commit
         // (`replace_where key IN (...)`), which rewrites the files holding them without the
         // join a MERGE plans, and writes the change feed as delete + insert per key.
@@ -1211,8 +1212,7 @@ pub(crate) async fn run_flow(
         values.extend(key_values(&deletes, key)?);
         values.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
         values.dedup();
-        let predicate = col(Column::new(None::<&str>, key.as_str()))
-            .in_list(values.into_iter().map(lit).collect(), false);
+        let predicate = keys_predicate(key, values);
         target
             .write(vec![inserts])
             .with_save_mode(SaveMode::Overwrite)
@@ -1262,6 +1262,39 @@ pub(crate) async fn run_flow(
     phase("merged the changed keys into the target");
     Ok(report)
 }
+
+/// `key IN (values)` as a balanced OR of IN lists of at most [`IN_LIST_CHUNK`] values (keeps
+/// DataFusion's own passes shallow; delta-rs still flattens it, see [`REPLACE_MAX_KEYS`]).
+fn keys_predicate(key: &str, values: Vec<deltalake::datafusion::scalar::ScalarValue>) -> Expr {
+    let column = col(Column::new(None::<&str>, key));
+    let mut parts: Vec<Expr> = values
+        .chunks(IN_LIST_CHUNK)
+        .map(|chunk| {
+            column
+                .clone()
+                .in_list(chunk.iter().cloned().map(lit).collect(), false)
+        })
+        .collect();
+    while parts.len() > 1 {
+        parts = parts
+            .chunks(2)
+            .map(|pair| match pair {
+                [a, b] => a.clone().or(b.clone()),
+                [a] => a.clone(),
+                _ => lit(false),
+            })
+            .collect();
+    }
+    parts.pop().unwrap_or_else(|| lit(false))
+}
+
+/// How many values one IN list of [`keys_predicate`] holds.
+const IN_LIST_CHUNK: usize = 64;
+
+/// Up to this many changed keys, a run replaces their rows with `replace_where`; beyond it,
+/// with a MERGE. delta-rs turns the key predicate into one OR chain that it walks
+/// recursively, which must stay well within a thread's stack.
+const REPLACE_MAX_KEYS: usize = 10_000;
 
 /// The values of column `key` of `batch`.
 fn key_values(

@@ -8,6 +8,7 @@
 //! Folders starting with `_` or `.` at the top level are strata's own and are not tables.
 
 use crate::error::{Context, EngineError, Result};
+use deltalake::arrow::array::RecordBatch;
 use deltalake::arrow::datatypes::Schema;
 use deltalake::datafusion::execution::context::SessionContext;
 use deltalake::datafusion::prelude::SessionConfig;
@@ -205,7 +206,7 @@ pub(crate) fn parallelism() -> usize {
 /// encodes an unpartitioned write on one thread), and all files are committed together.
 pub(crate) async fn append(
     table: &DeltaTable,
-    batches: Vec<deltalake::arrow::array::RecordBatch>,
+    batches: Vec<RecordBatch>,
     commit: deltalake::kernel::transaction::CommitProperties,
 ) -> Result<i64> {
     use deltalake::kernel::transaction::CommitBuilder;
@@ -224,9 +225,17 @@ pub(crate) async fn append(
         return Ok(written.version().map_or(-1, |v| v as i64));
     }
     let schema = batches[0].schema();
-    let all = deltalake::arrow::compute::concat_batches(&schema, &batches)
-        .context(|| "collecting rows".into())?;
-    drop(batches);
+    let all = if batches.len() == 1 {
+        batches
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| RecordBatch::new_empty(schema))
+    } else {
+        let all = deltalake::arrow::compute::concat_batches(&schema, &batches)
+            .context(|| "collecting rows".into())?;
+        drop(batches);
+        all
+    };
     let chunk = rows.div_ceil(parts);
     let mut writers = Vec::new();
     for p in 0..parts {
