@@ -876,6 +876,7 @@ pub(crate) async fn run_flow(
     wh: &Warehouse,
     setup: &FlowSetup,
     target_properties: &std::collections::BTreeMap<String, String>,
+    update: &(dyn Fn(String) + Send + Sync),
 ) -> Result<FlowReport> {
     if setup.flow.stored_as == ScdType::Snapshots {
         return snapshot::run_snapshots_mode(wh, setup, target_properties).await;
@@ -1060,6 +1061,11 @@ pub(crate) async fn run_flow(
         }
     };
     phase("read new events and the stored events of the touched keys");
+    update(format!(
+        "{} new event(s), folding {} event(s)",
+        report.events,
+        all_events.num_rows()
+    ));
     let (derived, keys_derived) = fold::fold_batch(&all_events, &setup.spec, &setup.fold_schema)?;
     phase("folded");
     drop(all_events);
@@ -1190,6 +1196,10 @@ pub(crate) async fn run_flow(
         }
     };
     phase("found the target rows of the touched keys");
+    update(format!(
+        "writing the rows of {} key(s)",
+        report.keys_touched
+    ));
     let change = changed_keys(setup, &current, &derived)?;
     count_changes(setup, &current, &derived, &mut report)?;
     report.keys_changed = change.keys;

@@ -574,7 +574,11 @@ async fn checked_rows(
 }
 
 /// Runs one ingestion: new input → one commit.
-pub(crate) async fn run_ingest(wh: &Warehouse, setup: &IngestSetup) -> Result<IngestReport> {
+pub(crate) async fn run_ingest(
+    wh: &Warehouse,
+    setup: &IngestSetup,
+    update: &(dyn Fn(String) + Send + Sync),
+) -> Result<IngestReport> {
     let name = &setup.table.name;
     let mut report = IngestReport {
         table: name.to_string(),
@@ -631,6 +635,12 @@ pub(crate) async fn run_ingest(wh: &Warehouse, setup: &IngestSetup) -> Result<In
                     df
                 };
                 parts.push(checked_rows(setup, df, &place, &mut report).await?);
+                update(format!(
+                    "{} of {} file(s), {} row(s)",
+                    parts.len(),
+                    new.len(),
+                    report.rows_read
+                ));
             }
             // One call: each `with_metadata` replaces what an earlier one set.
             let mut metadata = vec![(key, serde_json::json!(new))];

@@ -65,6 +65,11 @@ pub enum Progress {
     Started {
         node: String,
     },
+    /// How far a running node has got (`3 of 10 file(s), 120000 row(s)`).
+    Update {
+        node: String,
+        detail: String,
+    },
     Finished {
         node: String,
         summary: String,
@@ -367,10 +372,20 @@ pub(crate) async fn run_plan(
                 chrono::Utc::now(),
             );
             let (plan, declared) = (&plan, &declared);
+            let progress = options.progress.clone();
+            let node_name = describe.clone();
             running.push(async move {
                 let clock = std::time::Instant::now();
                 let mut record = record;
-                let outcome = run_node(wh, plan, p, declared, &mut record).await;
+                let update = move |detail: String| {
+                    if let Some(p) = &progress {
+                        (p.0)(Progress::Update {
+                            node: node_name.clone(),
+                            detail,
+                        });
+                    }
+                };
+                let outcome = run_node(wh, plan, p, declared, &mut record, &update).await;
                 record.ended_at = chrono::Utc::now();
                 (i, describe, clock.elapsed(), record, outcome)
             });
@@ -468,11 +483,12 @@ async fn run_node(
     p: &Prepared,
     declared: &BTreeSet<TableName>,
     record: &mut EventRecord,
+    update: &(dyn Fn(String) + Send + Sync),
 ) -> Result<NodeOutput> {
     Ok(match p {
         Prepared::Ingest(setup) => {
             tracing::info!(table = %setup.table.name, flow = setup.flow_name(), "ingesting");
-            let r = ingest::run_ingest(wh, setup).await?;
+            let r = ingest::run_ingest(wh, setup, update).await?;
             record.rows_read = r.rows_read;
             record.rows_written = r.rows;
             record.rows_dropped = r.rows_dropped;
@@ -489,7 +505,7 @@ async fn run_node(
                 .get(&setup.flow.target)
                 .map(|t| t.properties.clone())
                 .unwrap_or_default();
-            let r = flow::run_flow(wh, setup, &props).await?;
+            let r = flow::run_flow(wh, setup, &props, update).await?;
             record.rows_read = r.events;
             record.rows_written = r.rows_written;
             record.rows_upserted = r.keys_upserted;
