@@ -1,8 +1,11 @@
 //! The real `strata` binary in temp dirs: run, query in each format, validate, and the error
 //! cases with their exit codes and messages.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
+
+use common::{stderr, stdout, table_files, walk, Project};
+use std::path::Path;
+use std::process::Command;
 
 const PIPELINE: &str = r#"
 CREATE OR REFRESH STREAMING TABLE users_cdc
@@ -29,81 +32,6 @@ const BATCH1: &str = r#"{"userId": 124, "name": "Raul", "city": "Oaxaca", "opera
 const BATCH2: &str = r#"{"userId": 125, "name": "Mercedes", "city": "Mexicali", "operation": "UPDATE", "sequenceNum": 5}
 {"userId": 123, "name": "Isabel", "city": "Chihuahua", "operation": "UPDATE", "sequenceNum": 5}
 "#;
-
-struct Project {
-    dir: tempfile::TempDir,
-}
-
-impl Project {
-    fn new(pipeline: &str) -> Project {
-        let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::create_dir_all(dir.path().join("data/cdc")).expect("mkdir");
-        std::fs::write(dir.path().join("pipeline.sql"), pipeline).expect("write");
-        Project { dir }
-    }
-
-    fn path(&self, rel: &str) -> PathBuf {
-        self.dir.path().join(rel)
-    }
-
-    fn file(&self, rel: &str, text: &str) {
-        std::fs::write(self.path(rel), text).expect("write");
-    }
-
-    fn strata(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_strata"))
-            .args(args)
-            .current_dir(self.dir.path())
-            .env_remove("STRATA_WAREHOUSE")
-            .output()
-            .expect("strata runs")
-    }
-
-    fn run(&self) -> Output {
-        self.strata(&["run", "pipeline.sql"])
-    }
-
-    fn query(&self, format: &str, sql: &str) -> String {
-        let out = self.strata(&["query", "--format", format, sql]);
-        assert!(out.status.success(), "query failed: {}", stderr(&out));
-        stdout(&out)
-    }
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).to_string()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).to_string()
-}
-
-/// Every file of the warehouse's tables and event stores; the event log, which records
-/// every run (failed ones too), is left out.
-fn table_files(p: &Path) -> Vec<String> {
-    let mut out: Vec<String> = walk(p)
-        .into_iter()
-        .map(|f| f.strip_prefix(p).unwrap_or(&f).display().to_string())
-        .filter(|f| !f.starts_with("_strata/event_log"))
-        .collect();
-    out.sort();
-    out
-}
-
-fn walk(p: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    if let Ok(entries) = std::fs::read_dir(p) {
-        for e in entries.flatten() {
-            let path = e.path();
-            if path.is_dir() {
-                out.extend(walk(&path));
-            } else {
-                out.push(path);
-            }
-        }
-    }
-    out
-}
 
 #[test]
 fn run_query_validate_late_events() {

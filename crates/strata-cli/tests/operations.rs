@@ -2,8 +2,10 @@
 //! and its guard, continuous mode stopped by SIGTERM while files arrive, and the plain
 //! progress lines written when stderr is not a terminal.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+mod common;
+
+use common::{table_files, Project};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const PIPELINE: &str = r#"
@@ -21,82 +23,6 @@ CREATE OR REFRESH MATERIALIZED VIEW plans AS
 SELECT plan, count(*) AS users FROM users WHERE __END_AT IS NULL GROUP BY plan;
 "#;
 
-struct Project {
-    dir: tempfile::TempDir,
-}
-
-impl Project {
-    fn new(pipeline: &str) -> Project {
-        let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::create_dir_all(dir.path().join("data/cdc")).expect("mkdir");
-        std::fs::write(dir.path().join("pipeline.sql"), pipeline).expect("write");
-        Project { dir }
-    }
-
-    fn path(&self, rel: &str) -> PathBuf {
-        self.dir.path().join(rel)
-    }
-
-    fn file(&self, rel: &str, text: &str) {
-        std::fs::write(self.path(rel), text).expect("write");
-    }
-
-    fn command(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_strata"));
-        c.args(args)
-            .current_dir(self.dir.path())
-            .env_remove("STRATA_WAREHOUSE")
-            .env_remove("RUST_LOG");
-        c
-    }
-
-    fn strata(&self, args: &[&str]) -> Output {
-        self.command(args).output().expect("strata runs")
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.strata(args);
-        assert!(
-            out.status.success(),
-            "strata {args:?} failed: {}",
-            text(&out.stderr)
-        );
-        text(&out.stdout)
-    }
-
-    fn csv(&self, sql: &str) -> String {
-        self.ok(&["query", "--format", "csv", sql])
-    }
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).to_string()
-}
-
-fn table_files(p: &Path) -> Vec<String> {
-    fn walk(p: &Path, out: &mut Vec<PathBuf>) {
-        if let Ok(entries) = std::fs::read_dir(p) {
-            for e in entries.flatten() {
-                let path = e.path();
-                if path.is_dir() {
-                    walk(&path, out);
-                } else {
-                    out.push(path);
-                }
-            }
-        }
-    }
-    let mut all = Vec::new();
-    walk(p, &mut all);
-    let mut out: Vec<String> = all
-        .iter()
-        .map(|f| f.strip_prefix(p).unwrap_or(f).display().to_string())
-        .filter(|f| !f.starts_with("_strata/event_log"))
-        .collect();
-    out.sort();
-    out
-}
-
 #[test]
 fn events_show_each_run_with_counts_expectations_and_errors() {
     let p = Project::new(PIPELINE);
@@ -108,8 +34,8 @@ fn events_show_each_run_with_counts_expectations_and_errors() {
 "#,
     );
     let out = p.strata(&["run", "pipeline.sql"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let stdout = common::stdout(&out);
     assert!(
         stdout.contains(
             "table default.users_cdc: ingested 2 row(s) from 1 file(s), 1 dropped by expectations"
@@ -125,7 +51,7 @@ fn events_show_each_run_with_counts_expectations_and_errors() {
         "{stdout}"
     );
     // Without a terminal, progress is one plain line per dataset on stderr.
-    let stderr = text(&out.stderr);
+    let stderr = common::stderr(&out);
     assert!(stderr.contains("flow users_flow: 2 event(s)"), "{stderr}");
     assert!(
         !stderr.contains('\r'),
@@ -154,7 +80,7 @@ fn events_show_each_run_with_counts_expectations_and_errors() {
 "#,
     );
     let out = p.strata(&["run", "pipeline.sql"]);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(2), "{}", common::stderr(&out));
     let events = p.ok(&["events", "--last", "2"]);
     assert!(events.contains("FAILED    ingest users_cdc"), "{events}");
     assert!(events.contains("error: "), "{events}");
@@ -194,9 +120,9 @@ fn select_runs_only_what_is_asked() {
     let out = p.strata(&["run", "pipeline.sql", "--select", "nosuch"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
-        text(&out.stderr).contains("the pipeline has no dataset or flow named nosuch"),
+        common::stderr(&out).contains("the pipeline has no dataset or flow named nosuch"),
         "{}",
-        text(&out.stderr)
+        common::stderr(&out)
     );
 }
 
@@ -217,7 +143,7 @@ fn full_refresh_is_refused_for_guarded_tables_and_rebuilds_the_others() {
     ] {
         let out = p.strata(&args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
-        let err = text(&out.stderr);
+        let err = common::stderr(&out);
         assert!(
             err.contains("full refresh refused: default.users has pipelines.reset.allowed = false"),
             "{args:?}: {err}"
@@ -256,14 +182,14 @@ fn continuous_mode_picks_up_files_and_stops_cleanly_on_sigterm() {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let out = p.strata(&["query", "--format", "csv", sql]);
-            if out.status.success() && text(&out.stdout) == want {
+            if out.status.success() && common::stdout(&out) == want {
                 return;
             }
             assert!(
                 Instant::now() < deadline,
                 "timed out waiting for {want:?}, last: {} {}",
-                text(&out.stdout),
-                text(&out.stderr)
+                common::stdout(&out),
+                common::stderr(&out)
             );
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -293,11 +219,11 @@ fn continuous_mode_picks_up_files_and_stops_cleanly_on_sigterm() {
         std::thread::sleep(Duration::from_millis(50));
     };
     let out = child.wait_with_output().expect("output");
-    assert!(code.success(), "exit {code:?}: {}", text(&out.stderr));
+    assert!(code.success(), "exit {code:?}: {}", common::stderr(&out));
     assert!(
-        text(&out.stderr).contains("stopped after"),
+        common::stderr(&out).contains("stopped after"),
         "{}",
-        text(&out.stderr)
+        common::stderr(&out)
     );
     // Nothing lost, nothing twice. The signal may have stopped a run before its last
     // datasets; a triggered run completes them and finds no new file.
@@ -332,9 +258,9 @@ fn bad_interval_is_an_error() {
     ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(
-        text(&out.stderr).contains("unknown duration unit 'parsecs'"),
+        common::stderr(&out).contains("unknown duration unit 'parsecs'"),
         "{}",
-        text(&out.stderr)
+        common::stderr(&out)
     );
 }
 

@@ -19,8 +19,7 @@ use deltalake::datafusion::physical_plan::collect;
 use deltalake::datafusion::sql::sqlparser;
 use deltalake::DeltaTable;
 use sqlparser::ast::{
-    Expr, FunctionArg, FunctionArgExpr, Ident, ObjectName, Statement, TableAlias, TableFactor,
-    Value, VisitMut, VisitorMut,
+    Expr, Ident, ObjectName, Statement, TableAlias, TableFactor, Value, VisitMut, VisitorMut,
 };
 use sqlparser::dialect::GenericDialect;
 use sqlparser::parser::Parser;
@@ -204,32 +203,17 @@ fn int_arg(e: &Expr) -> Option<i64> {
 }
 
 fn call_of(factor: &TableFactor) -> Option<Result<Call>> {
-    let TableFactor::Table {
-        name,
-        args: Some(args),
-        ..
-    } = factor
-    else {
-        return None;
-    };
-    if !name.to_string().eq_ignore_ascii_case(FUNCTION) {
-        return None;
-    }
+    let args = sqlutil::table_function_args(factor, FUNCTION)?;
     let usage = || {
         EngineError::Plan(format!(
             "{FUNCTION} takes a table name and a first version, and optionally a last one: \
              {FUNCTION}('users', 2) or {FUNCTION}('users', 2, 5)"
         ))
     };
-    let exprs: Vec<&Expr> = args
-        .args
-        .iter()
-        .filter_map(|a| match a {
-            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => Some(e),
-            _ => None,
-        })
-        .collect();
-    if !(2..=3).contains(&exprs.len()) || exprs.len() != args.args.len() {
+    let Some(exprs) = args else {
+        return Some(Err(usage()));
+    };
+    if !(2..=3).contains(&exprs.len()) {
         return Some(Err(usage()));
     }
     let table = match exprs[0] {

@@ -14,8 +14,7 @@ use crate::timeline::Timeline;
 use crate::warehouse::Warehouse;
 use deltalake::datafusion::sql::sqlparser;
 use sqlparser::ast::{
-    Expr, FunctionArg, FunctionArgExpr, Ident, Statement, TableAlias, TableFactor, Value, VisitMut,
-    VisitorMut,
+    Expr, Ident, Statement, TableAlias, TableFactor, Value, VisitMut, VisitorMut,
 };
 use sqlparser::dialect::GenericDialect;
 use sqlparser::parser::Parser;
@@ -99,31 +98,16 @@ pub(crate) async fn rewrite_as_of(wh: &Warehouse, sql: &str) -> Result<Option<St
 
 /// The table name and value expression of an `as_of(...)` factor, or `None` for any other.
 fn as_of_call(factor: &TableFactor) -> Option<Result<(String, Expr)>> {
-    let TableFactor::Table {
-        name,
-        args: Some(args),
-        ..
-    } = factor
-    else {
-        return None;
-    };
-    if !name.to_string().eq_ignore_ascii_case(FUNCTION) {
-        return None;
-    }
-    let exprs: Vec<&Expr> = args
-        .args
-        .iter()
-        .filter_map(|a| match a {
-            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => Some(e),
-            _ => None,
-        })
-        .collect();
+    let args = crate::sqlutil::table_function_args(factor, FUNCTION)?;
     let usage = || {
         EngineError::Plan(format!(
             "{FUNCTION} takes a table name and a value: {FUNCTION}('customers', DATE '2024-01-31')"
         ))
     };
-    if exprs.len() != 2 || args.args.len() != 2 {
+    let Some(exprs) = args else {
+        return Some(Err(usage()));
+    };
+    if exprs.len() != 2 {
         return Some(Err(usage()));
     }
     let table = match exprs[0] {

@@ -132,3 +132,33 @@ pub(crate) fn describe_fields(schema: &Schema) -> String {
         .collect::<Vec<_>>()
         .join(", ")
 }
+
+/// The arguments of `factor` if it calls the table function `function` (any case):
+/// `Some(None)` when an argument is named (`f(x => 1)`), which strata's table functions do
+/// not take; `None` for any other factor.
+pub(crate) fn table_function_args<'a>(
+    factor: &'a deltalake::datafusion::sql::sqlparser::ast::TableFactor,
+    function: &str,
+) -> Option<Option<Vec<&'a deltalake::datafusion::sql::sqlparser::ast::Expr>>> {
+    use deltalake::datafusion::sql::sqlparser::ast::{FunctionArg, FunctionArgExpr, TableFactor};
+    let TableFactor::Table {
+        name,
+        args: Some(args),
+        ..
+    } = factor
+    else {
+        return None;
+    };
+    if !name.to_string().eq_ignore_ascii_case(function) {
+        return None;
+    }
+    Some(
+        args.args
+            .iter()
+            .map(|a| match a {
+                FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => Some(e),
+                _ => None,
+            })
+            .collect(),
+    )
+}
