@@ -246,7 +246,11 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
         } => {
             let conf: std::collections::BTreeMap<String, String> = conf.into_iter().collect();
             let loaded = strata_engine::load_pipeline(&pipeline, &conf)?;
-            let planned = strata_engine::plan_sources(&loaded.sources, &loaded.configuration)?;
+            let planned = strata_engine::plan_sources(
+                &loaded.sources,
+                &loaded.configuration,
+                &loaded.schema,
+            )?;
             print_plan(&pipeline, &loaded, &planned.steps(), format)?;
             Ok(ExitCode::SUCCESS)
         }

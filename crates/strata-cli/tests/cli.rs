@@ -816,13 +816,13 @@ fn yaml_spec_errors_name_file_entry_key_and_line() {
     assert!(e.contains("spec.yaml: unknown field `warehose`"), "{e}");
     assert!(e.contains("line 2"), "{e}");
 
-    // Only the default schema for now.
+    // A schema must be one plain name.
     let e = spec_error(
-        &SPEC.replace("name: shop\n", "name: shop\nschema: sales\n"),
+        &SPEC.replace("name: shop\n", "name: shop\nschema: sales.eu\n"),
         GOLD,
     );
     assert!(
-        e.contains("spec.yaml: schema: only `default` is supported"),
+        e.contains("spec.yaml: schema: `sales.eu` is not a schema name"),
         "{e}"
     );
 
@@ -949,4 +949,38 @@ fn music_streaming_example_matches_its_independent_check() {
     );
     assert!(text.contains("dim_user: ok"), "{text}");
     assert!(text.trim_end().ends_with("ok"), "{text}");
+}
+
+/// `schema:` puts every unqualified name of the spec (generated tables and the libraries'
+/// SQL, materialized view queries included) in that schema.
+#[test]
+fn yaml_spec_schema_holds_unqualified_names() {
+    let gold = format!(
+        "{GOLD}CREATE MATERIALIZED VIEW customer_count AS \
+         SELECT count(*) AS n FROM customers WHERE __END_AT IS NULL;\n"
+    );
+    let p = spec_project(
+        &SPEC.replace("name: shop\n", "name: shop\nschema: sales\n"),
+        &gold,
+    );
+    let out = p.strata(&["run", "spec.yaml"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(p.path("wh/sales/customers/_delta_log").is_dir());
+    assert!(!p.path("wh/default").exists());
+    assert_eq!(
+        query_wh(
+            &p,
+            "SELECT sku, price, currency FROM sales.price_list ORDER BY sku, price"
+        ),
+        "sku,price,currency\na,12,EUR\nb,20,EUR\n"
+    );
+    assert_eq!(query_wh(&p, "SELECT n FROM sales.customer_count"), "n\n1\n");
+    // --select takes names in the pipeline's schema.
+    let out = p.strata(&["run", "spec.yaml", "--select", "customer_count"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("materialized view sales.customer_count"),
+        "{}",
+        stdout(&out)
+    );
 }

@@ -242,6 +242,7 @@ pub(crate) async fn rewrite_table_changes(
     wh: &crate::warehouse::Warehouse,
     ctx: &deltalake::datafusion::prelude::SessionContext,
     sql: &str,
+    schema: &str,
 ) -> Result<Option<String>> {
     if !sql.to_ascii_lowercase().contains(FUNCTION) {
         return Ok(None);
@@ -302,7 +303,7 @@ pub(crate) async fn rewrite_table_changes(
     for (i, call) in replace.calls.iter().enumerate() {
         let tn = match call.table.split_once('.') {
             Some((s, n)) => TableName::new(Some(s), n),
-            None => TableName::new(None, &call.table),
+            None => TableName::new(Some(schema), &call.table),
         };
         let table = wh.open_table(&tn).await?.ok_or_else(|| {
             EngineError::NotFound(format!("{FUNCTION}('{}', ...): no table {tn}", call.table))

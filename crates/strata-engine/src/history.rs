@@ -32,7 +32,11 @@ struct Historised {
 }
 
 /// `sql` with every `as_of(...)` replaced by its subquery; `None` when there is none.
-pub(crate) async fn rewrite_as_of(wh: &Warehouse, sql: &str) -> Result<Option<String>> {
+pub(crate) async fn rewrite_as_of(
+    wh: &Warehouse,
+    sql: &str,
+    schema: &str,
+) -> Result<Option<String>> {
     if !sql.to_ascii_lowercase().contains(FUNCTION) {
         return Ok(None);
     }
@@ -52,7 +56,7 @@ pub(crate) async fn rewrite_as_of(wh: &Warehouse, sql: &str) -> Result<Option<St
     for name in &calls.tables {
         let tn = match name.split_once('.') {
             Some((s, n)) => TableName::new(Some(s), n),
-            None => TableName::new(None, name),
+            None => TableName::new(Some(schema), name),
         };
         let table = wh.open_table(&tn).await?.ok_or_else(|| {
             EngineError::NotFound(format!("{FUNCTION}('{name}', ...): no table {tn}"))

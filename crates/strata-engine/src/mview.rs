@@ -10,7 +10,7 @@
 
 use crate::error::{Context, EngineError, Result};
 use crate::expect::{self, ExpectationCount};
-use crate::query::{rewrite, warehouse_session};
+use crate::query::{rewrite, warehouse_session_in};
 use crate::sqlutil::{self, quote_ident};
 use crate::warehouse::{self, Warehouse};
 use deltalake::arrow::compute::concat_batches;
@@ -44,6 +44,7 @@ pub(crate) async fn register_views(
     wh: &Warehouse,
     ctx: &SessionContext,
     views: &BTreeMap<TableName, View>,
+    schema: &str,
 ) -> Result<()> {
     let mut done: BTreeSet<&TableName> = BTreeSet::new();
     while done.len() < views.len() {
@@ -57,7 +58,7 @@ pub(crate) async fn register_views(
             {
                 continue;
             }
-            let sql = rewrite(wh, ctx, &v.query.sql).await?;
+            let sql = rewrite(wh, ctx, &v.query.sql, schema).await?;
             let reference = format!("{}.{}", quote_ident(&name.schema), quote_ident(&name.name));
             if ctx
                 .catalog("strata")
@@ -119,6 +120,7 @@ pub(crate) async fn refresh(
     views: &BTreeMap<TableName, View>,
     reads: &[TableName],
     declared: &BTreeSet<TableName>,
+    schema: &str,
 ) -> Result<MvReport> {
     let name = &mv.name;
     let mut report = MvReport {
@@ -148,9 +150,9 @@ pub(crate) async fn refresh(
         }
     }
 
-    let ctx = warehouse_session(wh).await?;
-    register_views(wh, &ctx, views).await?;
-    let sql = rewrite(wh, &ctx, &mv.query.sql).await?;
+    let ctx = warehouse_session_in(wh, schema).await?;
+    register_views(wh, &ctx, views, schema).await?;
+    let sql = rewrite(wh, &ctx, &mv.query.sql, schema).await?;
     let err = |e: &dyn std::fmt::Display| {
         EngineError::Plan(format!(
             "materialized view {name} (line {}): {e}",

@@ -156,7 +156,8 @@ pub fn plan_file(
 pub async fn run_pipeline(path: &Path, wh: &Warehouse, options: &RunOptions) -> Result<RunReport> {
     if crate::spec::is_spec(path) {
         let loaded = crate::spec::load_pipeline(path, &options.configuration)?;
-        let planned = crate::sources::plan_sources(&loaded.sources, &loaded.configuration)?;
+        let planned =
+            crate::sources::plan_sources(&loaded.sources, &loaded.configuration, &loaded.schema)?;
         return crate::sources::run_planned(planned, path, loaded.dir, wh, options).await;
     }
     let (plan, pipeline_dir) = plan_file(path, &options.configuration)?;
@@ -535,7 +536,7 @@ async fn run_node(
                 EngineError::Internal(format!("planned point-in-time table {i} is missing"))
             })?;
             tracing::info!(table = %pit.name, "refreshing point-in-time table");
-            let r = crate::pit::refresh(wh, pit).await?;
+            let r = crate::pit::refresh(wh, pit, &plan.default_schema).await?;
             record.rows_written = r.rows;
             skipped_or(record, &r.skipped, || {
                 format!(
@@ -551,7 +552,8 @@ async fn run_node(
             })?;
             tracing::info!(table = %name, "refreshing materialized view");
             let reads = plan.reads(&Node::MaterializedView(name.clone()));
-            let r = mview::refresh(wh, mv, &plan.views, &reads, declared).await?;
+            let r =
+                mview::refresh(wh, mv, &plan.views, &reads, declared, &plan.default_schema).await?;
             record.rows_read = r.rows_read;
             record.rows_written = r.rows;
             record.rows_dropped = r.rows_dropped;
@@ -603,11 +605,11 @@ fn node_flow_name(plan: &PipelinePlan, node: &Node) -> String {
     .unwrap_or_default()
 }
 
-/// `schema.name` or `name` as a table name.
-fn parse_table_name(s: &str) -> TableName {
+/// `schema.name` or `name` (in `default_schema`) as a table name.
+fn parse_table_name(s: &str, default_schema: &str) -> TableName {
     match s.split_once('.') {
         Some((schema, name)) => TableName::new(Some(schema), name),
-        None => TableName::new(None, s),
+        None => TableName::new(Some(default_schema), s),
     }
 }
 
@@ -634,7 +636,7 @@ fn select(plan: &PipelinePlan, selection: Option<&Selection>) -> Result<Vec<Node
     let Some(sel) = selection else {
         return Ok(plan.order.clone());
     };
-    let table = parse_table_name(&sel.name);
+    let table = parse_table_name(&sel.name, &plan.default_schema);
     let direct: Vec<Node> = plan
         .order
         .iter()
@@ -671,7 +673,7 @@ fn refresh_set(plan: &PipelinePlan, names: &[String]) -> Result<Vec<TableName>> 
     } else {
         let mut start = Vec::new();
         for n in names {
-            let t = parse_table_name(n);
+            let t = parse_table_name(n, &plan.default_schema);
             let writers: Vec<Node> = plan
                 .order
                 .iter()
@@ -692,7 +694,7 @@ fn refresh_set(plan: &PipelinePlan, names: &[String]) -> Result<Vec<TableName>> 
         .filter_map(|i| plan.writes(&plan.order[i]))
         .collect();
     for n in names {
-        tables.push(parse_table_name(n));
+        tables.push(parse_table_name(n, &plan.default_schema));
     }
     tables.sort();
     tables.dedup();

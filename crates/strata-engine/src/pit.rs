@@ -16,7 +16,7 @@
 
 use crate::error::{Context, EngineError, Result};
 use crate::flow::{self, version_of};
-use crate::query::warehouse_session;
+use crate::query::warehouse_session_in;
 use crate::sqlutil::quote_ident;
 use crate::timeline::Timeline;
 use crate::warehouse::{self, Warehouse};
@@ -79,6 +79,7 @@ async fn spine_values(
     wh: &Warehouse,
     ctx: &SessionContext,
     pit: &PitTable,
+    schema: &str,
 ) -> Result<Vec<RecordBatch>> {
     let inner = match &pit.spine {
         Spine::List(values) => format!(
@@ -107,7 +108,7 @@ async fn spine_values(
             format!("SELECT {value} AS {AS_OF_COL} FROM generate_series({start}, {stop}, {step})")
         }
         Spine::Query(q) => {
-            let q = &crate::history::rewrite_as_of(wh, q)
+            let q = &crate::history::rewrite_as_of(wh, q, schema)
                 .await?
                 .unwrap_or_else(|| q.clone());
             let df = ctx
@@ -213,7 +214,7 @@ async fn changed_since(
 }
 
 /// Refreshes `pit` from the historised tables of `wh`.
-pub(crate) async fn refresh(wh: &Warehouse, pit: &PitTable) -> Result<PitReport> {
+pub(crate) async fn refresh(wh: &Warehouse, pit: &PitTable, schema: &str) -> Result<PitReport> {
     let mut report = PitReport {
         table: pit.name.to_string(),
         ..Default::default()
@@ -250,8 +251,8 @@ pub(crate) async fn refresh(wh: &Warehouse, pit: &PitTable) -> Result<PitReport>
         });
     }
 
-    let ctx = warehouse_session(wh).await?;
-    let spine = delta_typed(spine_values(wh, &ctx, pit).await?)?;
+    let ctx = warehouse_session_in(wh, schema).await?;
+    let spine = delta_typed(spine_values(wh, &ctx, pit, schema).await?)?;
     let wanted = crate::sqlutil::scalars(&spine)?;
     let target = wh.open_table(&pit.name).await?;
     let mut existing: Vec<ScalarValue> = Vec::new();

@@ -19,7 +19,12 @@ use strata_sql::TableName;
 /// A session where every table of `wh` is registered as `schema.name` (and `name` for the
 /// default schema).
 pub(crate) async fn warehouse_session(wh: &Warehouse) -> Result<SessionContext> {
-    let ctx = new_session();
+    warehouse_session_in(wh, TableName::DEFAULT_SCHEMA).await
+}
+
+/// [`warehouse_session`] whose unqualified table names are in `schema`.
+pub(crate) async fn warehouse_session_in(wh: &Warehouse, schema: &str) -> Result<SessionContext> {
+    let ctx = crate::warehouse::new_session_in(schema);
     let catalog = ctx
         .catalog("strata")
         .ok_or_else(|| EngineError::Internal("catalog strata missing".into()))?;
@@ -46,11 +51,16 @@ pub(crate) async fn warehouse_session(wh: &Warehouse) -> Result<SessionContext> 
 
 /// `sql` with strata's table functions (`as_of`, `table_changes`) replaced by what they
 /// read, registered in `ctx` where needed.
-pub(crate) async fn rewrite(wh: &Warehouse, ctx: &SessionContext, sql: &str) -> Result<String> {
-    let sql = crate::history::rewrite_as_of(wh, sql)
+pub(crate) async fn rewrite(
+    wh: &Warehouse,
+    ctx: &SessionContext,
+    sql: &str,
+    schema: &str,
+) -> Result<String> {
+    let sql = crate::history::rewrite_as_of(wh, sql, schema)
         .await?
         .unwrap_or_else(|| sql.to_string());
-    Ok(crate::changes::rewrite_table_changes(wh, ctx, &sql)
+    Ok(crate::changes::rewrite_table_changes(wh, ctx, &sql, schema)
         .await?
         .unwrap_or(sql))
 }
@@ -58,7 +68,7 @@ pub(crate) async fn rewrite(wh: &Warehouse, ctx: &SessionContext, sql: &str) -> 
 /// Runs `sql` over every table of `wh`.
 pub async fn query(wh: &Warehouse, sql: &str) -> Result<(SchemaRef, Vec<RecordBatch>)> {
     let ctx = warehouse_session(wh).await?;
-    let sql = rewrite(wh, &ctx, sql).await?;
+    let sql = rewrite(wh, &ctx, sql, TableName::DEFAULT_SCHEMA).await?;
     let df = ctx
         .sql(&sql)
         .await

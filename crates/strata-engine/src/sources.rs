@@ -158,6 +158,7 @@ pub struct PlannedPipeline {
 pub fn plan_sources(
     sources: &[PipelineSource],
     configuration: &BTreeMap<String, String>,
+    schema: &str,
 ) -> Result<PlannedPipeline> {
     let mut map = SourceMap::default();
     let mut statements: Vec<Statement> = Vec::new();
@@ -173,12 +174,15 @@ pub fn plan_sources(
         let text = strata_sql::substitute(&s.text, configuration).map_err(local)?;
         map.starts.push((offset + 1, s.name.clone(), s.kind));
         let padded = format!("{}{text}", "\n".repeat(offset as usize));
-        let parsed = strata_sql::parse_pipeline(&padded).map_err(|e| map.error(e))?;
+        let parsed = strata_sql::parse_pipeline_in(&padded, schema).map_err(|e| map.error(e))?;
         statements.extend(parsed.statements);
         offset += text.matches('\n').count() as u64 + 1;
     }
-    let plan =
-        strata_sql::plan_pipeline(strata_sql::Pipeline { statements }).map_err(|e| map.error(e))?;
+    let plan = strata_sql::plan_pipeline(strata_sql::Pipeline {
+        statements,
+        default_schema: schema.to_string(),
+    })
+    .map_err(|e| map.error(e))?;
     Ok(PlannedPipeline { plan, map })
 }
 
@@ -394,9 +398,13 @@ mod tests {
                 "\n-- gold\nCREATE STREAMING TABLE gold AS SELECT * FROM STREAM(nope);\n",
             ),
         ];
-        let e = plan_sources(&sources, &BTreeMap::new())
-            .unwrap_err()
-            .to_string();
+        let e = plan_sources(
+            &sources,
+            &BTreeMap::new(),
+            strata_sql::TableName::DEFAULT_SCHEMA,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(
             e.starts_with("b.sql:3:1: table default.gold reads STREAM(default.nope)"),
             "{e}"
@@ -406,9 +414,13 @@ mod tests {
             src("a.sql", SourceKind::File, BRONZE),
             src("spec.yaml: tables[0] (raw)", SourceKind::Generated, BRONZE),
         ];
-        let e = plan_sources(&sources, &BTreeMap::new())
-            .unwrap_err()
-            .to_string();
+        let e = plan_sources(
+            &sources,
+            &BTreeMap::new(),
+            strata_sql::TableName::DEFAULT_SCHEMA,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(
             e.starts_with("spec.yaml: tables[0] (raw): table default.raw is declared twice (first at a.sql:1:1)"),
             "{e}"
@@ -418,9 +430,13 @@ mod tests {
             src("a.sql", SourceKind::File, BRONZE),
             src("b.sql", SourceKind::File, "\n\nCREATE STREAMING TABEL x;"),
         ];
-        let e = plan_sources(&sources, &BTreeMap::new())
-            .unwrap_err()
-            .to_string();
+        let e = plan_sources(
+            &sources,
+            &BTreeMap::new(),
+            strata_sql::TableName::DEFAULT_SCHEMA,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.starts_with("b.sql:3:18: "), "{e}");
     }
 
@@ -460,7 +476,13 @@ mod tests {
                 ),
             ),
         ];
-        let steps = plan_sources(&sources, &BTreeMap::new()).unwrap().steps();
+        let steps = plan_sources(
+            &sources,
+            &BTreeMap::new(),
+            strata_sql::TableName::DEFAULT_SCHEMA,
+        )
+        .unwrap()
+        .steps();
         let names: Vec<&str> = steps.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["default.raw", "t_flow", "default.gold"]);
         assert_eq!(

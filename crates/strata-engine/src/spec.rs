@@ -142,6 +142,8 @@ pub struct LoadedPipeline {
     pub sources: Vec<PipelineSource>,
     /// The spec's `configuration` overridden by the caller's values.
     pub configuration: BTreeMap<String, String>,
+    /// The schema of unqualified table names (the spec's `schema`, else `default`).
+    pub schema: String,
 }
 
 /// Whether `path` names a YAML spec (`.yaml` / `.yml`) rather than a SQL file.
@@ -175,6 +177,7 @@ pub fn load_pipeline(
                 kind: SourceKind::File,
             }],
             configuration: configuration.clone(),
+            schema: strata_sql::TableName::DEFAULT_SCHEMA.to_string(),
         });
     }
     let spec: Spec =
@@ -183,14 +186,15 @@ pub fn load_pipeline(
     if spec.name.trim().is_empty() {
         return Err(spec_err("name: must not be empty".into()));
     }
-    if let Some(schema) = &spec.schema {
-        if schema != strata_sql::TableName::DEFAULT_SCHEMA {
+    let schema = match &spec.schema {
+        Some(s) if s.trim().is_empty() || s.contains('.') || s.starts_with('_') => {
             return Err(spec_err(format!(
-                "schema: only `default` is supported for now, found `{schema}` \
-                 (qualify names in the SQL instead)"
-            )));
+                "schema: `{s}` is not a schema name (one identifier, not starting with `_`)"
+            )))
         }
-    }
+        Some(s) => s.clone(),
+        None => strata_sql::TableName::DEFAULT_SCHEMA.to_string(),
+    };
     let mut conf: BTreeMap<String, String> = spec
         .configuration
         .iter()
@@ -234,6 +238,7 @@ pub fn load_pipeline(
         dir,
         sources,
         configuration: conf,
+        schema,
     })
 }
 

@@ -172,8 +172,13 @@ pub(crate) async fn create_delta(
 /// A DataFusion session with strata's settings: identifiers keep their case as written (so
 /// `sequenceNum` means the column `sequenceNum`), and the default schema is `default`.
 pub fn new_session() -> SessionContext {
+    new_session_in(TableName::DEFAULT_SCHEMA)
+}
+
+/// [`new_session`] whose unqualified table names are in `schema`.
+pub(crate) fn new_session_in(schema: &str) -> SessionContext {
     let mut config = SessionConfig::new()
-        .with_default_catalog_and_schema("strata", TableName::DEFAULT_SCHEMA)
+        .with_default_catalog_and_schema("strata", schema)
         .with_create_default_catalog_and_schema(true)
         .with_information_schema(true);
     config.options_mut().sql_parser.enable_ident_normalization = false;

@@ -315,7 +315,19 @@ pub struct CdcFlow {
 }
 
 /// A parsed pipeline file.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Pipeline {
     pub statements: Vec<Statement>,
+    /// The schema unqualified table names were resolved in (`default` unless the pipeline
+    /// was parsed with another).
+    pub default_schema: String,
+}
+
+impl Default for Pipeline {
+    fn default() -> Self {
+        Pipeline {
+            statements: Vec::new(),
+            default_schema: TableName::DEFAULT_SCHEMA.to_string(),
+        }
+    }
 }

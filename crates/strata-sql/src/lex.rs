@@ -49,11 +49,25 @@ impl Dialect for SparkLexDialect {
 /// The text being parsed, kept for error snippets.
 pub(crate) struct Source<'a> {
     text: &'a str,
+    /// The schema of unqualified table names.
+    schema: &'a str,
 }
 
 impl<'a> Source<'a> {
     pub(crate) fn new(text: &'a str) -> Self {
-        Source { text }
+        Source {
+            text,
+            schema: crate::ast::TableName::DEFAULT_SCHEMA,
+        }
+    }
+
+    /// A pipeline text whose unqualified table names belong to `schema`.
+    pub(crate) fn in_schema(text: &'a str, schema: &'a str) -> Self {
+        Source { text, schema }
+    }
+
+    pub(crate) fn schema(&self) -> &'a str {
+        self.schema
     }
 
     /// A syntax error at `location`, with the source line and a caret under the column.

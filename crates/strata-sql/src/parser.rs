@@ -20,9 +20,15 @@ use sqlparser::parser::Parser;
 use sqlparser::tokenizer::{Location as SpLocation, Token, TokenWithSpan};
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Parses a whole pipeline file.
+/// Parses a whole pipeline file; unqualified table names are in schema `default`.
 pub fn parse_pipeline(text: &str) -> Result<Pipeline> {
-    let src = Source::new(text);
+    parse_pipeline_in(text, TableName::DEFAULT_SCHEMA)
+}
+
+/// Parses a whole pipeline file whose unqualified table names (and `LIVE.` names) are in
+/// `schema`.
+pub fn parse_pipeline_in(text: &str, schema: &str) -> Result<Pipeline> {
+    let src = Source::in_schema(text, schema);
     let tokens = lex::tokenize(&src, text)?;
     let mut statements = Vec::new();
     let mut start = 0;
@@ -47,7 +53,10 @@ pub fn parse_pipeline(text: &str) -> Result<Pipeline> {
         end,
         &mut statements,
     )?;
-    Ok(Pipeline { statements })
+    Ok(Pipeline {
+        statements,
+        default_schema: schema.to_string(),
+    })
 }
 
 /// Parses one statement's tokens (nothing for an empty statement such as `;;`).
@@ -129,15 +138,17 @@ fn table_name(c: &mut Cursor, what: &str) -> Result<(TableName, Location)> {
     while c.eat_token(&Token::Period) {
         parts.push(c.ident("a name after '.'")?.0);
     }
-    resolve_table_name(&parts)
+    resolve_table_name(&parts, c.src.schema())
         .map(|t| (t, at))
         .map_err(|m| c.error_at(at, m))
 }
 
-fn resolve_table_name(parts: &[String]) -> std::result::Result<TableName, String> {
+fn resolve_table_name(parts: &[String], default: &str) -> std::result::Result<TableName, String> {
     match parts {
-        [name] => Ok(TableName::new(None, name)),
-        [schema, name] if schema.eq_ignore_ascii_case("live") => Ok(TableName::new(None, name)),
+        [name] => Ok(TableName::new(Some(default), name)),
+        [schema, name] if schema.eq_ignore_ascii_case("live") => {
+            Ok(TableName::new(Some(default), name))
+        }
         [schema, name] => Ok(TableName::new(Some(schema), name)),
         _ => Err(format!(
             "'{}': catalog-qualified names (catalog.schema.table) are not supported",
@@ -392,7 +403,7 @@ fn query_reads(c: &Cursor, query: &Query) -> Result<Vec<TableName>> {
         if parts.len() == 1 && v.ctes.contains(&parts[0].to_ascii_lowercase()) {
             continue;
         }
-        let name = resolve_table_name(&parts)
+        let name = resolve_table_name(&parts, c.src.schema())
             .map_err(|m| c.error_at(at.map(location).unwrap_or_default(), m))?;
         if !out.contains(&name) {
             out.push(name);
@@ -495,9 +506,9 @@ fn source_query(c: &mut Cursor) -> Result<SourceQuery> {
                     ),
                 ));
             }
-            None if marked => {
-                QuerySource::Table(resolve_table_name(&parts).map_err(|m| c.error_at(at, m))?)
-            }
+            None if marked => QuerySource::Table(
+                resolve_table_name(&parts, c.src.schema()).map_err(|m| c.error_at(at, m))?,
+            ),
             // A plain (batch) table or another table function: not the streaming source.
             _ => continue,
         };

@@ -37,6 +37,9 @@ pub struct PipelinePlan {
     pub views: BTreeMap<TableName, View>,
     pub pits: Vec<PitTable>,
     pub order: Vec<Node>,
+    /// The schema of unqualified names in the pipeline's SQL (queries of materialized views,
+    /// views and point-in-time spines are run with it as their default schema).
+    pub default_schema: String,
 }
 
 impl PipelinePlan {
@@ -164,6 +167,7 @@ pub fn plan_pipeline(pipeline: Pipeline) -> Result<PipelinePlan> {
         flow_names.insert(name.to_string(), at);
         Ok(())
     };
+    let default_schema = pipeline.default_schema;
     for (i, statement) in pipeline.statements.into_iter().enumerate() {
         match statement {
             Statement::PointInTime(p) => {
@@ -318,6 +322,7 @@ pub fn plan_pipeline(pipeline: Pipeline) -> Result<PipelinePlan> {
         views,
         pits,
         order: Vec::new(),
+        default_schema,
     };
     plan.order = order(&plan, stmt_of)?;
     Ok(plan)

@@ -153,6 +153,7 @@ fn documented_example_parses_exactly() {
                 location: loc(7, 1),
             }),
         ],
+        default_schema: TableName::DEFAULT_SCHEMA.to_string(),
     };
     assert_eq!(parse(EXAMPLE), expected);
 }
@@ -809,4 +810,31 @@ fn snapshot_flows_reject_change_event_clauses() {
         assert!(m.starts_with(message), "{text}: {m}");
         assert_eq!((l, c), (line, column), "{text}");
     }
+}
+
+#[test]
+fn unqualified_names_take_the_pipeline_schema() {
+    let p = parse_pipeline_in(
+        "CREATE STREAMING TABLE t AS SELECT * FROM STREAM(LIVE.raw);\n\
+         CREATE MATERIALIZED VIEW m AS SELECT * FROM t JOIN other.d ON true;",
+        "sales",
+    )
+    .unwrap();
+    assert_eq!(p.default_schema, "sales");
+    let [Statement::StreamingTable(t), Statement::MaterializedView(m)] = p.statements.as_slice()
+    else {
+        panic!("{:?}", p.statements)
+    };
+    assert_eq!(t.name, TableName::new(Some("sales"), "t"));
+    assert_eq!(
+        t.query.as_ref().map(|q| q.source.clone()),
+        Some(QuerySource::Table(TableName::new(Some("sales"), "raw")))
+    );
+    assert_eq!(
+        m.query.reads,
+        vec![
+            TableName::new(Some("sales"), "t"),
+            TableName::new(Some("other"), "d")
+        ]
+    );
 }
