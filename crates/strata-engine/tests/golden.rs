@@ -83,6 +83,7 @@ async fn run_scenario(path: &Path) -> Result<(), String> {
             "run" => {
                 // `run [select=NAME[+]] [full-refresh[=t1,t2]] [error TEXT]`
                 let mut options = strata_engine::RunOptions::default();
+                let mut run_path = pipeline.clone();
                 let mut expect_error: Option<&str> = None;
                 let mut remaining = rest;
                 while !remaining.is_empty() {
@@ -94,7 +95,9 @@ async fn run_scenario(path: &Path) -> Result<(), String> {
                         .split_once(' ')
                         .map(|(a, b)| (a, b.trim()))
                         .unwrap_or((remaining, ""));
-                    if let Some(sel) = word.strip_prefix("select=") {
+                    if let Some(file) = word.strip_prefix("spec=") {
+                        run_path = dir.path().join(file);
+                    } else if let Some(sel) = word.strip_prefix("select=") {
                         options.select = Some(sel.parse().map_err(|e: String| at(e))?);
                     } else if word == "full-refresh" {
                         options.full_refresh = Some(Vec::new());
@@ -105,7 +108,7 @@ async fn run_scenario(path: &Path) -> Result<(), String> {
                     }
                     remaining = tail;
                 }
-                let result = strata_engine::run_pipeline(&pipeline, &wh, &options).await;
+                let result = strata_engine::run_pipeline(&run_path, &wh, &options).await;
                 match (expect_error, result) {
                     (None, Ok(_)) => {}
                     (None, Err(e)) => return Err(at(format!("run failed: {e}"))),
