@@ -463,9 +463,9 @@ pub(crate) async fn events_from(
     for b in batches {
         cast.push(sqlutil::cast_batch(&b, &partial)?);
     }
-    let merged = concat_batches(&partial, &cast).context(|| "concatenating events".into())?;
-    let mut columns = merged.columns().to_vec();
-    columns.push(Arc::new(Int64Array::from(vec![run; merged.num_rows()])));
+    let rows: usize = cast.iter().map(RecordBatch::num_rows).sum();
+    let mut columns = sqlutil::concat_columns(cast, partial.fields().len())?;
+    columns.push(Arc::new(Int64Array::from(vec![run; rows])));
     RecordBatch::try_new(setup.event_schema.clone(), columns)
         .context(|| format!("flow {}: event batch", setup.flow.name))
 }

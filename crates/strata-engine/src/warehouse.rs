@@ -229,34 +229,36 @@ pub(crate) async fn append(
             .context(|| format!("writing {}", table.table_url()))?;
         return Ok(written.version().map_or(-1, |v| v as i64));
     }
-    let schema = batches[0].schema();
-    let all = if batches.len() == 1 {
-        batches
-            .into_iter()
-            .next()
-            .unwrap_or_else(|| RecordBatch::new_empty(schema))
-    } else {
-        let all = deltalake::arrow::compute::concat_batches(&schema, &batches)
-            .context(|| "collecting rows".into())?;
-        drop(batches);
-        all
-    };
+    // One group of whole batches (cut where needed) per writer, in order, without copying.
     let chunk = rows.div_ceil(parts);
-    let mut writers = Vec::new();
-    for p in 0..parts {
-        let offset = p * chunk;
-        if offset >= rows {
-            break;
+    let mut groups: Vec<Vec<RecordBatch>> = vec![Vec::new()];
+    let mut in_group = 0usize;
+    for b in batches {
+        let mut offset = 0;
+        while offset < b.num_rows() {
+            if in_group == chunk {
+                groups.push(Vec::new());
+                in_group = 0;
+            }
+            let take = (chunk - in_group).min(b.num_rows() - offset);
+            if let Some(g) = groups.last_mut() {
+                g.push(b.slice(offset, take));
+            }
+            in_group += take;
+            offset += take;
         }
-        let slice = all.slice(offset, chunk.min(rows - offset));
+    }
+    let mut writers = Vec::new();
+    for group in groups {
         let table = table.clone();
         writers.push(tokio::spawn(async move {
             let mut writer = RecordBatchWriter::for_table(&table)?;
-            writer.write(slice).await?;
+            for b in group {
+                writer.write(b).await?;
+            }
             writer.flush().await
         }));
     }
-    drop(all);
     let mut actions = Vec::new();
     for w in writers {
         let adds = w
