@@ -1,14 +1,21 @@
 //! # strata-engine: runs pipelines
 //!
 //! ```text
-//!   pipeline.sql ─strata-sql─▶ PipelinePlan ─prepare─▶ schemas checked, flows set up
-//!        │                                                   │ (nothing written yet)
-//!        ▼                                                   ▼
-//!   ingest.rs: read_files → streaming table (one commit: rows + the file names taken)
-//!   flow.rs:   streaming table → event store → fold (strata-core, via fold.rs) → target
-//!   query.rs:  SQL over every table of a warehouse; SCD2 integrity checks
-//!   spec.rs:   YAML pipeline specs: libraries + SQL generated per table entry, planned as
-//!              one pipeline of several texts by sources.rs (errors name each text)
+//!   pipeline.sql / spec.yaml ─strata-sql─▶ PipelinePlan ─prepare─▶ every node checked against
+//!        │                                                         the schemas it will meet
+//!        ▼                                                         (nothing written yet)
+//!   pipeline.rs: runs the nodes in dependency order, independent ones side by side, one
+//!                event-log record each (event_log.rs); --select, --full-refresh, stop
+//!   ingest.rs:   read_files / STREAM(t) / append flows → streaming table (one commit: rows
+//!                + the files or source version taken); autoload.rs infers, evolves and
+//!                rescues; expect.rs checks expectations; changes.rs reads a target's feed
+//!   flow.rs:     streaming table → event store → fold (strata-core, via fold.rs) → target;
+//!                snapshot.rs for AUTO CDC FROM SNAPSHOT, timeline.rs for conventions
+//!   mview.rs:    materialized views and views; pit.rs: point-in-time tables
+//!   query.rs:    SQL over every table of a warehouse (as_of in history.rs, table_changes in
+//!                changes.rs); SCD2 integrity checks
+//!   spec.rs:     YAML pipeline specs: libraries + SQL generated per table entry, planned as
+//!                one pipeline of several texts by sources.rs (errors name each text)
 //! ```
 //!
 //! Every write is one atomic Delta commit that also records how far its input was read, so

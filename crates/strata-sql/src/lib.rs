@@ -6,7 +6,8 @@
 //! ```text
 //!   pipeline.sql ──parse_pipeline──▶ Pipeline (ast.rs) ──plan_pipeline──▶ PipelinePlan (plan.rs)
 //!                  Spark lexical rules,                   dataset graph: unknown tables,
-//!                  errors with line:column               cycles, contradictory flow options
+//!                  errors with line:column               cycles, contradictory flow options,
+//!                                                        each node's reads and writes
 //! ```
 //!
 //! Tokenising uses DataFusion's re-exported `sqlparser`. Spark's lexical rules are applied on
