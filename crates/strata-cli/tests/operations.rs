@@ -264,9 +264,9 @@ fn bad_interval_is_an_error() {
     );
 }
 
-/// A batch changing many keys of a large table: up to 10,000 changed keys their rows are
-/// replaced with one `replace_where`, beyond with a MERGE; both give the same table, and a
-/// key predicate thousands of terms deep does not overflow a stack.
+/// A batch changing many keys of a large table: their rows are replaced with one
+/// `replace_where` whose key predicate is thousands of terms deep, without overflowing a
+/// stack, and the table is right.
 #[test]
 fn large_batches_replace_or_merge_the_changed_keys() {
     let pipeline = r#"

@@ -1223,18 +1223,23 @@ pub(crate) async fn run_flow(
         values.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
         values.dedup();
         let predicate = keys_predicate(key, values);
-        target
-            .write(vec![inserts])
-            .with_save_mode(SaveMode::Overwrite)
-            .with_replace_where(predicate)
-            .with_commit_properties(props)
-            .await
-            .context(|| {
-                format!(
-                    "flow {}: replacing changed keys in {}",
-                    flow.name, flow.target
-                )
-            })?;
+        let (table, what) = (
+            target.clone(),
+            format!(
+                "flow {}: replacing changed keys in {}",
+                flow.name, flow.target
+            ),
+        );
+        warehouse::on_deep_stack(async move {
+            table
+                .write(vec![inserts])
+                .with_save_mode(SaveMode::Overwrite)
+                .with_replace_where(predicate)
+                .with_commit_properties(props)
+                .await
+                .context(|| what)
+        })
+        .await?;
         phase("replaced the changed keys' rows in the target");
         return Ok(report);
     }
@@ -1303,8 +1308,9 @@ const IN_LIST_CHUNK: usize = 64;
 
 /// Up to this many changed keys, a run replaces their rows with `replace_where`; beyond it,
 /// with a MERGE. delta-rs turns the key predicate into one OR chain that it walks
-/// recursively, which must stay well within a thread's stack.
-const REPLACE_MAX_KEYS: usize = 10_000;
+/// recursively (a few hundred bytes of stack per key), so the write runs on threads with
+/// deep stacks ([`warehouse::on_deep_stack`]) and the key count stays well within them.
+const REPLACE_MAX_KEYS: usize = 200_000;
 
 /// The values of column `key` of `batch`.
 fn key_values(

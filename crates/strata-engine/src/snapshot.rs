@@ -221,11 +221,13 @@ fn key_index<'a>(
     setup: &FlowSetup,
     batch: &RecordBatch,
     keys: &'a deltalake::arrow::row::Rows,
+    rows: impl Iterator<Item = u32>,
     version: &ScalarValue,
 ) -> Result<AHashMap<&'a [u8], u32>> {
-    let mut index: AHashMap<&[u8], u32> = AHashMap::with_capacity(batch.num_rows());
-    for i in 0..batch.num_rows() {
-        if index.insert(keys.row(i).data(), i as u32).is_some() {
+    let mut index: AHashMap<&[u8], u32> = AHashMap::with_capacity(rows.size_hint().0);
+    for row in rows {
+        let i = row as usize;
+        if index.insert(keys.row(i).data(), row).is_some() {
             return Err(EngineError::BadInput(format!(
                 "flow {}: key ({}) appears twice in snapshot version {}; a snapshot holds one \
                  row per key. The run was rejected and nothing was written",
@@ -239,6 +241,9 @@ fn key_index<'a>(
 }
 
 /// `version` names the snapshot `new` is, for the error on a key that appears twice in it.
+///
+/// Keys are independent: large snapshots are split into parts by a hash of the key and the
+/// parts diffed side by side.
 fn diff(
     setup: &FlowSetup,
     new: &RecordBatch,
@@ -246,8 +251,8 @@ fn diff(
     version: &ScalarValue,
 ) -> Result<Diff> {
     let nk = setup.key_rows(new)?;
-    let new_by_key = key_index(setup, new, &nk, version)?;
     if old.num_rows() == 0 {
+        key_index(setup, new, &nk, 0..new.num_rows() as u32, version)?;
         return Ok(Diff {
             upserts: (0..new.num_rows() as u32).collect(),
             deletes: Vec::new(),
@@ -269,25 +274,76 @@ fn diff(
         })
         .collect::<std::result::Result<_, _>>()
         .context(|| "comparing snapshots".into())?;
-    let mut seen = vec![false; new.num_rows()];
+    let rows = new.num_rows().max(old.num_rows());
+    let parts = if rows < crate::warehouse::parallel_min_rows() {
+        1
+    } else {
+        crate::warehouse::parallelism()
+    };
+    let hasher = ahash::RandomState::with_seeds(5, 6, 7, 8);
+    let split = |keys: &deltalake::arrow::row::Rows, n: usize| -> Vec<Vec<u32>> {
+        let mut out = vec![Vec::new(); parts];
+        for i in 0..n {
+            let p = if parts == 1 {
+                0
+            } else {
+                (hasher.hash_one(keys.row(i).data()) % parts as u64) as usize
+            };
+            out[p].push(i as u32);
+        }
+        out
+    };
+    let (new_parts, old_parts) = (split(&nk, new.num_rows()), split(&ok, old.num_rows()));
+    let diff_part = |new_rows: &[u32], old_rows: &[u32]| -> Result<Diff> {
+        let new_by_key = key_index(setup, new, &nk, new_rows.iter().copied(), version)?;
+        let mut seen = vec![false; new.num_rows()];
+        let mut upserts = Vec::new();
+        let mut deletes = Vec::new();
+        for &j in old_rows {
+            match new_by_key.get(ok.row(j as usize).data()) {
+                Some(&i) => {
+                    seen[i as usize] = true;
+                    if !same
+                        .iter()
+                        .all(|c| c(i as usize, j as usize) == std::cmp::Ordering::Equal)
+                    {
+                        upserts.push(i);
+                    }
+                }
+                None => deletes.push(j),
+            }
+        }
+        upserts.extend(new_rows.iter().copied().filter(|&i| !seen[i as usize]));
+        Ok(Diff { upserts, deletes })
+    };
+    let results: Vec<Result<Diff>> = if parts == 1 {
+        vec![diff_part(&new_parts[0], &old_parts[0])]
+    } else {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = new_parts
+                .iter()
+                .zip(&old_parts)
+                .map(|(n, o)| scope.spawn(|| diff_part(n, o)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(EngineError::Internal("a diff thread panicked".into()))
+                    })
+                })
+                .collect()
+        })
+    };
     let mut upserts = Vec::new();
     let mut deletes = Vec::new();
-    for j in 0..old.num_rows() {
-        match new_by_key.get(ok.row(j).data()) {
-            Some(&i) => {
-                seen[i as usize] = true;
-                if !same
-                    .iter()
-                    .all(|c| c(i as usize, j) == std::cmp::Ordering::Equal)
-                {
-                    upserts.push(i);
-                }
-            }
-            None => deletes.push(j as u32),
-        }
+    for r in results {
+        let d = r?;
+        upserts.extend(d.upserts);
+        deletes.extend(d.deletes);
     }
-    upserts.extend((0..new.num_rows() as u32).filter(|&i| !seen[i as usize]));
     upserts.sort_unstable();
+    deletes.sort_unstable();
     Ok(Diff { upserts, deletes })
 }
 
@@ -629,7 +685,13 @@ pub(crate) async fn run_snapshots_mode(
         replace.push(v.clone());
         let snap = take_rows(&rows, idx)?;
         // A key twice in one version is an error here too.
-        key_index(setup, &snap, &setup.key_rows(&snap)?, v)?;
+        key_index(
+            setup,
+            &snap,
+            &setup.key_rows(&snap)?,
+            0..snap.num_rows() as u32,
+            v,
+        )?;
         let n = snap.num_rows();
         let mut cols: Vec<ArrayRef> = snap.columns()[..setup.spec.n_out].to_vec();
         let seq = snap.column(setup.spec.n_out).clone();
