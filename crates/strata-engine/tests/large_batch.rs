@@ -37,9 +37,10 @@ async fn a_batch_changing_40k_keys_runs_on_a_small_stack() {
     let rows: Vec<String> = batches
         .iter()
         .flat_map(|b| {
-            let text = deltalake::arrow::util::pretty::pretty_format_batches(&[b.clone()])
-                .expect("format")
-                .to_string();
+            let text =
+                deltalake::arrow::util::pretty::pretty_format_batches(std::slice::from_ref(b))
+                    .expect("format")
+                    .to_string();
             text.lines()
                 .filter(|l| l.starts_with("| b") || l.starts_with("| a"))
                 .map(str::to_string)
