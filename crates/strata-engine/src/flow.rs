@@ -1278,33 +1278,12 @@ pub(crate) async fn run_flow(
     Ok(report)
 }
 
-/// `key IN (values)` as a balanced OR of IN lists of at most [`IN_LIST_CHUNK`] values (keeps
-/// DataFusion's own passes shallow; delta-rs still flattens it, see [`REPLACE_MAX_KEYS`]).
+/// `key IN (values)`: one IN list, which DataFusion evaluates with one hash lookup per row.
+/// (delta-rs turns it into an OR chain of equalities that it walks recursively, hence the
+/// deep stack of the write, see [`REPLACE_MAX_KEYS`].)
 fn keys_predicate(key: &str, values: Vec<deltalake::datafusion::scalar::ScalarValue>) -> Expr {
-    let column = col(Column::new(None::<&str>, key));
-    let mut parts: Vec<Expr> = values
-        .chunks(IN_LIST_CHUNK)
-        .map(|chunk| {
-            column
-                .clone()
-                .in_list(chunk.iter().cloned().map(lit).collect(), false)
-        })
-        .collect();
-    while parts.len() > 1 {
-        parts = parts
-            .chunks(2)
-            .map(|pair| match pair {
-                [a, b] => a.clone().or(b.clone()),
-                [a] => a.clone(),
-                _ => lit(false),
-            })
-            .collect();
-    }
-    parts.pop().unwrap_or_else(|| lit(false))
+    col(Column::new(None::<&str>, key)).in_list(values.into_iter().map(lit).collect(), false)
 }
-
-/// How many values one IN list of [`keys_predicate`] holds.
-const IN_LIST_CHUNK: usize = 64;
 
 /// Up to this many changed keys, a run replaces their rows with `replace_where`; beyond it,
 /// with a MERGE. delta-rs turns the key predicate into one OR chain that it walks
