@@ -809,11 +809,35 @@ pub(crate) async fn check_existing(wh: &Warehouse, setup: &FlowSetup) -> Result<
             }
         }
         if !same_fields(&schema, &setup.event_schema) {
+            let n = setup.out_cols.len();
+            let names = |s: &Schema, n: usize| -> Vec<String> {
+                s.fields().iter().take(n).map(|f| f.name().clone()).collect()
+            };
+            let stored_n = schema.fields().len().saturating_sub(3);
+            let (now, before) = (names(&setup.event_schema, n), names(&schema, stored_n));
+            let added: Vec<&String> = now.iter().filter(|c| !before.contains(c)).collect();
+            let advice = if !added.is_empty() && before.iter().all(|c| now.contains(c)) {
+                format!(
+                    "its source gained {}; to keep the target as it is, list the flow's columns \
+                     (COLUMNS {}), or run --full-refresh {} to rebuild it with them",
+                    added
+                        .iter()
+                        .map(|c| format!("`{c}`"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    before.join(", "),
+                    flow.target
+                )
+            } else {
+                format!("a full refresh of {} is needed", flow.target)
+            };
             return Err(flow_err(
                 flow,
                 format!(
-                    "the output columns changed since the flow last ran; a full refresh of {} is needed",
-                    flow.target
+                    "the output columns changed since the flow last ran (now {}; the target has {}); \
+                     {advice}",
+                    now.join(", "),
+                    before.join(", "),
                 ),
             ));
         }
