@@ -811,7 +811,11 @@ pub(crate) async fn check_existing(wh: &Warehouse, setup: &FlowSetup) -> Result<
         if !same_fields(&schema, &setup.event_schema) {
             let n = setup.out_cols.len();
             let names = |s: &Schema, n: usize| -> Vec<String> {
-                s.fields().iter().take(n).map(|f| f.name().clone()).collect()
+                s.fields()
+                    .iter()
+                    .take(n)
+                    .map(|f| f.name().clone())
+                    .collect()
             };
             let stored_n = schema.fields().len().saturating_sub(3);
             let (now, before) = (names(&setup.event_schema, n), names(&schema, stored_n));
