@@ -239,8 +239,31 @@ fn fold_batch_in(
             partitions[part].push(i);
         }
     }
-    let fold_part = |mut order: Vec<u32>| -> Result<Folded> {
+    // Sort every part by (key, sequence), then let go of the sort keys before folding: the
+    // fold's output is built while they would otherwise still be held.
+    let sort_part = |mut order: Vec<u32>| -> Vec<u32> {
         order.sort_unstable_by(|&a, &b| sort_rows.row(a as usize).cmp(&sort_rows.row(b as usize)));
+        order
+    };
+    let partitions: Vec<Vec<u32>> = if parts == 1 {
+        partitions.into_iter().map(sort_part).collect()
+    } else {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = partitions
+                .into_iter()
+                .map(|p| scope.spawn(|| sort_part(p)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .map_err(|_| EngineError::Internal("a sort thread panicked".into()))
+                })
+                .collect::<Result<Vec<_>>>()
+        })?
+    };
+    drop(sort_rows);
+    let fold_part = |order: Vec<u32>| -> Result<Folded> {
         let mut out = Folded {
             value_idx: vec![Vec::new(); spec.n_out],
             ..Default::default()
