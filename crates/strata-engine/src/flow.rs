@@ -682,6 +682,16 @@ pub(crate) fn count_changes(
     new: &RecordBatch,
     report: &mut FlowReport,
 ) -> Result<()> {
+    if old.num_rows() == 0 {
+        // Nothing before (a first load): every row is new, no row format needed.
+        report.rows_written += new.num_rows();
+        if setup.flow.stored_as.has_timeline() {
+            report.versions_opened += new.num_rows();
+        } else {
+            report.keys_upserted += new.num_rows();
+        }
+        return Ok(());
+    }
     let (old_keys, new_keys) = (setup.key_rows(old)?, setup.key_rows(new)?);
     let (old_rows, new_rows) = (sqlutil::rows(old.columns())?, sqlutil::rows(new.columns())?);
     let old_set: ahash::AHashSet<&[u8]> = (0..old.num_rows())
