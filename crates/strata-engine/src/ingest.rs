@@ -83,6 +83,8 @@ pub(crate) enum Source {
         /// Auto Loader mode: the input columns of this run (inferred and recorded, or
         /// declared), the rescued-data column among them.
         input: Option<Vec<(String, deltalake::arrow::datatypes::DataType)>>,
+        /// Inferred mode: the new files the columns were inferred from, which the run takes.
+        pending: Option<Vec<String>>,
     },
     /// An append-only table: the files added since the last read.
     Table(TableName),
@@ -275,6 +277,7 @@ pub(crate) async fn prepare_ingest(
             }
             let mode = autoload::mode(spec).map_err(|e| setup.err(e))?;
             let mut input = None;
+            let mut pending = None;
             let schema = match &mode {
                 autoload::Mode::Declared => match &spec.schema {
                     Some(cols) => Some(arrow_schema(cols)),
@@ -289,20 +292,22 @@ pub(crate) async fn prepare_ingest(
                 },
                 autoload::Mode::Autoload { rescued, inferred } => {
                     let columns = if *inferred {
-                        let (previous, taken) = match &existing_table {
-                            Some(t) => (
-                                recorded_columns(t, &setup.schema_key()).await?,
-                                ingested_files(t, &setup.files_key()).await?,
-                            ),
-                            None => (Vec::new(), BTreeSet::new()),
+                        let (taken, previous) = match &existing_table {
+                            Some(t) => {
+                                read_taken(t, &setup.files_key(), &setup.schema_key()).await?
+                            }
+                            None => (BTreeSet::new(), Vec::new()),
                         };
-                        let root = input_root(&dir);
-                        let new: Vec<PathBuf> = list_files(&dir)?
+                        let new: Vec<String> = list_files(&dir)?
                             .into_iter()
                             .filter(|f| !taken.contains(f))
-                            .map(|f| root.join(f))
                             .collect();
-                        let inferred = autoload::infer(&new, spec)?;
+                        let root = input_root(&dir);
+                        let paths: Vec<PathBuf> = new.iter().map(|f| root.join(f)).collect();
+                        let inferred = autoload::infer(&paths, spec)?;
+                        // The run takes exactly the files the columns were inferred from; a
+                        // file arriving later waits for the next run (and its inference).
+                        pending = Some(new);
                         (!(previous.is_empty() && inferred.is_empty()))
                             .then(|| autoload::merge(&previous, &inferred, rescued))
                     } else {
@@ -334,6 +339,7 @@ pub(crate) async fn prepare_ingest(
                     spec: spec.clone(),
                     mode,
                     input,
+                    pending,
                 },
                 schema,
             )
@@ -459,32 +465,30 @@ pub(crate) async fn prepare_ingest(
     Ok(Some(setup))
 }
 
-/// The input columns the latest ingestion recorded under `key` (none before the first).
-async fn recorded_columns(
+/// What `table`'s commit history says an ingestion has taken: the input files listed under
+/// `files_key`, and the input columns the latest commit recorded under `schema_key` (none
+/// before the first). One pass over the history.
+async fn read_taken(
     table: &DeltaTable,
-    key: &str,
-) -> Result<Vec<(String, deltalake::arrow::datatypes::DataType)>> {
+    files_key: &str,
+    schema_key: &str,
+) -> Result<(
+    BTreeSet<String>,
+    Vec<(String, deltalake::arrow::datatypes::DataType)>,
+)> {
+    let mut files = BTreeSet::new();
+    let mut columns = None;
     let mut history = table.history(None);
     while let Some(info) = history.next().await {
         let info = info.context(|| "reading table history".into())?;
-        if let Some(columns) = info.info.get(key).and_then(autoload::from_json) {
-            return Ok(columns);
+        if let Some(serde_json::Value::Array(taken)) = info.info.get(files_key) {
+            files.extend(taken.iter().filter_map(|f| f.as_str().map(str::to_string)));
+        }
+        if columns.is_none() {
+            columns = info.info.get(schema_key).and_then(autoload::from_json);
         }
     }
-    Ok(Vec::new())
-}
-
-/// Input files already taken by `table` under `key`, from its commit history.
-async fn ingested_files(table: &DeltaTable, key: &str) -> Result<BTreeSet<String>> {
-    let mut out = BTreeSet::new();
-    let mut history = table.history(None);
-    while let Some(info) = history.next().await {
-        let info = info.context(|| "reading table history".into())?;
-        if let Some(serde_json::Value::Array(files)) = info.info.get(key) {
-            out.extend(files.iter().filter_map(|f| f.as_str().map(str::to_string)));
-        }
-    }
-    Ok(out)
+    Ok((files, columns.unwrap_or_default()))
 }
 
 /// Applies the table's query to `input` rows and casts them to the table's schema.
@@ -595,16 +599,22 @@ pub(crate) async fn run_ingest(
             spec,
             mode,
             input,
+            pending,
         } => {
             let key = setup.files_key();
-            let taken = match &existing {
-                Some(t) => ingested_files(t, &key).await?,
-                None => BTreeSet::new(),
+            let new: Vec<String> = match pending {
+                Some(files) => files.clone(),
+                None => {
+                    let taken = match &existing {
+                        Some(t) => read_taken(t, &key, &setup.schema_key()).await?.0,
+                        None => BTreeSet::new(),
+                    };
+                    list_files(dir)?
+                        .into_iter()
+                        .filter(|f| !taken.contains(f))
+                        .collect()
+                }
             };
-            let new: Vec<String> = list_files(dir)?
-                .into_iter()
-                .filter(|f| !taken.contains(f))
-                .collect();
             if new.is_empty() {
                 report.skipped = Some("no new files".into());
                 return Ok(report);
