@@ -19,10 +19,8 @@ use deltalake::datafusion::physical_plan::collect;
 use deltalake::datafusion::sql::sqlparser;
 use deltalake::DeltaTable;
 use sqlparser::ast::{
-    Expr, Ident, ObjectName, Statement, TableAlias, TableFactor, Value, VisitMut, VisitorMut,
+    Expr, Ident, ObjectName, TableAlias, TableFactor, Value, VisitMut, VisitorMut,
 };
-use sqlparser::dialect::GenericDialect;
-use sqlparser::parser::Parser;
 use std::collections::HashMap;
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -244,11 +242,9 @@ pub(crate) async fn rewrite_table_changes(
     sql: &str,
     schema: &str,
 ) -> Result<Option<String>> {
-    if !sql.to_ascii_lowercase().contains(FUNCTION) {
+    let Some(mut statements) = crate::sqlutil::statements_calling(sql, FUNCTION)? else {
         return Ok(None);
-    }
-    let mut statements = Parser::parse_sql(&GenericDialect {}, sql)
-        .map_err(|e| EngineError::Plan(format!("query: {e}")))?;
+    };
     struct Replace {
         calls: Vec<Call>,
         error: Option<EngineError>,
@@ -320,11 +316,5 @@ pub(crate) async fn rewrite_table_changes(
         ctx.register_batch(format!("__strata_changes_{i}").as_str(), feed)
             .context(|| "registering the change feed".into())?;
     }
-    Ok(Some(
-        statements
-            .iter()
-            .map(Statement::to_string)
-            .collect::<Vec<_>>()
-            .join("; "),
-    ))
+    Ok(Some(crate::sqlutil::statements_sql(&statements)))
 }

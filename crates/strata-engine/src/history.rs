@@ -13,9 +13,7 @@ use crate::sqlutil::quote_ident;
 use crate::timeline::Timeline;
 use crate::warehouse::Warehouse;
 use deltalake::datafusion::sql::sqlparser;
-use sqlparser::ast::{
-    Expr, Ident, Statement, TableAlias, TableFactor, Value, VisitMut, VisitorMut,
-};
+use sqlparser::ast::{Expr, Ident, TableAlias, TableFactor, Value, VisitMut, VisitorMut};
 use sqlparser::dialect::GenericDialect;
 use sqlparser::parser::Parser;
 use std::collections::HashMap;
@@ -37,11 +35,9 @@ pub(crate) async fn rewrite_as_of(
     sql: &str,
     schema: &str,
 ) -> Result<Option<String>> {
-    if !sql.to_ascii_lowercase().contains(FUNCTION) {
+    let Some(mut statements) = crate::sqlutil::statements_calling(sql, FUNCTION)? else {
         return Ok(None);
-    }
-    let mut statements = Parser::parse_sql(&GenericDialect {}, sql)
-        .map_err(|e| EngineError::Plan(format!("query: {e}")))?;
+    };
     // First pass: which tables are asked for.
     let mut calls = Calls::default();
     for s in statements.iter_mut() {
@@ -91,13 +87,7 @@ pub(crate) async fn rewrite_as_of(
     if let Some(e) = rewrite.error {
         return Err(e);
     }
-    Ok(Some(
-        statements
-            .iter()
-            .map(Statement::to_string)
-            .collect::<Vec<_>>()
-            .join("; "),
-    ))
+    Ok(Some(crate::sqlutil::statements_sql(&statements)))
 }
 
 /// The table name and value expression of an `as_of(...)` factor, or `None` for any other.

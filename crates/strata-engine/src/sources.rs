@@ -378,6 +378,20 @@ impl PlannedPipeline {
 mod tests {
     use super::*;
 
+    /// The plan of `sources` in the default schema, without configuration.
+    fn plan(sources: &[PipelineSource]) -> Result<PlannedPipeline> {
+        plan_sources(
+            sources,
+            &BTreeMap::new(),
+            strata_sql::TableName::DEFAULT_SCHEMA,
+        )
+    }
+
+    /// The message of the planning error of `sources`.
+    fn plan_error(sources: &[PipelineSource]) -> String {
+        plan(sources).unwrap_err().to_string()
+    }
+
     fn src(name: &str, kind: SourceKind, text: &str) -> PipelineSource {
         PipelineSource {
             name: name.into(),
@@ -398,13 +412,7 @@ mod tests {
                 "\n-- gold\nCREATE STREAMING TABLE gold AS SELECT * FROM STREAM(nope);\n",
             ),
         ];
-        let e = plan_sources(
-            &sources,
-            &BTreeMap::new(),
-            strata_sql::TableName::DEFAULT_SCHEMA,
-        )
-        .unwrap_err()
-        .to_string();
+        let e = plan_error(&sources);
         assert!(
             e.starts_with("b.sql:3:1: table default.gold reads STREAM(default.nope)"),
             "{e}"
@@ -414,13 +422,7 @@ mod tests {
             src("a.sql", SourceKind::File, BRONZE),
             src("spec.yaml: tables[0] (raw)", SourceKind::Generated, BRONZE),
         ];
-        let e = plan_sources(
-            &sources,
-            &BTreeMap::new(),
-            strata_sql::TableName::DEFAULT_SCHEMA,
-        )
-        .unwrap_err()
-        .to_string();
+        let e = plan_error(&sources);
         assert!(
             e.starts_with("spec.yaml: tables[0] (raw): table default.raw is declared twice (first at a.sql:1:1)"),
             "{e}"
@@ -430,13 +432,7 @@ mod tests {
             src("a.sql", SourceKind::File, BRONZE),
             src("b.sql", SourceKind::File, "\n\nCREATE STREAMING TABEL x;"),
         ];
-        let e = plan_sources(
-            &sources,
-            &BTreeMap::new(),
-            strata_sql::TableName::DEFAULT_SCHEMA,
-        )
-        .unwrap_err()
-        .to_string();
+        let e = plan_error(&sources);
         assert!(e.starts_with("b.sql:3:18: "), "{e}");
     }
 
@@ -476,13 +472,7 @@ mod tests {
                 ),
             ),
         ];
-        let steps = plan_sources(
-            &sources,
-            &BTreeMap::new(),
-            strata_sql::TableName::DEFAULT_SCHEMA,
-        )
-        .unwrap()
-        .steps();
+        let steps = plan(&sources).unwrap().steps();
         let names: Vec<&str> = steps.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["default.raw", "t_flow", "default.gold"]);
         assert_eq!(

@@ -188,3 +188,29 @@ pub(crate) fn concat_columns(batches: Vec<RecordBatch>, width: usize) -> Result<
     }
     Ok(out)
 }
+
+/// The statements of `sql` if it mentions `function` (any case), for a rewrite of that table
+/// function; `None` when it cannot hold a call.
+pub(crate) fn statements_calling(
+    sql: &str,
+    function: &str,
+) -> Result<Option<Vec<deltalake::datafusion::sql::sqlparser::ast::Statement>>> {
+    use deltalake::datafusion::sql::sqlparser::{dialect::GenericDialect, parser::Parser};
+    if !sql.to_ascii_lowercase().contains(function) {
+        return Ok(None);
+    }
+    Parser::parse_sql(&GenericDialect {}, sql)
+        .map(Some)
+        .map_err(|e| EngineError::Plan(format!("query: {e}")))
+}
+
+/// Rewritten statements back to one SQL text.
+pub(crate) fn statements_sql(
+    statements: &[deltalake::datafusion::sql::sqlparser::ast::Statement],
+) -> String {
+    statements
+        .iter()
+        .map(|s| s.to_string())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
