@@ -720,17 +720,18 @@ async fn check_reset_allowed(
                     .get(t)
                     .and_then(|m| m.properties.get(KEY).cloned())
             });
-        let stored = match wh.open_table(t).await? {
-            Some(table) => crate::warehouse::table_properties(&table)?
-                .get(KEY)
-                .cloned(),
-            None => None,
+        // A table not created yet has nothing to lose.
+        let Some(table) = wh.open_table(t).await? else {
+            continue;
         };
+        let stored = crate::warehouse::table_properties(&table)?
+            .get(KEY)
+            .cloned();
         let guarded = [declared, stored]
             .iter()
             .flatten()
             .any(|v| v.eq_ignore_ascii_case("false"));
-        if guarded && wh.open_table(t).await?.is_some() {
+        if guarded {
             refused.push(t.to_string());
         }
     }
