@@ -97,6 +97,12 @@ pub fn order_events<M: EventModel>(
 ) -> Result<(), ConflictingTie<M::Event>> {
     // Stable, so that among identical duplicates the first delivered is the one kept.
     events.sort_by(|a, b| model.seq_cmp(*a, *b));
+    if events
+        .windows(2)
+        .all(|w| model.seq_cmp(w[0], w[1]) == Ordering::Less)
+    {
+        return Ok(()); // no ties: nothing to settle
+    }
     let mut settled: Vec<M::Event> = Vec::with_capacity(events.len());
     let mut i = 0;
     while i < events.len() {

@@ -89,6 +89,17 @@ impl<T> Context<T> for std::result::Result<T, deltalake::arrow::error::ArrowErro
     }
 }
 
+impl<T> Context<T>
+    for std::result::Result<T, deltalake::datafusion::parquet::errors::ParquetError>
+{
+    fn context(self, context: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|source| EngineError::DataFusion {
+            context: context(),
+            source: Box::new(DataFusionError::ParquetError(Box::new(source))),
+        })
+    }
+}
+
 impl<T> Context<T> for std::result::Result<T, std::io::Error> {
     fn context(self, context: impl FnOnce() -> String) -> Result<T> {
         self.map_err(|source| EngineError::Io {

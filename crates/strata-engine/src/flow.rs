@@ -4,7 +4,8 @@
 //!  source (append-only Delta)     event store (Delta, per target)        target (Delta)
 //!  files added since the   ──▶  1. stored events of the touched keys ─┐
 //!  flow's txn version           2. + new events  ──fold (strata-core)─┴─▶ rows of touched keys
-//!                               3. commit new events + source txn      4. MERGE changed keys
+//!                               3. commit new events + source txn      4. replace changed keys'
+//!                                                                         rows (rewrite.rs)
 //!                                                                         + txn "strata-events"
 //! ```
 //!
@@ -662,15 +663,17 @@ fn changed_keys(setup: &FlowSetup, old: &RecordBatch, new: &RecordBatch) -> Resu
         .filter(|&i| changed.contains(new_keys.row(i).data()))
         .map(|i| i as u32)
         .collect();
-    let deleted = (0..old.num_rows())
+    let old_rows: Vec<u32> = (0..old.num_rows())
         .filter(|&i| changed.contains(old_keys.row(i).data()))
-        .count();
+        .map(|i| i as u32)
+        .collect();
     delete_rows.sort_unstable();
     Ok(ChangeSet {
         keys: changed.len(),
         delete_rows,
         insert_rows,
-        rows_deleted: deleted,
+        rows_deleted: old_rows.len(),
+        old_rows,
     })
 }
 
@@ -754,6 +757,8 @@ struct ChangeSet {
     delete_rows: Vec<u32>,
     /// Every new row of a changed key.
     insert_rows: Vec<u32>,
+    /// Every old row of a changed key.
+    old_rows: Vec<u32>,
     rows_deleted: usize,
 }
 
@@ -1120,6 +1125,7 @@ pub(crate) async fn run_flow(
     if matches!(touched, Touched::All) {
         report.keys_touched = keys_derived;
     }
+    phase("applied the timeline convention");
     if setup.flow.stored_as == ScdType::Type2 {
         // The built-in integrity check: a broken timeline is never committed.
         let violations = crate::query::check_rows(&derived, &setup.key_names, &setup.timeline)?;
@@ -1135,6 +1141,7 @@ pub(crate) async fn run_flow(
         }
     }
 
+    phase("checked the SCD2 integrity");
     // Commit the events (and the source position) first: from here on they are never lost.
     drop(new_events);
     let new_store_version = match to_commit {
@@ -1171,6 +1178,7 @@ pub(crate) async fn run_flow(
         }
         None => store_version,
     };
+    phase("committed the events");
 
     // The target: only keys whose rows change are rewritten.
     let target = match target {
@@ -1202,10 +1210,10 @@ pub(crate) async fn run_flow(
                 target_commit(new_store_version, &app_id, source_version),
             )
             .await?;
+            phase("wrote the first rows of the target");
             return Ok(report);
         }
     };
-    phase("committed the events");
     let current = match stored_only {
         Some(stored) => {
             let (before, _) = fold::fold_batch(&stored, &setup.spec, &setup.fold_schema)?;
@@ -1246,9 +1254,30 @@ pub(crate) async fn run_flow(
     if change.keys == 0 {
         return Ok(report);
     }
-    let props = target_commit(new_store_version, &app_id, source_version);
     let inserts = compute::take_record_batch(&derived, &UInt32Array::from(change.insert_rows))
         .context(|| "selecting rows".into())?;
+    let old_rows = compute::take_record_batch(&current, &UInt32Array::from(change.old_rows))
+        .context(|| "selecting rows".into())?;
+    drop(derived);
+    if let Some(done) = crate::rewrite::replace_keys(
+        &target,
+        &setup.key_names,
+        &old_rows,
+        inserts.clone(),
+        target_commit(new_store_version, &app_id, source_version),
+    )
+    .await
+    .map_err(|e| EngineError::Plan(format!("flow {}: writing {}: {e}", flow.name, flow.target)))?
+    {
+        phase(&format!(
+            "replaced the changed keys' rows in the target ({} of {} file(s) rewritten)",
+            done.files_rewritten, done.files_read
+        ));
+        return Ok(report);
+    }
+    // A partitioned target: delta-rs finds and rewrites the files.
+    drop(old_rows);
+    let props = target_commit(new_store_version, &app_id, source_version);
     let deletes = compute::take_record_batch(&current, &UInt32Array::from(change.delete_rows))
         .context(|| "selecting rows".into())?;
     let replace = setup.key_names.len() == 1 && change.keys <= REPLACE_MAX_KEYS;
@@ -1323,8 +1352,8 @@ fn keys_predicate(key: &str, values: Vec<deltalake::datafusion::scalar::ScalarVa
     col(Column::new(None::<&str>, key)).in_list(values.into_iter().map(lit).collect(), false)
 }
 
-/// Up to this many changed keys, a run replaces their rows with `replace_where`; beyond it,
-/// with a MERGE. delta-rs turns the key predicate into one OR chain of equalities that it
+/// A partitioned target (the others go through [`crate::rewrite`]): up to this many changed
+/// keys, a run replaces their rows with `replace_where`; beyond it, with a MERGE. delta-rs turns the key predicate into one OR chain of equalities that it
 /// walks recursively (a few hundred bytes of stack per key: the write runs on deep-stack
 /// threads, [`warehouse::on_deep_stack`]) and flattens with a cost that grows faster than the
 /// key count: measured on a 10M-row table, `replace_where` beats MERGE at 10k and 20k keys

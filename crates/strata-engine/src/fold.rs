@@ -60,8 +60,8 @@ struct ArrowModel<'a> {
     batch: &'a RecordBatch,
     spec: &'a FoldSpec,
     ops: &'a Int8Array,
-    /// Sequence values in row format: sorting compares them millions of times.
-    seq: Rows,
+    /// Sequence values in a form that compares fast: sorting compares them millions of times.
+    seq: Ordered,
     /// One comparator per output column. Values are compared far less often than
     /// sequences (once per upsert), so these save the memory a row-format copy would take.
     columns: Vec<DynComparator>,
@@ -69,7 +69,7 @@ struct ArrowModel<'a> {
 
 impl<'a> ArrowModel<'a> {
     fn new(batch: &'a RecordBatch, spec: &'a FoldSpec, ops: &'a Int8Array) -> Result<Self> {
-        let seq = crate::sqlutil::rows(&[batch.column(spec.n_out).clone()])?;
+        let seq = Ordered::of(batch.column(spec.n_out), None)?;
         // NULLs compare equal to NULLs: an update from NULL to NULL is no change.
         let options = SortOptions::default();
         let columns = (0..spec.n_out)
@@ -102,7 +102,7 @@ impl EventModel for ArrowModel<'_> {
     }
 
     fn seq_cmp(&self, a: u32, b: u32) -> Ordering {
-        self.seq.row(a as usize).cmp(&self.seq.row(b as usize))
+        self.seq.cmp(a, b)
     }
 
     fn values(&self, e: u32) -> Values {
@@ -134,6 +134,90 @@ impl EventModel for ArrowModel<'_> {
         self.ops.value(a as usize) == self.ops.value(b as usize)
             && (0..self.spec.n_out).all(|c| self.column_eq(c, a, b))
     }
+}
+
+/// The values of a column in a form whose byte or integer order is SQL's `ORDER BY` order.
+enum Ordered {
+    /// Integers, dates, times and timestamps without NULLs (where they matter): each value
+    /// as an order-preserving `u64`, compared without indirection.
+    Int(Vec<u64>),
+    /// Anything else, in Arrow's row format.
+    Rows(Rows),
+}
+
+impl Ordered {
+    /// `ignore_null` marks rows whose NULLs need not keep their order (truncate events,
+    /// which carry no key): they do not rule out the integer form.
+    fn of(column: &ArrayRef, ignore_null: Option<&dyn Fn(usize) -> bool>) -> Result<Self> {
+        if let Some(v) = ordered_u64(column, ignore_null) {
+            return Ok(Ordered::Int(v));
+        }
+        Ok(Ordered::Rows(crate::sqlutil::rows(std::slice::from_ref(
+            column,
+        ))?))
+    }
+
+    fn cmp(&self, a: u32, b: u32) -> Ordering {
+        match self {
+            Ordered::Int(v) => v[a as usize].cmp(&v[b as usize]),
+            Ordered::Rows(r) => r.row(a as usize).cmp(&r.row(b as usize)),
+        }
+    }
+
+    fn eq(&self, a: u32, b: u32) -> bool {
+        match self {
+            Ordered::Int(v) => v[a as usize] == v[b as usize],
+            Ordered::Rows(r) => r.row(a as usize) == r.row(b as usize),
+        }
+    }
+
+    fn hash(&self, hasher: &ahash::RandomState, i: u32) -> u64 {
+        match self {
+            Ordered::Int(v) => hasher.hash_one(v[i as usize]),
+            Ordered::Rows(r) => hasher.hash_one(r.row(i as usize).data()),
+        }
+    }
+}
+
+/// Every value of an integer-like `column` as a `u64` in the same order (the sign bit
+/// flipped), or `None` for other types and for NULLs outside the rows `ignore_null` accepts.
+fn ordered_u64(column: &ArrayRef, ignore_null: Option<&dyn Fn(usize) -> bool>) -> Option<Vec<u64>> {
+    use deltalake::arrow::datatypes::DataType as T;
+    let integer_like = matches!(
+        column.data_type(),
+        T::Int8
+            | T::Int16
+            | T::Int32
+            | T::Int64
+            | T::UInt8
+            | T::UInt16
+            | T::UInt32
+            | T::Date32
+            | T::Date64
+            | T::Time32(_)
+            | T::Time64(_)
+            | T::Timestamp(_, _)
+            | T::Duration(_)
+    );
+    if !integer_like {
+        return None;
+    }
+    if column.null_count() > 0 {
+        let ignore = ignore_null?;
+        if (0..column.len()).any(|i| column.is_null(i) && !ignore(i)) {
+            return None;
+        }
+    }
+    let ints = deltalake::arrow::compute::cast(column, &T::Int64).ok()?;
+    let ints = ints
+        .as_any()
+        .downcast_ref::<deltalake::arrow::array::Int64Array>()?;
+    Some(
+        ints.values()
+            .iter()
+            .map(|&v| (v as u64) ^ (1 << 63))
+            .collect(),
+    )
 }
 
 /// Renders the key of row `i` for messages: `userId=123`.
@@ -198,34 +282,38 @@ fn fold_batch_in(
         .as_any()
         .downcast_ref::<Int8Array>()
         .ok_or_else(|| EngineError::Internal("event store op column is not Int8".into()))?;
+    let clock = std::time::Instant::now();
+    let step = |what: &str| {
+        tracing::debug!(flow = %spec.flow, elapsed_ms = clock.elapsed().as_millis() as u64, "fold: {what}");
+    };
     let model = ArrowModel::new(events, spec, ops)?;
     let key_cols: Vec<ArrayRef> = spec
         .keys
         .iter()
         .map(|&i| events.column(i).clone())
         .collect();
-    let key_eq = key_cols
-        .iter()
-        .map(|c| make_comparator(c.as_ref(), c.as_ref(), SortOptions::default()))
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .context(|| "comparing keys".to_string())?;
-    let same_key = |a: u32, b: u32| {
-        key_eq
-            .iter()
-            .all(|cmp| cmp(a as usize, b as usize) == Ordering::Equal)
+    let is_truncate = |i: usize| ops.value(i) == EventKind::Truncate.code();
+    // One key column of an integer-like type: keys and sequences compare as integers.
+    let int_key = match (key_cols.as_slice(), &model.seq) {
+        ([key], Ordered::Int(_)) => match Ordered::of(key, Some(&is_truncate))? {
+            Ordered::Int(k) => Some(k),
+            Ordered::Rows(_) => None,
+        },
+        _ => None,
     };
+    let keys = match int_key {
+        Some(k) => Ordered::Int(k),
+        None => Ordered::Rows(crate::sqlutil::rows(&key_cols)?),
+    };
+    let same_key = |a: u32, b: u32| keys.eq(a, b);
 
     let watermark = strata_core::truncate_watermark(&model, 0..events.num_rows() as u32);
-    // One row-format key per event (key, then sequence) makes the sort a memcmp.
-    let mut sort_cols = key_cols.clone();
-    sort_cols.push(events.column(spec.n_out).clone());
-    let sort_rows = crate::sqlutil::rows(&sort_cols)?;
+    step("keys and sequences in comparable form");
     // Keys are independent: split them into parts by a hash of the key, and sort and fold
     // the parts side by side.
     let parts = parts.max(1);
     let mut partitions: Vec<Vec<u32>> = vec![Vec::new(); parts];
     {
-        let key_rows = crate::sqlutil::rows(&key_cols)?;
         let hasher = ahash::RandomState::with_seeds(1, 2, 3, 4);
         for i in 0..events.num_rows() as u32 {
             if model.kind(i) == EventKind::Truncate {
@@ -234,15 +322,40 @@ fn fold_batch_in(
             let part = if parts == 1 {
                 0
             } else {
-                (hasher.hash_one(key_rows.row(i as usize).data()) % parts as u64) as usize
+                (keys.hash(&hasher, i) % parts as u64) as usize
             };
             partitions[part].push(i);
         }
     }
-    // Sort every part by (key, sequence), then let go of the sort keys before folding: the
-    // fold's output is built while they would otherwise still be held.
+    step("split into parts");
+    // Sort every part by (key, sequence, arrival): integer pairs where the types allow,
+    // else one row-format value per event (key, then sequence), whose order is a memcmp.
+    let sort_rows = match (&keys, &model.seq) {
+        (Ordered::Int(_), Ordered::Int(_)) => None,
+        _ => {
+            let mut sort_cols = key_cols.clone();
+            sort_cols.push(events.column(spec.n_out).clone());
+            Some(crate::sqlutil::rows(&sort_cols)?)
+        }
+    };
     let sort_part = |mut order: Vec<u32>| -> Vec<u32> {
-        order.sort_unstable_by(|&a, &b| sort_rows.row(a as usize).cmp(&sort_rows.row(b as usize)));
+        match (&keys, &model.seq, &sort_rows) {
+            (Ordered::Int(k), Ordered::Int(q), _) => {
+                let mut tagged: Vec<(u64, u64, u32)> = order
+                    .iter()
+                    .map(|&i| (k[i as usize], q[i as usize], i))
+                    .collect();
+                tagged.sort_unstable();
+                order.clear();
+                order.extend(tagged.into_iter().map(|(_, _, i)| i));
+            }
+            (_, _, Some(rows)) => order.sort_unstable_by(|&a, &b| {
+                rows.row(a as usize)
+                    .cmp(&rows.row(b as usize))
+                    .then(a.cmp(&b))
+            }),
+            _ => order.sort_unstable(),
+        }
         order
     };
     let partitions: Vec<Vec<u32>> = if parts == 1 {
@@ -263,6 +376,7 @@ fn fold_batch_in(
         })?
     };
     drop(sort_rows);
+    step("sorted");
     let fold_part = |order: Vec<u32>| -> Result<Folded> {
         let mut out = Folded {
             value_idx: vec![Vec::new(); spec.n_out],
@@ -325,6 +439,7 @@ fn fold_batch_in(
                 .collect()
         })
     };
+    step("folded the parts");
     let mut value_idx: Vec<Vec<u32>> = vec![Vec::new(); spec.n_out];
     let mut starts: Vec<u32> = Vec::new();
     let mut ends: Vec<Option<u32>> = Vec::new();
@@ -339,15 +454,18 @@ fn fold_batch_in(
         ends.extend(part.ends);
     }
 
-    let mut columns: Vec<ArrayRef> = Vec::with_capacity(target.fields().len());
-    for (c, idx) in value_idx.into_iter().enumerate() {
-        columns.push(take_column(events.column(c), UInt32Array::from(idx))?);
-    }
+    let mut jobs: Vec<(&ArrayRef, UInt32Array)> = value_idx
+        .into_iter()
+        .enumerate()
+        .map(|(c, idx)| (events.column(c), UInt32Array::from(idx)))
+        .collect();
     if spec.scd2 {
         let seq = events.column(spec.n_out);
-        columns.push(take_column(seq, UInt32Array::from(starts))?);
-        columns.push(take_column(seq, UInt32Array::from(ends))?);
+        jobs.push((seq, UInt32Array::from(starts)));
+        jobs.push((seq, UInt32Array::from(ends)));
     }
+    let columns = gather(jobs, parts)?;
+    step("gathered the output columns");
     let rows = RecordBatch::try_new(target.clone(), columns).context(|| {
         format!(
             "flow {}: folded rows do not match the target schema",
@@ -355,6 +473,46 @@ fn fold_batch_in(
         )
     })?;
     Ok((rows, groups))
+}
+
+/// `take` of every (column, indices) job, on up to `threads` threads, in job order.
+fn gather(jobs: Vec<(&ArrayRef, UInt32Array)>, threads: usize) -> Result<Vec<ArrayRef>> {
+    if threads <= 1 || jobs.len() <= 1 {
+        return jobs
+            .into_iter()
+            .map(|(a, idx)| take_column(a, idx))
+            .collect();
+    }
+    let mut lanes: Vec<Vec<(usize, &ArrayRef, UInt32Array)>> =
+        (0..threads).map(|_| Vec::new()).collect();
+    for (n, (a, idx)) in jobs.into_iter().enumerate() {
+        lanes[n % threads].push((n, a, idx));
+    }
+    let mut out: Vec<(usize, ArrayRef)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = lanes
+            .into_iter()
+            .map(|lane| {
+                scope.spawn(move || {
+                    lane.into_iter()
+                        .map(|(n, a, idx)| Ok((n, take_column(a, idx)?)))
+                        .collect::<Result<Vec<_>>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(EngineError::Internal("a gather thread panicked".into()))
+                })
+            })
+            .collect::<Result<Vec<Vec<_>>>>()
+    })?
+    .into_iter()
+    .flatten()
+    .collect();
+    out.sort_by_key(|(n, _)| *n);
+    Ok(out.into_iter().map(|(_, a)| a).collect())
 }
 
 fn take_column(array: &ArrayRef, idx: UInt32Array) -> Result<ArrayRef> {

@@ -10,7 +10,8 @@
 //!                + the files or source version taken); autoload.rs infers, evolves and
 //!                rescues; expect.rs checks expectations; changes.rs reads a target's feed
 //!   flow.rs:     streaming table → event store → fold (strata-core, via fold.rs) → target;
-//!                snapshot.rs for AUTO CDC FROM SNAPSHOT, timeline.rs for conventions
+//!                snapshot.rs for AUTO CDC FROM SNAPSHOT, timeline.rs for conventions;
+//!                rewrite.rs replaces the changed keys' rows, rewriting only files holding them
 //!   mview.rs:    materialized views and views; pit.rs: point-in-time tables
 //!   query.rs:    SQL over every table of a warehouse (as_of in history.rs, table_changes in
 //!                changes.rs); SCD2 integrity checks
@@ -34,6 +35,7 @@ mod mview;
 mod pipeline;
 mod pit;
 mod query;
+mod rewrite;
 mod snapshot;
 mod sources;
 mod spec;

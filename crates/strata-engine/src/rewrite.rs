@@ -1,0 +1,394 @@
+//! Replacing the rows of some keys of a Delta table in one commit, rewriting only the files
+//! that hold them.
+//!
+//! ```text
+//!   every data file ──read its key columns──▶ holds a replaced key? ──no──▶ kept as it is
+//!                                                   │ yes
+//!                                                   ▼
+//!                      read it whole, drop the replaced keys' rows, write the rest to a new
+//!                      file (one task per file, side by side); the new rows go with the first
+//!   _change_data/      the replaced rows as `delete`, the new rows as `insert`
+//!   one commit:        remove + add per rewritten file, add of the new rows, the change
+//!                      file, and the caller's application transactions
+//! ```
+//!
+//! delta-rs's `replace_where` and MERGE find the files to rewrite with one scan, rewrite them
+//! with another and derive the change feed with a third, on one thread per file. Here the
+//! caller already knows the rows that go (the fold derived them) and the rows that come, so
+//! each file is read once and the change feed is written from memory. Files are local (a
+//! warehouse is a folder); a table partitioned by its start value goes through delta-rs.
+
+use crate::error::{Context, EngineError, Result};
+use crate::sqlutil;
+use deltalake::arrow::array::{
+    ArrayRef, BooleanArray, RecordBatch, RecordBatchReader, StringArray,
+};
+use deltalake::arrow::compute::filter_record_batch;
+use deltalake::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use deltalake::arrow::row::{RowConverter, SortField};
+use deltalake::datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use deltalake::datafusion::parquet::arrow::{ArrowWriter, ProjectionMask};
+use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
+use deltalake::kernel::{Action, AddCDCFile};
+use deltalake::protocol::{DeltaOperation, SaveMode};
+use deltalake::writer::{DeltaWriter, RecordBatchWriter};
+use deltalake::DeltaTable;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The change-feed column of a change data file.
+const CHANGE_TYPE: &str = "_change_type";
+
+/// Rows read from a data file at a time.
+const READ_BATCH_ROWS: usize = 64 * 1024;
+
+/// What [`replace_keys`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Replaced {
+    pub version: i64,
+    pub files_read: usize,
+    pub files_rewritten: usize,
+}
+
+/// Replaces every row of `table` whose key (columns `keys`) is a key of `old_rows` by
+/// `new_rows`, in one commit carrying `commit`. `old_rows` must be exactly the rows the table
+/// holds for those keys (they become the change feed's `delete` rows). Returns `None`, having
+/// done nothing, for a partitioned table.
+pub(crate) async fn replace_keys(
+    table: &DeltaTable,
+    keys: &[String],
+    old_rows: &RecordBatch,
+    new_rows: RecordBatch,
+    commit: CommitProperties,
+) -> Result<Option<Replaced>> {
+    let snapshot = table.snapshot().context(|| "reading table state".into())?;
+    if !snapshot.metadata().partition_columns().is_empty() {
+        return Ok(None);
+    }
+    let schema = sqlutil::table_schema(table)?;
+    let root = table
+        .table_url()
+        .to_file_path()
+        .map_err(|_| EngineError::Internal(format!("not a local table: {}", table.table_url())))?;
+    let key_at = keys
+        .iter()
+        .map(|k| {
+            schema
+                .index_of(k)
+                .map_err(|_| EngineError::Internal(format!("table has no key column {k}")))
+        })
+        .collect::<Result<Vec<usize>>>()?;
+    let converter = RowConverter::new(
+        key_at
+            .iter()
+            .map(|&i| SortField::new(schema.field(i).data_type().clone()))
+            .collect(),
+    )
+    .context(|| "row format".into())?;
+    let gone = {
+        let cols: Vec<ArrayRef> = key_at
+            .iter()
+            .map(|&i| cast_to(old_rows.column(i), schema.field(i).data_type()))
+            .collect::<Result<_>>()?;
+        let rows = converter
+            .convert_columns(&cols)
+            .context(|| "row format".into())?;
+        rows.iter()
+            .map(|r| r.data().to_vec().into_boxed_slice())
+            .collect::<ahash::AHashSet<Box<[u8]>>>()
+    };
+    let files: Vec<(String, deltalake::kernel::Remove)> = snapshot
+        .log_data()
+        .iter()
+        .map(|f| (f.path().to_string(), f.remove_action(true)))
+        .collect();
+    let shared = Arc::new(Shared {
+        schema: schema.clone(),
+        key_at,
+        converter,
+        gone,
+    });
+
+    // Which files hold a replaced key: key columns only, files side by side.
+    let mut checks = Vec::new();
+    for (path, _) in &files {
+        let (shared, file) = (shared.clone(), root.join(path));
+        checks.push(tokio::task::spawn_blocking(move || {
+            shared.holds_gone_key(&file)
+        }));
+    }
+    let mut touched = Vec::new();
+    for ((path, remove), check) in files.iter().zip(checks) {
+        let holds = check
+            .await
+            .map_err(|e| EngineError::Internal(format!("a reading task failed: {e}")))??;
+        if holds {
+            touched.push((path.clone(), remove.clone()));
+        }
+    }
+
+    // Rewrite the files that hold one, one task per file; the new rows go with the first.
+    let new_rows = sqlutil::cast_batch(&new_rows, &schema)?;
+    let mut pending = Some(new_rows.clone());
+    let mut writers = Vec::new();
+    for (path, _) in &touched {
+        let (shared, file, table) = (shared.clone(), root.join(path), table.clone());
+        let extra = pending.take();
+        writers.push(tokio::spawn(async move {
+            shared.rewrite(&file, &table, extra).await
+        }));
+    }
+    let mut actions: Vec<Action> = Vec::new();
+    if let Some(rows) = pending.take().filter(|r| r.num_rows() > 0) {
+        let mut writer = RecordBatchWriter::for_table(table)
+            .context(|| format!("writing {}", table.table_url()))?;
+        writer
+            .write(rows)
+            .await
+            .context(|| format!("writing {}", table.table_url()))?;
+        let adds = writer
+            .flush()
+            .await
+            .context(|| format!("writing {}", table.table_url()))?;
+        actions.extend(adds.into_iter().map(Action::Add));
+    }
+    for w in writers {
+        let adds = w
+            .await
+            .map_err(|e| EngineError::Internal(format!("a rewriting task failed: {e}")))??;
+        actions.extend(adds.into_iter().map(Action::Add));
+    }
+    actions.extend(touched.iter().map(|(_, r)| Action::Remove(r.clone())));
+    let cdc = write_change_file(&root, &schema, old_rows, &new_rows).await?;
+    actions.push(Action::Cdc(cdc));
+    let operation = DeltaOperation::Write {
+        mode: SaveMode::Overwrite,
+        partition_by: None,
+        predicate: Some(format!(
+            "the rows of {} key(s) ({}) replaced",
+            shared.gone.len(),
+            keys.join(", ")
+        )),
+    };
+    let done = CommitBuilder::from(commit)
+        .with_actions(actions)
+        .build(Some(snapshot), table.log_store(), operation)
+        .await
+        .context(|| format!("committing to {}", table.table_url()))?;
+    Ok(Some(Replaced {
+        version: done.version() as i64,
+        files_read: files.len(),
+        files_rewritten: touched.len(),
+    }))
+}
+
+/// What every file task needs.
+struct Shared {
+    schema: SchemaRef,
+    key_at: Vec<usize>,
+    converter: RowConverter,
+    gone: ahash::AHashSet<Box<[u8]>>,
+}
+
+impl Shared {
+    /// Which rows of `batch` (in the table's layout) stay.
+    fn keep_mask(&self, batch: &RecordBatch, key_cols: &[usize]) -> Result<BooleanArray> {
+        let cols: Vec<ArrayRef> = key_cols
+            .iter()
+            .zip(&self.key_at)
+            .map(|(&c, &k)| cast_to(batch.column(c), self.schema.field(k).data_type()))
+            .collect::<Result<_>>()?;
+        let rows = self
+            .converter
+            .convert_columns(&cols)
+            .context(|| "row format".into())?;
+        Ok(rows
+            .iter()
+            .map(|r| Some(!self.gone.contains(r.data())))
+            .collect())
+    }
+
+    /// True when the data file at `file` holds a row of a replaced key.
+    fn holds_gone_key(&self, file: &Path) -> Result<bool> {
+        let reader = self.reader(file, true)?;
+        let key_cols: Vec<usize> = (0..self.key_at.len()).collect();
+        for batch in reader {
+            let batch = batch.context(|| format!("reading {}", file.display()))?;
+            let keep = self.keep_mask(&batch, &key_cols)?;
+            if keep.true_count() < batch.num_rows() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// A reader of the file's key columns (`keys_only`) or of all of them.
+    fn reader(
+        &self,
+        file: &Path,
+        keys_only: bool,
+    ) -> Result<deltalake::datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReader> {
+        let f = std::fs::File::open(file).context(|| format!("opening {}", file.display()))?;
+        let mut builder = ParquetRecordBatchReaderBuilder::try_new(f)
+            .context(|| format!("reading {}", file.display()))?
+            .with_batch_size(READ_BATCH_ROWS);
+        if keys_only {
+            let names: Vec<&str> = self
+                .key_at
+                .iter()
+                .map(|&k| self.schema.field(k).name().as_str())
+                .collect();
+            let arrow = builder.schema().clone();
+            let roots: Vec<usize> = names
+                .iter()
+                .map(|n| {
+                    arrow.index_of(n).map_err(|_| {
+                        EngineError::Internal(format!("{} has no column {n}", file.display()))
+                    })
+                })
+                .collect::<Result<_>>()?;
+            let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+            builder = builder.with_projection(mask);
+        }
+        builder
+            .build()
+            .context(|| format!("reading {}", file.display()))
+    }
+
+    /// Writes the rows of `file` whose key is not replaced, and `extra`, to new data files.
+    async fn rewrite(
+        self: Arc<Self>,
+        file: &Path,
+        table: &DeltaTable,
+        extra: Option<RecordBatch>,
+    ) -> Result<Vec<deltalake::kernel::Add>> {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(4);
+        let (me, path) = (self.clone(), file.to_path_buf());
+        let reading = tokio::task::spawn_blocking(move || me.read_kept(&path, tx));
+        let mut writer = RecordBatchWriter::for_table(table)
+            .context(|| format!("writing {}", table.table_url()))?;
+        if let Some(rows) = extra.filter(|r| r.num_rows() > 0) {
+            writer
+                .write(rows)
+                .await
+                .context(|| format!("writing {}", table.table_url()))?;
+        }
+        while let Some(batch) = rx.recv().await {
+            let batch = batch?;
+            if batch.num_rows() > 0 {
+                writer
+                    .write(batch)
+                    .await
+                    .context(|| format!("writing {}", table.table_url()))?;
+            }
+        }
+        reading
+            .await
+            .map_err(|e| EngineError::Internal(format!("a reading task failed: {e}")))?;
+        writer
+            .flush()
+            .await
+            .context(|| format!("writing {}", table.table_url()))
+    }
+
+    /// Sends the kept rows of `file`, in the table's layout, to `tx`.
+    fn read_kept(&self, file: &Path, tx: tokio::sync::mpsc::Sender<Result<RecordBatch>>) {
+        let send = |r: Result<RecordBatch>| tx.blocking_send(r).is_ok();
+        let reader = match self.reader(file, false) {
+            Ok(r) => r,
+            Err(e) => {
+                send(Err(e));
+                return;
+            }
+        };
+        let arrow = reader.schema();
+        let positions: Result<Vec<usize>> = self
+            .schema
+            .fields()
+            .iter()
+            .map(|f| {
+                arrow.index_of(f.name()).map_err(|_| {
+                    EngineError::Internal(format!("{} has no column {}", file.display(), f.name()))
+                })
+            })
+            .collect();
+        let positions = match positions {
+            Ok(p) => p,
+            Err(e) => {
+                send(Err(e));
+                return;
+            }
+        };
+        for batch in reader {
+            let out = batch
+                .context(|| format!("reading {}", file.display()))
+                .and_then(|b| {
+                    let cols: Vec<ArrayRef> =
+                        positions.iter().map(|&p| b.column(p).clone()).collect();
+                    let b = sqlutil::cast_columns(cols, &self.schema)?;
+                    let keep = self.keep_mask(&b, &self.key_at)?;
+                    filter_record_batch(&b, &keep).context(|| "filtering rows".into())
+                });
+            let failed = out.is_err();
+            if !send(out) || failed {
+                return;
+            }
+        }
+    }
+}
+
+fn cast_to(array: &ArrayRef, to: &DataType) -> Result<ArrayRef> {
+    if array.data_type() == to {
+        return Ok(array.clone());
+    }
+    deltalake::arrow::compute::cast(array, to).context(|| "casting keys".into())
+}
+
+/// Writes `deleted` as `delete` rows and `inserted` as `insert` rows to a new change data
+/// file of the table at `root`, and returns its action.
+async fn write_change_file(
+    root: &Path,
+    schema: &SchemaRef,
+    deleted: &RecordBatch,
+    inserted: &RecordBatch,
+) -> Result<AddCDCFile> {
+    let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+    fields.push(Field::new(CHANGE_TYPE, DataType::Utf8, false));
+    let feed_schema = Arc::new(Schema::new(fields));
+    let tagged = |b: &RecordBatch, kind: &str| -> Result<RecordBatch> {
+        let mut cols = sqlutil::cast_batch(b, schema)?.columns().to_vec();
+        cols.push(Arc::new(StringArray::from(vec![kind; b.num_rows()])));
+        RecordBatch::try_new(feed_schema.clone(), cols).context(|| "change feed rows".into())
+    };
+    let (del, ins) = (tagged(deleted, "delete")?, tagged(inserted, "insert")?);
+    let relative = format!("_change_data/cdc-{}.snappy.parquet", uuid::Uuid::new_v4());
+    let path: PathBuf = root.join(&relative);
+    let (p, s) = (path.clone(), feed_schema.clone());
+    let size = tokio::task::spawn_blocking(move || -> Result<u64> {
+        if let Some(dir) = p.parent() {
+            std::fs::create_dir_all(dir).context(|| format!("creating {}", dir.display()))?;
+        }
+        let file = std::fs::File::create(&p).context(|| format!("creating {}", p.display()))?;
+        let props = deltalake::datafusion::parquet::file::properties::WriterProperties::builder()
+            .set_compression(deltalake::datafusion::parquet::basic::Compression::SNAPPY)
+            .build();
+        let mut w = ArrowWriter::try_new(file, s, Some(props))
+            .context(|| format!("writing {}", p.display()))?;
+        for b in [del, ins] {
+            w.write(&b).context(|| format!("writing {}", p.display()))?;
+        }
+        w.close().context(|| format!("writing {}", p.display()))?;
+        Ok(std::fs::metadata(&p)
+            .context(|| format!("reading {}", p.display()))?
+            .len())
+    })
+    .await
+    .map_err(|e| EngineError::Internal(format!("a writing task failed: {e}")))??;
+    Ok(AddCDCFile {
+        path: relative,
+        size: size as i64,
+        partition_values: Default::default(),
+        data_change: false,
+        tags: None,
+    })
+}
