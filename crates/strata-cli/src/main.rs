@@ -17,6 +17,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use strata_engine::{PlanStep, RunOptions, RunReport, Selection, Warehouse};
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "strata",

@@ -952,7 +952,12 @@ pub(crate) async fn run_flow(
     let ctx = warehouse::new_session();
     let clock = std::time::Instant::now();
     let phase = |what: &str| {
-        tracing::info!(flow = %flow.name, elapsed_ms = clock.elapsed().as_millis() as u64, "{what}");
+        tracing::info!(
+            flow = %flow.name,
+            elapsed_ms = clock.elapsed().as_millis() as u64,
+            rss_mib = warehouse::rss_mib(),
+            "{what}"
+        );
     };
     // Keys of event-store commits the target does not reflect yet (an interrupted run).
     let mut touched: Option<Touched> = None;

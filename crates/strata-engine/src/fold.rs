@@ -9,12 +9,12 @@
 //! included) the way the SQL `ORDER BY` would, and makes equality a byte comparison.
 
 use crate::error::{Context, EngineError, Result};
+use crate::sqlutil::Ordered;
 use deltalake::arrow::array::{make_comparator, DynComparator};
 use deltalake::arrow::array::{Array, ArrayRef, Int8Array, RecordBatch, UInt32Array};
 use deltalake::arrow::compute::take;
 use deltalake::arrow::compute::SortOptions;
 use deltalake::arrow::datatypes::SchemaRef;
-use deltalake::arrow::row::Rows;
 use deltalake::arrow::util::display::{ArrayFormatter, FormatOptions};
 use std::cmp::Ordering;
 use std::sync::Arc;
@@ -136,90 +136,6 @@ impl EventModel for ArrowModel<'_> {
     }
 }
 
-/// The values of a column in a form whose byte or integer order is SQL's `ORDER BY` order.
-enum Ordered {
-    /// Integers, dates, times and timestamps without NULLs (where they matter): each value
-    /// as an order-preserving `u64`, compared without indirection.
-    Int(Vec<u64>),
-    /// Anything else, in Arrow's row format.
-    Rows(Rows),
-}
-
-impl Ordered {
-    /// `ignore_null` marks rows whose NULLs need not keep their order (truncate events,
-    /// which carry no key): they do not rule out the integer form.
-    fn of(column: &ArrayRef, ignore_null: Option<&dyn Fn(usize) -> bool>) -> Result<Self> {
-        if let Some(v) = ordered_u64(column, ignore_null) {
-            return Ok(Ordered::Int(v));
-        }
-        Ok(Ordered::Rows(crate::sqlutil::rows(std::slice::from_ref(
-            column,
-        ))?))
-    }
-
-    fn cmp(&self, a: u32, b: u32) -> Ordering {
-        match self {
-            Ordered::Int(v) => v[a as usize].cmp(&v[b as usize]),
-            Ordered::Rows(r) => r.row(a as usize).cmp(&r.row(b as usize)),
-        }
-    }
-
-    fn eq(&self, a: u32, b: u32) -> bool {
-        match self {
-            Ordered::Int(v) => v[a as usize] == v[b as usize],
-            Ordered::Rows(r) => r.row(a as usize) == r.row(b as usize),
-        }
-    }
-
-    fn hash(&self, hasher: &ahash::RandomState, i: u32) -> u64 {
-        match self {
-            Ordered::Int(v) => hasher.hash_one(v[i as usize]),
-            Ordered::Rows(r) => hasher.hash_one(r.row(i as usize).data()),
-        }
-    }
-}
-
-/// Every value of an integer-like `column` as a `u64` in the same order (the sign bit
-/// flipped), or `None` for other types and for NULLs outside the rows `ignore_null` accepts.
-fn ordered_u64(column: &ArrayRef, ignore_null: Option<&dyn Fn(usize) -> bool>) -> Option<Vec<u64>> {
-    use deltalake::arrow::datatypes::DataType as T;
-    let integer_like = matches!(
-        column.data_type(),
-        T::Int8
-            | T::Int16
-            | T::Int32
-            | T::Int64
-            | T::UInt8
-            | T::UInt16
-            | T::UInt32
-            | T::Date32
-            | T::Date64
-            | T::Time32(_)
-            | T::Time64(_)
-            | T::Timestamp(_, _)
-            | T::Duration(_)
-    );
-    if !integer_like {
-        return None;
-    }
-    if column.null_count() > 0 {
-        let ignore = ignore_null?;
-        if (0..column.len()).any(|i| column.is_null(i) && !ignore(i)) {
-            return None;
-        }
-    }
-    let ints = deltalake::arrow::compute::cast(column, &T::Int64).ok()?;
-    let ints = ints
-        .as_any()
-        .downcast_ref::<deltalake::arrow::array::Int64Array>()?;
-    Some(
-        ints.values()
-            .iter()
-            .map(|&v| (v as u64) ^ (1 << 63))
-            .collect(),
-    )
-}
-
 /// Renders the key of row `i` for messages: `userId=123`.
 pub(crate) fn describe_key(batch: &RecordBatch, keys: &[usize], i: usize) -> String {
     keys.iter()
@@ -246,6 +162,8 @@ pub(crate) fn render(array: &ArrayRef, i: usize) -> String {
 /// value comes from, and for SCD type 2 the event rows of each version's start and end.
 #[derive(Default)]
 struct Folded {
+    /// One list per output column, or a single one for all when every value of a version
+    /// comes from one event (always, unless `IGNORE NULL UPDATES` mixes them).
     value_idx: Vec<Vec<u32>>,
     starts: Vec<u32>,
     ends: Vec<Option<u32>>,
@@ -284,7 +202,12 @@ fn fold_batch_in(
         .ok_or_else(|| EngineError::Internal("event store op column is not Int8".into()))?;
     let clock = std::time::Instant::now();
     let step = |what: &str| {
-        tracing::debug!(flow = %spec.flow, elapsed_ms = clock.elapsed().as_millis() as u64, "fold: {what}");
+        tracing::debug!(
+            flow = %spec.flow,
+            elapsed_ms = clock.elapsed().as_millis() as u64,
+            rss_mib = crate::warehouse::rss_mib(),
+            "fold: {what}"
+        );
     };
     let model = ArrowModel::new(events, spec, ops)?;
     let key_cols: Vec<ArrayRef> = spec
@@ -294,16 +217,9 @@ fn fold_batch_in(
         .collect();
     let is_truncate = |i: usize| ops.value(i) == EventKind::Truncate.code();
     // One key column of an integer-like type: keys and sequences compare as integers.
-    let int_key = match (key_cols.as_slice(), &model.seq) {
-        ([key], Ordered::Int(_)) => match Ordered::of(key, Some(&is_truncate))? {
-            Ordered::Int(k) => Some(k),
-            Ordered::Rows(_) => None,
-        },
-        _ => None,
-    };
-    let keys = match int_key {
-        Some(k) => Ordered::Int(k),
-        None => Ordered::Rows(crate::sqlutil::rows(&key_cols)?),
+    let keys = match (key_cols.as_slice(), &model.seq) {
+        ([key], Ordered::Int(_)) => Ordered::of(key, Some(&is_truncate))?,
+        _ => Ordered::Rows(crate::sqlutil::rows(&key_cols)?),
     };
     let same_key = |a: u32, b: u32| keys.eq(a, b);
 
@@ -377,9 +293,14 @@ fn fold_batch_in(
     };
     drop(sort_rows);
     step("sorted");
+    let lanes = if spec.options.ignore_null_updates {
+        spec.n_out
+    } else {
+        1
+    };
     let fold_part = |order: Vec<u32>| -> Result<Folded> {
         let mut out = Folded {
-            value_idx: vec![Vec::new(); spec.n_out],
+            value_idx: vec![Vec::new(); lanes],
             ..Default::default()
         };
         let mut group: Vec<u32> = Vec::new();
@@ -440,7 +361,7 @@ fn fold_batch_in(
         })
     };
     step("folded the parts");
-    let mut value_idx: Vec<Vec<u32>> = vec![Vec::new(); spec.n_out];
+    let mut value_idx: Vec<Vec<u32>> = vec![Vec::new(); lanes];
     let mut starts: Vec<u32> = Vec::new();
     let mut ends: Vec<Option<u32>> = Vec::new();
     let mut groups = 0;
@@ -454,11 +375,11 @@ fn fold_batch_in(
         ends.extend(part.ends);
     }
 
-    let mut jobs: Vec<(&ArrayRef, UInt32Array)> = value_idx
-        .into_iter()
-        .enumerate()
-        .map(|(c, idx)| (events.column(c), UInt32Array::from(idx)))
+    let value_idx: Vec<UInt32Array> = value_idx.into_iter().map(UInt32Array::from).collect();
+    let mut jobs: Vec<(&ArrayRef, UInt32Array)> = (0..spec.n_out)
+        .map(|c| (events.column(c), value_idx[c % lanes].clone()))
         .collect();
+    drop(value_idx);
     if spec.scd2 {
         let seq = events.column(spec.n_out);
         jobs.push((seq, UInt32Array::from(starts)));

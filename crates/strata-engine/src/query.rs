@@ -2,17 +2,17 @@
 
 use crate::error::{Context, EngineError, Result};
 use crate::flow::register_table;
-use crate::sqlutil;
 use crate::sqlutil::quote_ident;
+use crate::sqlutil::{self, Bounds, Ordered};
 use crate::timeline::Timeline;
 use crate::warehouse::{new_session, Warehouse};
 use deltalake::arrow::array::{Array, RecordBatch};
 use deltalake::arrow::compute::concat_batches;
 use deltalake::arrow::datatypes::SchemaRef;
-use deltalake::arrow::row::{RowConverter, SortField};
 use deltalake::arrow::util::display::{ArrayFormatter, FormatOptions};
 use deltalake::datafusion::catalog::MemorySchemaProvider;
 use deltalake::datafusion::prelude::SessionContext;
+use std::cmp::Ordering;
 use std::sync::Arc;
 use strata_sql::TableName;
 
@@ -211,15 +211,9 @@ fn check_snapshots(batch: &RecordBatch, keys: &[String]) -> Result<Vec<Violation
 fn check_timelines(batch: &RecordBatch, keys: &[String]) -> Result<Vec<Violation>> {
     let n = keys.len();
     let (start, end) = (batch.column(n), batch.column(n + 1));
-    let key_rows = sqlutil::rows(&batch.columns()[..n])?;
-    let converter = RowConverter::new(vec![SortField::new(start.data_type().clone())])
-        .context(|| "validate".into())?;
-    let starts = converter
-        .convert_columns(std::slice::from_ref(start))
-        .context(|| "validate".into())?;
-    let ends = converter
-        .convert_columns(std::slice::from_ref(end))
-        .context(|| "validate".into())?;
+    // Integers where the types allow (8 bytes a value), else Arrow's row format.
+    let key_of = Ordered::of_columns(&batch.columns()[..n], None)?;
+    let bounds = Bounds::new(start, end)?;
     let options = FormatOptions::default().with_null("NULL");
     let fmt = |c: usize| ArrayFormatter::try_new(batch.column(c).as_ref(), &options);
     let key_fmt = (0..n)
@@ -230,44 +224,49 @@ fn check_timelines(batch: &RecordBatch, keys: &[String]) -> Result<Vec<Violation
         fmt(n).context(|| "validate".into())?,
         fmt(n + 1).context(|| "validate".into())?,
     );
-    let describe = |i: usize| {
+    let describe = |i: u32| {
         keys.iter()
             .enumerate()
-            .map(|(c, name)| format!("{name}={}", key_fmt[c].value(i)))
+            .map(|(c, name)| format!("{name}={}", key_fmt[c].value(i as usize)))
             .collect::<Vec<_>>()
             .join(", ")
     };
+    let rows = batch.num_rows() as u32;
     // Rows that come grouped by key, each key's versions in start order (as a fold writes
     // them), are checked as they are; anything else is sorted first.
-    let grouped = {
-        let mut seen = ahash::AHashSet::with_capacity(batch.num_rows());
-        (0..batch.num_rows()).all(|i| {
-            if i > 0 && key_rows.row(i) == key_rows.row(i - 1) {
-                starts.row(i - 1) <= starts.row(i)
-            } else {
-                seen.insert(key_rows.row(i).data())
-            }
-        })
+    let in_order = |a: u32, b: u32| match key_of.cmp(a, b) {
+        Ordering::Equal => bounds.start_cmp(a, b) != Ordering::Greater,
+        _ => true,
     };
-    let mut order: Vec<usize> = (0..batch.num_rows()).collect();
-    if !grouped {
+    let grouped = {
+        let mut firsts: Vec<u32> = (0..rows)
+            .filter(|&i| i == 0 || !key_of.eq(i - 1, i))
+            .collect();
+        let runs_ordered = (1..rows).all(|i| !key_of.eq(i - 1, i) || in_order(i - 1, i));
+        firsts.sort_unstable_by(|&a, &b| key_of.cmp(a, b));
+        runs_ordered && firsts.windows(2).all(|w| !key_of.eq(w[0], w[1]))
+    };
+    let order: Vec<u32> = if grouped {
+        (0..rows).collect()
+    } else {
+        let mut order: Vec<u32> = (0..rows).collect();
         order.sort_unstable_by(|&a, &b| {
-            key_rows
-                .row(a)
-                .cmp(&key_rows.row(b))
-                .then_with(|| starts.row(a).cmp(&starts.row(b)))
+            key_of
+                .cmp(a, b)
+                .then_with(|| bounds.start_cmp(a, b))
                 .then(a.cmp(&b))
         });
-    }
+        order
+    };
     let mut out = Vec::new();
     let mut i = 0;
     while i < order.len() {
         let mut j = i;
-        while j < order.len() && key_rows.row(order[i]) == key_rows.row(order[j]) {
+        while j < order.len() && key_of.eq(order[i], order[j]) {
             j += 1;
         }
         let group = &order[i..j];
-        let open = group.iter().filter(|&&r| end.is_null(r)).count();
+        let open = group.iter().filter(|&&r| end.is_null(r as usize)).count();
         if open > 1 {
             out.push(Violation {
                 key: describe(group[0]),
@@ -275,24 +274,25 @@ fn check_timelines(batch: &RecordBatch, keys: &[String]) -> Result<Vec<Violation
             });
         }
         for (pos, &r) in group.iter().enumerate() {
-            if !end.is_null(r) && starts.row(r) >= ends.row(r) {
+            let open = end.is_null(r as usize);
+            if !open && bounds.start_vs_end(r, r) != Ordering::Less {
                 out.push(Violation {
                     key: describe(r),
                     problem: format!(
                         "version starting at {} does not end after it starts (ends at {})",
-                        start_fmt.value(r),
-                        end_fmt.value(r)
+                        start_fmt.value(r as usize),
+                        end_fmt.value(r as usize)
                     ),
                 });
             }
             if let Some(&next) = group.get(pos + 1) {
-                if end.is_null(r) || ends.row(r) > starts.row(next) {
+                if open || bounds.start_vs_end(next, r) == Ordering::Less {
                     out.push(Violation {
                         key: describe(r),
                         problem: format!(
                             "version starting at {} overlaps the next one, starting at {}",
-                            start_fmt.value(r),
-                            start_fmt.value(next)
+                            start_fmt.value(r as usize),
+                            start_fmt.value(next as usize)
                         ),
                     });
                 }

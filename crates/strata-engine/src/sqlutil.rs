@@ -7,6 +7,7 @@ use deltalake::arrow::datatypes::{DataType, Schema, SchemaRef};
 use deltalake::arrow::row::{RowConverter, Rows, SortField};
 use deltalake::datafusion::scalar::ScalarValue;
 use deltalake::DeltaTable;
+use std::cmp::Ordering;
 
 /// `name` as a double-quoted SQL identifier (DataFusion's default dialect).
 pub(crate) fn quote_ident(name: &str) -> String {
@@ -73,6 +74,145 @@ pub(crate) fn rows(columns: &[ArrayRef]) -> Result<Rows> {
     converter
         .convert_columns(columns)
         .context(|| "row format".into())
+}
+
+/// The values of a column in a form whose byte or integer order is SQL's `ORDER BY` order.
+pub(crate) enum Ordered {
+    /// Integers, dates, times and timestamps without NULLs (where they matter): each value
+    /// as an order-preserving `u64`, compared without indirection.
+    Int(Vec<u64>),
+    /// Anything else, in Arrow's row format.
+    Rows(Rows),
+}
+
+impl Ordered {
+    /// `ignore_null` marks rows whose NULLs need not keep their order (truncate events,
+    /// which carry no key): they do not rule out the integer form.
+    pub(crate) fn of(
+        column: &ArrayRef,
+        ignore_null: Option<&dyn Fn(usize) -> bool>,
+    ) -> Result<Self> {
+        if let Some(v) = ordered_u64(column, ignore_null) {
+            return Ok(Ordered::Int(v));
+        }
+        Ok(Ordered::Rows(rows(std::slice::from_ref(column))?))
+    }
+
+    /// Several columns compared in turn (one integer-like column keeps the integer form).
+    pub(crate) fn of_columns(
+        columns: &[ArrayRef],
+        ignore_null: Option<&dyn Fn(usize) -> bool>,
+    ) -> Result<Self> {
+        match columns {
+            [one] => Self::of(one, ignore_null),
+            _ => Ok(Ordered::Rows(rows(columns)?)),
+        }
+    }
+
+    pub(crate) fn cmp(&self, a: u32, b: u32) -> Ordering {
+        match self {
+            Ordered::Int(v) => v[a as usize].cmp(&v[b as usize]),
+            Ordered::Rows(r) => r.row(a as usize).cmp(&r.row(b as usize)),
+        }
+    }
+
+    pub(crate) fn eq(&self, a: u32, b: u32) -> bool {
+        match self {
+            Ordered::Int(v) => v[a as usize] == v[b as usize],
+            Ordered::Rows(r) => r.row(a as usize) == r.row(b as usize),
+        }
+    }
+
+    pub(crate) fn hash(&self, hasher: &ahash::RandomState, i: u32) -> u64 {
+        match self {
+            Ordered::Int(v) => hasher.hash_one(v[i as usize]),
+            Ordered::Rows(r) => hasher.hash_one(r.row(i as usize).data()),
+        }
+    }
+}
+
+/// The starts and ends of intervals (columns of one type) in forms comparable with each
+/// other: integers where the type allows, else one row format. Open ends (NULL) must not be
+/// compared.
+pub(crate) enum Bounds {
+    Int(Vec<u64>, Vec<u64>),
+    Rows(Rows, Rows),
+}
+
+impl Bounds {
+    pub(crate) fn new(starts: &ArrayRef, ends: &ArrayRef) -> Result<Self> {
+        if let (Some(s), Some(e)) = (
+            ordered_u64(starts, None),
+            ordered_u64(ends, Some(&|_| true)),
+        ) {
+            return Ok(Bounds::Int(s, e));
+        }
+        let converter = RowConverter::new(vec![SortField::new(starts.data_type().clone())])
+            .context(|| "row format".into())?;
+        let convert = |c: &ArrayRef| {
+            converter
+                .convert_columns(std::slice::from_ref(c))
+                .context(|| "row format".into())
+        };
+        Ok(Bounds::Rows(convert(starts)?, convert(ends)?))
+    }
+
+    /// The start of row `a` against the start of row `b`.
+    pub(crate) fn start_cmp(&self, a: u32, b: u32) -> Ordering {
+        match self {
+            Bounds::Int(s, _) => s[a as usize].cmp(&s[b as usize]),
+            Bounds::Rows(s, _) => s.row(a as usize).cmp(&s.row(b as usize)),
+        }
+    }
+
+    /// The start of row `a` against the end of row `b`.
+    pub(crate) fn start_vs_end(&self, a: u32, b: u32) -> Ordering {
+        match self {
+            Bounds::Int(s, e) => s[a as usize].cmp(&e[b as usize]),
+            Bounds::Rows(s, e) => s.row(a as usize).cmp(&e.row(b as usize)),
+        }
+    }
+}
+
+/// Every value of an integer-like `column` as a `u64` in the same order (the sign bit
+/// flipped), or `None` for other types and for NULLs outside the rows `ignore_null` accepts.
+fn ordered_u64(column: &ArrayRef, ignore_null: Option<&dyn Fn(usize) -> bool>) -> Option<Vec<u64>> {
+    use deltalake::arrow::datatypes::DataType as T;
+    let integer_like = matches!(
+        column.data_type(),
+        T::Int8
+            | T::Int16
+            | T::Int32
+            | T::Int64
+            | T::UInt8
+            | T::UInt16
+            | T::UInt32
+            | T::Date32
+            | T::Date64
+            | T::Time32(_)
+            | T::Time64(_)
+            | T::Timestamp(_, _)
+            | T::Duration(_)
+    );
+    if !integer_like {
+        return None;
+    }
+    if column.null_count() > 0 {
+        let ignore = ignore_null?;
+        if (0..column.len()).any(|i| column.is_null(i) && !ignore(i)) {
+            return None;
+        }
+    }
+    let ints = deltalake::arrow::compute::cast(column, &T::Int64).ok()?;
+    let ints = ints
+        .as_any()
+        .downcast_ref::<deltalake::arrow::array::Int64Array>()?;
+    Some(
+        ints.values()
+            .iter()
+            .map(|&v| (v as u64) ^ (1 << 63))
+            .collect(),
+    )
 }
 
 /// Type equality that ignores nullability of nested fields and the spelling of time zones.

@@ -198,6 +198,13 @@ pub(crate) fn parallel_min_rows() -> usize {
     })
 }
 
+/// The process's resident memory in MiB, for phase logs (`None` where `/proc` is missing).
+pub(crate) fn rss_mib() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096 / (1 << 20))
+}
+
 /// How many threads parallel work uses: the cores, at most 8.
 pub(crate) fn parallelism() -> usize {
     std::thread::available_parallelism()
