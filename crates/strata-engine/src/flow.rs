@@ -998,6 +998,20 @@ pub(crate) async fn run_flow(
                 crate::changes::read_feed(&source, from, Some(source_version), false).await?;
             ctx.register_batch(strata_sql::SOURCE_PLACEHOLDER, feed)
                 .context(|| "registering the change feed".into())?;
+        } else if let Some(rows) = (!setup.table_mode())
+            .then(|| wh.take_appended(&wh.table_path(&flow.source), from, source_version))
+            .flatten()
+        {
+            // Exactly the rows this process just appended to the source: no need to read
+            // back the files it wrote.
+            let schema = match rows.first() {
+                Some(b) => b.schema(),
+                None => sqlutil::table_schema(&source)?,
+            };
+            let table = deltalake::datafusion::datasource::MemTable::try_new(schema, vec![rows])
+                .context(|| format!("reading {}", flow.source))?;
+            ctx.register_table(strata_sql::SOURCE_PLACEHOLDER, Arc::new(table))
+                .context(|| format!("reading {}", flow.source))?;
         } else {
             let files = if setup.table_mode() {
                 None
@@ -1007,6 +1021,8 @@ pub(crate) async fn run_flow(
             register_table(&ctx, strata_sql::SOURCE_PLACEHOLDER, &source, files).await?;
         }
         let events = events_from(&ctx, setup, run).await?;
+        // The source's rows (kept in memory when handed over) are not needed any more.
+        let _ = ctx.deregister_table(strata_sql::SOURCE_PLACEHOLDER);
         let place = format!(
             "the rows of {} added after version {}",
             flow.source,

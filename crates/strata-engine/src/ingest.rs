@@ -720,7 +720,18 @@ pub(crate) async fn run_ingest(
             .await
             .context(|| format!("streaming table {name}: committing"))?;
     } else {
-        warehouse::append(&handle, parts, commit).await?;
+        // Versions as the flows downstream count them (`None`: no data files yet).
+        // The version before, as a downstream flow's position counts it (`None`: no data
+        // files yet); unknown when the table state cannot be read.
+        let before = handle
+            .snapshot()
+            .ok()
+            .map(|s| (s.log_data().num_files() > 0).then(|| flow::version_of(&handle)));
+        let kept = parts.clone();
+        let after = warehouse::append(&handle, parts, commit).await?;
+        if let (Some(before), true) = (before, after >= 0) {
+            wh.keep_appended(&wh.table_path(name), before, after, kept);
+        }
     }
     Ok(report)
 }

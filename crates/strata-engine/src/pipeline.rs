@@ -414,6 +414,8 @@ pub(crate) async fn run_plan(
             });
         }
     }
+    // Rows kept for a reader that did not come in this run are read from the files next time.
+    wh.forget_appended();
     match failure {
         Some(e) => Err(e),
         None => Ok(report),

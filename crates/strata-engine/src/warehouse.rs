@@ -17,12 +17,26 @@ use deltalake::kernel::StructType;
 use deltalake::{DeltaTable, DeltaTableBuilder};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use strata_sql::TableName;
 
 /// A folder of Delta tables.
 #[derive(Debug, Clone)]
 pub struct Warehouse {
     root: PathBuf,
+    /// Rows a streaming table was just appended, kept for the flow that reads them next in
+    /// the same process (see [`Warehouse::keep_appended`]).
+    appended: Arc<Mutex<HashMap<PathBuf, Appended>>>,
+}
+
+/// One append to a streaming table, as committed.
+#[derive(Debug)]
+struct Appended {
+    /// The table's version before the append, `None` if it held no data files then.
+    before: Option<i64>,
+    /// The version the append committed.
+    after: i64,
+    rows: Vec<RecordBatch>,
 }
 
 impl Warehouse {
@@ -33,7 +47,57 @@ impl Warehouse {
             .context(|| format!("cannot create warehouse folder {}", root.display()))?;
         let root = std::fs::canonicalize(root)
             .context(|| format!("cannot open warehouse folder {}", root.display()))?;
-        Ok(Warehouse { root })
+        Ok(Warehouse {
+            root,
+            appended: Arc::default(),
+        })
+    }
+
+    /// Keeps the rows just appended to the table at `path` (committed as version `after`;
+    /// `before`: the version before, `None` if the table had no data files) so that the next
+    /// reader of exactly those rows in this process takes them from memory instead of reading
+    /// back the files just written. A newer append replaces the rows kept.
+    pub(crate) fn keep_appended(
+        &self,
+        path: &Path,
+        before: Option<i64>,
+        after: i64,
+        rows: Vec<RecordBatch>,
+    ) {
+        if let Ok(mut kept) = self.appended.lock() {
+            kept.insert(
+                path.to_path_buf(),
+                Appended {
+                    before,
+                    after,
+                    rows,
+                },
+            );
+        }
+    }
+
+    /// Drops every row kept by [`Warehouse::keep_appended`].
+    pub(crate) fn forget_appended(&self) {
+        if let Ok(mut kept) = self.appended.lock() {
+            kept.clear();
+        }
+    }
+
+    /// The rows kept by [`Warehouse::keep_appended`] for the table at `path`, if they are
+    /// exactly its rows added after version `from` (`None`: from the start) up to `now`.
+    /// Whoever takes them is their only reader; later readers read the files.
+    pub(crate) fn take_appended(
+        &self,
+        path: &Path,
+        from: Option<i64>,
+        now: i64,
+    ) -> Option<Vec<RecordBatch>> {
+        let mut kept = self.appended.lock().ok()?;
+        let a = kept.get(path)?;
+        if a.after != now || a.before != from {
+            return None;
+        }
+        kept.remove(path).map(|a| a.rows)
     }
 
     pub fn root(&self) -> &Path {
