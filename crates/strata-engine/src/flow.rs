@@ -1029,6 +1029,7 @@ pub(crate) async fn run_flow(
             from.map_or("(start)".to_string(), |v| v.to_string())
         );
         validate_events(setup, &events, &place)?;
+        phase("evaluated and checked the new events");
         report.source_versions = Some((from, source_version));
         report.events = events.num_rows();
         if setup.is_snapshot() {

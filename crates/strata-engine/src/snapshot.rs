@@ -22,7 +22,7 @@
 use crate::error::{Context, EngineError, Result};
 use crate::flow::{self, FlowReport, FlowSetup};
 use crate::fold::{self, FoldSpec, OP_COL, RUN_COL, SEQ_COL};
-use crate::sqlutil::{self, quote_ident};
+use crate::sqlutil::{self, quote_ident, Ordered};
 use crate::warehouse::{self, Warehouse};
 use ahash::{AHashMap, AHashSet};
 use deltalake::arrow::array::{
@@ -250,15 +250,34 @@ fn diff(
     old: &RecordBatch,
     version: &ScalarValue,
 ) -> Result<Diff> {
-    let nk = setup.key_rows(new)?;
     if old.num_rows() == 0 {
+        let nk = setup.key_rows(new)?;
         key_index(setup, new, &nk, 0..new.num_rows() as u32, version)?;
         return Ok(Diff {
             upserts: (0..new.num_rows() as u32).collect(),
             deletes: Vec::new(),
         });
     }
-    let ok = setup.key_rows(old)?;
+    // Keys as integers where the single key column allows, else in row format (one
+    // converter for both sides, so equal keys have equal bytes).
+    let key_cols = |b: &RecordBatch| -> Vec<ArrayRef> {
+        setup
+            .spec
+            .keys
+            .iter()
+            .map(|&k| b.column(k).clone())
+            .collect()
+    };
+    let (nk, ok) = match (
+        Ordered::of_columns(&key_cols(new), None)?,
+        Ordered::of_columns(&key_cols(old), None)?,
+    ) {
+        (n @ Ordered::Int(_), o @ Ordered::Int(_)) => (n, o),
+        _ => (
+            Ordered::Rows(setup.key_rows(new)?),
+            Ordered::Rows(setup.key_rows(old)?),
+        ),
+    };
     // Matched keys compare column by column (NULL equals NULL), without a copy of every row
     // in row format.
     let same: Vec<_> = new
@@ -274,6 +293,10 @@ fn diff(
         })
         .collect::<std::result::Result<_, _>>()
         .context(|| "comparing snapshots".into())?;
+    let same = |i: u32, j: u32| {
+        same.iter()
+            .all(|c| c(i as usize, j as usize) == std::cmp::Ordering::Equal)
+    };
     let rows = new.num_rows().max(old.num_rows());
     let parts = if rows < crate::warehouse::parallel_min_rows() {
         1
@@ -281,40 +304,48 @@ fn diff(
         crate::warehouse::parallelism()
     };
     let hasher = ahash::RandomState::with_seeds(5, 6, 7, 8);
-    let split = |keys: &deltalake::arrow::row::Rows, n: usize| -> Vec<Vec<u32>> {
+    let split = |keys: &Ordered, n: usize| -> Vec<Vec<u32>> {
         let mut out = vec![Vec::new(); parts];
-        for i in 0..n {
+        for i in 0..n as u32 {
             let p = if parts == 1 {
                 0
             } else {
-                (hasher.hash_one(keys.row(i).data()) % parts as u64) as usize
+                (keys.hash(&hasher, i) % parts as u64) as usize
             };
-            out[p].push(i as u32);
+            out[p].push(i);
         }
         out
     };
     let (new_parts, old_parts) = (split(&nk, new.num_rows()), split(&ok, old.num_rows()));
+    let twice = |i: u32| {
+        EngineError::BadInput(format!(
+            "flow {}: key ({}) appears twice in snapshot version {}; a snapshot holds one \
+             row per key. The run was rejected and nothing was written",
+            setup.flow.name,
+            fold::describe_key(new, &setup.spec.keys, i as usize),
+            render_version(version),
+        ))
+    };
     let diff_part = |new_rows: &[u32], old_rows: &[u32]| -> Result<Diff> {
-        let new_by_key = key_index(setup, new, &nk, new_rows.iter().copied(), version)?;
-        let mut seen = vec![false; new.num_rows()];
-        let mut upserts = Vec::new();
-        let mut deletes = Vec::new();
-        for &j in old_rows {
-            match new_by_key.get(ok.row(j as usize).data()) {
-                Some(&i) => {
-                    seen[i as usize] = true;
-                    if !same
-                        .iter()
-                        .all(|c| c(i as usize, j as usize) == std::cmp::Ordering::Equal)
-                    {
-                        upserts.push(i);
-                    }
-                }
-                None => deletes.push(j),
-            }
+        match (&nk, &ok) {
+            (Ordered::Int(n), Ordered::Int(o)) => diff_keys(
+                new_rows,
+                old_rows,
+                |i| n[i as usize],
+                |j| o[j as usize],
+                &same,
+                &twice,
+            ),
+            (Ordered::Rows(n), Ordered::Rows(o)) => diff_keys(
+                new_rows,
+                old_rows,
+                |i| n.row(i as usize).data(),
+                |j| o.row(j as usize).data(),
+                &same,
+                &twice,
+            ),
+            _ => Err(EngineError::Internal("snapshot keys in two forms".into())),
         }
-        upserts.extend(new_rows.iter().copied().filter(|&i| !seen[i as usize]));
-        Ok(Diff { upserts, deletes })
     };
     let results: Vec<Result<Diff>> = if parts == 1 {
         vec![diff_part(&new_parts[0], &old_parts[0])]
@@ -344,6 +375,40 @@ fn diff(
     }
     upserts.sort_unstable();
     deletes.sort_unstable();
+    Ok(Diff { upserts, deletes })
+}
+
+/// The diff of one part of the keys: `new_rows` of the snapshot against `old_rows` of the
+/// state, matched by key (`new_key`, `old_key`); `same` compares a matched pair's values.
+fn diff_keys<K: std::hash::Hash + Eq>(
+    new_rows: &[u32],
+    old_rows: &[u32],
+    new_key: impl Fn(u32) -> K,
+    old_key: impl Fn(u32) -> K,
+    same: &dyn Fn(u32, u32) -> bool,
+    twice: &dyn Fn(u32) -> EngineError,
+) -> Result<Diff> {
+    let mut new_by_key: AHashMap<K, u32> = AHashMap::with_capacity(new_rows.len());
+    for &i in new_rows {
+        if new_by_key.insert(new_key(i), i).is_some() {
+            return Err(twice(i));
+        }
+    }
+    let mut seen = vec![false; new_rows.iter().max().map_or(0, |&m| m as usize + 1)];
+    let mut upserts = Vec::new();
+    let mut deletes = Vec::new();
+    for &j in old_rows {
+        match new_by_key.get(&old_key(j)) {
+            Some(&i) => {
+                seen[i as usize] = true;
+                if !same(i, j) {
+                    upserts.push(i);
+                }
+            }
+            None => deletes.push(j),
+        }
+    }
+    upserts.extend(new_rows.iter().copied().filter(|&i| !seen[i as usize]));
     Ok(Diff { upserts, deletes })
 }
 
@@ -418,12 +483,22 @@ pub(crate) async fn to_events(
     rows: &RecordBatch,
     run: i64,
 ) -> Result<SnapshotEvents> {
+    let clock = std::time::Instant::now();
+    let step = |what: &str| {
+        tracing::debug!(
+            flow = %setup.flow.name,
+            elapsed_ms = clock.elapsed().as_millis() as u64,
+            rss_mib = warehouse::rss_mib(),
+            "snapshot: {what}"
+        );
+    };
     let versions = group_versions(setup, rows)?;
     let mut applied: Vec<ScalarValue> = Vec::new();
     if has_store {
         register_effective(ctx, setup, "__strata_effective_old", None).await?;
         applied = stored_versions(ctx).await?;
     }
+    step("grouped the versions and listed the stored ones");
     let stored: Vec<ScalarValue> = applied.clone();
     let pending: Vec<ScalarValue> = versions.groups.iter().map(|g| g.0.clone()).collect();
     let empty = RecordBatch::new_empty(data_schema(setup));
@@ -465,7 +540,9 @@ pub(crate) async fn to_events(
             state_p.clone()
         };
 
+        step("read the state before the version");
         let d = diff(setup, &snap, &state_p, v)?;
+        step("diffed");
         parts.push(make_events(setup, &snap, &d.upserts, v, 0, run)?);
         parts.push(make_events(setup, &state_p, &d.deletes, v, 1, run)?);
         markers.push(marker(setup, v, run)?);
