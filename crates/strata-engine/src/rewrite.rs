@@ -20,6 +20,7 @@
 
 use crate::error::{Context, EngineError, Result};
 use crate::sqlutil;
+use crate::warehouse;
 use deltalake::arrow::array::{
     ArrayRef, BooleanArray, RecordBatch, RecordBatchReader, StringArray,
 };
@@ -85,18 +86,19 @@ pub(crate) async fn replace_keys(
             .collect(),
     )
     .context(|| "row format".into())?;
-    let gone = {
+    // The keys whose rows go: those of the old rows, and (should the table hold rows the
+    // caller did not know of) those of the new rows.
+    let mut gone = ahash::AHashSet::<Box<[u8]>>::with_capacity(old_rows.num_rows());
+    for batch in [old_rows, &new_rows] {
         let cols: Vec<ArrayRef> = key_at
             .iter()
-            .map(|&i| cast_to(old_rows.column(i), schema.field(i).data_type()))
+            .map(|&i| cast_to(batch.column(i), schema.field(i).data_type()))
             .collect::<Result<_>>()?;
         let rows = converter
             .convert_columns(&cols)
             .context(|| "row format".into())?;
-        rows.iter()
-            .map(|r| r.data().to_vec().into_boxed_slice())
-            .collect::<ahash::AHashSet<Box<[u8]>>>()
-    };
+        gone.extend(rows.iter().map(|r| r.data().to_vec().into_boxed_slice()));
+    }
     let files: Vec<(String, deltalake::kernel::Remove)> = snapshot
         .log_data()
         .iter()
@@ -109,36 +111,48 @@ pub(crate) async fn replace_keys(
         gone,
     });
 
-    // Which files hold a replaced key: key columns only, files side by side.
-    let mut checks = Vec::new();
-    for (path, _) in &files {
-        let (shared, file) = (shared.clone(), root.join(path));
-        checks.push(tokio::task::spawn_blocking(move || {
-            shared.holds_gone_key(&file)
-        }));
-    }
+    // Which files hold a replaced key: key columns only, one file per core at a time.
+    let lanes = warehouse::parallelism();
     let mut touched = Vec::new();
-    for ((path, remove), check) in files.iter().zip(checks) {
-        let holds = check
-            .await
-            .map_err(|e| EngineError::Internal(format!("a reading task failed: {e}")))??;
-        if holds {
-            touched.push((path.clone(), remove.clone()));
+    for chunk in files.chunks(lanes) {
+        let checks: Vec<_> = chunk
+            .iter()
+            .map(|(path, _)| {
+                let (shared, file) = (shared.clone(), root.join(path));
+                tokio::task::spawn_blocking(move || shared.holds_gone_key(&file))
+            })
+            .collect();
+        for ((path, remove), check) in chunk.iter().zip(checks) {
+            let holds = check
+                .await
+                .map_err(|e| EngineError::Internal(format!("a reading task failed: {e}")))??;
+            if holds {
+                touched.push((path.clone(), remove.clone()));
+            }
         }
     }
 
-    // Rewrite the files that hold one, one task per file; the new rows go with the first.
+    // Rewrite the files that hold one, one file per core at a time (each writer holds its
+    // file's encoded parquet until it is flushed); the new rows go with the first.
     let new_rows = sqlutil::cast_batch(&new_rows, &schema)?;
     let mut pending = Some(new_rows.clone());
-    let mut writers = Vec::new();
-    for (path, _) in &touched {
-        let (shared, file, table) = (shared.clone(), root.join(path), table.clone());
-        let extra = pending.take();
-        writers.push(tokio::spawn(async move {
-            shared.rewrite(&file, &table, extra).await
-        }));
-    }
     let mut actions: Vec<Action> = Vec::new();
+    for chunk in touched.chunks(lanes) {
+        let writers: Vec<_> = chunk
+            .iter()
+            .map(|(path, _)| {
+                let (shared, file, table) = (shared.clone(), root.join(path), table.clone());
+                let extra = pending.take();
+                tokio::spawn(async move { shared.rewrite(&file, &table, extra).await })
+            })
+            .collect();
+        for w in writers {
+            let adds = w
+                .await
+                .map_err(|e| EngineError::Internal(format!("a rewriting task failed: {e}")))??;
+            actions.extend(adds.into_iter().map(Action::Add));
+        }
+    }
     if let Some(rows) = pending.take().filter(|r| r.num_rows() > 0) {
         let mut writer = RecordBatchWriter::for_table(table)
             .context(|| format!("writing {}", table.table_url()))?;
@@ -150,12 +164,6 @@ pub(crate) async fn replace_keys(
             .flush()
             .await
             .context(|| format!("writing {}", table.table_url()))?;
-        actions.extend(adds.into_iter().map(Action::Add));
-    }
-    for w in writers {
-        let adds = w
-            .await
-            .map_err(|e| EngineError::Internal(format!("a rewriting task failed: {e}")))??;
         actions.extend(adds.into_iter().map(Action::Add));
     }
     actions.extend(touched.iter().map(|(_, r)| Action::Remove(r.clone())));
