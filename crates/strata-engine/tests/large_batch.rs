@@ -2,23 +2,33 @@
 //! thread (a small stack; delta-rs's `replace_where`, used before, walked the key predicate
 //! recursively and overflowed), and a batch that rewrites only the files holding its keys.
 
+use std::path::PathBuf;
 use strata_engine::Warehouse;
 
-#[tokio::test]
-async fn a_batch_changing_20k_keys_runs_on_a_small_stack() {
+/// A folder with `data/` and a pipeline: CSV files (id, v, seq) into `raw`, and an AUTO CDC
+/// flow from it into `t` keyed by `id` with `stored_as` appended; its warehouse.
+fn setup(stored_as: &str) -> (tempfile::TempDir, PathBuf, Warehouse) {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::create_dir_all(dir.path().join("data")).expect("mkdir");
     let pipeline = dir.path().join("pipeline.sql");
     std::fs::write(
         &pipeline,
-        "CREATE OR REFRESH STREAMING TABLE raw AS SELECT * FROM STREAM read_files('data', \
-         format => 'csv', header => true, schema => 'id BIGINT, v STRING, seq BIGINT');\n\
-         CREATE OR REFRESH STREAMING TABLE t;\n\
-         CREATE FLOW f AS AUTO CDC INTO t FROM STREAM(raw) KEYS (id) SEQUENCE BY seq \
-         COLUMNS * EXCEPT (seq);\n",
+        format!(
+            "CREATE OR REFRESH STREAMING TABLE raw AS SELECT * FROM STREAM read_files('data', \
+             format => 'csv', header => true, schema => 'id BIGINT, v STRING, seq BIGINT');\n\
+             CREATE OR REFRESH STREAMING TABLE t;\n\
+             CREATE FLOW f AS AUTO CDC INTO t FROM STREAM(raw) KEYS (id) SEQUENCE BY seq \
+             COLUMNS * EXCEPT (seq) {stored_as};\n"
+        ),
     )
     .expect("write");
     let wh = Warehouse::open(dir.path().join("warehouse")).expect("warehouse");
+    (dir, pipeline, wh)
+}
+
+#[tokio::test]
+async fn a_batch_changing_20k_keys_runs_on_a_small_stack() {
+    let (dir, pipeline, wh) = setup("");
     let n = 20_000;
     for (file, value, seq) in [("001.csv", "a", 1), ("002.csv", "b", 2)] {
         let mut csv = String::from("id,v,seq\n");
@@ -65,19 +75,7 @@ fn actions(table: &std::path::Path, version: u64, kind: &str) -> Vec<String> {
 
 #[tokio::test]
 async fn a_batch_rewrites_only_the_files_holding_its_keys() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::create_dir_all(dir.path().join("data")).expect("mkdir");
-    let pipeline = dir.path().join("pipeline.sql");
-    std::fs::write(
-        &pipeline,
-        "CREATE OR REFRESH STREAMING TABLE raw AS SELECT * FROM STREAM read_files('data', \
-         format => 'csv', header => true, schema => 'id BIGINT, v STRING, seq BIGINT');\n\
-         CREATE OR REFRESH STREAMING TABLE t;\n\
-         CREATE FLOW f AS AUTO CDC INTO t FROM STREAM(raw) KEYS (id) SEQUENCE BY seq \
-         COLUMNS * EXCEPT (seq) STORED AS SCD TYPE 2;\n",
-    )
-    .expect("write");
-    let wh = Warehouse::open(dir.path().join("warehouse")).expect("warehouse");
+    let (dir, pipeline, wh) = setup("STORED AS SCD TYPE 2");
     let target = dir.path().join("warehouse/default/t");
     // Run 1: keys 0..1000; run 2: keys 1000..2000 (new keys: no file holds them);
     // run 3: one change to key 1500, which only run 2's file holds.
