@@ -16,7 +16,8 @@
 //! with another and derive the change feed with a third, on one thread per file. Here the
 //! caller already knows the rows that go (the fold derived them) and the rows that come, so
 //! each file is read once and the change feed is written from memory. Files are local (a
-//! warehouse is a folder); a table partitioned by its start value goes through delta-rs.
+//! warehouse is a folder); a table partitioned by its start value, or one with column mapping
+//! or deletion vectors (written by another engine), goes through delta-rs.
 
 use crate::error::{Context, EngineError, Result};
 use crate::sqlutil;
@@ -54,7 +55,8 @@ pub(crate) struct Replaced {
 /// Replaces every row of `table` whose key (columns `keys`) is a key of `old_rows` by
 /// `new_rows`, in one commit carrying `commit`. `old_rows` must be exactly the rows the table
 /// holds for those keys (they become the change feed's `delete` rows). Returns `None`, having
-/// done nothing, for a partitioned table.
+/// done nothing, for a partitioned table, one with column mapping or deletion vectors, or one
+/// that is not in a local folder.
 pub(crate) async fn replace_keys(
     table: &DeltaTable,
     keys: &[String],
@@ -63,14 +65,26 @@ pub(crate) async fn replace_keys(
     commit: CommitProperties,
 ) -> Result<Option<Replaced>> {
     let snapshot = table.snapshot().context(|| "reading table state".into())?;
-    if !snapshot.metadata().partition_columns().is_empty() {
+    // Files are read as plain parquet with logical column names: a partitioned table, column
+    // mapping or deletion vectors (a table another engine wrote) go through delta-rs.
+    let mapped = snapshot
+        .metadata()
+        .configuration()
+        .get("delta.columnMapping.mode")
+        .is_some_and(|m| m != "none");
+    if !snapshot.metadata().partition_columns().is_empty()
+        || mapped
+        || snapshot
+            .log_data()
+            .iter()
+            .any(|f| f.deletion_vector_descriptor().is_some())
+    {
         return Ok(None);
     }
     let schema = sqlutil::table_schema(table)?;
-    let root = table
-        .table_url()
-        .to_file_path()
-        .map_err(|_| EngineError::Internal(format!("not a local table: {}", table.table_url())))?;
+    let Ok(root) = table.table_url().to_file_path() else {
+        return Ok(None); // not a local table
+    };
     let key_at = keys
         .iter()
         .map(|k| {
