@@ -469,6 +469,29 @@ fn historised_table_partitioned_by_start() {
     assert_eq!(csv, "id,city\n1,Oaxaca\n2,Monterrey\n");
     let out = p.strata(&["validate", "c"]);
     assert!(out.status.success(), "{}", stdout(&out));
+    // A second delivery changes key 1: a partitioned target's rows are replaced by delta-rs
+    // (the one-pass rewrite handles unpartitioned tables only).
+    p.file(
+        "data/snap/002.csv",
+        "id,city,v\n1,Puebla,2024-03-31\n2,Carmel,2024-03-31\n",
+    );
+    let out = p.run();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let csv = p.query(
+        "csv",
+        "SELECT id, city, valid_from, valid_to, is_current FROM c ORDER BY id, valid_from",
+    );
+    assert_eq!(
+        csv,
+        "id,city,valid_from,valid_to,is_current\n\
+         1,Oaxaca,2024-01-31,2024-03-31,false\n\
+         1,Puebla,2024-03-31,9999-12-31,true\n\
+         2,Monterrey,2024-01-31,2024-02-29,false\n\
+         2,Carmel,2024-02-29,9999-12-31,true\n"
+    );
+    assert!(p.path("warehouse/default/c/valid_from=2024-03-31").is_dir());
+    let out = p.strata(&["validate", "c"]);
+    assert!(out.status.success(), "{}", stdout(&out));
 }
 
 /// The bundled snapshot example (examples/customers) does what its README says.
