@@ -720,7 +720,6 @@ pub(crate) async fn run_ingest(
             .await
             .context(|| format!("streaming table {name}: committing"))?;
     } else {
-        // Versions as the flows downstream count them (`None`: no data files yet).
         // The version before, as a downstream flow's position counts it (`None`: no data
         // files yet); unknown when the table state cannot be read.
         let before = handle

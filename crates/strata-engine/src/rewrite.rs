@@ -19,6 +19,7 @@
 //! warehouse is a folder); a table partitioned by its start value, or one with column mapping
 //! or deletion vectors (written by another engine), goes through delta-rs.
 
+use crate::changes::CHANGE_TYPE;
 use crate::error::{Context, EngineError, Result};
 use crate::sqlutil;
 use crate::warehouse;
@@ -30,7 +31,7 @@ use deltalake::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use deltalake::arrow::row::{RowConverter, SortField};
 use deltalake::datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use deltalake::datafusion::parquet::arrow::{ArrowWriter, ProjectionMask};
-use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
+use deltalake::kernel::transaction::CommitProperties;
 use deltalake::kernel::{Action, AddCDCFile};
 use deltalake::protocol::{DeltaOperation, SaveMode};
 use deltalake::writer::{DeltaWriter, RecordBatchWriter};
@@ -38,16 +39,12 @@ use deltalake::DeltaTable;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// The change-feed column of a change data file.
-const CHANGE_TYPE: &str = "_change_type";
-
 /// Rows read from a data file at a time.
 const READ_BATCH_ROWS: usize = 64 * 1024;
 
 /// What [`replace_keys`] did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Replaced {
-    pub version: i64,
     pub files_read: usize,
     pub files_rewritten: usize,
 }
@@ -168,16 +165,7 @@ pub(crate) async fn replace_keys(
         }
     }
     if let Some(rows) = pending.take().filter(|r| r.num_rows() > 0) {
-        let mut writer = RecordBatchWriter::for_table(table)
-            .context(|| format!("writing {}", table.table_url()))?;
-        writer
-            .write(rows)
-            .await
-            .context(|| format!("writing {}", table.table_url()))?;
-        let adds = writer
-            .flush()
-            .await
-            .context(|| format!("writing {}", table.table_url()))?;
+        let adds = warehouse::write_files(table, vec![rows]).await?;
         actions.extend(adds.into_iter().map(Action::Add));
     }
     actions.extend(touched.iter().map(|(_, r)| Action::Remove(r.clone())));
@@ -192,13 +180,8 @@ pub(crate) async fn replace_keys(
             keys.join(", ")
         )),
     };
-    let done = CommitBuilder::from(commit)
-        .with_actions(actions)
-        .build(Some(snapshot), table.log_store(), operation)
-        .await
-        .context(|| format!("committing to {}", table.table_url()))?;
+    warehouse::commit_actions(table, actions, operation, commit).await?;
     Ok(Some(Replaced {
-        version: done.version() as i64,
         files_read: files.len(),
         files_rewritten: touched.len(),
     }))

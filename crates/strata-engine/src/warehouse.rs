@@ -13,7 +13,10 @@ use deltalake::arrow::datatypes::Schema;
 use deltalake::datafusion::execution::context::SessionContext;
 use deltalake::datafusion::prelude::SessionConfig;
 use deltalake::kernel::engine::arrow_conversion::TryIntoKernel;
-use deltalake::kernel::StructType;
+use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
+use deltalake::kernel::{Action, StructType};
+use deltalake::protocol::{DeltaOperation, SaveMode};
+use deltalake::writer::{DeltaWriter, RecordBatchWriter};
 use deltalake::{DeltaTable, DeltaTableBuilder};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -283,11 +286,8 @@ pub(crate) fn parallelism() -> usize {
 pub(crate) async fn append(
     table: &DeltaTable,
     batches: Vec<RecordBatch>,
-    commit: deltalake::kernel::transaction::CommitProperties,
+    commit: CommitProperties,
 ) -> Result<i64> {
-    use deltalake::kernel::transaction::CommitBuilder;
-    use deltalake::protocol::{DeltaOperation, SaveMode};
-    use deltalake::writer::{DeltaWriter, RecordBatchWriter};
     let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
     let parts = parallelism();
     if rows < parallel_min_rows() || parts == 1 || batches.is_empty() {
@@ -322,29 +322,54 @@ pub(crate) async fn append(
     let mut writers = Vec::new();
     for group in groups {
         let table = table.clone();
-        writers.push(tokio::spawn(async move {
-            let mut writer = RecordBatchWriter::for_table(&table)?;
-            for b in group {
-                writer.write(b).await?;
-            }
-            writer.flush().await
-        }));
+        writers.push(tokio::spawn(
+            async move { write_files(&table, group).await },
+        ));
     }
     let mut actions = Vec::new();
     for w in writers {
         let adds = w
             .await
-            .map_err(|e| EngineError::Internal(format!("a writer task failed: {e}")))?
-            .context(|| format!("writing {}", table.table_url()))?;
-        actions.extend(adds.into_iter().map(deltalake::kernel::Action::Add));
+            .map_err(|e| EngineError::Internal(format!("a writer task failed: {e}")))??;
+        actions.extend(adds.into_iter().map(Action::Add));
     }
-    let snapshot = table.snapshot().context(|| "reading table state".into())?;
-    let partition_by: Vec<String> = snapshot.metadata().partition_columns().to_vec();
+    let partition_by: Vec<String> = table
+        .snapshot()
+        .context(|| "reading table state".into())?
+        .metadata()
+        .partition_columns()
+        .to_vec();
     let operation = DeltaOperation::Write {
         mode: SaveMode::Append,
         partition_by: (!partition_by.is_empty()).then_some(partition_by),
         predicate: None,
     };
+    commit_actions(table, actions, operation, commit).await
+}
+
+/// Writes `batches` (in the table's layout) to new data files of `table` and returns their
+/// `add` actions; nothing is committed.
+pub(crate) async fn write_files(
+    table: &DeltaTable,
+    batches: Vec<RecordBatch>,
+) -> Result<Vec<deltalake::kernel::Add>> {
+    let what = || format!("writing {}", table.table_url());
+    let mut writer = RecordBatchWriter::for_table(table).context(what)?;
+    for b in batches {
+        writer.write(b).await.context(what)?;
+    }
+    writer.flush().await.context(what)
+}
+
+/// Commits `actions` to `table` (against the state it was loaded at) as one `operation`
+/// carrying `commit`; returns the new version.
+pub(crate) async fn commit_actions(
+    table: &DeltaTable,
+    actions: Vec<Action>,
+    operation: DeltaOperation,
+    commit: CommitProperties,
+) -> Result<i64> {
+    let snapshot = table.snapshot().context(|| "reading table state".into())?;
     let done = CommitBuilder::from(commit)
         .with_actions(actions)
         .build(Some(snapshot), table.log_store(), operation)
