@@ -170,6 +170,14 @@ struct Folded {
     groups: usize,
 }
 
+/// How a part's events are sorted by (key, sequence, arrival).
+enum SortBy<'a> {
+    /// A single integer-like key and an integer-like sequence.
+    Ints(&'a [u64], &'a [u64]),
+    /// Key columns, then the sequence, in Arrow's row format.
+    Rows(deltalake::arrow::row::Rows),
+}
+
 /// Folds every key of `events` into target rows with schema `target`; also returns how many
 /// keys the events hold.
 ///
@@ -227,36 +235,24 @@ fn fold_batch_in(
     step("keys and sequences in comparable form");
     // Keys are independent: split them into parts by a hash of the key, and sort and fold
     // the parts side by side.
-    let parts = parts.max(1);
-    let mut partitions: Vec<Vec<u32>> = vec![Vec::new(); parts];
-    {
-        let hasher = ahash::RandomState::with_seeds(1, 2, 3, 4);
-        for i in 0..events.num_rows() as u32 {
-            if model.kind(i) == EventKind::Truncate {
-                continue;
-            }
-            let part = if parts == 1 {
-                0
-            } else {
-                (keys.hash(&hasher, i) % parts as u64) as usize
-            };
-            partitions[part].push(i);
-        }
-    }
+    let partitions = keys.split(
+        (0..events.num_rows() as u32).filter(|&i| model.kind(i) != EventKind::Truncate),
+        parts,
+    );
     step("split into parts");
     // Sort every part by (key, sequence, arrival): integer pairs where the types allow,
     // else one row-format value per event (key, then sequence), whose order is a memcmp.
-    let sort_rows = match (&keys, &model.seq) {
-        (Ordered::Int(_), Ordered::Int(_)) => None,
+    let sort_by = match (&keys, &model.seq) {
+        (Ordered::Int(k), Ordered::Int(q)) => SortBy::Ints(k, q),
         _ => {
             let mut sort_cols = key_cols.clone();
             sort_cols.push(events.column(spec.n_out).clone());
-            Some(crate::sqlutil::rows(&sort_cols)?)
+            SortBy::Rows(crate::sqlutil::rows(&sort_cols)?)
         }
     };
     let sort_part = |mut order: Vec<u32>| -> Vec<u32> {
-        match (&keys, &model.seq, &sort_rows) {
-            (Ordered::Int(k), Ordered::Int(q), _) => {
+        match &sort_by {
+            SortBy::Ints(k, q) => {
                 let mut tagged: Vec<(u64, u64, u32)> = order
                     .iter()
                     .map(|&i| (k[i as usize], q[i as usize], i))
@@ -265,33 +261,16 @@ fn fold_batch_in(
                 order.clear();
                 order.extend(tagged.into_iter().map(|(_, _, i)| i));
             }
-            (_, _, Some(rows)) => order.sort_unstable_by(|&a, &b| {
+            SortBy::Rows(rows) => order.sort_unstable_by(|&a, &b| {
                 rows.row(a as usize)
                     .cmp(&rows.row(b as usize))
                     .then(a.cmp(&b))
             }),
-            _ => order.sort_unstable(),
         }
         order
     };
-    let partitions: Vec<Vec<u32>> = if parts == 1 {
-        partitions.into_iter().map(sort_part).collect()
-    } else {
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = partitions
-                .into_iter()
-                .map(|p| scope.spawn(|| sort_part(p)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .map_err(|_| EngineError::Internal("a sort thread panicked".into()))
-                })
-                .collect::<Result<Vec<_>>>()
-        })?
-    };
-    drop(sort_rows);
+    let partitions = crate::warehouse::on_threads(partitions, "sort", sort_part)?;
+    drop(sort_by);
     step("sorted");
     let lanes = if spec.options.ignore_null_updates {
         spec.n_out
@@ -342,24 +321,7 @@ fn fold_batch_in(
         }
         Ok(out)
     };
-    let folded: Vec<Result<Folded>> = if parts == 1 {
-        partitions.into_iter().map(fold_part).collect()
-    } else {
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = partitions
-                .into_iter()
-                .map(|p| scope.spawn(|| fold_part(p)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(EngineError::Internal("a fold thread panicked".into()))
-                    })
-                })
-                .collect()
-        })
-    };
+    let folded = crate::warehouse::on_threads(partitions, "fold", fold_part)?;
     step("folded the parts");
     let mut value_idx: Vec<Vec<u32>> = vec![Vec::new(); lanes];
     let mut starts: Vec<u32> = Vec::new();
@@ -398,40 +360,21 @@ fn fold_batch_in(
 
 /// `take` of every (column, indices) job, on up to `threads` threads, in job order.
 fn gather(jobs: Vec<(&ArrayRef, UInt32Array)>, threads: usize) -> Result<Vec<ArrayRef>> {
-    if threads <= 1 || jobs.len() <= 1 {
-        return jobs
-            .into_iter()
-            .map(|(a, idx)| take_column(a, idx))
-            .collect();
-    }
+    let threads = threads.clamp(1, jobs.len().max(1));
     let mut lanes: Vec<Vec<(usize, &ArrayRef, UInt32Array)>> =
         (0..threads).map(|_| Vec::new()).collect();
     for (n, (a, idx)) in jobs.into_iter().enumerate() {
         lanes[n % threads].push((n, a, idx));
     }
-    let mut out: Vec<(usize, ArrayRef)> = std::thread::scope(|scope| {
-        let handles: Vec<_> = lanes
-            .into_iter()
-            .map(|lane| {
-                scope.spawn(move || {
-                    lane.into_iter()
-                        .map(|(n, a, idx)| Ok((n, take_column(a, idx)?)))
-                        .collect::<Result<Vec<_>>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(EngineError::Internal("a gather thread panicked".into()))
-                })
-            })
-            .collect::<Result<Vec<Vec<_>>>>()
-    })?
-    .into_iter()
-    .flatten()
-    .collect();
+    let gathered = crate::warehouse::on_threads(lanes, "gather", |lane| {
+        lane.into_iter()
+            .map(|(n, a, idx)| Ok((n, take_column(a, idx)?)))
+            .collect::<Result<Vec<_>>>()
+    })?;
+    let mut out: Vec<(usize, ArrayRef)> = Vec::new();
+    for lane in gathered {
+        out.extend(lane?);
+    }
     out.sort_by_key(|(n, _)| *n);
     Ok(out.into_iter().map(|(_, a)| a).collect())
 }

@@ -215,29 +215,13 @@ struct Diff {
     deletes: Vec<u32>,
 }
 
-/// Row of each key of snapshot `batch` (`keys`: its key rows), rejecting a key that appears
-/// twice in it; `version` names the snapshot in that error.
-fn key_index<'a>(
+/// Rejects a snapshot `batch` in which a key appears twice; `version` names it in the error.
+fn reject_duplicate_keys(
     setup: &FlowSetup,
     batch: &RecordBatch,
-    keys: &'a deltalake::arrow::row::Rows,
-    rows: impl Iterator<Item = u32>,
     version: &ScalarValue,
-) -> Result<AHashMap<&'a [u8], u32>> {
-    let mut index: AHashMap<&[u8], u32> = AHashMap::with_capacity(rows.size_hint().0);
-    for row in rows {
-        let i = row as usize;
-        if index.insert(keys.row(i).data(), row).is_some() {
-            return Err(EngineError::BadInput(format!(
-                "flow {}: key ({}) appears twice in snapshot version {}; a snapshot holds one \
-                 row per key. The run was rejected and nothing was written",
-                setup.flow.name,
-                fold::describe_key(batch, &setup.spec.keys, i),
-                render_version(version),
-            )));
-        }
-    }
-    Ok(index)
+) -> Result<()> {
+    diff(setup, batch, &batch.slice(0, 0), version).map(|_| ())
 }
 
 /// `version` names the snapshot `new` is, for the error on a key that appears twice in it.
@@ -250,14 +234,6 @@ fn diff(
     old: &RecordBatch,
     version: &ScalarValue,
 ) -> Result<Diff> {
-    if old.num_rows() == 0 {
-        let nk = setup.key_rows(new)?;
-        key_index(setup, new, &nk, 0..new.num_rows() as u32, version)?;
-        return Ok(Diff {
-            upserts: (0..new.num_rows() as u32).collect(),
-            deletes: Vec::new(),
-        });
-    }
     // Keys as integers where the single key column allows, else in row format (one
     // converter for both sides, so equal keys have equal bytes).
     let key_cols = |b: &RecordBatch| -> Vec<ArrayRef> {
@@ -303,20 +279,8 @@ fn diff(
     } else {
         crate::warehouse::parallelism()
     };
-    let hasher = ahash::RandomState::with_seeds(5, 6, 7, 8);
-    let split = |keys: &Ordered, n: usize| -> Vec<Vec<u32>> {
-        let mut out = vec![Vec::new(); parts];
-        for i in 0..n as u32 {
-            let p = if parts == 1 {
-                0
-            } else {
-                (keys.hash(&hasher, i) % parts as u64) as usize
-            };
-            out[p].push(i);
-        }
-        out
-    };
-    let (new_parts, old_parts) = (split(&nk, new.num_rows()), split(&ok, old.num_rows()));
+    let new_parts = nk.split(0..new.num_rows() as u32, parts);
+    let old_parts = ok.split(0..old.num_rows() as u32, parts);
     let twice = |i: u32| {
         EngineError::BadInput(format!(
             "flow {}: key ({}) appears twice in snapshot version {}; a snapshot holds one \
@@ -326,19 +290,19 @@ fn diff(
             render_version(version),
         ))
     };
-    let diff_part = |new_rows: &[u32], old_rows: &[u32]| -> Result<Diff> {
+    let diff_part = |(new_rows, old_rows): (Vec<u32>, Vec<u32>)| -> Result<Diff> {
         match (&nk, &ok) {
             (Ordered::Int(n), Ordered::Int(o)) => diff_keys(
-                new_rows,
-                old_rows,
+                &new_rows,
+                &old_rows,
                 |i| n[i as usize],
                 |j| o[j as usize],
                 &same,
                 &twice,
             ),
             (Ordered::Rows(n), Ordered::Rows(o)) => diff_keys(
-                new_rows,
-                old_rows,
+                &new_rows,
+                &old_rows,
                 |i| n.row(i as usize).data(),
                 |j| o.row(j as usize).data(),
                 &same,
@@ -347,25 +311,11 @@ fn diff(
             _ => Err(EngineError::Internal("snapshot keys in two forms".into())),
         }
     };
-    let results: Vec<Result<Diff>> = if parts == 1 {
-        vec![diff_part(&new_parts[0], &old_parts[0])]
-    } else {
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = new_parts
-                .iter()
-                .zip(&old_parts)
-                .map(|(n, o)| scope.spawn(|| diff_part(n, o)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(EngineError::Internal("a diff thread panicked".into()))
-                    })
-                })
-                .collect()
-        })
-    };
+    let results = crate::warehouse::on_threads(
+        new_parts.into_iter().zip(old_parts).collect(),
+        "diff",
+        diff_part,
+    )?;
     let mut upserts = Vec::new();
     let mut deletes = Vec::new();
     for r in results {
@@ -762,13 +712,7 @@ pub(crate) async fn run_snapshots_mode(
         replace.push(v.clone());
         let snap = take_rows(&rows, idx)?;
         // A key twice in one version is an error here too.
-        key_index(
-            setup,
-            &snap,
-            &setup.key_rows(&snap)?,
-            0..snap.num_rows() as u32,
-            v,
-        )?;
+        reject_duplicate_keys(setup, &snap, v)?;
         let n = snap.num_rows();
         let mut cols: Vec<ArrayRef> = snap.columns()[..setup.spec.n_out].to_vec();
         let seq = snap.column(setup.spec.n_out).clone();

@@ -123,11 +123,25 @@ impl Ordered {
         }
     }
 
-    pub(crate) fn hash(&self, hasher: &ahash::RandomState, i: u32) -> u64 {
-        match self {
-            Ordered::Int(v) => hasher.hash_one(v[i as usize]),
-            Ordered::Rows(r) => hasher.hash_one(r.row(i as usize).data()),
+    /// `rows` split into `parts` lists by a hash of their value, each list in the order
+    /// given: equal values land in the same list, also across two `Ordered` of one form.
+    pub(crate) fn split(&self, rows: impl Iterator<Item = u32>, parts: usize) -> Vec<Vec<u32>> {
+        let hasher = ahash::RandomState::with_seeds(1, 2, 3, 4);
+        let parts = parts.max(1);
+        let mut out = vec![Vec::new(); parts];
+        for i in rows {
+            let part = if parts == 1 {
+                0
+            } else {
+                let hash = match self {
+                    Ordered::Int(v) => hasher.hash_one(v[i as usize]),
+                    Ordered::Rows(r) => hasher.hash_one(r.row(i as usize).data()),
+                };
+                (hash % parts as u64) as usize
+            };
+            out[part].push(i);
         }
+        out
     }
 }
 

@@ -280,6 +280,33 @@ pub(crate) fn parallelism() -> usize {
         .clamp(1, 8)
 }
 
+/// `work` on every item, one scoped thread per item (on the calling thread when there is
+/// only one), results in item order. A thread that panics becomes an internal error naming
+/// `what` it did.
+pub(crate) fn on_threads<T: Send, R: Send>(
+    items: Vec<T>,
+    what: &str,
+    work: impl Fn(T) -> R + Sync,
+) -> Result<Vec<R>> {
+    if items.len() <= 1 {
+        return Ok(items.into_iter().map(work).collect());
+    }
+    let work = &work;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = items
+            .into_iter()
+            .map(|item| scope.spawn(move || work(item)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| EngineError::Internal(format!("a {what} thread panicked")))
+            })
+            .collect()
+    })
+}
+
 /// Appends `batches` to `table` in one commit carrying `commit`. Large inputs are cut into
 /// one slice per core, each encoded to parquet by its own writer at the same time (delta-rs
 /// encodes an unpartitioned write on one thread), and all files are committed together.
