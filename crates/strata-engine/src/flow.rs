@@ -33,7 +33,6 @@ use deltalake::datafusion::common::Column;
 use deltalake::datafusion::prelude::{col, lit, Expr, SessionContext};
 use deltalake::kernel::transaction::CommitProperties;
 use deltalake::kernel::Transaction;
-use deltalake::protocol::SaveMode;
 use deltalake::DeltaTable;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -81,6 +80,19 @@ impl FlowSetup {
                 .map(|&k| batch.column(k).clone())
                 .collect::<Vec<_>>(),
         )
+    }
+
+    /// The target rows (timeline convention applied) of every key of `events`, and how
+    /// many keys they hold.
+    pub(crate) fn fold_to_target(&self, events: &RecordBatch) -> Result<(RecordBatch, usize)> {
+        let (rows, keys) = fold::fold_batch(events, &self.spec, &self.fold_schema)?;
+        if !self.spec.scd2 {
+            return Ok((rows, keys));
+        }
+        let rows =
+            self.timeline
+                .apply(&rows, self.spec.n_out, &self.spec.keys, &self.target_schema)?;
+        Ok((rows, keys))
     }
 
     /// A snapshot flow without `SNAPSHOT VERSION BY`: each run snapshots the whole source.
@@ -1131,23 +1143,12 @@ pub(crate) async fn run_flow(
         report.events,
         all_events.num_rows()
     ));
-    let (derived, keys_derived) = fold::fold_batch(&all_events, &setup.spec, &setup.fold_schema)?;
+    let (derived, keys_derived) = setup.fold_to_target(&all_events)?;
     phase("folded");
     drop(all_events);
-    let derived = if setup.spec.scd2 {
-        setup.timeline.apply(
-            &derived,
-            setup.spec.n_out,
-            &setup.spec.keys,
-            &setup.target_schema,
-        )?
-    } else {
-        derived
-    };
     if matches!(touched, Touched::All) {
         report.keys_touched = keys_derived;
     }
-    phase("applied the timeline convention");
     if setup.flow.stored_as == ScdType::Type2 {
         // The built-in integrity check: a broken timeline is never committed.
         let violations = crate::query::check_rows(&derived, &setup.key_names, &setup.timeline)?;
@@ -1237,19 +1238,7 @@ pub(crate) async fn run_flow(
         }
     };
     let current = match stored_only {
-        Some(stored) => {
-            let (before, _) = fold::fold_batch(&stored, &setup.spec, &setup.fold_schema)?;
-            if setup.spec.scd2 {
-                setup.timeline.apply(
-                    &before,
-                    setup.spec.n_out,
-                    &setup.spec.keys,
-                    &setup.target_schema,
-                )?
-            } else {
-                before
-            }
-        }
+        Some(stored) => setup.fold_to_target(&stored)?.0,
         None => {
             register_table(&ctx, "__strata_target", &target, None).await?;
             read_slice(
@@ -1297,41 +1286,12 @@ pub(crate) async fn run_flow(
         ));
         return Ok(report);
     }
-    // A partitioned target: delta-rs finds and rewrites the files.
+    // A target the rewrite does not handle (partitioned by its start, or written by another
+    // engine with column mapping or deletion vectors): a delta-rs MERGE.
     drop(old_rows);
     let props = target_commit(new_store_version, &app_id, source_version);
     let deletes = compute::take_record_batch(&current, &UInt32Array::from(change.delete_rows))
         .context(|| "selecting rows".into())?;
-    let replace = setup.key_names.len() == 1 && change.keys <= REPLACE_MAX_KEYS;
-    if let (true, [key]) = (replace, setup.key_names.as_slice()) {
-        // One key column: the changed keys' rows are replaced in one overwrite commit
-        // (`replace_where key IN (...)`), which rewrites the files holding them without the
-        // join a MERGE plans, and writes the change feed as delete + insert per key.
-        let mut values = key_values(&inserts, key)?;
-        values.extend(key_values(&deletes, key)?);
-        values.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
-        values.dedup();
-        let predicate = keys_predicate(key, values);
-        let (table, what) = (
-            target.clone(),
-            format!(
-                "flow {}: replacing changed keys in {}",
-                flow.name, flow.target
-            ),
-        );
-        warehouse::on_deep_stack(async move {
-            table
-                .write(vec![inserts])
-                .with_save_mode(SaveMode::Overwrite)
-                .with_replace_where(predicate)
-                .with_commit_properties(props)
-                .await
-                .context(|| what)
-        })
-        .await?;
-        phase("replaced the changed keys' rows in the target");
-        return Ok(report);
-    }
     let source_df = merge_source(&ctx, &inserts, &deletes)?;
     let mut predicate: Expr = col(Column::new(Some("source"), "__strata_action")).eq(lit("del"));
     for k in &setup.key_names {
@@ -1365,39 +1325,6 @@ pub(crate) async fn run_flow(
         .context(|| format!("flow {}: merging into {}", flow.name, flow.target))?;
     phase("merged the changed keys into the target");
     Ok(report)
-}
-
-/// `key IN (values)`: one IN list, which DataFusion evaluates with one hash lookup per row.
-/// (delta-rs turns it into an OR chain of equalities that it walks recursively, hence the
-/// deep stack of the write, see [`REPLACE_MAX_KEYS`].)
-fn keys_predicate(key: &str, values: Vec<deltalake::datafusion::scalar::ScalarValue>) -> Expr {
-    col(Column::new(None::<&str>, key)).in_list(values.into_iter().map(lit).collect(), false)
-}
-
-/// A partitioned target (the others go through [`crate::rewrite`]): up to this many changed
-/// keys, a run replaces their rows with `replace_where`; beyond it, with a MERGE. delta-rs turns the key predicate into one OR chain of equalities that it
-/// walks recursively (a few hundred bytes of stack per key: the write runs on deep-stack
-/// threads, [`warehouse::on_deep_stack`]) and flattens with a cost that grows faster than the
-/// key count: measured on a 10M-row table, `replace_where` beats MERGE at 10k and 20k keys
-/// (3.9 s against 4.3 s, 8.0 s against 10.0 s on a table twice as large) and loses at 99k
-/// (12.0 s against 5.4 s).
-const REPLACE_MAX_KEYS: usize = 25_000;
-
-/// The values of column `key` of `batch`.
-fn key_values(
-    batch: &RecordBatch,
-    key: &str,
-) -> Result<Vec<deltalake::datafusion::scalar::ScalarValue>> {
-    let at = batch
-        .schema()
-        .index_of(key)
-        .map_err(|_| EngineError::Internal(format!("rows have no key column {key}")))?;
-    let column = RecordBatch::try_new(
-        Arc::new(Schema::new(vec![batch.schema().field(at).clone()])),
-        vec![batch.column(at).clone()],
-    )
-    .context(|| "keys".into())?;
-    sqlutil::scalars(&[column])
 }
 
 /// A target commit records the event-store version it reflects and the flow's source position.

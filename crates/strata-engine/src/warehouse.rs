@@ -404,37 +404,3 @@ pub(crate) async fn commit_actions(
         .context(|| format!("committing to {}", table.table_url()))?;
     Ok(done.version() as i64)
 }
-
-/// The stack of the threads [`on_deep_stack`] runs work on.
-const DEEP_STACK_BYTES: usize = 512 << 20;
-
-/// Runs `work` on threads with deep stacks (its own runtime: a driving thread and one worker
-/// per core, each with [`DEEP_STACK_BYTES`] of reserved stack) and waits for it. For delta-rs
-/// operations that walk large predicates recursively, whatever stack the caller has.
-pub(crate) async fn on_deep_stack<T, F>(work: F) -> Result<T>
-where
-    T: Send + 'static,
-    F: std::future::Future<Output = Result<T>> + Send + 'static,
-{
-    let (tx, rx) = futures::channel::oneshot::channel();
-    std::thread::Builder::new()
-        .name("strata-deep".into())
-        .stack_size(DEEP_STACK_BYTES)
-        .spawn(move || {
-            let out = match tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(parallelism())
-                .thread_stack_size(DEEP_STACK_BYTES)
-                .enable_all()
-                .build()
-            {
-                Ok(runtime) => runtime.block_on(work),
-                Err(e) => Err(EngineError::Internal(format!(
-                    "cannot start a runtime: {e}"
-                ))),
-            };
-            let _ = tx.send(out);
-        })
-        .map_err(|e| EngineError::Internal(format!("cannot start a thread: {e}")))?;
-    rx.await
-        .map_err(|_| EngineError::Internal("a deep-stack thread ended without a result".into()))?
-}
