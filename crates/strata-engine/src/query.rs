@@ -234,30 +234,24 @@ fn check_timelines(batch: &RecordBatch, keys: &[String]) -> Result<Vec<Violation
     let rows = batch.num_rows() as u32;
     // Rows that come grouped by key, each key's versions in start order (as a fold writes
     // them), are checked as they are; anything else is sorted first.
-    let in_order = |a: u32, b: u32| match key_of.cmp(a, b) {
-        Ordering::Equal => bounds.start_cmp(a, b) != Ordering::Greater,
-        _ => true,
-    };
     let grouped = {
+        let runs_ordered = (1..rows)
+            .all(|i| !key_of.eq(i - 1, i) || bounds.start_cmp(i - 1, i) != Ordering::Greater);
         let mut firsts: Vec<u32> = (0..rows)
             .filter(|&i| i == 0 || !key_of.eq(i - 1, i))
             .collect();
-        let runs_ordered = (1..rows).all(|i| !key_of.eq(i - 1, i) || in_order(i - 1, i));
         firsts.sort_unstable_by(|&a, &b| key_of.cmp(a, b));
         runs_ordered && firsts.windows(2).all(|w| !key_of.eq(w[0], w[1]))
     };
-    let order: Vec<u32> = if grouped {
-        (0..rows).collect()
-    } else {
-        let mut order: Vec<u32> = (0..rows).collect();
+    let mut order: Vec<u32> = (0..rows).collect();
+    if !grouped {
         order.sort_unstable_by(|&a, &b| {
             key_of
                 .cmp(a, b)
                 .then_with(|| bounds.start_cmp(a, b))
                 .then(a.cmp(&b))
         });
-        order
-    };
+    }
     let mut out = Vec::new();
     let mut i = 0;
     while i < order.len() {
@@ -342,5 +336,15 @@ mod tests {
         let v = check_rows(&overlap, &keys, &timeline).unwrap();
         assert_eq!(v.len(), 1, "{v:?}");
         assert!(v[0].problem.contains("overlaps the next one"), "{v:?}");
+        // Rows not grouped by key (as files return them) are sorted before the check: the
+        // same overlap with key 2 between, and the later version first.
+        let scattered = batch(vec![1, 2, 1], vec![5, 1, 1], vec![None, None, Some(7)]);
+        let v = check_rows(&scattered, &keys, &timeline).unwrap();
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(v[0].problem.contains("overlaps the next one"), "{v:?}");
+        let scattered_good = batch(vec![1, 2, 1], vec![5, 1, 1], vec![None, None, Some(5)]);
+        assert!(check_rows(&scattered_good, &keys, &timeline)
+            .unwrap()
+            .is_empty());
     }
 }
