@@ -404,3 +404,43 @@ pub(crate) async fn commit_actions(
         .context(|| format!("committing to {}", table.table_url()))?;
     Ok(done.version() as i64)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deltalake::arrow::array::Int64Array;
+    use deltalake::arrow::datatypes::{DataType, Field};
+    use std::sync::Arc;
+
+    /// Rows kept after an append are handed over only to a reader whose unread input is
+    /// exactly that append, only once, and not after the run forgets them.
+    #[test]
+    fn appended_rows_go_to_the_reader_of_exactly_that_append() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let wh = Warehouse::open(dir.path()).expect("warehouse");
+        let path = dir.path().join("default/t");
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, true)]));
+        let rows = RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(vec![1, 2]))])
+            .expect("batch");
+        let keep = || wh.keep_appended(&path, Some(3), 4, vec![rows.clone()]);
+        keep();
+        // A reader that last read version 2 (or the start), or a table now at version 5,
+        // would miss rows: it reads the files.
+        assert!(wh.take_appended(&path, Some(2), 4).is_none());
+        assert!(wh.take_appended(&path, None, 4).is_none());
+        assert!(wh.take_appended(&path, Some(3), 5).is_none());
+        assert!(wh
+            .take_appended(&dir.path().join("default/u"), Some(3), 4)
+            .is_none());
+        let taken = wh.take_appended(&path, Some(3), 4).expect("handed over");
+        assert_eq!(taken[0].num_rows(), 2);
+        assert!(wh.take_appended(&path, Some(3), 4).is_none(), "taken once");
+        keep();
+        wh.forget_appended();
+        assert!(wh.take_appended(&path, Some(3), 4).is_none(), "forgotten");
+        // A table that had no data files before the append: a reader from the start.
+        wh.keep_appended(&path, None, 1, vec![rows.clone()]);
+        assert!(wh.take_appended(&path, Some(0), 1).is_none());
+        assert!(wh.take_appended(&path, None, 1).is_some());
+    }
+}
