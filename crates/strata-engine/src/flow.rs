@@ -391,38 +391,48 @@ pub struct FlowReport {
     pub skipped: Option<String>,
 }
 
-/// Checks a batch of new events (R4): NULL keys (except on truncates) and NULL sequence
-/// values reject it. `place` names where the rows came from.
-pub(crate) fn validate_events(setup: &FlowSetup, batch: &RecordBatch, place: &str) -> Result<()> {
+/// Checks new events (R4): NULL keys (except on truncates) and NULL sequence values reject
+/// them. `place` names where the rows came from.
+pub(crate) fn validate_events(
+    setup: &FlowSetup,
+    batches: &[RecordBatch],
+    place: &str,
+) -> Result<()> {
     let n_out = setup.spec.n_out;
-    let ops = batch
-        .column(n_out + 1)
-        .as_any()
-        .downcast_ref::<Int8Array>()
-        .ok_or_else(|| EngineError::Internal("op column is not Int8".into()))?;
-    let not_truncate: Vec<bool> = (0..batch.num_rows())
-        .map(|i| ops.is_null(i) || ops.value(i) != 2)
-        .collect();
     let reject = |what: String, count: usize| {
         EngineError::BadInput(format!(
             "flow {}: {count} row(s) {what} in {place}; the batch was rejected and nothing was written",
             setup.flow.name
         ))
     };
-    for (k, name) in setup.spec.keys.iter().zip(&setup.key_names) {
-        let c = batch.column(*k);
-        let count = (0..batch.num_rows())
-            .filter(|&i| not_truncate[i] && c.is_null(i))
+    let mut null_keys = vec![0usize; setup.spec.keys.len()];
+    let mut null_seqs = 0usize;
+    for batch in batches {
+        let ops = batch
+            .column(n_out + 1)
+            .as_any()
+            .downcast_ref::<Int8Array>()
+            .ok_or_else(|| EngineError::Internal("op column is not Int8".into()))?;
+        let truncate = |i: usize| !ops.is_null(i) && ops.value(i) == 2;
+        for (count, k) in null_keys.iter_mut().zip(&setup.spec.keys) {
+            let c = batch.column(*k);
+            if c.null_count() > 0 {
+                *count += (0..batch.num_rows())
+                    .filter(|&i| c.is_null(i) && !truncate(i))
+                    .count();
+            }
+        }
+        let seq = batch.column(n_out);
+        null_seqs += (0..batch.num_rows())
+            .filter(|&i| seq_is_null(seq, i))
             .count();
-        if count > 0 {
-            return Err(reject(format!("with a NULL key column `{name}`"), count));
+    }
+    for (count, name) in null_keys.iter().zip(&setup.key_names) {
+        if *count > 0 {
+            return Err(reject(format!("with a NULL key column `{name}`"), *count));
         }
     }
-    let seq = batch.column(n_out);
-    let count = (0..batch.num_rows())
-        .filter(|&i| seq_is_null(seq, i))
-        .count();
-    if count > 0 {
+    if null_seqs > 0 {
         let expr = match &setup.flow.sequence_by {
             SequenceBy::Expr(e) => e.clone(),
             SequenceBy::Struct(fields) => format!(
@@ -441,7 +451,7 @@ pub(crate) fn validate_events(setup: &FlowSetup, batch: &RecordBatch, place: &st
         };
         return Err(reject(
             format!("with a NULL {clause} value ({expr})"),
-            count,
+            null_seqs,
         ));
     }
     Ok(())
@@ -457,12 +467,12 @@ fn seq_is_null(seq: &ArrayRef, i: usize) -> bool {
     }
 }
 
-/// Evaluates the flow's SELECT over `source` rows registered in `ctx` as the placeholder.
-pub(crate) async fn events_from(
+/// Evaluates the flow's SELECT over `source` rows registered in `ctx` as the placeholder:
+/// events without their run column, in batches as the query made them.
+pub(crate) async fn evaluate_events(
     ctx: &SessionContext,
     setup: &FlowSetup,
-    run: i64,
-) -> Result<RecordBatch> {
+) -> Result<Vec<RecordBatch>> {
     let batches = ctx
         .sql(&setup.select_sql)
         .await
@@ -470,14 +480,49 @@ pub(crate) async fn events_from(
         .collect()
         .await
         .context(|| format!("flow {}: evaluating events", setup.flow.name))?;
-    let n = setup.out_cols.len() + 2;
-    let partial = Arc::new(Schema::new(setup.event_schema.fields()[..n].to_vec()));
-    let mut cast: Vec<RecordBatch> = Vec::with_capacity(batches.len());
-    for b in batches {
-        cast.push(sqlutil::cast_batch(&b, &partial)?);
+    let partial = without_run(setup);
+    batches
+        .iter()
+        .map(|b| sqlutil::cast_batch(b, &partial))
+        .collect()
+}
+
+/// The event schema without its last column, the run.
+fn without_run(setup: &FlowSetup) -> SchemaRef {
+    let fields = setup.event_schema.fields();
+    Arc::new(Schema::new(fields[..fields.len() - 1].to_vec()))
+}
+
+/// [`evaluate_events`] as one batch of run `run`.
+pub(crate) async fn events_from(
+    ctx: &SessionContext,
+    setup: &FlowSetup,
+    run: i64,
+) -> Result<RecordBatch> {
+    with_run(setup, evaluate_events(ctx, setup).await?, run)
+}
+
+/// `events` (as [`evaluate_events`] made them) as one batch of run `run`.
+fn with_run(setup: &FlowSetup, events: Vec<RecordBatch>, run: i64) -> Result<RecordBatch> {
+    let partial = without_run(setup);
+    if let Some(b) = events.iter().find(|b| b.schema() != partial) {
+        return Err(EngineError::Internal(format!(
+            "flow {}: events have ({}), expected ({})",
+            setup.flow.name,
+            sqlutil::describe_fields(&b.schema()),
+            sqlutil::describe_fields(&partial)
+        )));
     }
-    let rows: usize = cast.iter().map(RecordBatch::num_rows).sum();
-    let mut columns = sqlutil::concat_columns(cast, partial.fields().len())?;
+    let rows: usize = events.iter().map(RecordBatch::num_rows).sum();
+    let mut columns = if events.is_empty() {
+        partial
+            .fields()
+            .iter()
+            .map(|f| deltalake::arrow::array::new_empty_array(f.data_type()))
+            .collect()
+    } else {
+        sqlutil::concat_columns(events, partial.fields().len())?
+    };
     columns.push(Arc::new(Int64Array::from(vec![run; rows])));
     RecordBatch::try_new(setup.event_schema.clone(), columns)
         .context(|| format!("flow {}: event batch", setup.flow.name))
@@ -1005,42 +1050,45 @@ pub(crate) async fn run_flow(
     let mut to_commit: Option<Vec<RecordBatch>> = None;
     let mut superseded: Option<RecordBatch> = None;
     let new_events = if has_new_input {
-        if setup.source_feed && !setup.table_mode() {
-            let feed =
-                crate::changes::read_feed(&source, from, Some(source_version), false).await?;
-            ctx.register_batch(strata_sql::SOURCE_PLACEHOLDER, feed)
-                .context(|| "registering the change feed".into())?;
-        } else if let Some(rows) = (!setup.table_mode())
-            .then(|| wh.take_appended(&wh.table_path(&flow.source), from, source_version))
-            .flatten()
-        {
-            // Exactly the rows this process just appended to the source: no need to read
-            // back the files it wrote.
-            let schema = match rows.first() {
-                Some(b) => b.schema(),
-                None => sqlutil::table_schema(&source)?,
-            };
-            let table = deltalake::datafusion::datasource::MemTable::try_new(schema, vec![rows])
-                .context(|| format!("reading {}", flow.source))?;
-            ctx.register_table(strata_sql::SOURCE_PLACEHOLDER, Arc::new(table))
-                .context(|| format!("reading {}", flow.source))?;
+        let handed = (!setup.table_mode() && !setup.source_feed)
+            .then(|| {
+                wh.take_appended(
+                    &wh.table_path(&flow.source),
+                    &flow.name,
+                    from,
+                    source_version,
+                )
+            })
+            .flatten();
+        let events = if let Some(checked) = handed {
+            // Exactly the rows this process just appended to the source, evaluated and
+            // checked for this flow before that commit: no need to read back the files it
+            // wrote.
+            with_run(setup, checked, run)?
         } else {
-            let files = if setup.table_mode() {
-                None
+            if setup.source_feed && !setup.table_mode() {
+                let feed =
+                    crate::changes::read_feed(&source, from, Some(source_version), false).await?;
+                ctx.register_batch(strata_sql::SOURCE_PLACEHOLDER, feed)
+                    .context(|| "registering the change feed".into())?;
             } else {
-                Some(new_files(&source, from).await?)
-            };
-            register_table(&ctx, strata_sql::SOURCE_PLACEHOLDER, &source, files).await?;
-        }
-        let events = events_from(&ctx, setup, run).await?;
-        // The source's rows (kept in memory when handed over) are not needed any more.
-        let _ = ctx.deregister_table(strata_sql::SOURCE_PLACEHOLDER);
-        let place = format!(
-            "the rows of {} added after version {}",
-            flow.source,
-            from.map_or("(start)".to_string(), |v| v.to_string())
-        );
-        validate_events(setup, &events, &place)?;
+                let files = if setup.table_mode() {
+                    None
+                } else {
+                    Some(new_files(&source, from).await?)
+                };
+                register_table(&ctx, strata_sql::SOURCE_PLACEHOLDER, &source, files).await?;
+            }
+            let events = events_from(&ctx, setup, run).await?;
+            let _ = ctx.deregister_table(strata_sql::SOURCE_PLACEHOLDER);
+            let place = format!(
+                "the rows of {} added after version {}",
+                flow.source,
+                from.map_or("(start)".to_string(), |v| v.to_string())
+            );
+            validate_events(setup, std::slice::from_ref(&events), &place)?;
+            events
+        };
         phase("evaluated and checked the new events");
         report.source_versions = Some((from, source_version));
         report.events = events.num_rows();

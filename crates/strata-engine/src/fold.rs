@@ -65,6 +65,11 @@ struct ArrowModel<'a> {
     /// One comparator per output column. Values are compared far less often than
     /// sequences (once per upsert), so these save the memory a row-format copy would take.
     columns: Vec<DynComparator>,
+    /// The tracked columns, and all output columns, in the order to compare them: fixed-width
+    /// ones first, as they are cheap and a difference anywhere settles the answer. Key
+    /// columns are left out: the fold only compares events of one key.
+    tracked: Vec<usize>,
+    all: Vec<usize>,
 }
 
 impl<'a> ArrowModel<'a> {
@@ -79,12 +84,24 @@ impl<'a> ArrowModel<'a> {
                     .context(|| format!("comparing values of {}", batch.schema().field(i).name()))
             })
             .collect::<Result<Vec<_>>>()?;
+        let cheap_first = |cols: &[usize]| {
+            let mut cols: Vec<usize> = cols
+                .iter()
+                .copied()
+                .filter(|c| !spec.keys.contains(c))
+                .collect();
+            cols.sort_by_key(|&c| !batch.column(c).data_type().is_primitive());
+            cols
+        };
+        let all: Vec<usize> = (0..spec.n_out).collect();
         Ok(ArrowModel {
             batch,
             spec,
             ops,
             seq,
             columns,
+            tracked: cheap_first(&spec.tracked),
+            all: cheap_first(&all),
         })
     }
 
@@ -124,15 +141,14 @@ impl EventModel for ArrowModel<'_> {
     }
 
     fn tracked_eq(&self, a: &Values, b: &Values) -> bool {
-        self.spec
-            .tracked
+        self.tracked
             .iter()
             .all(|&c| self.column_eq(c, a.source(c), b.source(c)))
     }
 
     fn identical(&self, a: u32, b: u32) -> bool {
         self.ops.value(a as usize) == self.ops.value(b as usize)
-            && (0..self.spec.n_out).all(|c| self.column_eq(c, a, b))
+            && self.all.iter().all(|&c| self.column_eq(c, a, b))
     }
 }
 

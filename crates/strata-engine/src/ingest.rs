@@ -31,7 +31,7 @@ use deltalake::kernel::Transaction;
 use deltalake::protocol::SaveMode;
 use deltalake::DeltaTable;
 use futures::StreamExt;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use strata_sql::{
@@ -492,7 +492,11 @@ async fn read_taken(
 }
 
 /// Applies the table's query to `input` rows and casts them to the table's schema.
-async fn apply_query(setup: &IngestSetup, input: DataFrame, place: &str) -> Result<RecordBatch> {
+async fn apply_query(
+    setup: &IngestSetup,
+    input: DataFrame,
+    place: &str,
+) -> Result<Vec<RecordBatch>> {
     let ctx = warehouse::new_session();
     ctx.register_table(SOURCE_PLACEHOLDER, input.into_view())
         .context(|| "registering input".into())?;
@@ -514,8 +518,7 @@ async fn apply_query(setup: &IngestSetup, input: DataFrame, place: &str) -> Resu
         })
         .collect::<Result<Vec<_>>>()
         .map_err(|e| setup.err(format!("{place}: {e}")))?;
-    deltalake::arrow::compute::concat_batches(&setup.schema, &cast)
-        .context(|| "concatenating rows".into())
+    Ok(cast.into_iter().filter(|b| b.num_rows() > 0).collect())
 }
 
 /// `batch` with `schema`'s columns, matched by name ignoring case; a column the batch lacks
@@ -539,41 +542,73 @@ fn align_by_name(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch>
     sqlutil::cast_columns(columns, schema)
 }
 
-/// Rejects rows that a downstream flow would reject, naming `place`.
-async fn check_downstream(setup: &IngestSetup, rows: &RecordBatch, place: &str) -> Result<()> {
+/// Rejects rows that a downstream flow would reject, naming `place`. Each flow's events,
+/// checked, are added to `events` under the flow's name.
+async fn check_downstream(
+    setup: &IngestSetup,
+    rows: &[RecordBatch],
+    place: &str,
+    events: &mut HashMap<String, Vec<RecordBatch>>,
+) -> Result<()> {
+    let Some(first) = rows.first() else {
+        return Ok(());
+    };
     for flow_setup in &setup.downstream {
         let ctx = warehouse::new_session();
-        let table = MemTable::try_new(rows.schema(), vec![vec![rows.clone()]])
+        let table = MemTable::try_new(first.schema(), vec![rows.to_vec()])
             .context(|| "registering rows".into())?;
         ctx.register_table(SOURCE_PLACEHOLDER, Arc::new(table))
             .context(|| "registering rows".into())?;
-        let events = flow::events_from(&ctx, flow_setup, 0).await?;
-        flow::validate_events(flow_setup, &events, place)?;
+        let checked = flow::evaluate_events(&ctx, flow_setup).await?;
+        flow::validate_events(flow_setup, &checked, place)?;
+        events
+            .entry(flow_setup.flow.name.clone())
+            .or_default()
+            .extend(checked);
     }
     Ok(())
 }
 
 /// The query's rows of one input, checked: expectations applied (counts added to
-/// `report`), then the downstream flows' checks on the rows kept.
+/// `report`), then the downstream flows' checks on the rows kept (their events added to
+/// `events`).
 async fn checked_rows(
     setup: &IngestSetup,
     input: DataFrame,
     place: &str,
     report: &mut IngestReport,
-) -> Result<RecordBatch> {
-    let rows = apply_query(setup, input, place).await?;
-    report.rows_read += rows.num_rows();
-    let before = rows.num_rows();
-    let (rows, counts) = expect::apply(
-        &setup.table.expectations,
-        &setup.table.name.to_string(),
-        place,
-        rows,
-    )
-    .await?;
-    report.rows_dropped += before - rows.num_rows();
-    expect::accumulate(&mut report.expectations, counts);
-    check_downstream(setup, &rows, place).await?;
+    events: &mut HashMap<String, Vec<RecordBatch>>,
+) -> Result<Vec<RecordBatch>> {
+    let clock = std::time::Instant::now();
+    let step = |what: &str| {
+        tracing::debug!(
+            table = %setup.table.name,
+            elapsed_ms = clock.elapsed().as_millis() as u64,
+            rss_mib = warehouse::rss_mib(),
+            "ingest: {what} ({place})"
+        );
+    };
+    let mut rows = apply_query(setup, input, place).await?;
+    step("read and applied the query");
+    let before: usize = rows.iter().map(RecordBatch::num_rows).sum();
+    report.rows_read += before;
+    if !setup.table.expectations.is_empty() {
+        let all = deltalake::arrow::compute::concat_batches(&setup.schema, &rows)
+            .context(|| "concatenating rows".into())?;
+        let (kept, counts) = expect::apply(
+            &setup.table.expectations,
+            &setup.table.name.to_string(),
+            place,
+            all,
+        )
+        .await?;
+        report.rows_dropped += before - kept.num_rows();
+        expect::accumulate(&mut report.expectations, counts);
+        rows = vec![kept];
+        step("applied the expectations");
+    }
+    check_downstream(setup, &rows, place, events).await?;
+    step("checked the rows for the downstream flows");
     Ok(rows)
 }
 
@@ -593,6 +628,8 @@ pub(crate) async fn run_ingest(
     let existing = wh.open_table(name).await?;
     let mut commit = CommitProperties::default();
     let mut parts: Vec<RecordBatch> = Vec::new();
+    // The downstream flows' events of the rows appended, for the handover after the commit.
+    let mut events: HashMap<String, Vec<RecordBatch>> = HashMap::new();
     match &setup.source {
         Source::Files {
             dir,
@@ -620,6 +657,7 @@ pub(crate) async fn run_ingest(
                 return Ok(report);
             }
             let root = input_root(dir);
+            let mut taken = 0usize;
             for file in &new {
                 let path = root.join(file);
                 let place = format!("file {}", path.display());
@@ -644,10 +682,11 @@ pub(crate) async fn run_ingest(
                 } else {
                     df
                 };
-                parts.push(checked_rows(setup, df, &place, &mut report).await?);
+                parts.extend(checked_rows(setup, df, &place, &mut report, &mut events).await?);
+                taken += 1;
                 update(format!(
                     "{} of {} file(s), {} row(s)",
-                    parts.len(),
+                    taken,
                     new.len(),
                     report.rows_read
                 ));
@@ -692,11 +731,15 @@ pub(crate) async fn run_ingest(
                 "the rows of {source_name} added after version {}",
                 from.map_or("(start)".to_string(), |v| v.to_string())
             );
-            parts.push(checked_rows(setup, df, &place, &mut report).await?);
+            parts.extend(checked_rows(setup, df, &place, &mut report, &mut events).await?);
             commit = commit.with_application_transaction(Transaction::new(&app_id, version));
         }
     }
     report.rows = parts.iter().map(RecordBatch::num_rows).sum();
+    if parts.is_empty() {
+        // The input is taken even when the query keeps none of its rows.
+        parts.push(RecordBatch::new_empty(setup.schema.clone()));
+    }
     let handle = match existing {
         Some(t) => t,
         None => {
@@ -726,10 +769,16 @@ pub(crate) async fn run_ingest(
             .snapshot()
             .ok()
             .map(|s| (s.log_data().num_files() > 0).then(|| flow::version_of(&handle)));
-        let kept = parts.clone();
+        let clock = std::time::Instant::now();
         let after = warehouse::append(&handle, parts, commit).await?;
+        tracing::debug!(
+            table = %name,
+            elapsed_ms = clock.elapsed().as_millis() as u64,
+            rss_mib = warehouse::rss_mib(),
+            "ingest: appended and committed"
+        );
         if let (Some(before), true) = (before, after >= 0) {
-            wh.keep_appended(&wh.table_path(name), before, after, kept);
+            wh.keep_appended(&wh.table_path(name), before, after, events);
         }
     }
     Ok(report)

@@ -659,7 +659,7 @@ pub(crate) async fn run_snapshots_mode(
     flow::register_table(&ctx, strata_sql::SOURCE_PLACEHOLDER, &source, files).await?;
     let rows = flow::events_from(&ctx, setup, 0).await?;
     let place = format!("the rows of {}", f.source);
-    flow::validate_events(setup, &rows, &place)?;
+    flow::validate_events(setup, std::slice::from_ref(&rows), &place)?;
     let versions = group_versions(setup, &rows)?;
     report.source_versions = Some((from, source_version));
     report.events = rows.num_rows();

@@ -27,8 +27,8 @@ use strata_sql::TableName;
 #[derive(Debug, Clone)]
 pub struct Warehouse {
     root: PathBuf,
-    /// Rows a streaming table was just appended, kept for the flow that reads them next in
-    /// the same process (see [`Warehouse::keep_appended`]).
+    /// The events of the rows a streaming table was just appended, kept for the flows that
+    /// read them next in the same process (see [`Warehouse::keep_appended`]).
     appended: Arc<Mutex<HashMap<PathBuf, Appended>>>,
 }
 
@@ -39,7 +39,8 @@ struct Appended {
     before: Option<i64>,
     /// The version the append committed.
     after: i64,
-    rows: Vec<RecordBatch>,
+    /// Per reading flow (by name), the events it derives from the rows appended.
+    events: HashMap<String, Vec<RecordBatch>>,
 }
 
 impl Warehouse {
@@ -56,16 +57,17 @@ impl Warehouse {
         })
     }
 
-    /// Keeps the rows just appended to the table at `path` (committed as version `after`;
-    /// `before`: the version before, `None` if the table had no data files) so that the next
-    /// reader of exactly those rows in this process takes them from memory instead of reading
-    /// back the files just written. A newer append replaces the rows kept.
+    /// Keeps, per flow that reads the table at `path`, the events it derives from the rows
+    /// just appended (committed as version `after`; `before`: the version before, `None` if
+    /// the table had no data files), so that the flow, when its unread input is exactly
+    /// those rows, takes them from memory instead of reading back and evaluating the files
+    /// just written. A newer append replaces what was kept.
     pub(crate) fn keep_appended(
         &self,
         path: &Path,
         before: Option<i64>,
         after: i64,
-        rows: Vec<RecordBatch>,
+        events: HashMap<String, Vec<RecordBatch>>,
     ) {
         if let Ok(mut kept) = self.appended.lock() {
             kept.insert(
@@ -73,34 +75,35 @@ impl Warehouse {
                 Appended {
                     before,
                     after,
-                    rows,
+                    events,
                 },
             );
         }
     }
 
-    /// Drops every row kept by [`Warehouse::keep_appended`].
+    /// Drops everything kept by [`Warehouse::keep_appended`].
     pub(crate) fn forget_appended(&self) {
         if let Ok(mut kept) = self.appended.lock() {
             kept.clear();
         }
     }
 
-    /// The rows kept by [`Warehouse::keep_appended`] for the table at `path`, if they are
-    /// exactly its rows added after version `from` (`None`: from the start) up to `now`.
-    /// Whoever takes them is their only reader; later readers read the files.
+    /// The events kept by [`Warehouse::keep_appended`] for `flow` reading the table at
+    /// `path`, if they come from exactly its rows added after version `from` (`None`: from
+    /// the start) up to `now`. They are handed over once; a later read goes to the files.
     pub(crate) fn take_appended(
         &self,
         path: &Path,
+        flow: &str,
         from: Option<i64>,
         now: i64,
     ) -> Option<Vec<RecordBatch>> {
         let mut kept = self.appended.lock().ok()?;
-        let a = kept.get(path)?;
+        let a = kept.get_mut(path)?;
         if a.after != now || a.before != from {
             return None;
         }
-        kept.remove(path).map(|a| a.rows)
+        a.events.remove(flow)
     }
 
     pub fn root(&self) -> &Path {
@@ -412,35 +415,55 @@ mod tests {
     use deltalake::arrow::datatypes::{DataType, Field};
     use std::sync::Arc;
 
-    /// Rows kept after an append are handed over only to a reader whose unread input is
-    /// exactly that append, only once, and not after the run forgets them.
+    /// Events kept after an append are handed over only to their flow, when its unread
+    /// input is exactly that append, only once, and not after the run forgets them.
     #[test]
-    fn appended_rows_go_to_the_reader_of_exactly_that_append() {
+    fn appended_events_go_to_their_flow_reading_exactly_that_append() {
         let dir = tempfile::tempdir().expect("tempdir");
         let wh = Warehouse::open(dir.path()).expect("warehouse");
         let path = dir.path().join("default/t");
         let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, true)]));
         let rows = RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(vec![1, 2]))])
             .expect("batch");
-        let keep = || wh.keep_appended(&path, Some(3), 4, vec![rows.clone()]);
+        let events = || {
+            HashMap::from([
+                ("f".to_string(), vec![rows.clone()]),
+                ("g".to_string(), vec![rows.slice(0, 1)]),
+            ])
+        };
+        let keep = || wh.keep_appended(&path, Some(3), 4, events());
         keep();
         // A reader that last read version 2 (or the start), or a table now at version 5,
         // would miss rows: it reads the files.
-        assert!(wh.take_appended(&path, Some(2), 4).is_none());
-        assert!(wh.take_appended(&path, None, 4).is_none());
-        assert!(wh.take_appended(&path, Some(3), 5).is_none());
+        assert!(wh.take_appended(&path, "f", Some(2), 4).is_none());
+        assert!(wh.take_appended(&path, "f", None, 4).is_none());
+        assert!(wh.take_appended(&path, "f", Some(3), 5).is_none());
         assert!(wh
-            .take_appended(&dir.path().join("default/u"), Some(3), 4)
+            .take_appended(&dir.path().join("default/u"), "f", Some(3), 4)
             .is_none());
-        let taken = wh.take_appended(&path, Some(3), 4).expect("handed over");
+        assert!(
+            wh.take_appended(&path, "h", Some(3), 4).is_none(),
+            "not its flow"
+        );
+        let taken = wh
+            .take_appended(&path, "f", Some(3), 4)
+            .expect("handed over");
         assert_eq!(taken[0].num_rows(), 2);
-        assert!(wh.take_appended(&path, Some(3), 4).is_none(), "taken once");
+        assert!(
+            wh.take_appended(&path, "f", Some(3), 4).is_none(),
+            "taken once"
+        );
+        let other = wh.take_appended(&path, "g", Some(3), 4).expect("its own");
+        assert_eq!(other[0].num_rows(), 1);
         keep();
         wh.forget_appended();
-        assert!(wh.take_appended(&path, Some(3), 4).is_none(), "forgotten");
+        assert!(
+            wh.take_appended(&path, "f", Some(3), 4).is_none(),
+            "forgotten"
+        );
         // A table that had no data files before the append: a reader from the start.
-        wh.keep_appended(&path, None, 1, vec![rows.clone()]);
-        assert!(wh.take_appended(&path, Some(0), 1).is_none());
-        assert!(wh.take_appended(&path, None, 1).is_some());
+        wh.keep_appended(&path, None, 1, events());
+        assert!(wh.take_appended(&path, "f", Some(0), 1).is_none());
+        assert!(wh.take_appended(&path, "f", None, 1).is_some());
     }
 }
