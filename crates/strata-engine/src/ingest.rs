@@ -283,7 +283,7 @@ pub(crate) async fn prepare_ingest(
                     Some(cols) => Some(arrow_schema(cols)),
                     None => match list_files(&dir)?.first() {
                         Some(first) => {
-                            let ctx = warehouse::new_session();
+                            let ctx = warehouse::file_session();
                             let df = read_file(&ctx, &input_root(&dir).join(first), spec).await?;
                             Some(Arc::new(df.schema().as_arrow().clone()))
                         }
@@ -661,7 +661,7 @@ pub(crate) async fn run_ingest(
             for file in &new {
                 let path = root.join(file);
                 let place = format!("file {}", path.display());
-                let ctx = warehouse::new_session();
+                let ctx = warehouse::file_session();
                 let df = match (mode, input) {
                     (autoload::Mode::Autoload { rescued, inferred }, Some(columns)) => {
                         let batch = autoload::read(

@@ -246,12 +246,12 @@ pub(crate) fn same_type(a: &DataType, b: &DataType) -> bool {
     }
 }
 
-/// The type a value is stored with: view layouts become their plain equivalents, which is
-/// what Delta stores and what reading a table gives back.
+/// The type a value is stored with: view and large layouts become their plain equivalents,
+/// which is what Delta stores and what reading a table gives back.
 pub(crate) fn storage_type(t: &DataType) -> DataType {
     match t {
-        DataType::Utf8View => DataType::Utf8,
-        DataType::BinaryView => DataType::Binary,
+        DataType::Utf8View | DataType::LargeUtf8 => DataType::Utf8,
+        DataType::BinaryView | DataType::LargeBinary => DataType::Binary,
         DataType::Struct(fields) => DataType::Struct(
             fields
                 .iter()

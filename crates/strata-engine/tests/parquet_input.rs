@@ -1,0 +1,108 @@
+//! Parquet input files, read without a declared schema: plain strings (as DuckDB and pyarrow
+//! write them) and large strings (as Polars writes them) land in the same `string` column,
+//! run after run, and flow on into an SCD type 2 target.
+
+use deltalake::arrow::array::{ArrayRef, Int64Array, LargeStringArray, RecordBatch, StringArray};
+use deltalake::arrow::datatypes::{DataType, Field, Schema};
+use deltalake::arrow::util::pretty::pretty_format_batches;
+use deltalake::parquet::arrow::ArrowWriter;
+use std::path::Path;
+use std::sync::Arc;
+use strata_engine::Warehouse;
+
+/// Writes `data/<file>` with columns id, name (`name` as given), seq.
+fn write_parquet(dir: &Path, file: &str, ids: &[i64], name: ArrayRef, seq: i64) {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("name", name.data_type().clone(), true),
+        Field::new("seq", DataType::Int64, false),
+    ]));
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            Arc::new(Int64Array::from(ids.to_vec())),
+            name,
+            Arc::new(Int64Array::from(vec![seq; ids.len()])),
+        ],
+    )
+    .expect("batch");
+    let out = std::fs::File::create(dir.join("data").join(file)).expect("create");
+    let mut writer = ArrowWriter::try_new(out, schema, None).expect("writer");
+    writer.write(&batch).expect("write");
+    writer.close().expect("close");
+}
+
+async fn text(wh: &Warehouse, sql: &str) -> String {
+    let (_, batches) = strata_engine::query(wh, sql).await.expect("query");
+    pretty_format_batches(&batches).expect("format").to_string()
+}
+
+#[tokio::test]
+async fn plain_and_large_string_files_feed_one_string_column() {
+    for large_first in [false, true] {
+        one_then_the_other(large_first).await;
+    }
+}
+
+/// A plain-string file, then a large-string one (or the other way round).
+async fn one_then_the_other(large_first: bool) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("data")).expect("mkdir");
+    let pipeline = dir.path().join("pipeline.sql");
+    std::fs::write(
+        &pipeline,
+        "CREATE OR REFRESH STREAMING TABLE raw \
+         AS SELECT * FROM STREAM read_files('data', format => 'parquet');\n\
+         CREATE OR REFRESH STREAMING TABLE t;\n\
+         CREATE FLOW f AS AUTO CDC INTO t FROM STREAM(raw) KEYS (id) SEQUENCE BY seq \
+         COLUMNS * EXCEPT (seq) STORED AS SCD TYPE 2;\n",
+    )
+    .expect("write");
+    let wh = Warehouse::open(dir.path().join("warehouse")).expect("warehouse");
+
+    let names = |a: Option<&str>, b: Option<&str>, large: bool| -> ArrayRef {
+        if large {
+            Arc::new(LargeStringArray::from(vec![a, b]))
+        } else {
+            Arc::new(StringArray::from(vec![a, b]))
+        }
+    };
+    let first = names(Some("ann"), None, large_first);
+    write_parquet(dir.path(), "001.parquet", &[1, 2], first, 10);
+    strata_engine::run_pipeline_file(&pipeline, &wh)
+        .await
+        .expect("run 1");
+    let second = names(Some("bea"), Some("cy"), !large_first);
+    write_parquet(dir.path(), "002.parquet", &[1, 2], second, 20);
+    let report = strata_engine::run_pipeline_file(&pipeline, &wh)
+        .await
+        .expect("run 2: the other string layout into the same table");
+    assert_eq!(report.flows[0].keys_changed, 2);
+
+    let (schema, _) = strata_engine::query(&wh, "SELECT name FROM raw LIMIT 0")
+        .await
+        .expect("schema");
+    assert!(
+        matches!(
+            schema.field(0).data_type(),
+            DataType::Utf8 | DataType::Utf8View
+        ),
+        "raw.name is {} (large first: {large_first})",
+        schema.field(0).data_type()
+    );
+    let rows = text(
+        &wh,
+        "SELECT id, name, __START_AT, __END_AT FROM t ORDER BY id, __START_AT",
+    )
+    .await;
+    let expected = "\
++----+------+------------+----------+
+| id | name | __START_AT | __END_AT |
++----+------+------------+----------+
+| 1  | ann  | 10         | 20       |
+| 1  | bea  | 20         |          |
+| 2  |      | 10         | 20       |
+| 2  | cy   | 20         |          |
++----+------+------------+----------+";
+    assert_eq!(rows, expected, "large first: {large_first}");
+}
