@@ -9,8 +9,14 @@ use deltalake::arrow::util::display::{ArrayFormatter, FormatOptions};
 use std::path::{Path, PathBuf};
 use strata_engine::Warehouse;
 
+/// The checkout's scenarios. `cargo test` sets `CARGO_MANIFEST_DIR` when it runs the test,
+/// which names the checkout being tested even when the binary was built from another clone
+/// sharing the same `CARGO_TARGET_DIR`; the path compiled in is the fallback.
 fn scenarios_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/scenarios")
+    let crate_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    crate_dir.join("../../tests/scenarios")
 }
 
 /// Blocks of a scenario: a directive line and the lines under it up to a blank line.
