@@ -543,7 +543,8 @@ fn align_by_name(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch>
 }
 
 /// Rejects rows that a downstream flow would reject, naming `place`. Each flow's events,
-/// checked, are added to `events` under the flow's name.
+/// checked, are added to `events` under the flow's name (for flows that read what is
+/// appended).
 async fn check_downstream(
     setup: &IngestSetup,
     rows: &[RecordBatch],
@@ -561,10 +562,14 @@ async fn check_downstream(
             .context(|| "registering rows".into())?;
         let checked = flow::evaluate_events(&ctx, flow_setup).await?;
         flow::validate_events(flow_setup, &checked, place)?;
-        events
-            .entry(flow_setup.flow.name.clone())
-            .or_default()
-            .extend(checked);
+        // A flow that takes its source's whole content (a snapshot in table mode) reads
+        // the table, not the rows appended: nothing to keep for it.
+        if !flow_setup.table_mode() {
+            events
+                .entry(flow_setup.flow.name.clone())
+                .or_default()
+                .extend(checked);
+        }
     }
     Ok(())
 }
