@@ -188,8 +188,9 @@ struct Folded {
 
 /// How a part's events are sorted by (key, sequence, arrival).
 enum SortBy<'a> {
-    /// A single integer-like key and an integer-like sequence.
-    Ints(&'a [u64], &'a [u64]),
+    /// A single integer-like key (with an integer-like sequence): sorted on the key here,
+    /// each key's events by sequence in `order_events`.
+    Ints(&'a [u64]),
     /// Key columns, then the sequence, in Arrow's row format.
     Rows(deltalake::arrow::row::Rows),
 }
@@ -256,10 +257,11 @@ fn fold_batch_in(
         parts,
     );
     step("split into parts");
-    // Sort every part by (key, sequence, arrival): integer pairs where the types allow,
-    // else one row-format value per event (key, then sequence), whose order is a memcmp.
+    // Sort every part by key: a single integer-like key by a stable radix sort (arrival order
+    // within a key, sequences ordered per key by `order_events`); else by (key, sequence,
+    // arrival) with one row-format value per event, whose order is a memcmp.
     let sort_by = match (&keys, &model.seq) {
-        (Ordered::Int(k), Ordered::Int(q)) => SortBy::Ints(k, q),
+        (Ordered::Int(k), Ordered::Int(_)) => SortBy::Ints(k),
         _ => {
             let mut sort_cols = key_cols.clone();
             sort_cols.push(events.column(spec.n_out).clone());
@@ -268,14 +270,13 @@ fn fold_batch_in(
     };
     let sort_part = |mut order: Vec<u32>| -> Vec<u32> {
         match &sort_by {
-            SortBy::Ints(k, q) => {
-                let mut tagged: Vec<(u64, u64, u32)> = order
-                    .iter()
-                    .map(|&i| (k[i as usize], q[i as usize], i))
-                    .collect();
-                tagged.sort_unstable();
+            SortBy::Ints(k) => {
+                // By key only, keeping arrival order within a key (a stable radix sort):
+                // `order_events` then sorts each key's few events by sequence, which for
+                // events that mostly arrive in sequence order is a check, not a sort.
+                let tagged: Vec<(u64, u32)> = order.iter().map(|&i| (k[i as usize], i)).collect();
                 order.clear();
-                order.extend(tagged.into_iter().map(|(_, _, i)| i));
+                order.extend(radix_sort_by_key(tagged).into_iter().map(|(_, i)| i));
             }
             SortBy::Rows(rows) => order.sort_unstable_by(|&a, &b| {
                 rows.row(a as usize)
@@ -374,6 +375,42 @@ fn fold_batch_in(
     Ok((rows, groups))
 }
 
+/// `items` sorted by their key, stably: a least-significant-digit radix sort over the bits
+/// in which the keys differ (two passes for a million distinct integer keys).
+fn radix_sort_by_key(items: Vec<(u64, u32)>) -> Vec<(u64, u32)> {
+    const DIGIT_BITS: u32 = 11;
+    const BUCKETS: usize = 1 << DIGIT_BITS;
+    let Some(min) = items.iter().map(|&(k, _)| k).min() else {
+        return items;
+    };
+    let max = items.iter().map(|&(k, _)| k).max().unwrap_or(min);
+    let bits = 64 - (max - min).leading_zeros();
+    let digit = |k: u64, shift: u32| (((k - min) >> shift) as usize) & (BUCKETS - 1);
+    let mut src = items;
+    let mut dst = vec![(0u64, 0u32); src.len()];
+    let mut shift = 0;
+    while shift < bits {
+        let mut starts = vec![0usize; BUCKETS];
+        for &(k, _) in &src {
+            starts[digit(k, shift)] += 1;
+        }
+        let mut sum = 0;
+        for s in starts.iter_mut() {
+            let n = *s;
+            *s = sum;
+            sum += n;
+        }
+        for &item in &src {
+            let d = digit(item.0, shift);
+            dst[starts[d]] = item;
+            starts[d] += 1;
+        }
+        std::mem::swap(&mut src, &mut dst);
+        shift += DIGIT_BITS;
+    }
+    src
+}
+
 /// `take` of every (column, indices) job, on up to `threads` threads, in job order.
 fn gather(jobs: Vec<(&ArrayRef, UInt32Array)>, threads: usize) -> Result<Vec<ArrayRef>> {
     let threads = threads.clamp(1, jobs.len().max(1));
@@ -404,6 +441,32 @@ mod tests {
     use super::*;
     use deltalake::arrow::array::Int64Array;
     use deltalake::arrow::datatypes::{DataType, Field, Schema};
+
+    /// The radix sort orders by key and keeps the input order among equal keys, for keys
+    /// close together, far apart (more digits), and all equal.
+    #[test]
+    fn radix_sort_is_a_stable_sort_by_key() {
+        let mut x: u64 = 7;
+        for spread in [1_000u64, u64::MAX, 0] {
+            let items: Vec<(u64, u32)> = (0..50_000u32)
+                .map(|i| {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let k = if spread == 0 {
+                        5
+                    } else {
+                        (1 << 63) + (x >> 1) % spread
+                    };
+                    (k, i)
+                })
+                .collect();
+            let mut expected = items.clone();
+            expected.sort_by_key(|&(k, _)| k); // stable
+            assert_eq!(radix_sort_by_key(items), expected, "spread {spread}");
+        }
+        assert!(radix_sort_by_key(Vec::new()).is_empty());
+    }
 
     /// Folding the keys in parts (threads) gives the rows one part gives, for SCD type 1 and
     /// 2, with deletes, late events and a truncate.
