@@ -1007,15 +1007,8 @@ pub(crate) async fn run_flow(
     let store_version = store.as_ref().map_or(-1, version_of);
 
     let ctx = warehouse::new_session();
-    let clock = std::time::Instant::now();
-    let phase = |what: &str| {
-        tracing::info!(
-            flow = %flow.name,
-            elapsed_ms = clock.elapsed().as_millis() as u64,
-            rss_mib = warehouse::rss_mib(),
-            "{what}"
-        );
-    };
+    let steps = warehouse::Steps::new(&flow.name, "");
+    let phase = |what: &str| warehouse::step!(info, steps, what);
     // Keys of event-store commits the target does not reflect yet (an interrupted run).
     let mut touched: Option<Touched> = None;
     if let Some(store) = &store {

@@ -186,7 +186,7 @@ struct Folded {
     groups: usize,
 }
 
-/// How a part's events are sorted by (key, sequence, arrival).
+/// How a part's events are sorted into key order (see `sort_part`).
 enum SortBy<'a> {
     /// A single integer-like key (with an integer-like sequence): sorted on the key here,
     /// each key's events by sequence in `order_events`.
@@ -225,15 +225,8 @@ fn fold_batch_in(
         .as_any()
         .downcast_ref::<Int8Array>()
         .ok_or_else(|| EngineError::Internal("event store op column is not Int8".into()))?;
-    let clock = std::time::Instant::now();
-    let step = |what: &str| {
-        tracing::debug!(
-            flow = %spec.flow,
-            elapsed_ms = clock.elapsed().as_millis() as u64,
-            rss_mib = crate::warehouse::rss_mib(),
-            "fold: {what}"
-        );
-    };
+    let steps = crate::warehouse::Steps::new(&spec.flow, "fold: ");
+    let step = |what: &str| crate::warehouse::step!(debug, steps, what);
     let model = ArrowModel::new(events, spec, ops)?;
     let key_cols: Vec<ArrayRef> = spec
         .keys

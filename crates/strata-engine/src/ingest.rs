@@ -584,15 +584,8 @@ async fn checked_rows(
     report: &mut IngestReport,
     events: &mut HashMap<String, Vec<RecordBatch>>,
 ) -> Result<Vec<RecordBatch>> {
-    let clock = std::time::Instant::now();
-    let step = |what: &str| {
-        tracing::debug!(
-            table = %setup.table.name,
-            elapsed_ms = clock.elapsed().as_millis() as u64,
-            rss_mib = warehouse::rss_mib(),
-            "ingest: {what} ({place})"
-        );
-    };
+    let steps = warehouse::Steps::new(setup.flow_name(), "ingest: ");
+    let step = |what: &str| warehouse::step!(debug, steps, format_args!("{what} ({place})"));
     let mut rows = apply_query(setup, input, place).await?;
     step("read and applied the query");
     let before: usize = rows.iter().map(RecordBatch::num_rows).sum();
@@ -774,14 +767,9 @@ pub(crate) async fn run_ingest(
             .snapshot()
             .ok()
             .map(|s| (s.log_data().num_files() > 0).then(|| flow::version_of(&handle)));
-        let clock = std::time::Instant::now();
+        let steps = warehouse::Steps::new(setup.flow_name(), "ingest: ");
         let after = warehouse::append(&handle, parts, commit).await?;
-        tracing::debug!(
-            table = %name,
-            elapsed_ms = clock.elapsed().as_millis() as u64,
-            rss_mib = warehouse::rss_mib(),
-            "ingest: appended and committed"
-        );
+        warehouse::step!(debug, steps, "appended and committed");
         if let (Some(before), true) = (before, after >= 0) {
             wh.keep_appended(&wh.table_path(name), before, after, events);
         }

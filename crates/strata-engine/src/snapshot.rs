@@ -475,15 +475,8 @@ pub(crate) async fn to_events(
     rows: &RecordBatch,
     run: i64,
 ) -> Result<SnapshotEvents> {
-    let clock = std::time::Instant::now();
-    let step = |what: &str| {
-        tracing::debug!(
-            flow = %setup.flow.name,
-            elapsed_ms = clock.elapsed().as_millis() as u64,
-            rss_mib = warehouse::rss_mib(),
-            "snapshot: {what}"
-        );
-    };
+    let steps = warehouse::Steps::new(&setup.flow.name, "snapshot: ");
+    let step = |what: &str| warehouse::step!(debug, steps, what);
     let versions = group_versions(setup, rows)?;
     let mut applied: Vec<ScalarValue> = Vec::new();
     if has_store {
