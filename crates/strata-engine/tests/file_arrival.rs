@@ -2,6 +2,8 @@
 //! the next run: an inferred schema is inferred from exactly the files the run takes, so a
 //! late file's new column is neither dropped nor read against columns that lack it.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use strata_engine::{Progress, ProgressFn, RunOptions, Warehouse};
@@ -47,12 +49,7 @@ async fn a_file_arriving_during_a_run_waits_for_the_next_one() {
         .await
         .expect("run 2");
     assert_eq!(report.ingests[0].files, vec!["002.json".to_string()]);
-    let (_, batches) = strata_engine::query(&wh, "SELECT id, name, city FROM raw ORDER BY id")
-        .await
-        .expect("query");
-    let text = deltalake::arrow::util::pretty::pretty_format_batches(&batches)
-        .expect("format")
-        .to_string();
+    let text = common::query_text(&wh, "SELECT id, name, city FROM raw ORDER BY id").await;
     assert!(text.contains("| 1  | a    |      |"), "{text}");
     assert!(text.contains("| 2  | b    | Oslo |"), "{text}");
 }

@@ -2,6 +2,8 @@
 //! thread (a small stack; delta-rs's `replace_where`, used before, walked the key predicate
 //! recursively and overflowed), and a batch that rewrites only the files holding its keys.
 
+mod common;
+
 use std::path::PathBuf;
 use strata_engine::Warehouse;
 
@@ -41,23 +43,12 @@ async fn a_batch_changing_20k_keys_runs_on_a_small_stack() {
             .expect("run");
         assert_eq!(report.flows[0].keys_changed, n);
     }
-    let (_, batches) = strata_engine::query(&wh, "SELECT v, count(*) AS n FROM t GROUP BY v")
-        .await
-        .expect("query");
-    let rows: Vec<String> = batches
-        .iter()
-        .flat_map(|b| {
-            let text =
-                deltalake::arrow::util::pretty::pretty_format_batches(std::slice::from_ref(b))
-                    .expect("format")
-                    .to_string();
-            text.lines()
-                .filter(|l| l.starts_with("| b") || l.starts_with("| a"))
-                .map(str::to_string)
-                .collect::<Vec<_>>()
-        })
+    let text = common::query_text(&wh, "SELECT v, count(*) AS n FROM t GROUP BY v").await;
+    let rows: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("| b") || l.starts_with("| a"))
         .collect();
-    assert_eq!(rows, vec![format!("| b | {n} |")]);
+    assert_eq!(rows, vec![format!("| b | {n} |").as_str()]);
 }
 
 /// The paths of the `add` (or `remove`) actions of commit `version` of the table at `table`.
@@ -106,15 +97,11 @@ async fn a_batch_rewrites_only_the_files_holding_its_keys() {
         run2_files,
         "run 3 removes run 2's files only"
     );
-    let (_, rows) = strata_engine::query(
+    let text = common::query_text(
         &wh,
         "SELECT count(*) AS n, sum(CASE WHEN __END_AT IS NULL THEN 1 ELSE 0 END) AS open, \
          max(CASE WHEN id = 1500 AND __END_AT IS NULL THEN v END) AS v1500 FROM t",
     )
-    .await
-    .expect("query");
-    let text = deltalake::arrow::util::pretty::pretty_format_batches(&rows)
-        .expect("format")
-        .to_string();
+    .await;
     assert!(text.contains("| 2001 | 2000 | c     |"), "{text}");
 }

@@ -2,9 +2,10 @@
 //! write them) and large strings (as Polars writes them) land in the same `string` column,
 //! run after run, and flow on into an SCD type 2 target.
 
+mod common;
+
 use deltalake::arrow::array::{ArrayRef, Int64Array, LargeStringArray, RecordBatch, StringArray};
 use deltalake::arrow::datatypes::{DataType, Field, Schema};
-use deltalake::arrow::util::pretty::pretty_format_batches;
 use deltalake::parquet::arrow::ArrowWriter;
 use std::path::Path;
 use std::sync::Arc;
@@ -30,11 +31,6 @@ fn write_parquet(dir: &Path, file: &str, ids: &[i64], name: ArrayRef, seq: i64) 
     let mut writer = ArrowWriter::try_new(out, schema, None).expect("writer");
     writer.write(&batch).expect("write");
     writer.close().expect("close");
-}
-
-async fn text(wh: &Warehouse, sql: &str) -> String {
-    let (_, batches) = strata_engine::query(wh, sql).await.expect("query");
-    pretty_format_batches(&batches).expect("format").to_string()
 }
 
 #[tokio::test]
@@ -90,7 +86,7 @@ async fn one_then_the_other(large_first: bool) {
         "raw.name is {} (large first: {large_first})",
         schema.field(0).data_type()
     );
-    let rows = text(
+    let rows = common::query_text(
         &wh,
         "SELECT id, name, __START_AT, __END_AT FROM t ORDER BY id, __START_AT",
     )
