@@ -31,8 +31,10 @@ use deltalake::arrow::datatypes::TimeUnit;
 use deltalake::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use deltalake::datafusion::common::Column;
 use deltalake::datafusion::prelude::{col, lit, Expr, SessionContext};
+use deltalake::kernel::engine::arrow_conversion::TryIntoKernel;
 use deltalake::kernel::transaction::CommitProperties;
-use deltalake::kernel::Transaction;
+use deltalake::kernel::{Action, MetadataExt, Transaction};
+use deltalake::protocol::DeltaOperation;
 use deltalake::DeltaTable;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -842,12 +844,75 @@ pub(crate) fn target_configuration(
     conf
 }
 
-fn same_fields(a: &Schema, b: &Schema) -> bool {
-    a.fields().len() == b.fields().len()
-        && a.fields()
-            .iter()
-            .zip(b.fields())
-            .all(|(x, y)| x.name() == y.name() && sqlutil::same_type(x.data_type(), y.data_type()))
+/// The columns `now` adds to `before`, when that is all it changes: every column of
+/// `before` is still there, in the same order and with the same type, and the others are
+/// nullable. `None` for any other change; empty when nothing changed.
+fn added_columns(before: &Schema, now: &Schema) -> Option<Vec<String>> {
+    let mut added = Vec::new();
+    let mut old = before.fields().iter().peekable();
+    for f in now.fields() {
+        match old.peek() {
+            Some(o) if o.name() == f.name() => {
+                if !sqlutil::same_type(o.data_type(), f.data_type()) {
+                    return None;
+                }
+                old.next();
+            }
+            _ if f.is_nullable() && before.field_with_name(f.name()).is_err() => {
+                added.push(f.name().clone())
+            }
+            _ => return None,
+        }
+    }
+    old.peek().is_none().then_some(added)
+}
+
+/// Adds the columns the flow now produces beyond those its event store and target have
+/// (its source gained a column under `COLUMNS *`, or the flow lists more): one
+/// metadata-only commit per table, so the rows already there read NULL in them. Returns
+/// the columns added; `check_existing` has refused every other change of columns.
+pub(crate) async fn evolve_tables(wh: &Warehouse, setup: &FlowSetup) -> Result<Vec<String>> {
+    let flow = &setup.flow;
+    let mut added = Vec::new();
+    let tables = [
+        (
+            warehouse::open_delta(&wh.event_store_path(&flow.target)).await?,
+            &setup.event_schema,
+        ),
+        (wh.open_table(&flow.target).await?, &setup.target_schema),
+    ];
+    for (table, want) in tables {
+        let Some(table) = table else { continue };
+        let have = sqlutil::table_schema(&table)?;
+        let Some(new) = added_columns(&have, want).filter(|a| !a.is_empty()) else {
+            continue;
+        };
+        let snapshot = table.snapshot().context(|| "reading table state".into())?;
+        let st: deltalake::kernel::StructType = want.as_ref().try_into_kernel().map_err(|e| {
+            EngineError::Internal(format!("schema not representable in Delta: {e}"))
+        })?;
+        let fields: Vec<_> = st
+            .fields()
+            .filter(|f| new.contains(f.name()))
+            .cloned()
+            .collect();
+        let metadata = snapshot.metadata().clone().with_schema(&st).map_err(|e| {
+            EngineError::Internal(format!("adding columns to {}: {e}", table.table_url()))
+        })?;
+        warehouse::commit_actions(
+            &table,
+            vec![Action::Metadata(metadata)],
+            DeltaOperation::AddColumn { fields },
+            CommitProperties::default(),
+        )
+        .await?;
+        for c in new {
+            if !added.contains(&c) {
+                added.push(c);
+            }
+        }
+    }
+    Ok(added)
 }
 
 /// Checks an existing event store and target against the flow (R10) before anything runs.
@@ -880,7 +945,7 @@ pub(crate) async fn check_existing(wh: &Warehouse, setup: &FlowSetup) -> Result<
                 ));
             }
         }
-        if !same_fields(&schema, &setup.event_schema) {
+        if added_columns(&schema, &setup.event_schema).is_none() {
             let n = setup.out_cols.len();
             let names = |s: &Schema, n: usize| -> Vec<String> {
                 s.fields()
@@ -891,21 +956,24 @@ pub(crate) async fn check_existing(wh: &Warehouse, setup: &FlowSetup) -> Result<
             };
             let stored_n = schema.fields().len().saturating_sub(3);
             let (now, before) = (names(&setup.event_schema, n), names(&schema, stored_n));
-            let added: Vec<&String> = now.iter().filter(|c| !before.contains(c)).collect();
-            let advice = if !added.is_empty() && before.iter().all(|c| now.contains(c)) {
+            let gone: Vec<String> = before
+                .iter()
+                .filter(|c| !now.contains(c))
+                .map(|c| format!("`{c}`"))
+                .collect();
+            let advice = if gone.is_empty() {
                 format!(
-                    "its source gained {}; to keep the target as it is, list the flow's columns \
-                     (COLUMNS {}), or run --full-refresh {} to rebuild it with them",
-                    added
-                        .iter()
-                        .map(|c| format!("`{c}`"))
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                    before.join(", "),
+                    "a column changed its type or its place; columns can only be added (at \
+                     any place, earlier rows then read NULL), so a full refresh of {} is needed",
                     flow.target
                 )
             } else {
-                format!("a full refresh of {} is needed", flow.target)
+                format!(
+                    "the flow no longer produces {}; columns can only be added, so list the \
+                     dropped columns again or run --full-refresh {}",
+                    gone.join(", "),
+                    flow.target
+                )
             };
             return Err(flow_err(
                 flow,
@@ -956,7 +1024,7 @@ pub(crate) async fn check_existing(wh: &Warehouse, setup: &FlowSetup) -> Result<
             }
         }
         let schema = sqlutil::table_schema(&target)?;
-        if !same_fields(&schema, &setup.target_schema) {
+        if added_columns(&schema, &setup.target_schema).is_none() {
             return Err(flow_err(
                 flow,
                 format!(
@@ -971,8 +1039,27 @@ pub(crate) async fn check_existing(wh: &Warehouse, setup: &FlowSetup) -> Result<
     Ok(())
 }
 
-/// Runs `setup` once over all source rows it has not seen.
+/// Runs `setup` once over all source rows it has not seen, after adding the columns it
+/// newly produces to its event store and target.
 pub(crate) async fn run_flow(
+    wh: &Warehouse,
+    setup: &FlowSetup,
+    target_properties: &std::collections::BTreeMap<String, String>,
+    update: &(dyn Fn(String) + Send + Sync),
+) -> Result<FlowReport> {
+    let added = evolve_tables(wh, setup).await?;
+    let mut report = run_flow_once(wh, setup, target_properties, update).await?;
+    if !added.is_empty() {
+        report.notes.push(format!(
+            "added column(s) {} to {}; rows written before read NULL in them",
+            added.join(", "),
+            setup.flow.target
+        ));
+    }
+    Ok(report)
+}
+
+async fn run_flow_once(
     wh: &Warehouse,
     setup: &FlowSetup,
     target_properties: &std::collections::BTreeMap<String, String>,
@@ -1227,6 +1314,7 @@ pub(crate) async fn run_flow(
             let version = warehouse::append(
                 &handle,
                 ev,
+                Vec::new(),
                 CommitProperties::default()
                     .with_application_transaction(Transaction::new(&app_id, source_version)),
             )
@@ -1271,6 +1359,7 @@ pub(crate) async fn run_flow(
             warehouse::append(
                 &handle,
                 vec![derived],
+                Vec::new(),
                 target_commit(new_store_version, &app_id, source_version),
             )
             .await?;
@@ -1413,4 +1502,68 @@ pub(crate) async fn txn_version(table: &DeltaTable, app_id: &str) -> Result<Opti
         .transaction_version(table.log_store().as_ref(), app_id)
         .await
         .context(|| format!("reading transaction {app_id}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn schema(fields: &[(&str, DataType, bool)]) -> Schema {
+        Schema::new(
+            fields
+                .iter()
+                .map(|(n, t, null)| Field::new(*n, t.clone(), *null))
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    /// Only nullable columns added anywhere, with every old column kept in order and type,
+    /// count as an evolution; anything else is refused.
+    #[test]
+    fn added_columns_accepts_only_additions() {
+        use DataType::{Int64, Utf8};
+        let before = schema(&[
+            ("id", Int64, false),
+            ("name", Utf8, true),
+            ("__END_AT", Int64, true),
+        ]);
+        let same = added_columns(&before, &before);
+        assert_eq!(same, Some(vec![]));
+        let now = schema(&[
+            ("id", Int64, false),
+            ("name", Utf8, true),
+            ("zip", Utf8, true),
+            ("__END_AT", Int64, true),
+            ("extra", Int64, true),
+        ]);
+        assert_eq!(
+            added_columns(&before, &now),
+            Some(vec!["zip".to_string(), "extra".to_string()])
+        );
+        let not_null = schema(&[
+            ("id", Int64, false),
+            ("zip", Utf8, false),
+            ("name", Utf8, true),
+            ("__END_AT", Int64, true),
+        ]);
+        assert_eq!(
+            added_columns(&before, &not_null),
+            None,
+            "a NOT NULL addition"
+        );
+        let dropped = schema(&[("id", Int64, false), ("__END_AT", Int64, true)]);
+        assert_eq!(added_columns(&before, &dropped), None, "a dropped column");
+        let moved = schema(&[
+            ("name", Utf8, true),
+            ("id", Int64, false),
+            ("__END_AT", Int64, true),
+        ]);
+        assert_eq!(added_columns(&before, &moved), None, "a reordered column");
+        let retyped = schema(&[
+            ("id", Int64, false),
+            ("name", Int64, true),
+            ("__END_AT", Int64, true),
+        ]);
+        assert_eq!(added_columns(&before, &retyped), None, "a retyped column");
+    }
 }

@@ -13,6 +13,7 @@
 //! flow); the source of an AUTO CDC target is read through its change data feed
 //! (`changes.rs`).
 
+use crate::adopt;
 use crate::autoload;
 use crate::changes;
 use crate::error::{Context, EngineError, Result};
@@ -491,19 +492,24 @@ async fn read_taken(
     Ok((files, columns.unwrap_or_default()))
 }
 
-/// Applies the table's query to `input` rows and casts them to the table's schema.
+/// Applies the table's query to `input` rows and casts them to the table's schema. The flag
+/// is true when the query passed the input's rows and columns through unchanged, already in
+/// the table's column names and types (see `adopt.rs`).
 async fn apply_query(
     setup: &IngestSetup,
     input: DataFrame,
     place: &str,
-) -> Result<Vec<RecordBatch>> {
+) -> Result<(Vec<RecordBatch>, bool)> {
     let ctx = warehouse::new_session();
     ctx.register_table(SOURCE_PLACEHOLDER, input.into_view())
         .context(|| "registering input".into())?;
-    let batches = ctx
+    let query = ctx
         .sql(&setup.query_sql)
         .await
-        .context(|| format!("streaming table {}", setup.table.name))?
+        .context(|| format!("streaming table {}", setup.table.name))?;
+    let unchanged = adopt::passes_rows_through(query.logical_plan())
+        && adopt::same_columns(query.schema().as_arrow(), &setup.schema);
+    let batches = query
         .collect()
         .await
         .map_err(|e| setup.err(format!("{place}: {e}")))?;
@@ -518,7 +524,10 @@ async fn apply_query(
         })
         .collect::<Result<Vec<_>>>()
         .map_err(|e| setup.err(format!("{place}: {e}")))?;
-    Ok(cast.into_iter().filter(|b| b.num_rows() > 0).collect())
+    Ok((
+        cast.into_iter().filter(|b| b.num_rows() > 0).collect(),
+        unchanged,
+    ))
 }
 
 /// `batch` with `schema`'s columns, matched by name ignoring case; a column the batch lacks
@@ -576,17 +585,18 @@ async fn check_downstream(
 
 /// The query's rows of one input, checked: expectations applied (counts added to
 /// `report`), then the downstream flows' checks on the rows kept (their events added to
-/// `events`).
+/// `events`). The flag is true when the rows are the input's, unchanged and all kept, in
+/// the table's columns, with no NULL in a NOT NULL column.
 async fn checked_rows(
     setup: &IngestSetup,
     input: DataFrame,
     place: &str,
     report: &mut IngestReport,
     events: &mut HashMap<String, Vec<RecordBatch>>,
-) -> Result<Vec<RecordBatch>> {
+) -> Result<(Vec<RecordBatch>, bool)> {
     let steps = warehouse::Steps::new(setup.flow_name(), "ingest: ");
     let step = |what: &str| warehouse::step!(debug, steps, format_args!("{what} ({place})"));
-    let mut rows = apply_query(setup, input, place).await?;
+    let (mut rows, mut unchanged) = apply_query(setup, input, place).await?;
     step("read and applied the query");
     let before: usize = rows.iter().map(RecordBatch::num_rows).sum();
     report.rows_read += before;
@@ -601,13 +611,55 @@ async fn checked_rows(
         )
         .await?;
         report.rows_dropped += before - kept.num_rows();
+        unchanged &= kept.num_rows() == before;
         expect::accumulate(&mut report.expectations, counts);
         rows = vec![kept];
         step("applied the expectations");
     }
     check_downstream(setup, &rows, place, events).await?;
     step("checked the rows for the downstream flows");
-    Ok(rows)
+    unchanged &= setup
+        .schema
+        .fields()
+        .iter()
+        .enumerate()
+        .all(|(i, f)| f.is_nullable() || rows.iter().all(|b| b.column(i).null_count() == 0));
+    Ok((rows, unchanged))
+}
+
+/// Whether Parquet input files may be taken into the table as they are: not turned off by
+/// `strata.ingest.reuseFiles = false`, and the table has no partitions, column mapping,
+/// constraints, generated columns or row tracking, which a copied file would bypass.
+fn reuse_allowed(setup: &IngestSetup, existing: Option<&DeltaTable>) -> bool {
+    let blocked = |k: &str, v: &str| {
+        (k == adopt::REUSE_PROPERTY && v.eq_ignore_ascii_case("false"))
+            || k.starts_with("delta.constraints.")
+            || k.starts_with("delta.columnMapping")
+            || (k == "delta.enableRowTracking" && v.eq_ignore_ascii_case("true"))
+    };
+    if setup.table.properties.iter().any(|(k, v)| blocked(k, v)) {
+        return false;
+    }
+    if setup
+        .schema
+        .fields()
+        .iter()
+        .any(|f| !f.metadata().is_empty())
+    {
+        return false;
+    }
+    match existing.map(DeltaTable::snapshot) {
+        None => true,
+        Some(Err(_)) => false,
+        Some(Ok(state)) => {
+            let meta = state.metadata();
+            meta.partition_columns().is_empty()
+                && !meta
+                    .configuration()
+                    .iter()
+                    .any(|(k, v)| blocked(k, v.as_str()))
+        }
+    }
 }
 
 /// Runs one ingestion: new input → one commit.
@@ -628,6 +680,8 @@ pub(crate) async fn run_ingest(
     let mut parts: Vec<RecordBatch> = Vec::new();
     // The downstream flows' events of the rows appended, for the handover after the commit.
     let mut events: HashMap<String, Vec<RecordBatch>> = HashMap::new();
+    // Parquet input files taken into the table as they are (`adopt.rs`).
+    let mut reused: Vec<adopt::Reusable> = Vec::new();
     match &setup.source {
         Source::Files {
             dir,
@@ -655,6 +709,12 @@ pub(crate) async fn run_ingest(
                 return Ok(report);
             }
             let root = input_root(dir);
+            let reuse = spec.format == FileFormat::Parquet
+                && matches!(mode, autoload::Mode::Declared)
+                && !autoload::wants_metadata(&setup.query_sql)
+                && !setup.evolve
+                && setup.append_flow.is_none()
+                && reuse_allowed(setup, existing.as_ref());
             let mut taken = 0usize;
             for file in &new {
                 let path = root.join(file);
@@ -680,7 +740,19 @@ pub(crate) async fn run_ingest(
                 } else {
                     df
                 };
-                parts.extend(checked_rows(setup, df, &place, &mut report, &mut events).await?);
+                let (rows, unchanged) =
+                    checked_rows(setup, df, &place, &mut report, &mut events).await?;
+                let reusable = match reuse && unchanged {
+                    true => adopt::inspect(&path, &setup.schema)?,
+                    false => None,
+                };
+                match reusable {
+                    Some(file) => {
+                        report.rows += rows.iter().map(RecordBatch::num_rows).sum::<usize>();
+                        reused.push(file);
+                    }
+                    None => parts.extend(rows),
+                }
                 taken += 1;
                 update(format!(
                     "{} of {} file(s), {} row(s)",
@@ -729,12 +801,16 @@ pub(crate) async fn run_ingest(
                 "the rows of {source_name} added after version {}",
                 from.map_or("(start)".to_string(), |v| v.to_string())
             );
-            parts.extend(checked_rows(setup, df, &place, &mut report, &mut events).await?);
+            parts.extend(
+                checked_rows(setup, df, &place, &mut report, &mut events)
+                    .await?
+                    .0,
+            );
             commit = commit.with_application_transaction(Transaction::new(&app_id, version));
         }
     }
-    report.rows = parts.iter().map(RecordBatch::num_rows).sum();
-    if parts.is_empty() {
+    report.rows += parts.iter().map(RecordBatch::num_rows).sum::<usize>();
+    if parts.is_empty() && reused.is_empty() {
         // The input is taken even when the query keeps none of its rows.
         parts.push(RecordBatch::new_empty(setup.schema.clone()));
     }
@@ -768,7 +844,15 @@ pub(crate) async fn run_ingest(
             .ok()
             .map(|s| (s.log_data().num_files() > 0).then(|| flow::version_of(&handle)));
         let steps = warehouse::Steps::new(setup.flow_name(), "ingest: ");
-        let after = warehouse::append(&handle, parts, commit).await?;
+        let table_dir = wh.table_path(name);
+        let adds = reused
+            .iter()
+            .map(|f| adopt::copy_in(f, &table_dir))
+            .collect::<Result<Vec<_>>>()?;
+        if !adds.is_empty() {
+            warehouse::step!(debug, steps, "copied the reused parquet files in");
+        }
+        let after = warehouse::append(&handle, parts, adds, commit).await?;
         warehouse::step!(debug, steps, "appended and committed");
         if let (Some(before), true) = (before, after >= 0) {
             wh.keep_appended(&wh.table_path(name), before, after, events);

@@ -22,6 +22,7 @@
 //! Every write is one atomic Delta commit that also records how far its input was read, so
 //! a crash at any point and a re-run converge to the same tables.
 
+mod adopt;
 mod autoload;
 mod changes;
 mod error;

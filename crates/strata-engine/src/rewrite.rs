@@ -24,7 +24,7 @@ use crate::error::{Context, EngineError, Result};
 use crate::sqlutil;
 use crate::warehouse;
 use deltalake::arrow::array::{
-    ArrayRef, BooleanArray, RecordBatch, RecordBatchReader, StringArray,
+    new_null_array, ArrayRef, BooleanArray, RecordBatch, RecordBatchReader, StringArray,
 };
 use deltalake::arrow::compute::filter_record_batch;
 use deltalake::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
@@ -307,29 +307,25 @@ impl Shared {
             }
         };
         let arrow = reader.schema();
-        let positions: Result<Vec<usize>> = self
+        // A column added to the table after the file was written reads NULL.
+        let positions: Vec<Option<usize>> = self
             .schema
             .fields()
             .iter()
-            .map(|f| {
-                arrow.index_of(f.name()).map_err(|_| {
-                    EngineError::Internal(format!("{} has no column {}", file.display(), f.name()))
-                })
-            })
+            .map(|f| arrow.index_of(f.name()).ok())
             .collect();
-        let positions = match positions {
-            Ok(p) => p,
-            Err(e) => {
-                send(Err(e));
-                return;
-            }
-        };
         for batch in reader {
             let out = batch
                 .context(|| format!("reading {}", file.display()))
                 .and_then(|b| {
-                    let cols: Vec<ArrayRef> =
-                        positions.iter().map(|&p| b.column(p).clone()).collect();
+                    let cols: Vec<ArrayRef> = positions
+                        .iter()
+                        .zip(self.schema.fields())
+                        .map(|(p, f)| match p {
+                            Some(p) => b.column(*p).clone(),
+                            None => new_null_array(f.data_type(), b.num_rows()),
+                        })
+                        .collect();
                     let b = sqlutil::cast_columns(cols, &self.schema)?;
                     let keep = self.keep_mask(&b, &self.key_at)?;
                     filter_record_batch(&b, &keep).context(|| "filtering rows".into())

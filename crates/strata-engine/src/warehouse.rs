@@ -367,17 +367,19 @@ pub(crate) fn on_threads<T: Send, R: Send>(
     })
 }
 
-/// Appends `batches` to `table` in one commit carrying `commit`. Large inputs are cut into
-/// one slice per core, each encoded to parquet by its own writer at the same time (delta-rs
-/// encodes an unpartitioned write on one thread), and all files are committed together.
+/// Appends `batches`, and the data files already in the table's folder that `files` add,
+/// to `table` in one commit carrying `commit`. Large inputs are cut into one slice per core,
+/// each encoded to parquet by its own writer at the same time (delta-rs encodes an
+/// unpartitioned write on one thread), and all files are committed together.
 pub(crate) async fn append(
     table: &DeltaTable,
     batches: Vec<RecordBatch>,
+    files: Vec<deltalake::kernel::Add>,
     commit: CommitProperties,
 ) -> Result<i64> {
     let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
     let parts = parallelism();
-    if rows < parallel_min_rows() || parts == 1 || batches.is_empty() {
+    if files.is_empty() && (rows < parallel_min_rows() || parts == 1 || batches.is_empty()) {
         let written = table
             .clone()
             .write(batches)
@@ -388,7 +390,7 @@ pub(crate) async fn append(
         return Ok(written.version().map_or(-1, |v| v as i64));
     }
     // One group of whole batches (cut where needed) per writer, in order, without copying.
-    let chunk = rows.div_ceil(parts);
+    let chunk = rows.div_ceil(parts).max(1);
     let mut groups: Vec<Vec<RecordBatch>> = vec![Vec::new()];
     let mut in_group = 0usize;
     for b in batches {
@@ -407,13 +409,13 @@ pub(crate) async fn append(
         }
     }
     let mut writers = Vec::new();
-    for group in groups {
+    for group in groups.into_iter().filter(|g| !g.is_empty()) {
         let table = table.clone();
         writers.push(tokio::spawn(
             async move { write_files(&table, group).await },
         ));
     }
-    let mut actions = Vec::new();
+    let mut actions: Vec<Action> = files.into_iter().map(Action::Add).collect();
     for w in writers {
         let adds = w
             .await

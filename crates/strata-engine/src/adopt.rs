@@ -1,0 +1,199 @@
+//! Taking a Parquet input file into a streaming table as it is.
+//!
+//! When a streaming table's query passes a Parquet file's rows through unchanged
+//! (`SELECT * FROM STREAM read_files(..., format => 'parquet')`, or its columns in file
+//! order) and the file's columns already have the table's names and Delta types, the file's
+//! bytes are exactly what a Delta writer would have to produce. Ingestion then copies the
+//! file into the table's folder and commits an `add` action for it, instead of decoding and
+//! re-encoding every row (a 10M-row delivery: seconds of work). The rows are still read,
+//! checked against the expectations and the downstream flows before anything is committed,
+//! and handed to those flows; only the write is skipped.
+//!
+//! The `add` carries the file's row count and, from the Parquet footer, null counts of every
+//! top-level column and min/max of integer and date columns (exact there; other columns
+//! simply have no min/max, which Delta allows). The table property
+//! `strata.ingest.reuseFiles = false` turns this off.
+
+use crate::error::{Context, Result};
+use deltalake::arrow::array::{Array, ArrayRef, AsArray};
+use deltalake::arrow::compute;
+use deltalake::arrow::datatypes::Schema;
+use deltalake::arrow::datatypes::{
+    DataType, Date32Type, Int16Type, Int32Type, Int64Type, Int8Type,
+};
+use deltalake::datafusion::logical_expr::{Expr, LogicalPlan};
+use deltalake::datafusion::parquet::arrow::arrow_reader::statistics::StatisticsConverter;
+use deltalake::datafusion::parquet::arrow::parquet_to_arrow_schema;
+use deltalake::datafusion::parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
+use deltalake::kernel::Add;
+use serde_json::{json, Map, Value};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// The table property that turns file reuse off.
+pub(crate) const REUSE_PROPERTY: &str = "strata.ingest.reuseFiles";
+
+/// True when `plan` (a query over one registered input) returns every input column, in
+/// order and unrenamed, and every row: projections of plain columns over an unfiltered,
+/// unlimited scan.
+pub(crate) fn passes_rows_through(plan: &LogicalPlan) -> bool {
+    match plan {
+        LogicalPlan::Projection(p) => {
+            let input = p.input.schema();
+            p.expr.len() == input.fields().len()
+                && p.expr.iter().zip(input.columns()).all(|(e, c)| match e {
+                    Expr::Column(col) => col.name == c.name,
+                    _ => false,
+                })
+                && passes_rows_through(&p.input)
+        }
+        LogicalPlan::SubqueryAlias(a) => passes_rows_through(&a.input),
+        LogicalPlan::TableScan(s) => {
+            let all = s.source.schema().fields().len();
+            s.filters.is_empty()
+                && s.fetch.is_none()
+                && s.projection
+                    .as_ref()
+                    .is_none_or(|p| p.iter().copied().eq(0..all))
+        }
+        _ => false,
+    }
+}
+
+/// True when `columns` (a query's output) has exactly `table`'s column names and types, in
+/// order.
+pub(crate) fn same_columns(columns: &Schema, table: &Schema) -> bool {
+    columns.fields().len() == table.fields().len()
+        && columns
+            .fields()
+            .iter()
+            .zip(table.fields())
+            .all(|(c, t)| c.name() == t.name() && c.data_type() == t.data_type())
+}
+
+/// A Parquet input file whose columns are the table's, ready to be copied in.
+#[derive(Debug)]
+pub(crate) struct Reusable {
+    source: PathBuf,
+    stats: Value,
+}
+
+/// Reads the footer of the Parquet file `source`: `Some` when its own columns have exactly
+/// the names and types of the table's `schema` (then every Delta reader reads its rows as
+/// the table's), `None` when they do not.
+pub(crate) fn inspect(source: &Path, schema: &Schema) -> Result<Option<Reusable>> {
+    let place = || format!("file {}", source.display());
+    let file = std::fs::File::open(source).context(place)?;
+    let meta = ParquetMetaDataReader::new()
+        .parse_and_finish(&file)
+        .context(place)?;
+    let file_schema = parquet_to_arrow_schema(
+        meta.file_metadata().schema_descr(),
+        meta.file_metadata().key_value_metadata(),
+    )
+    .context(place)?;
+    if !same_columns(&file_schema, schema) {
+        return Ok(None);
+    }
+    Ok(Some(Reusable {
+        source: source.to_path_buf(),
+        stats: stats(&meta, &file_schema)?,
+    }))
+}
+
+/// Copies `file` into the table folder `table_dir` under a new name and returns its `add`
+/// action; nothing is committed (a crash before the commit leaves an unreferenced file,
+/// as any Delta writer does).
+pub(crate) fn copy_in(file: &Reusable, table_dir: &Path) -> Result<Add> {
+    let name = format!("part-00000-{}-c000.parquet", uuid::Uuid::new_v4());
+    let size = std::fs::copy(&file.source, table_dir.join(&name)).context(|| {
+        format!(
+            "copying {} into {}",
+            file.source.display(),
+            table_dir.display()
+        )
+    })?;
+    Ok(Add {
+        path: name,
+        partition_values: HashMap::new(),
+        size: size as i64,
+        modification_time: chrono::Utc::now().timestamp_millis(),
+        data_change: true,
+        stats: Some(file.stats.to_string()),
+        ..Default::default()
+    })
+}
+
+/// Delta file statistics from a Parquet footer: `numRecords`, `nullCount` of every
+/// top-level column whose row groups all record it, and `minValues`/`maxValues` of integer
+/// and date columns whose row groups all record them.
+fn stats(meta: &ParquetMetaData, schema: &Schema) -> Result<Value> {
+    let groups = meta.row_groups();
+    let rows: i64 = groups.iter().map(|g| g.num_rows()).sum();
+    let (mut mins, mut maxes, mut nulls) = (Map::new(), Map::new(), Map::new());
+    let parquet = meta.file_metadata().schema_descr();
+    for field in schema.fields() {
+        if field.data_type().is_nested() {
+            continue;
+        }
+        let what = || format!("statistics of column {}", field.name());
+        let conv = StatisticsConverter::try_new(field.name(), schema, parquet).context(what)?;
+        let counts = conv.row_group_null_counts(groups).context(what)?;
+        if counts.null_count() == 0 {
+            nulls.insert(
+                field.name().clone(),
+                json!(compute::sum(&counts).unwrap_or(0)),
+            );
+        }
+        let lo = conv.row_group_mins(groups).context(what)?;
+        let hi = conv.row_group_maxes(groups).context(what)?;
+        // A row group without a bound leaves the file without one.
+        if lo.null_count() > 0 || hi.null_count() > 0 || lo.is_empty() {
+            continue;
+        }
+        if let (Some(lo), Some(hi)) = (bound(&lo, false), bound(&hi, true)) {
+            mins.insert(field.name().clone(), lo);
+            maxes.insert(field.name().clone(), hi);
+        }
+    }
+    Ok(json!({
+        "numRecords": rows,
+        "minValues": mins,
+        "maxValues": maxes,
+        "nullCount": nulls,
+    }))
+}
+
+/// The least (or, with `max`, the greatest) of per-row-group bounds, as Delta's JSON stats
+/// spell it; `None` for types left without min/max.
+fn bound(values: &ArrayRef, max: bool) -> Option<Value> {
+    macro_rules! int {
+        ($t:ty) => {{
+            let a = values.as_primitive::<$t>();
+            let v = if max {
+                compute::max(a)
+            } else {
+                compute::min(a)
+            };
+            v.map(|v| json!(v))
+        }};
+    }
+    match values.data_type() {
+        DataType::Int8 => int!(Int8Type),
+        DataType::Int16 => int!(Int16Type),
+        DataType::Int32 => int!(Int32Type),
+        DataType::Int64 => int!(Int64Type),
+        DataType::Date32 => {
+            let a = values.as_primitive::<Date32Type>();
+            let days = if max {
+                compute::max(a)
+            } else {
+                compute::min(a)
+            }?;
+            let date = chrono::NaiveDate::from_ymd_opt(1970, 1, 1)?
+                .checked_add_signed(chrono::Duration::days(days.into()))?;
+            Some(json!(date.format("%Y-%m-%d").to_string()))
+        }
+        _ => None,
+    }
+}
