@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs everything CI runs: formatting, clippy with warnings denied, and every test (unit,
 # golden scenarios, property tests, CLI tests on the real binary, the benchmark harness's own
-# checks). One debug build serves all of them.
+# checks, the check that other Delta readers see what strata wrote). One debug build serves
+# all of them.
 #
 # A persistent CARGO_TARGET_DIR outside the clone makes reruns on the same machine fast.
 set -euo pipefail
@@ -23,4 +24,9 @@ cargo test --workspace --locked
 if [ -x benchmarks/selftest.sh ]; then
   step "benchmark harness self-test (small workload, debug binary)"
   STRATA_BIN="$CARGO_TARGET_DIR/debug/strata" benchmarks/selftest.sh
+fi
+
+if [ -f tests/interop/check_readers.py ]; then
+  step "Delta reader interop (deltalake, Polars, DuckDB read strata's tables; debug binary)"
+  python3 tests/interop/check_readers.py --strata "$CARGO_TARGET_DIR/debug/strata"
 fi
