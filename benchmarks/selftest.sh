@@ -5,7 +5,8 @@
 # 2. `run.py --small`: strata and DuckDB on the same generated workloads (updates, no-ops,
 #    deletes, re-inserts, late events, an incremental batch; and a 20k-row snapshot followed by
 #    its successor with 1% of keys changed, removed or new, through AUTO CDC FROM SNAPSHOT);
-#    exits non-zero unless both give the same rows;
+#    exits non-zero unless both give the same rows; then the incremental and snapshot
+#    workloads again with deletion vectors enabled on strata's target;
 # 3. `pit_bench.py --small`: a point-in-time table over 2k keys and 365 days against DuckDB's
 #    ASOF JOIN, and fact joins (range, PIT, ASOF), all compared.
 # Timings of a debug build mean nothing and are not reported anywhere.
@@ -17,4 +18,9 @@ python3 test_duckdb_formulation.py
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 python3 run.py --small --strata "$STRATA_BIN" --workdir "$work" --json "$work/results.json"
+# The same with deletion vectors on strata's target: three batches, each compared.
+python3 run.py incremental --small --deletion-vectors --batches 3 --check-every-batch \
+  --strata "$STRATA_BIN" --workdir "$work/dv" --json "$work/dv-incremental.json"
+python3 run.py snapshot --small --deletion-vectors \
+  --strata "$STRATA_BIN" --workdir "$work/dv" --json "$work/dv-snapshot.json"
 python3 pit_bench.py --small --strata "$STRATA_BIN" --workdir "$work/pit"

@@ -1411,8 +1411,7 @@ async fn run_flow_once(
     .map_err(|e| EngineError::Plan(format!("flow {}: writing {}: {e}", flow.name, flow.target)))?
     {
         phase(&format!(
-            "replaced the changed keys' rows in the target ({} of {} file(s) rewritten)",
-            done.files_rewritten, done.files_read
+            "replaced the changed keys' rows in the target ({done})"
         ));
         return Ok(report);
     }

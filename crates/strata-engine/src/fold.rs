@@ -11,9 +11,12 @@
 use crate::error::{Context, EngineError, Result};
 use crate::sqlutil::Ordered;
 use deltalake::arrow::array::{make_comparator, DynComparator};
-use deltalake::arrow::array::{Array, ArrayRef, Int8Array, RecordBatch, UInt32Array};
+use deltalake::arrow::array::{
+    Array, ArrayRef, AsArray, Int64Array, Int8Array, RecordBatch, StringArray, UInt32Array,
+};
 use deltalake::arrow::compute::take;
 use deltalake::arrow::compute::SortOptions;
+use deltalake::arrow::datatypes::Int64Type;
 use deltalake::arrow::datatypes::SchemaRef;
 use deltalake::arrow::util::display::{ArrayFormatter, FormatOptions};
 use std::cmp::Ordering;
@@ -62,9 +65,9 @@ struct ArrowModel<'a> {
     ops: &'a Int8Array,
     /// Sequence values in a form that compares fast: sorting compares them millions of times.
     seq: Ordered,
-    /// One comparator per output column. Values are compared far less often than
+    /// One equality test per output column. Values are compared far less often than
     /// sequences (once per upsert), so these save the memory a row-format copy would take.
-    columns: Vec<DynComparator>,
+    columns: Vec<ColumnEq<'a>>,
     /// The tracked columns, and all output columns, in the order to compare them: fixed-width
     /// ones first, as they are cheap and a difference anywhere settles the answer. Key
     /// columns are left out: the fold only compares events of one key.
@@ -80,7 +83,14 @@ impl<'a> ArrowModel<'a> {
         let columns = (0..spec.n_out)
             .map(|i| {
                 let c = batch.column(i);
+                if let Some(s) = c.as_string_opt::<i32>() {
+                    return Ok(ColumnEq::Utf8(s));
+                }
+                if let Some(v) = c.as_primitive_opt::<Int64Type>() {
+                    return Ok(ColumnEq::Int64(v));
+                }
                 make_comparator(c.as_ref(), c.as_ref(), options)
+                    .map(ColumnEq::Other)
                     .context(|| format!("comparing values of {}", batch.schema().field(i).name()))
             })
             .collect::<Result<Vec<_>>>()?;
@@ -106,7 +116,31 @@ impl<'a> ArrowModel<'a> {
     }
 
     fn column_eq(&self, c: usize, a: u32, b: u32) -> bool {
-        a == b || (self.columns[c])(a as usize, b as usize) == Ordering::Equal
+        a == b || self.columns[c].eq(a as usize, b as usize)
+    }
+}
+
+/// Equality of two values of one column (NULL equals NULL), without a dynamic call for the
+/// most common column types.
+enum ColumnEq<'a> {
+    Utf8(&'a StringArray),
+    Int64(&'a Int64Array),
+    Other(DynComparator),
+}
+
+impl ColumnEq<'_> {
+    fn eq(&self, a: usize, b: usize) -> bool {
+        match self {
+            ColumnEq::Utf8(s) => match (s.is_null(a), s.is_null(b)) {
+                (false, false) => s.value(a).as_bytes() == s.value(b).as_bytes(),
+                (x, y) => x == y,
+            },
+            ColumnEq::Int64(v) => match (v.is_null(a), v.is_null(b)) {
+                (false, false) => v.value(a) == v.value(b),
+                (x, y) => x == y,
+            },
+            ColumnEq::Other(cmp) => cmp(a, b) == Ordering::Equal,
+        }
     }
 }
 

@@ -8,10 +8,12 @@
 //!                event-log record each (event_log.rs); --select, --full-refresh, stop
 //!   ingest.rs:   read_files / STREAM(t) / append flows → streaming table (one commit: rows
 //!                + the files or source version taken); autoload.rs infers, evolves and
-//!                rescues; expect.rs checks expectations; changes.rs reads a target's feed
+//!                rescues; adopt.rs takes pass-through Parquet files as they are;
+//!                expect.rs checks expectations; changes.rs reads a target's feed
 //!   flow.rs:     streaming table → event store → fold (strata-core, via fold.rs) → target;
 //!                snapshot.rs for AUTO CDC FROM SNAPSHOT, timeline.rs for conventions;
 //!                rewrite.rs replaces the changed keys' rows, rewriting only files holding them
+//!                (or marking them in deletion vectors, dv.rs)
 //!   mview.rs:    materialized views and views; pit.rs: point-in-time tables
 //!   query.rs:    SQL over every table of a warehouse (as_of in history.rs, table_changes in
 //!                changes.rs); SCD2 integrity checks
@@ -25,6 +27,7 @@
 mod adopt;
 mod autoload;
 mod changes;
+mod dv;
 mod error;
 mod event_log;
 mod expect;

@@ -237,11 +237,19 @@ fn check_timelines(batch: &RecordBatch, keys: &[String]) -> Result<Vec<Violation
     let grouped = {
         let runs_ordered = (1..rows)
             .all(|i| !key_of.eq(i - 1, i) || bounds.start_cmp(i - 1, i) != Ordering::Greater);
-        let mut firsts: Vec<u32> = (0..rows)
-            .filter(|&i| i == 0 || !key_of.eq(i - 1, i))
-            .collect();
-        firsts.sort_unstable_by(|&a, &b| key_of.cmp(a, b));
-        runs_ordered && firsts.windows(2).all(|w| !key_of.eq(w[0], w[1]))
+        // Each key's run must be its only one: the first rows of the runs hold distinct keys.
+        let mut firsts = (0..rows).filter(|&i| i == 0 || !key_of.eq(i - 1, i));
+        runs_ordered
+            && match &key_of {
+                Ordered::Int(v) => {
+                    let mut seen = ahash::AHashSet::with_capacity(v.len() / 4);
+                    firsts.all(|i| seen.insert(v[i as usize]))
+                }
+                Ordered::Rows(r) => {
+                    let mut seen = ahash::AHashSet::with_capacity(r.num_rows() / 4);
+                    firsts.all(|i| seen.insert(r.row(i as usize).data()))
+                }
+            }
     };
     let mut order: Vec<u32> = (0..rows).collect();
     if !grouped {

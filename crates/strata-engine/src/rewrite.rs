@@ -47,6 +47,26 @@ const READ_BATCH_ROWS: usize = 64 * 1024;
 pub(crate) struct Replaced {
     pub files_read: usize,
     pub files_rewritten: usize,
+    /// Files whose replaced rows were marked in their deletion vector instead.
+    pub files_marked: usize,
+}
+
+impl std::fmt::Display for Replaced {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.files_marked > 0 {
+            write!(
+                f,
+                "{} of {} file(s) given deletion vectors",
+                self.files_marked, self.files_read
+            )
+        } else {
+            write!(
+                f,
+                "{} of {} file(s) rewritten",
+                self.files_rewritten, self.files_read
+            )
+        }
+    }
 }
 
 /// Replaces every row of `table` whose key (columns `keys`) is a key of `old_rows` by
@@ -63,18 +83,26 @@ pub(crate) async fn replace_keys(
 ) -> Result<Option<Replaced>> {
     let snapshot = table.snapshot().context(|| "reading table state".into())?;
     // Files are read as plain parquet with logical column names: a partitioned table, column
-    // mapping or deletion vectors (a table another engine wrote) go through delta-rs.
-    let mapped = snapshot
-        .metadata()
-        .configuration()
+    // mapping, or deletion vectors on a table that does not enable them or stored in files
+    // (a table another engine wrote) go through delta-rs.
+    let config = snapshot.metadata().configuration();
+    let mapped = config
         .get("delta.columnMapping.mode")
         .is_some_and(|m| m != "none");
+    let marking = config
+        .get("delta.enableDeletionVectors")
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    let vectors: Vec<_> = snapshot
+        .log_data()
+        .iter()
+        .filter_map(|f| f.deletion_vector_descriptor())
+        .collect();
     if !snapshot.metadata().partition_columns().is_empty()
         || mapped
-        || snapshot
-            .log_data()
+        || (!vectors.is_empty() && !marking)
+        || vectors
             .iter()
-            .any(|f| f.deletion_vector_descriptor().is_some())
+            .any(|d| d.storage_type != deltalake::kernel::StorageType::Inline)
     {
         return Ok(None);
     }
@@ -121,6 +149,33 @@ pub(crate) async fn replace_keys(
         converter,
         gone,
     });
+    if marking {
+        let marked = mark_deleted(&shared, &root, snapshot).await?;
+        let n = marked.len();
+        let mut actions: Vec<Action> = marked.into_iter().flatten().collect();
+        let new_rows = sqlutil::cast_batch(&new_rows, &schema)?;
+        if new_rows.num_rows() > 0 {
+            let adds = warehouse::write_files(table, vec![new_rows.clone()]).await?;
+            actions.extend(adds.into_iter().map(Action::Add));
+        }
+        let cdc = write_change_file(&root, &schema, old_rows, &new_rows).await?;
+        actions.push(Action::Cdc(cdc));
+        let operation = DeltaOperation::Write {
+            mode: SaveMode::Append,
+            partition_by: None,
+            predicate: Some(format!(
+                "the rows of {} key(s) ({}) replaced, old rows marked deleted",
+                shared.gone.len(),
+                keys.join(", ")
+            )),
+        };
+        warehouse::commit_actions(table, actions, operation, commit).await?;
+        return Ok(Some(Replaced {
+            files_read: files.len(),
+            files_rewritten: 0,
+            files_marked: n,
+        }));
+    }
 
     // Which files hold a replaced key: key columns only, one file per core at a time.
     let lanes = warehouse::parallelism();
@@ -184,7 +239,88 @@ pub(crate) async fn replace_keys(
     Ok(Some(Replaced {
         files_read: files.len(),
         files_rewritten: touched.len(),
+        files_marked: 0,
     }))
+}
+
+/// For a table that enables deletion vectors: the actions that mark the replaced keys' rows
+/// deleted, one `Vec` per file holding such a row that is not deleted yet: its `remove`,
+/// then (unless every row is now deleted) an `add` of the same file with the grown vector.
+/// Each file's key columns are read once, one file per core at a time.
+async fn mark_deleted(
+    shared: &Arc<Shared>,
+    root: &Path,
+    snapshot: &deltalake::table::state::DeltaTableState,
+) -> Result<Vec<Vec<Action>>> {
+    struct File {
+        path: String,
+        remove: deltalake::kernel::Remove,
+        add: deltalake::kernel::Add,
+        deleted: roaring::RoaringTreemap,
+    }
+    let mut files = Vec::new();
+    for f in snapshot.log_data().iter() {
+        let deleted = match f.deletion_vector_descriptor() {
+            Some(d) => crate::dv::read_inline(&d)?.ok_or_else(|| {
+                EngineError::Internal(format!("{}: a deletion vector not inline", f.path()))
+            })?,
+            None => roaring::RoaringTreemap::new(),
+        };
+        files.push(File {
+            path: f.path().to_string(),
+            remove: f.remove_action(true),
+            add: deltalake::kernel::Add {
+                path: f.path().to_string(),
+                size: f.size(),
+                modification_time: f.modification_time(),
+                data_change: true,
+                stats: f.stats().map(|s| loose_bounds(&s)),
+                ..Default::default()
+            },
+            deleted,
+        });
+    }
+    let lanes = warehouse::parallelism();
+    let mut out = Vec::new();
+    for chunk in files.chunks(lanes) {
+        let checks: Vec<_> = chunk
+            .iter()
+            .map(|f| {
+                let (shared, file, deleted) =
+                    (shared.clone(), root.join(&f.path), f.deleted.clone());
+                tokio::task::spawn_blocking(move || shared.gone_positions(&file, &deleted))
+            })
+            .collect();
+        for (f, check) in chunk.iter().zip(checks) {
+            let (gone, rows) = check
+                .await
+                .map_err(|e| EngineError::Internal(format!("a reading task failed: {e}")))??;
+            if gone.is_empty() {
+                continue;
+            }
+            let deleted = &f.deleted | &gone;
+            let mut actions = vec![Action::Remove(f.remove.clone())];
+            if deleted.len() < rows {
+                let mut add = f.add.clone();
+                add.deletion_vector = Some(crate::dv::inline(&deleted)?);
+                actions.push(Action::Add(add));
+            }
+            out.push(actions);
+        }
+    }
+    Ok(out)
+}
+
+/// A file's statistics once rows may be deleted from it: the bounds still hold every
+/// remaining value but may no longer be reached (`tightBounds = false`).
+fn loose_bounds(stats: &str) -> String {
+    match serde_json::from_str::<serde_json::Value>(stats) {
+        Ok(serde_json::Value::Object(mut m)) => {
+            m.insert("tightBounds".into(), serde_json::Value::Bool(false));
+            serde_json::Value::Object(m).to_string()
+        }
+        _ => stats.to_string(),
+    }
 }
 
 /// What every file task needs.
@@ -225,6 +361,33 @@ impl Shared {
             }
         }
         Ok(false)
+    }
+
+    /// The positions of the rows of the data file at `file` that hold a replaced key and
+    /// are not in `deleted` yet, and how many rows the file has.
+    fn gone_positions(
+        &self,
+        file: &Path,
+        deleted: &roaring::RoaringTreemap,
+    ) -> Result<(roaring::RoaringTreemap, u64)> {
+        let reader = self.reader(file, true)?;
+        let key_cols: Vec<usize> = (0..self.key_at.len()).collect();
+        let mut gone = roaring::RoaringTreemap::new();
+        let mut offset = 0u64;
+        for batch in reader {
+            let batch = batch.context(|| format!("reading {}", file.display()))?;
+            let keep = self.keep_mask(&batch, &key_cols)?;
+            if keep.true_count() < batch.num_rows() {
+                gone.extend(
+                    (0..batch.num_rows())
+                        .filter(|&i| !keep.value(i))
+                        .map(|i| offset + i as u64)
+                        .filter(|p| !deleted.contains(*p)),
+                );
+            }
+            offset += batch.num_rows() as u64;
+        }
+        Ok((gone, offset))
     }
 
     /// A reader of the file's key columns (`keys_only`) or of all of them.

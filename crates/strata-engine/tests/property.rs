@@ -23,6 +23,8 @@ struct Case {
     scd2: bool,
     ignore_nulls: bool,
     track_city: bool,
+    /// The target enables deletion vectors: replaced rows are marked, not rewritten.
+    deletion_vectors: bool,
 }
 
 fn value() -> impl Strategy<Value = Option<String>> {
@@ -30,8 +32,8 @@ fn value() -> impl Strategy<Value = Option<String>> {
 }
 
 fn case() -> impl Strategy<Value = Case> {
-    (any::<bool>(), any::<bool>(), any::<bool>()).prop_flat_map(
-        |(scd2, ignore_nulls, track_city)| {
+    (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>()).prop_flat_map(
+        |(scd2, ignore_nulls, track_city, deletion_vectors)| {
             let event = (0i64..4, 0u8..10, value(), value()).prop_map(move |(key, k, a, b)| {
                 let kind = match k {
                     0 | 1 => EventKind::Delete,
@@ -75,6 +77,7 @@ fn case() -> impl Strategy<Value = Case> {
                         scd2,
                         ignore_nulls,
                         track_city,
+                        deletion_vectors,
                     }
                 })
         },
@@ -102,10 +105,10 @@ fn json_line(e: &RefEvent) -> String {
 fn pipeline(c: &Case) -> String {
     let mut sql = String::from(
         "CREATE OR REFRESH STREAMING TABLE cdc AS SELECT * FROM STREAM read_files('data', \
-         format => 'json', schema => 'id BIGINT, name STRING, city STRING, op STRING, seq BIGINT');\n\
-         CREATE OR REFRESH STREAMING TABLE t;\n\
-         CREATE FLOW f AS AUTO CDC INTO t FROM STREAM(cdc) KEYS (id)\n",
+         format => 'json', schema => 'id BIGINT, name STRING, city STRING, op STRING, seq BIGINT');\n",
     );
+    sql.push_str(target_table(c.deletion_vectors));
+    sql.push_str("CREATE FLOW f AS AUTO CDC INTO t FROM STREAM(cdc) KEYS (id)\n");
     if c.ignore_nulls {
         sql.push_str("IGNORE NULL UPDATES\n");
     }
@@ -124,6 +127,15 @@ fn pipeline(c: &Case) -> String {
     }
     sql.push(';');
     sql
+}
+
+/// The target's statement, with or without deletion vectors.
+fn target_table(deletion_vectors: bool) -> &'static str {
+    if deletion_vectors {
+        "CREATE OR REFRESH STREAMING TABLE t TBLPROPERTIES ('delta.enableDeletionVectors' = 'true');\n"
+    } else {
+        "CREATE OR REFRESH STREAMING TABLE t;\n"
+    }
 }
 
 fn cell(v: &Option<String>) -> String {
@@ -227,6 +239,7 @@ struct SnapCase {
     /// Runs, each a list of deliveries (version, rows); a version at most once per run.
     runs: Vec<Vec<reference::RefSnapshot>>,
     mode: SnapMode,
+    deletion_vectors: bool,
 }
 
 fn snapshot_rows() -> impl Strategy<Value = std::collections::BTreeMap<i64, Vec<Option<String>>>> {
@@ -249,8 +262,9 @@ fn snap_case() -> impl Strategy<Value = SnapCase> {
             Just(SnapMode::Scd2TrackName),
             Just(SnapMode::Snapshots)
         ],
+        any::<bool>(),
     )
-        .prop_map(|(finals, wrong, seed, per_run, mode)| {
+        .prop_map(|(finals, wrong, seed, per_run, mode, deletion_vectors)| {
             let snapshots: Vec<reference::RefSnapshot> = finals
                 .into_iter()
                 .enumerate()
@@ -298,6 +312,7 @@ fn snap_case() -> impl Strategy<Value = SnapCase> {
                 snapshots,
                 runs,
                 mode,
+                deletion_vectors,
             }
         })
 }
@@ -316,9 +331,10 @@ fn snap_pipeline(c: &SnapCase) -> String {
     format!(
         "CREATE OR REFRESH STREAMING TABLE deliveries AS SELECT * FROM STREAM read_files('data', \
          format => 'json', schema => 'id BIGINT, name STRING, city STRING, v BIGINT');\n\
-         CREATE OR REFRESH STREAMING TABLE t;\n\
+         {}\
          CREATE FLOW f AS AUTO CDC FROM SNAPSHOT INTO t FROM STREAM(deliveries) KEYS (id)\n\
-         SNAPSHOT VERSION BY v COLUMNS * EXCEPT (v) STORED AS {stored}{track};"
+         SNAPSHOT VERSION BY v COLUMNS * EXCEPT (v) STORED AS {stored}{track};",
+        target_table(c.deletion_vectors)
     )
 }
 

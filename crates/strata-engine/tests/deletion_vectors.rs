@@ -1,0 +1,155 @@
+//! Targets with `delta.enableDeletionVectors = true`: a run marks the rows it replaces as
+//! deleted in their files' deletion vectors instead of rewriting the files, reads see the
+//! rows that remain, and the change feed (and a flow reading it) is the same as without.
+
+mod common;
+
+use serde_json::Value;
+use std::path::Path;
+use strata_engine::Warehouse;
+
+const PIPELINE: &str = "\
+CREATE OR REFRESH STREAMING TABLE raw AS SELECT * FROM STREAM read_files('data', format => 'csv',
+  header => true, schema => 'id BIGINT, v STRING, op STRING, seq BIGINT');
+CREATE OR REFRESH STREAMING TABLE t TBLPROPERTIES ('delta.enableDeletionVectors' = 'true');
+CREATE FLOW f AS AUTO CDC INTO t FROM STREAM(raw) KEYS (id) APPLY AS DELETE WHEN op = 'D'
+SEQUENCE BY seq COLUMNS * EXCEPT (op, seq) STORED AS SCD TYPE 2;
+CREATE OR REFRESH STREAMING TABLE s TBLPROPERTIES ('delta.enableDeletionVectors' = 'true');
+CREATE FLOW fs AS AUTO CDC INTO s FROM STREAM(raw) KEYS (id) APPLY AS DELETE WHEN op = 'D'
+SEQUENCE BY seq COLUMNS * EXCEPT (op, seq);
+CREATE OR REFRESH STREAMING TABLE gold;
+CREATE FLOW fg AS AUTO CDC INTO gold FROM STREAM(s) KEYS (id)
+APPLY AS DELETE WHEN _change_type = 'delete' SEQUENCE BY _commit_version
+COLUMNS * EXCEPT (_change_type, _commit_version, _commit_timestamp) STORED AS SCD TYPE 2;
+";
+
+/// The `add` (or `remove`) actions of commit `version` of the table at `table`.
+fn actions(table: &Path, version: u64, kind: &str) -> Vec<Value> {
+    let log = std::fs::read_to_string(table.join(format!("_delta_log/{version:020}.json")))
+        .expect("commit file");
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| v.get(kind).cloned())
+        .collect()
+}
+
+fn paths(actions: &[Value]) -> Vec<&str> {
+    let mut p: Vec<&str> = actions.iter().filter_map(|a| a["path"].as_str()).collect();
+    p.sort();
+    p
+}
+
+async fn count(wh: &Warehouse, sql: &str) -> String {
+    let text = common::query_text(wh, sql).await;
+    text.lines().nth(3).unwrap_or_default().to_string()
+}
+
+#[tokio::test]
+async fn replaced_rows_are_marked_in_deletion_vectors_not_rewritten() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("data")).expect("mkdir");
+    let pipeline = dir.path().join("pipeline.sql");
+    std::fs::write(&pipeline, PIPELINE).expect("write");
+    let wh = Warehouse::open(dir.path().join("warehouse")).expect("warehouse");
+    let t = dir.path().join("warehouse/default/t");
+    let run = |file: &str, csv: String| {
+        std::fs::write(dir.path().join("data").join(file), csv).expect("write");
+        strata_engine::run_pipeline_file(&pipeline, &wh)
+    };
+
+    // Run 1: keys 0..1000 (t version 1).
+    let mut csv = String::from("id,v,op,seq\n");
+    for i in 0..1000 {
+        csv.push_str(&format!("{i},a,U,1\n"));
+    }
+    run("001.csv", csv).await.expect("run 1");
+    let first = paths(&actions(&t, 1, "add"))
+        .into_iter()
+        .map(str::to_string)
+        .collect::<Vec<_>>();
+    assert_eq!(first.len(), 1);
+
+    // Run 2 (t version 2): keys 10..20 change, key 5 is deleted, key 7 gets a late event.
+    let mut csv = String::from("id,v,op,seq\n");
+    for i in 10..20 {
+        csv.push_str(&format!("{i},b,U,2\n"));
+    }
+    csv.push_str("5,a,D,2\n7,z,U,0\n");
+    run("002.csv", csv).await.expect("run 2");
+    let removed = actions(&t, 2, "remove");
+    let added = actions(&t, 2, "add");
+    assert_eq!(
+        paths(&removed),
+        vec![first[0].as_str()],
+        "run 1's file is replaced..."
+    );
+    let marked: Vec<&Value> = added
+        .iter()
+        .filter(|a| a["path"] == first[0].as_str())
+        .collect();
+    assert_eq!(marked.len(), 1, "...by itself with a deletion vector");
+    let dv = &marked[0]["deletionVector"];
+    assert_eq!(dv["storageType"], "i");
+    assert_eq!(
+        dv["cardinality"], 12,
+        "the old rows of keys 5, 7 and 10..20"
+    );
+    assert_eq!(
+        count(&wh, "SELECT count(*) AS n FROM t").await,
+        "| 1011 |",
+        "1000 + 10 new versions + key 7's late one"
+    );
+    assert_eq!(
+        count(&wh, "SELECT count(*) AS n FROM t WHERE __END_AT IS NULL").await,
+        "| 999 |"
+    );
+    let key7 = common::query_text(
+        &wh,
+        "SELECT v, __START_AT, __END_AT FROM t WHERE id = 7 ORDER BY __START_AT",
+    )
+    .await;
+    assert!(key7.contains("| z | 0          | 1        |"), "{key7}");
+    assert!(key7.contains("| a | 1          |          |"), "{key7}");
+
+    // Run 3 (t version 3): key 10 changes again. Its rows are in run 2's new file; its row
+    // in run 1's file is deleted already, so that file is left as it is.
+    run("003.csv", "id,v,op,seq\n10,c,U,3\n".into())
+        .await
+        .expect("run 3");
+    let run2_new: Vec<&str> = paths(&added)
+        .into_iter()
+        .filter(|p| *p != first[0])
+        .collect();
+    assert_eq!(paths(&actions(&t, 3, "remove")), run2_new);
+    let key10 = common::query_text(&wh, "SELECT v FROM t WHERE id = 10 ORDER BY __START_AT").await;
+    assert_eq!(
+        key10.lines().filter(|l| l.starts_with("| ")).count(),
+        4,
+        "{key10}"
+    );
+    assert!(key10.contains("| c |"), "{key10}");
+
+    // The SCD1 target and the gold history built from its change feed.
+    assert_eq!(count(&wh, "SELECT count(*) AS n FROM s").await, "| 999 |");
+    assert_eq!(
+        count(&wh, "SELECT count(*) AS n FROM s WHERE v = 'b'").await,
+        "| 9 |"
+    );
+    assert_eq!(
+        count(&wh, "SELECT count(*) AS n FROM gold WHERE __END_AT IS NULL").await,
+        "| 999 |"
+    );
+    let gold10 =
+        common::query_text(&wh, "SELECT v FROM gold WHERE id = 10 ORDER BY __START_AT").await;
+    let vs: Vec<&str> = gold10
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.contains(" v "))
+        .collect();
+    assert_eq!(vs, vec!["| a |", "| b |", "| c |"], "{gold10}");
+    let deleted = common::query_text(
+        &wh,
+        "SELECT count(*) AS n FROM gold WHERE id = 5 AND __END_AT IS NOT NULL",
+    )
+    .await;
+    assert!(deleted.contains("| 1 |"), "{deleted}");
+}
