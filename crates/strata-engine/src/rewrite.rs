@@ -158,18 +158,13 @@ pub(crate) async fn replace_keys(
             let adds = warehouse::write_files(table, vec![new_rows.clone()]).await?;
             actions.extend(adds.into_iter().map(Action::Add));
         }
-        let cdc = write_change_file(&root, &schema, old_rows, &new_rows).await?;
-        actions.push(Action::Cdc(cdc));
-        let operation = DeltaOperation::Write {
-            mode: SaveMode::Append,
-            partition_by: None,
-            predicate: Some(format!(
-                "the rows of {} key(s) ({}) replaced, old rows marked deleted",
-                shared.gone.len(),
-                keys.join(", ")
-            )),
-        };
-        warehouse::commit_actions(table, actions, operation, commit).await?;
+        let what = format!(
+            "the rows of {} key(s) ({}) replaced, old rows marked deleted",
+            shared.gone.len(),
+            keys.join(", ")
+        );
+        let change = (root.as_path(), &schema, old_rows, &new_rows);
+        commit_replacement(table, change, actions, SaveMode::Append, what, commit).await?;
         return Ok(Some(Replaced {
             files_read: files.len(),
             files_rewritten: 0,
@@ -224,23 +219,40 @@ pub(crate) async fn replace_keys(
         actions.extend(adds.into_iter().map(Action::Add));
     }
     actions.extend(touched.iter().map(|(_, r)| Action::Remove(r.clone())));
-    let cdc = write_change_file(&root, &schema, old_rows, &new_rows).await?;
-    actions.push(Action::Cdc(cdc));
-    let operation = DeltaOperation::Write {
-        mode: SaveMode::Overwrite,
-        partition_by: None,
-        predicate: Some(format!(
-            "the rows of {} key(s) ({}) replaced",
-            shared.gone.len(),
-            keys.join(", ")
-        )),
-    };
-    warehouse::commit_actions(table, actions, operation, commit).await?;
+    let what = format!(
+        "the rows of {} key(s) ({}) replaced",
+        shared.gone.len(),
+        keys.join(", ")
+    );
+    let change = (root.as_path(), &schema, old_rows, &new_rows);
+    commit_replacement(table, change, actions, SaveMode::Overwrite, what, commit).await?;
     Ok(Some(Replaced {
         files_read: files.len(),
         files_rewritten: touched.len(),
         files_marked: 0,
     }))
+}
+
+/// Adds the change file (`change`: the table folder and schema, the replaced rows as
+/// `delete`, the new rows as `insert`) to `actions` and commits them as one write.
+async fn commit_replacement(
+    table: &DeltaTable,
+    change: (&Path, &SchemaRef, &RecordBatch, &RecordBatch),
+    mut actions: Vec<Action>,
+    mode: SaveMode,
+    what: String,
+    commit: CommitProperties,
+) -> Result<()> {
+    let (root, schema, old_rows, new_rows) = change;
+    let cdc = write_change_file(root, schema, old_rows, new_rows).await?;
+    actions.push(Action::Cdc(cdc));
+    let operation = DeltaOperation::Write {
+        mode,
+        partition_by: None,
+        predicate: Some(what),
+    };
+    warehouse::commit_actions(table, actions, operation, commit).await?;
+    Ok(())
 }
 
 /// For a table that enables deletion vectors: the actions that mark the replaced keys' rows

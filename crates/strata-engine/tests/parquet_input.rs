@@ -4,33 +4,23 @@
 
 mod common;
 
-use deltalake::arrow::array::{ArrayRef, Int64Array, LargeStringArray, RecordBatch, StringArray};
-use deltalake::arrow::datatypes::{DataType, Field, Schema};
-use deltalake::parquet::arrow::ArrowWriter;
+use deltalake::arrow::array::{ArrayRef, Int64Array, LargeStringArray, StringArray};
+use deltalake::arrow::datatypes::DataType;
 use std::path::Path;
 use std::sync::Arc;
 use strata_engine::Warehouse;
 
 /// Writes `data/<file>` with columns id, name (`name` as given), seq.
 fn write_parquet(dir: &Path, file: &str, ids: &[i64], name: ArrayRef, seq: i64) {
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("id", DataType::Int64, false),
-        Field::new("name", name.data_type().clone(), true),
-        Field::new("seq", DataType::Int64, false),
-    ]));
-    let batch = RecordBatch::try_new(
-        schema.clone(),
+    common::write_parquet(
+        &dir.join("data").join(file),
         vec![
-            Arc::new(Int64Array::from(ids.to_vec())),
-            name,
-            Arc::new(Int64Array::from(vec![seq; ids.len()])),
+            ("id", Arc::new(Int64Array::from(ids.to_vec()))),
+            ("name", name),
+            ("seq", Arc::new(Int64Array::from(vec![seq; ids.len()]))),
         ],
-    )
-    .expect("batch");
-    let out = std::fs::File::create(dir.join("data").join(file)).expect("create");
-    let mut writer = ArrowWriter::try_new(out, schema, None).expect("writer");
-    writer.write(&batch).expect("write");
-    writer.close().expect("close");
+        &["id", "seq"],
+    );
 }
 
 #[tokio::test]

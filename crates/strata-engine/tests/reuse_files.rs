@@ -4,9 +4,7 @@
 
 mod common;
 
-use deltalake::arrow::array::{ArrayRef, Int64Array, LargeStringArray, RecordBatch, StringArray};
-use deltalake::arrow::datatypes::{DataType, Field, Schema};
-use deltalake::parquet::arrow::ArrowWriter;
+use deltalake::arrow::array::{ArrayRef, Int64Array, LargeStringArray, StringArray};
 use serde_json::Value;
 use std::path::Path;
 use std::sync::Arc;
@@ -14,26 +12,16 @@ use strata_engine::Warehouse;
 
 /// Writes `data/<file>` with columns id, name (as given), seq, op.
 fn write_parquet(dir: &Path, file: &str, ids: &[i64], name: ArrayRef, seq: i64, op: &str) {
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("id", DataType::Int64, true),
-        Field::new("name", name.data_type().clone(), true),
-        Field::new("seq", DataType::Int64, true),
-        Field::new("op", DataType::Utf8, true),
-    ]));
-    let batch = RecordBatch::try_new(
-        schema.clone(),
+    common::write_parquet(
+        &dir.join("data").join(file),
         vec![
-            Arc::new(Int64Array::from(ids.to_vec())),
-            name,
-            Arc::new(Int64Array::from(vec![seq; ids.len()])),
-            Arc::new(StringArray::from(vec![op; ids.len()])),
+            ("id", Arc::new(Int64Array::from(ids.to_vec()))),
+            ("name", name),
+            ("seq", Arc::new(Int64Array::from(vec![seq; ids.len()]))),
+            ("op", Arc::new(StringArray::from(vec![op; ids.len()]))),
         ],
-    )
-    .expect("batch");
-    let out = std::fs::File::create(dir.join("data").join(file)).expect("create");
-    let mut writer = ArrowWriter::try_new(out, schema, None).expect("writer");
-    writer.write(&batch).expect("write");
-    writer.close().expect("close");
+        &[],
+    );
 }
 
 /// The `add` actions of every commit of the table at `table_dir`, oldest first.

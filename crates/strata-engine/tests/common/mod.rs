@@ -1,5 +1,8 @@
 //! Helpers shared by the engine's integration tests.
 
+use deltalake::arrow::array::{ArrayRef, RecordBatch};
+use deltalake::parquet::arrow::ArrowWriter;
+use std::path::Path;
 use strata_engine::Warehouse;
 
 /// The result of `sql` over the warehouse as an aligned text grid (Arrow's pretty format).
@@ -8,4 +11,22 @@ pub async fn query_text(wh: &Warehouse, sql: &str) -> String {
     deltalake::arrow::util::pretty::pretty_format_batches(&batches)
         .expect("format")
         .to_string()
+}
+
+/// Writes `columns` (name, values; all nullable unless `required` names them) to the
+/// Parquet file `path`, as pyarrow or DuckDB would.
+#[allow(dead_code)] // not every test binary writes Parquet
+pub fn write_parquet(path: &Path, columns: Vec<(&str, ArrayRef)>, required: &[&str]) {
+    use deltalake::arrow::datatypes::{Field, Schema};
+    let fields: Vec<Field> = columns
+        .iter()
+        .map(|(n, a)| Field::new(*n, a.data_type().clone(), !required.contains(n)))
+        .collect();
+    let schema = std::sync::Arc::new(Schema::new(fields));
+    let batch = RecordBatch::try_new(schema.clone(), columns.into_iter().map(|c| c.1).collect())
+        .expect("batch");
+    let out = std::fs::File::create(path).expect("create");
+    let mut writer = ArrowWriter::try_new(out, schema, None).expect("writer");
+    writer.write(&batch).expect("write");
+    writer.close().expect("close");
 }
