@@ -24,10 +24,11 @@ use crate::error::{Context, EngineError, Result};
 use crate::sqlutil;
 use crate::warehouse;
 use deltalake::arrow::array::{
-    new_null_array, ArrayRef, BooleanArray, RecordBatch, RecordBatchReader, StringArray,
+    new_null_array, Array, ArrayRef, AsArray, BooleanArray, RecordBatch, RecordBatchReader,
+    StringArray,
 };
 use deltalake::arrow::compute::filter_record_batch;
-use deltalake::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use deltalake::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
 use deltalake::arrow::row::{RowConverter, SortField};
 use deltalake::datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use deltalake::datafusion::parquet::arrow::{ArrowWriter, ProjectionMask};
@@ -138,6 +139,24 @@ pub(crate) async fn replace_keys(
             .context(|| "row format".into())?;
         gone.extend(rows.iter().map(|r| r.data().to_vec().into_boxed_slice()));
     }
+    // A single integer key is also kept as plain integers: files are then checked without
+    // converting their keys to the row format.
+    let gone_ints = match key_at.as_slice() {
+        [k] if sqlutil::fits_i64(schema.field(*k).data_type()) => {
+            let mut ints = ahash::AHashSet::with_capacity(gone.len());
+            for batch in [old_rows, &new_rows] {
+                let col = int64(batch.column(*k))?;
+                if col.null_count() > 0 {
+                    return Err(EngineError::Internal(
+                        "a NULL key among replaced rows".into(),
+                    ));
+                }
+                ints.extend(col.as_primitive::<Int64Type>().values().iter().copied());
+            }
+            Some(ints)
+        }
+        _ => None,
+    };
     let files: Vec<(String, deltalake::kernel::Remove)> = snapshot
         .log_data()
         .iter()
@@ -148,6 +167,7 @@ pub(crate) async fn replace_keys(
         key_at,
         converter,
         gone,
+        gone_ints,
     });
     if marking {
         let marked = mark_deleted(&shared, &root, snapshot).await?;
@@ -341,11 +361,20 @@ struct Shared {
     key_at: Vec<usize>,
     converter: RowConverter,
     gone: ahash::AHashSet<Box<[u8]>>,
+    /// The same keys as integers, for a single integer key column.
+    gone_ints: Option<ahash::AHashSet<i64>>,
 }
 
 impl Shared {
     /// Which rows of `batch` (in the table's layout) stay.
     fn keep_mask(&self, batch: &RecordBatch, key_cols: &[usize]) -> Result<BooleanArray> {
+        if let (Some(ints), [c]) = (&self.gone_ints, key_cols) {
+            let col = int64(batch.column(*c))?;
+            if col.null_count() == 0 {
+                let values = col.as_primitive::<Int64Type>().values();
+                return Ok(values.iter().map(|v| Some(!ints.contains(v))).collect());
+            }
+        }
         let cols: Vec<ArrayRef> = key_cols
             .iter()
             .zip(&self.key_at)
@@ -511,6 +540,10 @@ impl Shared {
             }
         }
     }
+}
+
+fn int64(array: &ArrayRef) -> Result<ArrayRef> {
+    deltalake::arrow::compute::cast(array, &DataType::Int64).context(|| "key values".into())
 }
 
 fn cast_to(array: &ArrayRef, to: &DataType) -> Result<ArrayRef> {

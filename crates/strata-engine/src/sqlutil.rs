@@ -368,3 +368,17 @@ pub(crate) fn statements_sql(
         .collect::<Vec<_>>()
         .join("; ")
 }
+
+/// Integer types whose every value is an `i64`.
+pub(crate) fn fits_i64(t: &DataType) -> bool {
+    matches!(
+        t,
+        DataType::Int8
+            | DataType::Int16
+            | DataType::Int32
+            | DataType::Int64
+            | DataType::UInt8
+            | DataType::UInt16
+            | DataType::UInt32
+    )
+}
