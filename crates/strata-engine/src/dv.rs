@@ -6,7 +6,8 @@
 //! rows, in the protocol's `RoaringBitmapArray` format (a magic number, then a 64-bit roaring
 //! treemap in the portable layout), Z85-encoded into the `add` action (`storageType = 'i'`).
 //! Inline vectors keep a run to one commit and no extra files; a file's vector grows with
-//! each run that deletes more of its rows, and `cardinality` counts them.
+//! each run that deletes more of its rows, and `cardinality` counts them, until more than a
+//! quarter of the file is deleted: `rewrite.rs` then writes the rest to a new file.
 
 use crate::error::{EngineError, Result};
 use deltalake::kernel::{DeletionVectorDescriptor, StorageType};

@@ -24,8 +24,7 @@ use crate::error::{Context, EngineError, Result};
 use crate::sqlutil;
 use crate::warehouse;
 use deltalake::arrow::array::{
-    new_null_array, Array, ArrayRef, AsArray, BooleanArray, RecordBatch, RecordBatchReader,
-    StringArray,
+    new_null_array, Array, ArrayRef, AsArray, BooleanArray, RecordBatch, StringArray,
 };
 use deltalake::arrow::compute::filter_record_batch;
 use deltalake::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
@@ -39,6 +38,11 @@ use deltalake::writer::{DeltaWriter, RecordBatchWriter};
 use deltalake::DeltaTable;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+/// The share of a file's rows (numerator, denominator) beyond which a deletion-vector table
+/// rewrites the file without its deleted rows instead of growing its vector: readers then
+/// no longer read rows only to drop them. A file with every row deleted is simply removed.
+const REWRITE_AT_DELETED: (u64, u64) = (1, 4);
 
 /// Rows read from a data file at a time.
 const READ_BATCH_ROWS: usize = 64 * 1024;
@@ -170,7 +174,7 @@ pub(crate) async fn replace_keys(
         gone_ints,
     });
     if marking {
-        let marked = mark_deleted(&shared, &root, snapshot).await?;
+        let marked = mark_deleted(table, &shared, &root, snapshot).await?;
         let n = marked.len();
         let mut actions: Vec<Action> = marked.into_iter().flatten().collect();
         let new_rows = sqlutil::cast_batch(&new_rows, &schema)?;
@@ -280,6 +284,7 @@ async fn commit_replacement(
 /// then (unless every row is now deleted) an `add` of the same file with the grown vector.
 /// Each file's key columns are read once, one file per core at a time.
 async fn mark_deleted(
+    table: &DeltaTable,
     shared: &Arc<Shared>,
     root: &Path,
     snapshot: &deltalake::table::state::DeltaTableState,
@@ -332,7 +337,14 @@ async fn mark_deleted(
             }
             let deleted = &f.deleted | &gone;
             let mut actions = vec![Action::Remove(f.remove.clone())];
-            if deleted.len() < rows {
+            if deleted.len() * REWRITE_AT_DELETED.1 > rows * REWRITE_AT_DELETED.0 {
+                // Mostly deleted: write what remains to a new file, without a vector.
+                let adds = shared
+                    .clone()
+                    .rewrite_without(&root.join(&f.path), table, deleted)
+                    .await?;
+                actions.extend(adds.into_iter().map(Action::Add));
+            } else {
                 let mut add = f.add.clone();
                 add.deletion_vector = Some(crate::dv::inline(&deleted)?);
                 actions.push(Action::Add(add));
@@ -500,6 +512,55 @@ impl Shared {
             .context(|| format!("writing {}", table.table_url()))
     }
 
+    /// Writes the rows of `file` at positions outside `deleted` to new data files of
+    /// `table` (nothing is committed).
+    async fn rewrite_without(
+        self: Arc<Self>,
+        file: &Path,
+        table: &DeltaTable,
+        deleted: roaring::RoaringTreemap,
+    ) -> Result<Vec<deltalake::kernel::Add>> {
+        let path = file.to_path_buf();
+        let me = self.clone();
+        let kept = tokio::task::spawn_blocking(move || -> Result<Vec<RecordBatch>> {
+            let mut out = Vec::new();
+            let mut offset = 0u64;
+            for batch in me.reader(&path, false)? {
+                let batch = batch.context(|| format!("reading {}", path.display()))?;
+                let batch = me.in_layout(&batch)?;
+                let keep: BooleanArray = (0..batch.num_rows() as u64)
+                    .map(|i| Some(!deleted.contains(offset + i)))
+                    .collect();
+                offset += batch.num_rows() as u64;
+                out.push(filter_record_batch(&batch, &keep).context(|| "filtering rows".into())?);
+            }
+            Ok(out)
+        })
+        .await
+        .map_err(|e| EngineError::Internal(format!("a reading task failed: {e}")))??;
+        let kept: Vec<RecordBatch> = kept.into_iter().filter(|b| b.num_rows() > 0).collect();
+        if kept.is_empty() {
+            return Ok(Vec::new());
+        }
+        warehouse::write_files(table, kept).await
+    }
+
+    /// `batch`, read from a data file, in the table's layout: columns by name, a column
+    /// added to the table after the file was written NULL.
+    fn in_layout(&self, batch: &RecordBatch) -> Result<RecordBatch> {
+        let arrow = batch.schema();
+        let columns: Vec<ArrayRef> = self
+            .schema
+            .fields()
+            .iter()
+            .map(|f| match arrow.index_of(f.name()) {
+                Ok(p) => batch.column(p).clone(),
+                Err(_) => new_null_array(f.data_type(), batch.num_rows()),
+            })
+            .collect();
+        sqlutil::cast_columns(columns, &self.schema)
+    }
+
     /// Sends the kept rows of `file`, in the table's layout, to `tx`.
     fn read_kept(&self, file: &Path, tx: tokio::sync::mpsc::Sender<Result<RecordBatch>>) {
         let send = |r: Result<RecordBatch>| tx.blocking_send(r).is_ok();
@@ -510,27 +571,11 @@ impl Shared {
                 return;
             }
         };
-        let arrow = reader.schema();
-        // A column added to the table after the file was written reads NULL.
-        let positions: Vec<Option<usize>> = self
-            .schema
-            .fields()
-            .iter()
-            .map(|f| arrow.index_of(f.name()).ok())
-            .collect();
         for batch in reader {
             let out = batch
                 .context(|| format!("reading {}", file.display()))
                 .and_then(|b| {
-                    let cols: Vec<ArrayRef> = positions
-                        .iter()
-                        .zip(self.schema.fields())
-                        .map(|(p, f)| match p {
-                            Some(p) => b.column(*p).clone(),
-                            None => new_null_array(f.data_type(), b.num_rows()),
-                        })
-                        .collect();
-                    let b = sqlutil::cast_columns(cols, &self.schema)?;
+                    let b = self.in_layout(&b)?;
                     let keep = self.keep_mask(&b, &self.key_at)?;
                     filter_record_batch(&b, &keep).context(|| "filtering rows".into())
                 });

@@ -153,3 +153,63 @@ async fn replaced_rows_are_marked_in_deletion_vectors_not_rewritten() {
     .await;
     assert!(deleted.contains("| 1 |"), "{deleted}");
 }
+
+/// A file whose rows would be mostly deleted (here 30 of 100, over the quarter at which
+/// strata stops growing a vector) is rewritten without them instead.
+#[tokio::test]
+async fn a_mostly_deleted_file_is_rewritten_without_a_vector() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("data")).expect("mkdir");
+    let pipeline = dir.path().join("pipeline.sql");
+    std::fs::write(&pipeline, PIPELINE).expect("write");
+    let wh = Warehouse::open(dir.path().join("warehouse")).expect("warehouse");
+    let t = dir.path().join("warehouse/default/t");
+    let mut csv = String::from("id,v,op,seq\n");
+    for i in 0..100 {
+        csv.push_str(&format!("{i},a,U,1\n"));
+    }
+    std::fs::write(dir.path().join("data/001.csv"), csv).expect("write");
+    strata_engine::run_pipeline_file(&pipeline, &wh)
+        .await
+        .expect("run 1");
+    let first: Vec<String> = paths(&actions(&t, 1, "add"))
+        .into_iter()
+        .map(str::to_string)
+        .collect();
+    let mut csv = String::from("id,v,op,seq\n");
+    for i in 0..30 {
+        csv.push_str(&format!("{i},b,U,2\n"));
+    }
+    std::fs::write(dir.path().join("data/002.csv"), csv).expect("write");
+    strata_engine::run_pipeline_file(&pipeline, &wh)
+        .await
+        .expect("run 2");
+    assert_eq!(
+        paths(&actions(&t, 2, "remove")),
+        first.iter().map(String::as_str).collect::<Vec<_>>()
+    );
+    let added = actions(&t, 2, "add");
+    assert!(
+        added.iter().all(|a| a["path"] != first[0].as_str()),
+        "{added:?}"
+    );
+    assert!(
+        added
+            .iter()
+            .all(|a| a.get("deletionVector").is_none_or(Value::is_null)),
+        "no vector: {added:?}"
+    );
+    assert_eq!(count(&wh, "SELECT count(*) AS n FROM t").await, "| 130 |");
+    assert_eq!(
+        count(
+            &wh,
+            "SELECT count(*) AS n FROM t WHERE __END_AT IS NULL AND v = 'b'"
+        )
+        .await,
+        "| 30 |"
+    );
+    assert_eq!(
+        count(&wh, "SELECT count(*) AS n FROM t WHERE __END_AT IS NULL").await,
+        "| 100 |"
+    );
+}
