@@ -104,6 +104,20 @@ SEQUENCE BY seq
 COLUMNS * EXCEPT (op, seq)
 STORED AS SCD TYPE 2;
 
+-- 200 keys with deletion vectors, a few changed per run: rows marked deleted in place.
+CREATE OR REFRESH STREAMING TABLE many_cdc
+AS SELECT * FROM STREAM read_files('data/many', format => 'csv', header => true,
+  schema => 'id BIGINT, v STRING, op STRING, seq BIGINT');
+CREATE OR REFRESH STREAMING TABLE many_scd2_dv
+TBLPROPERTIES ('delta.enableDeletionVectors' = 'true');
+CREATE FLOW many_flow AS AUTO CDC INTO many_scd2_dv
+FROM STREAM(many_cdc)
+KEYS (id)
+APPLY AS DELETE WHEN op = 'D'
+SEQUENCE BY seq
+COLUMNS * EXCEPT (op, seq)
+STORED AS SCD TYPE 2;
+
 -- Kimball convention: surrogate_key, valid_from, valid_to (open end 9999-12-31), is_current.
 CREATE OR REFRESH STREAMING TABLE users_kimball
 TBLPROPERTIES ('strata.scd.convention' = 'kimball');
@@ -169,7 +183,7 @@ EXPECTED_TABLES = {
     "default.users_cdc", "default.users_scd1", "default.users_scd2", "default.users_kimball",
     "default.items_raw", "default.items_scd1", "default.place_deliveries", "default.places",
     "default.users_pit", "analytics.city_stats", "default.event_log", "default.tags_raw",
-    "default.tags_scd2", "default.users_scd2_dv",
+    "default.tags_scd2", "default.users_scd2_dv", "default.many_cdc", "default.many_scd2_dv",
 }
 
 # Targets whose Delta log must show removed files by the end (rows rewritten, recomputed).
@@ -179,7 +193,7 @@ REWRITTEN_TABLES = [
 ]
 
 # Targets that enable deletion vectors: by the end their logs must hold some.
-DV_TABLES = ["default.users_scd2_dv"]
+DV_TABLES = ["default.many_scd2_dv"]
 
 # SCD type 2 targets and how to count their closed versions; checked from the second run on.
 CLOSED_VERSIONS = {
@@ -188,6 +202,7 @@ CLOSED_VERSIONS = {
     "default.places": "SELECT count(*) AS n FROM places WHERE __END_AT IS NOT NULL",
     "default.tags_scd2": "SELECT count(*) AS n FROM tags_scd2 WHERE __END_AT IS NOT NULL",
     "default.users_scd2_dv": "SELECT count(*) AS n FROM users_scd2_dv WHERE __END_AT IS NOT NULL",
+    "default.many_scd2_dv": "SELECT count(*) AS n FROM many_scd2_dv WHERE __END_AT IS NOT NULL",
 }
 
 # users: (id, name, city, op, seq); the other columns are derived from these (user_row).
@@ -231,6 +246,15 @@ PLACES = [
 ]
 
 
+# many (CSV): 200 keys, then a few changes, a late event and a delete per run, so that the
+# deletion-vector target marks rows in place (a file more than a quarter deleted would be
+# rewritten instead).
+MANY = [
+    [(i, "a", "U", 10) for i in range(200)],
+    [(i, "b", "U", 20) for i in range(5)] + [(50, "late", "U", 5), (60, None, "D", 20)],
+    [(i, "c", "U", 30) for i in range(3, 8)] + [(61, None, "D", 30)],
+]
+
 # tags (JSON, schema inferred): one list of rows per run; `color` appears in run 2.
 TAGS = [
     [{"id": 1, "tag": "a", "seq": 1}, {"id": 2, "tag": "b", "seq": 1}],
@@ -273,6 +297,10 @@ def write_inputs(root: Path, run: int) -> None:
             "seq": pa.array(seqs, pa.int64()), "op": pa.array(ops, pa.string()),
         })
         pq.write_table(table, items / f"{run + 1:03}_{i}.parquet")
+    many = root / "data" / "many"
+    many.mkdir(parents=True, exist_ok=True)
+    (many / f"{run + 1:03}.csv").write_text("id,v,op,seq\n" + "".join(
+        f"{i},{v or ''},{op},{seq}\n" for i, v, op, seq in MANY[run]))
     tags = root / "data" / "tags"
     tags.mkdir(parents=True, exist_ok=True)
     (tags / f"{run + 1:03}.json").write_text("\n".join(json.dumps(t) for t in TAGS[run]) + "\n")
