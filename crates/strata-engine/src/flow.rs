@@ -692,8 +692,8 @@ fn changed_keys(setup: &FlowSetup, old: &RecordBatch, new: &RecordBatch) -> Resu
     let (old_keys, new_keys) = (setup.key_rows(old)?, setup.key_rows(new)?);
     let (old_rows, new_rows) = (sqlutil::rows(old.columns())?, sqlutil::rows(new.columns())?);
     type Side<'a> = (Vec<&'a [u8]>, Vec<&'a [u8]>, Option<usize>);
-    let mut by_key: ahash::AHashMap<&[u8], Side> =
-        ahash::AHashMap::with_capacity(old.num_rows() + new.num_rows());
+    // Sized for the keys, not the rows (a key has several versions): fresh memory is dear.
+    let mut by_key: ahash::AHashMap<&[u8], Side> = ahash::AHashMap::new();
     for i in 0..old.num_rows() {
         let e = by_key.entry(old_keys.row(i).data()).or_default();
         e.0.push(old_rows.row(i).data());
@@ -1389,6 +1389,7 @@ async fn run_flow_once(
     ));
     let change = changed_keys(setup, &current, &derived)?;
     count_changes(setup, &current, &derived, &mut report)?;
+    warehouse::step!(debug, steps, "compared them with the new rows");
     report.keys_changed = change.keys;
     report.rows_deleted = change.rows_deleted;
     report.rows_inserted = change.insert_rows.len();

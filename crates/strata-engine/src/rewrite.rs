@@ -86,6 +86,8 @@ pub(crate) async fn replace_keys(
     new_rows: RecordBatch,
     commit: CommitProperties,
 ) -> Result<Option<Replaced>> {
+    let table_name = table.table_url().to_string();
+    let steps = warehouse::Steps::new(&table_name, "replace: ");
     let snapshot = table.snapshot().context(|| "reading table state".into())?;
     // Files are read as plain parquet with logical column names: a partitioned table, column
     // mapping, or deletion vectors on a table that does not enable them or stored in files
@@ -173,8 +175,10 @@ pub(crate) async fn replace_keys(
         gone,
         gone_ints,
     });
+    warehouse::step!(debug, steps, "collected the replaced keys");
     if marking {
         let marked = mark_deleted(table, &shared, &root, snapshot).await?;
+        warehouse::step!(debug, steps, "marked the replaced rows in deletion vectors");
         let n = marked.len();
         let mut actions: Vec<Action> = marked.into_iter().flatten().collect();
         let new_rows = sqlutil::cast_batch(&new_rows, &schema)?;
@@ -187,8 +191,10 @@ pub(crate) async fn replace_keys(
             shared.gone.len(),
             keys.join(", ")
         );
+        warehouse::step!(debug, steps, "wrote the new rows");
         let change = (root.as_path(), &schema, old_rows, &new_rows);
         commit_replacement(table, change, actions, SaveMode::Append, what, commit).await?;
+        warehouse::step!(debug, steps, "wrote the change file and committed");
         return Ok(Some(Replaced {
             files_read: files.len(),
             files_rewritten: 0,
@@ -217,6 +223,7 @@ pub(crate) async fn replace_keys(
         }
     }
 
+    warehouse::step!(debug, steps, "found the files holding replaced keys");
     // Rewrite the files that hold one, one file per core at a time (each writer holds its
     // file's encoded parquet until it is flushed); the new rows go with the first.
     let new_rows = sqlutil::cast_batch(&new_rows, &schema)?;
@@ -248,8 +255,10 @@ pub(crate) async fn replace_keys(
         shared.gone.len(),
         keys.join(", ")
     );
+    warehouse::step!(debug, steps, "rewrote them");
     let change = (root.as_path(), &schema, old_rows, &new_rows);
     commit_replacement(table, change, actions, SaveMode::Overwrite, what, commit).await?;
+    warehouse::step!(debug, steps, "wrote the change file and committed");
     Ok(Some(Replaced {
         files_read: files.len(),
         files_rewritten: touched.len(),
