@@ -39,6 +39,39 @@ fn paths(actions: &[Value]) -> Vec<&str> {
     p
 }
 
+/// A folder with the pipeline, its warehouse and `t`'s folder, after run 1 delivered keys
+/// `0..n` (value `a`, sequence 1); the paths of the files run 1 added to `t`.
+async fn loaded(
+    n: i64,
+) -> (
+    tempfile::TempDir,
+    Warehouse,
+    std::path::PathBuf,
+    Vec<String>,
+) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("data")).expect("mkdir");
+    std::fs::write(dir.path().join("pipeline.sql"), PIPELINE).expect("write");
+    let wh = Warehouse::open(dir.path().join("warehouse")).expect("warehouse");
+    let t = dir.path().join("warehouse/default/t");
+    let rows: String = (0..n).map(|i| format!("{i},a,U,1\n")).collect();
+    deliver(&dir, &wh, "001.csv", rows).await;
+    let first = paths(&actions(&t, 1, "add"))
+        .into_iter()
+        .map(str::to_string)
+        .collect();
+    (dir, wh, t, first)
+}
+
+/// Writes `data/<file>` (CSV rows after the header) and runs the pipeline.
+async fn deliver(dir: &tempfile::TempDir, wh: &Warehouse, file: &str, rows: String) {
+    let csv = format!("id,v,op,seq\n{rows}");
+    std::fs::write(dir.path().join("data").join(file), csv).expect("write");
+    strata_engine::run_pipeline_file(&dir.path().join("pipeline.sql"), wh)
+        .await
+        .expect("run");
+}
+
 async fn count(wh: &Warehouse, sql: &str) -> String {
     let text = common::query_text(wh, sql).await;
     text.lines().nth(3).unwrap_or_default().to_string()
@@ -46,36 +79,14 @@ async fn count(wh: &Warehouse, sql: &str) -> String {
 
 #[tokio::test]
 async fn replaced_rows_are_marked_in_deletion_vectors_not_rewritten() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::create_dir_all(dir.path().join("data")).expect("mkdir");
-    let pipeline = dir.path().join("pipeline.sql");
-    std::fs::write(&pipeline, PIPELINE).expect("write");
-    let wh = Warehouse::open(dir.path().join("warehouse")).expect("warehouse");
-    let t = dir.path().join("warehouse/default/t");
-    let run = |file: &str, csv: String| {
-        std::fs::write(dir.path().join("data").join(file), csv).expect("write");
-        strata_engine::run_pipeline_file(&pipeline, &wh)
-    };
-
     // Run 1: keys 0..1000 (t version 1).
-    let mut csv = String::from("id,v,op,seq\n");
-    for i in 0..1000 {
-        csv.push_str(&format!("{i},a,U,1\n"));
-    }
-    run("001.csv", csv).await.expect("run 1");
-    let first = paths(&actions(&t, 1, "add"))
-        .into_iter()
-        .map(str::to_string)
-        .collect::<Vec<_>>();
+    let (dir, wh, t, first) = loaded(1000).await;
     assert_eq!(first.len(), 1);
 
     // Run 2 (t version 2): keys 10..20 change, key 5 is deleted, key 7 gets a late event.
-    let mut csv = String::from("id,v,op,seq\n");
-    for i in 10..20 {
-        csv.push_str(&format!("{i},b,U,2\n"));
-    }
-    csv.push_str("5,a,D,2\n7,z,U,0\n");
-    run("002.csv", csv).await.expect("run 2");
+    let mut rows: String = (10..20).map(|i| format!("{i},b,U,2\n")).collect();
+    rows.push_str("5,a,D,2\n7,z,U,0\n");
+    deliver(&dir, &wh, "002.csv", rows).await;
     let removed = actions(&t, 2, "remove");
     let added = actions(&t, 2, "add");
     assert_eq!(
@@ -113,9 +124,7 @@ async fn replaced_rows_are_marked_in_deletion_vectors_not_rewritten() {
 
     // Run 3 (t version 3): key 10 changes again. Its rows are in run 2's new file; its row
     // in run 1's file is deleted already, so that file is left as it is.
-    run("003.csv", "id,v,op,seq\n10,c,U,3\n".into())
-        .await
-        .expect("run 3");
+    deliver(&dir, &wh, "003.csv", "10,c,U,3\n".into()).await;
     let run2_new: Vec<&str> = paths(&added)
         .into_iter()
         .filter(|p| *p != first[0])
@@ -158,32 +167,9 @@ async fn replaced_rows_are_marked_in_deletion_vectors_not_rewritten() {
 /// strata stops growing a vector) is rewritten without them instead.
 #[tokio::test]
 async fn a_mostly_deleted_file_is_rewritten_without_a_vector() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::create_dir_all(dir.path().join("data")).expect("mkdir");
-    let pipeline = dir.path().join("pipeline.sql");
-    std::fs::write(&pipeline, PIPELINE).expect("write");
-    let wh = Warehouse::open(dir.path().join("warehouse")).expect("warehouse");
-    let t = dir.path().join("warehouse/default/t");
-    let mut csv = String::from("id,v,op,seq\n");
-    for i in 0..100 {
-        csv.push_str(&format!("{i},a,U,1\n"));
-    }
-    std::fs::write(dir.path().join("data/001.csv"), csv).expect("write");
-    strata_engine::run_pipeline_file(&pipeline, &wh)
-        .await
-        .expect("run 1");
-    let first: Vec<String> = paths(&actions(&t, 1, "add"))
-        .into_iter()
-        .map(str::to_string)
-        .collect();
-    let mut csv = String::from("id,v,op,seq\n");
-    for i in 0..30 {
-        csv.push_str(&format!("{i},b,U,2\n"));
-    }
-    std::fs::write(dir.path().join("data/002.csv"), csv).expect("write");
-    strata_engine::run_pipeline_file(&pipeline, &wh)
-        .await
-        .expect("run 2");
+    let (dir, wh, t, first) = loaded(100).await;
+    let rows: String = (0..30).map(|i| format!("{i},b,U,2\n")).collect();
+    deliver(&dir, &wh, "002.csv", rows).await;
     assert_eq!(
         paths(&actions(&t, 2, "remove")),
         first.iter().map(String::as_str).collect::<Vec<_>>()
