@@ -742,7 +742,8 @@ pub(crate) async fn run_ingest(
                 };
                 let (rows, unchanged) =
                     checked_rows(setup, df, &place, &mut report, &mut events).await?;
-                let reusable = match reuse && unchanged {
+                let has_rows = rows.iter().any(|b| b.num_rows() > 0);
+                let reusable = match reuse && unchanged && has_rows {
                     true => adopt::inspect(&path, &setup.schema)?,
                     false => None,
                 };

@@ -124,6 +124,15 @@ async fn files_in_the_tables_layout_are_copied_in_and_read_like_written_ones() {
     assert_eq!(copies_of(&raw, &dir.path().join("data/002.parquet")), 0);
     assert_eq!(copies_of(&raw, &dir.path().join("data/003.parquet")), 1);
 
+    // A file without rows is taken (not read again) but not copied in.
+    let names: ArrayRef = Arc::new(StringArray::from(Vec::<Option<&str>>::new()));
+    write_parquet(dir.path(), "004.parquet", &[], names, 40, "U");
+    let report = strata_engine::run_pipeline_file(&pipeline, &wh)
+        .await
+        .expect("run 3");
+    assert_eq!(copies_of(&raw, &dir.path().join("data/004.parquet")), 0);
+    assert!(report.ingests.iter().any(|i| i.files == ["004.parquet"]));
+
     let all = "\
 +----+------+-----+----+
 | id | name | seq | op |
