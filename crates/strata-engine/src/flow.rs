@@ -915,6 +915,40 @@ pub(crate) async fn evolve_tables(wh: &Warehouse, setup: &FlowSetup) -> Result<V
     Ok(added)
 }
 
+/// Sets the target's `delta.enableDeletionVectors` to what the pipeline now declares for it,
+/// when the two differ (the property was added to, or changed in, the TBLPROPERTIES of a
+/// target that already exists); enabling it upgrades the table's protocol. Returns the new
+/// setting when it changed. Vectors already written stay valid either way; with the
+/// property off, the next run that replaces their rows rewrites those files.
+async fn follow_deletion_vectors(
+    wh: &Warehouse,
+    setup: &FlowSetup,
+    declared: &std::collections::BTreeMap<String, String>,
+) -> Result<Option<bool>> {
+    const KEY: &str = "delta.enableDeletionVectors";
+    let Some(want) = declared.get(KEY).map(|v| v.eq_ignore_ascii_case("true")) else {
+        return Ok(None);
+    };
+    let Some(target) = wh.open_table(&setup.flow.target).await? else {
+        return Ok(None);
+    };
+    let has = warehouse::table_properties(&target)?
+        .get(KEY)
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    if has == want {
+        return Ok(None);
+    }
+    target
+        .set_tbl_properties()
+        .with_properties(std::collections::HashMap::from([(
+            KEY.to_string(),
+            want.to_string(),
+        )]))
+        .await
+        .context(|| format!("setting {KEY} on {}", setup.flow.target))?;
+    Ok(Some(want))
+}
+
 /// Checks an existing event store and target against the flow (R10) before anything runs.
 pub(crate) async fn check_existing(wh: &Warehouse, setup: &FlowSetup) -> Result<()> {
     let flow = &setup.flow;
@@ -1048,7 +1082,15 @@ pub(crate) async fn run_flow(
     update: &(dyn Fn(String) + Send + Sync),
 ) -> Result<FlowReport> {
     let added = evolve_tables(wh, setup).await?;
+    let switched = follow_deletion_vectors(wh, setup, target_properties).await?;
     let mut report = run_flow_once(wh, setup, target_properties, update).await?;
+    if let Some(on) = switched {
+        report.notes.push(format!(
+            "deletion vectors {} on {} (delta.enableDeletionVectors = {on})",
+            if on { "enabled" } else { "disabled" },
+            setup.flow.target
+        ));
+    }
     if !added.is_empty() {
         report.notes.push(format!(
             "added column(s) {} to {}; rows written before read NULL in them",

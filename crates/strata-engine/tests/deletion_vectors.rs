@@ -199,3 +199,68 @@ async fn a_mostly_deleted_file_is_rewritten_without_a_vector() {
         "| 100 |"
     );
 }
+
+/// Adding the property to an existing target's TBLPROPERTIES enables deletion vectors from
+/// the next run on (the protocol is upgraded); setting it to false again makes later runs
+/// rewrite files, the vectors already written staying valid.
+#[tokio::test]
+async fn the_property_can_be_turned_on_and_off_for_an_existing_target() {
+    let with = "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')";
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("data")).expect("mkdir");
+    let pipeline = dir.path().join("pipeline.sql");
+    let wh = Warehouse::open(dir.path().join("warehouse")).expect("warehouse");
+    let t = dir.path().join("warehouse/default/t");
+    let run = |sql: String, file: &str, rows: String| {
+        std::fs::write(&pipeline, sql).expect("write");
+        let csv = format!("id,v,op,seq\n{rows}");
+        std::fs::write(dir.path().join("data").join(file), csv).expect("write");
+        strata_engine::run_pipeline_file(&pipeline, &wh)
+    };
+    let rows: String = (0..1000).map(|i| format!("{i},a,U,1\n")).collect();
+    run(PIPELINE.replace(with, ""), "001.csv", rows)
+        .await
+        .expect("run 1");
+    let report = run(PIPELINE.to_string(), "002.csv", "10,b,U,2\n".into())
+        .await
+        .expect("run 2");
+    let f = report.flows.iter().find(|f| f.flow == "f").expect("flow f");
+    assert!(
+        f.notes
+            .iter()
+            .any(|n| n.contains("deletion vectors enabled")),
+        "{:?}",
+        f.notes
+    );
+    let version = std::fs::read_dir(t.join("_delta_log"))
+        .expect("log")
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "json"))
+        })
+        .count() as u64
+        - 1;
+    let marked = actions(&t, version, "add")
+        .iter()
+        .filter(|a| a.get("deletionVector").is_some_and(|d| !d.is_null()))
+        .count();
+    assert_eq!(marked, 1, "run 2 marked the row of key 10 in run 1's file");
+    let off = PIPELINE.replace(
+        "'delta.enableDeletionVectors' = 'true'",
+        "'delta.enableDeletionVectors' = 'false'",
+    );
+    run(off, "003.csv", "500,c,U,3\n".into())
+        .await
+        .expect("run 3");
+    assert_eq!(count(&wh, "SELECT count(*) AS n FROM t").await, "| 1002 |");
+    assert_eq!(
+        count(&wh, "SELECT count(*) AS n FROM t WHERE __END_AT IS NULL").await,
+        "| 1000 |"
+    );
+    let v = common::query_text(
+        &wh,
+        "SELECT v FROM t WHERE id IN (10, 500) AND __END_AT IS NULL ORDER BY id",
+    )
+    .await;
+    assert!(v.contains("| b |") && v.contains("| c |"), "{v}");
+}
