@@ -1459,7 +1459,7 @@ async fn run_flow_once(
         return Ok(report);
     }
     // A target the rewrite does not handle (partitioned by its start, or written by another
-    // engine with column mapping or deletion vectors): a delta-rs MERGE.
+    // engine with column mapping or file-stored deletion vectors): a delta-rs MERGE.
     drop(old_rows);
     let props = target_commit(new_store_version, &app_id, source_version);
     let deletes = compute::take_record_batch(&current, &UInt32Array::from(change.delete_rows))

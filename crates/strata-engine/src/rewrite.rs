@@ -16,8 +16,9 @@
 //! with another and derive the change feed with a third, on one thread per file. Here the
 //! caller already knows the rows that go (the fold derived them) and the rows that come, so
 //! each file is read once and the change feed is written from memory. Files are local (a
-//! warehouse is a folder); a table partitioned by its start value, or one with column mapping
-//! or deletion vectors (written by another engine), goes through delta-rs.
+//! warehouse is a folder); a file's inline deletion vector is honoured (its rows stay
+//! deleted). A table partitioned by its start value, or one with column mapping or
+//! deletion vectors stored in files (written by another engine), goes through delta-rs.
 
 use crate::changes::CHANGE_TYPE;
 use crate::error::{Context, EngineError, Result};
@@ -36,6 +37,7 @@ use deltalake::kernel::{Action, AddCDCFile};
 use deltalake::protocol::{DeltaOperation, SaveMode};
 use deltalake::writer::{DeltaWriter, RecordBatchWriter};
 use deltalake::DeltaTable;
+use roaring::RoaringTreemap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -77,8 +79,8 @@ impl std::fmt::Display for Replaced {
 /// Replaces every row of `table` whose key (columns `keys`) is a key of `old_rows` by
 /// `new_rows`, in one commit carrying `commit`. `old_rows` must be exactly the rows the table
 /// holds for those keys (they become the change feed's `delete` rows). Returns `None`, having
-/// done nothing, for a partitioned table, one with column mapping or deletion vectors, or one
-/// that is not in a local folder.
+/// done nothing, for a partitioned table, one with column mapping or deletion vectors stored
+/// in files, or one that is not in a local folder.
 pub(crate) async fn replace_keys(
     table: &DeltaTable,
     keys: &[String],
@@ -89,9 +91,9 @@ pub(crate) async fn replace_keys(
     let table_name = table.table_url().to_string();
     let steps = warehouse::Steps::new(&table_name, "replace: ");
     let snapshot = table.snapshot().context(|| "reading table state".into())?;
-    // Files are read as plain parquet with logical column names: a partitioned table, column
-    // mapping, or deletion vectors on a table that does not enable them or stored in files
-    // (a table another engine wrote) go through delta-rs.
+    // Files are read as plain parquet with logical column names, dropping the rows their
+    // inline deletion vectors delete: a partitioned table, column mapping, or deletion
+    // vectors stored in files (a table another engine wrote) go through delta-rs.
     let config = snapshot.metadata().configuration();
     let mapped = config
         .get("delta.columnMapping.mode")
@@ -99,18 +101,17 @@ pub(crate) async fn replace_keys(
     let marking = config
         .get("delta.enableDeletionVectors")
         .is_some_and(|v| v.eq_ignore_ascii_case("true"));
-    let vectors: Vec<_> = snapshot
-        .log_data()
-        .iter()
-        .filter_map(|f| f.deletion_vector_descriptor())
-        .collect();
-    if !snapshot.metadata().partition_columns().is_empty()
-        || mapped
-        || (!vectors.is_empty() && !marking)
-        || vectors
-            .iter()
-            .any(|d| d.storage_type != deltalake::kernel::StorageType::Inline)
-    {
+    // The rows each file's (inline) deletion vector already deletes, by path.
+    let mut deleted: ahash::AHashMap<String, RoaringTreemap> = ahash::AHashMap::new();
+    for f in snapshot.log_data().iter() {
+        if let Some(d) = f.deletion_vector_descriptor() {
+            match crate::dv::read_inline(&d)? {
+                Some(rows) => deleted.insert(f.path().to_string(), rows),
+                None => return Ok(None),
+            };
+        }
+    }
+    if !snapshot.metadata().partition_columns().is_empty() || mapped {
         return Ok(None);
     }
     let schema = sqlutil::table_schema(table)?;
@@ -177,7 +178,7 @@ pub(crate) async fn replace_keys(
     });
     warehouse::step!(debug, steps, "collected the replaced keys");
     if marking {
-        let marked = mark_deleted(table, &shared, &root, snapshot).await?;
+        let marked = mark_deleted(table, &shared, &root, snapshot, &deleted).await?;
         warehouse::step!(debug, steps, "marked the replaced rows in deletion vectors");
         let n = marked.len();
         let mut actions: Vec<Action> = marked.into_iter().flatten().collect();
@@ -234,8 +235,8 @@ pub(crate) async fn replace_keys(
             .iter()
             .map(|(path, _)| {
                 let (shared, file, table) = (shared.clone(), root.join(path), table.clone());
-                let extra = pending.take();
-                tokio::spawn(async move { shared.rewrite(&file, &table, extra).await })
+                let (extra, gone) = (pending.take(), deleted.remove(path).unwrap_or_default());
+                tokio::spawn(async move { shared.rewrite(&file, &table, extra, gone).await })
             })
             .collect();
         for w in writers {
@@ -297,21 +298,17 @@ async fn mark_deleted(
     shared: &Arc<Shared>,
     root: &Path,
     snapshot: &deltalake::table::state::DeltaTableState,
+    vectors: &ahash::AHashMap<String, RoaringTreemap>,
 ) -> Result<Vec<Vec<Action>>> {
     struct File {
         path: String,
         remove: deltalake::kernel::Remove,
         add: deltalake::kernel::Add,
-        deleted: roaring::RoaringTreemap,
+        deleted: RoaringTreemap,
     }
     let mut files = Vec::new();
     for f in snapshot.log_data().iter() {
-        let deleted = match f.deletion_vector_descriptor() {
-            Some(d) => crate::dv::read_inline(&d)?.ok_or_else(|| {
-                EngineError::Internal(format!("{}: a deletion vector not inline", f.path()))
-            })?,
-            None => roaring::RoaringTreemap::new(),
-        };
+        let deleted = vectors.get(f.path().as_ref()).cloned().unwrap_or_default();
         files.push(File {
             path: f.path().to_string(),
             remove: f.remove_action(true),
@@ -348,10 +345,9 @@ async fn mark_deleted(
             let mut actions = vec![Action::Remove(f.remove.clone())];
             if deleted.len() * REWRITE_AT_DELETED.1 > rows * REWRITE_AT_DELETED.0 {
                 // Mostly deleted: write what remains to a new file, without a vector.
-                let adds = shared
-                    .clone()
-                    .rewrite_without(&root.join(&f.path), table, deleted)
-                    .await?;
+                let file = root.join(&f.path);
+                let gone = f.deleted.clone();
+                let adds = shared.clone().rewrite(&file, table, None, gone).await?;
                 actions.extend(adds.into_iter().map(Action::Add));
             } else {
                 let mut add = f.add.clone();
@@ -430,11 +426,11 @@ impl Shared {
     fn gone_positions(
         &self,
         file: &Path,
-        deleted: &roaring::RoaringTreemap,
-    ) -> Result<(roaring::RoaringTreemap, u64)> {
+        deleted: &RoaringTreemap,
+    ) -> Result<(RoaringTreemap, u64)> {
         let reader = self.reader(file, true)?;
         let key_cols: Vec<usize> = (0..self.key_at.len()).collect();
-        let mut gone = roaring::RoaringTreemap::new();
+        let mut gone = RoaringTreemap::new();
         let mut offset = 0u64;
         for batch in reader {
             let batch = batch.context(|| format!("reading {}", file.display()))?;
@@ -485,16 +481,18 @@ impl Shared {
             .context(|| format!("reading {}", file.display()))
     }
 
-    /// Writes the rows of `file` whose key is not replaced, and `extra`, to new data files.
+    /// Writes the rows of `file` whose key is not replaced and whose position is not in
+    /// `deleted` (its deletion vector), and `extra`, to new data files.
     async fn rewrite(
         self: Arc<Self>,
         file: &Path,
         table: &DeltaTable,
         extra: Option<RecordBatch>,
+        deleted: RoaringTreemap,
     ) -> Result<Vec<deltalake::kernel::Add>> {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(4);
         let (me, path) = (self.clone(), file.to_path_buf());
-        let reading = tokio::task::spawn_blocking(move || me.read_kept(&path, tx));
+        let reading = tokio::task::spawn_blocking(move || me.read_kept(&path, &deleted, tx));
         let mut writer = RecordBatchWriter::for_table(table)
             .context(|| format!("writing {}", table.table_url()))?;
         if let Some(rows) = extra.filter(|r| r.num_rows() > 0) {
@@ -521,39 +519,6 @@ impl Shared {
             .context(|| format!("writing {}", table.table_url()))
     }
 
-    /// Writes the rows of `file` at positions outside `deleted` to new data files of
-    /// `table` (nothing is committed).
-    async fn rewrite_without(
-        self: Arc<Self>,
-        file: &Path,
-        table: &DeltaTable,
-        deleted: roaring::RoaringTreemap,
-    ) -> Result<Vec<deltalake::kernel::Add>> {
-        let path = file.to_path_buf();
-        let me = self.clone();
-        let kept = tokio::task::spawn_blocking(move || -> Result<Vec<RecordBatch>> {
-            let mut out = Vec::new();
-            let mut offset = 0u64;
-            for batch in me.reader(&path, false)? {
-                let batch = batch.context(|| format!("reading {}", path.display()))?;
-                let batch = me.in_layout(&batch)?;
-                let keep: BooleanArray = (0..batch.num_rows() as u64)
-                    .map(|i| Some(!deleted.contains(offset + i)))
-                    .collect();
-                offset += batch.num_rows() as u64;
-                out.push(filter_record_batch(&batch, &keep).context(|| "filtering rows".into())?);
-            }
-            Ok(out)
-        })
-        .await
-        .map_err(|e| EngineError::Internal(format!("a reading task failed: {e}")))??;
-        let kept: Vec<RecordBatch> = kept.into_iter().filter(|b| b.num_rows() > 0).collect();
-        if kept.is_empty() {
-            return Ok(Vec::new());
-        }
-        warehouse::write_files(table, kept).await
-    }
-
     /// `batch`, read from a data file, in the table's layout: columns by name, a column
     /// added to the table after the file was written NULL.
     fn in_layout(&self, batch: &RecordBatch) -> Result<RecordBatch> {
@@ -570,8 +535,14 @@ impl Shared {
         sqlutil::cast_columns(columns, &self.schema)
     }
 
-    /// Sends the kept rows of `file`, in the table's layout, to `tx`.
-    fn read_kept(&self, file: &Path, tx: tokio::sync::mpsc::Sender<Result<RecordBatch>>) {
+    /// Sends the kept rows of `file` (key not replaced, position not in `deleted`), in the
+    /// table's layout, to `tx`.
+    fn read_kept(
+        &self,
+        file: &Path,
+        deleted: &RoaringTreemap,
+        tx: tokio::sync::mpsc::Sender<Result<RecordBatch>>,
+    ) {
         let send = |r: Result<RecordBatch>| tx.blocking_send(r).is_ok();
         let reader = match self.reader(file, false) {
             Ok(r) => r,
@@ -580,12 +551,20 @@ impl Shared {
                 return;
             }
         };
+        let mut offset = 0u64;
         for batch in reader {
             let out = batch
                 .context(|| format!("reading {}", file.display()))
                 .and_then(|b| {
                     let b = self.in_layout(&b)?;
-                    let keep = self.keep_mask(&b, &self.key_at)?;
+                    let mut keep = self.keep_mask(&b, &self.key_at)?;
+                    if !deleted.is_empty() {
+                        let at = offset;
+                        keep = (0..b.num_rows())
+                            .map(|i| Some(keep.value(i) && !deleted.contains(at + i as u64)))
+                            .collect();
+                    }
+                    offset += b.num_rows() as u64;
                     filter_record_batch(&b, &keep).context(|| "filtering rows".into())
                 });
             let failed = out.is_err();
