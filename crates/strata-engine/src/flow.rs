@@ -871,7 +871,11 @@ fn added_columns(before: &Schema, now: &Schema) -> Option<Vec<String>> {
 /// (its source gained a column under `COLUMNS *`, or the flow lists more): one
 /// metadata-only commit per table, so the rows already there read NULL in them. Returns
 /// the columns added; `check_existing` has refused every other change of columns.
-pub(crate) async fn evolve_tables(wh: &Warehouse, setup: &FlowSetup) -> Result<Vec<String>> {
+async fn evolve_tables(
+    wh: &Warehouse,
+    setup: &FlowSetup,
+    target: Option<DeltaTable>,
+) -> Result<Vec<String>> {
     let flow = &setup.flow;
     let mut added = Vec::new();
     let tables = [
@@ -879,7 +883,7 @@ pub(crate) async fn evolve_tables(wh: &Warehouse, setup: &FlowSetup) -> Result<V
             warehouse::open_delta(&wh.event_store_path(&flow.target)).await?,
             &setup.event_schema,
         ),
-        (wh.open_table(&flow.target).await?, &setup.target_schema),
+        (target, &setup.target_schema),
     ];
     for (table, want) in tables {
         let Some(table) = table else { continue };
@@ -915,30 +919,28 @@ pub(crate) async fn evolve_tables(wh: &Warehouse, setup: &FlowSetup) -> Result<V
     Ok(added)
 }
 
-/// Sets the target's `delta.enableDeletionVectors` to what the pipeline now declares for it,
-/// when the two differ (the property was added to, or changed in, the TBLPROPERTIES of a
-/// target that already exists); enabling it upgrades the table's protocol. Returns the new
-/// setting when it changed. Vectors already written stay valid either way; with the
-/// property off, the next run that replaces their rows rewrites those files.
+/// Sets the existing `target`'s `delta.enableDeletionVectors` to what the pipeline now
+/// declares for it, when the two differ (the property was added to, or changed in, the
+/// TBLPROPERTIES of a target that already exists); enabling it upgrades the table's
+/// protocol. Returns the target as it now is, and the new setting when it changed. Vectors
+/// already written stay valid either way; with the property off, the next run that
+/// replaces their rows rewrites those files.
 async fn follow_deletion_vectors(
-    wh: &Warehouse,
+    target: DeltaTable,
     setup: &FlowSetup,
     declared: &std::collections::BTreeMap<String, String>,
-) -> Result<Option<bool>> {
+) -> Result<(DeltaTable, Option<bool>)> {
     const KEY: &str = "delta.enableDeletionVectors";
     let Some(want) = declared.get(KEY).map(|v| v.eq_ignore_ascii_case("true")) else {
-        return Ok(None);
-    };
-    let Some(target) = wh.open_table(&setup.flow.target).await? else {
-        return Ok(None);
+        return Ok((target, None));
     };
     let has = warehouse::table_properties(&target)?
         .get(KEY)
         .is_some_and(|v| v.eq_ignore_ascii_case("true"));
     if has == want {
-        return Ok(None);
+        return Ok((target, None));
     }
-    target
+    let target = target
         .set_tbl_properties()
         .with_properties(std::collections::HashMap::from([(
             KEY.to_string(),
@@ -946,7 +948,7 @@ async fn follow_deletion_vectors(
         )]))
         .await
         .context(|| format!("setting {KEY} on {}", setup.flow.target))?;
-    Ok(Some(want))
+    Ok((target, Some(want)))
 }
 
 /// Checks an existing event store and target against the flow (R10) before anything runs.
@@ -1073,16 +1075,23 @@ pub(crate) async fn check_existing(wh: &Warehouse, setup: &FlowSetup) -> Result<
     Ok(())
 }
 
-/// Runs `setup` once over all source rows it has not seen, after adding the columns it
-/// newly produces to its event store and target.
+/// Runs `setup` once over all source rows it has not seen, after bringing an existing
+/// target in line with the flow: its deletion-vector setting, and the columns the flow
+/// newly produces (added to the event store and the target).
 pub(crate) async fn run_flow(
     wh: &Warehouse,
     setup: &FlowSetup,
     target_properties: &std::collections::BTreeMap<String, String>,
     update: &(dyn Fn(String) + Send + Sync),
 ) -> Result<FlowReport> {
-    let added = evolve_tables(wh, setup).await?;
-    let switched = follow_deletion_vectors(wh, setup, target_properties).await?;
+    let (target, switched) = match wh.open_table(&setup.flow.target).await? {
+        Some(t) => {
+            let (t, switched) = follow_deletion_vectors(t, setup, target_properties).await?;
+            (Some(t), switched)
+        }
+        None => (None, None),
+    };
+    let added = evolve_tables(wh, setup, target).await?;
     let mut report = run_flow_once(wh, setup, target_properties, update).await?;
     if let Some(on) = switched {
         report.notes.push(format!(
