@@ -553,21 +553,21 @@ def bench_bulk(a, strata: Strata, sizes: dict) -> dict:
             "rounds": rounds, "compare": cmp}
 
 
-def bench_incremental_size(a, strata: Strata, ev: int, ke: int, fi: int) -> dict:
+def bench_incremental_size(a, strata: Strata, ev: int, ke: int, fi: int, keys_pct: float) -> dict:
     import gen
 
     log(f"\n--- incremental: table from {fmt_int(ev)} events / {fmt_int(ke)} keys / {fi} files, "
-        f"then {a.batches} batch(es) of {fmt_int(a.batch_events)} events over {a.batch_keys_pct}% of keys ---")
+        f"then {a.batches} batch(es) of {fmt_int(a.batch_events)} events over {keys_pct:g}% of keys ---")
     wl, st = prepare_workload(f"incr-e{ev}-k{ke}-f{fi}-s{a.seed}", a.workdir, ev, ke, fi, a)
     out = {"dir": str(wl), "events": ev, "keys": ke, "generator": st, "batches": []}
     out["initial"] = strata.run(wl, "initial")
     if out["initial"]["rc"] != 0:
         return out
     for b in range(a.batches):
-        bst = gen.gen_batch(wl, a.batch_events, a.batch_keys_pct, a.noop_share, a.delete_share,
+        bst = gen.gen_batch(wl, a.batch_events, keys_pct, a.noop_share, a.delete_share,
                             a.late_share, a.seed, threads=a.threads)
         bst["command"] = (f"python3 {BENCH_DIR / 'gen.py'} batch --out {wl} --events {a.batch_events} "
-                          f"--keys-pct {a.batch_keys_pct} --noop-share {a.noop_share} "
+                          f"--keys-pct {keys_pct:g} --noop-share {a.noop_share} "
                           f"--delete-share {a.delete_share} --late-share {a.late_share} --seed {a.seed}")
         log(f"$ {bst['command']}")
         log(f"  batch file {Path(bst['paths'][0]).name}: {fmt_int(a.batch_events)} events over "
@@ -587,9 +587,14 @@ def bench_incremental_size(a, strata: Strata, ev: int, ke: int, fi: int) -> dict
 def bench_incremental(a, strata: Strata, sizes: dict) -> dict:
     ev, ke, fi = sizes["events"], sizes["keys"], sizes["files"]
     log(f"\n=== incremental: batches of {fmt_int(a.batch_events)} events, 1x and 2x tables ===")
-    res = {"workload": "incremental", "sizes": [bench_incremental_size(a, strata, ev, ke, fi)]}
+    res = {"workload": "incremental",
+           "sizes": [bench_incremental_size(a, strata, ev, ke, fi, a.batch_keys_pct)]}
     if not a.no_double:
-        res["sizes"].append(bench_incremental_size(a, strata, 2 * ev, 2 * ke, fi))
+        # The same batch on a table twice as large: as many events over as many keys (half the
+        # percentage), so that only the table's size changes. --batch-keys-grow keeps the
+        # percentage instead, which doubles the keys (and rows) the batch touches.
+        pct = a.batch_keys_pct if a.batch_keys_grow else a.batch_keys_pct / 2
+        res["sizes"].append(bench_incremental_size(a, strata, 2 * ev, 2 * ke, fi, pct))
     return res
 
 
@@ -781,7 +786,11 @@ def main(argv=None) -> int:
                          "removed and new (default 1)")
     ap.add_argument("--batch-events", type=int, help="incremental: events per batch (default 100000)")
     ap.add_argument("--batch-keys-pct", type=float, default=1.0,
-                    help="incremental: percent of keys a batch touches (default 1)")
+                    help="incremental: percent of the 1x table's keys a batch touches (default 1); "
+                         "the 2x table's batch touches as many keys")
+    ap.add_argument("--batch-keys-grow", action="store_true",
+                    help="incremental: the 2x table's batch touches --batch-keys-pct percent of its "
+                         "keys (twice as many keys as on the 1x table)")
     ap.add_argument("--batches", type=int, default=1, help="incremental: batches per table size")
     ap.add_argument("--deletion-vectors", action="store_true",
                     help="create strata's target with 'delta.enableDeletionVectors' = 'true': "
