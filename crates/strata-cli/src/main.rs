@@ -147,7 +147,25 @@ enum Format {
     Json,
 }
 
+/// Turns transparent huge pages off for this process. mimalloc asks for them on its large
+/// regions, and a run allocates and frees hundreds of MiB of Arrow buffers in bursts: each
+/// fault of a region it gave back then zeroes a whole 2 MiB page. On a 10M-event bulk run
+/// that was a third of the CPU time (kernel `clear_page_erms`); without huge pages the run
+/// took 10.6-10.9 s instead of 13.5-14.4 s, at the same peak memory.
+#[cfg(target_os = "linux")]
+fn no_transparent_huge_pages() {
+    // SAFETY: PR_SET_THP_DISABLE takes plain integer arguments and only sets a flag of
+    // this process; it touches no memory of ours.
+    unsafe {
+        libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn no_transparent_huge_pages() {}
+
 fn main() -> ExitCode {
+    no_transparent_huge_pages();
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         // The Delta kernel logs expected conditions (a table that does not exist yet) as
