@@ -87,14 +87,24 @@ impl FlowSetup {
     /// The target rows (timeline convention applied) of every key of `events`, and how
     /// many keys they hold.
     pub(crate) fn fold_to_target(&self, events: &RecordBatch) -> Result<(RecordBatch, usize)> {
-        let (rows, keys) = fold::fold_batch(events, &self.spec, &self.fold_schema)?;
+        self.fold_to_target_ordered(events)
+            .map(|(rows, keys, _)| (rows, keys))
+    }
+
+    /// [`FlowSetup::fold_to_target`], also returning, for a single integer-like key, the
+    /// positions of the events other than truncates in key order.
+    pub(crate) fn fold_to_target_ordered(
+        &self,
+        events: &RecordBatch,
+    ) -> Result<(RecordBatch, usize, Option<Vec<u32>>)> {
+        let (rows, keys, order) = fold::fold_batch_ordered(events, &self.spec, &self.fold_schema)?;
         if !self.spec.scd2 {
-            return Ok((rows, keys));
+            return Ok((rows, keys, order));
         }
         let rows =
             self.timeline
                 .apply(&rows, self.spec.n_out, &self.spec.keys, &self.target_schema)?;
-        Ok((rows, keys))
+        Ok((rows, keys, order))
     }
 
     /// A snapshot flow without `SNAPSHOT VERSION BY`: each run snapshots the whole source.
@@ -1282,21 +1292,41 @@ async fn run_flow_once(
         if setup.is_snapshot() && new_events.is_none() {
             snapshot::register_effective(&ctx, setup, "__strata_effective", None).await?;
         }
-        parts.push(
-            read_slice(
-                &ctx,
-                setup,
-                if setup.is_snapshot() {
-                    "__strata_effective"
-                } else {
-                    "__strata_events"
-                },
-                &touched,
-                &setup.event_schema,
-                true,
-            )
-            .await?,
-        );
+        // One integer key and no truncates: the touched keys' pages of the store, found
+        // through its page index (`store.rs`); else a DataFusion join.
+        let by_pages = match (&touched, &store, setup.key_names.as_slice()) {
+            (Touched::Keys(keys), Some(store), [key])
+                if !setup.is_snapshot() && setup.flow.truncate_when.is_none() =>
+            {
+                match crate::store::int_keys(keys) {
+                    Some(keys) => {
+                        crate::store::read_keys(store, &store_path, key, keys, &setup.event_schema)
+                            .await?
+                    }
+                    None => None,
+                }
+            }
+            _ => None,
+        };
+        let slice = match by_pages {
+            Some(slice) => slice,
+            None => {
+                read_slice(
+                    &ctx,
+                    setup,
+                    if setup.is_snapshot() {
+                        "__strata_effective"
+                    } else {
+                        "__strata_events"
+                    },
+                    &touched,
+                    &setup.event_schema,
+                    true,
+                )
+                .await?
+            }
+        };
+        parts.push(slice);
     }
     // The target reflects every stored event (no interrupted run to complete): the rows the
     // touched keys have now are the fold of their stored events, so the target need not be
@@ -1322,8 +1352,18 @@ async fn run_flow_once(
         report.events,
         all_events.num_rows()
     ));
-    let (derived, keys_derived) = setup.fold_to_target(&all_events)?;
+    let (derived, keys_derived, key_order) = setup.fold_to_target_ordered(&all_events)?;
     phase("folded");
+    // The new events are the last rows the fold saw: their positions in key order.
+    let new_in_key_order = key_order.filter(|_| !setup.is_snapshot()).map(|order| {
+        let offset =
+            (all_events.num_rows() - new_events.as_ref().map_or(0, |e| e.num_rows())) as u32;
+        order
+            .into_iter()
+            .filter(|&i| i >= offset)
+            .map(|i| i - offset)
+            .collect::<Vec<u32>>()
+    });
     drop(all_events);
     if matches!(touched, Touched::All) {
         report.keys_touched = keys_derived;
@@ -1345,7 +1385,15 @@ async fn run_flow_once(
 
     phase("checked the SCD2 integrity");
     // Commit the events (and the source position) first: from here on they are never lost.
+    // They are stored in key order, so that later runs find a key's events in few pages
+    // (`store.rs`).
     drop(new_events);
+    if let (Some(order), Some([events])) = (new_in_key_order, to_commit.as_deref_mut()) {
+        let unsorted =
+            std::mem::replace(events, RecordBatch::new_empty(setup.event_schema.clone()));
+        *events = fold::in_order(unsorted, order)?;
+        phase("sorted the new events by key");
+    }
     let new_store_version = match to_commit {
         Some(ev) => {
             let handle = match store {
@@ -1355,7 +1403,16 @@ async fn run_flow_once(
                         &store_path,
                         "events",
                         &setup.event_schema,
-                        Vec::new(),
+                        vec![
+                            (
+                                warehouse::COMPRESSION_PROPERTY.to_string(),
+                                Some("lz4_raw".to_string()),
+                            ),
+                            (
+                                warehouse::PAGE_ROWS_PROPERTY.to_string(),
+                                Some(crate::store::STORE_PAGE_ROWS.to_string()),
+                            ),
+                        ],
                         None,
                         Vec::new(),
                     )

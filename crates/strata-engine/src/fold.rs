@@ -218,6 +218,8 @@ struct Folded {
     starts: Vec<u32>,
     ends: Vec<Option<u32>>,
     groups: usize,
+    /// The part's events in key order.
+    order: Vec<u32>,
 }
 
 /// How a part's events are sorted into key order (see `sort_part`).
@@ -239,6 +241,16 @@ pub(crate) fn fold_batch(
     spec: &FoldSpec,
     target: &SchemaRef,
 ) -> Result<(RecordBatch, usize)> {
+    fold_batch_ordered(events, spec, target).map(|(rows, keys, _)| (rows, keys))
+}
+
+/// [`fold_batch`], also returning, for a single integer-like key, the positions of the
+/// events other than truncates sorted by key (arrival order within a key).
+pub(crate) fn fold_batch_ordered(
+    events: &RecordBatch,
+    spec: &FoldSpec,
+    target: &SchemaRef,
+) -> Result<(RecordBatch, usize, Option<Vec<u32>>)> {
     let parts = if events.num_rows() < crate::warehouse::parallel_min_rows() {
         1
     } else {
@@ -247,13 +259,13 @@ pub(crate) fn fold_batch(
     fold_batch_in(events, spec, target, parts)
 }
 
-/// [`fold_batch`] with the keys split into `parts` parts folded side by side.
+/// [`fold_batch_ordered`] with the keys split into `parts` parts folded side by side.
 fn fold_batch_in(
     events: &RecordBatch,
     spec: &FoldSpec,
     target: &SchemaRef,
     parts: usize,
-) -> Result<(RecordBatch, usize)> {
+) -> Result<(RecordBatch, usize, Option<Vec<u32>>)> {
     let ops = events
         .column(spec.n_out + 1)
         .as_any()
@@ -279,7 +291,7 @@ fn fold_batch_in(
     step("keys and sequences in comparable form");
     // Keys are independent: split them into parts by a hash of the key, and sort and fold
     // the parts side by side.
-    let partitions = keys.split(
+    let partitions = keys.split_ranges(
         (0..events.num_rows() as u32).filter(|&i| model.kind(i) != EventKind::Truncate),
         parts,
     );
@@ -314,6 +326,7 @@ fn fold_batch_in(
         order
     };
     let partitions = crate::warehouse::on_threads(partitions, "sort", sort_part)?;
+    let int_keys = matches!(sort_by, SortBy::Ints(_));
     drop(sort_by);
     step("sorted");
     let lanes = if spec.options.ignore_null_updates {
@@ -363,6 +376,7 @@ fn fold_batch_in(
             }
             i = j;
         }
+        out.order = order;
         Ok(out)
     };
     let folded = crate::warehouse::on_threads(partitions, "fold", fold_part)?;
@@ -371,9 +385,15 @@ fn fold_batch_in(
     let mut starts: Vec<u32> = Vec::new();
     let mut ends: Vec<Option<u32>> = Vec::new();
     let mut groups = 0;
+    // Parts hold key ranges in ascending order (`split_ranges`): one after the other, in key
+    // order.
+    let mut key_order: Option<Vec<u32>> = int_keys.then(Vec::new);
     for part in folded {
         let part = part?;
         groups += part.groups;
+        if let Some(o) = key_order.as_mut() {
+            o.extend(&part.order);
+        }
         for (all, mine) in value_idx.iter_mut().zip(part.value_idx) {
             all.extend(mine);
         }
@@ -399,7 +419,7 @@ fn fold_batch_in(
             spec.flow
         )
     })?;
-    Ok((rows, groups))
+    Ok((rows, groups, key_order))
 }
 
 /// `items` sorted by their key, stably: a least-significant-digit radix sort over the bits
@@ -457,6 +477,47 @@ fn gather(jobs: Vec<(&ArrayRef, UInt32Array)>, threads: usize) -> Result<Vec<Arr
     }
     out.sort_by_key(|(n, _)| *n);
     Ok(out.into_iter().map(|(_, a)| a).collect())
+}
+
+/// `batch`'s rows at `order` (positions, each at most once), then the rows `order` leaves
+/// out in their order. Columns are gathered side by side, each original column let go as
+/// soon as its copy is made, so memory grows by about one column, not one batch.
+pub(crate) fn in_order(batch: RecordBatch, mut order: Vec<u32>) -> Result<RecordBatch> {
+    let n = batch.num_rows();
+    if order.len() < n {
+        let mut seen = vec![false; n];
+        for &i in &order {
+            seen[i as usize] = true;
+        }
+        order.extend((0..n as u32).filter(|&i| !seen[i as usize]));
+    }
+    let idx = UInt32Array::from(order);
+    let threads = if n < crate::warehouse::parallel_min_rows() {
+        1
+    } else {
+        crate::warehouse::parallelism()
+    };
+    let (schema, columns, _) = batch.into_parts();
+    let width = columns.len();
+    let mut lanes: Vec<Vec<(usize, ArrayRef)>> = (0..threads.clamp(1, width.max(1)))
+        .map(|_| Vec::new())
+        .collect();
+    let lane_count = lanes.len();
+    for (c, column) in columns.into_iter().enumerate() {
+        lanes[c % lane_count].push((c, column));
+    }
+    let gathered = crate::warehouse::on_threads(lanes, "gather", |lane| {
+        lane.into_iter()
+            .map(|(c, column)| Ok((c, take_column(&column, idx.clone())?)))
+            .collect::<Result<Vec<_>>>()
+    })?;
+    let mut out: Vec<(usize, ArrayRef)> = Vec::with_capacity(width);
+    for lane in gathered {
+        out.extend(lane?);
+    }
+    out.sort_by_key(|(c, _)| *c);
+    RecordBatch::try_new(schema, out.into_iter().map(|(_, a)| a).collect())
+        .context(|| "rows in key order".into())
 }
 
 fn take_column(array: &ArrayRef, idx: UInt32Array) -> Result<ArrayRef> {
@@ -565,8 +626,8 @@ mod tests {
                 v.sort();
                 v
             };
-            let (whole, g1) = fold_batch_in(&events, &spec, &target, 1).unwrap();
-            let (split, g4) = fold_batch_in(&events, &spec, &target, 4).unwrap();
+            let (whole, g1, _) = fold_batch_in(&events, &spec, &target, 1).unwrap();
+            let (split, g4, _) = fold_batch_in(&events, &spec, &target, 4).unwrap();
             assert_eq!(g1, g4);
             assert!(whole.num_rows() > 100, "scd2={scd2}: {}", whole.num_rows());
             assert_eq!(sorted(&whole), sorted(&split), "scd2={scd2}");

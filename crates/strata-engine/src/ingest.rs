@@ -830,8 +830,10 @@ pub(crate) async fn run_ingest(
         }
     };
     if setup.evolve {
+        let props = warehouse::writer_properties(&handle);
         handle
             .write(parts)
+            .with_writer_properties(props)
             .with_save_mode(SaveMode::Append)
             .with_commit_properties(commit)
             .with_schema_mode(deltalake::operations::write::SchemaMode::Merge)

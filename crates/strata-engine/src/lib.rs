@@ -11,6 +11,7 @@
 //!                rescues; adopt.rs takes pass-through Parquet files as they are;
 //!                expect.rs checks expectations; changes.rs reads a target's feed
 //!   flow.rs:     streaming table → event store → fold (strata-core, via fold.rs) → target;
+//!                store.rs reads the touched keys' stored events through the page index;
 //!                snapshot.rs for AUTO CDC FROM SNAPSHOT, timeline.rs for conventions;
 //!                rewrite.rs replaces the changed keys' rows, rewriting only files holding them
 //!                (or marking them in deletion vectors, dv.rs)
@@ -44,6 +45,7 @@ mod snapshot;
 mod sources;
 mod spec;
 mod sqlutil;
+mod store;
 mod timeline;
 mod warehouse;
 

@@ -218,8 +218,10 @@ pub(crate) async fn refresh(
             .await?
         }
     };
+    let props = crate::warehouse::writer_properties(&handle);
     handle
         .write(vec![rows])
+        .with_writer_properties(props)
         .with_save_mode(SaveMode::Overwrite)
         .with_schema_mode(SchemaMode::Overwrite)
         .with_commit_properties(

@@ -191,6 +191,12 @@ pub(crate) async fn run_plan(
 
     // Check everything before anything runs.
     check_batch_reads(wh, &plan).await?;
+    let properties = (plan.tables.iter().map(|(n, t)| (n, &t.properties)))
+        .chain(plan.materialized.iter().map(|(n, m)| (n, &m.properties)))
+        .chain(plan.pits.iter().map(|p| (&p.name, &p.properties)));
+    for (name, props) in properties {
+        crate::warehouse::check_parquet_properties(name, props)?;
+    }
     let feeds: BTreeSet<TableName> = plan.flows.iter().map(|f| f.target.clone()).collect();
     let mut schemas: BTreeMap<TableName, SchemaRef> = BTreeMap::new();
     let mut prepared: Vec<(Node, Prepared)> = Vec::new();

@@ -483,7 +483,11 @@ pub(crate) async fn refresh(wh: &Warehouse, pit: &PitTable, schema: &str) -> Res
             true,
         ),
     };
-    let write = handle.write(batches).with_commit_properties(props);
+    let codec = warehouse::writer_properties(&handle);
+    let write = handle
+        .write(batches)
+        .with_writer_properties(codec)
+        .with_commit_properties(props);
     let write = if fresh {
         write.with_save_mode(SaveMode::Append)
     } else {

@@ -278,7 +278,8 @@ async fn commit_replacement(
     commit: CommitProperties,
 ) -> Result<()> {
     let (root, schema, old_rows, new_rows) = change;
-    let cdc = write_change_file(root, schema, old_rows, new_rows).await?;
+    let props = warehouse::writer_properties(table);
+    let cdc = write_change_file(root, schema, old_rows, new_rows, props).await?;
     actions.push(Action::Cdc(cdc));
     let operation = DeltaOperation::Write {
         mode,
@@ -494,7 +495,8 @@ impl Shared {
         let (me, path) = (self.clone(), file.to_path_buf());
         let reading = tokio::task::spawn_blocking(move || me.read_kept(&path, &deleted, tx));
         let mut writer = RecordBatchWriter::for_table(table)
-            .context(|| format!("writing {}", table.table_url()))?;
+            .context(|| format!("writing {}", table.table_url()))?
+            .with_writer_properties(warehouse::writer_properties(table));
         if let Some(rows) = extra.filter(|r| r.num_rows() > 0) {
             writer
                 .write(rows)
@@ -593,6 +595,7 @@ async fn write_change_file(
     schema: &SchemaRef,
     deleted: &RecordBatch,
     inserted: &RecordBatch,
+    props: deltalake::datafusion::parquet::file::properties::WriterProperties,
 ) -> Result<AddCDCFile> {
     let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
     fields.push(Field::new(CHANGE_TYPE, DataType::Utf8, false));
@@ -603,7 +606,7 @@ async fn write_change_file(
         RecordBatch::try_new(feed_schema.clone(), cols).context(|| "change feed rows".into())
     };
     let (del, ins) = (tagged(deleted, "delete")?, tagged(inserted, "insert")?);
-    let relative = format!("_change_data/cdc-{}.snappy.parquet", uuid::Uuid::new_v4());
+    let relative = format!("_change_data/cdc-{}.parquet", uuid::Uuid::new_v4());
     let path: PathBuf = root.join(&relative);
     let (p, s) = (path.clone(), feed_schema.clone());
     let size = tokio::task::spawn_blocking(move || -> Result<u64> {
@@ -611,9 +614,6 @@ async fn write_change_file(
             std::fs::create_dir_all(dir).context(|| format!("creating {}", dir.display()))?;
         }
         let file = std::fs::File::create(&p).context(|| format!("creating {}", p.display()))?;
-        let props = deltalake::datafusion::parquet::file::properties::WriterProperties::builder()
-            .set_compression(deltalake::datafusion::parquet::basic::Compression::SNAPPY)
-            .build();
         let mut w = ArrowWriter::try_new(file, s, Some(props))
             .context(|| format!("writing {}", p.display()))?;
         for b in [del, ins] {

@@ -814,8 +814,10 @@ pub(crate) async fn run_snapshots_mode(
     };
     let start_ref = Expr::Column(Column::new_unqualified(start_col.as_str()));
     let predicate = start_ref.in_list(replace.into_iter().map(lit).collect(), false);
+    let props = warehouse::writer_properties(&handle);
     handle
         .write(vec![rows_out])
+        .with_writer_properties(props)
         .with_save_mode(SaveMode::Overwrite)
         .with_replace_where(predicate)
         .with_commit_properties(

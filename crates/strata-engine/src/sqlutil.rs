@@ -123,6 +123,37 @@ impl Ordered {
         }
     }
 
+    /// `rows` split into `parts` lists by value ranges (integers: list `i` holds only values
+    /// below those of list `i + 1`, so lists sorted one by one are sorted end to end), else
+    /// by a hash of the value; each list in the order given, equal values in the same list.
+    /// The ranges come from a sample of these values, so unlike [`Ordered::split`] two
+    /// `Ordered` need not split alike.
+    pub(crate) fn split_ranges(
+        &self,
+        rows: impl Iterator<Item = u32>,
+        parts: usize,
+    ) -> Vec<Vec<u32>> {
+        let Ordered::Int(v) = self else {
+            return self.split(rows, parts);
+        };
+        let parts = parts.max(1);
+        if parts == 1 || v.is_empty() {
+            return vec![rows.collect()];
+        }
+        // Splitters at the quantiles of an evenly spaced sample of the values.
+        let step = (v.len() / (256 * parts)).max(1);
+        let mut sample: Vec<u64> = v.iter().step_by(step).copied().collect();
+        sample.sort_unstable();
+        let splitters: Vec<u64> = (1..parts)
+            .map(|p| sample[p * sample.len() / parts])
+            .collect();
+        let mut out = vec![Vec::new(); parts];
+        for i in rows {
+            out[splitters.partition_point(|&s| s <= v[i as usize])].push(i);
+        }
+        out
+    }
+
     /// `rows` split into `parts` lists by a hash of their value, each list in the order
     /// given: equal values land in the same list, also across two `Ordered` of one form.
     pub(crate) fn split(&self, rows: impl Iterator<Item = u32>, parts: usize) -> Vec<Vec<u32>> {

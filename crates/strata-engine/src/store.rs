@@ -1,0 +1,369 @@
+//! Reading the stored events of a few keys without decoding the whole event store.
+//!
+//! A batch touches a small share of the keys, spread over the whole key space, so every row
+//! group of the event store holds some of them and Parquet statistics per row group prune
+//! nothing. The event store is therefore laid out for lookups by key: each file is written
+//! sorted by key (`flow.rs` reuses the fold's sort) in small data pages
+//! ([`STORE_PAGE_ROWS`] rows), and the page index (each page's smallest and largest key) tells
+//! which pages can hold a touched key. Only those pages are read and decompressed, in every
+//! column; their rows are then filtered to the touched keys exactly. The pages a batch
+//! reads grow with the number of keys it touches, not with the size of the store.
+//!
+//! This path serves flows with one integer key (the common case, and what the page index
+//! compares cheaply); other keys, and flows that apply truncates (which are events of no
+//! key), read the store through DataFusion.
+
+use crate::error::{Context, EngineError, Result};
+use deltalake::arrow::array::{Array, ArrayRef, RecordBatch};
+use deltalake::arrow::compute::{cast, concat_batches};
+use deltalake::arrow::datatypes::{DataType, SchemaRef};
+use deltalake::datafusion::parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection,
+    RowSelector,
+};
+use deltalake::datafusion::parquet::arrow::ProjectionMask;
+use deltalake::datafusion::parquet::file::metadata::{PageIndexPolicy, ParquetMetaData};
+use deltalake::datafusion::parquet::file::page_index::column_index::ColumnIndexMetaData;
+use deltalake::datafusion::parquet::file::statistics::Statistics;
+use deltalake::DeltaTable;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Rows per data page of an event-store file: small enough that a page holds a few dozen
+/// keys, so that a batch's keys leave most pages unread.
+pub(crate) const STORE_PAGE_ROWS: usize = 512;
+
+/// The touched keys as sorted, distinct integers, when `keys` is one integer column.
+pub(crate) fn int_keys(keys: &RecordBatch) -> Option<Vec<i64>> {
+    let [column] = keys.columns() else {
+        return None;
+    };
+    if !matches!(
+        column.data_type(),
+        DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64
+    ) || column.null_count() > 0
+    {
+        return None;
+    }
+    let as_i64 = cast(column, &DataType::Int64).ok()?;
+    let values = as_i64
+        .as_any()
+        .downcast_ref::<deltalake::arrow::array::Int64Array>()?;
+    let mut out: Vec<i64> = values.values().to_vec();
+    out.sort_unstable();
+    out.dedup();
+    Some(out)
+}
+
+/// The rows of the event store `table` (at `root`) whose column `key` holds one of `keys`
+/// (sorted), in the layout `schema` (columns the older files lack are NULL). `None` when
+/// the store has files this path cannot read exactly (deletion vectors).
+pub(crate) async fn read_keys(
+    table: &DeltaTable,
+    root: &Path,
+    key: &str,
+    keys: Vec<i64>,
+    schema: &SchemaRef,
+) -> Result<Option<RecordBatch>> {
+    let state = table
+        .snapshot()
+        .context(|| "reading the event store's state".into())?;
+    let mut files: Vec<(PathBuf, i64)> = Vec::new();
+    for f in state.log_data().iter() {
+        if f.deletion_vector_descriptor().is_some() {
+            return Ok(None);
+        }
+        let path = f.object_store_path();
+        files.push((root.join(path.as_ref()), f.size()));
+    }
+    // Largest files first, dealt round-robin: the threads get similar work.
+    files.sort_by_key(|f| std::cmp::Reverse(f.1));
+    let threads = crate::warehouse::parallelism().clamp(1, files.len().max(1));
+    let mut lanes: Vec<Vec<PathBuf>> = vec![Vec::new(); threads];
+    for (n, (p, _)) in files.into_iter().enumerate() {
+        lanes[n % threads].push(p);
+    }
+    let out_schema = schema.clone();
+    let set = KeySet::new(&keys);
+    let (keys, schema, key) = (Arc::new(keys), schema.clone(), key.to_string());
+    let read = tokio::task::spawn_blocking(move || {
+        crate::warehouse::on_threads(lanes, "read", |lane| {
+            lane.iter()
+                .map(|p| read_file(p, &key, &keys, &set, &schema))
+                .collect::<Result<Vec<_>>>()
+        })
+    })
+    .await
+    .map_err(|e| EngineError::Internal(format!("a reading task failed: {e}")))??;
+    let mut batches = Vec::new();
+    for lane in read {
+        batches.extend(lane?.into_iter().flatten());
+    }
+    concat_batches(&out_schema, &batches)
+        .map(Some)
+        .context(|| "concatenating stored events".into())
+}
+
+/// Whether a value of `keys` (sorted) lies in `lo..=hi`.
+fn any_in(keys: &[i64], lo: i64, hi: i64) -> bool {
+    let i = keys.partition_point(|&k| k < lo);
+    i < keys.len() && keys[i] <= hi
+}
+
+/// The row groups of `meta` that may hold one of `keys` in leaf column `leaf`, and within
+/// them the rows of the pages that may (all rows where the file has no page index).
+fn selection(meta: &ParquetMetaData, leaf: usize, keys: &[i64]) -> (Vec<usize>, Vec<RowSelector>) {
+    let mut groups = Vec::new();
+    let mut selectors: Vec<RowSelector> = Vec::new();
+    let bounds = |s: Option<&Statistics>| match s {
+        Some(Statistics::Int64(v)) => v.min_opt().copied().zip(v.max_opt().copied()),
+        Some(Statistics::Int32(v)) => v
+            .min_opt()
+            .map(|&x| x as i64)
+            .zip(v.max_opt().map(|&x| x as i64)),
+        _ => None,
+    };
+    for (g, rg) in meta.row_groups().iter().enumerate() {
+        let rows = rg.num_rows() as usize;
+        if let Some((lo, hi)) = bounds(rg.column(leaf).statistics()) {
+            if !any_in(keys, lo, hi) {
+                continue;
+            }
+        }
+        groups.push(g);
+        let pages = meta
+            .column_index()
+            .and_then(|ci| ci.get(g))
+            .and_then(|c| c.get(leaf))
+            .zip(
+                meta.offset_index()
+                    .and_then(|oi| oi.get(g))
+                    .and_then(|o| o.get(leaf)),
+            );
+        let Some((index, offsets)) = pages else {
+            selectors.push(RowSelector::select(rows));
+            continue;
+        };
+        let locations = offsets.page_locations();
+        for (p, loc) in locations.iter().enumerate() {
+            let first = loc.first_row_index as usize;
+            let end = locations
+                .get(p + 1)
+                .map_or(rows, |n| n.first_row_index as usize);
+            let hit = match index {
+                ColumnIndexMetaData::INT64(ix) => ix
+                    .min_value(p)
+                    .zip(ix.max_value(p))
+                    .is_none_or(|(&lo, &hi)| any_in(keys, lo, hi)),
+                ColumnIndexMetaData::INT32(ix) => ix
+                    .min_value(p)
+                    .zip(ix.max_value(p))
+                    .is_none_or(|(&lo, &hi)| any_in(keys, lo as i64, hi as i64)),
+                _ => true,
+            };
+            let count = end.saturating_sub(first);
+            match (selectors.last_mut(), hit) {
+                (Some(last), _) if last.skip != hit => last.row_count += count,
+                _ if hit => selectors.push(RowSelector::select(count)),
+                _ => selectors.push(RowSelector::skip(count)),
+            }
+        }
+    }
+    (groups, selectors)
+}
+
+/// Membership in a sorted set of keys: a bit per value over their range when it is small,
+/// else a hash set.
+enum KeySet {
+    Bits { min: i64, bits: Vec<u64> },
+    Hash(ahash::AHashSet<i64>),
+}
+
+impl KeySet {
+    fn new(keys: &[i64]) -> Self {
+        match (keys.first(), keys.last()) {
+            (Some(&min), Some(&max)) if max.abs_diff(min) < 1 << 26 => {
+                let mut bits = vec![0u64; (max.abs_diff(min) as usize) / 64 + 1];
+                for &k in keys {
+                    let at = k.abs_diff(min) as usize;
+                    bits[at / 64] |= 1 << (at % 64);
+                }
+                KeySet::Bits { min, bits }
+            }
+            _ => KeySet::Hash(keys.iter().copied().collect()),
+        }
+    }
+
+    fn contains(&self, k: i64) -> bool {
+        match self {
+            KeySet::Bits { min, bits } => {
+                k >= *min && {
+                    let at = k.abs_diff(*min) as usize;
+                    bits.get(at / 64).is_some_and(|w| w & (1 << (at % 64)) != 0)
+                }
+            }
+            KeySet::Hash(h) => h.contains(&k),
+        }
+    }
+}
+
+/// `coarse` narrowed to the rows whose key (`keys_read`: the key of every row `coarse`
+/// selects, in order) is in `set`.
+fn exact(coarse: &[RowSelector], keys_read: &[i64], set: &KeySet) -> Vec<RowSelector> {
+    let mut out: Vec<RowSelector> = Vec::new();
+    let mut push = |hit: bool, count: usize| match out.last_mut() {
+        Some(last) if last.skip != hit => last.row_count += count,
+        _ if count == 0 => {}
+        _ if hit => out.push(RowSelector::select(count)),
+        _ => out.push(RowSelector::skip(count)),
+    };
+    let mut at = 0;
+    for s in coarse {
+        if s.skip {
+            push(false, s.row_count);
+            continue;
+        }
+        for &k in &keys_read[at..at + s.row_count] {
+            push(set.contains(k), 1);
+        }
+        at += s.row_count;
+    }
+    out
+}
+
+/// The rows of one event-store file whose `key` is in `keys` (also in `set`), in the layout
+/// `schema`: the key column of the pages that may hold them first, then every column of
+/// exactly those rows (the other rows of those pages are skipped, not decoded).
+fn read_file(
+    path: &Path,
+    key: &str,
+    keys: &[i64],
+    set: &KeySet,
+    schema: &SchemaRef,
+) -> Result<Option<RecordBatch>> {
+    let what = || format!("reading {}", path.display());
+    let file = std::fs::File::open(path).context(what)?;
+    let options = ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional);
+    let meta = ArrowReaderMetadata::load(&file, options).context(what)?;
+    let Some(leaf) = meta
+        .parquet_schema()
+        .columns()
+        .iter()
+        .position(|c| c.path().parts() == [key])
+    else {
+        return Err(EngineError::Internal(format!(
+            "{} has no key column {key}",
+            path.display()
+        )));
+    };
+    let (groups, coarse) = selection(meta.metadata(), leaf, keys);
+    if groups.is_empty() {
+        return Ok(None);
+    }
+    let reader = |projection: ProjectionMask, rows: Vec<RowSelector>| {
+        let input = file.try_clone().context(what)?;
+        ParquetRecordBatchReaderBuilder::new_with_metadata(input, meta.clone())
+            .with_projection(projection)
+            .with_row_groups(groups.clone())
+            .with_row_selection(RowSelection::from(rows))
+            .with_batch_size(64 * 1024)
+            .build()
+            .context(what)
+    };
+    let mut keys_read: Vec<i64> = Vec::new();
+    let key_only = ProjectionMask::leaves(meta.parquet_schema(), [leaf]);
+    for batch in reader(key_only, coarse.clone())? {
+        let k = cast(batch.context(what)?.column(0), &DataType::Int64).context(what)?;
+        let k = k
+            .as_any()
+            .downcast_ref::<deltalake::arrow::array::Int64Array>()
+            .ok_or_else(|| EngineError::Internal("key values".into()))?;
+        keys_read.extend(k.iter().map(|v| v.unwrap_or(i64::MIN)));
+    }
+    let rows = exact(&coarse, &keys_read, set);
+    let selected: usize = rows.iter().filter(|s| !s.skip).map(|s| s.row_count).sum();
+    tracing::debug!(
+        "store: {}: {selected} row(s) of the {} in the pages that may hold the keys, of {}",
+        path.display(),
+        keys_read.len(),
+        meta.metadata().file_metadata().num_rows()
+    );
+    if selected == 0 {
+        return Ok(None);
+    }
+    let mut out = Vec::new();
+    for batch in reader(ProjectionMask::all(), rows)? {
+        out.push(in_layout(&batch.context(what)?, schema)?);
+    }
+    concat_batches(schema, &out)
+        .map(Some)
+        .context(|| "concatenating stored events".into())
+}
+
+/// `batch` with `schema`'s columns, by name; a column the file lacks (added later) is NULL.
+fn in_layout(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
+    let arrow = batch.schema();
+    let columns: Vec<ArrayRef> = schema
+        .fields()
+        .iter()
+        .map(|f| match arrow.index_of(f.name()) {
+            Ok(p) => batch.column(p).clone(),
+            Err(_) => deltalake::arrow::array::new_null_array(f.data_type(), batch.num_rows()),
+        })
+        .collect();
+    crate::sqlutil::cast_columns(columns, schema)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_in_range_is_found_by_binary_search() {
+        let keys = [3, 8, 20];
+        assert!(any_in(&keys, 1, 3));
+        assert!(any_in(&keys, 4, 8));
+        assert!(!any_in(&keys, 9, 19));
+        assert!(any_in(&keys, 20, 20));
+        assert!(!any_in(&keys, 21, 100));
+        assert!(!any_in(&[], 0, 100));
+    }
+
+    #[test]
+    fn key_sets_answer_alike_over_small_and_wide_ranges() {
+        for keys in [vec![-3, 0, 5, 64, 65, 1000], vec![-(1 << 40), 7, 1 << 40]] {
+            let set = KeySet::new(&keys);
+            assert_eq!(
+                matches!(set, KeySet::Bits { .. }),
+                keys[0] == -3,
+                "a small range is a bitmap"
+            );
+            for k in -70..1100 {
+                assert_eq!(set.contains(k), keys.contains(&k), "{k}");
+            }
+            assert!(set.contains(*keys.last().unwrap()));
+            assert!(!set.contains(i64::MIN) && !set.contains(i64::MAX));
+        }
+    }
+
+    #[test]
+    fn the_exact_selection_keeps_only_rows_of_the_keys() {
+        // Rows 0..4 skipped (page without keys), 4..10 read: keys 1 1 2 3 3 4; rows 10..12
+        // skipped.
+        let coarse = [
+            RowSelector::skip(4),
+            RowSelector::select(6),
+            RowSelector::skip(2),
+        ];
+        let set = KeySet::new(&[1, 3]);
+        let got = exact(&coarse, &[1, 1, 2, 3, 3, 4], &set);
+        let want = vec![
+            RowSelector::skip(4),
+            RowSelector::select(2),
+            RowSelector::skip(1),
+            RowSelector::select(2),
+            RowSelector::skip(3),
+        ];
+        assert_eq!(got, want);
+    }
+}

@@ -1,0 +1,143 @@
+//! `strata.parquet.compression` chooses the codec of every Parquet file strata writes into a
+//! table (appends, rewrites, change data files); strata's own event stores use LZ4_RAW; an
+//! unknown codec is refused before anything runs.
+
+mod common;
+
+use deltalake::parquet::basic::Compression;
+use deltalake::parquet::file::reader::{FileReader, SerializedFileReader};
+use std::collections::BTreeSet;
+use std::path::Path;
+use strata_engine::Warehouse;
+
+/// The codecs of every column chunk of every Parquet file under `dir` (recursively).
+fn codecs(dir: &Path) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read_dir") {
+            let p = e.expect("entry").path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "parquet") {
+                let reader = SerializedFileReader::new(std::fs::File::open(&p).expect("open"))
+                    .expect("parquet");
+                for rg in reader.metadata().row_groups() {
+                    for c in rg.columns() {
+                        out.insert(match c.compression() {
+                            Compression::ZSTD(_) => "ZSTD".to_string(),
+                            other => format!("{other:?}"),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+fn set(items: &[&str]) -> BTreeSet<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+const PIPELINE: &str = "\
+CREATE OR REFRESH STREAMING TABLE raw
+TBLPROPERTIES ('strata.parquet.compression' = 'zstd')
+AS SELECT * FROM STREAM read_files('data', format => 'json',
+  schema => 'id BIGINT, name STRING, seq BIGINT');
+CREATE OR REFRESH STREAMING TABLE fast
+TBLPROPERTIES ('strata.parquet.compression' = 'LZ4_RAW');
+CREATE FLOW f1 AS AUTO CDC INTO fast FROM STREAM(raw) KEYS (id) SEQUENCE BY seq
+COLUMNS * EXCEPT (seq) STORED AS SCD TYPE 2;
+CREATE OR REFRESH STREAMING TABLE plain;
+CREATE FLOW f2 AS AUTO CDC INTO plain FROM STREAM(raw) KEYS (id) SEQUENCE BY seq
+COLUMNS * EXCEPT (seq) STORED AS SCD TYPE 2;
+";
+
+#[tokio::test]
+async fn every_file_of_a_table_has_its_codec() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("mkdir");
+    let pipeline = dir.path().join("pipeline.sql");
+    std::fs::write(&pipeline, PIPELINE).expect("write");
+    let wh_dir = dir.path().join("warehouse");
+    let wh = Warehouse::open(&wh_dir).expect("warehouse");
+
+    std::fs::write(
+        data.join("001.json"),
+        "{\"id\":1,\"name\":\"a\",\"seq\":1}\n{\"id\":2,\"name\":\"b\",\"seq\":1}\n",
+    )
+    .expect("write");
+    strata_engine::run_pipeline_file(&pipeline, &wh)
+        .await
+        .expect("run 1");
+    // An update closes a version: the targets' files are rewritten and change files written.
+    std::fs::write(
+        data.join("002.json"),
+        "{\"id\":1,\"name\":\"c\",\"seq\":2}\n",
+    )
+    .expect("write");
+    let report = strata_engine::run_pipeline_file(&pipeline, &wh)
+        .await
+        .expect("run 2");
+    assert!(report.flows.iter().all(|f| f.keys_changed == 1));
+    assert!(wh_dir.join("default/fast/_change_data").is_dir());
+
+    assert_eq!(codecs(&wh_dir.join("default/raw")), set(&["ZSTD"]));
+    assert_eq!(codecs(&wh_dir.join("default/fast")), set(&["LZ4_RAW"]));
+    assert_eq!(codecs(&wh_dir.join("default/plain")), set(&["SNAPPY"]));
+    assert_eq!(codecs(&wh_dir.join("_strata")), set(&["LZ4_RAW", "SNAPPY"]));
+    assert_eq!(
+        codecs(&wh_dir.join("_strata/default/plain")),
+        set(&["LZ4_RAW"]),
+        "event stores are LZ4_RAW"
+    );
+
+    let both = "\
++----+------+------+
+| id | name | open |
++----+------+------+
+| 1  | a    | 0    |
+| 1  | c    | 1    |
+| 2  | b    | 1    |
++----+------+------+";
+    for t in ["fast", "plain"] {
+        let sql = format!(
+            "SELECT id, name, CAST(__END_AT IS NULL AS INT) AS open FROM {t} ORDER BY id, name"
+        );
+        assert_eq!(common::query_text(&wh, &sql).await, both, "{t}");
+    }
+}
+
+#[tokio::test]
+async fn an_unknown_codec_is_refused_before_anything_runs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).expect("mkdir");
+    std::fs::write(
+        data.join("001.json"),
+        "{\"id\":1,\"name\":\"a\",\"seq\":1}\n",
+    )
+    .expect("write");
+    let pipeline = dir.path().join("pipeline.sql");
+    std::fs::write(
+        &pipeline,
+        PIPELINE.replace(
+            "'strata.parquet.compression' = 'LZ4_RAW'",
+            "'strata.parquet.compression' = 'lz5'",
+        ),
+    )
+    .expect("write");
+    let wh_dir = dir.path().join("warehouse");
+    let wh = Warehouse::open(&wh_dir).expect("warehouse");
+    let err = strata_engine::run_pipeline_file(&pipeline, &wh)
+        .await
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        err.contains("table default.fast: strata.parquet.compression = 'lz5' is not a known codec"),
+        "{err}"
+    );
+    assert!(!wh_dir.join("default/raw").exists(), "nothing ran");
+}
