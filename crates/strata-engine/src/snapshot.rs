@@ -493,6 +493,9 @@ pub(crate) async fn to_events(
     let mut notes = Vec::new();
     let mut last: Option<(ScalarValue, RecordBatch)> = None;
     let mut current_state: Option<RecordBatch> = None;
+    // Keys given a pin at a version earlier in this run: their state there is already
+    // restored as it was (a later version's state before it is no longer the old one).
+    let mut pinned: Vec<(ScalarValue, AHashSet<Vec<u8>>)> = Vec::new();
 
     for (v, idx) in &versions.groups {
         let snap = data_only(setup, &take_rows(rows, idx)?)?;
@@ -561,10 +564,13 @@ pub(crate) async fn to_events(
             // Pins keep the state at `n` as it was for the keys `v` changed, unless `n` is
             // itself delivered again later in this run (then it is re-derived from `v`).
             if n_changed > 0 && !pending.contains(n) {
-                let at_n = key_set(
+                let mut at_n = key_set(
                     setup,
                     &stored_events(ctx, setup, col(SEQ_COL).eq(lit(n.clone()))).await?,
                 )?;
+                if let Some((_, keys)) = pinned.iter().find(|(at, _)| at == n) {
+                    at_n.extend(keys.iter().cloned());
+                }
                 let (sk, ok) = (setup.key_rows(&snap)?, setup.key_rows(&old_state_v)?);
                 let old_keys: AHashMap<&[u8], u32> = (0..old_state_v.num_rows())
                     .map(|i| (ok.row(i).data(), i as u32))
@@ -587,6 +593,18 @@ pub(crate) async fn to_events(
                     if !at_n.contains(ok.row(j as usize).data()) {
                         pin_upserts.push(j);
                     }
+                }
+                let now_pinned = pin_upserts
+                    .iter()
+                    .map(|&j| ok.row(j as usize).data().to_vec())
+                    .chain(
+                        pin_deletes
+                            .iter()
+                            .map(|&i| sk.row(i as usize).data().to_vec()),
+                    );
+                match pinned.iter_mut().find(|(at, _)| at == n) {
+                    Some((_, keys)) => keys.extend(now_pinned),
+                    None => pinned.push((n.clone(), now_pinned.collect())),
                 }
                 parts.push(make_events(setup, &old_state_v, &pin_upserts, n, 0, run)?);
                 parts.push(make_events(setup, &snap, &pin_deletes, n, 1, run)?);
