@@ -526,14 +526,25 @@ fn with_run(setup: &FlowSetup, events: Vec<RecordBatch>, run: i64) -> Result<Rec
         )));
     }
     let rows: usize = events.iter().map(RecordBatch::num_rows).sum();
-    let mut columns = if events.is_empty() {
-        partial
+    let width = partial.fields().len();
+    // One integer key and no truncates: the events go in key order right away (the fold
+    // then walks them in memory order, and the event store is written in that order).
+    let key_ordered = match setup.spec.keys.as_slice() {
+        [key]
+            if !setup.is_snapshot() && setup.flow.truncate_when.is_none() && !events.is_empty() =>
+        {
+            fold::columns_in_key_order(events, width, *key)?
+        }
+        _ => Err(events),
+    };
+    let mut columns = match key_ordered {
+        Ok(columns) => columns,
+        Err(events) if events.is_empty() => partial
             .fields()
             .iter()
             .map(|f| deltalake::arrow::array::new_empty_array(f.data_type()))
-            .collect()
-    } else {
-        sqlutil::concat_columns(events, partial.fields().len())?
+            .collect(),
+        Err(events) => sqlutil::concat_columns(events, width)?,
     };
     columns.push(Arc::new(Int64Array::from(vec![run; rows])));
     RecordBatch::try_new(setup.event_schema.clone(), columns)
@@ -1388,6 +1399,10 @@ async fn run_flow_once(
     // They are stored in key order, so that later runs find a key's events in few pages
     // (`store.rs`).
     drop(new_events);
+    let new_in_key_order = new_in_key_order.filter(|order| {
+        // Already in key order (see `with_run`): nothing to gather.
+        !order.iter().enumerate().all(|(i, &o)| i as u32 == o)
+    });
     if let (Some(order), Some([events])) = (new_in_key_order, to_commit.as_deref_mut()) {
         let unsorted =
             std::mem::replace(events, RecordBatch::new_empty(setup.event_schema.clone()));

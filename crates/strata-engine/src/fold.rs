@@ -309,6 +309,11 @@ fn fold_batch_in(
     };
     let sort_part = |mut order: Vec<u32>| -> Vec<u32> {
         match &sort_by {
+            // Already in key order (events sorted by `columns_in_key_order`): nothing to do.
+            SortBy::Ints(k)
+                if order
+                    .windows(2)
+                    .all(|w| k[w[0] as usize] <= k[w[1] as usize]) => {}
             SortBy::Ints(k) => {
                 // By key only, keeping arrival order within a key (a stable radix sort):
                 // `order_events` then sorts each key's few events by sequence, which for
@@ -477,6 +482,79 @@ fn gather(jobs: Vec<(&ArrayRef, UInt32Array)>, threads: usize) -> Result<Vec<Arr
     }
     out.sort_by_key(|(n, _)| *n);
     Ok(out.into_iter().map(|(_, a)| a).collect())
+}
+
+/// The rows of `pieces` (batches of one schema, `width` columns) as one set of columns in
+/// the order of column `key`, arrival order kept within a key, when `key` is integer-like
+/// without NULLs; `None` otherwise. Each column is concatenated and gathered in its own
+/// turn, its pieces let go as soon as it is done, so that memory grows by about one column.
+/// The fold (and the event store after it) then walks the events in memory order.
+pub(crate) fn columns_in_key_order(
+    pieces: Vec<RecordBatch>,
+    width: usize,
+    key: usize,
+) -> Result<std::result::Result<Vec<ArrayRef>, Vec<RecordBatch>>> {
+    let key_column = match pieces.as_slice() {
+        [one] => one.column(key).clone(),
+        _ => {
+            let parts: Vec<&dyn Array> = pieces.iter().map(|b| b.column(key).as_ref()).collect();
+            deltalake::arrow::compute::concat(&parts).context(|| "key values".into())?
+        }
+    };
+    let ordered = Ordered::of(&key_column, None)?;
+    let Ordered::Int(k) = &ordered else {
+        return Ok(Err(pieces));
+    };
+    let n = k.len();
+    let parts = if n < crate::warehouse::parallel_min_rows() {
+        1
+    } else {
+        crate::warehouse::parallelism()
+    };
+    let sorted =
+        crate::warehouse::on_threads(ordered.split_ranges(0..n as u32, parts), "sort", |order| {
+            let tagged: Vec<(u64, u32)> = order.iter().map(|&i| (k[i as usize], i)).collect();
+            radix_sort_by_key(tagged)
+                .into_iter()
+                .map(|(_, i)| i)
+                .collect::<Vec<u32>>()
+        })?;
+    drop(ordered);
+    let idx = UInt32Array::from(sorted.concat());
+    // Columns moved out of the pieces, dealt to one lane per core.
+    let mut columns: Vec<Vec<ArrayRef>> = vec![Vec::with_capacity(pieces.len()); width];
+    for b in pieces {
+        for (c, a) in b.columns().iter().enumerate().take(width) {
+            columns[c].push(a.clone());
+        }
+    }
+    let lanes_n = parts.clamp(1, width.max(1));
+    let mut lanes: Vec<Vec<(usize, Vec<ArrayRef>)>> = (0..lanes_n).map(|_| Vec::new()).collect();
+    for (c, col) in columns.into_iter().enumerate() {
+        lanes[c % lanes_n].push((c, col));
+    }
+    let gathered = crate::warehouse::on_threads(lanes, "gather", |lane| {
+        lane.into_iter()
+            .map(|(c, col)| {
+                let whole = match col.as_slice() {
+                    [one] => one.clone(),
+                    _ => {
+                        let refs: Vec<&dyn Array> = col.iter().map(|a| a.as_ref()).collect();
+                        deltalake::arrow::compute::concat(&refs)
+                            .context(|| "concatenating rows".into())?
+                    }
+                };
+                drop(col);
+                Ok((c, take_column(&whole, idx.clone())?))
+            })
+            .collect::<Result<Vec<_>>>()
+    })?;
+    let mut out: Vec<(usize, ArrayRef)> = Vec::with_capacity(width);
+    for lane in gathered {
+        out.extend(lane?);
+    }
+    out.sort_by_key(|(c, _)| *c);
+    Ok(Ok(out.into_iter().map(|(_, a)| a).collect()))
 }
 
 /// `batch`'s rows at `order` (positions, each at most once), then the rows `order` leaves
