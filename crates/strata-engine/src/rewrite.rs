@@ -24,9 +24,7 @@ use crate::changes::CHANGE_TYPE;
 use crate::error::{Context, EngineError, Result};
 use crate::sqlutil;
 use crate::warehouse;
-use deltalake::arrow::array::{
-    new_null_array, Array, ArrayRef, AsArray, BooleanArray, RecordBatch, StringArray,
-};
+use deltalake::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, StringArray};
 use deltalake::arrow::compute::filter_record_batch;
 use deltalake::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
 use deltalake::arrow::row::{RowConverter, SortField};
@@ -521,22 +519,6 @@ impl Shared {
             .context(|| format!("writing {}", table.table_url()))
     }
 
-    /// `batch`, read from a data file, in the table's layout: columns by name, a column
-    /// added to the table after the file was written NULL.
-    fn in_layout(&self, batch: &RecordBatch) -> Result<RecordBatch> {
-        let arrow = batch.schema();
-        let columns: Vec<ArrayRef> = self
-            .schema
-            .fields()
-            .iter()
-            .map(|f| match arrow.index_of(f.name()) {
-                Ok(p) => batch.column(p).clone(),
-                Err(_) => new_null_array(f.data_type(), batch.num_rows()),
-            })
-            .collect();
-        sqlutil::cast_columns(columns, &self.schema)
-    }
-
     /// Sends the kept rows of `file` (key not replaced, position not in `deleted`), in the
     /// table's layout, to `tx`.
     fn read_kept(
@@ -558,7 +540,7 @@ impl Shared {
             let out = batch
                 .context(|| format!("reading {}", file.display()))
                 .and_then(|b| {
-                    let b = self.in_layout(&b)?;
+                    let b = sqlutil::in_layout(&b, &self.schema)?;
                     let mut keep = self.keep_mask(&b, &self.key_at)?;
                     if !deleted.is_empty() {
                         let at = offset;

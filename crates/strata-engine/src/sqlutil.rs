@@ -24,6 +24,21 @@ pub(crate) fn cast_batch(batch: &RecordBatch, schema: &SchemaRef) -> Result<Reco
     cast_columns(batch.columns().to_vec(), schema)
 }
 
+/// `batch` (read from a data file) with `schema`'s columns, matched by name; a column the
+/// file lacks (added to the table later) is NULL.
+pub(crate) fn in_layout(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
+    let arrow = batch.schema();
+    let columns: Vec<ArrayRef> = schema
+        .fields()
+        .iter()
+        .map(|f| match arrow.index_of(f.name()) {
+            Ok(p) => batch.column(p).clone(),
+            Err(_) => deltalake::arrow::array::new_null_array(f.data_type(), batch.num_rows()),
+        })
+        .collect();
+    cast_columns(columns, schema)
+}
+
 /// A batch of `schema` from `columns`, each cast (by position) to its field's type.
 pub(crate) fn cast_columns(columns: Vec<ArrayRef>, schema: &SchemaRef) -> Result<RecordBatch> {
     if columns.len() != schema.fields().len() {

@@ -14,7 +14,7 @@
 //! key), read the store through DataFusion.
 
 use crate::error::{Context, EngineError, Result};
-use deltalake::arrow::array::{Array, ArrayRef, RecordBatch};
+use deltalake::arrow::array::{Array, RecordBatch};
 use deltalake::arrow::compute::{cast, concat_batches};
 use deltalake::arrow::datatypes::{DataType, SchemaRef};
 use deltalake::datafusion::parquet::arrow::arrow_reader::{
@@ -293,25 +293,11 @@ fn read_file(
     }
     let mut out = Vec::new();
     for batch in reader(ProjectionMask::all(), rows)? {
-        out.push(in_layout(&batch.context(what)?, schema)?);
+        out.push(crate::sqlutil::in_layout(&batch.context(what)?, schema)?);
     }
     concat_batches(schema, &out)
         .map(Some)
         .context(|| "concatenating stored events".into())
-}
-
-/// `batch` with `schema`'s columns, by name; a column the file lacks (added later) is NULL.
-fn in_layout(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
-    let arrow = batch.schema();
-    let columns: Vec<ArrayRef> = schema
-        .fields()
-        .iter()
-        .map(|f| match arrow.index_of(f.name()) {
-            Ok(p) => batch.column(p).clone(),
-            Err(_) => deltalake::arrow::array::new_null_array(f.data_type(), batch.num_rows()),
-        })
-        .collect();
-    crate::sqlutil::cast_columns(columns, schema)
 }
 
 #[cfg(test)]
