@@ -465,23 +465,7 @@ fn radix_sort_by_key(items: Vec<(u64, u32)>) -> Vec<(u64, u32)> {
 
 /// `take` of every (column, indices) job, on up to `threads` threads, in job order.
 fn gather(jobs: Vec<(&ArrayRef, UInt32Array)>, threads: usize) -> Result<Vec<ArrayRef>> {
-    let threads = threads.clamp(1, jobs.len().max(1));
-    let mut lanes: Vec<Vec<(usize, &ArrayRef, UInt32Array)>> =
-        (0..threads).map(|_| Vec::new()).collect();
-    for (n, (a, idx)) in jobs.into_iter().enumerate() {
-        lanes[n % threads].push((n, a, idx));
-    }
-    let gathered = crate::warehouse::on_threads(lanes, "gather", |lane| {
-        lane.into_iter()
-            .map(|(n, a, idx)| Ok((n, take_column(a, idx)?)))
-            .collect::<Result<Vec<_>>>()
-    })?;
-    let mut out: Vec<(usize, ArrayRef)> = Vec::new();
-    for lane in gathered {
-        out.extend(lane?);
-    }
-    out.sort_by_key(|(n, _)| *n);
-    Ok(out.into_iter().map(|(_, a)| a).collect())
+    per_column(jobs, threads, |(a, idx)| take_column(a, idx))
 }
 
 /// The rows of `pieces` (batches of one schema, `width` columns) as one set of columns in
@@ -528,33 +512,18 @@ pub(crate) fn columns_in_key_order(
             columns[c].push(a.clone());
         }
     }
-    let lanes_n = parts.clamp(1, width.max(1));
-    let mut lanes: Vec<Vec<(usize, Vec<ArrayRef>)>> = (0..lanes_n).map(|_| Vec::new()).collect();
-    for (c, col) in columns.into_iter().enumerate() {
-        lanes[c % lanes_n].push((c, col));
-    }
-    let gathered = crate::warehouse::on_threads(lanes, "gather", |lane| {
-        lane.into_iter()
-            .map(|(c, col)| {
-                let whole = match col.as_slice() {
-                    [one] => one.clone(),
-                    _ => {
-                        let refs: Vec<&dyn Array> = col.iter().map(|a| a.as_ref()).collect();
-                        deltalake::arrow::compute::concat(&refs)
-                            .context(|| "concatenating rows".into())?
-                    }
-                };
-                drop(col);
-                Ok((c, take_column(&whole, idx.clone())?))
-            })
-            .collect::<Result<Vec<_>>>()
+    let gathered = per_column(columns, parts, |col: Vec<ArrayRef>| {
+        let whole = match col.as_slice() {
+            [one] => one.clone(),
+            _ => {
+                let refs: Vec<&dyn Array> = col.iter().map(|a| a.as_ref()).collect();
+                deltalake::arrow::compute::concat(&refs).context(|| "concatenating rows".into())?
+            }
+        };
+        drop(col);
+        take_column(&whole, idx.clone())
     })?;
-    let mut out: Vec<(usize, ArrayRef)> = Vec::with_capacity(width);
-    for lane in gathered {
-        out.extend(lane?);
-    }
-    out.sort_by_key(|(c, _)| *c);
-    Ok(Ok(out.into_iter().map(|(_, a)| a).collect()))
+    Ok(Ok(gathered))
 }
 
 /// `batch`'s rows at `order` (positions, each at most once), then the rows `order` leaves
@@ -576,17 +545,28 @@ pub(crate) fn in_order(batch: RecordBatch, mut order: Vec<u32>) -> Result<Record
         crate::warehouse::parallelism()
     };
     let (schema, columns, _) = batch.into_parts();
+    let gathered = per_column(columns, threads, |column: ArrayRef| {
+        take_column(&column, idx.clone())
+    })?;
+    RecordBatch::try_new(schema, gathered).context(|| "rows in key order".into())
+}
+
+/// `columns` made into arrays by `make` on `threads` lanes side by side, in their order;
+/// each input is let go as soon as its array is made.
+fn per_column<T: Send>(
+    columns: Vec<T>,
+    threads: usize,
+    make: impl Fn(T) -> Result<ArrayRef> + Sync,
+) -> Result<Vec<ArrayRef>> {
     let width = columns.len();
-    let mut lanes: Vec<Vec<(usize, ArrayRef)>> = (0..threads.clamp(1, width.max(1)))
-        .map(|_| Vec::new())
-        .collect();
-    let lane_count = lanes.len();
+    let lane_count = threads.clamp(1, width.max(1));
+    let mut lanes: Vec<Vec<(usize, T)>> = (0..lane_count).map(|_| Vec::new()).collect();
     for (c, column) in columns.into_iter().enumerate() {
         lanes[c % lane_count].push((c, column));
     }
     let gathered = crate::warehouse::on_threads(lanes, "gather", |lane| {
         lane.into_iter()
-            .map(|(c, column)| Ok((c, take_column(&column, idx.clone())?)))
+            .map(|(c, column)| Ok((c, make(column)?)))
             .collect::<Result<Vec<_>>>()
     })?;
     let mut out: Vec<(usize, ArrayRef)> = Vec::with_capacity(width);
@@ -594,8 +574,7 @@ pub(crate) fn in_order(batch: RecordBatch, mut order: Vec<u32>) -> Result<Record
         out.extend(lane?);
     }
     out.sort_by_key(|(c, _)| *c);
-    RecordBatch::try_new(schema, out.into_iter().map(|(_, a)| a).collect())
-        .context(|| "rows in key order".into())
+    Ok(out.into_iter().map(|(_, a)| a).collect())
 }
 
 fn take_column(array: &ArrayRef, idx: UInt32Array) -> Result<ArrayRef> {
