@@ -87,24 +87,14 @@ impl FlowSetup {
     /// The target rows (timeline convention applied) of every key of `events`, and how
     /// many keys they hold.
     pub(crate) fn fold_to_target(&self, events: &RecordBatch) -> Result<(RecordBatch, usize)> {
-        self.fold_to_target_ordered(events)
-            .map(|(rows, keys, _)| (rows, keys))
-    }
-
-    /// [`FlowSetup::fold_to_target`], also returning, for a single integer-like key, the
-    /// positions of the events other than truncates in key order.
-    pub(crate) fn fold_to_target_ordered(
-        &self,
-        events: &RecordBatch,
-    ) -> Result<(RecordBatch, usize, Option<Vec<u32>>)> {
-        let (rows, keys, order) = fold::fold_batch_ordered(events, &self.spec, &self.fold_schema)?;
+        let (rows, keys) = fold::fold_batch(events, &self.spec, &self.fold_schema)?;
         if !self.spec.scd2 {
-            return Ok((rows, keys, order));
+            return Ok((rows, keys));
         }
         let rows =
             self.timeline
                 .apply(&rows, self.spec.n_out, &self.spec.keys, &self.target_schema)?;
-        Ok((rows, keys, order))
+        Ok((rows, keys))
     }
 
     /// A snapshot flow without `SNAPSHOT VERSION BY`: each run snapshots the whole source.
@@ -527,8 +517,9 @@ fn with_run(setup: &FlowSetup, events: Vec<RecordBatch>, run: i64) -> Result<Rec
     }
     let rows: usize = events.iter().map(RecordBatch::num_rows).sum();
     let width = partial.fields().len();
-    // One integer key and no truncates: the events go in key order right away (the fold
-    // then walks them in memory order, and the event store is written in that order).
+    // One integer key and no truncates: the events go in key order right away. The fold
+    // then walks them in memory order, and the event store is written in that order, which
+    // is what lets later runs read a key's events through the page index (`store.rs`).
     let key_ordered = match setup.spec.keys.as_slice() {
         [key]
             if !setup.is_snapshot() && setup.flow.truncate_when.is_none() && !events.is_empty() =>
@@ -1363,18 +1354,8 @@ async fn run_flow_once(
         report.events,
         all_events.num_rows()
     ));
-    let (derived, keys_derived, key_order) = setup.fold_to_target_ordered(&all_events)?;
+    let (derived, keys_derived) = setup.fold_to_target(&all_events)?;
     phase("folded");
-    // The new events are the last rows the fold saw: their positions in key order.
-    let new_in_key_order = key_order.filter(|_| !setup.is_snapshot()).map(|order| {
-        let offset =
-            (all_events.num_rows() - new_events.as_ref().map_or(0, |e| e.num_rows())) as u32;
-        order
-            .into_iter()
-            .filter(|&i| i >= offset)
-            .map(|i| i - offset)
-            .collect::<Vec<u32>>()
-    });
     drop(all_events);
     if matches!(touched, Touched::All) {
         report.keys_touched = keys_derived;
@@ -1396,19 +1377,7 @@ async fn run_flow_once(
 
     phase("checked the SCD2 integrity");
     // Commit the events (and the source position) first: from here on they are never lost.
-    // They are stored in key order, so that later runs find a key's events in few pages
-    // (`store.rs`).
     drop(new_events);
-    let new_in_key_order = new_in_key_order.filter(|order| {
-        // Already in key order (see `with_run`): nothing to gather.
-        !order.iter().enumerate().all(|(i, &o)| i as u32 == o)
-    });
-    if let (Some(order), Some([events])) = (new_in_key_order, to_commit.as_deref_mut()) {
-        let unsorted =
-            std::mem::replace(events, RecordBatch::new_empty(setup.event_schema.clone()));
-        *events = fold::in_order(unsorted, order)?;
-        phase("sorted the new events by key");
-    }
     let new_store_version = match to_commit {
         Some(ev) => {
             let handle = match store {

@@ -218,8 +218,6 @@ struct Folded {
     starts: Vec<u32>,
     ends: Vec<Option<u32>>,
     groups: usize,
-    /// The part's events in key order.
-    order: Vec<u32>,
 }
 
 /// How a part's events are sorted into key order (see `sort_part`).
@@ -241,31 +239,17 @@ pub(crate) fn fold_batch(
     spec: &FoldSpec,
     target: &SchemaRef,
 ) -> Result<(RecordBatch, usize)> {
-    fold_batch_ordered(events, spec, target).map(|(rows, keys, _)| (rows, keys))
-}
-
-/// [`fold_batch`], also returning, for a single integer-like key, the positions of the
-/// events other than truncates sorted by key (arrival order within a key).
-pub(crate) fn fold_batch_ordered(
-    events: &RecordBatch,
-    spec: &FoldSpec,
-    target: &SchemaRef,
-) -> Result<(RecordBatch, usize, Option<Vec<u32>>)> {
-    let parts = if events.num_rows() < crate::warehouse::parallel_min_rows() {
-        1
-    } else {
-        crate::warehouse::parallelism()
-    };
+    let parts = crate::warehouse::threads_for(events.num_rows());
     fold_batch_in(events, spec, target, parts)
 }
 
-/// [`fold_batch_ordered`] with the keys split into `parts` parts folded side by side.
+/// [`fold_batch`] with the keys split into `parts` parts folded side by side.
 fn fold_batch_in(
     events: &RecordBatch,
     spec: &FoldSpec,
     target: &SchemaRef,
     parts: usize,
-) -> Result<(RecordBatch, usize, Option<Vec<u32>>)> {
+) -> Result<(RecordBatch, usize)> {
     let ops = events
         .column(spec.n_out + 1)
         .as_any()
@@ -318,9 +302,7 @@ fn fold_batch_in(
                 // By key only, keeping arrival order within a key (a stable radix sort):
                 // `order_events` then sorts each key's few events by sequence, which for
                 // events that mostly arrive in sequence order is a check, not a sort.
-                let tagged: Vec<(u64, u32)> = order.iter().map(|&i| (k[i as usize], i)).collect();
-                order.clear();
-                order.extend(radix_sort_by_key(tagged).into_iter().map(|(_, i)| i));
+                order = sorted_by_int_key(k, &order);
             }
             SortBy::Rows(rows) => order.sort_unstable_by(|&a, &b| {
                 rows.row(a as usize)
@@ -331,7 +313,6 @@ fn fold_batch_in(
         order
     };
     let partitions = crate::warehouse::on_threads(partitions, "sort", sort_part)?;
-    let int_keys = matches!(sort_by, SortBy::Ints(_));
     drop(sort_by);
     step("sorted");
     let lanes = if spec.options.ignore_null_updates {
@@ -381,7 +362,6 @@ fn fold_batch_in(
             }
             i = j;
         }
-        out.order = order;
         Ok(out)
     };
     let folded = crate::warehouse::on_threads(partitions, "fold", fold_part)?;
@@ -390,15 +370,9 @@ fn fold_batch_in(
     let mut starts: Vec<u32> = Vec::new();
     let mut ends: Vec<Option<u32>> = Vec::new();
     let mut groups = 0;
-    // Parts hold key ranges in ascending order (`split_ranges`): one after the other, in key
-    // order.
-    let mut key_order: Option<Vec<u32>> = int_keys.then(Vec::new);
     for part in folded {
         let part = part?;
         groups += part.groups;
-        if let Some(o) = key_order.as_mut() {
-            o.extend(&part.order);
-        }
         for (all, mine) in value_idx.iter_mut().zip(part.value_idx) {
             all.extend(mine);
         }
@@ -424,7 +398,16 @@ fn fold_batch_in(
             spec.flow
         )
     })?;
-    Ok((rows, groups, key_order))
+    Ok((rows, groups))
+}
+
+/// `order` (positions into `keys`) sorted by key, stably.
+fn sorted_by_int_key(keys: &[u64], order: &[u32]) -> Vec<u32> {
+    let tagged: Vec<(u64, u32)> = order.iter().map(|&i| (keys[i as usize], i)).collect();
+    radix_sort_by_key(tagged)
+        .into_iter()
+        .map(|(_, i)| i)
+        .collect()
 }
 
 /// `items` sorted by their key, stably: a least-significant-digit radix sort over the bits
@@ -478,30 +461,18 @@ pub(crate) fn columns_in_key_order(
     width: usize,
     key: usize,
 ) -> Result<std::result::Result<Vec<ArrayRef>, Vec<RecordBatch>>> {
-    let key_column = match pieces.as_slice() {
-        [one] => one.column(key).clone(),
-        _ => {
-            let parts: Vec<&dyn Array> = pieces.iter().map(|b| b.column(key).as_ref()).collect();
-            deltalake::arrow::compute::concat(&parts).context(|| "key values".into())?
-        }
-    };
+    let key_parts: Vec<ArrayRef> = pieces.iter().map(|b| b.column(key).clone()).collect();
+    let key_column = crate::sqlutil::concat_arrays(&key_parts)?;
+    drop(key_parts);
     let ordered = Ordered::of(&key_column, None)?;
     let Ordered::Int(k) = &ordered else {
         return Ok(Err(pieces));
     };
     let n = k.len();
-    let parts = if n < crate::warehouse::parallel_min_rows() {
-        1
-    } else {
-        crate::warehouse::parallelism()
-    };
+    let parts = crate::warehouse::threads_for(n);
     let sorted =
         crate::warehouse::on_threads(ordered.split_ranges(0..n as u32, parts), "sort", |order| {
-            let tagged: Vec<(u64, u32)> = order.iter().map(|&i| (k[i as usize], i)).collect();
-            radix_sort_by_key(tagged)
-                .into_iter()
-                .map(|(_, i)| i)
-                .collect::<Vec<u32>>()
+            sorted_by_int_key(k, &order)
         })?;
     drop(ordered);
     let idx = UInt32Array::from(sorted.concat());
@@ -513,42 +484,11 @@ pub(crate) fn columns_in_key_order(
         }
     }
     let gathered = per_column(columns, parts, |col: Vec<ArrayRef>| {
-        let whole = match col.as_slice() {
-            [one] => one.clone(),
-            _ => {
-                let refs: Vec<&dyn Array> = col.iter().map(|a| a.as_ref()).collect();
-                deltalake::arrow::compute::concat(&refs).context(|| "concatenating rows".into())?
-            }
-        };
+        let whole = crate::sqlutil::concat_arrays(&col)?;
         drop(col);
         take_column(&whole, idx.clone())
     })?;
     Ok(Ok(gathered))
-}
-
-/// `batch`'s rows at `order` (positions, each at most once), then the rows `order` leaves
-/// out in their order. Columns are gathered side by side, each original column let go as
-/// soon as its copy is made, so memory grows by about one column, not one batch.
-pub(crate) fn in_order(batch: RecordBatch, mut order: Vec<u32>) -> Result<RecordBatch> {
-    let n = batch.num_rows();
-    if order.len() < n {
-        let mut seen = vec![false; n];
-        for &i in &order {
-            seen[i as usize] = true;
-        }
-        order.extend((0..n as u32).filter(|&i| !seen[i as usize]));
-    }
-    let idx = UInt32Array::from(order);
-    let threads = if n < crate::warehouse::parallel_min_rows() {
-        1
-    } else {
-        crate::warehouse::parallelism()
-    };
-    let (schema, columns, _) = batch.into_parts();
-    let gathered = per_column(columns, threads, |column: ArrayRef| {
-        take_column(&column, idx.clone())
-    })?;
-    RecordBatch::try_new(schema, gathered).context(|| "rows in key order".into())
 }
 
 /// `columns` made into arrays by `make` on `threads` lanes side by side, in their order;
@@ -683,8 +623,8 @@ mod tests {
                 v.sort();
                 v
             };
-            let (whole, g1, _) = fold_batch_in(&events, &spec, &target, 1).unwrap();
-            let (split, g4, _) = fold_batch_in(&events, &spec, &target, 4).unwrap();
+            let (whole, g1) = fold_batch_in(&events, &spec, &target, 1).unwrap();
+            let (split, g4) = fold_batch_in(&events, &spec, &target, 4).unwrap();
             assert_eq!(g1, g4);
             assert!(whole.num_rows() > 100, "scd2={scd2}: {}", whole.num_rows());
             assert_eq!(sorted(&whole), sorted(&split), "scd2={scd2}");

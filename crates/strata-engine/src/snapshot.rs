@@ -260,11 +260,7 @@ fn diff(
         .collect();
     let changed = |pairs: &[(u32, u32)]| changed_pairs(new, old, &value_cols, pairs);
     let rows = new.num_rows().max(old.num_rows());
-    let parts = if rows < crate::warehouse::parallel_min_rows() {
-        1
-    } else {
-        crate::warehouse::parallelism()
-    };
+    let parts = crate::warehouse::threads_for(rows);
     let new_parts = nk.split(0..new.num_rows() as u32, parts);
     let old_parts = ok.split(0..old.num_rows() as u32, parts);
     let twice = |i: u32| {

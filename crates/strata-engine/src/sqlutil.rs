@@ -376,17 +376,22 @@ pub(crate) fn concat_columns(batches: Vec<RecordBatch>, width: usize) -> Result<
     let mut out = Vec::with_capacity(width);
     for column in pieces.iter_mut() {
         let parts = std::mem::take(column);
-        let merged = match parts.as_slice() {
-            [one] => one.clone(),
-            _ => {
-                let refs: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
-                deltalake::arrow::compute::concat(&refs).context(|| "concatenating rows".into())?
-            }
-        };
+        let merged = concat_arrays(&parts)?;
         drop(parts);
         out.push(merged);
     }
     Ok(out)
+}
+
+/// `parts` (arrays of one type) as one array; a single part as it is.
+pub(crate) fn concat_arrays(parts: &[ArrayRef]) -> Result<ArrayRef> {
+    match parts {
+        [one] => Ok(one.clone()),
+        _ => {
+            let refs: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
+            deltalake::arrow::compute::concat(&refs).context(|| "concatenating rows".into())
+        }
+    }
 }
 
 /// The statements of `sql` if it mentions `function` (any case), for a rewrite of that table

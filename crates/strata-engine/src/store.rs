@@ -3,11 +3,12 @@
 //! A batch touches a small share of the keys, spread over the whole key space, so every row
 //! group of the event store holds some of them and Parquet statistics per row group prune
 //! nothing. The event store is therefore laid out for lookups by key: each file is written
-//! sorted by key (`flow.rs` reuses the fold's sort) in small data pages
-//! ([`STORE_PAGE_ROWS`] rows), and the page index (each page's smallest and largest key) tells
-//! which pages can hold a touched key. Only those pages are read and decompressed, in every
-//! column; their rows are then filtered to the touched keys exactly. The pages a batch
-//! reads grow with the number of keys it touches, not with the size of the store.
+//! sorted by key (`flow.rs` puts new events in key order as it takes them,
+//! `fold::columns_in_key_order`) in small data pages ([`STORE_PAGE_ROWS`] rows), and the page
+//! index (each page's smallest and largest key) tells which pages can hold a touched key.
+//! Only those pages' key column is read; then every column of exactly the rows holding a
+//! touched key, the other rows of those pages skipped. The pages a batch reads grow with the
+//! number of keys it touches, not with the size of the store.
 //!
 //! This path serves flows with one integer key (the common case, and what the page index
 //! compares cheaply); other keys, and flows that apply truncates (which are events of no

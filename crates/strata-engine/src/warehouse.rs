@@ -365,6 +365,15 @@ pub(crate) fn parallel_min_rows() -> usize {
     })
 }
 
+/// Threads for work over `rows` rows: one below [`parallel_min_rows`], else one per core.
+pub(crate) fn threads_for(rows: usize) -> usize {
+    if rows < parallel_min_rows() {
+        1
+    } else {
+        parallelism()
+    }
+}
+
 /// The clock of the timed logs of one piece of work for flow (or ingestion) `flow`, written
 /// with [`step!`]: each logs what was just done, prefixed by `scope` (`"fold: "`, or `""`),
 /// with the time since the work started and the process's resident memory.
