@@ -1192,6 +1192,10 @@ async fn run_flow_once(
     // What the event store gets in this run (for a snapshot flow, the events plus markers).
     let mut to_commit: Option<Vec<RecordBatch>> = None;
     let mut superseded: Option<RecordBatch> = None;
+    let mut new_markers: Option<RecordBatch> = None;
+    // A snapshot flow's digest of the state after this run, and where it goes (`digest.rs`).
+    let mut state_digest: Option<crate::digest::Digest> = None;
+    let digest_dir = crate::digest::dir_for(&store_path);
     let new_events = if has_new_input {
         let handed = (!setup.table_mode() && !setup.source_feed)
             .then(|| {
@@ -1239,13 +1243,29 @@ async fn run_flow_once(
             // The target reflects the latest stored version when no earlier run is pending.
             let in_step = store.is_some() && store_version == applied;
             let current = target.as_ref().filter(|_| in_step);
-            let s =
-                snapshot::to_events(&ctx, setup, store.is_some(), current, &events, run).await?;
+            let s = snapshot::to_events(
+                &ctx,
+                setup,
+                store.is_some(),
+                current,
+                Some((&digest_dir, store_version)),
+                &events,
+                run,
+            )
+            .await?;
             report.notes = s.notes;
+            state_digest = s.state_digest;
             if store.is_some() {
-                snapshot::register_effective(&ctx, setup, "__strata_effective", Some(&s.markers))
-                    .await?;
+                snapshot::register_effective(
+                    &ctx,
+                    setup,
+                    "__strata_effective",
+                    "__strata_events",
+                    Some(&s.markers),
+                )
+                .await?;
             }
+            new_markers = Some(s.markers.clone());
             to_commit = Some(vec![s.events.clone(), s.markers]);
             superseded = s.superseded;
             Some(s.events)
@@ -1292,14 +1312,19 @@ async fn run_flow_once(
     let mut parts = Vec::new();
     if store.is_some() {
         if setup.is_snapshot() && new_events.is_none() {
-            snapshot::register_effective(&ctx, setup, "__strata_effective", None).await?;
+            snapshot::register_effective(
+                &ctx,
+                setup,
+                "__strata_effective",
+                "__strata_events",
+                None,
+            )
+            .await?;
         }
         // One integer key and no truncates: the touched keys' pages of the store, found
         // through its page index (`store.rs`); else a DataFusion join.
-        let by_pages = match (&touched, &store, setup.key_names.as_slice()) {
-            (Touched::Keys(keys), Some(store), [key])
-                if !setup.is_snapshot() && setup.flow.truncate_when.is_none() =>
-            {
+        let mut by_pages = match (&touched, &store, setup.key_names.as_slice()) {
+            (Touched::Keys(keys), Some(store), [key]) if setup.flow.truncate_when.is_none() => {
                 match crate::store::int_keys(keys) {
                     Some(keys) => {
                         crate::store::read_keys(store, &store_path, key, keys, &setup.event_schema)
@@ -1310,6 +1335,24 @@ async fn run_flow_once(
             }
             _ => None,
         };
+        if let (Some(raw), true) = (&by_pages, setup.is_snapshot()) {
+            // A snapshot flow's stored events count unless a later delivery of their
+            // version superseded them.
+            let _ = ctx.deregister_table("__strata_touched_raw");
+            ctx.register_batch("__strata_touched_raw", raw.clone())
+                .context(|| "registering stored events".into())?;
+            snapshot::register_effective(
+                &ctx,
+                setup,
+                "__strata_touched",
+                "__strata_touched_raw",
+                new_markers.as_ref(),
+            )
+            .await?;
+            by_pages = Some(
+                collect_sql(&ctx, "SELECT * FROM __strata_touched", &setup.event_schema).await?,
+            );
+        }
         let slice = match by_pages {
             Some(slice) => slice,
             None => {
@@ -1333,9 +1376,11 @@ async fn run_flow_once(
     // The target reflects every stored event (no interrupted run to complete): the rows the
     // touched keys have now are the fold of their stored events, so the target need not be
     // read to find out what changes.
+    // (For a snapshot flow, the run's deliveries must supersede nothing stored: new
+    // versions only.)
     let stored_only = (store_version == applied
         && !report.recovered
-        && !setup.is_snapshot()
+        && (!setup.is_snapshot() || superseded.is_none())
         && matches!(touched, Touched::Keys(_)))
     .then(|| parts.first().cloned())
     .flatten();
@@ -1423,6 +1468,23 @@ async fn run_flow_once(
         None => store_version,
     };
     phase("committed the events");
+    if let (Some(d), Some(fingerprint), [key]) = (
+        state_digest.take(),
+        snapshot::digest_fingerprint(setup),
+        setup.spec.keys.as_slice(),
+    ) {
+        // A cache: a run that cannot write it reads the target next time instead.
+        if let Err(e) = crate::digest::save(
+            &digest_dir,
+            new_store_version,
+            &fingerprint,
+            &setup.out_cols[*key],
+            &d,
+        ) {
+            tracing::warn!(flow = %flow.name, "the state digest was not written: {e}");
+        }
+        warehouse::step!(debug, steps, "wrote the state digest");
+    }
 
     // The target: only keys whose rows change are rewritten.
     let target = match target {

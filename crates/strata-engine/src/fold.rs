@@ -402,7 +402,7 @@ fn fold_batch_in(
 }
 
 /// `order` (positions into `keys`) sorted by key, stably.
-fn sorted_by_int_key(keys: &[u64], order: &[u32]) -> Vec<u32> {
+pub(crate) fn sorted_by_int_key(keys: &[u64], order: &[u32]) -> Vec<u32> {
     let tagged: Vec<(u64, u32)> = order.iter().map(|&i| (keys[i as usize], i)).collect();
     radix_sort_by_key(tagged)
         .into_iter()

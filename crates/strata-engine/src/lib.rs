@@ -28,6 +28,7 @@
 mod adopt;
 mod autoload;
 mod changes;
+mod digest;
 mod dv;
 mod error;
 mod event_log;

@@ -19,6 +19,7 @@
 //! `STORED AS SNAPSHOTS` keeps no event store: [`run_snapshots_mode`] writes each delivery's
 //! rows with start = end = version, replacing a redelivered version's rows in the same commit.
 
+use crate::digest;
 use crate::error::{Context, EngineError, Result};
 use crate::flow::{self, FlowReport, FlowSetup};
 use crate::fold::{self, FoldSpec, OP_COL, RUN_COL, SEQ_COL};
@@ -52,6 +53,9 @@ pub(crate) struct SnapshotEvents {
     pub superseded: Option<RecordBatch>,
     /// Late versions and redeliveries, for the run report.
     pub notes: Vec<String>,
+    /// The digest of the state after this run, when the run's last version is the newest
+    /// applied and was diffed by digest (`digest.rs`).
+    pub state_digest: Option<digest::Digest>,
 }
 
 /// A snapshot's rows grouped by version, ascending.
@@ -103,13 +107,15 @@ fn group_versions(setup: &FlowSetup, rows: &RecordBatch) -> Result<Versions> {
     Ok(Versions { groups })
 }
 
-/// Registers `name` as the event store's effective events: data events (no markers) whose
-/// run is not older than the latest marker of their version. `new_markers`, when given, count
-/// as markers too (the run's own deliveries supersede what they replace).
+/// Registers `name` as the effective events of table `events` (the event store, or some
+/// keys' stored events): data events (no markers) whose run is not older than the latest
+/// marker of their version in the event store. `new_markers`, when given, count as markers too
+/// (the run's own deliveries supersede what they replace).
 pub(crate) async fn register_effective(
     ctx: &SessionContext,
     setup: &FlowSetup,
     name: &str,
+    events: &str,
     new_markers: Option<&RecordBatch>,
 ) -> Result<()> {
     let markers_table = format!("{name}_markers");
@@ -126,7 +132,7 @@ pub(crate) async fn register_effective(
         quote_ident(RUN_COL),
     );
     let sql = format!(
-        "SELECT e.* FROM __strata_events e JOIN \
+        "SELECT e.* FROM {events} e JOIN \
            (SELECT {seq} AS v, max({run}) AS r FROM \
               (SELECT {seq}, {run} FROM __strata_events WHERE {op} = {OP_MARKER} \
                UNION ALL SELECT {seq}, {run} FROM {markers_table}) GROUP BY {seq}) m \
@@ -182,6 +188,21 @@ async fn stored_events(
     concat_batches(&setup.event_schema, &cast).context(|| "reading the event store".into())
 }
 
+/// What a state digest of this flow must have been made for (one key column), else `None`.
+pub(crate) fn digest_fingerprint(setup: &FlowSetup) -> Option<String> {
+    match setup.spec.keys.as_slice() {
+        [k] => Some(digest::fingerprint(&data_schema(setup), *k)),
+        _ => None,
+    }
+}
+
+/// The digest of a state (data columns, key column `key`).
+fn digest_of_state(state: &RecordBatch, key: usize) -> Result<digest::Digest> {
+    digest::of_batch(state, key)?
+        .map(|s| s.digest)
+        .ok_or_else(|| EngineError::Internal("the stored state has keys of another form".into()))
+}
+
 /// The data columns of the event schema: the shape of one snapshot.
 fn data_schema(setup: &FlowSetup) -> SchemaRef {
     Arc::new(Schema::new(
@@ -224,6 +245,22 @@ fn reject_duplicate_keys(
     diff(setup, batch, &batch.slice(0, 0), version).map(|_| ())
 }
 
+/// The error for row `i` of snapshot `batch` (version `version`), whose key appears twice.
+fn appears_twice(
+    setup: &FlowSetup,
+    batch: &RecordBatch,
+    i: u32,
+    version: &ScalarValue,
+) -> EngineError {
+    EngineError::BadInput(format!(
+        "flow {}: key ({}) appears twice in snapshot version {}; a snapshot holds one row per \
+         key. The run was rejected and nothing was written",
+        setup.flow.name,
+        fold::describe_key(batch, &setup.spec.keys, i as usize),
+        render_version(version),
+    ))
+}
+
 /// `version` names the snapshot `new` is, for the error on a key that appears twice in it.
 ///
 /// Keys are independent: large snapshots are split into parts by a hash of the key and the
@@ -263,15 +300,7 @@ fn diff(
     let parts = crate::warehouse::threads_for(rows);
     let new_parts = nk.split(0..new.num_rows() as u32, parts);
     let old_parts = ok.split(0..old.num_rows() as u32, parts);
-    let twice = |i: u32| {
-        EngineError::BadInput(format!(
-            "flow {}: key ({}) appears twice in snapshot version {}; a snapshot holds one \
-             row per key. The run was rejected and nothing was written",
-            setup.flow.name,
-            fold::describe_key(new, &setup.spec.keys, i as usize),
-            render_version(version),
-        ))
-    };
+    let twice = |i: u32| appears_twice(setup, new, i, version);
     let diff_part = |(new_rows, old_rows): (Vec<u32>, Vec<u32>)| -> Result<Diff> {
         match (&nk, &ok) {
             (Ordered::Int(n), Ordered::Int(o)) => diff_keys(
@@ -430,6 +459,33 @@ fn make_events(
     sqlutil::cast_columns(cols, &setup.event_schema)
 }
 
+/// Delete events at version `v` for `keys` (the one key column); the other data columns are
+/// NULL, as the fold reads nothing but the key of a delete.
+fn delete_events(
+    setup: &FlowSetup,
+    key: usize,
+    keys: ArrayRef,
+    v: &ScalarValue,
+    run: i64,
+) -> Result<RecordBatch> {
+    let n = keys.len();
+    let mut cols: Vec<ArrayRef> = setup.event_schema.fields()[..setup.spec.n_out]
+        .iter()
+        .enumerate()
+        .map(|(c, f)| match c == key {
+            true => keys.clone(),
+            false => new_null_array(f.data_type(), n),
+        })
+        .collect();
+    cols.push(
+        v.to_array_of_size(n)
+            .context(|| "building snapshot events".into())?,
+    );
+    cols.push(Arc::new(Int8Array::from(vec![1i8; n])));
+    cols.push(Arc::new(Int64Array::from(vec![run; n])));
+    sqlutil::cast_columns(cols, &setup.event_schema)
+}
+
 fn marker(setup: &FlowSetup, v: &ScalarValue, run: i64) -> Result<RecordBatch> {
     let mut cols: Vec<ArrayRef> = setup.event_schema.fields()[..setup.spec.n_out]
         .iter()
@@ -463,11 +519,14 @@ fn data_only(setup: &FlowSetup, rows: &RecordBatch) -> Result<RecordBatch> {
 /// `current`, when given, is the target as of the latest stored version (the target is in
 /// step with the store): the state at that version is then read from it rather than folded
 /// from the whole store, which is the common case of a snapshot newer than all before it.
+/// In that case, with one integer key, `digest_at` (the digest directory and the store
+/// version) is where the digest of that state may already be (`digest.rs`).
 pub(crate) async fn to_events(
     ctx: &SessionContext,
     setup: &FlowSetup,
     has_store: bool,
     current: Option<&DeltaTable>,
+    digest_at: Option<(&std::path::Path, i64)>,
     rows: &RecordBatch,
     run: i64,
 ) -> Result<SnapshotEvents> {
@@ -476,7 +535,14 @@ pub(crate) async fn to_events(
     let versions = group_versions(setup, rows)?;
     let mut applied: Vec<ScalarValue> = Vec::new();
     if has_store {
-        register_effective(ctx, setup, "__strata_effective_old", None).await?;
+        register_effective(
+            ctx,
+            setup,
+            "__strata_effective_old",
+            "__strata_events",
+            None,
+        )
+        .await?;
         applied = stored_versions(ctx).await?;
     }
     step("grouped the versions and listed the stored ones");
@@ -492,6 +558,13 @@ pub(crate) async fn to_events(
     // Keys given a pin at a version earlier in this run: their state there is already
     // restored as it was (a later version's state before it is no longer the old one).
     let mut pinned: Vec<(ScalarValue, AHashSet<Vec<u8>>)> = Vec::new();
+    // One key column: a version newer than all before it is diffed by digest.
+    let digest_key = match setup.spec.keys.as_slice() {
+        [k] => Some(*k),
+        _ => None,
+    };
+    let fingerprint = digest_fingerprint(setup);
+    let mut last_digest: Option<(ScalarValue, digest::Digest)> = None;
 
     for (v, idx) in &versions.groups {
         let snap = data_only(setup, &take_rows(rows, idx)?)?;
@@ -511,6 +584,45 @@ pub(crate) async fn to_events(
                 _ => state_at(ctx, setup, at).await,
             }
         };
+        let newest = n.is_none() && !redelivery;
+        let by_digest = match (digest_key, newest) {
+            (Some(k), true) => digest::of_batch(&snap, k)?.map(|d| (k, d)),
+            _ => None,
+        };
+        if let (Some((k, sd)), Some(fp)) = (by_digest, &fingerprint) {
+            let old = match &p {
+                None => digest::Digest::empty(snap.column(k).data_type()),
+                Some(p) => match (last_digest.take(), &last) {
+                    // The version before was applied earlier in this run.
+                    (Some((lv, d)), _) if &lv == p => d,
+                    (_, Some((lv, ls))) if lv == p => digest_of_state(ls, k)?,
+                    _ => {
+                        let saved = match (current, digest_at) {
+                            (Some(_), Some((dir, at))) if Some(p) == latest_stored => {
+                                digest::load(dir, at, fp)
+                            }
+                            _ => None,
+                        };
+                        match saved {
+                            Some(d) => d,
+                            None => digest_of_state(&state(p).await?, k)?,
+                        }
+                    }
+                },
+            };
+            step("read the state digest before the version");
+            let d = digest::diff(&sd, &old).map_err(|i| appears_twice(setup, &snap, i, v))?;
+            step("diffed by digest");
+            parts.push(make_events(setup, &snap, &d.upserts, v, 0, run)?);
+            parts.push(delete_events(setup, k, old.keys_at(&d.deletes)?, v, run)?);
+            markers.push(marker(setup, v, run)?);
+            let pos = applied.partition_point(|a| a < v);
+            applied.insert(pos, v.clone());
+            last_digest = Some((v.clone(), sd.digest));
+            last = Some((v.clone(), snap));
+            continue;
+        }
+        last_digest = None;
         let state_p = match &p {
             None => empty.clone(),
             Some(p) => match &last {
@@ -624,11 +736,16 @@ pub(crate) async fn to_events(
                 .context(|| "superseded events".into())?,
         ),
     };
+    // The digest describes the state after the run when its version is the newest applied.
+    let state_digest = last_digest
+        .filter(|(v, _)| applied.last() == Some(v))
+        .map(|(_, d)| d);
     Ok(SnapshotEvents {
         events,
         markers,
         superseded,
         notes,
+        state_digest,
     })
 }
 

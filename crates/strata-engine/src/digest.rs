@@ -1,0 +1,469 @@
+//! The state digest of a snapshot flow: what a new snapshot is diffed against.
+//!
+//! Applying snapshot `v` needs the state it replaces (semantics page §4): every key of the
+//! state at the version before, and whether its row differs from `v`'s. Reading that state
+//! from the target means decoding every column of every open row, and comparing it means
+//! gathering every column of every matched pair: for a 10M-row snapshot, seconds spent on rows
+//! of which 99% did not change. The digest keeps, for the state at the latest applied version,
+//! each key with a 64-bit hash of its other columns, sorted by key. A new snapshot is hashed
+//! the same way, sorted by key, and merged with the digest: new keys, changed keys (hashes
+//! differ) and missing keys fall out of one pass over two sorted lists of integers.
+//!
+//! Equal rows always hash equal (NULL equals NULL, as the full comparison has it). Two rows
+//! that differ hash equal with probability about 2^-64 per changed row; such a change would
+//! be missed, which is the one difference from comparing values.
+//!
+//! The digest is a cache, never the record: it is a function of the event store (the state at
+//! the latest applied version is the fold of the stored events), written after the store commit
+//! of the run that made it, and named by that store version (`state/digest-<version>.parquet`
+//! next to the event store). A run uses it only when its version is the store's and the target
+//! reflects the store; otherwise (a crash between the commits, a digest from an older strata,
+//! a changed schema, no digest yet) the run reads the target as before and writes a new one.
+//! It serves flows with one integer-like key, like the page-index store read (`store.rs`).
+
+use crate::error::{Context, EngineError, Result};
+use deltalake::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, UInt32Array, UInt64Array};
+use deltalake::arrow::compute;
+use deltalake::arrow::datatypes::{DataType, Field, Schema};
+use deltalake::arrow::row::{RowConverter, SortField};
+use deltalake::datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use deltalake::datafusion::parquet::arrow::ArrowWriter;
+use deltalake::datafusion::parquet::basic::Compression;
+use deltalake::datafusion::parquet::file::properties::WriterProperties;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use twox_hash::XxHash3_64;
+
+/// Raised when the hashing or the file layout changes: older digests are then ignored.
+const FORMAT: &str = "1";
+const STAMP_KEY: &str = "strata.digest";
+const HASH_COL: &str = "__strata_hash";
+
+/// Keys of one state, ascending, each with the hash of its other columns.
+pub(crate) struct Digest {
+    /// The key column in its own type.
+    keys: ArrayRef,
+    /// The keys in order-preserving integer form (`sqlutil::Ordered::Int`).
+    ordered: Vec<u64>,
+    hashes: Vec<u64>,
+}
+
+impl Digest {
+    pub(crate) fn empty(key_type: &DataType) -> Digest {
+        Digest {
+            keys: deltalake::arrow::array::new_empty_array(key_type),
+            ordered: Vec::new(),
+            hashes: Vec::new(),
+        }
+    }
+
+    /// The key values at `positions`.
+    pub(crate) fn keys_at(&self, positions: &[u32]) -> Result<ArrayRef> {
+        compute::take(
+            self.keys.as_ref(),
+            &UInt32Array::from(positions.to_vec()),
+            None,
+        )
+        .context(|| "reading digest keys".into())
+    }
+}
+
+/// A snapshot's digest and, for each of its positions, the snapshot row it came from.
+pub(crate) struct SnapshotDigest {
+    pub(crate) digest: Digest,
+    pub(crate) rows: Vec<u32>,
+}
+
+/// The digest of `batch` (one row per key expected; duplicates are found by [`diff`]):
+/// column `key` as the key, the others hashed. `None` when the key is not integer-like.
+pub(crate) fn of_batch(batch: &RecordBatch, key: usize) -> Result<Option<SnapshotDigest>> {
+    let key_column = batch.column(key).clone();
+    let crate::sqlutil::Ordered::Int(ordered) = crate::sqlutil::Ordered::of(&key_column, None)?
+    else {
+        return Ok(None);
+    };
+    let n = batch.num_rows();
+    let values: Vec<ArrayRef> = (0..batch.num_columns())
+        .filter(|&c| c != key)
+        .map(|c| batch.column(c).clone())
+        .collect();
+    let threads = crate::warehouse::threads_for(n);
+    let rows = sorted_rows(&ordered, threads)?;
+    let by_row = row_hashes(&values, n, threads)?;
+    let hashes: Vec<u64> = rows.iter().map(|&r| by_row[r as usize]).collect();
+    drop(by_row);
+    let idx = UInt32Array::from(rows.clone());
+    let keys = compute::take(key_column.as_ref(), &idx, None)
+        .context(|| "ordering snapshot keys".into())?;
+    let ordered = rows.iter().map(|&r| ordered[r as usize]).collect();
+    Ok(Some(SnapshotDigest {
+        digest: Digest {
+            keys,
+            ordered,
+            hashes,
+        },
+        rows,
+    }))
+}
+
+/// Row numbers `0..n` in ascending order of `ordered`, sorted in key ranges side by side.
+fn sorted_rows(ordered: &[u64], threads: usize) -> Result<Vec<u32>> {
+    let n = ordered.len();
+    if ordered.windows(2).all(|w| w[0] <= w[1]) {
+        return Ok((0..n as u32).collect());
+    }
+    let keys = crate::sqlutil::Ordered::Int(ordered.to_vec());
+    let parts = keys.split_ranges(0..n as u32, threads);
+    let sorted = crate::warehouse::on_threads(parts, "sort", |part| {
+        crate::fold::sorted_by_int_key(ordered, &part)
+    })?;
+    Ok(sorted.concat())
+}
+
+/// A 64-bit hash per row of `columns` (`n` rows), computed in `threads` row ranges.
+pub(crate) fn row_hashes(columns: &[ArrayRef], n: usize, threads: usize) -> Result<Vec<u64>> {
+    let per = n.div_ceil(threads.max(1)).max(1);
+    let ranges: Vec<(usize, usize)> = (0..n).step_by(per).map(|s| (s, per.min(n - s))).collect();
+    let parts = crate::warehouse::on_threads(ranges, "hash", |(start, len)| {
+        let mut h = vec![0u64; len];
+        for c in columns {
+            hash_column(c.slice(start, len).as_ref(), &mut h)?;
+        }
+        Ok::<_, EngineError>(h)
+    })?;
+    let mut out = Vec::with_capacity(n);
+    for p in parts {
+        out.extend(p?);
+    }
+    Ok(out)
+}
+
+/// Mixed into a row's hash for a NULL.
+const NULL_TAG: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// Folds each value of `array` into `h` (one entry per row): XXH3 of the value's bytes,
+/// seeded with the hash so far, so that column order and boundaries count.
+fn hash_column(array: &dyn Array, h: &mut [u64]) -> Result<()> {
+    let nulls = array.logical_nulls();
+    let nulls = nulls.as_ref();
+    match array.data_type() {
+        DataType::Utf8 => {
+            let a = array.as_string::<i32>();
+            fold_values(h, nulls, |i| a.value(i).as_bytes());
+        }
+        DataType::LargeUtf8 => {
+            let a = array.as_string::<i64>();
+            fold_values(h, nulls, |i| a.value(i).as_bytes());
+        }
+        DataType::Utf8View => {
+            let a = array.as_string_view();
+            fold_values(h, nulls, |i| a.value(i).as_bytes());
+        }
+        DataType::Binary => {
+            let a = array.as_binary::<i32>();
+            fold_values(h, nulls, |i| a.value(i));
+        }
+        DataType::LargeBinary => {
+            let a = array.as_binary::<i64>();
+            fold_values(h, nulls, |i| a.value(i));
+        }
+        DataType::BinaryView => {
+            let a = array.as_binary_view();
+            fold_values(h, nulls, |i| a.value(i));
+        }
+        DataType::Boolean => {
+            let a = array.as_boolean();
+            fold_values(
+                h,
+                nulls,
+                |i| if a.value(i) { &[1u8][..] } else { &[0u8][..] },
+            );
+        }
+        dt if dt.primitive_width().is_some() => {
+            let width = dt.primitive_width().unwrap_or(1);
+            let data = array.to_data();
+            let values = data.buffers()[0].as_slice();
+            let offset = data.offset();
+            fold_values(h, nulls, |i| {
+                &values[(offset + i) * width..(offset + i + 1) * width]
+            });
+        }
+        dt => {
+            // Nested and other types: their row-format bytes, which are equal exactly for
+            // equal values.
+            let converter = RowConverter::new(vec![SortField::new(dt.clone())])
+                .context(|| "hashing a column".into())?;
+            let rows = converter
+                .convert_columns(&[deltalake::arrow::array::make_array(array.to_data())])
+                .context(|| "hashing a column".into())?;
+            for (i, hi) in h.iter_mut().enumerate() {
+                *hi = XxHash3_64::oneshot_with_seed(*hi, rows.row(i).as_ref());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Folds `bytes(i)` (row `i`'s value, unless `nulls` marks it NULL) into `h[i]`.
+fn fold_values<'a>(
+    h: &mut [u64],
+    nulls: Option<&deltalake::arrow::buffer::NullBuffer>,
+    bytes: impl Fn(usize) -> &'a [u8],
+) {
+    for (i, hi) in h.iter_mut().enumerate() {
+        *hi = if nulls.is_none_or(|n| n.is_valid(i)) {
+            XxHash3_64::oneshot_with_seed(*hi, bytes(i))
+        } else {
+            XxHash3_64::oneshot_with_seed(*hi ^ NULL_TAG, &[0xff])
+        };
+    }
+}
+
+/// The outcome of diffing a snapshot against the state before it.
+pub(crate) struct Diff {
+    /// Snapshot rows whose key is new or whose row changed, in key order.
+    pub(crate) upserts: Vec<u32>,
+    /// Positions in the old digest of the keys the snapshot lacks, in key order.
+    pub(crate) deletes: Vec<u32>,
+}
+
+/// Merges the snapshot's digest with the old state's. `Err(row)` names a snapshot row whose
+/// key appears twice.
+pub(crate) fn diff(new: &SnapshotDigest, old: &Digest) -> std::result::Result<Diff, u32> {
+    let (nk, nh) = (&new.digest.ordered, &new.digest.hashes);
+    let (ok, oh) = (&old.ordered, &old.hashes);
+    let mut upserts = Vec::new();
+    let mut deletes = Vec::new();
+    let (mut i, mut j) = (0, 0);
+    while i < nk.len() {
+        if i > 0 && nk[i] == nk[i - 1] {
+            return Err(new.rows[i]);
+        }
+        while j < ok.len() && ok[j] < nk[i] {
+            deletes.push(j as u32);
+            j += 1;
+        }
+        if j < ok.len() && ok[j] == nk[i] {
+            if oh[j] != nh[i] {
+                upserts.push(new.rows[i]);
+            }
+            j += 1;
+        } else {
+            upserts.push(new.rows[i]);
+        }
+        i += 1;
+    }
+    deletes.extend(j as u32..ok.len() as u32);
+    Ok(Diff { upserts, deletes })
+}
+
+/// What a digest must have been made for: the data columns (names and types, key first) and
+/// the hashing format.
+pub(crate) fn fingerprint(schema: &Schema, key: usize) -> String {
+    let mut s = format!("format={FORMAT};key={}", schema.field(key).name());
+    for f in schema.fields() {
+        s.push_str(&format!(";{}:{}", f.name(), f.data_type()));
+    }
+    s
+}
+
+fn file_of(dir: &Path, store_version: i64) -> PathBuf {
+    dir.join(format!("digest-{store_version:020}.parquet"))
+}
+
+/// The digest of the state after store version `store_version`, when one was written for it
+/// and for `fingerprint`; `None` otherwise (the caller reads the state instead), also when
+/// the file cannot be read: it is a cache.
+pub(crate) fn load(dir: &Path, store_version: i64, fingerprint: &str) -> Option<Digest> {
+    let path = file_of(dir, store_version);
+    match read(&path, fingerprint) {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::warn!("ignoring the state digest {}: {e}", path.display());
+            None
+        }
+    }
+}
+
+fn read(path: &Path, fingerprint: &str) -> Result<Option<Digest>> {
+    let Ok(file) = std::fs::File::open(path) else {
+        return Ok(None);
+    };
+    let what = || format!("reading {}", path.display());
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file).context(what)?;
+    let stamp = builder
+        .metadata()
+        .file_metadata()
+        .key_value_metadata()
+        .and_then(|kv| kv.iter().find(|e| e.key == STAMP_KEY))
+        .and_then(|e| e.value.clone());
+    if stamp.as_deref() != Some(fingerprint) {
+        return Ok(None);
+    }
+    let reader = builder.with_batch_size(64 * 1024).build().context(what)?;
+    let batches = reader
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .context(what)?;
+    let schema = match batches.first() {
+        Some(b) => b.schema(),
+        None => return Ok(None),
+    };
+    let all = compute::concat_batches(&schema, &batches).context(what)?;
+    let keys = all.column(0).clone();
+    let crate::sqlutil::Ordered::Int(ordered) = crate::sqlutil::Ordered::of(&keys, None)? else {
+        return Ok(None);
+    };
+    let hashes = all
+        .column(1)
+        .as_primitive_opt::<deltalake::arrow::datatypes::UInt64Type>()
+        .map(|a| a.values().to_vec());
+    match hashes {
+        Some(hashes) if hashes.len() == ordered.len() => Ok(Some(Digest {
+            keys,
+            ordered,
+            hashes,
+        })),
+        _ => Ok(None),
+    }
+}
+
+/// Writes `digest` as the state after store version `store_version` (to a temporary name,
+/// then renamed), and removes the digests of older versions.
+pub(crate) fn save(
+    dir: &Path,
+    store_version: i64,
+    fingerprint: &str,
+    key_name: &str,
+    digest: &Digest,
+) -> Result<()> {
+    let what = || format!("writing the state digest in {}", dir.display());
+    std::fs::create_dir_all(dir).context(what)?;
+    let schema = Arc::new(Schema::new(vec![
+        Field::new(key_name, digest.keys.data_type().clone(), false),
+        Field::new(HASH_COL, DataType::UInt64, false),
+    ]));
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            digest.keys.clone(),
+            Arc::new(UInt64Array::from(digest.hashes.clone())),
+        ],
+    )
+    .context(what)?;
+    let props = WriterProperties::builder()
+        .set_compression(Compression::LZ4_RAW)
+        .set_key_value_metadata(Some(vec![
+            deltalake::datafusion::parquet::file::metadata::KeyValue::new(
+                STAMP_KEY.to_string(),
+                fingerprint.to_string(),
+            ),
+        ]))
+        .build();
+    let target = file_of(dir, store_version);
+    let tmp = dir.join(format!(".digest-{store_version:020}.tmp"));
+    let file = std::fs::File::create(&tmp).context(what)?;
+    let mut writer = ArrowWriter::try_new(file, schema, Some(props)).context(what)?;
+    writer.write(&batch).context(what)?;
+    writer.close().context(what)?;
+    std::fs::rename(&tmp, &target).context(what)?;
+    // Older digests describe states the store has moved past.
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let p = e.path();
+            if p != target {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Where a flow's target keeps its digest, given its event store's directory.
+pub(crate) fn dir_for(store_path: &Path) -> PathBuf {
+    store_path.with_file_name("state")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deltalake::arrow::array::{Int64Array, StringArray};
+
+    fn batch(keys: Vec<i64>, names: Vec<Option<&str>>) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("name", DataType::Utf8, true),
+        ]));
+        RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from(keys)),
+                Arc::new(StringArray::from(names)),
+            ],
+        )
+        .unwrap()
+    }
+
+    /// New, changed, unchanged (NULL included) and missing keys, whatever the row order.
+    #[test]
+    fn a_merge_of_digests_finds_new_changed_and_missing_keys() {
+        let old = of_batch(
+            &batch(
+                vec![5, 1, 3, 9],
+                vec![Some("e"), Some("a"), None, Some("i")],
+            ),
+            0,
+        )
+        .unwrap()
+        .unwrap();
+        let new = of_batch(
+            &batch(
+                vec![3, 7, 1, 5],
+                vec![None, Some("g"), Some("a"), Some("E")],
+            ),
+            0,
+        )
+        .unwrap()
+        .unwrap();
+        let d = diff(&new, &old.digest).unwrap();
+        // Rows of `new`: 3 (row 0) unchanged NULL, 7 (row 1) new, 1 (row 2) unchanged,
+        // 5 (row 3) changed; old key 9 is gone.
+        assert_eq!(d.upserts, vec![3, 1]);
+        let gone = old.digest.keys_at(&d.deletes).unwrap();
+        assert_eq!(
+            gone.as_primitive::<deltalake::arrow::datatypes::Int64Type>()
+                .values(),
+            &[9]
+        );
+        let twice = of_batch(&batch(vec![2, 4, 2], vec![None, None, None]), 0)
+            .unwrap()
+            .unwrap();
+        assert!(matches!(diff(&twice, &old.digest), Err(r) if r == 0 || r == 2));
+    }
+
+    /// A NULL, an empty string and a string differ; equal rows hash equal.
+    #[test]
+    fn hashes_tell_null_from_empty() {
+        let b = batch(vec![1, 2, 3, 4], vec![None, Some(""), Some("x"), None]);
+        let h = row_hashes(&b.columns()[1..], 4, 1).unwrap();
+        assert_ne!(h[0], h[1]);
+        assert_ne!(h[1], h[2]);
+        assert_eq!(h[0], h[3]);
+    }
+
+    #[test]
+    fn a_saved_digest_loads_only_for_its_version_and_fingerprint() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = of_batch(&batch(vec![2, 1], vec![Some("b"), None]), 0)
+            .unwrap()
+            .unwrap();
+        save(dir.path(), 4, "f", "k", &s.digest).unwrap();
+        assert!(load(dir.path(), 3, "f").is_none());
+        assert!(load(dir.path(), 4, "g").is_none());
+        let back = load(dir.path(), 4, "f").unwrap();
+        assert_eq!(back.ordered, s.digest.ordered);
+        assert_eq!(back.hashes, s.digest.hashes);
+        save(dir.path(), 5, "f", "k", &s.digest).unwrap();
+        assert!(load(dir.path(), 4, "f").is_none());
+        assert_eq!(load(dir.path(), 5, "f").unwrap().ordered.len(), 2);
+    }
+}
