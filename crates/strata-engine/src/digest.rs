@@ -26,10 +26,13 @@ use deltalake::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, UInt32Array
 use deltalake::arrow::compute;
 use deltalake::arrow::datatypes::{DataType, Field, Schema};
 use deltalake::arrow::row::{RowConverter, SortField};
-use deltalake::datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use deltalake::datafusion::parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ParquetRecordBatchReaderBuilder,
+};
 use deltalake::datafusion::parquet::arrow::ArrowWriter;
-use deltalake::datafusion::parquet::basic::Compression;
-use deltalake::datafusion::parquet::file::properties::WriterProperties;
+use deltalake::datafusion::parquet::basic::{Compression, Encoding};
+use deltalake::datafusion::parquet::file::properties::{EnabledStatistics, WriterProperties};
+use deltalake::datafusion::parquet::schema::types::ColumnPath;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use twox_hash::XxHash3_64;
@@ -41,17 +44,23 @@ const HASH_COL: &str = "__strata_hash";
 
 /// Keys of one state, ascending, each with the hash of its other columns.
 pub(crate) struct Digest {
-    /// The key column in its own type.
-    keys: ArrayRef,
+    keys: Keys,
     /// The keys in order-preserving integer form (`sqlutil::Ordered::Int`).
     ordered: Vec<u64>,
     hashes: Vec<u64>,
 }
 
+/// The key column of a digest in its own type: as read (in key order), or a snapshot's
+/// column with the row of each position (put in key order only when needed).
+enum Keys {
+    Sorted(ArrayRef),
+    Rows(ArrayRef, Arc<Vec<u32>>),
+}
+
 impl Digest {
     pub(crate) fn empty(key_type: &DataType) -> Digest {
         Digest {
-            keys: deltalake::arrow::array::new_empty_array(key_type),
+            keys: Keys::Sorted(deltalake::arrow::array::new_empty_array(key_type)),
             ordered: Vec::new(),
             hashes: Vec::new(),
         }
@@ -59,19 +68,32 @@ impl Digest {
 
     /// The key values at `positions`.
     pub(crate) fn keys_at(&self, positions: &[u32]) -> Result<ArrayRef> {
-        compute::take(
-            self.keys.as_ref(),
-            &UInt32Array::from(positions.to_vec()),
-            None,
-        )
-        .context(|| "reading digest keys".into())
+        let (column, idx) = match &self.keys {
+            Keys::Sorted(c) => (c, UInt32Array::from(positions.to_vec())),
+            Keys::Rows(c, rows) => (
+                c,
+                UInt32Array::from_iter_values(positions.iter().map(|&p| rows[p as usize])),
+            ),
+        };
+        compute::take(column.as_ref(), &idx, None).context(|| "reading digest keys".into())
+    }
+
+    /// The whole key column, in key order.
+    fn sorted_keys(&self) -> Result<ArrayRef> {
+        match &self.keys {
+            Keys::Sorted(c) => Ok(c.clone()),
+            Keys::Rows(c, rows) => {
+                compute::take(c.as_ref(), &UInt32Array::from(rows.as_ref().clone()), None)
+                    .context(|| "ordering digest keys".into())
+            }
+        }
     }
 }
 
 /// A snapshot's digest and, for each of its positions, the snapshot row it came from.
 pub(crate) struct SnapshotDigest {
     pub(crate) digest: Digest,
-    pub(crate) rows: Vec<u32>,
+    pub(crate) rows: Arc<Vec<u32>>,
 }
 
 /// The digest of `batch` (one row per key expected; duplicates are found by [`diff`]):
@@ -88,17 +110,20 @@ pub(crate) fn of_batch(batch: &RecordBatch, key: usize) -> Result<Option<Snapsho
         .map(|c| batch.column(c).clone())
         .collect();
     let threads = crate::warehouse::threads_for(n);
-    let rows = sorted_rows(&ordered, threads)?;
+    let (ordered, rows) = sorted_with_rows(ordered, threads)?;
     let by_row = row_hashes(&values, n, threads)?;
-    let hashes: Vec<u64> = rows.iter().map(|&r| by_row[r as usize]).collect();
-    drop(by_row);
-    let idx = UInt32Array::from(rows.clone());
-    let keys = compute::take(key_column.as_ref(), &idx, None)
-        .context(|| "ordering snapshot keys".into())?;
-    let ordered = rows.iter().map(|&r| ordered[r as usize]).collect();
+    let per = n.div_ceil(threads.max(1)).max(1);
+    let hashes = crate::warehouse::on_threads(rows.chunks(per).collect(), "gather", |chunk| {
+        chunk
+            .iter()
+            .map(|&r| by_row[r as usize])
+            .collect::<Vec<u64>>()
+    })?
+    .concat();
+    let rows = Arc::new(rows);
     Ok(Some(SnapshotDigest {
         digest: Digest {
-            keys,
+            keys: Keys::Rows(key_column, rows.clone()),
             ordered,
             hashes,
         },
@@ -106,18 +131,89 @@ pub(crate) fn of_batch(batch: &RecordBatch, key: usize) -> Result<Option<Snapsho
     }))
 }
 
-/// Row numbers `0..n` in ascending order of `ordered`, sorted in key ranges side by side.
-fn sorted_rows(ordered: &[u64], threads: usize) -> Result<Vec<u32>> {
+/// `ordered` in ascending order, with the row each value came from (rows of equal values in
+/// row order). When the value range and the row numbers fit in 64 bits together, each value
+/// is packed with its row and the packed integers are radix-sorted by their value bits, in
+/// value ranges side by side; otherwise (row, value) pairs are sorted (`fold`).
+fn sorted_with_rows(ordered: Vec<u64>, threads: usize) -> Result<(Vec<u64>, Vec<u32>)> {
     let n = ordered.len();
     if ordered.windows(2).all(|w| w[0] <= w[1]) {
-        return Ok((0..n as u32).collect());
+        return Ok((ordered, (0..n as u32).collect()));
     }
-    let keys = crate::sqlutil::Ordered::Int(ordered.to_vec());
-    let parts = keys.split_ranges(0..n as u32, threads);
-    let sorted = crate::warehouse::on_threads(parts, "sort", |part| {
-        crate::fold::sorted_by_int_key(ordered, &part)
+    let min = ordered.iter().copied().min().unwrap_or(0);
+    let max = ordered.iter().copied().max().unwrap_or(0);
+    let value_bits = 64 - (max - min).leading_zeros();
+    let row_bits = 64 - (n as u64).leading_zeros();
+    if value_bits + row_bits > 64 {
+        let keys = crate::sqlutil::Ordered::Int(ordered);
+        let parts = keys.split_ranges(0..n as u32, threads);
+        let crate::sqlutil::Ordered::Int(ordered) = &keys else {
+            return Err(EngineError::Internal("keys changed form".into()));
+        };
+        let rows = crate::warehouse::on_threads(parts, "sort", |part| {
+            crate::fold::sorted_by_int_key(ordered, &part)
+        })?
+        .concat();
+        let sorted = rows.iter().map(|&r| ordered[r as usize]).collect();
+        return Ok((sorted, rows));
+    }
+    // Value ranges split at the quantiles of an evenly spaced sample.
+    let parts = threads.max(1);
+    let step = (n / (256 * parts)).max(1);
+    let mut sample: Vec<u64> = ordered.iter().step_by(step).map(|v| v - min).collect();
+    sample.sort_unstable();
+    let splitters: Vec<u64> = (1..parts)
+        .map(|p| sample[p * sample.len() / parts])
+        .collect();
+    let mut packed: Vec<Vec<u64>> = vec![Vec::with_capacity(n / parts + n / 64); parts];
+    for (i, &v) in ordered.iter().enumerate() {
+        let v = v - min;
+        packed[splitters.partition_point(|&s| s <= v)].push((v << row_bits) | i as u64);
+    }
+    drop(ordered);
+    let sorted = crate::warehouse::on_threads(packed, "sort", |part| {
+        radix_sort_bits(part, row_bits, row_bits + value_bits)
     })?;
-    Ok(sorted.concat())
+    let mask = (1u64 << row_bits) - 1;
+    let mut values = Vec::with_capacity(n);
+    let mut rows = Vec::with_capacity(n);
+    for part in sorted {
+        for p in part {
+            values.push((p >> row_bits) + min);
+            rows.push((p & mask) as u32);
+        }
+    }
+    Ok((values, rows))
+}
+
+/// `items` sorted stably by their bits `lo..hi`: a least-significant-digit radix sort.
+fn radix_sort_bits(items: Vec<u64>, lo: u32, hi: u32) -> Vec<u64> {
+    const DIGIT_BITS: u32 = 11;
+    const BUCKETS: usize = 1 << DIGIT_BITS;
+    let mut src = items;
+    let mut dst = vec![0u64; src.len()];
+    let mut shift = lo;
+    while shift < hi {
+        let digit = |v: u64| ((v >> shift) as usize) & (BUCKETS - 1);
+        let mut starts = vec![0usize; BUCKETS];
+        for &v in &src {
+            starts[digit(v)] += 1;
+        }
+        let mut sum = 0;
+        for s in starts.iter_mut() {
+            let c = *s;
+            *s = sum;
+            sum += c;
+        }
+        for &v in &src {
+            let d = digit(v);
+            dst[starts[d]] = v;
+            starts[d] += 1;
+        }
+        std::mem::swap(&mut src, &mut dst);
+        shift += DIGIT_BITS;
+    }
+    src
 }
 
 /// A 64-bit hash per row of `columns` (`n` rows), computed in `threads` row ranges.
@@ -290,8 +386,8 @@ fn read(path: &Path, fingerprint: &str) -> Result<Option<Digest>> {
         return Ok(None);
     };
     let what = || format!("reading {}", path.display());
-    let builder = ParquetRecordBatchReaderBuilder::try_new(file).context(what)?;
-    let stamp = builder
+    let meta = ArrowReaderMetadata::load(&file, Default::default()).context(what)?;
+    let stamp = meta
         .metadata()
         .file_metadata()
         .key_value_metadata()
@@ -300,15 +396,33 @@ fn read(path: &Path, fingerprint: &str) -> Result<Option<Digest>> {
     if stamp.as_deref() != Some(fingerprint) {
         return Ok(None);
     }
-    let reader = builder.with_batch_size(64 * 1024).build().context(what)?;
-    let batches = reader
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .context(what)?;
-    let schema = match batches.first() {
-        Some(b) => b.schema(),
-        None => return Ok(None),
-    };
+    // Row groups in contiguous runs, one per thread, so that the key order is kept.
+    let groups = meta.metadata().num_row_groups();
+    let threads = crate::warehouse::parallelism().clamp(1, groups.max(1));
+    let per = groups.div_ceil(threads).max(1);
+    let lanes: Vec<Vec<usize>> = (0..groups)
+        .step_by(per)
+        .map(|s| (s..(s + per).min(groups)).collect())
+        .collect();
+    let read = crate::warehouse::on_threads(lanes, "read", |lane| -> Result<Vec<RecordBatch>> {
+        let file = std::fs::File::open(path).context(what)?;
+        ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta.clone())
+            .with_row_groups(lane)
+            .with_batch_size(64 * 1024)
+            .build()
+            .context(what)?
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .context(what)
+    })?;
+    let mut batches = Vec::new();
+    for lane in read {
+        batches.extend(lane?);
+    }
+    let schema = meta.schema().clone();
     let all = compute::concat_batches(&schema, &batches).context(what)?;
+    if all.num_columns() != 2 {
+        return Ok(None);
+    }
     let keys = all.column(0).clone();
     let crate::sqlutil::Ordered::Int(ordered) = crate::sqlutil::Ordered::of(&keys, None)? else {
         return Ok(None);
@@ -319,7 +433,7 @@ fn read(path: &Path, fingerprint: &str) -> Result<Option<Digest>> {
         .map(|a| a.values().to_vec());
     match hashes {
         Some(hashes) if hashes.len() == ordered.len() => Ok(Some(Digest {
-            keys,
+            keys: Keys::Sorted(keys),
             ordered,
             hashes,
         })),
@@ -338,20 +452,26 @@ pub(crate) fn save(
 ) -> Result<()> {
     let what = || format!("writing the state digest in {}", dir.display());
     std::fs::create_dir_all(dir).context(what)?;
+    let keys = digest.sorted_keys()?;
     let schema = Arc::new(Schema::new(vec![
-        Field::new(key_name, digest.keys.data_type().clone(), false),
+        Field::new(key_name, keys.data_type().clone(), false),
         Field::new(HASH_COL, DataType::UInt64, false),
     ]));
     let batch = RecordBatch::try_new(
         schema.clone(),
-        vec![
-            digest.keys.clone(),
-            Arc::new(UInt64Array::from(digest.hashes.clone())),
-        ],
+        vec![keys, Arc::new(UInt64Array::from(digest.hashes.clone()))],
     )
     .context(what)?;
+    // Sorted keys delta-encode to a few bits each; hashes are random and stored as they are.
+    let key_path = ColumnPath::from(key_name);
+    let hash_path = ColumnPath::from(HASH_COL);
     let props = WriterProperties::builder()
-        .set_compression(Compression::LZ4_RAW)
+        .set_compression(Compression::UNCOMPRESSED)
+        .set_dictionary_enabled(false)
+        .set_statistics_enabled(EnabledStatistics::None)
+        .set_column_encoding(key_path, Encoding::DELTA_BINARY_PACKED)
+        .set_column_encoding(hash_path, Encoding::PLAIN)
+        .set_max_row_group_row_count(Some(1 << 20))
         .set_key_value_metadata(Some(vec![
             deltalake::datafusion::parquet::file::metadata::KeyValue::new(
                 STAMP_KEY.to_string(),
@@ -376,6 +496,42 @@ pub(crate) fn save(
         }
     }
     Ok(())
+}
+
+/// A digest being written on a thread of its own; dropping the writer waits for it. A digest
+/// is a cache: failing to write one is logged, and the next run reads the state instead.
+pub(crate) struct Writer(Option<std::thread::JoinHandle<()>>);
+
+impl Writer {
+    pub(crate) fn start(
+        dir: PathBuf,
+        store_version: i64,
+        fingerprint: String,
+        key_name: String,
+        digest: Digest,
+        flow: String,
+    ) -> Writer {
+        let handle = std::thread::spawn(move || {
+            let clock = std::time::Instant::now();
+            match save(&dir, store_version, &fingerprint, &key_name, &digest) {
+                Ok(()) => tracing::debug!(
+                    flow = %flow,
+                    elapsed_ms = clock.elapsed().as_millis() as u64,
+                    "wrote the state digest"
+                ),
+                Err(e) => tracing::warn!(flow = %flow, "the state digest was not written: {e}"),
+            }
+        });
+        Writer(Some(handle))
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        if let Some(h) = self.0.take() {
+            let _ = h.join();
+        }
+    }
 }
 
 /// Where a flow's target keeps its digest, given its event store's directory.
@@ -438,6 +594,32 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(matches!(diff(&twice, &old.digest), Err(r) if r == 0 || r == 2));
+    }
+
+    /// Packed (values and rows fit in 64 bits) or not, values come out sorted with their
+    /// rows, equal values in row order, on one thread or several.
+    #[test]
+    fn values_are_sorted_with_their_rows() {
+        let mut x: u64 = 11;
+        for (spread, threads) in [(1_000u64, 1), (1_000, 2), (1 << 40, 2), (u64::MAX, 2)] {
+            let values: Vec<u64> = (0..40_000)
+                .map(|_| {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    (x >> 7) % spread.max(1)
+                })
+                .collect();
+            let mut want: Vec<(u64, u32)> = values
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| (v, i as u32))
+                .collect();
+            want.sort();
+            let (sorted, rows) = sorted_with_rows(values, threads).unwrap();
+            let got: Vec<(u64, u32)> = sorted.into_iter().zip(rows).collect();
+            assert_eq!(got, want, "spread {spread}, {threads} thread(s)");
+        }
     }
 
     /// A NULL, an empty string and a string differ; equal rows hash equal.

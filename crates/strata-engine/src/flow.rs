@@ -1335,6 +1335,7 @@ async fn run_flow_once(
             }
             _ => None,
         };
+        warehouse::step!(debug, steps, "read the touched keys' stored events");
         if let (Some(raw), true) = (&by_pages, setup.is_snapshot()) {
             // A snapshot flow's stored events count unless a later delivery of their
             // version superseded them.
@@ -1352,6 +1353,7 @@ async fn run_flow_once(
             by_pages = Some(
                 collect_sql(&ctx, "SELECT * FROM __strata_touched", &setup.event_schema).await?,
             );
+            warehouse::step!(debug, steps, "kept the effective ones");
         }
         let slice = match by_pages {
             Some(slice) => slice,
@@ -1468,23 +1470,22 @@ async fn run_flow_once(
         None => store_version,
     };
     phase("committed the events");
-    if let (Some(d), Some(fingerprint), [key]) = (
+    // Written on a thread of its own while the target is written; joined when the run ends.
+    let _digest_writer = match (
         state_digest.take(),
         snapshot::digest_fingerprint(setup),
         setup.spec.keys.as_slice(),
     ) {
-        // A cache: a run that cannot write it reads the target next time instead.
-        if let Err(e) = crate::digest::save(
-            &digest_dir,
+        (Some(d), Some(fingerprint), [key]) => Some(crate::digest::Writer::start(
+            digest_dir.clone(),
             new_store_version,
-            &fingerprint,
-            &setup.out_cols[*key],
-            &d,
-        ) {
-            tracing::warn!(flow = %flow.name, "the state digest was not written: {e}");
-        }
-        warehouse::step!(debug, steps, "wrote the state digest");
-    }
+            fingerprint,
+            setup.out_cols[*key].clone(),
+            d,
+            flow.name.clone(),
+        )),
+        _ => None,
+    };
 
     // The target: only keys whose rows change are rewritten.
     let target = match target {

@@ -493,7 +493,7 @@ pub(crate) fn columns_in_key_order(
 
 /// `columns` made into arrays by `make` on `threads` lanes side by side, in their order;
 /// each input is let go as soon as its array is made.
-fn per_column<T: Send>(
+pub(crate) fn per_column<T: Send>(
     columns: Vec<T>,
     threads: usize,
     make: impl Fn(T) -> Result<ArrayRef> + Sync,

@@ -585,29 +585,41 @@ pub(crate) async fn to_events(
             }
         };
         let newest = n.is_none() && !redelivery;
-        let by_digest = match (digest_key, newest) {
-            (Some(k), true) => digest::of_batch(&snap, k)?.map(|d| (k, d)),
+        // The state before `v` from the digest file: the latest stored version, not
+        // re-derived earlier in this run.
+        let p_in_run = |lv: &ScalarValue| p.as_ref() == Some(lv);
+        let from_file = match (current, digest_at, &fingerprint) {
+            (Some(_), Some((dir, at)), Some(fp))
+                if p.is_some()
+                    && p.as_ref() == latest_stored
+                    && !last_digest.as_ref().is_some_and(|(lv, _)| p_in_run(lv))
+                    && !last.as_ref().is_some_and(|(lv, _)| p_in_run(lv)) =>
+            {
+                Some((dir, at, fp))
+            }
             _ => None,
         };
-        if let (Some((k, sd)), Some(fp)) = (by_digest, &fingerprint) {
+        let (by_digest, saved) = match (digest_key, newest) {
+            (Some(k), true) => std::thread::scope(|scope| {
+                // Read the file while the snapshot is hashed.
+                let loading =
+                    from_file.map(|(dir, at, fp)| scope.spawn(move || digest::load(dir, at, fp)));
+                let hashed = digest::of_batch(&snap, k);
+                let saved = loading.and_then(|h| h.join().ok()).flatten();
+                hashed.map(|d| (d.map(|d| (k, d)), saved))
+            })?,
+            _ => (None, None),
+        };
+        if let Some((k, sd)) = by_digest {
+            step("hashed the snapshot's rows and sorted its keys");
             let old = match &p {
                 None => digest::Digest::empty(snap.column(k).data_type()),
-                Some(p) => match (last_digest.take(), &last) {
+                Some(p) => match (last_digest.take(), &last, saved) {
                     // The version before was applied earlier in this run.
-                    (Some((lv, d)), _) if &lv == p => d,
-                    (_, Some((lv, ls))) if lv == p => digest_of_state(ls, k)?,
-                    _ => {
-                        let saved = match (current, digest_at) {
-                            (Some(_), Some((dir, at))) if Some(p) == latest_stored => {
-                                digest::load(dir, at, fp)
-                            }
-                            _ => None,
-                        };
-                        match saved {
-                            Some(d) => d,
-                            None => digest_of_state(&state(p).await?, k)?,
-                        }
-                    }
+                    (Some((lv, d)), _, _) if &lv == p => d,
+                    (_, Some((lv, ls)), _) if lv == p => digest_of_state(ls, k)?,
+                    (_, _, Some(d)) => d,
+                    _ => digest_of_state(&state(p).await?, k)?,
                 },
             };
             step("read the state digest before the version");

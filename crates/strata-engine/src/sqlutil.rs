@@ -363,24 +363,21 @@ pub(crate) fn table_function_args<'a>(
     )
 }
 
-/// The columns of `batches` (all of `width` columns) concatenated, one column at a time,
-/// letting go of each column's pieces once it is built: the peak is the result plus one
-/// column, not twice the whole input as with `concat_batches`.
+/// The columns of `batches` (all of `width` columns) concatenated, one column per core at a
+/// time, letting go of each column's pieces once it is built: the peak is the result plus a
+/// column per core, not twice the whole input as with `concat_batches`.
 pub(crate) fn concat_columns(batches: Vec<RecordBatch>, width: usize) -> Result<Vec<ArrayRef>> {
+    let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
     let mut pieces: Vec<Vec<ArrayRef>> = vec![Vec::with_capacity(batches.len()); width];
     for b in batches {
         for (i, c) in b.columns().iter().enumerate().take(width) {
             pieces[i].push(c.clone());
         }
     }
-    let mut out = Vec::with_capacity(width);
-    for column in pieces.iter_mut() {
-        let parts = std::mem::take(column);
-        let merged = concat_arrays(&parts)?;
-        drop(parts);
-        out.push(merged);
-    }
-    Ok(out)
+    // Columns side by side on the cores, each one's pieces let go once it is merged.
+    crate::fold::per_column(pieces, crate::warehouse::threads_for(rows), |parts| {
+        concat_arrays(&parts)
+    })
 }
 
 /// `parts` (arrays of one type) as one array; a single part as it is.
