@@ -148,7 +148,7 @@ pub(crate) async fn replace_keys(
     // converting their keys to the row format.
     let gone_ints = match key_at.as_slice() {
         [k] if sqlutil::fits_i64(schema.field(*k).data_type()) => {
-            let mut ints = ahash::AHashSet::with_capacity(gone.len());
+            let mut ints: Vec<i64> = Vec::with_capacity(gone.len());
             for batch in [old_rows, &new_rows] {
                 let col = int64(batch.column(*k))?;
                 if col.null_count() > 0 {
@@ -158,7 +158,9 @@ pub(crate) async fn replace_keys(
                 }
                 ints.extend(col.as_primitive::<Int64Type>().values().iter().copied());
             }
-            Some(ints)
+            ints.sort_unstable();
+            ints.dedup();
+            Some(crate::store::KeySet::new(&ints))
         }
         _ => None,
     };
@@ -378,7 +380,7 @@ struct Shared {
     converter: RowConverter,
     gone: ahash::AHashSet<Box<[u8]>>,
     /// The same keys as integers, for a single integer key column.
-    gone_ints: Option<ahash::AHashSet<i64>>,
+    gone_ints: Option<crate::store::KeySet>,
 }
 
 impl Shared {
@@ -388,7 +390,12 @@ impl Shared {
             let col = int64(batch.column(*c))?;
             if col.null_count() == 0 {
                 let values = col.as_primitive::<Int64Type>().values();
-                return Ok(values.iter().map(|v| Some(!ints.contains(v))).collect());
+                return Ok(BooleanArray::new(
+                    deltalake::arrow::buffer::BooleanBuffer::collect_bool(values.len(), |i| {
+                        !ints.contains(values[i])
+                    }),
+                    None,
+                ));
             }
         }
         let cols: Vec<ArrayRef> = key_cols
