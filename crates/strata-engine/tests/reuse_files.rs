@@ -8,7 +8,6 @@ use deltalake::arrow::array::{ArrayRef, Int64Array, LargeStringArray, StringArra
 use serde_json::Value;
 use std::path::Path;
 use std::sync::Arc;
-use strata_engine::Warehouse;
 
 /// Writes `data/<file>` with columns id, name (as given), seq, op.
 fn write_parquet(dir: &Path, file: &str, ids: &[i64], name: ArrayRef, seq: i64, op: &str) {
@@ -76,12 +75,12 @@ STORED AS SCD TYPE 2;
 
 #[tokio::test]
 async fn files_in_the_tables_layout_are_copied_in_and_read_like_written_ones() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::create_dir_all(dir.path().join("data")).expect("mkdir");
-    let pipeline = dir.path().join("pipeline.sql");
-    std::fs::write(&pipeline, PIPELINE).expect("write");
-    let wh_dir = dir.path().join("warehouse");
-    let wh = Warehouse::open(&wh_dir).expect("warehouse");
+    let common::Project {
+        dir,
+        pipeline,
+        wh_dir,
+        wh,
+    } = common::project(PIPELINE);
     let raw = wh_dir.join("default/raw");
 
     let names: ArrayRef = Arc::new(StringArray::from(vec![Some("ann"), None, Some("cy")]));

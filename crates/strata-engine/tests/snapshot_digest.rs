@@ -5,7 +5,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use strata_engine::Warehouse;
 
 const PIPELINE: &str = "\
 CREATE OR REFRESH STREAMING TABLE deliveries AS SELECT * FROM STREAM read_files('data', \
@@ -88,12 +87,12 @@ fn digests(wh_dir: &Path) -> Vec<PathBuf> {
 
 /// Runs every delivery in a fresh project; `before_run` may touch the digest first.
 async fn history(before_run: impl Fn(&Path)) -> Vec<String> {
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::create_dir_all(dir.path().join("data")).expect("mkdir");
-    let pipeline = dir.path().join("pipeline.sql");
-    std::fs::write(&pipeline, PIPELINE).expect("write");
-    let wh_dir = dir.path().join("warehouse");
-    let wh = Warehouse::open(&wh_dir).expect("warehouse");
+    let common::Project {
+        dir,
+        pipeline,
+        wh_dir,
+        wh,
+    } = common::project(PIPELINE);
     let mut tables = Vec::new();
     for (n, deliveries) in runs().iter().enumerate() {
         before_run(&wh_dir);
@@ -145,12 +144,12 @@ async fn runs_without_a_digest_or_with_a_broken_one_give_the_same_tables() {
 
 #[tokio::test]
 async fn a_run_writes_one_digest_named_by_the_event_store_version() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::create_dir_all(dir.path().join("data")).expect("mkdir");
-    let pipeline = dir.path().join("pipeline.sql");
-    std::fs::write(&pipeline, PIPELINE).expect("write");
-    let wh_dir = dir.path().join("warehouse");
-    let wh = Warehouse::open(&wh_dir).expect("warehouse");
+    let common::Project {
+        dir,
+        pipeline,
+        wh_dir,
+        wh,
+    } = common::project(PIPELINE);
     let all = runs();
     write_run(dir.path(), 0, &all[0]);
     strata_engine::run_pipeline_file(&pipeline, &wh)

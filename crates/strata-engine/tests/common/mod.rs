@@ -5,6 +5,32 @@ use deltalake::parquet::arrow::ArrowWriter;
 use std::path::Path;
 use strata_engine::Warehouse;
 
+/// A fresh project: a temporary directory with an empty `data/` folder, `pipeline.sql`
+/// holding `pipeline`, and a warehouse in `warehouse/`.
+#[allow(dead_code)] // not every test binary sets up a project
+pub struct Project {
+    pub dir: tempfile::TempDir,
+    pub pipeline: std::path::PathBuf,
+    pub wh_dir: std::path::PathBuf,
+    pub wh: Warehouse,
+}
+
+#[allow(dead_code)]
+pub fn project(pipeline: &str) -> Project {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("data")).expect("mkdir");
+    let pipeline_path = dir.path().join("pipeline.sql");
+    std::fs::write(&pipeline_path, pipeline).expect("write");
+    let wh_dir = dir.path().join("warehouse");
+    let wh = Warehouse::open(&wh_dir).expect("warehouse");
+    Project {
+        dir,
+        pipeline: pipeline_path,
+        wh_dir,
+        wh,
+    }
+}
+
 /// The result of `sql` over the warehouse as an aligned text grid (Arrow's pretty format).
 pub async fn query_text(wh: &Warehouse, sql: &str) -> String {
     let (_, batches) = strata_engine::query(wh, sql).await.expect("query");
