@@ -157,22 +157,16 @@ fn sorted_with_rows(ordered: Vec<u64>, threads: usize) -> Result<(Vec<u64>, Vec<
         let sorted = rows.iter().map(|&r| ordered[r as usize]).collect();
         return Ok((sorted, rows));
     }
-    // Value ranges split at the quantiles of an evenly spaced sample.
     let parts = threads.max(1);
-    let step = (n / (256 * parts)).max(1);
-    let mut sample: Vec<u64> = ordered.iter().step_by(step).map(|v| v - min).collect();
-    sample.sort_unstable();
-    let splitters: Vec<u64> = (1..parts)
-        .map(|p| sample[p * sample.len() / parts])
-        .collect();
+    let splitters = crate::sqlutil::range_splitters(&ordered, parts);
     let mut packed: Vec<Vec<u64>> = vec![Vec::with_capacity(n / parts + n / 64); parts];
     for (i, &v) in ordered.iter().enumerate() {
-        let v = v - min;
-        packed[splitters.partition_point(|&s| s <= v)].push((v << row_bits) | i as u64);
+        packed[splitters.partition_point(|&s| s <= v)].push(((v - min) << row_bits) | i as u64);
     }
     drop(ordered);
+    let value_bits = row_bits..row_bits + value_bits;
     let sorted = crate::warehouse::on_threads(packed, "sort", |part| {
-        radix_sort_bits(part, row_bits, row_bits + value_bits)
+        crate::fold::radix_sort_bits(part, value_bits.clone(), |p| p)
     })?;
     let mask = (1u64 << row_bits) - 1;
     let mut values = Vec::with_capacity(n);
@@ -184,36 +178,6 @@ fn sorted_with_rows(ordered: Vec<u64>, threads: usize) -> Result<(Vec<u64>, Vec<
         }
     }
     Ok((values, rows))
-}
-
-/// `items` sorted stably by their bits `lo..hi`: a least-significant-digit radix sort.
-fn radix_sort_bits(items: Vec<u64>, lo: u32, hi: u32) -> Vec<u64> {
-    const DIGIT_BITS: u32 = 11;
-    const BUCKETS: usize = 1 << DIGIT_BITS;
-    let mut src = items;
-    let mut dst = vec![0u64; src.len()];
-    let mut shift = lo;
-    while shift < hi {
-        let digit = |v: u64| ((v >> shift) as usize) & (BUCKETS - 1);
-        let mut starts = vec![0usize; BUCKETS];
-        for &v in &src {
-            starts[digit(v)] += 1;
-        }
-        let mut sum = 0;
-        for s in starts.iter_mut() {
-            let c = *s;
-            *s = sum;
-            sum += c;
-        }
-        for &v in &src {
-            let d = digit(v);
-            dst[starts[d]] = v;
-            starts[d] += 1;
-        }
-        std::mem::swap(&mut src, &mut dst);
-        shift += DIGIT_BITS;
-    }
-    src
 }
 
 /// A 64-bit hash per row of `columns` (`n` rows), computed in `threads` row ranges.

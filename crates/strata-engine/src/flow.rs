@@ -1248,7 +1248,7 @@ async fn run_flow_once(
                 setup,
                 store.is_some(),
                 current,
-                Some((&digest_dir, store_version)),
+                (&digest_dir, store_version),
                 &events,
                 run,
             )
@@ -1335,7 +1335,6 @@ async fn run_flow_once(
             }
             _ => None,
         };
-        warehouse::step!(debug, steps, "read the touched keys' stored events");
         if let (Some(raw), true) = (&by_pages, setup.is_snapshot()) {
             // A snapshot flow's stored events count unless a later delivery of their
             // version superseded them.
@@ -1353,7 +1352,6 @@ async fn run_flow_once(
             by_pages = Some(
                 collect_sql(&ctx, "SELECT * FROM __strata_touched", &setup.event_schema).await?,
             );
-            warehouse::step!(debug, steps, "kept the effective ones");
         }
         let slice = match by_pages {
             Some(slice) => slice,
@@ -1471,21 +1469,8 @@ async fn run_flow_once(
     };
     phase("committed the events");
     // Written on a thread of its own while the target is written; joined when the run ends.
-    let _digest_writer = match (
-        state_digest.take(),
-        snapshot::digest_fingerprint(setup),
-        setup.spec.keys.as_slice(),
-    ) {
-        (Some(d), Some(fingerprint), [key]) => Some(crate::digest::Writer::start(
-            digest_dir.clone(),
-            new_store_version,
-            fingerprint,
-            setup.out_cols[*key].clone(),
-            d,
-            flow.name.clone(),
-        )),
-        _ => None,
-    };
+    let _digest_writer = state_digest
+        .and_then(|d| snapshot::write_digest(setup, digest_dir.clone(), new_store_version, d));
 
     // The target: only keys whose rows change are rewritten.
     let target = match target {

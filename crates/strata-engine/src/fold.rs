@@ -410,24 +410,34 @@ pub(crate) fn sorted_by_int_key(keys: &[u64], order: &[u32]) -> Vec<u32> {
         .collect()
 }
 
-/// `items` sorted by their key, stably: a least-significant-digit radix sort over the bits
-/// in which the keys differ (two passes for a million distinct integer keys).
+/// `items` sorted by their key, stably, over the bits in which the keys differ (two passes
+/// for a million distinct integer keys).
 fn radix_sort_by_key(items: Vec<(u64, u32)>) -> Vec<(u64, u32)> {
-    const DIGIT_BITS: u32 = 11;
-    const BUCKETS: usize = 1 << DIGIT_BITS;
     let Some(min) = items.iter().map(|&(k, _)| k).min() else {
         return items;
     };
     let max = items.iter().map(|&(k, _)| k).max().unwrap_or(min);
     let bits = 64 - (max - min).leading_zeros();
-    let digit = |k: u64, shift: u32| (((k - min) >> shift) as usize) & (BUCKETS - 1);
+    radix_sort_bits(items, 0..bits, |(k, _)| k - min)
+}
+
+/// `items` sorted stably by bits `bits` of `key(item)`: a least-significant-digit radix sort,
+/// 11 bits a pass.
+pub(crate) fn radix_sort_bits<T: Copy + Default>(
+    items: Vec<T>,
+    bits: std::ops::Range<u32>,
+    key: impl Fn(T) -> u64,
+) -> Vec<T> {
+    const DIGIT_BITS: u32 = 11;
+    const BUCKETS: usize = 1 << DIGIT_BITS;
     let mut src = items;
-    let mut dst = vec![(0u64, 0u32); src.len()];
-    let mut shift = 0;
-    while shift < bits {
+    let mut dst = vec![T::default(); src.len()];
+    let mut shift = bits.start;
+    while shift < bits.end {
+        let digit = |item: T| ((key(item) >> shift) as usize) & (BUCKETS - 1);
         let mut starts = vec![0usize; BUCKETS];
-        for &(k, _) in &src {
-            starts[digit(k, shift)] += 1;
+        for &item in &src {
+            starts[digit(item)] += 1;
         }
         let mut sum = 0;
         for s in starts.iter_mut() {
@@ -436,7 +446,7 @@ fn radix_sort_by_key(items: Vec<(u64, u32)>) -> Vec<(u64, u32)> {
             sum += n;
         }
         for &item in &src {
-            let d = digit(item.0, shift);
+            let d = digit(item);
             dst[starts[d]] = item;
             starts[d] += 1;
         }

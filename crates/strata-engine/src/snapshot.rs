@@ -189,11 +189,32 @@ async fn stored_events(
 }
 
 /// What a state digest of this flow must have been made for (one key column), else `None`.
-pub(crate) fn digest_fingerprint(setup: &FlowSetup) -> Option<String> {
+fn digest_fingerprint(setup: &FlowSetup) -> Option<String> {
     match setup.spec.keys.as_slice() {
         [k] => Some(digest::fingerprint(&data_schema(setup), *k)),
         _ => None,
     }
+}
+
+/// Starts writing `state` (from [`to_events`]) as the digest of the state after event-store
+/// version `store_version`, in `dir`, on a thread of its own (`digest::Writer`).
+pub(crate) fn write_digest(
+    setup: &FlowSetup,
+    dir: std::path::PathBuf,
+    store_version: i64,
+    state: digest::Digest,
+) -> Option<digest::Writer> {
+    let (Some(fingerprint), [key]) = (digest_fingerprint(setup), setup.spec.keys.as_slice()) else {
+        return None;
+    };
+    Some(digest::Writer::start(
+        dir,
+        store_version,
+        fingerprint,
+        setup.out_cols[*key].clone(),
+        state,
+        setup.flow.name.clone(),
+    ))
 }
 
 /// The digest of a state (data columns, key column `key`).
@@ -520,13 +541,13 @@ fn data_only(setup: &FlowSetup, rows: &RecordBatch) -> Result<RecordBatch> {
 /// step with the store): the state at that version is then read from it rather than folded
 /// from the whole store, which is the common case of a snapshot newer than all before it.
 /// In that case, with one integer key, `digest_at` (the digest directory and the store
-/// version) is where the digest of that state may already be (`digest.rs`).
+/// version) says where the digest of that state may already be (`digest.rs`).
 pub(crate) async fn to_events(
     ctx: &SessionContext,
     setup: &FlowSetup,
     has_store: bool,
     current: Option<&DeltaTable>,
-    digest_at: Option<(&std::path::Path, i64)>,
+    digest_at: (&std::path::Path, i64),
     rows: &RecordBatch,
     run: i64,
 ) -> Result<SnapshotEvents> {
@@ -588,8 +609,9 @@ pub(crate) async fn to_events(
         // The state before `v` from the digest file: the latest stored version, not
         // re-derived earlier in this run.
         let p_in_run = |lv: &ScalarValue| p.as_ref() == Some(lv);
-        let from_file = match (current, digest_at, &fingerprint) {
-            (Some(_), Some((dir, at)), Some(fp))
+        let (dir, at) = digest_at;
+        let from_file = match (current, &fingerprint) {
+            (Some(_), Some(fp))
                 if p.is_some()
                     && p.as_ref() == latest_stored
                     && !last_digest.as_ref().is_some_and(|(lv, _)| p_in_run(lv))

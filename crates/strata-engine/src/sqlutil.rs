@@ -155,13 +155,7 @@ impl Ordered {
         if parts == 1 || v.is_empty() {
             return vec![rows.collect()];
         }
-        // Splitters at the quantiles of an evenly spaced sample of the values.
-        let step = (v.len() / (256 * parts)).max(1);
-        let mut sample: Vec<u64> = v.iter().step_by(step).copied().collect();
-        sample.sort_unstable();
-        let splitters: Vec<u64> = (1..parts)
-            .map(|p| sample[p * sample.len() / parts])
-            .collect();
+        let splitters = range_splitters(v, parts);
         let mut out = vec![Vec::new(); parts];
         for i in rows {
             out[splitters.partition_point(|&s| s <= v[i as usize])].push(i);
@@ -189,6 +183,22 @@ impl Ordered {
         }
         out
     }
+}
+
+/// `parts - 1` values that split `values` into `parts` ranges of about equal size: the
+/// quantiles of an evenly spaced sample. Value `x` belongs to range
+/// `splitters.partition_point(|&s| s <= x)`.
+pub(crate) fn range_splitters(values: &[u64], parts: usize) -> Vec<u64> {
+    let parts = parts.max(1);
+    let step = (values.len() / (256 * parts)).max(1);
+    let mut sample: Vec<u64> = values.iter().step_by(step).copied().collect();
+    sample.sort_unstable();
+    if sample.is_empty() {
+        return Vec::new();
+    }
+    (1..parts)
+        .map(|p| sample[p * sample.len() / parts])
+        .collect()
 }
 
 /// The starts and ends of intervals (columns of one type) in forms comparable with each

@@ -8,7 +8,6 @@ use deltalake::parquet::basic::Compression;
 use deltalake::parquet::file::reader::{FileReader, SerializedFileReader};
 use std::collections::BTreeSet;
 use std::path::Path;
-use strata_engine::Warehouse;
 
 /// The codecs of every column chunk of every Parquet file under `dir` (recursively).
 fn codecs(dir: &Path) -> BTreeSet<String> {
@@ -56,13 +55,8 @@ COLUMNS * EXCEPT (seq) STORED AS SCD TYPE 2;
 
 #[tokio::test]
 async fn every_file_of_a_table_has_its_codec() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let (dir, pipeline, wh_dir, wh) = common::project(PIPELINE);
     let data = dir.path().join("data");
-    std::fs::create_dir_all(&data).expect("mkdir");
-    let pipeline = dir.path().join("pipeline.sql");
-    std::fs::write(&pipeline, PIPELINE).expect("write");
-    let wh_dir = dir.path().join("warehouse");
-    let wh = Warehouse::open(&wh_dir).expect("warehouse");
 
     std::fs::write(
         data.join("001.json"),
@@ -112,25 +106,15 @@ async fn every_file_of_a_table_has_its_codec() {
 
 #[tokio::test]
 async fn an_unknown_codec_is_refused_before_anything_runs() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("data");
-    std::fs::create_dir_all(&data).expect("mkdir");
+    let (dir, pipeline, wh_dir, wh) = common::project(&PIPELINE.replace(
+        "'strata.parquet.compression' = 'LZ4_RAW'",
+        "'strata.parquet.compression' = 'lz5'",
+    ));
     std::fs::write(
-        data.join("001.json"),
+        dir.path().join("data/001.json"),
         "{\"id\":1,\"name\":\"a\",\"seq\":1}\n",
     )
     .expect("write");
-    let pipeline = dir.path().join("pipeline.sql");
-    std::fs::write(
-        &pipeline,
-        PIPELINE.replace(
-            "'strata.parquet.compression' = 'LZ4_RAW'",
-            "'strata.parquet.compression' = 'lz5'",
-        ),
-    )
-    .expect("write");
-    let wh_dir = dir.path().join("warehouse");
-    let wh = Warehouse::open(&wh_dir).expect("warehouse");
     let err = strata_engine::run_pipeline_file(&pipeline, &wh)
         .await
         .expect_err("refused")
@@ -150,9 +134,8 @@ async fn an_event_store_is_sorted_by_key_in_small_pages() {
     use deltalake::arrow::array::Int64Array;
     use deltalake::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
-    let dir = tempfile::tempdir().expect("tempdir");
+    let (dir, pipeline, wh_dir, wh) = common::project(PIPELINE);
     let data = dir.path().join("data");
-    std::fs::create_dir_all(&data).expect("mkdir");
     let ids = [7, 3, 9, 1, 3, 8, 2, 7, 5];
     let lines: String = ids
         .iter()
@@ -160,10 +143,6 @@ async fn an_event_store_is_sorted_by_key_in_small_pages() {
         .map(|(seq, id)| format!("{{\"id\":{id},\"name\":\"n{seq}\",\"seq\":{seq}}}\n"))
         .collect();
     std::fs::write(data.join("001.json"), lines).expect("write");
-    let pipeline = dir.path().join("pipeline.sql");
-    std::fs::write(&pipeline, PIPELINE).expect("write");
-    let wh_dir = dir.path().join("warehouse");
-    let wh = Warehouse::open(&wh_dir).expect("warehouse");
     strata_engine::run_pipeline_file(&pipeline, &wh)
         .await
         .expect("run");

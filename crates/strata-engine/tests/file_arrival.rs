@@ -6,22 +6,16 @@ mod common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use strata_engine::{Progress, ProgressFn, RunOptions, Warehouse};
+use strata_engine::{Progress, ProgressFn, RunOptions};
 
 #[tokio::test]
 async fn a_file_arriving_during_a_run_waits_for_the_next_one() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("data");
-    std::fs::create_dir_all(&data).expect("mkdir");
-    let pipeline = dir.path().join("pipeline.sql");
-    std::fs::write(
-        &pipeline,
+    let (dir, pipeline, _, wh) = common::project(
         "CREATE OR REFRESH STREAMING TABLE raw \
          AS SELECT * FROM STREAM read_files('data', format => 'json');\n",
-    )
-    .expect("write");
+    );
+    let data = dir.path().join("data");
     std::fs::write(data.join("001.json"), "{\"id\": 1, \"name\": \"a\"}\n").expect("write");
-    let wh = Warehouse::open(dir.path().join("warehouse")).expect("warehouse");
 
     // Everything is planned before the first dataset starts: write the late file then.
     let written = Arc::new(AtomicBool::new(false));

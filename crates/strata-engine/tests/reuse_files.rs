@@ -75,12 +75,7 @@ STORED AS SCD TYPE 2;
 
 #[tokio::test]
 async fn files_in_the_tables_layout_are_copied_in_and_read_like_written_ones() {
-    let common::Project {
-        dir,
-        pipeline,
-        wh_dir,
-        wh,
-    } = common::project(PIPELINE);
+    let (dir, pipeline, wh_dir, wh) = common::project(PIPELINE);
     let raw = wh_dir.join("default/raw");
 
     let names: ArrayRef = Arc::new(StringArray::from(vec![Some("ann"), None, Some("cy")]));

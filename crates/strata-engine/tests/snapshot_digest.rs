@@ -87,12 +87,7 @@ fn digests(wh_dir: &Path) -> Vec<PathBuf> {
 
 /// Runs every delivery in a fresh project; `before_run` may touch the digest first.
 async fn history(before_run: impl Fn(&Path)) -> Vec<String> {
-    let common::Project {
-        dir,
-        pipeline,
-        wh_dir,
-        wh,
-    } = common::project(PIPELINE);
+    let (dir, pipeline, wh_dir, wh) = common::project(PIPELINE);
     let mut tables = Vec::new();
     for (n, deliveries) in runs().iter().enumerate() {
         before_run(&wh_dir);
@@ -144,12 +139,7 @@ async fn runs_without_a_digest_or_with_a_broken_one_give_the_same_tables() {
 
 #[tokio::test]
 async fn a_run_writes_one_digest_named_by_the_event_store_version() {
-    let common::Project {
-        dir,
-        pipeline,
-        wh_dir,
-        wh,
-    } = common::project(PIPELINE);
+    let (dir, pipeline, wh_dir, wh) = common::project(PIPELINE);
     let all = runs();
     write_run(dir.path(), 0, &all[0]);
     strata_engine::run_pipeline_file(&pipeline, &wh)

@@ -2,33 +2,20 @@
 
 use deltalake::arrow::array::{ArrayRef, RecordBatch};
 use deltalake::parquet::arrow::ArrowWriter;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use strata_engine::Warehouse;
 
-/// A fresh project: a temporary directory with an empty `data/` folder, `pipeline.sql`
-/// holding `pipeline`, and a warehouse in `warehouse/`.
+/// A fresh project: (a temporary directory with an empty `data/` folder, its `pipeline.sql`
+/// holding `pipeline`, its `warehouse/` directory, the warehouse opened there).
 #[allow(dead_code)] // not every test binary sets up a project
-pub struct Project {
-    pub dir: tempfile::TempDir,
-    pub pipeline: std::path::PathBuf,
-    pub wh_dir: std::path::PathBuf,
-    pub wh: Warehouse,
-}
-
-#[allow(dead_code)]
-pub fn project(pipeline: &str) -> Project {
+pub fn project(pipeline: &str) -> (tempfile::TempDir, PathBuf, PathBuf, Warehouse) {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::create_dir_all(dir.path().join("data")).expect("mkdir");
     let pipeline_path = dir.path().join("pipeline.sql");
     std::fs::write(&pipeline_path, pipeline).expect("write");
     let wh_dir = dir.path().join("warehouse");
     let wh = Warehouse::open(&wh_dir).expect("warehouse");
-    Project {
-        dir,
-        pipeline: pipeline_path,
-        wh_dir,
-        wh,
-    }
+    (dir, pipeline_path, wh_dir, wh)
 }
 
 /// The result of `sql` over the warehouse as an aligned text grid (Arrow's pretty format).
