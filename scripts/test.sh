@@ -9,8 +9,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/strata-target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+# Incremental compilation saves nothing on a clean CI clone and writes gigabytes of session
+# caches beside the build; off unless asked for.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 step() { printf '\n==> %s\n' "$*"; }
+
+# A full disk fails the build with a linker I/O error far from its cause; say how much room
+# there is up front (a cold debug build and its test binaries take about 6 GiB).
+mkdir -p "$CARGO_TARGET_DIR"
+step "disk: $(df -h "$CARGO_TARGET_DIR" | awk 'NR==2 {print $4 " free"}') where $CARGO_TARGET_DIR is"
 
 step "cargo fmt --check"
 cargo fmt --all --check
@@ -30,3 +38,5 @@ if [ -f tests/interop/check_readers.py ]; then
   step "Delta reader interop (deltalake, Polars, DuckDB read strata's tables; debug binary)"
   python3 tests/interop/check_readers.py --strata "$CARGO_TARGET_DIR/debug/strata"
 fi
+
+step "done; $CARGO_TARGET_DIR holds $(du -sh "$CARGO_TARGET_DIR" | cut -f1)"

@@ -2,7 +2,7 @@
 //! table as they are (copied, not decoded and re-encoded); every other input is written
 //! row by row. Either way the table and the flows reading it hold the same rows.
 
-mod common;
+use crate::common;
 
 use deltalake::arrow::array::{ArrayRef, Int64Array, LargeStringArray, StringArray};
 use serde_json::Value;

@@ -2,7 +2,7 @@
 //! write them) and large strings (as Polars writes them) land in the same `string` column,
 //! run after run, and flow on into an SCD type 2 target.
 
-mod common;
+use crate::common;
 
 use deltalake::arrow::array::{ArrayRef, Int64Array, LargeStringArray, StringArray};
 use deltalake::arrow::datatypes::DataType;

@@ -2,7 +2,7 @@
 //! the next run: an inferred schema is inferred from exactly the files the run takes, so a
 //! late file's new column is neither dropped nor read against columns that lack it.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

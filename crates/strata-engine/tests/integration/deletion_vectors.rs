@@ -2,7 +2,7 @@
 //! deleted in their files' deletion vectors instead of rewriting the files, reads see the
 //! rows that remain, and the change feed (and a flow reading it) is the same as without.
 
-mod common;
+use crate::common;
 
 use serde_json::Value;
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! digest is missing and a run whose digest is unreadable give the same tables; and runs do
 //! diff against it (a digest that lies changes the outcome).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

@@ -2,7 +2,7 @@
 //! table (appends, rewrites, change data files); strata's own event stores use LZ4_RAW; an
 //! unknown codec is refused before anything runs.
 
-mod common;
+use crate::common;
 
 use deltalake::parquet::basic::Compression;
 use deltalake::parquet::file::reader::{FileReader, SerializedFileReader};

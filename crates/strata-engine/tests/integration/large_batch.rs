@@ -2,7 +2,7 @@
 //! thread (a small stack; delta-rs's `replace_where`, used before, walked the key predicate
 //! recursively and overflowed), and a batch that rewrites only the files holding its keys.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use strata_engine::Warehouse;
