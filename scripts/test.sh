@@ -16,7 +16,7 @@ export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 step() { printf '\n==> %s\n' "$*"; }
 
 # A full disk fails the build with a linker I/O error far from its cause; say how much room
-# there is up front (a cold debug build and its test binaries take about 6 GiB).
+# there is up front (a cold debug build and its test binaries take about 3 GiB).
 mkdir -p "$CARGO_TARGET_DIR"
 step "disk: $(df -h "$CARGO_TARGET_DIR" | awk 'NR==2 {print $4 " free"}') where $CARGO_TARGET_DIR is"
 
