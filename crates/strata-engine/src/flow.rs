@@ -698,128 +698,124 @@ async fn read_slice(
     collect_sql(ctx, &sql, schema).await
 }
 
-/// Keys whose rows differ between `old` and `new` (both in the target schema), as indices:
-/// for each changed key, one row of `old` carrying it (if any).
-fn changed_keys(setup: &FlowSetup, old: &RecordBatch, new: &RecordBatch) -> Result<ChangeSet> {
+/// Compares the rows the touched keys have before the run (`old`) with the rows they have
+/// after it (`new`), both in the target layout: which keys changed, as row indices, and the
+/// change counts of `report`. One row-format conversion of each side serves both.
+fn compare(
+    setup: &FlowSetup,
+    old: &RecordBatch,
+    new: &RecordBatch,
+    report: &mut FlowReport,
+) -> Result<ChangeSet> {
     let (old_keys, new_keys) = (setup.key_rows(old)?, setup.key_rows(new)?);
     let (old_rows, new_rows) = (sqlutil::rows(old.columns())?, sqlutil::rows(new.columns())?);
-    type Side<'a> = (Vec<&'a [u8]>, Vec<&'a [u8]>, Option<usize>);
-    // Sized for the keys, not the rows (a key has several versions): fresh memory is dear.
-    let mut by_key: ahash::AHashMap<&[u8], Side> = ahash::AHashMap::new();
+    // SCD type 2 and snapshots: versions are told apart by their start, open ones by a NULL
+    // end (whatever the open-end marker).
+    let timeline = match setup.flow.stored_as.has_timeline() {
+        false => None,
+        true => {
+            let schema = &setup.target_schema;
+            let index = |name: &str| {
+                schema
+                    .index_of(name)
+                    .map_err(|_| EngineError::Internal(format!("target has no column {name}")))
+            };
+            let (s, e) = (
+                index(&setup.timeline.valid_from)?,
+                index(&setup.timeline.valid_to)?,
+            );
+            Some((
+                sqlutil::rows(&[old.column(s).clone()])?,
+                sqlutil::rows(&[new.column(s).clone()])?,
+                setup.timeline.open_as_null(old.column(e))?,
+                setup.timeline.open_as_null(new.column(e))?,
+            ))
+        }
+    };
+    // Each key's rows on both sides. Sized for the keys, not the rows (a key has several
+    // versions): fresh memory is dear.
+    let mut by_key: ahash::AHashMap<&[u8], (Vec<u32>, Vec<u32>)> = ahash::AHashMap::new();
     for i in 0..old.num_rows() {
-        let e = by_key.entry(old_keys.row(i).data()).or_default();
-        e.0.push(old_rows.row(i).data());
-        e.2.get_or_insert(i);
+        by_key
+            .entry(old_keys.row(i).data())
+            .or_default()
+            .0
+            .push(i as u32);
     }
     for i in 0..new.num_rows() {
         by_key
             .entry(new_keys.row(i).data())
             .or_default()
             .1
-            .push(new_rows.row(i).data());
+            .push(i as u32);
     }
-    let mut changed: ahash::AHashSet<&[u8]> = ahash::AHashSet::new();
-    let mut delete_rows = Vec::new();
-    for (k, (mut o, mut n, first_old)) in by_key {
-        o.sort_unstable();
-        n.sort_unstable();
-        if o != n {
-            changed.insert(k);
-            if let Some(i) = first_old {
-                delete_rows.push(i as u32);
+    let mut out = ChangeSet {
+        keys: 0,
+        delete_rows: Vec::new(),
+        insert_rows: Vec::new(),
+        old_rows: Vec::new(),
+        rows_deleted: 0,
+    };
+    let (mut od, mut nd): (Vec<&[u8]>, Vec<&[u8]>) = (Vec::new(), Vec::new());
+    for (o, n) in by_key.values() {
+        od.clear();
+        od.extend(o.iter().map(|&i| old_rows.row(i as usize).data()));
+        od.sort_unstable();
+        nd.clear();
+        nd.extend(n.iter().map(|&i| new_rows.row(i as usize).data()));
+        nd.sort_unstable();
+        if od != nd {
+            out.keys += 1;
+            out.delete_rows.extend(o.first());
+            out.insert_rows.extend_from_slice(n);
+            out.old_rows.extend_from_slice(o);
+        }
+        report.rows_written += nd.iter().filter(|r| od.binary_search(r).is_err()).count();
+        match &timeline {
+            Some((old_start, new_start, old_end, new_end)) => {
+                let (os, ns) = (
+                    |i: u32| old_start.row(i as usize).data(),
+                    |i: u32| new_start.row(i as usize).data(),
+                );
+                report.versions_opened += n
+                    .iter()
+                    .filter(|&&j| !o.iter().any(|&i| os(i) == ns(j)))
+                    .count();
+                report.versions_closed += o
+                    .iter()
+                    .filter(|&&i| {
+                        old_end.is_null(i as usize)
+                            && n.iter()
+                                .any(|&j| new_end.is_valid(j as usize) && ns(j) == os(i))
+                    })
+                    .count();
+            }
+            None => {
+                let before = o.last().map(|&i| old_rows.row(i as usize).data());
+                report.keys_upserted += n
+                    .iter()
+                    .filter(|&&j| before != Some(new_rows.row(j as usize).data()))
+                    .count();
+                report.keys_deleted += usize::from(!o.is_empty() && n.is_empty());
             }
         }
     }
-    let insert_rows: Vec<u32> = (0..new.num_rows())
-        .filter(|&i| changed.contains(new_keys.row(i).data()))
-        .map(|i| i as u32)
-        .collect();
-    let old_rows: Vec<u32> = (0..old.num_rows())
-        .filter(|&i| changed.contains(old_keys.row(i).data()))
-        .map(|i| i as u32)
-        .collect();
-    delete_rows.sort_unstable();
-    Ok(ChangeSet {
-        keys: changed.len(),
-        delete_rows,
-        insert_rows,
-        rows_deleted: old_rows.len(),
-        old_rows,
-    })
+    out.delete_rows.sort_unstable();
+    out.insert_rows.sort_unstable();
+    out.old_rows.sort_unstable();
+    out.rows_deleted = out.old_rows.len();
+    Ok(out)
 }
 
-/// Fills the change counts of `report` from the rows of the touched keys before (`old`)
-/// and after (`new`) the run, both in the target layout.
-pub(crate) fn count_changes(
-    setup: &FlowSetup,
-    old: &RecordBatch,
-    new: &RecordBatch,
-    report: &mut FlowReport,
-) -> Result<()> {
-    if old.num_rows() == 0 {
-        // Nothing before (a first load): every row is new, no row format needed.
-        report.rows_written += new.num_rows();
-        if setup.flow.stored_as.has_timeline() {
-            report.versions_opened += new.num_rows();
-        } else {
-            report.keys_upserted += new.num_rows();
-        }
-        return Ok(());
+/// Fills the change counts of `report` for a target that had no rows before the run: every
+/// row of `new` (in the target layout) is new.
+pub(crate) fn count_first_rows(setup: &FlowSetup, new: &RecordBatch, report: &mut FlowReport) {
+    report.rows_written += new.num_rows();
+    if setup.flow.stored_as.has_timeline() {
+        report.versions_opened += new.num_rows();
+    } else {
+        report.keys_upserted += new.num_rows();
     }
-    let (old_keys, new_keys) = (setup.key_rows(old)?, setup.key_rows(new)?);
-    let (old_rows, new_rows) = (sqlutil::rows(old.columns())?, sqlutil::rows(new.columns())?);
-    let old_set: ahash::AHashSet<&[u8]> = (0..old.num_rows())
-        .map(|i| old_rows.row(i).data())
-        .collect();
-    report.rows_written += (0..new.num_rows())
-        .filter(|&i| !old_set.contains(new_rows.row(i).data()))
-        .count();
-    if !setup.flow.stored_as.has_timeline() {
-        let before: ahash::AHashMap<&[u8], &[u8]> = (0..old.num_rows())
-            .map(|i| (old_keys.row(i).data(), old_rows.row(i).data()))
-            .collect();
-        let after: ahash::AHashSet<&[u8]> = (0..new.num_rows())
-            .map(|i| new_keys.row(i).data())
-            .collect();
-        report.keys_upserted += (0..new.num_rows())
-            .filter(|&i| before.get(new_keys.row(i).data()) != Some(&new_rows.row(i).data()))
-            .count();
-        report.keys_deleted += before.keys().filter(|k| !after.contains(*k)).count();
-        return Ok(());
-    }
-    let schema = &setup.target_schema;
-    let index = |name: &str| {
-        schema
-            .index_of(name)
-            .map_err(|_| EngineError::Internal(format!("target has no column {name}")))
-    };
-    let (s, e) = (
-        index(&setup.timeline.valid_from)?,
-        index(&setup.timeline.valid_to)?,
-    );
-    let with_start =
-        |b: &RecordBatch, keys: &deltalake::arrow::row::Rows| -> Result<Vec<Vec<u8>>> {
-            let starts = sqlutil::rows(&[b.column(s).clone()])?;
-            Ok((0..b.num_rows())
-                .map(|i| [keys.row(i).data(), starts.row(i).data()].concat())
-                .collect())
-        };
-    let (old_ids, new_ids) = (with_start(old, &old_keys)?, with_start(new, &new_keys)?);
-    let old_end = setup.timeline.open_as_null(old.column(e))?;
-    let new_end = setup.timeline.open_as_null(new.column(e))?;
-    let old_set: ahash::AHashSet<&[u8]> = old_ids.iter().map(Vec::as_slice).collect();
-    report.versions_opened += new_ids
-        .iter()
-        .filter(|id| !old_set.contains(id.as_slice()))
-        .count();
-    let closed_now: ahash::AHashSet<&[u8]> = (0..new.num_rows())
-        .filter(|&i| new_end.is_valid(i))
-        .map(|i| new_ids[i].as_slice())
-        .collect();
-    report.versions_closed += (0..old.num_rows())
-        .filter(|&i| old_end.is_null(i) && closed_now.contains(old_ids[i].as_slice()))
-        .count();
-    Ok(())
 }
 
 struct ChangeSet {
@@ -1480,8 +1476,7 @@ async fn run_flow_once(
             // creates the table with its properties on the first run).
             report.keys_changed = report.keys_touched;
             report.rows_inserted = derived.num_rows();
-            let empty = RecordBatch::new_empty(setup.target_schema.clone());
-            count_changes(setup, &empty, &derived, &mut report)?;
+            count_first_rows(setup, &derived, &mut report);
             let handle = match existing {
                 Some(t) => t,
                 None => {
@@ -1527,8 +1522,7 @@ async fn run_flow_once(
         "writing the rows of {} key(s)",
         report.keys_touched
     ));
-    let change = changed_keys(setup, &current, &derived)?;
-    count_changes(setup, &current, &derived, &mut report)?;
+    let change = compare(setup, &current, &derived, &mut report)?;
     warehouse::step!(debug, steps, "compared them with the new rows");
     report.keys_changed = change.keys;
     report.rows_deleted = change.rows_deleted;

@@ -178,24 +178,41 @@ pub(crate) async fn replace_keys(
     });
     warehouse::step!(debug, steps, "collected the replaced keys");
     if marking {
-        let marked = mark_deleted(table, &shared, &root, snapshot, &deleted).await?;
-        warehouse::step!(debug, steps, "marked the replaced rows in deletion vectors");
+        // Three independent pieces of work, side by side: the vectors (a read of the
+        // target's key columns, one file per core), the file of new rows, the change file.
+        let new_rows = sqlutil::cast_batch(&new_rows, &schema)?;
+        let rows_file = {
+            let (table, rows) = (table.clone(), new_rows.clone());
+            tokio::spawn(async move {
+                match rows.num_rows() {
+                    0 => Ok(Vec::new()),
+                    _ => warehouse::write_files(&table, vec![rows]).await,
+                }
+            })
+        };
+        let props = warehouse::writer_properties(table);
+        let (marked, cdc) = tokio::try_join!(
+            mark_deleted(table, &shared, &root, snapshot, &deleted),
+            write_change_file(&root, &schema, old_rows, &new_rows, props),
+        )?;
+        let adds = rows_file
+            .await
+            .map_err(|e| EngineError::Internal(format!("a writing task failed: {e}")))??;
+        warehouse::step!(
+            debug,
+            steps,
+            "marked the replaced rows in deletion vectors, wrote the new rows and the change file"
+        );
         let n = marked.len();
         let mut actions: Vec<Action> = marked.into_iter().flatten().collect();
-        let new_rows = sqlutil::cast_batch(&new_rows, &schema)?;
-        if new_rows.num_rows() > 0 {
-            let adds = warehouse::write_files(table, vec![new_rows.clone()]).await?;
-            actions.extend(adds.into_iter().map(Action::Add));
-        }
+        actions.extend(adds.into_iter().map(Action::Add));
         let what = format!(
             "the rows of {} key(s) ({}) replaced, old rows marked deleted",
             shared.gone.len(),
             keys.join(", ")
         );
-        warehouse::step!(debug, steps, "wrote the new rows");
-        let change = (root.as_path(), &schema, old_rows, &new_rows);
-        commit_replacement(table, change, actions, SaveMode::Append, what, commit).await?;
-        warehouse::step!(debug, steps, "wrote the change file and committed");
+        commit_replacement(table, cdc, actions, SaveMode::Append, what, commit).await?;
+        warehouse::step!(debug, steps, "committed");
         return Ok(Some(Replaced {
             files_read: files.len(),
             files_rewritten: 0,
@@ -257,8 +274,9 @@ pub(crate) async fn replace_keys(
         keys.join(", ")
     );
     warehouse::step!(debug, steps, "rewrote them");
-    let change = (root.as_path(), &schema, old_rows, &new_rows);
-    commit_replacement(table, change, actions, SaveMode::Overwrite, what, commit).await?;
+    let props = warehouse::writer_properties(table);
+    let cdc = write_change_file(&root, &schema, old_rows, &new_rows, props).await?;
+    commit_replacement(table, cdc, actions, SaveMode::Overwrite, what, commit).await?;
     warehouse::step!(debug, steps, "wrote the change file and committed");
     Ok(Some(Replaced {
         files_read: files.len(),
@@ -267,19 +285,16 @@ pub(crate) async fn replace_keys(
     }))
 }
 
-/// Adds the change file (`change`: the table folder and schema, the replaced rows as
-/// `delete`, the new rows as `insert`) to `actions` and commits them as one write.
+/// Adds the change file `cdc` (written by [`write_change_file`]) to `actions` and commits
+/// them as one write.
 async fn commit_replacement(
     table: &DeltaTable,
-    change: (&Path, &SchemaRef, &RecordBatch, &RecordBatch),
+    cdc: AddCDCFile,
     mut actions: Vec<Action>,
     mode: SaveMode,
     what: String,
     commit: CommitProperties,
 ) -> Result<()> {
-    let (root, schema, old_rows, new_rows) = change;
-    let props = warehouse::writer_properties(table);
-    let cdc = write_change_file(root, schema, old_rows, new_rows, props).await?;
     actions.push(Action::Cdc(cdc));
     let operation = DeltaOperation::Write {
         mode,
