@@ -228,28 +228,37 @@ fn to_batch(records: &[EventRecord]) -> Result<RecordBatch> {
     .context(|| "event log record".into())
 }
 
-/// Appends `records` to the event log of `wh` in one commit.
+/// Appends `records` to the event log of `wh` in one commit. The table is opened once per
+/// process and kept as each commit leaves it (a commit made elsewhere in between is an
+/// append too, which Delta's conflict check lets through).
 pub(crate) async fn append(wh: &Warehouse, records: &[EventRecord]) -> Result<()> {
     if records.is_empty() {
         return Ok(());
     }
+    let steps = warehouse::Steps::new("event_log", "event log: ");
     let batch = to_batch(records)?;
     let path = path(wh);
-    let table = match warehouse::open_delta(&path).await? {
+    let table = match wh.take_event_log() {
         Some(t) => t,
-        None => {
-            warehouse::create_delta(
-                &path,
-                EVENT_LOG_TABLE,
-                &schema(),
-                Vec::new(),
-                Some("strata's event log: one record per dataset or flow per run"),
-                Vec::new(),
-            )
-            .await?
-        }
+        None => match warehouse::open_delta(&path).await? {
+            Some(t) => t,
+            None => {
+                warehouse::create_delta(
+                    &path,
+                    EVENT_LOG_TABLE,
+                    &schema(),
+                    // A record or two per run: a checkpoint every 10 commits keeps opening
+                    // it from reading a long run of commit files.
+                    vec![("delta.checkpointInterval".into(), Some("10".into()))],
+                    Some("strata's event log: one record per dataset or flow per run"),
+                    Vec::new(),
+                )
+                .await?
+            }
+        },
     };
-    table
+    warehouse::step!(debug, steps, "opened");
+    let table = table
         .write(vec![batch])
         .with_save_mode(SaveMode::Append)
         .await
@@ -257,5 +266,7 @@ pub(crate) async fn append(wh: &Warehouse, records: &[EventRecord]) -> Result<()
             context: format!("writing the event log at {}", path.display()),
             source: Box::new(e),
         })?;
+    warehouse::step!(debug, steps, "appended");
+    wh.keep_event_log(table);
     Ok(())
 }

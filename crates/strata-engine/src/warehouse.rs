@@ -32,6 +32,9 @@ pub struct Warehouse {
     /// The events of the rows a streaming table was just appended, kept for the flows that
     /// read them next in the same process (see [`Warehouse::keep_appended`]).
     appended: Arc<Mutex<HashMap<PathBuf, Appended>>>,
+    /// The event log as this process last committed to it (see `event_log::append`), so
+    /// that a run's records do not each open it again.
+    event_log: Arc<Mutex<Option<DeltaTable>>>,
 }
 
 /// One append to a streaming table, as committed.
@@ -56,6 +59,7 @@ impl Warehouse {
         Ok(Warehouse {
             root,
             appended: Arc::default(),
+            event_log: Arc::default(),
         })
     }
 
@@ -80,6 +84,18 @@ impl Warehouse {
                     events,
                 },
             );
+        }
+    }
+
+    /// Takes the event log handle this process last committed with, if any.
+    pub(crate) fn take_event_log(&self) -> Option<DeltaTable> {
+        self.event_log.lock().ok().and_then(|mut t| t.take())
+    }
+
+    /// Keeps `table` as the event log handle for the next record.
+    pub(crate) fn keep_event_log(&self, table: DeltaTable) {
+        if let Ok(mut kept) = self.event_log.lock() {
+            *kept = Some(table);
         }
     }
 
