@@ -707,8 +707,19 @@ fn compare(
     new: &RecordBatch,
     report: &mut FlowReport,
 ) -> Result<ChangeSet> {
-    let (old_keys, new_keys) = (setup.key_rows(old)?, setup.key_rows(new)?);
-    let (old_rows, new_rows) = (sqlutil::rows(old.columns())?, sqlutil::rows(new.columns())?);
+    // Each side's keys and whole rows in the row format, the two sides side by side.
+    use deltalake::arrow::row::Rows;
+    let convert = |b: &RecordBatch| -> Result<(Rows, Rows)> {
+        Ok((setup.key_rows(b)?, sqlutil::rows(b.columns())?))
+    };
+    let (old_side, new_side) = std::thread::scope(|scope| {
+        let old_side = scope.spawn(|| convert(old));
+        let new_side = convert(new);
+        (old_side.join(), new_side)
+    });
+    let old_side =
+        old_side.map_err(|_| EngineError::Internal("a row-format thread panicked".into()))?;
+    let ((old_keys, old_rows), (new_keys, new_rows)) = (old_side?, new_side?);
     // SCD type 2 and snapshots: versions are told apart by their start, open ones by a NULL
     // end (whatever the open-end marker).
     let timeline = match setup.flow.stored_as.has_timeline() {
