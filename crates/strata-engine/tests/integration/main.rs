@@ -11,6 +11,7 @@ mod common;
 
 mod compression;
 mod deletion_vectors;
+mod event_log;
 mod file_arrival;
 mod large_batch;
 mod parquet_input;

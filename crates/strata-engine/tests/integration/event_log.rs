@@ -1,0 +1,50 @@
+//! The event log is opened once per process and kept as each record's commit leaves it: runs
+//! in one process and runs from a second warehouse handle (as another process would make)
+//! interleave without losing a record, and a new event log writes a checkpoint every 10
+//! commits.
+
+use crate::common;
+
+use strata_engine::Warehouse;
+
+#[tokio::test]
+async fn records_of_interleaved_handles_are_all_kept_and_checkpointed() {
+    let (dir, pipeline, wh_dir, wh) = common::project(
+        "CREATE OR REFRESH STREAMING TABLE raw \
+         AS SELECT * FROM STREAM read_files('data', format => 'json', schema => 'id INT');\n\
+         CREATE OR REFRESH MATERIALIZED VIEW n AS SELECT count(*) AS n FROM raw;\n",
+    );
+    let other = Warehouse::open(&wh_dir).expect("second handle");
+    let data = dir.path().join("data");
+    // Seven runs, alternating handles; two records (the table and the view) each.
+    for run in 0..7 {
+        std::fs::write(
+            data.join(format!("{run:03}.json")),
+            format!("{{\"id\": {run}}}\n"),
+        )
+        .expect("write");
+        let handle = if run % 2 == 0 { &wh } else { &other };
+        strata_engine::run_pipeline_file(&pipeline, handle)
+            .await
+            .unwrap_or_else(|e| panic!("run {run}: {e}"));
+    }
+    let text = common::query_text(
+        &wh,
+        "SELECT count(*) AS records, count(DISTINCT run_id) AS runs FROM event_log",
+    )
+    .await;
+    assert!(text.contains("| 14      | 7    |"), "{text}");
+    assert_eq!(
+        common::query_text(&wh, "SELECT n FROM n")
+            .await
+            .lines()
+            .nth(3),
+        Some("| 7 |")
+    );
+    let log = wh_dir.join("_strata/event_log/_delta_log");
+    assert!(
+        log.join("_last_checkpoint").is_file(),
+        "no checkpoint after 14 commits: {:?}",
+        std::fs::read_dir(&log).map(|d| d.count())
+    );
+}
