@@ -238,7 +238,12 @@ pub(crate) async fn append(wh: &Warehouse, records: &[EventRecord]) -> Result<()
     let steps = warehouse::Steps::new("event_log", "event log: ");
     let batch = to_batch(records)?;
     let path = path(wh);
-    let table = match wh.take_event_log() {
+    // The kept handle only while its log is still there (someone may have removed the event
+    // log between two runs of a long-lived process: then it is opened or created afresh).
+    let kept = wh
+        .take_event_log()
+        .filter(|_| path.join("_delta_log").is_dir());
+    let table = match kept {
         Some(t) => t,
         None => match warehouse::open_delta(&path).await? {
             Some(t) => t,

@@ -1,7 +1,7 @@
 //! The event log is opened once per process and kept as each record's commit leaves it: runs
 //! in one process and runs from a second warehouse handle (as another process would make)
-//! interleave without losing a record, and a new event log writes a checkpoint every 10
-//! commits.
+//! interleave without losing a record, a new event log writes a checkpoint every 10
+//! commits, and an event log removed under a kept handle is started afresh.
 
 use crate::common;
 
@@ -47,4 +47,13 @@ async fn records_of_interleaved_handles_are_all_kept_and_checkpointed() {
         "no checkpoint after 14 commits: {:?}",
         std::fs::read_dir(&log).map(|d| d.count())
     );
+
+    // The event log removed while a process keeps its handle: the next run starts a new one.
+    std::fs::remove_dir_all(wh_dir.join("_strata/event_log")).expect("remove");
+    std::fs::write(data.join("007.json"), "{\"id\": 7}\n").expect("write");
+    strata_engine::run_pipeline_file(&pipeline, &wh)
+        .await
+        .expect("run after the event log was removed");
+    let text = common::query_text(&wh, "SELECT count(*) AS records FROM event_log").await;
+    assert!(text.contains("| 2       |"), "{text}");
 }
