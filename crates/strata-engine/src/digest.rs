@@ -110,7 +110,7 @@ pub(crate) fn of_batch(batch: &RecordBatch, key: usize) -> Result<Option<Snapsho
         .map(|c| batch.column(c).clone())
         .collect();
     let threads = crate::warehouse::threads_for(n);
-    let (ordered, rows) = sorted_with_rows(ordered, threads)?;
+    let (ordered, rows) = crate::sort::sorted_with_rows(ordered, threads)?;
     let by_row = row_hashes(&values, n, threads)?;
     let per = n.div_ceil(threads.max(1)).max(1);
     let hashes = crate::warehouse::on_threads(rows.chunks(per).collect(), "gather", |chunk| {
@@ -129,55 +129,6 @@ pub(crate) fn of_batch(batch: &RecordBatch, key: usize) -> Result<Option<Snapsho
         },
         rows,
     }))
-}
-
-/// `ordered` in ascending order, with the row each value came from (rows of equal values in
-/// row order). When the value range and the row numbers fit in 64 bits together, each value
-/// is packed with its row and the packed integers are radix-sorted by their value bits, in
-/// value ranges side by side; otherwise (row, value) pairs are sorted (`fold`).
-fn sorted_with_rows(ordered: Vec<u64>, threads: usize) -> Result<(Vec<u64>, Vec<u32>)> {
-    let n = ordered.len();
-    if ordered.windows(2).all(|w| w[0] <= w[1]) {
-        return Ok((ordered, (0..n as u32).collect()));
-    }
-    let min = ordered.iter().copied().min().unwrap_or(0);
-    let max = ordered.iter().copied().max().unwrap_or(0);
-    let value_bits = 64 - (max - min).leading_zeros();
-    let row_bits = 64 - (n as u64).leading_zeros();
-    if value_bits + row_bits > 64 {
-        let keys = crate::sqlutil::Ordered::Int(ordered);
-        let parts = keys.split_ranges(0..n as u32, threads);
-        let crate::sqlutil::Ordered::Int(ordered) = &keys else {
-            return Err(EngineError::Internal("keys changed form".into()));
-        };
-        let rows = crate::warehouse::on_threads(parts, "sort", |part| {
-            crate::fold::sorted_by_int_key(ordered, &part)
-        })?
-        .concat();
-        let sorted = rows.iter().map(|&r| ordered[r as usize]).collect();
-        return Ok((sorted, rows));
-    }
-    let parts = threads.max(1);
-    let splitters = crate::sqlutil::range_splitters(&ordered, parts);
-    let mut packed: Vec<Vec<u64>> = vec![Vec::with_capacity(n / parts + n / 64); parts];
-    for (i, &v) in ordered.iter().enumerate() {
-        packed[splitters.partition_point(|&s| s <= v)].push(((v - min) << row_bits) | i as u64);
-    }
-    drop(ordered);
-    let value_bits = row_bits..row_bits + value_bits;
-    let sorted = crate::warehouse::on_threads(packed, "sort", |part| {
-        crate::fold::radix_sort_bits(part, value_bits.clone(), |p| p)
-    })?;
-    let mask = (1u64 << row_bits) - 1;
-    let mut values = Vec::with_capacity(n);
-    let mut rows = Vec::with_capacity(n);
-    for part in sorted {
-        for p in part {
-            values.push((p >> row_bits) + min);
-            rows.push((p & mask) as u32);
-        }
-    }
-    Ok((values, rows))
 }
 
 /// A 64-bit hash per row of `columns` (`n` rows), computed in `threads` row ranges.
@@ -558,32 +509,6 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(matches!(diff(&twice, &old.digest), Err(r) if r == 0 || r == 2));
-    }
-
-    /// Packed (values and rows fit in 64 bits) or not, values come out sorted with their
-    /// rows, equal values in row order, on one thread or several.
-    #[test]
-    fn values_are_sorted_with_their_rows() {
-        let mut x: u64 = 11;
-        for (spread, threads) in [(1_000u64, 1), (1_000, 2), (1 << 40, 2), (u64::MAX, 2)] {
-            let values: Vec<u64> = (0..40_000)
-                .map(|_| {
-                    x = x
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    (x >> 7) % spread.max(1)
-                })
-                .collect();
-            let mut want: Vec<(u64, u32)> = values
-                .iter()
-                .enumerate()
-                .map(|(i, &v)| (v, i as u32))
-                .collect();
-            want.sort();
-            let (sorted, rows) = sorted_with_rows(values, threads).unwrap();
-            let got: Vec<(u64, u32)> = sorted.into_iter().zip(rows).collect();
-            assert_eq!(got, want, "spread {spread}, {threads} thread(s)");
-        }
     }
 
     /// A NULL, an empty string and a string differ; equal rows hash equal.

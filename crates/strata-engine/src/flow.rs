@@ -1310,6 +1310,7 @@ async fn run_flow_once(
     let Some(touched) = touched else {
         return Err(EngineError::Internal("no keys to derive".into()));
     };
+    warehouse::step!(debug, steps, "collected the touched keys");
     report.keys_touched = match &touched {
         Touched::All => 0,
         Touched::Keys(k) => k.num_rows(),
@@ -1342,6 +1343,9 @@ async fn run_flow_once(
             }
             _ => None,
         };
+        if by_pages.is_some() {
+            warehouse::step!(debug, steps, "read the touched keys' stored events by page");
+        }
         if let (Some(raw), true) = (&by_pages, setup.is_snapshot()) {
             // A snapshot flow's stored events count unless a later delivery of their
             // version superseded them.
@@ -1358,6 +1362,11 @@ async fn run_flow_once(
             .await?;
             by_pages = Some(
                 collect_sql(&ctx, "SELECT * FROM __strata_touched", &setup.event_schema).await?,
+            );
+            warehouse::step!(
+                debug,
+                steps,
+                "kept the stored events no later delivery superseded"
             );
         }
         let slice = match by_pages {

@@ -474,18 +474,11 @@ pub(crate) fn columns_in_key_order(
     let key_parts: Vec<ArrayRef> = pieces.iter().map(|b| b.column(key).clone()).collect();
     let key_column = crate::sqlutil::concat_arrays(&key_parts)?;
     drop(key_parts);
-    let ordered = Ordered::of(&key_column, None)?;
-    let Ordered::Int(k) = &ordered else {
+    let Ordered::Int(k) = Ordered::of(&key_column, None)? else {
         return Ok(Err(pieces));
     };
-    let n = k.len();
-    let parts = crate::warehouse::threads_for(n);
-    let sorted =
-        crate::warehouse::on_threads(ordered.split_ranges(0..n as u32, parts), "sort", |order| {
-            sorted_by_int_key(k, &order)
-        })?;
-    drop(ordered);
-    let idx = UInt32Array::from(sorted.concat());
+    let parts = crate::warehouse::threads_for(k.len());
+    let idx = UInt32Array::from(crate::sort::sorted_rows(k, parts)?);
     // Columns moved out of the pieces, dealt to one lane per core.
     let mut columns: Vec<Vec<ArrayRef>> = vec![Vec::with_capacity(pieces.len()); width];
     for b in pieces {

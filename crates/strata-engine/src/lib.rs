@@ -43,6 +43,7 @@ mod pit;
 mod query;
 mod rewrite;
 mod snapshot;
+mod sort;
 mod sources;
 mod spec;
 mod sqlutil;
