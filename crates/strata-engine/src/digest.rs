@@ -82,6 +82,16 @@ impl Digest {
     fn sorted_keys(&self) -> Result<ArrayRef> {
         match &self.keys {
             Keys::Sorted(c) => Ok(c.clone()),
+            // A 64-bit integer key is its order-preserving form with the sign bit flipped
+            // back: a pass in order instead of a gather from all over the column.
+            Keys::Rows(c, _) if c.data_type() == &DataType::Int64 && c.null_count() == 0 => {
+                let values: Vec<i64> = self
+                    .ordered
+                    .iter()
+                    .map(|&u| (u ^ (1 << 63)) as i64)
+                    .collect();
+                Ok(Arc::new(deltalake::arrow::array::Int64Array::from(values)))
+            }
             Keys::Rows(c, rows) => {
                 compute::take(c.as_ref(), &UInt32Array::from(rows.as_ref().clone()), None)
                     .context(|| "ordering digest keys".into())
@@ -99,19 +109,29 @@ pub(crate) struct SnapshotDigest {
 /// The digest of `batch` (one row per key expected; duplicates are found by [`diff`]):
 /// column `key` as the key, the others hashed. `None` when the key is not integer-like.
 pub(crate) fn of_batch(batch: &RecordBatch, key: usize) -> Result<Option<SnapshotDigest>> {
-    let key_column = batch.column(key).clone();
+    of_pieces(std::slice::from_ref(batch), key)
+}
+
+/// [`of_batch`] of the rows of `pieces` (batches of one schema) one after the other,
+/// without first copying them into one batch.
+pub(crate) fn of_pieces(pieces: &[RecordBatch], key: usize) -> Result<Option<SnapshotDigest>> {
+    let key_parts: Vec<ArrayRef> = pieces.iter().map(|b| b.column(key).clone()).collect();
+    let Some(first) = key_parts.first() else {
+        return Err(EngineError::Internal("a digest of no batch".into()));
+    };
+    let key_column = match key_parts.len() {
+        1 => first.clone(),
+        _ => crate::sqlutil::concat_arrays(&key_parts)?,
+    };
+    drop(key_parts);
     let crate::sqlutil::Ordered::Int(ordered) = crate::sqlutil::Ordered::of(&key_column, None)?
     else {
         return Ok(None);
     };
-    let n = batch.num_rows();
-    let values: Vec<ArrayRef> = (0..batch.num_columns())
-        .filter(|&c| c != key)
-        .map(|c| batch.column(c).clone())
-        .collect();
+    let n = key_column.len();
     let threads = crate::warehouse::threads_for(n);
     let (ordered, rows) = crate::sort::sorted_with_rows(ordered, threads)?;
-    let by_row = row_hashes(&values, n, threads)?;
+    let by_row = piece_hashes(pieces, key, threads)?;
     let per = n.div_ceil(threads.max(1)).max(1);
     let hashes = crate::warehouse::on_threads(rows.chunks(per).collect(), "gather", |chunk| {
         chunk
@@ -132,6 +152,48 @@ pub(crate) fn of_batch(batch: &RecordBatch, key: usize) -> Result<Option<Snapsho
 }
 
 /// A 64-bit hash per row of `columns` (`n` rows), computed in `threads` row ranges.
+/// The hash of every row of `pieces` (one after the other) over all columns but `key`.
+fn piece_hashes(pieces: &[RecordBatch], key: usize, threads: usize) -> Result<Vec<u64>> {
+    let values = |b: &RecordBatch| -> Vec<ArrayRef> {
+        (0..b.num_columns())
+            .filter(|&c| c != key)
+            .map(|c| b.column(c).clone())
+            .collect()
+    };
+    if let [one] = pieces {
+        return row_hashes(&values(one), one.num_rows(), threads);
+    }
+    // Runs of whole pieces with about the same number of rows, one per thread.
+    let n: usize = pieces.iter().map(RecordBatch::num_rows).sum();
+    let per = n.div_ceil(threads.max(1)).max(1);
+    let mut runs: Vec<&[RecordBatch]> = Vec::new();
+    let (mut start, mut rows) = (0, 0);
+    for (i, b) in pieces.iter().enumerate() {
+        rows += b.num_rows();
+        if rows >= per {
+            runs.push(&pieces[start..=i]);
+            (start, rows) = (i + 1, 0);
+        }
+    }
+    runs.push(&pieces[start..]);
+    let parts = crate::warehouse::on_threads(runs, "hash", |run| {
+        let mut out = Vec::with_capacity(run.iter().map(RecordBatch::num_rows).sum());
+        for b in run {
+            let mut h = vec![0u64; b.num_rows()];
+            for c in values(b) {
+                hash_column(c.as_ref(), &mut h)?;
+            }
+            out.extend(h);
+        }
+        Ok::<_, EngineError>(out)
+    })?;
+    let mut out = Vec::with_capacity(n);
+    for p in parts {
+        out.extend(p?);
+    }
+    Ok(out)
+}
+
 pub(crate) fn row_hashes(columns: &[ArrayRef], n: usize, threads: usize) -> Result<Vec<u64>> {
     let per = n.div_ceil(threads.max(1)).max(1);
     let ranges: Vec<(usize, usize)> = (0..n).step_by(per).map(|s| (s, per.min(n - s))).collect();
@@ -509,6 +571,38 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(matches!(diff(&twice, &old.digest), Err(r) if r == 0 || r == 2));
+    }
+
+    /// A digest's keys come back in key order, negative and extreme ones included, for a
+    /// 64-bit key (rebuilt from the sorted form) as for a narrower one (gathered).
+    #[test]
+    fn sorted_keys_come_back_in_key_order() {
+        let keys = vec![5, -3, 0, i64::MIN, i64::MAX, -1];
+        let d = of_batch(&batch(keys.clone(), vec![None; 6]), 0)
+            .unwrap()
+            .unwrap();
+        let mut want = keys.clone();
+        want.sort();
+        let got = d.digest.sorted_keys().unwrap();
+        assert_eq!(
+            got.as_primitive::<deltalake::arrow::datatypes::Int64Type>()
+                .values(),
+            &want[..]
+        );
+        let narrow = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![Field::new("k", DataType::Int32, false)])),
+            vec![Arc::new(deltalake::arrow::array::Int32Array::from(vec![
+                4, -2, 9,
+            ]))],
+        )
+        .unwrap();
+        let d = of_batch(&narrow, 0).unwrap().unwrap();
+        let got = d.digest.sorted_keys().unwrap();
+        assert_eq!(
+            got.as_primitive::<deltalake::arrow::datatypes::Int32Type>()
+                .values(),
+            &[-2, 4, 9]
+        );
     }
 
     /// A NULL, an empty string and a string differ; equal rows hash equal.

@@ -1214,11 +1214,11 @@ async fn run_flow_once(
                 )
             })
             .flatten();
-        let events = if let Some(checked) = handed {
+        let pieces = if let Some(checked) = handed {
             // Exactly the rows this process just appended to the source, evaluated and
             // checked for this flow before that commit: no need to read back the files it
             // wrote.
-            with_run(setup, checked, run)?
+            checked
         } else {
             if setup.source_feed && !setup.table_mode() {
                 let feed =
@@ -1233,20 +1233,22 @@ async fn run_flow_once(
                 };
                 register_table(&ctx, strata_sql::SOURCE_PLACEHOLDER, &source, files).await?;
             }
-            let events = events_from(&ctx, setup, run).await?;
+            let pieces = evaluate_events(&ctx, setup).await?;
             let _ = ctx.deregister_table(strata_sql::SOURCE_PLACEHOLDER);
             let place = format!(
                 "the rows of {} added after version {}",
                 flow.source,
                 from.map_or("(start)".to_string(), |v| v.to_string())
             );
-            validate_events(setup, std::slice::from_ref(&events), &place)?;
-            events
+            validate_events(setup, &pieces, &place)?;
+            pieces
         };
-        phase("evaluated and checked the new events");
         report.source_versions = Some((from, source_version));
-        report.events = events.num_rows();
+        report.events = pieces.iter().map(RecordBatch::num_rows).sum();
         if setup.is_snapshot() {
+            // A snapshot's rows go to `to_events` in the pieces they came in: a large
+            // snapshot diffed by digest is never copied into one batch.
+            phase("evaluated and checked the new events");
             // The target reflects the latest stored version when no earlier run is pending.
             let in_step = store.is_some() && store_version == applied;
             let current = target.as_ref().filter(|_| in_step);
@@ -1256,7 +1258,7 @@ async fn run_flow_once(
                 store.is_some(),
                 current,
                 (&digest_dir, store_version),
-                &events,
+                &pieces,
                 run,
             )
             .await?;
@@ -1277,6 +1279,8 @@ async fn run_flow_once(
             superseded = s.superseded;
             Some(s.events)
         } else {
+            let events = with_run(setup, pieces, run)?;
+            phase("evaluated and checked the new events");
             to_commit = Some(vec![events.clone()]);
             Some(events)
         }

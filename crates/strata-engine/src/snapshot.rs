@@ -58,6 +58,83 @@ pub(crate) struct SnapshotEvents {
     pub state_digest: Option<digest::Digest>,
 }
 
+/// One snapshot's rows (data columns): the pieces they arrived in, put into one batch only
+/// when something needs them so (a 10M-row snapshot diffed by digest never is).
+struct Snap {
+    schema: SchemaRef,
+    pieces: Vec<RecordBatch>,
+    whole: std::sync::OnceLock<RecordBatch>,
+}
+
+impl Snap {
+    fn new(schema: SchemaRef, pieces: Vec<RecordBatch>) -> Self {
+        Snap {
+            schema,
+            pieces,
+            whole: std::sync::OnceLock::new(),
+        }
+    }
+
+    fn num_rows(&self) -> usize {
+        self.pieces.iter().map(RecordBatch::num_rows).sum()
+    }
+
+    /// The rows as one batch.
+    fn batch(&self) -> Result<&RecordBatch> {
+        if self.whole.get().is_none() {
+            let b = match self.pieces.as_slice() {
+                [one] => one.clone(),
+                _ => {
+                    concat_batches(&self.schema, &self.pieces).context(|| "snapshot rows".into())?
+                }
+            };
+            let _ = self.whole.set(b);
+        }
+        self.whole
+            .get()
+            .ok_or_else(|| EngineError::Internal("snapshot rows".into()))
+    }
+
+    /// Rows `idx` (positions over all pieces), in that order.
+    fn take(&self, idx: &[u32]) -> Result<RecordBatch> {
+        if self.pieces.len() == 1 || idx.len() == self.num_rows() {
+            return take_rows(self.batch()?, idx);
+        }
+        let mut starts = Vec::with_capacity(self.pieces.len());
+        let mut at = 0usize;
+        for b in &self.pieces {
+            starts.push(at);
+            at += b.num_rows();
+        }
+        let at: Vec<(usize, usize)> = idx
+            .iter()
+            .map(|&i| {
+                let p = starts.partition_point(|&s| s <= i as usize) - 1;
+                (p, i as usize - starts[p])
+            })
+            .collect();
+        let refs: Vec<&RecordBatch> = self.pieces.iter().collect();
+        compute::interleave_record_batch(&refs, &at).context(|| "snapshot rows".into())
+    }
+
+    /// [`make_events`] of rows `idx`.
+    fn events(
+        &self,
+        setup: &FlowSetup,
+        idx: &[u32],
+        v: &ScalarValue,
+        op: i8,
+        run: i64,
+    ) -> Result<RecordBatch> {
+        if self.pieces.len() == 1 || self.whole.get().is_some() {
+            return make_events(setup, self.batch()?, idx, v, op, run);
+        }
+        let rows = self.take(idx)?;
+        let all: Vec<u32> = (0..rows.num_rows() as u32).collect();
+        make_events(setup, &rows, &all, v, op, run)
+    }
+}
+
 /// A snapshot's rows grouped by version, ascending.
 struct Versions {
     /// (version, row indices of the snapshot rows)
@@ -72,6 +149,30 @@ fn render_version(v: &ScalarValue) -> String {
 }
 
 /// Groups `rows` (event schema: data, seq, op, run) by version, ascending.
+/// The version of every row of `pieces` when they all have the same one (and there is a
+/// row), else `None`.
+fn one_version(setup: &FlowSetup, pieces: &[RecordBatch]) -> Result<Option<ScalarValue>> {
+    let Some(first) = pieces.iter().find(|b| b.num_rows() > 0) else {
+        return Ok(None);
+    };
+    let v = ScalarValue::try_from_array(first.column(setup.spec.n_out), 0)
+        .context(|| "reading a snapshot version".into())?;
+    let scalar = v
+        .to_scalar()
+        .context(|| "reading a snapshot version".into())?;
+    for b in pieces {
+        let same = deltalake::arrow::compute::kernels::cmp::not_distinct(
+            b.column(setup.spec.n_out),
+            &scalar,
+        )
+        .context(|| "grouping snapshot versions".into())?;
+        if same.true_count() != b.num_rows() {
+            return Ok(None);
+        }
+    }
+    Ok(Some(v))
+}
+
 fn group_versions(setup: &FlowSetup, rows: &RecordBatch) -> Result<Versions> {
     let seq = rows.column(setup.spec.n_out);
     if rows.num_rows() == 0 {
@@ -548,12 +649,33 @@ pub(crate) async fn to_events(
     has_store: bool,
     current: Option<&DeltaTable>,
     digest_at: (&std::path::Path, i64),
-    rows: &RecordBatch,
+    rows: &[RecordBatch],
     run: i64,
 ) -> Result<SnapshotEvents> {
     let steps = warehouse::Steps::new(&setup.flow.name, "snapshot: ");
     let step = |what: &str| warehouse::step!(debug, steps, what);
-    let versions = group_versions(setup, rows)?;
+    // One version (the common case): its rows stay in the pieces they came in. Several: the
+    // rows are put in one batch and grouped.
+    let one = one_version(setup, rows)?;
+    let whole = match &one {
+        Some(_) => None,
+        None => Some(match rows {
+            [b] => b.clone(),
+            _ => {
+                let schema = rows
+                    .first()
+                    .map_or_else(|| setup.event_schema.clone(), |b| b.schema());
+                concat_batches(&schema, rows).context(|| "snapshot rows".into())?
+            }
+        }),
+    };
+    let versions = match (&one, &whole) {
+        (Some(v), _) => Versions {
+            groups: vec![(v.clone(), Vec::new())],
+        },
+        (None, Some(w)) => group_versions(setup, w)?,
+        (None, None) => Versions { groups: Vec::new() },
+    };
     let mut applied: Vec<ScalarValue> = Vec::new();
     if has_store {
         register_effective(
@@ -574,7 +696,7 @@ pub(crate) async fn to_events(
     let mut markers: Vec<RecordBatch> = Vec::new();
     let mut superseded: Vec<RecordBatch> = Vec::new();
     let mut notes = Vec::new();
-    let mut last: Option<(ScalarValue, RecordBatch)> = None;
+    let mut last: Option<(ScalarValue, Snap)> = None;
     let mut current_state: Option<RecordBatch> = None;
     // Keys given a pin at a version earlier in this run: their state there is already
     // restored as it was (a later version's state before it is no longer the old one).
@@ -588,7 +710,18 @@ pub(crate) async fn to_events(
     let mut last_digest: Option<(ScalarValue, digest::Digest)> = None;
 
     for (v, idx) in &versions.groups {
-        let snap = data_only(setup, &take_rows(rows, idx)?)?;
+        let snap = match &whole {
+            None => Snap::new(
+                data_schema(setup),
+                rows.iter()
+                    .map(|b| data_only(setup, b))
+                    .collect::<Result<_>>()?,
+            ),
+            Some(w) => Snap::new(
+                data_schema(setup),
+                vec![data_only(setup, &take_rows(w, idx)?)?],
+            ),
+        };
         let p = applied.iter().rev().find(|a| *a < v).cloned();
         let n = applied.iter().find(|a| *a > v).cloned();
         let redelivery = stored.contains(v);
@@ -626,7 +759,7 @@ pub(crate) async fn to_events(
                 // Read the file while the snapshot is hashed.
                 let loading =
                     from_file.map(|(dir, at, fp)| scope.spawn(move || digest::load(dir, at, fp)));
-                let hashed = digest::of_batch(&snap, k);
+                let hashed = digest::of_pieces(&snap.pieces, k);
                 let saved = loading.and_then(|h| h.join().ok()).flatten();
                 hashed.map(|d| (d.map(|d| (k, d)), saved))
             })?,
@@ -635,19 +768,22 @@ pub(crate) async fn to_events(
         if let Some((k, sd)) = by_digest {
             step("hashed the snapshot's rows and sorted its keys");
             let old = match &p {
-                None => digest::Digest::empty(snap.column(k).data_type()),
+                None => digest::Digest::empty(snap.schema.field(k).data_type()),
                 Some(p) => match (last_digest.take(), &last, saved) {
                     // The version before was applied earlier in this run.
                     (Some((lv, d)), _, _) if &lv == p => d,
-                    (_, Some((lv, ls)), _) if lv == p => digest_of_state(ls, k)?,
+                    (_, Some((lv, ls)), _) if lv == p => digest_of_state(ls.batch()?, k)?,
                     (_, _, Some(d)) => d,
                     _ => digest_of_state(&state(p).await?, k)?,
                 },
             };
             step("read the state digest before the version");
-            let d = digest::diff(&sd, &old).map_err(|i| appears_twice(setup, &snap, i, v))?;
+            let d = digest::diff(&sd, &old).map_err(|i| match snap.take(&[i]) {
+                Ok(row) => appears_twice(setup, &row, 0, v),
+                Err(e) => e,
+            })?;
             step("diffed by digest");
-            parts.push(make_events(setup, &snap, &d.upserts, v, 0, run)?);
+            parts.push(snap.events(setup, &d.upserts, v, 0, run)?);
             parts.push(delete_events(setup, k, old.keys_at(&d.deletes)?, v, run)?);
             markers.push(marker(setup, v, run)?);
             let pos = applied.partition_point(|a| a < v);
@@ -660,7 +796,7 @@ pub(crate) async fn to_events(
         let state_p = match &p {
             None => empty.clone(),
             Some(p) => match &last {
-                Some((lv, ls)) if lv == p => ls.clone(),
+                Some((lv, ls)) if lv == p => ls.batch()?.clone(),
                 _ => state(p).await?,
             },
         };
@@ -671,6 +807,7 @@ pub(crate) async fn to_events(
         };
 
         step("read the state before the version");
+        let snap = snap.batch()?.clone();
         let d = diff(setup, &snap, &state_p, v)?;
         step("diffed");
         parts.push(make_events(setup, &snap, &d.upserts, v, 0, run)?);
@@ -756,7 +893,7 @@ pub(crate) async fn to_events(
             let pos = applied.partition_point(|a| a < v);
             applied.insert(pos, v.clone());
         }
-        last = Some((v.clone(), snap));
+        last = Some((v.clone(), Snap::new(data_schema(setup), vec![snap])));
     }
 
     let events =
