@@ -12,7 +12,9 @@
 //!                expect.rs checks expectations; changes.rs reads a target's feed
 //!   flow.rs:     streaming table → event store → fold (strata-core, via fold.rs) → target;
 //!                store.rs reads the touched keys' stored events through the page index;
-//!                snapshot.rs for AUTO CDC FROM SNAPSHOT, timeline.rs for conventions;
+//!                snapshot.rs for AUTO CDC FROM SNAPSHOT (digest.rs: the state digest it
+//!                diffs against), timeline.rs for conventions; sort.rs sorts integer
+//!                keys with their rows on every core;
 //!                rewrite.rs replaces the changed keys' rows, rewriting only files holding them
 //!                (or marking them in deletion vectors, dv.rs)
 //!   mview.rs:    materialized views and views; pit.rs: point-in-time tables

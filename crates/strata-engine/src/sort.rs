@@ -58,7 +58,7 @@ fn sort(values: Vec<u64>, threads: usize, keep_values: bool) -> Result<(Vec<u64>
     let row_bits = 64 - (n as u64).leading_zeros();
     let threads = threads.clamp(1, n.max(1));
     if value_bits + row_bits <= 64 {
-        let packed = bucket_sort(
+        let mut packed = bucket_sort(
             n,
             |i| ((values[i] - min) << row_bits) | i as u64,
             |p| p >> row_bits,
@@ -66,10 +66,18 @@ fn sort(values: Vec<u64>, threads: usize, keep_values: bool) -> Result<(Vec<u64>
             threads,
         )?;
         drop(values);
+        // Unpacked in place: the sorted values take the packed integers' memory.
         let mask = (1u64 << row_bits) - 1;
-        return unpack(&packed, threads, keep_values, |p| {
-            ((p >> row_bits) + min, (p & mask) as u32)
-        });
+        let mut rows = vec![0u32; n];
+        let per = n.div_ceil(threads).max(1);
+        let jobs: Vec<_> = packed.chunks_mut(per).zip(rows.chunks_mut(per)).collect();
+        on_threads(jobs, "sort", |(ps, rs)| {
+            for (p, r) in ps.iter_mut().zip(rs.iter_mut()) {
+                *r = (*p & mask) as u32;
+                *p = (*p >> row_bits) + min;
+            }
+        })?;
+        return Ok((if keep_values { packed } else { Vec::new() }, rows));
     }
     let pairs = bucket_sort(
         n,
