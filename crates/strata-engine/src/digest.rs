@@ -154,55 +154,46 @@ pub(crate) fn of_pieces(pieces: &[RecordBatch], key: usize) -> Result<Option<Sna
 /// A 64-bit hash per row of `columns` (`n` rows), computed in `threads` row ranges.
 /// The hash of every row of `pieces` (one after the other) over all columns but `key`.
 fn piece_hashes(pieces: &[RecordBatch], key: usize, threads: usize) -> Result<Vec<u64>> {
-    let values = |b: &RecordBatch| -> Vec<ArrayRef> {
-        (0..b.num_columns())
-            .filter(|&c| c != key)
-            .map(|c| b.column(c).clone())
-            .collect()
-    };
-    if let [one] = pieces {
-        return row_hashes(&values(one), one.num_rows(), threads);
-    }
-    // Runs of whole pieces with about the same number of rows, one per thread.
-    let n: usize = pieces.iter().map(RecordBatch::num_rows).sum();
+    let columns = pieces
+        .iter()
+        .map(|b| {
+            let values = (0..b.num_columns())
+                .filter(|&c| c != key)
+                .map(|c| b.column(c).clone())
+                .collect();
+            (b.num_rows(), values)
+        })
+        .collect();
+    hashes_of(columns, threads)
+}
+
+/// The hash of every row of `pieces` ((rows, columns of that many rows) each), one piece
+/// after the other: runs of whole pieces with about the same number of rows, one per thread.
+fn hashes_of(pieces: Vec<(usize, Vec<ArrayRef>)>, threads: usize) -> Result<Vec<u64>> {
+    let n: usize = pieces.iter().map(|p| p.0).sum();
     let per = n.div_ceil(threads.max(1)).max(1);
-    let mut runs: Vec<&[RecordBatch]> = Vec::new();
-    let (mut start, mut rows) = (0, 0);
-    for (i, b) in pieces.iter().enumerate() {
-        rows += b.num_rows();
-        if rows >= per {
-            runs.push(&pieces[start..=i]);
-            (start, rows) = (i + 1, 0);
+    let mut runs: Vec<Vec<(usize, Vec<ArrayRef>)>> = vec![Vec::new()];
+    let mut in_run = 0;
+    for p in pieces {
+        in_run += p.0;
+        if let Some(run) = runs.last_mut() {
+            run.push(p);
+        }
+        if in_run >= per {
+            runs.push(Vec::new());
+            in_run = 0;
         }
     }
-    runs.push(&pieces[start..]);
     let parts = crate::warehouse::on_threads(runs, "hash", |run| {
-        let mut out = Vec::with_capacity(run.iter().map(RecordBatch::num_rows).sum());
-        for b in run {
-            let mut h = vec![0u64; b.num_rows()];
-            for c in values(b) {
+        let mut out = Vec::with_capacity(run.iter().map(|p| p.0).sum());
+        for (rows, columns) in run {
+            let mut h = vec![0u64; rows];
+            for c in &columns {
                 hash_column(c.as_ref(), &mut h)?;
             }
             out.extend(h);
         }
         Ok::<_, EngineError>(out)
-    })?;
-    let mut out = Vec::with_capacity(n);
-    for p in parts {
-        out.extend(p?);
-    }
-    Ok(out)
-}
-
-pub(crate) fn row_hashes(columns: &[ArrayRef], n: usize, threads: usize) -> Result<Vec<u64>> {
-    let per = n.div_ceil(threads.max(1)).max(1);
-    let ranges: Vec<(usize, usize)> = (0..n).step_by(per).map(|s| (s, per.min(n - s))).collect();
-    let parts = crate::warehouse::on_threads(ranges, "hash", |(start, len)| {
-        let mut h = vec![0u64; len];
-        for c in columns {
-            hash_column(c.slice(start, len).as_ref(), &mut h)?;
-        }
-        Ok::<_, EngineError>(h)
     })?;
     let mut out = Vec::with_capacity(n);
     for p in parts {
@@ -605,11 +596,32 @@ mod tests {
         );
     }
 
+    /// The digest of a snapshot in pieces is the digest of the same rows in one batch, and a
+    /// snapshot of nothing but its key has a hash per row.
+    #[test]
+    fn pieces_digest_like_one_batch() {
+        let whole = batch(
+            vec![9, 3, 7, 1, 5],
+            vec![Some("i"), None, Some("g"), Some("a"), Some("")],
+        );
+        let pieces = [whole.slice(0, 2), whole.slice(2, 0), whole.slice(2, 3)];
+        let one = of_batch(&whole, 0).unwrap().unwrap();
+        let many = of_pieces(&pieces, 0).unwrap().unwrap();
+        assert_eq!(one.digest.ordered, many.digest.ordered);
+        assert_eq!(one.digest.hashes, many.digest.hashes);
+        assert_eq!(one.rows, many.rows);
+        let keys_only = whole.project(&[0]).unwrap();
+        let d = of_pieces(&[keys_only.slice(0, 3), keys_only.slice(3, 2)], 0)
+            .unwrap()
+            .unwrap();
+        assert_eq!(d.digest.hashes.len(), 5);
+    }
+
     /// A NULL, an empty string and a string differ; equal rows hash equal.
     #[test]
     fn hashes_tell_null_from_empty() {
         let b = batch(vec![1, 2, 3, 4], vec![None, Some(""), Some("x"), None]);
-        let h = row_hashes(&b.columns()[1..], 4, 1).unwrap();
+        let h = piece_hashes(&[b], 0, 1).unwrap();
         assert_ne!(h[0], h[1]);
         assert_ne!(h[1], h[2]);
         assert_eq!(h[0], h[3]);
