@@ -40,6 +40,9 @@ use strata_sql::{
 };
 
 const FILES_KEY: &str = "strata.files";
+/// Delta's switch for deleting commit files older than the log retention. Off on streaming
+/// tables that take files: their commit log is their record of the files taken.
+const KEEP_LOG_PROPERTY: &str = "delta.enableExpiredLogCleanup";
 
 /// What one ingestion run did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -690,6 +693,10 @@ pub(crate) async fn run_ingest(
             input,
             pending,
         } => {
+            // The files taken are recorded only in the commit log: this commit must not
+            // delete expired commit files (Delta writers do once a checkpoint covers them),
+            // or the next run would take their files again.
+            commit = commit.with_cleanup_expired_logs(Some(false));
             let key = setup.files_key();
             let new: Vec<String> = match pending {
                 Some(files) => files.clone(),
@@ -818,11 +825,24 @@ pub(crate) async fn run_ingest(
     let handle = match existing {
         Some(t) => t,
         None => {
+            let mut configuration = warehouse::table_configuration(&setup.table.properties);
+            let keeps_files = matches!(setup.source, Source::Files { .. });
+            let set = |k: &str| {
+                setup
+                    .table
+                    .properties
+                    .keys()
+                    .any(|p| p.eq_ignore_ascii_case(k))
+            };
+            if keeps_files && !set(KEEP_LOG_PROPERTY) {
+                // Other writers (Spark, delta-rs) must not delete the commits either.
+                configuration.push((KEEP_LOG_PROPERTY.to_string(), Some("false".to_string())));
+            }
             warehouse::create_delta(
                 &wh.table_path(name),
                 &name.name,
                 &setup.schema,
-                warehouse::table_configuration(&setup.table.properties),
+                configuration,
                 setup.table.comment.as_deref(),
                 Vec::new(),
             )

@@ -14,6 +14,7 @@ mod deletion_vectors;
 mod event_log;
 mod file_arrival;
 mod large_batch;
+mod log_retention;
 mod parquet_input;
 mod reuse_files;
 mod snapshot_digest;
