@@ -148,7 +148,6 @@ fn render_version(v: &ScalarValue) -> String {
     }
 }
 
-/// Groups `rows` (event schema: data, seq, op, run) by version, ascending.
 /// The version of every row of `pieces` when they all have the same one (and there is a
 /// row), else `None`.
 fn one_version(setup: &FlowSetup, pieces: &[RecordBatch]) -> Result<Option<ScalarValue>> {
@@ -173,6 +172,7 @@ fn one_version(setup: &FlowSetup, pieces: &[RecordBatch]) -> Result<Option<Scala
     Ok(Some(v))
 }
 
+/// Groups `rows` (event schema: data, seq, op, run) by version, ascending.
 fn group_versions(setup: &FlowSetup, rows: &RecordBatch) -> Result<Versions> {
     let seq = rows.column(setup.spec.n_out);
     if rows.num_rows() == 0 {
