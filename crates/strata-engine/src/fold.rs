@@ -291,7 +291,7 @@ fn fold_batch_in(
             SortBy::Rows(crate::sqlutil::rows(&sort_cols)?)
         }
     };
-    let sort_part = |mut order: Vec<u32>| -> Vec<u32> {
+    let sort_part = |mut order: Vec<u32>| -> Result<Vec<u32>> {
         match &sort_by {
             // Already in key order (events sorted by `columns_in_key_order`): nothing to do.
             SortBy::Ints(k)
@@ -302,7 +302,7 @@ fn fold_batch_in(
                 // By key only, keeping arrival order within a key (a stable radix sort):
                 // `order_events` then sorts each key's few events by sequence, which for
                 // events that mostly arrive in sequence order is a check, not a sort.
-                order = sorted_by_int_key(k, &order);
+                order = sorted_by_int_key(k, &order)?;
             }
             SortBy::Rows(rows) => order.sort_unstable_by(|&a, &b| {
                 rows.row(a as usize)
@@ -310,9 +310,11 @@ fn fold_batch_in(
                     .then(a.cmp(&b))
             }),
         }
-        order
+        Ok(order)
     };
-    let partitions = crate::warehouse::on_threads(partitions, "sort", sort_part)?;
+    let partitions = crate::warehouse::on_threads(partitions, "sort", sort_part)?
+        .into_iter()
+        .collect::<Result<Vec<_>>>()?;
     drop(sort_by);
     step("sorted");
     let lanes = if spec.options.ignore_null_updates {
@@ -401,59 +403,13 @@ fn fold_batch_in(
     Ok((rows, groups))
 }
 
-/// `order` (positions into `keys`) sorted by key, stably.
-pub(crate) fn sorted_by_int_key(keys: &[u64], order: &[u32]) -> Vec<u32> {
-    let tagged: Vec<(u64, u32)> = order.iter().map(|&i| (keys[i as usize], i)).collect();
-    radix_sort_by_key(tagged)
+/// `order` (positions into `keys`) sorted by key, stably (`sort.rs`, on this thread).
+pub(crate) fn sorted_by_int_key(keys: &[u64], order: &[u32]) -> Result<Vec<u32>> {
+    let values: Vec<u64> = order.iter().map(|&i| keys[i as usize]).collect();
+    Ok(crate::sort::sorted_rows(values, 1)?
         .into_iter()
-        .map(|(_, i)| i)
-        .collect()
-}
-
-/// `items` sorted by their key, stably, over the bits in which the keys differ (two passes
-/// for a million distinct integer keys).
-fn radix_sort_by_key(items: Vec<(u64, u32)>) -> Vec<(u64, u32)> {
-    let Some(min) = items.iter().map(|&(k, _)| k).min() else {
-        return items;
-    };
-    let max = items.iter().map(|&(k, _)| k).max().unwrap_or(min);
-    let bits = 64 - (max - min).leading_zeros();
-    radix_sort_bits(items, 0..bits, |(k, _)| k - min)
-}
-
-/// `items` sorted stably by bits `bits` of `key(item)`: a least-significant-digit radix sort,
-/// 11 bits a pass.
-pub(crate) fn radix_sort_bits<T: Copy + Default>(
-    items: Vec<T>,
-    bits: std::ops::Range<u32>,
-    key: impl Fn(T) -> u64,
-) -> Vec<T> {
-    const DIGIT_BITS: u32 = 11;
-    const BUCKETS: usize = 1 << DIGIT_BITS;
-    let mut src = items;
-    let mut dst = vec![T::default(); src.len()];
-    let mut shift = bits.start;
-    while shift < bits.end {
-        let digit = |item: T| ((key(item) >> shift) as usize) & (BUCKETS - 1);
-        let mut starts = vec![0usize; BUCKETS];
-        for &item in &src {
-            starts[digit(item)] += 1;
-        }
-        let mut sum = 0;
-        for s in starts.iter_mut() {
-            let n = *s;
-            *s = sum;
-            sum += n;
-        }
-        for &item in &src {
-            let d = digit(item);
-            dst[starts[d]] = item;
-            starts[d] += 1;
-        }
-        std::mem::swap(&mut src, &mut dst);
-        shift += DIGIT_BITS;
-    }
-    src
+        .map(|p| order[p as usize])
+        .collect())
 }
 
 /// `take` of every (column, indices) job, on up to `threads` threads, in job order.
@@ -530,8 +486,8 @@ mod tests {
     use deltalake::arrow::array::Int64Array;
     use deltalake::arrow::datatypes::{DataType, Field, Schema};
 
-    /// The radix sort orders by key and keeps the input order among equal keys, for keys
-    /// close together, far apart (more digits), and all equal.
+    /// The sort by key keeps the input order among equal keys, for keys close together, far
+    /// apart (more digits), and all equal.
     #[test]
     fn radix_sort_is_a_stable_sort_by_key() {
         let mut x: u64 = 7;
@@ -551,9 +507,16 @@ mod tests {
                 .collect();
             let mut expected = items.clone();
             expected.sort_by_key(|&(k, _)| k); // stable
-            assert_eq!(radix_sort_by_key(items), expected, "spread {spread}");
+            let keys: Vec<u64> = items.iter().map(|&(k, _)| k).collect();
+            let order: Vec<u32> = items.iter().map(|&(_, i)| i).collect();
+            let got: Vec<(u64, u32)> = sorted_by_int_key(&keys, &order)
+                .unwrap()
+                .into_iter()
+                .map(|i| (keys[i as usize], i))
+                .collect();
+            assert_eq!(got, expected, "spread {spread}");
         }
-        assert!(radix_sort_by_key(Vec::new()).is_empty());
+        assert!(sorted_by_int_key(&[], &[]).unwrap().is_empty());
     }
 
     /// Folding the keys in parts (threads) gives the rows one part gives, for SCD type 1 and

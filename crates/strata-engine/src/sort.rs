@@ -1,7 +1,7 @@
 //! Sorting integer keys together with their row numbers, on several threads.
 //!
 //! The hot paths put millions of integer keys in order (a snapshot's keys for its digest,
-//! a batch's event keys before the fold) and need, for each position of the result, the
+//! a batch's event keys before the fold, each part of the fold's input) and need, for each position of the result, the
 //! row the key came from, rows of equal keys in row order. [`sorted_with_rows`] does it in
 //! three steps, each split over the threads:
 //!
