@@ -190,10 +190,9 @@ pub(crate) async fn replace_keys(
                 }
             })
         };
-        let props = warehouse::writer_properties(table);
         let (marked, cdc) = tokio::try_join!(
             mark_deleted(table, &shared, &root, snapshot, &deleted),
-            write_change_file(&root, &schema, old_rows, &new_rows, props),
+            write_change_file(table, &root, &schema, old_rows, &new_rows),
         )?;
         let adds = rows_file
             .await
@@ -274,8 +273,7 @@ pub(crate) async fn replace_keys(
         keys.join(", ")
     );
     warehouse::step!(debug, steps, "rewrote them");
-    let props = warehouse::writer_properties(table);
-    let cdc = write_change_file(&root, &schema, old_rows, &new_rows, props).await?;
+    let cdc = write_change_file(table, &root, &schema, old_rows, &new_rows).await?;
     commit_replacement(table, cdc, actions, SaveMode::Overwrite, what, commit).await?;
     warehouse::step!(debug, steps, "wrote the change file and committed");
     Ok(Some(Replaced {
@@ -593,14 +591,15 @@ fn cast_to(array: &ArrayRef, to: &DataType) -> Result<ArrayRef> {
 }
 
 /// Writes `deleted` as `delete` rows and `inserted` as `insert` rows to a new change data
-/// file of the table at `root`, and returns its action.
+/// file of `table` (at `root`), with the table's writer settings, and returns its action.
 async fn write_change_file(
+    table: &DeltaTable,
     root: &Path,
     schema: &SchemaRef,
     deleted: &RecordBatch,
     inserted: &RecordBatch,
-    props: deltalake::datafusion::parquet::file::properties::WriterProperties,
 ) -> Result<AddCDCFile> {
+    let props = warehouse::writer_properties(table);
     let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
     fields.push(Field::new(CHANGE_TYPE, DataType::Utf8, false));
     let feed_schema = Arc::new(Schema::new(fields));
