@@ -151,20 +151,24 @@ pub(crate) fn of_pieces(pieces: &[RecordBatch], key: usize) -> Result<Option<Sna
     }))
 }
 
-/// A 64-bit hash per row of `columns` (`n` rows), computed in `threads` row ranges.
-/// The hash of every row of `pieces` (one after the other) over all columns but `key`.
+/// The hash of every row of `pieces` (one after the other) over all columns but `key`. A
+/// piece longer than a thread's share is cut into shares, so that one large batch is hashed
+/// on every thread too.
 fn piece_hashes(pieces: &[RecordBatch], key: usize, threads: usize) -> Result<Vec<u64>> {
-    let columns = pieces
-        .iter()
-        .map(|b| {
-            let values = (0..b.num_columns())
-                .filter(|&c| c != key)
-                .map(|c| b.column(c).clone())
-                .collect();
-            (b.num_rows(), values)
-        })
-        .collect();
-    hashes_of(columns, threads)
+    let n: usize = pieces.iter().map(RecordBatch::num_rows).sum();
+    let per = n.div_ceil(threads.max(1)).max(1);
+    let mut slices = Vec::new();
+    for b in pieces {
+        let values: Vec<ArrayRef> = (0..b.num_columns())
+            .filter(|&c| c != key)
+            .map(|c| b.column(c).clone())
+            .collect();
+        for start in (0..b.num_rows()).step_by(per) {
+            let len = per.min(b.num_rows() - start);
+            slices.push((len, values.iter().map(|c| c.slice(start, len)).collect()));
+        }
+    }
+    hashes_of(slices, threads)
 }
 
 /// The hash of every row of `pieces` ((rows, columns of that many rows) each), one piece
@@ -615,6 +619,25 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(d.digest.hashes.len(), 5);
+    }
+
+    /// Hashes do not depend on how the rows are cut: one batch or pieces, one thread or
+    /// several (a large batch is cut into one share per thread).
+    #[test]
+    fn hashes_do_not_depend_on_pieces_or_threads() {
+        let names: Vec<Option<&str>> = (0..7).map(|i| [Some("a"), None, Some("")][i % 3]).collect();
+        let whole = batch((0..7).collect(), names);
+        let want = piece_hashes(std::slice::from_ref(&whole), 0, 1).unwrap();
+        for threads in [2, 3, 8] {
+            let one = piece_hashes(std::slice::from_ref(&whole), 0, threads).unwrap();
+            assert_eq!(one, want, "{threads} thread(s)");
+            let pieces = [whole.slice(0, 5), whole.slice(5, 0), whole.slice(5, 2)];
+            assert_eq!(
+                piece_hashes(&pieces, 0, threads).unwrap(),
+                want,
+                "{threads} thread(s)"
+            );
+        }
     }
 
     /// A NULL, an empty string and a string differ; equal rows hash equal.
