@@ -8,10 +8,10 @@
 //! file, before anything is committed), and appends all rows in one Delta commit whose
 //! commit info lists the files taken (`strata.files`, or `strata.files.<flow>` for an append
 //! flow). A crash before the commit leaves nothing; after it, the files are known to be
-//! taken. A table source is read from the version after the one recorded in the target's
-//! application transaction `strata-source:<table>` (`strata-append:<flow>` for an append
-//! flow); the source of an AUTO CDC target is read through its change data feed
-//! (`changes.rs`).
+//! taken (`taken.rs` reads that record back, through a cache). A table source is read from
+//! the version after the one recorded in the target's application transaction
+//! `strata-source:<table>` (`strata-append:<flow>` for an append flow); the source of an AUTO
+//! CDC target is read through its change data feed (`changes.rs`).
 
 use crate::adopt;
 use crate::autoload;
@@ -20,6 +20,7 @@ use crate::error::{Context, EngineError, Result};
 use crate::expect::{self, ExpectationCount};
 use crate::flow::{self, FlowSetup};
 use crate::sqlutil;
+use crate::taken;
 use crate::warehouse::{self, Warehouse};
 use deltalake::arrow::array::RecordBatch;
 use deltalake::arrow::datatypes::{Field, Schema, SchemaRef};
@@ -31,7 +32,6 @@ use deltalake::kernel::transaction::CommitProperties;
 use deltalake::kernel::Transaction;
 use deltalake::protocol::SaveMode;
 use deltalake::DeltaTable;
-use futures::StreamExt;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -110,6 +110,13 @@ impl IngestSetup {
             None => FILES_KEY.to_string(),
             Some(f) => format!("{FILES_KEY}.{f}"),
         }
+    }
+
+    /// What this ingestion has taken into `table` so far: its commit log's record, read
+    /// through the cache of `taken.rs`.
+    async fn taken(&self, wh: &Warehouse, table: &DeltaTable) -> Result<taken::Taken> {
+        let cache = wh.taken_cache_path(&self.table.name);
+        taken::read(table, &cache, &self.files_key(), &self.schema_key()).await
     }
 
     /// The commit-info key recording the inferred input columns.
@@ -298,7 +305,8 @@ pub(crate) async fn prepare_ingest(
                     let columns = if *inferred {
                         let (taken, previous) = match &existing_table {
                             Some(t) => {
-                                read_taken(t, &setup.files_key(), &setup.schema_key()).await?
+                                let taken = setup.taken(wh, t).await?;
+                                (taken.files, taken.columns)
                             }
                             None => (BTreeSet::new(), Vec::new()),
                         };
@@ -467,32 +475,6 @@ pub(crate) async fn prepare_ingest(
     };
     setup.schema = schema;
     Ok(Some(setup))
-}
-
-/// What `table`'s commit history says an ingestion has taken: the input files listed under
-/// `files_key`, and the input columns the latest commit recorded under `schema_key` (none
-/// before the first). One pass over the history.
-async fn read_taken(
-    table: &DeltaTable,
-    files_key: &str,
-    schema_key: &str,
-) -> Result<(
-    BTreeSet<String>,
-    Vec<(String, deltalake::arrow::datatypes::DataType)>,
-)> {
-    let mut files = BTreeSet::new();
-    let mut columns = None;
-    let mut history = table.history(None);
-    while let Some(info) = history.next().await {
-        let info = info.context(|| "reading table history".into())?;
-        if let Some(serde_json::Value::Array(taken)) = info.info.get(files_key) {
-            files.extend(taken.iter().filter_map(|f| f.as_str().map(str::to_string)));
-        }
-        if columns.is_none() {
-            columns = info.info.get(schema_key).and_then(autoload::from_json);
-        }
-    }
-    Ok((files, columns.unwrap_or_default()))
 }
 
 /// Applies the table's query to `input` rows and casts them to the table's schema. The flag
@@ -702,7 +684,7 @@ pub(crate) async fn run_ingest(
                 Some(files) => files.clone(),
                 None => {
                     let taken = match &existing {
-                        Some(t) => read_taken(t, &key, &setup.schema_key()).await?.0,
+                        Some(t) => setup.taken(wh, t).await?.files,
                         None => BTreeSet::new(),
                     };
                     list_files(dir)?

@@ -7,7 +7,8 @@
 //!   pipeline.rs: runs the nodes in dependency order, independent ones side by side, one
 //!                event-log record each (event_log.rs); --select, --full-refresh, stop
 //!   ingest.rs:   read_files / STREAM(t) / append flows → streaming table (one commit: rows
-//!                + the files or source version taken); autoload.rs infers, evolves and
+//!                + the files or source version taken; taken.rs reads the files back
+//!                through a cache); autoload.rs infers, evolves and
 //!                rescues; adopt.rs takes pass-through Parquet files as they are;
 //!                expect.rs checks expectations; changes.rs reads a target's feed
 //!   flow.rs:     streaming table → event store → fold (strata-core, via fold.rs) → target;
@@ -50,6 +51,7 @@ mod sources;
 mod spec;
 mod sqlutil;
 mod store;
+mod taken;
 mod timeline;
 mod warehouse;
 

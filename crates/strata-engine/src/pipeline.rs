@@ -786,6 +786,18 @@ fn set_aside(
                 .context(|| format!("cannot move {} to {}", from.display(), to.display()))?;
             moved = true;
         }
+        // Caches derived from the old table and event store (the state digest, the record of
+        // files taken) go: they are checked against what they were made for, but the rebuilt
+        // table should not even meet them.
+        for cache in [
+            crate::digest::dir_for(&wh.event_store_path(t)),
+            wh.taken_cache_path(t),
+        ] {
+            if cache.exists() {
+                std::fs::remove_dir_all(&cache)
+                    .context(|| format!("cannot remove {}", cache.display()))?;
+            }
+        }
         if moved {
             out.push((t.clone(), base.join(&t.schema).join(&t.name)));
         }

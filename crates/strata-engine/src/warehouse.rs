@@ -141,6 +141,15 @@ impl Warehouse {
             .join("events")
     }
 
+    /// The cached record of the input files the streaming table `name` has taken (`taken.rs`).
+    pub fn taken_cache_path(&self, name: &TableName) -> PathBuf {
+        self.root
+            .join("_strata")
+            .join(&name.schema)
+            .join(&name.name)
+            .join("taken")
+    }
+
     /// Every table of the warehouse, sorted.
     pub fn list_tables(&self) -> Result<Vec<TableName>> {
         let mut out = Vec::new();

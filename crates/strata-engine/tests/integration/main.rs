@@ -18,3 +18,4 @@ mod log_retention;
 mod parquet_input;
 mod reuse_files;
 mod snapshot_digest;
+mod taken_cache;

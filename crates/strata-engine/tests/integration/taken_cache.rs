@@ -1,0 +1,117 @@
+//! A streaming table's record of the input files it took lives in its commit log; a run reads
+//! a cached union of that record up to some version and only the commits after it
+//! (`taken.rs`), so that the cost of a run does not grow with the table's age.
+//!
+//! These tests make the cache decide the outcome: once it is written, the commits it covers
+//! are deleted from the log (the table still opens from its checkpoint), so a run that ignored
+//! the cache would take the early files again.
+
+use crate::common;
+use std::path::Path;
+
+const PIPELINE: &str = "CREATE OR REFRESH STREAMING TABLE raw \
+     TBLPROPERTIES ('delta.checkpointInterval' = '5') \
+     AS SELECT * FROM STREAM read_files('data', format => 'json');\n";
+
+/// More runs than `taken::CACHE_AFTER` (32), one new file each.
+const RUNS: usize = 36;
+
+async fn run_adding(pipeline: &Path, wh: &strata_engine::Warehouse, data: &Path, n: usize) {
+    std::fs::write(
+        data.join(format!("{n:03}.json")),
+        format!("{{\"id\": {n}}}\n"),
+    )
+    .expect("write");
+    let report = strata_engine::run_pipeline_file(pipeline, wh)
+        .await
+        .unwrap_or_else(|e| panic!("run {n}: {e}"));
+    assert_eq!(
+        report.ingests[0].files,
+        vec![format!("{n:03}.json")],
+        "run {n} takes exactly its new file"
+    );
+}
+
+fn cache_files(wh_dir: &Path) -> Vec<String> {
+    let dir = wh_dir.join("_strata/default/raw/taken/strata.files");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn runs_read_the_cached_record_and_only_the_commits_after_it() {
+    let (dir, pipeline, wh_dir, wh) = common::project(PIPELINE);
+    let data = dir.path().join("data");
+    for n in 1..=RUNS {
+        run_adding(&pipeline, &wh, &data, n).await;
+    }
+    // Run 33 found the table at version 32 (its creation and 32 appends), read those 33
+    // commits and cached the union up to version 32.
+    let cached = cache_files(&wh_dir);
+    assert_eq!(cached, vec![format!("{:020}.json", 32)], "{cached:?}");
+
+    // Remove the commits the cache covers, up to the last checkpoint at or below it (30),
+    // their commit info is gone, only the cache still says which files they took.
+    let log = wh_dir.join("default/raw/_delta_log");
+    for v in 0..30 {
+        std::fs::remove_file(log.join(format!("{v:020}.json"))).expect("remove commit");
+    }
+    run_adding(&pipeline, &wh, &data, RUNS + 1).await;
+    let text = common::query_text(
+        &wh,
+        "SELECT count(*) AS n, count(DISTINCT id) AS d FROM raw",
+    )
+    .await;
+    assert!(text.contains(&format!("| {0} | {0} |", RUNS + 1)), "{text}");
+
+    // A run with nothing new reads the cache and the few commits after it.
+    let report = strata_engine::run_pipeline_file(&pipeline, &wh)
+        .await
+        .expect("no-op run");
+    assert!(report.ingests[0].files.is_empty());
+}
+
+#[tokio::test]
+async fn a_cache_left_by_a_dropped_table_is_not_used_for_its_successor() {
+    let (dir, pipeline, wh_dir, wh) = common::project(PIPELINE);
+    let data = dir.path().join("data");
+    for n in 1..=RUNS {
+        run_adding(&pipeline, &wh, &data, n).await;
+    }
+    assert_eq!(cache_files(&wh_dir), vec![format!("{:020}.json", 32)]);
+    // The table is dropped by hand (its cache under _strata stays) and created again by the
+    // next run, while one of the old files is away: the new table takes all the others.
+    std::fs::remove_dir_all(wh_dir.join("default/raw")).expect("drop the table");
+    let away = dir.path().join("005.json");
+    std::fs::rename(data.join("005.json"), &away).expect("move");
+    let report = strata_engine::run_pipeline_file(&pipeline, &wh)
+        .await
+        .expect("run after the drop");
+    assert_eq!(report.ingests[0].files.len(), RUNS - 1);
+    // Grow the new table past the old cache's version, so that the old cache (which lists
+    // 005.json) is a candidate, then bring the file back: the new table never took it.
+    for n in RUNS + 1..=RUNS + 33 {
+        run_adding(&pipeline, &wh, &data, n).await;
+    }
+    std::fs::rename(&away, data.join("005.json")).expect("move back");
+    let report = strata_engine::run_pipeline_file(&pipeline, &wh)
+        .await
+        .expect("run with the file back");
+    assert_eq!(report.ingests[0].files, vec!["005.json".to_string()]);
+    let text = common::query_text(
+        &wh,
+        "SELECT count(*) AS n, count(DISTINCT id) AS d FROM raw",
+    )
+    .await;
+    assert!(
+        text.contains(&format!("| {0} | {0} |", RUNS + 33)),
+        "{text}"
+    );
+}
