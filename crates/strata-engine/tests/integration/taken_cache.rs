@@ -115,3 +115,28 @@ async fn a_cache_left_by_a_dropped_table_is_not_used_for_its_successor() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn a_full_refresh_deletes_the_cache_and_takes_every_file_again() {
+    let (dir, pipeline, wh_dir, wh) = common::project(PIPELINE);
+    let data = dir.path().join("data");
+    for n in 1..=RUNS {
+        run_adding(&pipeline, &wh, &data, n).await;
+    }
+    assert_eq!(cache_files(&wh_dir).len(), 1);
+    let options = strata_engine::RunOptions {
+        full_refresh: Some(Vec::new()),
+        ..Default::default()
+    };
+    let report = strata_engine::run_pipeline(&pipeline, &wh, &options)
+        .await
+        .expect("full refresh");
+    assert_eq!(report.ingests[0].files.len(), RUNS);
+    assert!(
+        cache_files(&wh_dir).is_empty(),
+        "{:?}",
+        cache_files(&wh_dir)
+    );
+    let text = common::query_text(&wh, "SELECT count(*) AS n FROM raw").await;
+    assert!(text.contains(&format!("| {RUNS} |")), "{text}");
+}
