@@ -132,22 +132,22 @@ impl Warehouse {
         self.root.join(&name.schema).join(&name.name)
     }
 
-    /// The event store of the AUTO CDC target `name`.
-    pub fn event_store_path(&self, name: &TableName) -> PathBuf {
+    /// Where strata keeps its own state of table `name`, beside the table: `_strata/<schema>/<name>`.
+    fn state_path(&self, name: &TableName) -> PathBuf {
         self.root
             .join("_strata")
             .join(&name.schema)
             .join(&name.name)
-            .join("events")
+    }
+
+    /// The event store of the AUTO CDC target `name`.
+    pub fn event_store_path(&self, name: &TableName) -> PathBuf {
+        self.state_path(name).join("events")
     }
 
     /// The cached record of the input files the streaming table `name` has taken (`taken.rs`).
     pub fn taken_cache_path(&self, name: &TableName) -> PathBuf {
-        self.root
-            .join("_strata")
-            .join(&name.schema)
-            .join(&name.name)
-            .join("taken")
+        self.state_path(name).join("taken")
     }
 
     /// Every table of the warehouse, sorted.

@@ -45,8 +45,15 @@ fn cache_files(wh_dir: &Path) -> Vec<String> {
     names
 }
 
-#[tokio::test]
-async fn runs_read_the_cached_record_and_only_the_commits_after_it() {
+/// A project whose streaming table has taken `RUNS` files, one per run, and cached its
+/// record: (its directory, the pipeline, the warehouse directory, the warehouse, `data/`).
+async fn table_with_a_cache() -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    std::path::PathBuf,
+    strata_engine::Warehouse,
+    std::path::PathBuf,
+) {
     let (dir, pipeline, wh_dir, wh) = common::project(PIPELINE);
     let data = dir.path().join("data");
     for n in 1..=RUNS {
@@ -56,6 +63,12 @@ async fn runs_read_the_cached_record_and_only_the_commits_after_it() {
     // commits and cached the union up to version 32.
     let cached = cache_files(&wh_dir);
     assert_eq!(cached, vec![format!("{:020}.json", 32)], "{cached:?}");
+    (dir, pipeline, wh_dir, wh, data)
+}
+
+#[tokio::test]
+async fn runs_read_the_cached_record_and_only_the_commits_after_it() {
+    let (_dir, pipeline, wh_dir, wh, data) = table_with_a_cache().await;
 
     // Remove the commits the cache covers, up to the last checkpoint at or below it (30),
     // their commit info is gone, only the cache still says which files they took.
@@ -80,12 +93,7 @@ async fn runs_read_the_cached_record_and_only_the_commits_after_it() {
 
 #[tokio::test]
 async fn a_cache_left_by_a_dropped_table_is_not_used_for_its_successor() {
-    let (dir, pipeline, wh_dir, wh) = common::project(PIPELINE);
-    let data = dir.path().join("data");
-    for n in 1..=RUNS {
-        run_adding(&pipeline, &wh, &data, n).await;
-    }
-    assert_eq!(cache_files(&wh_dir), vec![format!("{:020}.json", 32)]);
+    let (dir, pipeline, wh_dir, wh, data) = table_with_a_cache().await;
     // The table is dropped by hand (its cache under _strata stays) and created again by the
     // next run, while one of the old files is away: the new table takes all the others.
     std::fs::remove_dir_all(wh_dir.join("default/raw")).expect("drop the table");
@@ -118,12 +126,7 @@ async fn a_cache_left_by_a_dropped_table_is_not_used_for_its_successor() {
 
 #[tokio::test]
 async fn a_full_refresh_deletes_the_cache_and_takes_every_file_again() {
-    let (dir, pipeline, wh_dir, wh) = common::project(PIPELINE);
-    let data = dir.path().join("data");
-    for n in 1..=RUNS {
-        run_adding(&pipeline, &wh, &data, n).await;
-    }
-    assert_eq!(cache_files(&wh_dir).len(), 1);
+    let (_dir, pipeline, wh_dir, wh, _data) = table_with_a_cache().await;
     let options = strata_engine::RunOptions {
         full_refresh: Some(Vec::new()),
         ..Default::default()
