@@ -132,7 +132,8 @@ impl Warehouse {
         self.root.join(&name.schema).join(&name.name)
     }
 
-    /// Where strata keeps its own state of table `name`, beside the table: `_strata/<schema>/<name>`.
+    /// Where strata keeps its own state of table `name` (event store, caches):
+    /// `_strata/<schema>/<name>`.
     fn state_path(&self, name: &TableName) -> PathBuf {
         self.root
             .join("_strata")

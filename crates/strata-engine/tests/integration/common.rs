@@ -43,3 +43,21 @@ pub fn write_parquet(path: &Path, columns: Vec<(&str, ArrayRef)>, required: &[&s
     writer.write(&batch).expect("write");
     writer.close().expect("close");
 }
+
+/// Puts `data/NNN.json` (one row, `id` = `n`) beside the others, runs `pipeline`, and checks
+/// that its one streaming table took exactly that file.
+pub async fn run_adding(pipeline: &Path, wh: &Warehouse, data: &Path, n: usize) {
+    std::fs::write(
+        data.join(format!("{n:03}.json")),
+        format!("{{\"id\": {n}}}\n"),
+    )
+    .expect("write");
+    let report = strata_engine::run_pipeline_file(pipeline, wh)
+        .await
+        .unwrap_or_else(|e| panic!("run {n}: {e}"));
+    assert_eq!(
+        report.ingests[0].files,
+        vec![format!("{n:03}.json")],
+        "run {n} takes exactly its new file"
+    );
+}

@@ -31,19 +31,7 @@ async fn takes_each_file_once(extra_properties: &str, cleanup_property: &str) {
     ));
     let data = dir.path().join("data");
     for run in 1..=6 {
-        std::fs::write(
-            data.join(format!("{run:03}.json")),
-            format!("{{\"id\": {run}}}\n"),
-        )
-        .expect("write");
-        let report = strata_engine::run_pipeline_file(&pipeline, &wh)
-            .await
-            .unwrap_or_else(|e| panic!("run {run}: {e}"));
-        assert_eq!(
-            report.ingests[0].files,
-            vec![format!("{run:03}.json")],
-            "run {run} takes exactly its new file"
-        );
+        common::run_adding(&pipeline, &wh, &data, run).await;
         // Let every commit so far age past the one-second retention.
         std::thread::sleep(std::time::Duration::from_millis(1100));
     }

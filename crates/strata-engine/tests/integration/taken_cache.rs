@@ -16,22 +16,6 @@ const PIPELINE: &str = "CREATE OR REFRESH STREAMING TABLE raw \
 /// More runs than `taken::CACHE_AFTER` (32), one new file each.
 const RUNS: usize = 36;
 
-async fn run_adding(pipeline: &Path, wh: &strata_engine::Warehouse, data: &Path, n: usize) {
-    std::fs::write(
-        data.join(format!("{n:03}.json")),
-        format!("{{\"id\": {n}}}\n"),
-    )
-    .expect("write");
-    let report = strata_engine::run_pipeline_file(pipeline, wh)
-        .await
-        .unwrap_or_else(|e| panic!("run {n}: {e}"));
-    assert_eq!(
-        report.ingests[0].files,
-        vec![format!("{n:03}.json")],
-        "run {n} takes exactly its new file"
-    );
-}
-
 fn cache_files(wh_dir: &Path) -> Vec<String> {
     let dir = wh_dir.join("_strata/default/raw/taken/strata.files");
     let mut names: Vec<String> = std::fs::read_dir(&dir)
@@ -57,7 +41,7 @@ async fn table_with_a_cache() -> (
     let (dir, pipeline, wh_dir, wh) = common::project(PIPELINE);
     let data = dir.path().join("data");
     for n in 1..=RUNS {
-        run_adding(&pipeline, &wh, &data, n).await;
+        common::run_adding(&pipeline, &wh, &data, n).await;
     }
     // Run 33 found the table at version 32 (its creation and 32 appends), read those 33
     // commits and cached the union up to version 32.
@@ -76,7 +60,7 @@ async fn runs_read_the_cached_record_and_only_the_commits_after_it() {
     for v in 0..30 {
         std::fs::remove_file(log.join(format!("{v:020}.json"))).expect("remove commit");
     }
-    run_adding(&pipeline, &wh, &data, RUNS + 1).await;
+    common::run_adding(&pipeline, &wh, &data, RUNS + 1).await;
     let text = common::query_text(
         &wh,
         "SELECT count(*) AS n, count(DISTINCT id) AS d FROM raw",
@@ -106,7 +90,7 @@ async fn a_cache_left_by_a_dropped_table_is_not_used_for_its_successor() {
     // Grow the new table past the old cache's version, so that the old cache (which lists
     // 005.json) is a candidate, then bring the file back: the new table never took it.
     for n in RUNS + 1..=RUNS + 33 {
-        run_adding(&pipeline, &wh, &data, n).await;
+        common::run_adding(&pipeline, &wh, &data, n).await;
     }
     std::fs::rename(&away, data.join("005.json")).expect("move back");
     let report = strata_engine::run_pipeline_file(&pipeline, &wh)
