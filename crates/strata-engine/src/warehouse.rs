@@ -13,6 +13,7 @@ use deltalake::arrow::datatypes::Schema;
 use deltalake::datafusion::execution::context::SessionContext;
 use deltalake::datafusion::parquet::basic::Compression;
 use deltalake::datafusion::parquet::file::properties::WriterProperties;
+use deltalake::datafusion::parquet::schema::types::ColumnPath;
 use deltalake::datafusion::prelude::SessionConfig;
 use deltalake::kernel::engine::arrow_conversion::TryIntoKernel;
 use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
@@ -229,6 +230,13 @@ pub(crate) const COMPRESSION_PROPERTY: &str = "strata.parquet.compression";
 /// [`crate::store::STORE_PAGE_ROWS`], so that a lookup by key reads few pages.
 pub(crate) const PAGE_ROWS_PROPERTY: &str = "strata.parquet.pageRows";
 
+/// `strata.parquet.plainColumns`: columns (comma-separated, any case) written in Parquet's
+/// PLAIN encoding instead of through a dictionary. strata sets it on the AUTO CDC targets it
+/// creates to their key and timeline columns, whose values are nearly all distinct: a
+/// dictionary there saves no space, costs a hash of every value on write, and makes the read
+/// of the key column that finds a batch's rows in the target (`rewrite.rs`) go through it.
+pub(crate) const PLAIN_COLUMNS_PROPERTY: &str = "strata.parquet.plainColumns";
+
 /// The codecs [`COMPRESSION_PROPERTY`] accepts, in Spark's spelling.
 const CODECS: &[&str] = &["snappy", "lz4_raw", "zstd", "gzip", "uncompressed"];
 
@@ -272,11 +280,10 @@ pub(crate) fn check_parquet_properties(
 }
 
 /// The Parquet writer settings for new files of `table`: its [`COMPRESSION_PROPERTY`] (else
-/// Snappy) and [`PAGE_ROWS_PROPERTY`].
+/// Snappy), [`PAGE_ROWS_PROPERTY`] and [`PLAIN_COLUMNS_PROPERTY`].
 pub(crate) fn writer_properties(table: &DeltaTable) -> WriterProperties {
-    let config = table
-        .snapshot()
-        .ok()
+    let snapshot = table.snapshot().ok();
+    let config = snapshot
         .map(|s| s.metadata().configuration().clone())
         .unwrap_or_default();
     let get = |name: &str| {
@@ -293,6 +300,19 @@ pub(crate) fn writer_properties(table: &DeltaTable) -> WriterProperties {
         props = props
             .set_data_page_row_count_limit(n)
             .set_write_batch_size(n.min(1024));
+    }
+    if let (Some(list), Some(snapshot)) = (get(PLAIN_COLUMNS_PROPERTY), snapshot) {
+        let schema = snapshot.schema();
+        for name in list.split(',').map(str::trim) {
+            // The column's own spelling; a name the table lacks is ignored.
+            if let Some(f) = schema
+                .fields()
+                .find(|f| f.name().eq_ignore_ascii_case(name))
+            {
+                props =
+                    props.set_column_dictionary_enabled(ColumnPath::from(f.name().as_str()), false);
+            }
+        }
     }
     props.build()
 }

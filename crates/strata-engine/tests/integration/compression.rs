@@ -172,3 +172,110 @@ async fn an_event_store_is_sorted_by_key_in_small_pages() {
     want.sort();
     assert_eq!(stored, want, "one file, in key order");
 }
+
+/// For each column of the Parquet files under `dir` (recursively, change data files
+/// included): whether any of its chunks is dictionary-encoded.
+fn dictionary_columns(dir: &Path) -> std::collections::BTreeMap<String, bool> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read_dir") {
+            let p = e.expect("entry").path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "parquet") {
+                let reader = SerializedFileReader::new(std::fs::File::open(&p).expect("open"))
+                    .expect("parquet");
+                for rg in reader.metadata().row_groups() {
+                    for c in rg.columns() {
+                        *out.entry(c.column_path().string()).or_insert(false) |=
+                            c.dictionary_page_offset().is_some();
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A target strata creates writes its key and timeline columns without a dictionary (their
+/// values are nearly all distinct) and the others with one, in every file it writes;
+/// `strata.parquet.plainColumns` set by the user replaces that choice.
+#[tokio::test]
+async fn key_and_timeline_columns_are_written_plain() {
+    let pipeline_sql = "\
+CREATE OR REFRESH STREAMING TABLE raw
+AS SELECT * FROM STREAM read_files('data', format => 'json',
+  schema => 'id BIGINT, name STRING, seq BIGINT');
+CREATE OR REFRESH STREAMING TABLE hist;
+CREATE FLOW f1 AS AUTO CDC INTO hist FROM STREAM(raw) KEYS (id) SEQUENCE BY seq
+COLUMNS * EXCEPT (seq) STORED AS SCD TYPE 2;
+CREATE OR REFRESH STREAMING TABLE chosen
+TBLPROPERTIES ('strata.parquet.plainColumns' = 'NAME');
+CREATE FLOW f2 AS AUTO CDC INTO chosen FROM STREAM(raw) KEYS (id) SEQUENCE BY seq
+COLUMNS * EXCEPT (seq) STORED AS SCD TYPE 2;
+CREATE OR REFRESH STREAMING TABLE current;
+CREATE FLOW f3 AS AUTO CDC INTO current FROM STREAM(raw) KEYS (id) SEQUENCE BY seq
+COLUMNS * EXCEPT (seq) STORED AS SCD TYPE 1;
+";
+    let (dir, pipeline, wh_dir, wh) = common::project(pipeline_sql);
+    let data = dir.path().join("data");
+    std::fs::write(
+        data.join("001.json"),
+        "{\"id\":1,\"name\":\"a\",\"seq\":1}\n{\"id\":2,\"name\":\"b\",\"seq\":1}\n",
+    )
+    .expect("write");
+    strata_engine::run_pipeline_file(&pipeline, &wh)
+        .await
+        .expect("run 1");
+    // An update: the targets' files are rewritten and change data files written.
+    std::fs::write(
+        data.join("002.json"),
+        "{\"id\":1,\"name\":\"c\",\"seq\":2}\n",
+    )
+    .expect("write");
+    strata_engine::run_pipeline_file(&pipeline, &wh)
+        .await
+        .expect("run 2");
+    assert!(wh_dir.join("default/hist/_change_data").is_dir());
+
+    // Both tables have change data files, whose `_change_type` keeps its dictionary.
+    let expect = |pairs: &[(&str, bool)]| -> std::collections::BTreeMap<String, bool> {
+        let mut m: std::collections::BTreeMap<String, bool> =
+            pairs.iter().map(|(c, d)| (c.to_string(), *d)).collect();
+        m.insert("_change_type".to_string(), true);
+        m
+    };
+    assert_eq!(
+        dictionary_columns(&wh_dir.join("default/hist")),
+        expect(&[
+            ("id", false),
+            ("name", true),
+            ("__START_AT", false),
+            ("__END_AT", false)
+        ])
+    );
+    assert_eq!(
+        dictionary_columns(&wh_dir.join("default/chosen")),
+        expect(&[
+            ("id", true),
+            ("name", false),
+            ("__START_AT", true),
+            ("__END_AT", true)
+        ])
+    );
+    let current = dictionary_columns(&wh_dir.join("default/current"));
+    assert_eq!(
+        (current["id"], current["name"]),
+        (false, true),
+        "SCD1: the key"
+    );
+
+    let log =
+        std::fs::read_to_string(wh_dir.join("default/hist/_delta_log/00000000000000000000.json"))
+            .expect("log");
+    assert!(
+        log.contains(r#""strata.parquet.plainColumns":"id,__START_AT,__END_AT""#),
+        "{log}"
+    );
+}
