@@ -1,17 +1,19 @@
 //! `strata.parquet.compression` chooses the codec of every Parquet file strata writes into a
 //! table (appends, rewrites, change data files); strata's own event stores use LZ4_RAW; an
-//! unknown codec is refused before anything runs.
+//! unknown codec is refused before anything runs. `strata.parquet.plainColumns` keeps
+//! columns out of dictionary encoding (by default a target's key and timeline columns).
 
 use crate::common;
 
 use deltalake::parquet::basic::Compression;
+use deltalake::parquet::file::metadata::ColumnChunkMetaData;
 use deltalake::parquet::file::reader::{FileReader, SerializedFileReader};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-/// The codecs of every column chunk of every Parquet file under `dir` (recursively).
-fn codecs(dir: &Path) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
+/// Calls `each` with every column chunk of every Parquet file under `dir` (recursively,
+/// change data files included).
+fn each_chunk(dir: &Path, mut each: impl FnMut(&ColumnChunkMetaData)) {
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         for e in std::fs::read_dir(&d).expect("read_dir") {
@@ -22,17 +24,56 @@ fn codecs(dir: &Path) -> BTreeSet<String> {
                 let reader = SerializedFileReader::new(std::fs::File::open(&p).expect("open"))
                     .expect("parquet");
                 for rg in reader.metadata().row_groups() {
-                    for c in rg.columns() {
-                        out.insert(match c.compression() {
-                            Compression::ZSTD(_) => "ZSTD".to_string(),
-                            other => format!("{other:?}"),
-                        });
-                    }
+                    rg.columns().iter().for_each(&mut each);
                 }
             }
         }
     }
+}
+
+/// The codecs of every column chunk of every Parquet file under `dir`.
+fn codecs(dir: &Path) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    each_chunk(dir, |c| {
+        out.insert(match c.compression() {
+            Compression::ZSTD(_) => "ZSTD".to_string(),
+            other => format!("{other:?}"),
+        });
+    });
     out
+}
+
+/// For each column of the Parquet files under `dir`: whether any of its chunks is
+/// dictionary-encoded.
+fn dictionary_columns(dir: &Path) -> BTreeMap<String, bool> {
+    let mut out = BTreeMap::new();
+    each_chunk(dir, |c| {
+        *out.entry(c.column_path().string()).or_insert(false) |=
+            c.dictionary_page_offset().is_some();
+    });
+    out
+}
+
+/// Two runs of `pipeline`: two keys inserted, then one of them updated (the targets' files
+/// are rewritten and change data files written).
+async fn insert_then_update(data: &Path, pipeline: &Path, wh: &strata_engine::Warehouse) {
+    std::fs::write(
+        data.join("001.json"),
+        "{\"id\":1,\"name\":\"a\",\"seq\":1}\n{\"id\":2,\"name\":\"b\",\"seq\":1}\n",
+    )
+    .expect("write");
+    strata_engine::run_pipeline_file(pipeline, wh)
+        .await
+        .expect("run 1");
+    std::fs::write(
+        data.join("002.json"),
+        "{\"id\":1,\"name\":\"c\",\"seq\":2}\n",
+    )
+    .expect("write");
+    let report = strata_engine::run_pipeline_file(pipeline, wh)
+        .await
+        .expect("run 2");
+    assert!(report.flows.iter().all(|f| f.keys_changed == 1));
 }
 
 fn set(items: &[&str]) -> BTreeSet<String> {
@@ -56,26 +97,7 @@ COLUMNS * EXCEPT (seq) STORED AS SCD TYPE 2;
 #[tokio::test]
 async fn every_file_of_a_table_has_its_codec() {
     let (dir, pipeline, wh_dir, wh) = common::project(PIPELINE);
-    let data = dir.path().join("data");
-
-    std::fs::write(
-        data.join("001.json"),
-        "{\"id\":1,\"name\":\"a\",\"seq\":1}\n{\"id\":2,\"name\":\"b\",\"seq\":1}\n",
-    )
-    .expect("write");
-    strata_engine::run_pipeline_file(&pipeline, &wh)
-        .await
-        .expect("run 1");
-    // An update closes a version: the targets' files are rewritten and change files written.
-    std::fs::write(
-        data.join("002.json"),
-        "{\"id\":1,\"name\":\"c\",\"seq\":2}\n",
-    )
-    .expect("write");
-    let report = strata_engine::run_pipeline_file(&pipeline, &wh)
-        .await
-        .expect("run 2");
-    assert!(report.flows.iter().all(|f| f.keys_changed == 1));
+    insert_then_update(&dir.path().join("data"), &pipeline, &wh).await;
     assert!(wh_dir.join("default/fast/_change_data").is_dir());
 
     assert_eq!(codecs(&wh_dir.join("default/raw")), set(&["ZSTD"]));
@@ -173,31 +195,6 @@ async fn an_event_store_is_sorted_by_key_in_small_pages() {
     assert_eq!(stored, want, "one file, in key order");
 }
 
-/// For each column of the Parquet files under `dir` (recursively, change data files
-/// included): whether any of its chunks is dictionary-encoded.
-fn dictionary_columns(dir: &Path) -> std::collections::BTreeMap<String, bool> {
-    let mut out = std::collections::BTreeMap::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).expect("read_dir") {
-            let p = e.expect("entry").path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if p.extension().is_some_and(|x| x == "parquet") {
-                let reader = SerializedFileReader::new(std::fs::File::open(&p).expect("open"))
-                    .expect("parquet");
-                for rg in reader.metadata().row_groups() {
-                    for c in rg.columns() {
-                        *out.entry(c.column_path().string()).or_insert(false) |=
-                            c.dictionary_page_offset().is_some();
-                    }
-                }
-            }
-        }
-    }
-    out
-}
-
 /// A target strata creates writes its key and timeline columns without a dictionary (their
 /// values are nearly all distinct) and the others with one, in every file it writes;
 /// `strata.parquet.plainColumns` set by the user replaces that choice.
@@ -219,29 +216,12 @@ CREATE FLOW f3 AS AUTO CDC INTO current FROM STREAM(raw) KEYS (id) SEQUENCE BY s
 COLUMNS * EXCEPT (seq) STORED AS SCD TYPE 1;
 ";
     let (dir, pipeline, wh_dir, wh) = common::project(pipeline_sql);
-    let data = dir.path().join("data");
-    std::fs::write(
-        data.join("001.json"),
-        "{\"id\":1,\"name\":\"a\",\"seq\":1}\n{\"id\":2,\"name\":\"b\",\"seq\":1}\n",
-    )
-    .expect("write");
-    strata_engine::run_pipeline_file(&pipeline, &wh)
-        .await
-        .expect("run 1");
-    // An update: the targets' files are rewritten and change data files written.
-    std::fs::write(
-        data.join("002.json"),
-        "{\"id\":1,\"name\":\"c\",\"seq\":2}\n",
-    )
-    .expect("write");
-    strata_engine::run_pipeline_file(&pipeline, &wh)
-        .await
-        .expect("run 2");
+    insert_then_update(&dir.path().join("data"), &pipeline, &wh).await;
     assert!(wh_dir.join("default/hist/_change_data").is_dir());
 
     // Both tables have change data files, whose `_change_type` keeps its dictionary.
-    let expect = |pairs: &[(&str, bool)]| -> std::collections::BTreeMap<String, bool> {
-        let mut m: std::collections::BTreeMap<String, bool> =
+    let expect = |pairs: &[(&str, bool)]| -> BTreeMap<String, bool> {
+        let mut m: BTreeMap<String, bool> =
             pairs.iter().map(|(c, d)| (c.to_string(), *d)).collect();
         m.insert("_change_type".to_string(), true);
         m
