@@ -860,14 +860,12 @@ pub(crate) fn target_configuration(
         "strata.scdType".to_string(),
         Some(scd_type_property(setup.flow.stored_as).to_string()),
     ));
-    let set = |name: &str| user.keys().any(|k| k.eq_ignore_ascii_case(name));
-    if !set(warehouse::PLAIN_COLUMNS_PROPERTY) {
-        // Columns of nearly distinct values: the keys, and the timeline's.
+    if !warehouse::sets_property(user, warehouse::PLAIN_COLUMNS_PROPERTY) {
+        // Columns of nearly distinct values: the keys, and the timeline's (a boolean current
+        // flag among them never gets a dictionary anyway).
         let mut plain = setup.key_names.clone();
         if setup.flow.stored_as.has_timeline() {
-            let t = &setup.timeline;
-            plain.extend([t.valid_from.clone(), t.valid_to.clone()]);
-            plain.extend(t.surrogate_key.iter().chain(&t.updated_at).cloned());
+            plain.extend(setup.timeline.column_names());
         }
         conf.push((
             warehouse::PLAIN_COLUMNS_PROPERTY.to_string(),

@@ -809,14 +809,8 @@ pub(crate) async fn run_ingest(
         None => {
             let mut configuration = warehouse::table_configuration(&setup.table.properties);
             let keeps_files = matches!(setup.source, Source::Files { .. });
-            let set = |k: &str| {
-                setup
-                    .table
-                    .properties
-                    .keys()
-                    .any(|p| p.eq_ignore_ascii_case(k))
-            };
-            if keeps_files && !set(KEEP_LOG_PROPERTY) {
+            if keeps_files && !warehouse::sets_property(&setup.table.properties, KEEP_LOG_PROPERTY)
+            {
                 // Other writers (Spark, delta-rs) must not delete the commits either.
                 configuration.push((KEEP_LOG_PROPERTY.to_string(), Some("false".to_string())));
             }

@@ -333,6 +333,14 @@ pub(crate) fn table_configuration<'a>(
     conf
 }
 
+/// Whether `properties` (as written in `TBLPROPERTIES`) set `name`, in any case.
+pub(crate) fn sets_property(
+    properties: &std::collections::BTreeMap<String, String>,
+    name: &str,
+) -> bool {
+    properties.keys().any(|k| k.eq_ignore_ascii_case(name))
+}
+
 /// Creates an empty Delta table at `path`. Properties outside Delta's own (`strata.*`,
 /// `pipelines.*`) are kept as written.
 pub(crate) async fn create_delta(
