@@ -15,30 +15,28 @@
 //!
 //! The digest is a cache, never the record: it is a function of the event store (the state at
 //! the latest applied version is the fold of the stored events), written after the store commit
-//! of the run that made it, and named by that store version (`state/digest-<version>.parquet`
-//! next to the event store). A run uses it only when its version is the store's and the target
+//! of the run that made it, and named by that store version (`state/digest-<version>.arrow`, an Arrow IPC file: two
+//! uncompressed columns read straight into memory, next to the event store). A run uses it only when its version is the store's and the target
 //! reflects the store; otherwise (a crash between the commits, a digest from an older strata,
 //! a changed schema, no digest yet) the run reads the target as before and writes a new one.
 //! It serves flows with one integer-like key, like the page-index store read (`store.rs`).
 
 use crate::error::{Context, EngineError, Result};
 use deltalake::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, UInt32Array, UInt64Array};
+use deltalake::arrow::buffer::ScalarBuffer;
 use deltalake::arrow::compute;
-use deltalake::arrow::datatypes::{DataType, Field, Schema};
+use deltalake::arrow::datatypes::{DataType, Field, Schema, UInt64Type};
+use deltalake::arrow::ipc::reader::FileReader;
+use deltalake::arrow::ipc::writer::FileWriter;
 use deltalake::arrow::row::{RowConverter, SortField};
-use deltalake::datafusion::parquet::arrow::arrow_reader::{
-    ArrowReaderMetadata, ParquetRecordBatchReaderBuilder,
-};
-use deltalake::datafusion::parquet::arrow::ArrowWriter;
-use deltalake::datafusion::parquet::basic::{Compression, Encoding};
-use deltalake::datafusion::parquet::file::properties::{EnabledStatistics, WriterProperties};
-use deltalake::datafusion::parquet::schema::types::ColumnPath;
+use std::collections::HashMap;
+use std::io::{BufReader, BufWriter};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use twox_hash::XxHash3_64;
 
 /// Raised when the hashing or the file layout changes: older digests are then ignored.
-const FORMAT: &str = "1";
+const FORMAT: &str = "2";
 const STAMP_KEY: &str = "strata.digest";
 const HASH_COL: &str = "__strata_hash";
 
@@ -47,14 +45,14 @@ pub(crate) struct Digest {
     keys: Keys,
     /// The keys in order-preserving integer form (`sqlutil::Ordered::Int`).
     ordered: Vec<u64>,
-    hashes: Vec<u64>,
+    hashes: ScalarBuffer<u64>,
 }
 
 /// The key column of a digest in its own type: as read (in key order), or a snapshot's
-/// column with the row of each position (put in key order only when needed).
+/// key column in pieces with the row of each position (put in key order only when needed).
 enum Keys {
     Sorted(ArrayRef),
-    Rows(ArrayRef, Arc<Vec<u32>>),
+    Rows(Vec<ArrayRef>, Arc<Vec<u32>>),
 }
 
 impl Digest {
@@ -62,16 +60,33 @@ impl Digest {
         Digest {
             keys: Keys::Sorted(deltalake::arrow::array::new_empty_array(key_type)),
             ordered: Vec::new(),
-            hashes: Vec::new(),
+            hashes: ScalarBuffer::from(Vec::new()),
+        }
+    }
+
+    /// A 64-bit integer key without NULLs: its order-preserving form is the value with the
+    /// sign bit flipped, so keys come back from `ordered` without a gather over the column.
+    fn int64_keys(&self) -> bool {
+        match &self.keys {
+            Keys::Sorted(_) => false,
+            Keys::Rows(pieces, _) => pieces
+                .iter()
+                .all(|c| c.data_type() == &DataType::Int64 && c.null_count() == 0),
         }
     }
 
     /// The key values at `positions`.
     pub(crate) fn keys_at(&self, positions: &[u32]) -> Result<ArrayRef> {
+        if self.int64_keys() {
+            let values = positions.iter().map(|&p| unflip(self.ordered[p as usize]));
+            return Ok(Arc::new(
+                deltalake::arrow::array::Int64Array::from_iter_values(values),
+            ));
+        }
         let (column, idx) = match &self.keys {
-            Keys::Sorted(c) => (c, UInt32Array::from(positions.to_vec())),
-            Keys::Rows(c, rows) => (
-                c,
+            Keys::Sorted(c) => (c.clone(), UInt32Array::from(positions.to_vec())),
+            Keys::Rows(pieces, rows) => (
+                crate::sqlutil::concat_arrays(pieces)?,
                 UInt32Array::from_iter_values(positions.iter().map(|&p| rows[p as usize])),
             ),
         };
@@ -80,24 +95,27 @@ impl Digest {
 
     /// The whole key column, in key order.
     fn sorted_keys(&self) -> Result<ArrayRef> {
+        if self.int64_keys() {
+            let values = self.ordered.iter().map(|&u| unflip(u));
+            return Ok(Arc::new(
+                deltalake::arrow::array::Int64Array::from_iter_values(values),
+            ));
+        }
         match &self.keys {
             Keys::Sorted(c) => Ok(c.clone()),
-            // A 64-bit integer key is its order-preserving form with the sign bit flipped
-            // back: a pass in order instead of a gather from all over the column.
-            Keys::Rows(c, _) if c.data_type() == &DataType::Int64 && c.null_count() == 0 => {
-                let values: Vec<i64> = self
-                    .ordered
-                    .iter()
-                    .map(|&u| (u ^ (1 << 63)) as i64)
-                    .collect();
-                Ok(Arc::new(deltalake::arrow::array::Int64Array::from(values)))
-            }
-            Keys::Rows(c, rows) => {
-                compute::take(c.as_ref(), &UInt32Array::from(rows.as_ref().clone()), None)
-                    .context(|| "ordering digest keys".into())
-            }
+            Keys::Rows(pieces, rows) => compute::take(
+                crate::sqlutil::concat_arrays(pieces)?.as_ref(),
+                &UInt32Array::from(rows.as_ref().clone()),
+                None,
+            )
+            .context(|| "ordering digest keys".into()),
         }
     }
+}
+
+/// A 64-bit integer from its order-preserving form (`sqlutil::Ordered::Int`).
+fn unflip(u: u64) -> i64 {
+    (u ^ (1 << 63)) as i64
 }
 
 /// A snapshot's digest and, for each of its positions, the snapshot row it came from.
@@ -115,37 +133,40 @@ pub(crate) fn of_batch(batch: &RecordBatch, key: usize) -> Result<Option<Snapsho
 /// [`of_batch`] of the rows of `pieces` (batches of one schema) one after the other,
 /// without first copying them into one batch.
 pub(crate) fn of_pieces(pieces: &[RecordBatch], key: usize) -> Result<Option<SnapshotDigest>> {
-    let key_parts: Vec<ArrayRef> = pieces.iter().map(|b| b.column(key).clone()).collect();
-    let Some(first) = key_parts.first() else {
+    if pieces.is_empty() {
         return Err(EngineError::Internal("a digest of no batch".into()));
-    };
-    let key_column = match key_parts.len() {
-        1 => first.clone(),
-        _ => crate::sqlutil::concat_arrays(&key_parts)?,
-    };
-    drop(key_parts);
-    let crate::sqlutil::Ordered::Int(ordered) = crate::sqlutil::Ordered::of(&key_column, None)?
-    else {
-        return Ok(None);
-    };
-    let n = key_column.len();
+    }
+    // The keys' order-preserving form straight from the pieces: no copy of the key column
+    // first (fresh memory costs a page fault per 4 KiB).
+    let n: usize = pieces.iter().map(RecordBatch::num_rows).sum();
+    let mut ordered = Vec::with_capacity(n);
+    for p in pieces {
+        match crate::sqlutil::Ordered::of(p.column(key), None)? {
+            crate::sqlutil::Ordered::Int(v) => ordered.extend_from_slice(&v),
+            crate::sqlutil::Ordered::Rows(_) => return Ok(None),
+        }
+    }
     let threads = crate::warehouse::threads_for(n);
     let (ordered, rows) = crate::sort::sorted_with_rows(ordered, threads)?;
     let by_row = piece_hashes(pieces, key, threads)?;
+    // Each position's hash, gathered on every thread into one allocation.
+    let mut hashes = vec![0u64; n];
     let per = n.div_ceil(threads.max(1)).max(1);
-    let hashes = crate::warehouse::on_threads(rows.chunks(per).collect(), "gather", |chunk| {
-        chunk
-            .iter()
-            .map(|&r| by_row[r as usize])
-            .collect::<Vec<u64>>()
-    })?
-    .concat();
+    let jobs: Vec<_> = rows.chunks(per).zip(hashes.chunks_mut(per)).collect();
+    crate::warehouse::on_threads(jobs, "gather", |(rs, hs)| {
+        for (r, h) in rs.iter().zip(hs.iter_mut()) {
+            *h = by_row[*r as usize];
+        }
+    })?;
     let rows = Arc::new(rows);
     Ok(Some(SnapshotDigest {
         digest: Digest {
-            keys: Keys::Rows(key_column, rows.clone()),
+            keys: Keys::Rows(
+                pieces.iter().map(|b| b.column(key).clone()).collect(),
+                rows.clone(),
+            ),
             ordered,
-            hashes,
+            hashes: ScalarBuffer::from(hashes),
         },
         rows,
     }))
@@ -172,7 +193,8 @@ fn piece_hashes(pieces: &[RecordBatch], key: usize, threads: usize) -> Result<Ve
 }
 
 /// The hash of every row of `pieces` ((rows, columns of that many rows) each), one piece
-/// after the other: runs of whole pieces with about the same number of rows, one per thread.
+/// after the other: runs of whole pieces with about the same number of rows, one per thread,
+/// each hashing into its own part of the output.
 fn hashes_of(pieces: Vec<(usize, Vec<ArrayRef>)>, threads: usize) -> Result<Vec<u64>> {
     let n: usize = pieces.iter().map(|p| p.0).sum();
     let per = n.div_ceil(threads.max(1)).max(1);
@@ -188,20 +210,25 @@ fn hashes_of(pieces: Vec<(usize, Vec<ArrayRef>)>, threads: usize) -> Result<Vec<
             in_run = 0;
         }
     }
-    let parts = crate::warehouse::on_threads(runs, "hash", |run| {
-        let mut out = Vec::with_capacity(run.iter().map(|p| p.0).sum());
+    let mut out = vec![0u64; n];
+    let mut jobs = Vec::with_capacity(runs.len());
+    let mut rest: &mut [u64] = &mut out;
+    for run in runs {
+        let (mine, others) = rest.split_at_mut(run.iter().map(|p| p.0).sum());
+        jobs.push((run, mine));
+        rest = others;
+    }
+    for done in crate::warehouse::on_threads(jobs, "hash", |(run, mut h)| {
         for (rows, columns) in run {
-            let mut h = vec![0u64; rows];
+            let (mine, others) = h.split_at_mut(rows);
             for c in &columns {
-                hash_column(c.as_ref(), &mut h)?;
+                hash_column(c.as_ref(), mine)?;
             }
-            out.extend(h);
+            h = others;
         }
-        Ok::<_, EngineError>(out)
-    })?;
-    let mut out = Vec::with_capacity(n);
-    for p in parts {
-        out.extend(p?);
+        Ok::<_, EngineError>(())
+    })? {
+        done?;
     }
     Ok(out)
 }
@@ -336,7 +363,7 @@ pub(crate) fn fingerprint(schema: &Schema, key: usize) -> String {
 }
 
 fn file_of(dir: &Path, store_version: i64) -> PathBuf {
-    dir.join(format!("digest-{store_version:020}.parquet"))
+    dir.join(format!("digest-{store_version:020}.arrow"))
 }
 
 /// The digest of the state after store version `store_version`, when one was written for it
@@ -358,40 +385,28 @@ fn read(path: &Path, fingerprint: &str) -> Result<Option<Digest>> {
         return Ok(None);
     };
     let what = || format!("reading {}", path.display());
-    let meta = ArrowReaderMetadata::load(&file, Default::default()).context(what)?;
-    let stamp = meta
+    let reader = FileReader::try_new(BufReader::new(file), None).context(what)?;
+    if reader
+        .schema()
         .metadata()
-        .file_metadata()
-        .key_value_metadata()
-        .and_then(|kv| kv.iter().find(|e| e.key == STAMP_KEY))
-        .and_then(|e| e.value.clone());
-    if stamp.as_deref() != Some(fingerprint) {
+        .get(STAMP_KEY)
+        .map(String::as_str)
+        != Some(fingerprint)
+    {
         return Ok(None);
     }
-    // Row groups in contiguous runs, one per thread, so that the key order is kept.
-    let groups = meta.metadata().num_row_groups();
-    let threads = crate::warehouse::parallelism().clamp(1, groups.max(1));
-    let per = groups.div_ceil(threads).max(1);
-    let lanes: Vec<Vec<usize>> = (0..groups)
-        .step_by(per)
-        .map(|s| (s..(s + per).min(groups)).collect())
-        .collect();
-    let read = crate::warehouse::on_threads(lanes, "read", |lane| -> Result<Vec<RecordBatch>> {
-        let file = std::fs::File::open(path).context(what)?;
-        ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta.clone())
-            .with_row_groups(lane)
-            .with_batch_size(64 * 1024)
-            .build()
-            .context(what)?
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .context(what)
-    })?;
-    let mut batches = Vec::new();
-    for lane in read {
-        batches.extend(lane?);
-    }
-    let schema = meta.schema().clone();
-    let all = compute::concat_batches(&schema, &batches).context(what)?;
+    let schema = reader.schema();
+    let batches = reader
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .context(what)?;
+    // Written as one batch; several are put together (a copy) all the same.
+    let all = match batches.len() {
+        1 => batches
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| RecordBatch::new_empty(schema)),
+        _ => compute::concat_batches(&schema, &batches).context(what)?,
+    };
     if all.num_columns() != 2 {
         return Ok(None);
     }
@@ -401,8 +416,8 @@ fn read(path: &Path, fingerprint: &str) -> Result<Option<Digest>> {
     };
     let hashes = all
         .column(1)
-        .as_primitive_opt::<deltalake::arrow::datatypes::UInt64Type>()
-        .map(|a| a.values().to_vec());
+        .as_primitive_opt::<UInt64Type>()
+        .map(|a| a.values().clone());
     match hashes {
         Some(hashes) if hashes.len() == ordered.len() => Ok(Some(Digest {
             keys: Keys::Sorted(keys),
@@ -425,38 +440,31 @@ pub(crate) fn save(
     let what = || format!("writing the state digest in {}", dir.display());
     std::fs::create_dir_all(dir).context(what)?;
     let keys = digest.sorted_keys()?;
-    let schema = Arc::new(Schema::new(vec![
-        Field::new(key_name, keys.data_type().clone(), false),
-        Field::new(HASH_COL, DataType::UInt64, false),
-    ]));
+    // The fingerprint rides in the schema's metadata: a digest made for other columns or
+    // by another format is never used.
+    let stamp = HashMap::from([(STAMP_KEY.to_string(), fingerprint.to_string())]);
+    let schema = Arc::new(Schema::new_with_metadata(
+        vec![
+            Field::new(key_name, keys.data_type().clone(), false),
+            Field::new(HASH_COL, DataType::UInt64, false),
+        ],
+        stamp,
+    ));
     let batch = RecordBatch::try_new(
         schema.clone(),
-        vec![keys, Arc::new(UInt64Array::from(digest.hashes.clone()))],
+        vec![
+            keys,
+            Arc::new(UInt64Array::new(digest.hashes.clone(), None)),
+        ],
     )
     .context(what)?;
-    // Sorted keys delta-encode to a few bits each; hashes are random and stored as they are.
-    let key_path = ColumnPath::from(key_name);
-    let hash_path = ColumnPath::from(HASH_COL);
-    let props = WriterProperties::builder()
-        .set_compression(Compression::UNCOMPRESSED)
-        .set_dictionary_enabled(false)
-        .set_statistics_enabled(EnabledStatistics::None)
-        .set_column_encoding(key_path, Encoding::DELTA_BINARY_PACKED)
-        .set_column_encoding(hash_path, Encoding::PLAIN)
-        .set_max_row_group_row_count(Some(1 << 20))
-        .set_key_value_metadata(Some(vec![
-            deltalake::datafusion::parquet::file::metadata::KeyValue::new(
-                STAMP_KEY.to_string(),
-                fingerprint.to_string(),
-            ),
-        ]))
-        .build();
     let target = file_of(dir, store_version);
     let tmp = dir.join(format!(".digest-{store_version:020}.tmp"));
     let file = std::fs::File::create(&tmp).context(what)?;
-    let mut writer = ArrowWriter::try_new(file, schema, Some(props)).context(what)?;
+    let mut writer = FileWriter::try_new(BufWriter::new(file), &schema).context(what)?;
     writer.write(&batch).context(what)?;
-    writer.close().context(what)?;
+    writer.finish().context(what)?;
+    drop(writer);
     std::fs::rename(&tmp, &target).context(what)?;
     // Older digests describe states the store has moved past.
     if let Ok(entries) = std::fs::read_dir(dir) {

@@ -150,7 +150,7 @@ async fn a_run_writes_one_digest_named_by_the_event_store_version() {
     let store_version = |p: &Path| -> i64 {
         let name = p.file_name().and_then(|n| n.to_str()).expect("name");
         name.trim_start_matches("digest-")
-            .trim_end_matches(".parquet")
+            .trim_end_matches(".arrow")
             .parse()
             .expect("a version")
     };
@@ -161,7 +161,7 @@ async fn a_run_writes_one_digest_named_by_the_event_store_version() {
     };
     assert!(store_log(store_version(&first[0])).exists());
     assert!(!store_log(store_version(&first[0]) + 1).exists());
-    let kept = dir.path().join("digest-after-run-0.parquet");
+    let kept = dir.path().join("digest-after-run-0.arrow");
     std::fs::copy(&first[0], &kept).expect("keep");
     write_run(dir.path(), 1, &all[1]);
     strata_engine::run_pipeline_file(&pipeline, &wh)
