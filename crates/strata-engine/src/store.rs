@@ -402,10 +402,18 @@ impl Window {
         for &g in groups {
             for c in meta.row_group(g).columns() {
                 let (s, len) = c.byte_range();
-                (start, end) = (start.min(s), end.max(s + len));
+                (start, end) = (start.min(s), end.max(s.saturating_add(len)));
             }
         }
         let file_len = file.metadata()?.len();
+        if end > file_len {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "its column chunks end at byte {end}, past the end of the file ({file_len})"
+                ),
+            ));
+        }
         let start = start.min(end);
         let mut bytes = vec![0u8; (end - start) as usize];
         file.seek(SeekFrom::Start(start))?;
@@ -426,7 +434,8 @@ impl Window {
             ))
         };
         let from = start.checked_sub(self.start).ok_or_else(outside)? as usize;
-        let to = length.map_or(self.bytes.len(), |l| from + l);
+        let to = length.map_or(Some(self.bytes.len()), |l| from.checked_add(l));
+        let to = to.ok_or_else(outside)?;
         if from > to || to > self.bytes.len() {
             return Err(outside());
         }
