@@ -15,9 +15,10 @@
 //!
 //! The digest is a cache, never the record: it is a function of the event store (the state at
 //! the latest applied version is the fold of the stored events), written after the store commit
-//! of the run that made it, and named by that store version (`state/digest-<version>.arrow`, an Arrow IPC file: two
-//! uncompressed columns read straight into memory, next to the event store). A run uses it only when its version is the store's and the target
-//! reflects the store; otherwise (a crash between the commits, a digest from an older strata,
+//! of the run that made it, and named by that store version (`state/digest-<version>.arrow`
+//! next to the event store: an Arrow IPC file of two uncompressed columns, read straight into
+//! memory). A run uses it only when its version is the store's and the target reflects the
+//! store; otherwise (a crash between the commits, a digest from an older strata,
 //! a changed schema, no digest yet) the run reads the target as before and writes a new one.
 //! It serves flows with one integer-like key, like the page-index store read (`store.rs`).
 
@@ -400,11 +401,8 @@ fn read(path: &Path, fingerprint: &str) -> Result<Option<Digest>> {
         .collect::<std::result::Result<Vec<_>, _>>()
         .context(what)?;
     // Written as one batch; several are put together (a copy) all the same.
-    let all = match batches.len() {
-        1 => batches
-            .into_iter()
-            .next()
-            .unwrap_or_else(|| RecordBatch::new_empty(schema)),
+    let all = match batches.as_slice() {
+        [one] => one.clone(),
         _ => compute::concat_batches(&schema, &batches).context(what)?,
     };
     if all.num_columns() != 2 {
@@ -605,6 +603,32 @@ mod tests {
             got.as_primitive::<deltalake::arrow::datatypes::Int32Type>()
                 .values(),
             &[-2, 4, 9]
+        );
+        // Keys at sorted positions: a narrow key in pieces (gathered from them), a 64-bit
+        // one (rebuilt from its sorted form) and one loaded from a file (as read).
+        let pieces = of_pieces(&[narrow.slice(0, 1), narrow.slice(1, 2)], 0)
+            .unwrap()
+            .unwrap();
+        let got = pieces.digest.keys_at(&[2, 0]).unwrap();
+        assert_eq!(
+            got.as_primitive::<deltalake::arrow::datatypes::Int32Type>()
+                .values(),
+            &[9, -2]
+        );
+        let wide = of_batch(&batch(keys, vec![None; 6]), 0).unwrap().unwrap();
+        let got = wide.digest.keys_at(&[5, 0]).unwrap();
+        let at = |g: &ArrayRef| {
+            g.as_primitive::<deltalake::arrow::datatypes::Int64Type>()
+                .values()
+                .to_vec()
+        };
+        assert_eq!(at(&got), vec![i64::MAX, i64::MIN]);
+        let dir = tempfile::tempdir().unwrap();
+        save(dir.path(), 1, "f", "k", &wide.digest).unwrap();
+        let loaded = load(dir.path(), 1, "f").unwrap();
+        assert_eq!(
+            at(&loaded.keys_at(&[5, 0]).unwrap()),
+            vec![i64::MAX, i64::MIN]
         );
     }
 

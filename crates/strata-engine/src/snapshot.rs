@@ -757,23 +757,16 @@ pub(crate) async fn to_events(
         let (by_digest, saved) = match (digest_key, newest) {
             (Some(k), true) => std::thread::scope(|scope| {
                 // Read the file while the snapshot is hashed.
+                // Its own clock: the step after the join shows the longer of the two.
                 let loading = from_file.map(|(dir, at, fp)| {
                     scope.spawn(move || {
-                        let t = std::time::Instant::now();
+                        let clock = warehouse::Steps::new(&setup.flow.name, "snapshot: ");
                         let d = digest::load(dir, at, fp);
-                        tracing::debug!(
-                            elapsed_ms = t.elapsed().as_millis() as u64,
-                            "snapshot: loaded the state digest"
-                        );
+                        warehouse::step!(debug, clock, "loaded the state digest");
                         d
                     })
                 });
-                let t = std::time::Instant::now();
                 let hashed = digest::of_pieces(&snap.pieces, k);
-                tracing::debug!(
-                    elapsed_ms = t.elapsed().as_millis() as u64,
-                    "snapshot: hashed and sorted"
-                );
                 let saved = loading.and_then(|h| h.join().ok()).flatten();
                 hashed.map(|d| (d.map(|d| (k, d)), saved))
             })?,
