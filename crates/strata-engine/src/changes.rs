@@ -234,14 +234,9 @@ fn call_of(factor: &TableFactor) -> Option<Result<Call>> {
     Some(Ok(Call { table, from, to }))
 }
 
-/// Replaces every `table_changes(...)` by a name registered in `ctx` holding that feed
-/// (pre-images included). Returns the rewritten SQL, or `None` when there is no call.
-pub(crate) async fn rewrite_table_changes(
-    wh: &crate::warehouse::Warehouse,
-    ctx: &deltalake::datafusion::prelude::SessionContext,
-    sql: &str,
-    schema: &str,
-) -> Result<Option<String>> {
+/// The statements of `sql` with every `table_changes(...)` replaced by the name
+/// `__strata_changes_<i>`, and the calls in that order; `None` when there is none.
+fn replace_calls(sql: &str) -> Result<Option<(Vec<sqlparser::ast::Statement>, Vec<Call>)>> {
     let Some(mut statements) = crate::sqlutil::statements_calling(sql, FUNCTION)? else {
         return Ok(None);
     };
@@ -296,11 +291,30 @@ pub(crate) async fn rewrite_table_changes(
     if replace.calls.is_empty() {
         return Ok(None);
     }
-    for (i, call) in replace.calls.iter().enumerate() {
-        let tn = match call.table.split_once('.') {
-            Some((s, n)) => TableName::new(Some(s), n),
-            None => TableName::new(Some(schema), &call.table),
-        };
+    Ok(Some((statements, replace.calls)))
+}
+
+/// `call`'s table, unqualified names in `schema`.
+fn call_table(call: &Call, schema: &str) -> TableName {
+    match call.table.split_once('.') {
+        Some((s, n)) => TableName::new(Some(s), n),
+        None => TableName::new(Some(schema), &call.table),
+    }
+}
+
+/// Replaces every `table_changes(...)` by a name registered in `ctx` holding that feed
+/// (pre-images included). Returns the rewritten SQL, or `None` when there is no call.
+pub(crate) async fn rewrite_table_changes(
+    wh: &crate::warehouse::Warehouse,
+    ctx: &deltalake::datafusion::prelude::SessionContext,
+    sql: &str,
+    schema: &str,
+) -> Result<Option<String>> {
+    let Some((statements, calls)) = replace_calls(sql)? else {
+        return Ok(None);
+    };
+    for (i, call) in calls.iter().enumerate() {
+        let tn = call_table(call, schema);
         let table = wh.open_table(&tn).await?.ok_or_else(|| {
             EngineError::NotFound(format!("{FUNCTION}('{}', ...): no table {tn}", call.table))
         })?;
@@ -314,6 +328,30 @@ pub(crate) async fn rewrite_table_changes(
         let feed = read_feed(&table, Some(call.from - 1), call.to, true).await?;
         let _ = ctx.deregister_table(format!("__strata_changes_{i}").as_str());
         ctx.register_batch(format!("__strata_changes_{i}").as_str(), feed)
+            .context(|| "registering the change feed".into())?;
+    }
+    Ok(Some(crate::sqlutil::statements_sql(&statements)))
+}
+
+/// [`rewrite_table_changes`] for planning only: each call becomes an empty table with the
+/// columns of its table's feed, the table's columns taken from `shapes`.
+pub(crate) fn shape_table_changes(
+    ctx: &deltalake::datafusion::prelude::SessionContext,
+    sql: &str,
+    schema: &str,
+    shapes: &crate::query::Shapes,
+) -> Result<Option<String>> {
+    let Some((statements, calls)) = replace_calls(sql)? else {
+        return Ok(None);
+    };
+    for (i, call) in calls.iter().enumerate() {
+        let tn = call_table(call, schema);
+        let columns = shapes.get(&tn).ok_or_else(|| {
+            EngineError::NotFound(format!("{FUNCTION}('{}', ...): no table {tn}", call.table))
+        })?;
+        let name = format!("__strata_changes_{i}");
+        let _ = ctx.deregister_table(name.as_str());
+        ctx.register_batch(name.as_str(), RecordBatch::new_empty(feed_schema(columns)))
             .context(|| "registering the change feed".into())?;
     }
     Ok(Some(crate::sqlutil::statements_sql(&statements)))

@@ -1,4 +1,5 @@
-//! Reading history: the `as_of('table', value)` table function of `strata query`.
+//! Reading history: the `as_of('table', value)` table function of `strata query` and of
+//! the pipeline's queries.
 //!
 //! `as_of` is rewritten, before DataFusion plans the query, into a subquery over the table
 //! that keeps the rows valid at `value`, using the table's own timeline columns (see
@@ -13,7 +14,9 @@ use crate::sqlutil::quote_ident;
 use crate::timeline::Timeline;
 use crate::warehouse::Warehouse;
 use deltalake::datafusion::sql::sqlparser;
-use sqlparser::ast::{Expr, Ident, TableAlias, TableFactor, Value, VisitMut, VisitorMut};
+use sqlparser::ast::{
+    Expr, Ident, ObjectName, TableAlias, TableFactor, Value, VisitMut, VisitorMut,
+};
 use sqlparser::dialect::GenericDialect;
 use sqlparser::parser::Parser;
 use std::collections::HashMap;
@@ -90,6 +93,63 @@ pub(crate) async fn rewrite_as_of(
     Ok(Some(crate::sqlutil::statements_sql(&statements)))
 }
 
+/// [`rewrite_as_of`] for planning only: each `as_of('t', value)` becomes the table `t`
+/// itself (same columns), so a query can be planned before `t` exists or has rows.
+pub(crate) fn shape_as_of(sql: &str) -> Result<Option<String>> {
+    let Some(mut statements) = crate::sqlutil::statements_calling(sql, FUNCTION)? else {
+        return Ok(None);
+    };
+    struct Plain {
+        error: Option<EngineError>,
+    }
+    impl VisitorMut for Plain {
+        type Break = ();
+        fn pre_visit_table_factor(&mut self, factor: &mut TableFactor) -> ControlFlow<()> {
+            let (table, _) = match as_of_call(factor) {
+                None => return ControlFlow::Continue(()),
+                Some(Ok(call)) => call,
+                Some(Err(e)) => {
+                    self.error = Some(e);
+                    return ControlFlow::Break(());
+                }
+            };
+            if let TableFactor::Table {
+                name, args, alias, ..
+            } = factor
+            {
+                let parts: Vec<Ident> = table
+                    .split('.')
+                    .map(|p| Ident::with_quote('"', p))
+                    .collect();
+                if alias.is_none() {
+                    *alias = Some(default_alias(&table));
+                }
+                *name = ObjectName::from(parts);
+                *args = None;
+            }
+            ControlFlow::Continue(())
+        }
+    }
+    let mut plain = Plain { error: None };
+    for s in statements.iter_mut() {
+        let _ = s.visit(&mut plain);
+    }
+    match plain.error {
+        Some(e) => Err(e),
+        None => Ok(Some(crate::sqlutil::statements_sql(&statements))),
+    }
+}
+
+/// The name an `as_of('t', ...)` without an alias is known by in the query: `t`.
+fn default_alias(table: &str) -> TableAlias {
+    TableAlias {
+        explicit: true,
+        name: Ident::new(table.rsplit('.').next().unwrap_or(table)),
+        columns: Vec::new(),
+        at: None,
+    }
+}
+
 /// The table name and value expression of an `as_of(...)` factor, or `None` for any other.
 fn as_of_call(factor: &TableFactor) -> Option<Result<(String, Expr)>> {
     let args = crate::sqlutil::table_function_args(factor, FUNCTION)?;
@@ -157,12 +217,7 @@ impl VisitorMut for Rewrite<'_> {
         };
         let alias = match factor {
             TableFactor::Table { alias: Some(a), .. } => a.clone(),
-            _ => TableAlias {
-                explicit: true,
-                name: Ident::new(name.rsplit('.').next().unwrap_or(&name)),
-                columns: Vec::new(),
-                at: None,
-            },
+            _ => default_alias(&name),
         };
         let (t, from, to) = (
             &h.reference,

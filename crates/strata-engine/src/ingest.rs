@@ -19,6 +19,8 @@ use crate::changes;
 use crate::error::{Context, EngineError, Result};
 use crate::expect::{self, ExpectationCount};
 use crate::flow::{self, FlowSetup};
+use crate::mview;
+use crate::query::{self, Shapes};
 use crate::sqlutil;
 use crate::taken;
 use crate::warehouse::{self, Warehouse};
@@ -36,7 +38,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use strata_sql::{
-    FileFormat, QuerySource, ReadFiles, SourceQuery, StreamingTable, TableName, SOURCE_PLACEHOLDER,
+    FileFormat, PipelinePlan, QuerySource, ReadFiles, SourceQuery, StreamingTable, TableName,
+    SOURCE_PLACEHOLDER,
 };
 
 const FILES_KEY: &str = "strata.files";
@@ -76,6 +79,19 @@ pub(crate) struct IngestSetup {
     pub evolve: bool,
     /// Flows that read this table: their batch checks run before each commit.
     pub downstream: Vec<FlowSetup>,
+    /// What the query joins in batch (a stream-static join); `None` when it reads only its
+    /// stream.
+    pub joins: Option<Joins>,
+}
+
+/// What a query that joins tables in batch resolves its names against: the pipeline's
+/// views and default schema. The joined tables are read as they are when the query runs
+/// (after the nodes that write them, in the same run), like a stream-static join in Spark:
+/// rows taken earlier are not recomputed when a joined table changes later.
+#[derive(Debug, Clone)]
+pub(crate) struct Joins {
+    views: BTreeMap<TableName, strata_sql::View>,
+    schema: String,
 }
 
 #[derive(Debug, Clone)]
@@ -231,19 +247,62 @@ async fn read_file(ctx: &SessionContext, path: &Path, spec: &ReadFiles) -> Resul
     result.map_err(|e| EngineError::BadInput(format!("file {}: {e}", path.display())))
 }
 
-/// Plans the table's query over `input` (registered as the placeholder) in a new session.
-async fn plan_query(sql: &str, input: SchemaRef) -> Result<SchemaRef> {
-    let ctx = warehouse::new_session();
-    ctx.register_batch(SOURCE_PLACEHOLDER, RecordBatch::new_empty(input))
-        .context(|| "registering input".into())?;
-    let df = ctx.sql(sql).await.context(|| sql.to_string())?;
-    Ok(Arc::new(df.schema().as_arrow().clone()))
+/// Where a query is planned, before anything runs: with joins, each joined table is an
+/// empty table of its columns (`shapes`: this run's schema of a table the pipeline writes,
+/// else the warehouse's), with the pipeline's views over them.
+struct Planning<'a> {
+    ctx: SessionContext,
+    joins: Option<(&'a Joins, Shapes)>,
+}
+
+impl Planning<'_> {
+    /// Plans `sql` over `input` (registered as the placeholder).
+    async fn plan(&self, sql: &str, input: SchemaRef) -> Result<SchemaRef> {
+        let sql = match &self.joins {
+            Some((j, shapes)) => query::rewrite_shape(&self.ctx, sql, &j.schema, shapes)?,
+            None => sql.to_string(),
+        };
+        let _ = self.ctx.deregister_table(SOURCE_PLACEHOLDER);
+        self.ctx
+            .register_batch(SOURCE_PLACEHOLDER, RecordBatch::new_empty(input))
+            .context(|| "registering input".into())?;
+        let df = self.ctx.sql(&sql).await.context(|| sql.to_string())?;
+        Ok(Arc::new(df.schema().as_arrow().clone()))
+    }
+}
+
+/// Where a query runs on each input of one run: with joins, a session over the warehouse
+/// as it is now (the joined tables, the pipeline's views) and the query with its table
+/// functions rewritten.
+struct Running {
+    ctx: SessionContext,
+    sql: String,
+}
+
+impl Running {
+    async fn new(wh: &Warehouse, setup: &IngestSetup) -> Result<Running> {
+        let Some(j) = &setup.joins else {
+            return Ok(Running {
+                ctx: warehouse::new_session(),
+                sql: setup.query_sql.clone(),
+            });
+        };
+        let ctx = query::warehouse_session_in(wh, &j.schema).await?;
+        mview::register_views(wh, &ctx, &j.views, &j.schema, None)
+            .await
+            .map_err(|e| setup.err(e))?;
+        let sql = query::rewrite(wh, &ctx, &setup.query_sql, &j.schema)
+            .await
+            .map_err(|e| setup.err(e))?;
+        Ok(Running { ctx, sql })
+    }
 }
 
 /// Checks a streaming table's query (or, with `append`, an append flow into it) and finds
-/// its row schema. `None` when it cannot be known yet (no files, no `schema =>`, no table):
-/// the table and its flows wait for input. `known` holds the schemas of the datasets
-/// prepared before, `feeds` the AUTO CDC targets (read through their change feed).
+/// its row schema. `Err(why)` when it cannot be known yet (no files, no `schema =>`, no
+/// table, a joined table with no columns yet): the table and its flows wait for input.
+/// `known` holds the schemas of the datasets prepared before, `feeds` the AUTO CDC targets
+/// (read through their change feed).
 pub(crate) async fn prepare_ingest(
     wh: &Warehouse,
     table: &StreamingTable,
@@ -251,7 +310,9 @@ pub(crate) async fn prepare_ingest(
     pipeline_dir: &Path,
     known: &BTreeMap<TableName, SchemaRef>,
     feeds: &BTreeSet<TableName>,
-) -> Result<Option<IngestSetup>> {
+    plan: &PipelinePlan,
+) -> Result<std::result::Result<IngestSetup, String>> {
+    const NO_INPUT: &str = "no input files yet and no schema => to plan with";
     let query: &SourceQuery = match (append, &table.query) {
         (Some(f), _) => &f.query,
         (None, Some(q)) => q,
@@ -270,6 +331,35 @@ pub(crate) async fn prepare_ingest(
         schema: Arc::new(Schema::empty()),
         evolve: false,
         downstream: Vec::new(),
+        joins: (!query.reads.is_empty()).then(|| Joins {
+            views: plan.views.clone(),
+            schema: plan.default_schema.clone(),
+        }),
+    };
+    let planning = match &setup.joins {
+        None => Planning {
+            ctx: warehouse::new_session(),
+            joins: None,
+        },
+        Some(j) => {
+            let mut shapes = Shapes::new();
+            for t in plan.joined_tables(query) {
+                let columns = match known.get(&t) {
+                    Some(s) => s.clone(),
+                    None => match wh.open_table(&t).await? {
+                        Some(existing) => sqlutil::table_schema(&existing)?,
+                        None => return Ok(Err(format!("it joins {t}, which has no columns yet"))),
+                    },
+                };
+                shapes.insert(t, columns);
+            }
+            let ctx = query::shape_session(&j.schema, &shapes)?;
+            mview::register_views(wh, &ctx, &j.views, &j.schema, Some(&shapes)).await?;
+            Planning {
+                ctx,
+                joins: Some((j, shapes)),
+            }
+        }
     };
     let existing_table = wh.open_table(&table.name).await?;
     let (source, input_schema) = match &query.source {
@@ -369,7 +459,8 @@ pub(crate) async fn prepare_ingest(
     };
     let planned = match input_schema {
         Some(input) => {
-            let planned = plan_query(&query.sql, input.clone())
+            let planned = planning
+                .plan(&query.sql, input.clone())
                 .await
                 .map_err(|e| setup.err(e))?;
             // `_metadata` is not part of `*`: unless the query names it bare, it is left out.
@@ -379,7 +470,8 @@ pub(crate) async fn prepare_ingest(
                     query.sql
                 );
                 Some(
-                    plan_query(&setup.query_sql, input)
+                    planning
+                        .plan(&setup.query_sql, input)
                         .await
                         .map_err(|e| setup.err(e))?,
                 )
@@ -425,10 +517,10 @@ pub(crate) async fn prepare_ingest(
             }
             (Some(t), None) => t,
             (None, Some(p)) => fresh(p),
-            (None, None) => return Ok(None),
+            (None, None) => return Ok(Err(NO_INPUT.to_string())),
         };
         setup.schema = schema;
-        return Ok(Some(setup));
+        return Ok(Ok(setup));
     }
     let schema = match (planned, existing, &table.columns) {
         (_, _, Some(cols)) => arrow_schema(cols),
@@ -458,7 +550,7 @@ pub(crate) async fn prepare_ingest(
                 }
                 setup.evolve = true;
                 setup.schema = Arc::new(Schema::new(fields));
-                return Ok(Some(setup));
+                return Ok(Ok(setup));
             }
             if !prefix || p.fields().len() != e.fields().len() {
                 return Err(setup.err(format!(
@@ -471,10 +563,10 @@ pub(crate) async fn prepare_ingest(
         }
         (Some(p), None, None) => fresh(&p),
         (None, Some(e), None) => e,
-        (None, None, None) => return Ok(None),
+        (None, None, None) => return Ok(Err(NO_INPUT.to_string())),
     };
     setup.schema = schema;
-    Ok(Some(setup))
+    Ok(Ok(setup))
 }
 
 /// Applies the table's query to `input` rows and casts them to the table's schema. The flag
@@ -482,14 +574,16 @@ pub(crate) async fn prepare_ingest(
 /// the table's column names and types (see `adopt.rs`).
 async fn apply_query(
     setup: &IngestSetup,
+    running: &Running,
     input: DataFrame,
     place: &str,
 ) -> Result<(Vec<RecordBatch>, bool)> {
-    let ctx = warehouse::new_session();
+    let ctx = &running.ctx;
+    let _ = ctx.deregister_table(SOURCE_PLACEHOLDER);
     ctx.register_table(SOURCE_PLACEHOLDER, input.into_view())
         .context(|| "registering input".into())?;
     let query = ctx
-        .sql(&setup.query_sql)
+        .sql(&running.sql)
         .await
         .context(|| format!("streaming table {}", setup.table.name))?;
     let unchanged = adopt::passes_rows_through(query.logical_plan())
@@ -574,6 +668,7 @@ async fn check_downstream(
 /// the table's columns, with no NULL in a NOT NULL column.
 async fn checked_rows(
     setup: &IngestSetup,
+    running: &Running,
     input: DataFrame,
     place: &str,
     report: &mut IngestReport,
@@ -581,7 +676,7 @@ async fn checked_rows(
 ) -> Result<(Vec<RecordBatch>, bool)> {
     let steps = warehouse::Steps::new(setup.flow_name(), "ingest: ");
     let step = |what: &str| warehouse::step!(debug, steps, format_args!("{what} ({place})"));
-    let (mut rows, mut unchanged) = apply_query(setup, input, place).await?;
+    let (mut rows, mut unchanged) = apply_query(setup, running, input, place).await?;
     step("read and applied the query");
     let before: usize = rows.iter().map(RecordBatch::num_rows).sum();
     report.rows_read += before;
@@ -698,6 +793,7 @@ pub(crate) async fn run_ingest(
                 return Ok(report);
             }
             let root = input_root(dir);
+            let running = Running::new(wh, setup).await?;
             let reuse = spec.format == FileFormat::Parquet
                 && matches!(mode, autoload::Mode::Declared)
                 && !autoload::wants_metadata(&setup.query_sql)
@@ -730,7 +826,7 @@ pub(crate) async fn run_ingest(
                     df
                 };
                 let (rows, unchanged) =
-                    checked_rows(setup, df, &place, &mut report, &mut events).await?;
+                    checked_rows(setup, &running, df, &place, &mut report, &mut events).await?;
                 let has_rows = rows.iter().any(|b| b.num_rows() > 0);
                 let reusable = match reuse && unchanged && has_rows {
                     true => adopt::inspect(&path, &setup.schema)?,
@@ -791,8 +887,9 @@ pub(crate) async fn run_ingest(
                 "the rows of {source_name} added after version {}",
                 from.map_or("(start)".to_string(), |v| v.to_string())
             );
+            let running = Running::new(wh, setup).await?;
             parts.extend(
-                checked_rows(setup, df, &place, &mut report, &mut events)
+                checked_rows(setup, &running, df, &place, &mut report, &mut events)
                     .await?
                     .0,
             );

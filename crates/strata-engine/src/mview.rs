@@ -39,14 +39,20 @@ pub struct MvReport {
     pub skipped: Option<String>,
 }
 
-/// Registers every view of the pipeline in `ctx` (each after the views it reads).
+/// Registers every view of the pipeline in `ctx` (each after the views it reads). With
+/// `shapes`, for planning only: the table functions in the views read the tables' columns
+/// (see [`crate::query::rewrite_shape`]), and views that read a table outside `shapes` are
+/// left out.
 pub(crate) async fn register_views(
     wh: &Warehouse,
     ctx: &SessionContext,
     views: &BTreeMap<TableName, View>,
     schema: &str,
+    shapes: Option<&crate::query::Shapes>,
 ) -> Result<()> {
     let mut done: BTreeSet<&TableName> = BTreeSet::new();
+    // With shapes, a view that reads a table without one (or such a view) is left out.
+    let mut left_out: BTreeSet<&TableName> = BTreeSet::new();
     while done.len() < views.len() {
         let before = done.len();
         for (name, v) in views {
@@ -58,7 +64,19 @@ pub(crate) async fn register_views(
             {
                 continue;
             }
-            let sql = rewrite(wh, ctx, &v.query.sql, schema).await?;
+            let unknown = |r: &TableName| match views.contains_key(r) {
+                true => left_out.contains(r),
+                false => shapes.is_some_and(|s| !s.contains_key(r)),
+            };
+            if v.query.reads.iter().any(unknown) {
+                left_out.insert(name);
+                done.insert(name);
+                continue;
+            }
+            let sql = match shapes {
+                Some(s) => crate::query::rewrite_shape(ctx, &v.query.sql, schema, s)?,
+                None => rewrite(wh, ctx, &v.query.sql, schema).await?,
+            };
             let reference = format!("{}.{}", quote_ident(&name.schema), quote_ident(&name.name));
             if ctx
                 .catalog("strata")
@@ -151,7 +169,7 @@ pub(crate) async fn refresh(
     }
 
     let ctx = warehouse_session_in(wh, schema).await?;
-    register_views(wh, &ctx, views, schema).await?;
+    register_views(wh, &ctx, views, schema, None).await?;
     let sql = rewrite(wh, &ctx, &mv.query.sql, schema).await?;
     let err = |e: &dyn std::fmt::Display| {
         EngineError::Plan(format!(

@@ -206,16 +206,22 @@ pub(crate) async fn run_plan(
                 let table = plan.tables.get(name).ok_or_else(|| {
                     EngineError::Internal(format!("planned table {name} is missing"))
                 })?;
-                match ingest::prepare_ingest(wh, table, None, &pipeline_dir, &schemas, &feeds)
-                    .await?
+                match ingest::prepare_ingest(
+                    wh,
+                    table,
+                    None,
+                    &pipeline_dir,
+                    &schemas,
+                    &feeds,
+                    &plan,
+                )
+                .await?
                 {
-                    Some(setup) => {
+                    Ok(setup) => {
                         schemas.insert(name.clone(), setup.schema.clone());
                         Prepared::Ingest(Box::new(setup))
                     }
-                    None => Prepared::Waiting(format!(
-                        "{name}: no input files yet and no schema => to plan with"
-                    )),
+                    Err(waits) => Prepared::Waiting(format!("{name}: {waits}")),
                 }
             }
             Node::Append(i) => {
@@ -225,19 +231,24 @@ pub(crate) async fn run_plan(
                 let table = plan.tables.get(&f.target).ok_or_else(|| {
                     EngineError::Internal(format!("planned table {} is missing", f.target))
                 })?;
-                match ingest::prepare_ingest(wh, table, Some(f), &pipeline_dir, &schemas, &feeds)
-                    .await?
+                match ingest::prepare_ingest(
+                    wh,
+                    table,
+                    Some(f),
+                    &pipeline_dir,
+                    &schemas,
+                    &feeds,
+                    &plan,
+                )
+                .await?
                 {
-                    Some(setup) => {
+                    Ok(setup) => {
                         schemas
                             .entry(f.target.clone())
                             .or_insert_with(|| setup.schema.clone());
                         Prepared::Ingest(Box::new(setup))
                     }
-                    None => Prepared::Waiting(format!(
-                        "flow {}: no input files yet and no schema => to plan with",
-                        f.name
-                    )),
+                    Err(waits) => Prepared::Waiting(format!("flow {}: {waits}", f.name)),
                 }
             }
             Node::PointInTime(i) => Prepared::PointInTime(*i),
@@ -459,16 +470,25 @@ async fn check_batch_reads(wh: &Warehouse, plan: &PipelinePlan) -> Result<()> {
             (
                 format!("materialized view {}", m.name),
                 m.location,
-                &m.query,
+                &m.query.reads,
             )
         })
         .chain(
             plan.views
                 .values()
-                .map(|v| (format!("view {}", v.name), v.location, &v.query)),
+                .map(|v| (format!("view {}", v.name), v.location, &v.query.reads)),
+        )
+        .chain(plan.tables.values().filter_map(|t| {
+            let q = t.query.as_ref()?;
+            Some((format!("streaming table {}", t.name), t.location, &q.reads))
+        }))
+        .chain(
+            plan.appends
+                .iter()
+                .map(|f| (format!("flow {}", f.name), f.location, &f.query.reads)),
         );
-    for (what, at, q) in queries {
-        for t in &q.reads {
+    for (what, at, reads) in queries {
+        for t in reads {
             let declared = plan.tables.contains_key(t)
                 || plan.materialized.contains_key(t)
                 || plan.views.contains_key(t)

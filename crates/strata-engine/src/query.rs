@@ -65,6 +65,42 @@ pub(crate) async fn rewrite(
         .unwrap_or(sql))
 }
 
+/// The columns of the tables a query reads, by table: enough to plan the query before the
+/// tables have rows (or exist), as a pipeline is checked before it runs.
+pub(crate) type Shapes = std::collections::BTreeMap<TableName, SchemaRef>;
+
+/// [`rewrite`] for planning only: `as_of` reads its table's columns, `table_changes` an
+/// empty feed of its table's columns (from `shapes`).
+pub(crate) fn rewrite_shape(
+    ctx: &SessionContext,
+    sql: &str,
+    schema: &str,
+    shapes: &Shapes,
+) -> Result<String> {
+    let sql = crate::history::shape_as_of(sql)?.unwrap_or_else(|| sql.to_string());
+    Ok(crate::changes::shape_table_changes(ctx, &sql, schema, shapes)?.unwrap_or(sql))
+}
+
+/// A session for planning a query over `shapes`: each table is registered empty, with its
+/// columns, as `schema.name` (and `name` for the tables of `default_schema`).
+pub(crate) fn shape_session(default_schema: &str, shapes: &Shapes) -> Result<SessionContext> {
+    let ctx = crate::warehouse::new_session_in(default_schema);
+    let catalog = ctx
+        .catalog("strata")
+        .ok_or_else(|| EngineError::Internal("catalog strata missing".into()))?;
+    for (name, columns) in shapes {
+        if catalog.schema(&name.schema).is_none() {
+            catalog
+                .register_schema(&name.schema, Arc::new(MemorySchemaProvider::new()))
+                .context(|| format!("registering schema {}", name.schema))?;
+        }
+        let reference = format!("{}.{}", quote_ident(&name.schema), quote_ident(&name.name));
+        ctx.register_batch(&reference, RecordBatch::new_empty(columns.clone()))
+            .context(|| format!("registering {name}"))?;
+    }
+    Ok(ctx)
+}
+
 /// Runs `sql` over every table of `wh`.
 pub async fn query(wh: &Warehouse, sql: &str) -> Result<(SchemaRef, Vec<RecordBatch>)> {
     let ctx = warehouse_session(wh).await?;

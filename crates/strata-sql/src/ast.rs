@@ -193,6 +193,9 @@ pub struct SourceQuery {
     /// (projection, WHERE, casts) is untouched.
     pub sql: String,
     pub source: QuerySource,
+    /// The tables the query reads in batch besides its streaming source (a stream-static
+    /// join: `JOIN customers`, `JOIN as_of('customers', ...)`), as in [`BatchQuery::reads`].
+    pub reads: Vec<TableName>,
 }
 
 /// The name the engine registers the new input rows under when it runs a [`SourceQuery`].

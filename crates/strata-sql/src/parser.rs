@@ -553,9 +553,15 @@ fn source_query(c: &mut Cursor) -> Result<SourceQuery> {
         *name = ObjectName::from(vec![Ident::new(SOURCE_PLACEHOLDER)]);
         *args = None;
     }
+    // Tables joined with the stream are read in batch, as they are when the table runs.
+    let reads = query_reads(c, &query)?
+        .into_iter()
+        .filter(|t| t.name != SOURCE_PLACEHOLDER)
+        .collect();
     Ok(SourceQuery {
         sql: query.to_string(),
         source,
+        reads,
     })
 }
 

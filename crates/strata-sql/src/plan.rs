@@ -56,22 +56,22 @@ impl PipelinePlan {
     /// The datasets `node` reads, views resolved to the tables behind them.
     pub fn reads(&self, node: &Node) -> Vec<TableName> {
         match node {
-            Node::Ingest(t) => match self.tables.get(t).and_then(|t| t.query.as_ref()) {
-                Some(SourceQuery {
-                    source: QuerySource::Table(src),
-                    ..
-                }) => vec![src.clone()],
-                _ => Vec::new(),
-            },
+            Node::Ingest(t) => self
+                .tables
+                .get(t)
+                .and_then(|t| t.query.as_ref())
+                .map(|q| self.source_query_reads(q))
+                .unwrap_or_default(),
             Node::Flow(i) => self
                 .flows
                 .get(*i)
                 .map(|f| vec![f.source.clone()])
                 .unwrap_or_default(),
-            Node::Append(i) => match self.appends.get(*i).map(|f| &f.query.source) {
-                Some(QuerySource::Table(src)) => vec![src.clone()],
-                _ => Vec::new(),
-            },
+            Node::Append(i) => self
+                .appends
+                .get(*i)
+                .map(|f| self.source_query_reads(&f.query))
+                .unwrap_or_default(),
             Node::MaterializedView(t) => self
                 .materialized
                 .get(t)
@@ -83,6 +83,26 @@ impl PipelinePlan {
                 .map(|p| p.sources.clone())
                 .unwrap_or_default(),
         }
+    }
+
+    /// The tables a streaming query joins in batch, views resolved to the tables behind them.
+    pub fn joined_tables(&self, q: &SourceQuery) -> Vec<TableName> {
+        expand_views(&q.reads, &self.views)
+    }
+
+    /// The streaming source of `q` (when it is a table) and the tables it joins in batch,
+    /// views resolved.
+    fn source_query_reads(&self, q: &SourceQuery) -> Vec<TableName> {
+        let mut out = match &q.source {
+            QuerySource::Table(src) => vec![src.clone()],
+            QuerySource::ReadFiles(_) => Vec::new(),
+        };
+        for t in self.joined_tables(q) {
+            if !out.contains(&t) {
+                out.push(t);
+            }
+        }
+        out
     }
 
     /// A short name for messages: `flow users_flow`, `table default.users`, ...
@@ -261,6 +281,27 @@ pub fn plan_pipeline(pipeline: Pipeline) -> Result<PipelinePlan> {
                 &materialized,
                 &views,
             )?;
+        }
+    }
+    let joins_itself =
+        |q: &SourceQuery, table: &TableName| expand_views(&q.reads, &views).contains(table);
+    for t in tables.values() {
+        if t.query.as_ref().is_some_and(|q| joins_itself(q, &t.name)) {
+            return Err(plan_error(
+                t.location,
+                format!("streaming table {} reads itself in its query", t.name),
+            ));
+        }
+    }
+    for f in &appends {
+        if joins_itself(&f.query, &f.target) {
+            return Err(plan_error(
+                f.location,
+                format!(
+                    "flow {} reads {}, the table it inserts into",
+                    f.name, f.target
+                ),
+            ));
         }
     }
     for m in materialized.values() {

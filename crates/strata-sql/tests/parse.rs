@@ -122,6 +122,7 @@ fn documented_example_parses_exactly() {
                         other_options: BTreeMap::new(),
                         location: loc(2, 25),
                     }),
+                    reads: Vec::new(),
                 }),
                 location: loc(1, 1),
             }),
@@ -574,6 +575,31 @@ fn materialized_views_views_and_append_flows() {
     assert_eq!(l.query.reads, Vec::<TableName>::new());
     assert_eq!(f.target, t("all_rows"));
     assert_eq!(f.query.source, QuerySource::Table(t("s")));
+}
+
+#[test]
+fn a_streaming_table_joins_tables_in_batch() {
+    let t = only_table(
+        "CREATE STREAMING TABLE enriched AS SELECT o.*, c.tier, p.price\n\
+         FROM STREAM(orders) o\n\
+         LEFT JOIN customers c ON c.id = o.customer_id\n\
+         JOIN as_of('gold.prices', DATE '2024-01-31') p ON p.sku = o.sku\n\
+         WHERE o.sku NOT IN (SELECT sku FROM retired)",
+    );
+    let q = t.query.expect("a query");
+    let n = |s: Option<&str>, n: &str| TableName::new(s, n);
+    assert_eq!(q.source, QuerySource::Table(n(None, "orders")));
+    // The stream itself is not among the batch reads; as_of's table and subqueries are.
+    assert_eq!(
+        q.reads,
+        vec![
+            n(None, "customers"),
+            n(Some("gold"), "prices"),
+            n(None, "retired")
+        ]
+    );
+    assert!(q.sql.contains("FROM __strata_source o LEFT JOIN"), "{}", q.sql);
+    assert_reparses(&q.sql);
 }
 
 #[test]

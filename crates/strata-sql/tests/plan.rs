@@ -255,6 +255,36 @@ fn materialized_views_and_append_flows_order_by_what_they_read() {
 }
 
 #[test]
+fn a_stream_static_join_runs_after_the_tables_it_joins() {
+    // The enriched stream is declared first but joins the SCD2 target (through a view)
+    // and its current state: it runs after the flow that writes them.
+    let p = plan(
+        "CREATE STREAMING TABLE enriched AS SELECT o.*, c.tier FROM STREAM(orders) o\n\
+           JOIN as_of('customers', 3) c ON c.id = o.cid JOIN vips v ON v.id = o.cid;\n\
+         CREATE VIEW vips AS SELECT id FROM customers WHERE tier = 'gold';\n\
+         CREATE STREAMING TABLE orders AS SELECT * FROM STREAM read_files('o', format => 'json');\n\
+         CREATE STREAMING TABLE raw AS SELECT * FROM STREAM read_files('d', format => 'json');\n\
+         CREATE STREAMING TABLE customers;\n\
+         CREATE FLOW f AS AUTO CDC INTO customers FROM STREAM(raw) KEYS (id) SEQUENCE BY ts\n\
+           STORED AS SCD TYPE 2;",
+    )
+    .unwrap();
+    assert_eq!(
+        p.order,
+        vec![
+            Node::Ingest(t("orders")),
+            Node::Ingest(t("raw")),
+            Node::Flow(0),
+            Node::Ingest(t("enriched")),
+        ]
+    );
+    assert_eq!(
+        p.reads(&Node::Ingest(t("enriched"))),
+        vec![t("orders"), t("customers")]
+    );
+}
+
+#[test]
 fn materialized_view_and_append_flow_errors() {
     let cases: &[(&str, u64, &str)] = &[
         (
@@ -294,6 +324,25 @@ fn materialized_view_and_append_flow_errors() {
              CREATE FLOW f AS AUTO CDC INTO t FROM s KEYS (id) SEQUENCE BY ts;",
             2,
             "is the target of an AUTO CDC flow; expectations belong on the table",
+        ),
+        (
+            "CREATE STREAMING TABLE raw AS SELECT * FROM STREAM read_files('d', format => 'json');\n\
+             CREATE STREAMING TABLE s AS SELECT * FROM STREAM(raw) r WHERE r.id NOT IN (SELECT id FROM s);",
+            2,
+            "streaming table default.s reads itself in its query",
+        ),
+        (
+            "CREATE STREAMING TABLE raw AS SELECT * FROM STREAM read_files('d', format => 'json');\n\
+             CREATE STREAMING TABLE t;\n\
+             CREATE FLOW f AS INSERT INTO t BY NAME SELECT * FROM STREAM(raw) JOIN t ON true;",
+            3,
+            "flow f reads default.t, the table it inserts into",
+        ),
+        (
+            "CREATE STREAMING TABLE a AS SELECT * FROM STREAM read_files('d', format => 'json') JOIN b ON true;\n\
+             CREATE STREAMING TABLE b AS SELECT * FROM STREAM(a);",
+            1,
+            "cycle",
         ),
         (
             "CREATE STREAMING TABLE s;\nCREATE MATERIALIZED VIEW s AS SELECT 1 AS x;",
