@@ -476,13 +476,15 @@ def compare(wl: Path, strata: Strata, label: str, export: str, types: dict | Non
 # --------------------------------------------------------------------------- workloads
 
 def with_target_properties(pipeline: str, a) -> str:
-    """The pipeline with `--deletion-vectors` applied to its target."""
-    if not getattr(a, "deletion_vectors", False):
+    """The pipeline with `--deletion-vectors` / `--no-deletion-vectors` spelled out on its
+    target (without either, strata's default applies: deletion vectors on)."""
+    setting = getattr(a, "deletion_vectors", None)
+    if setting is None:
         return pipeline
     return pipeline.replace(
         "CREATE OR REFRESH STREAMING TABLE target;",
         "CREATE OR REFRESH STREAMING TABLE target\n"
-        "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true');")
+        f"TBLPROPERTIES ('delta.enableDeletionVectors' = '{str(setting).lower()}');")
 
 
 def prepare_workload(name: str, workdir: Path, events: int, keys: int, files: int, a) -> tuple[Path, dict]:
@@ -680,7 +682,8 @@ def report(results: list[dict], strata: Strata, a) -> None:
     log("REPORT")
     log(f"machine: {os.cpu_count()} cores, {platform.platform()}; strata {strata.version()} "
         f"({strata.bin}); duckdb {duckdb.__version__}, threads {a.threads or 'default (all)'}"
-        + ("; strata's target has deletion vectors enabled" if a.deletion_vectors else ""))
+        + ("; strata's target rewrites files (no deletion vectors)" if a.deletion_vectors is False
+           else "; strata's target has deletion vectors (the default)"))
     for r in results:
         if r["workload"] == "bulk":
             s, d, c, g = r["strata"], r["duckdb"], r["compare"], r["generator"]
@@ -792,9 +795,16 @@ def main(argv=None) -> int:
                     help="incremental: the 2x table's batch touches --batch-keys-pct percent of its "
                          "keys (twice as many keys as on the 1x table)")
     ap.add_argument("--batches", type=int, default=1, help="incremental: batches per table size")
-    ap.add_argument("--deletion-vectors", action="store_true",
-                    help="create strata's target with 'delta.enableDeletionVectors' = 'true': "
-                         "replaced rows are marked deleted instead of their files rewritten")
+    dv = ap.add_mutually_exclusive_group()
+    dv.add_argument("--deletion-vectors", dest="deletion_vectors", action="store_true",
+                    default=None,
+                    help="create strata's target with 'delta.enableDeletionVectors' = 'true' "
+                         "spelled out (strata's default since 2026-11-30): replaced rows are "
+                         "marked deleted instead of their files rewritten")
+    dv.add_argument("--no-deletion-vectors", dest="deletion_vectors", action="store_false",
+                    default=None,
+                    help="create strata's target with 'delta.enableDeletionVectors' = 'false': "
+                         "every file holding a replaced row is rewritten (copy-on-write)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="bulk: rounds of strata then DuckDB; the report gives each round's ratio "
                          "and their median (default 1)")

@@ -75,7 +75,10 @@ AS SELECT * FROM STREAM read_files('data/users', format => 'json',
   schema => 'id BIGINT, name STRING, city STRING, op STRING, seq BIGINT, ts TIMESTAMP,
              local_ts TIMESTAMP_NTZ, d DATE, amount DECIMAL(10,2), score DOUBLE, active BOOLEAN');
 
-CREATE OR REFRESH STREAMING TABLE users_scd1;
+-- Targets have deletion vectors by default; these two are written without (files rewritten),
+-- so deltalake's to_pyarrow_table() reads them.
+CREATE OR REFRESH STREAMING TABLE users_scd1
+TBLPROPERTIES ('delta.enableDeletionVectors' = 'false');
 CREATE FLOW users_scd1_flow AS AUTO CDC INTO users_scd1
 FROM STREAM(users_cdc)
 KEYS (id)
@@ -84,7 +87,8 @@ SEQUENCE BY seq
 COLUMNS * EXCEPT (op, seq)
 STORED AS SCD TYPE 1;
 
-CREATE OR REFRESH STREAMING TABLE users_scd2;
+CREATE OR REFRESH STREAMING TABLE users_scd2
+TBLPROPERTIES ('delta.enableDeletionVectors' = 'false');
 CREATE FLOW users_scd2_flow AS AUTO CDC INTO users_scd2
 FROM STREAM(users_cdc)
 KEYS (id)
@@ -93,7 +97,8 @@ SEQUENCE BY seq
 COLUMNS * EXCEPT (op, seq)
 STORED AS SCD TYPE 2;
 
--- The same history with deletion vectors: replaced rows are marked deleted in their files.
+-- The same history with deletion vectors (the default, here spelled out): replaced rows are
+-- marked deleted in their files.
 CREATE OR REFRESH STREAMING TABLE users_scd2_dv
 TBLPROPERTIES ('delta.enableDeletionVectors' = 'true');
 CREATE FLOW users_scd2_dv_flow AS AUTO CDC INTO users_scd2_dv

@@ -849,12 +849,19 @@ fn scd_type_property(mode: ScdType) -> &'static str {
     }
 }
 
+/// Delta's switch for deletion vectors, on for the AUTO CDC targets strata creates unless
+/// their TBLPROPERTIES say otherwise (`dv.rs`).
+const DELETION_VECTORS: &str = "delta.enableDeletionVectors";
+
 /// Table properties every AUTO CDC target carries.
 pub(crate) fn target_configuration(
     setup: &FlowSetup,
     user: &std::collections::BTreeMap<String, String>,
 ) -> Vec<(String, Option<String>)> {
     let mut conf = warehouse::table_configuration(user);
+    if !warehouse::sets_property(user, DELETION_VECTORS) && !setup.timeline.partition_by_start {
+        conf.push((DELETION_VECTORS.to_string(), Some("true".to_string())));
+    }
     conf.push(("strata.keys".to_string(), Some(setup.key_names.join(","))));
     conf.push((
         "strata.scdType".to_string(),
@@ -961,7 +968,7 @@ async fn follow_deletion_vectors(
     setup: &FlowSetup,
     declared: &std::collections::BTreeMap<String, String>,
 ) -> Result<(DeltaTable, Option<bool>)> {
-    const KEY: &str = "delta.enableDeletionVectors";
+    const KEY: &str = DELETION_VECTORS;
     let Some(want) = declared.get(KEY).map(|v| v.eq_ignore_ascii_case("true")) else {
         return Ok((target, None));
     };

@@ -129,12 +129,12 @@ fn pipeline(c: &Case) -> String {
     sql
 }
 
-/// The target's statement, with or without deletion vectors.
+/// The target's statement, with deletion vectors (the default) or with files rewritten.
 fn target_table(deletion_vectors: bool) -> &'static str {
     if deletion_vectors {
-        "CREATE OR REFRESH STREAMING TABLE t TBLPROPERTIES ('delta.enableDeletionVectors' = 'true');\n"
-    } else {
         "CREATE OR REFRESH STREAMING TABLE t;\n"
+    } else {
+        "CREATE OR REFRESH STREAMING TABLE t TBLPROPERTIES ('delta.enableDeletionVectors' = 'false');\n"
     }
 }
 

@@ -598,7 +598,11 @@ fn a_streaming_table_joins_tables_in_batch() {
             n(None, "retired")
         ]
     );
-    assert!(q.sql.contains("FROM __strata_source o LEFT JOIN"), "{}", q.sql);
+    assert!(
+        q.sql.contains("FROM __strata_source o LEFT JOIN"),
+        "{}",
+        q.sql
+    );
     assert_reparses(&q.sql);
 }
 

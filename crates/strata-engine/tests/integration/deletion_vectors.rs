@@ -200,12 +200,14 @@ async fn a_mostly_deleted_file_is_rewritten_without_a_vector() {
     );
 }
 
-/// Adding the property to an existing target's TBLPROPERTIES enables deletion vectors from
-/// the next run on (the protocol is upgraded); setting it to false again makes later runs
-/// rewrite files, the vectors already written staying valid.
+/// Turning the property on in an existing target's TBLPROPERTIES (here one created with it
+/// off) enables deletion vectors from the next run on (the protocol is upgraded); setting
+/// it to false again makes later runs rewrite files, the vectors already written staying
+/// valid.
 #[tokio::test]
 async fn the_property_can_be_turned_on_and_off_for_an_existing_target() {
-    let with = "TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')";
+    let with = "'delta.enableDeletionVectors' = 'true'";
+    let without = "'delta.enableDeletionVectors' = 'false'";
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::create_dir_all(dir.path().join("data")).expect("mkdir");
     let pipeline = dir.path().join("pipeline.sql");
@@ -218,7 +220,7 @@ async fn the_property_can_be_turned_on_and_off_for_an_existing_target() {
         strata_engine::run_pipeline_file(&pipeline, &wh)
     };
     let rows: String = (0..1000).map(|i| format!("{i},a,U,1\n")).collect();
-    run(PIPELINE.replace(with, ""), "001.csv", rows)
+    run(PIPELINE.replace(with, without), "001.csv", rows)
         .await
         .expect("run 1");
     let report = run(PIPELINE.to_string(), "002.csv", "10,b,U,2\n".into())
@@ -245,10 +247,7 @@ async fn the_property_can_be_turned_on_and_off_for_an_existing_target() {
         .filter(|a| a.get("deletionVector").is_some_and(|d| !d.is_null()))
         .count();
     assert_eq!(marked, 1, "run 2 marked the row of key 10 in run 1's file");
-    let off = PIPELINE.replace(
-        "'delta.enableDeletionVectors' = 'true'",
-        "'delta.enableDeletionVectors' = 'false'",
-    );
+    let off = PIPELINE.replace(with, without);
     run(off, "003.csv", "500,c,U,3\n".into())
         .await
         .expect("run 3");
@@ -263,4 +262,46 @@ async fn the_property_can_be_turned_on_and_off_for_an_existing_target() {
     )
     .await;
     assert!(v.contains("| b |") && v.contains("| c |"), "{v}");
+}
+
+/// AUTO CDC targets are created with deletion vectors unless their TBLPROPERTIES turn them
+/// off; a target partitioned by its start (written through delta-rs) and the append-only
+/// tables get none, so their protocol stays readable by every Delta reader.
+#[tokio::test]
+async fn targets_get_deletion_vectors_unless_told_otherwise() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("data")).expect("mkdir");
+    std::fs::write(
+        dir.path().join("data/001.csv"),
+        "id,v,op,seq\n1,a,U,1\n2,a,U,1\n",
+    )
+    .expect("write");
+    let pipeline = "\
+CREATE OR REFRESH STREAMING TABLE raw AS SELECT * FROM STREAM read_files('data', format => 'csv',
+  header => true, schema => 'id BIGINT, v STRING, op STRING, seq BIGINT');
+CREATE OR REFRESH STREAMING TABLE plain;
+CREATE FLOW f1 AS AUTO CDC INTO plain FROM STREAM(raw) KEYS (id) SEQUENCE BY seq STORED AS SCD TYPE 2;
+CREATE OR REFRESH STREAMING TABLE off TBLPROPERTIES ('delta.enableDeletionVectors' = 'false');
+CREATE FLOW f2 AS AUTO CDC INTO off FROM STREAM(raw) KEYS (id) SEQUENCE BY seq;
+CREATE OR REFRESH STREAMING TABLE parted TBLPROPERTIES ('strata.scd.partitionBy' = 'start');
+CREATE FLOW f3 AS AUTO CDC INTO parted FROM STREAM(raw) KEYS (id) SEQUENCE BY seq STORED AS SCD TYPE 2;
+";
+    std::fs::write(dir.path().join("pipeline.sql"), pipeline).expect("write");
+    let wh = Warehouse::open(dir.path().join("warehouse")).expect("warehouse");
+    strata_engine::run_pipeline_file(&dir.path().join("pipeline.sql"), &wh)
+        .await
+        .expect("run");
+    let setting = |table: &str| -> Option<String> {
+        let log = dir
+            .path()
+            .join(format!("warehouse/default/{table}/_delta_log"));
+        actions(&log.join(".."), 0, "metaData")[0]["configuration"]["delta.enableDeletionVectors"]
+            .as_str()
+            .map(str::to_string)
+    };
+    assert_eq!(setting("plain").as_deref(), Some("true"));
+    assert_eq!(setting("off").as_deref(), Some("false"));
+    assert_eq!(setting("parted"), None);
+    assert_eq!(setting("raw"), None);
+    assert_eq!(count(&wh, "SELECT count(*) AS n FROM plain").await, "| 2 |");
 }
