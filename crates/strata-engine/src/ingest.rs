@@ -298,20 +298,32 @@ impl Running {
     }
 }
 
+/// What every streaming query of a pipeline is checked against before the run.
+pub(crate) struct PipelineContext<'a> {
+    pub wh: &'a Warehouse,
+    pub plan: &'a PipelinePlan,
+    /// The pipeline file's folder (`read_files` paths are relative to it).
+    pub dir: &'a Path,
+    /// The AUTO CDC targets (read through their change feed).
+    pub feeds: &'a BTreeSet<TableName>,
+}
+
 /// Checks a streaming table's query (or, with `append`, an append flow into it) and finds
 /// its row schema. `Err(why)` when it cannot be known yet (no files, no `schema =>`, no
 /// table, a joined table with no columns yet): the table and its flows wait for input.
-/// `known` holds the schemas of the datasets prepared before, `feeds` the AUTO CDC targets
-/// (read through their change feed).
+/// `known` holds the schemas of the datasets prepared before.
 pub(crate) async fn prepare_ingest(
-    wh: &Warehouse,
+    pipeline: &PipelineContext<'_>,
     table: &StreamingTable,
     append: Option<&strata_sql::AppendFlow>,
-    pipeline_dir: &Path,
     known: &BTreeMap<TableName, SchemaRef>,
-    feeds: &BTreeSet<TableName>,
-    plan: &PipelinePlan,
 ) -> Result<std::result::Result<IngestSetup, String>> {
+    let PipelineContext {
+        wh,
+        plan,
+        dir: pipeline_dir,
+        feeds,
+    } = *pipeline;
     const NO_INPUT: &str = "no input files yet and no schema => to plan with";
     let query: &SourceQuery = match (append, &table.query) {
         (Some(f), _) => &f.query,

@@ -200,23 +200,19 @@ pub(crate) async fn run_plan(
     let feeds: BTreeSet<TableName> = plan.flows.iter().map(|f| f.target.clone()).collect();
     let mut schemas: BTreeMap<TableName, SchemaRef> = BTreeMap::new();
     let mut prepared: Vec<(Node, Prepared)> = Vec::new();
+    let context = ingest::PipelineContext {
+        wh,
+        plan: &plan,
+        dir: &pipeline_dir,
+        feeds: &feeds,
+    };
     for node in &plan.order {
         let p = match node {
             Node::Ingest(name) => {
                 let table = plan.tables.get(name).ok_or_else(|| {
                     EngineError::Internal(format!("planned table {name} is missing"))
                 })?;
-                match ingest::prepare_ingest(
-                    wh,
-                    table,
-                    None,
-                    &pipeline_dir,
-                    &schemas,
-                    &feeds,
-                    &plan,
-                )
-                .await?
-                {
+                match ingest::prepare_ingest(&context, table, None, &schemas).await? {
                     Ok(setup) => {
                         schemas.insert(name.clone(), setup.schema.clone());
                         Prepared::Ingest(Box::new(setup))
@@ -231,17 +227,7 @@ pub(crate) async fn run_plan(
                 let table = plan.tables.get(&f.target).ok_or_else(|| {
                     EngineError::Internal(format!("planned table {} is missing", f.target))
                 })?;
-                match ingest::prepare_ingest(
-                    wh,
-                    table,
-                    Some(f),
-                    &pipeline_dir,
-                    &schemas,
-                    &feeds,
-                    &plan,
-                )
-                .await?
-                {
+                match ingest::prepare_ingest(&context, table, Some(f), &schemas).await? {
                     Ok(setup) => {
                         schemas
                             .entry(f.target.clone())
