@@ -1129,8 +1129,19 @@ pub(crate) async fn run_flow(
         }
         None => (None, None),
     };
+    let created = target.is_none();
     let added = evolve_tables(wh, setup, target).await?;
     let mut report = run_flow_once(wh, setup, target_properties, update).await?;
+    let vectors_by_default = !warehouse::sets_property(target_properties, DELETION_VECTORS)
+        && !setup.timeline.partition_by_start;
+    if created && vectors_by_default && wh.open_table(&setup.flow.target).await?.is_some() {
+        report.notes.push(format!(
+            "created {} with deletion vectors, which deltalake for Python's \
+             to_pyarrow_table() does not read (its QueryBuilder does); \
+             TBLPROPERTIES ('{DELETION_VECTORS}' = 'false') turns them off",
+            setup.flow.target
+        ));
+    }
     if let Some(on) = switched {
         report.notes.push(format!(
             "deletion vectors {} on {} (delta.enableDeletionVectors = {on})",

@@ -288,9 +288,17 @@ CREATE FLOW f3 AS AUTO CDC INTO parted FROM STREAM(raw) KEYS (id) SEQUENCE BY se
 ";
     std::fs::write(dir.path().join("pipeline.sql"), pipeline).expect("write");
     let wh = Warehouse::open(dir.path().join("warehouse")).expect("warehouse");
-    strata_engine::run_pipeline_file(&dir.path().join("pipeline.sql"), &wh)
+    let report = strata_engine::run_pipeline_file(&dir.path().join("pipeline.sql"), &wh)
         .await
         .expect("run");
+    // The run says so where it created a target with vectors it was not asked for.
+    let told: Vec<&str> = report
+        .flows
+        .iter()
+        .filter(|f| f.notes.iter().any(|n| n.contains("with deletion vectors")))
+        .map(|f| f.flow.as_str())
+        .collect();
+    assert_eq!(told, ["f1"]);
     let setting = |table: &str| -> Option<String> {
         let log = dir
             .path()
