@@ -853,6 +853,9 @@ fn scd_type_property(mode: ScdType) -> &'static str {
 /// their TBLPROPERTIES say otherwise (`dv.rs`).
 const DELETION_VECTORS: &str = "delta.enableDeletionVectors";
 
+/// Lakeflow's retention of tombstones (R9), accepted on targets; strata keeps them all.
+const TOMBSTONE_GC: &str = "pipelines.cdc.tombstoneGCThresholdInSeconds";
+
 /// Table properties every AUTO CDC target carries.
 pub(crate) fn target_configuration(
     setup: &FlowSetup,
@@ -1134,6 +1137,16 @@ pub(crate) async fn run_flow(
     let mut report = run_flow_once(wh, setup, target_properties, update).await?;
     let vectors_by_default = !warehouse::sets_property(target_properties, DELETION_VECTORS)
         && !setup.timeline.partition_by_start;
+    if let Some((key, _)) = target_properties
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(TOMBSTONE_GC))
+    {
+        report.notes.push(format!(
+            "{key} is set on {} but not acted on: strata keeps tombstones indefinitely, so a \
+             late event older than a delete never brings its key back",
+            setup.flow.target
+        ));
+    }
     if created && vectors_by_default && wh.open_table(&setup.flow.target).await?.is_some() {
         report.notes.push(format!(
             "created {} with deletion vectors, which deltalake for Python's \

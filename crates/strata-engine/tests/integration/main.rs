@@ -19,3 +19,4 @@ mod parquet_input;
 mod reuse_files;
 mod snapshot_digest;
 mod taken_cache;
+mod tombstones;
