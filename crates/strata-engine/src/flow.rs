@@ -64,6 +64,9 @@ pub(crate) struct FlowSetup {
     /// The source is an AUTO CDC target, read through its change data feed (set by the
     /// pipeline; table-mode snapshot flows read the table itself).
     pub source_feed: bool,
+    /// How long a delete's tombstone is kept, in seconds (`tombstones.rs`): change-event
+    /// flows into SCD type 1 targets; `None` for the others, which keep them all.
+    pub tombstone_secs: Option<u64>,
 }
 
 impl FlowSetup {
@@ -346,6 +349,13 @@ pub(crate) async fn prepare_flow(
         timeline,
         spec,
         source_feed: false,
+        tombstone_secs: match (&flow.kind, flow.stored_as) {
+            (FlowKind::Snapshot { .. }, _) | (_, ScdType::Type2 | ScdType::Snapshots) => None,
+            _ => Some(
+                crate::tombstones::threshold(target_properties)
+                    .map_err(|e| flow_err(flow, format!("{}: {e}", flow.target)))?,
+            ),
+        },
     })
 }
 
@@ -853,9 +863,6 @@ fn scd_type_property(mode: ScdType) -> &'static str {
 /// their TBLPROPERTIES say otherwise (`dv.rs`).
 const DELETION_VECTORS: &str = "delta.enableDeletionVectors";
 
-/// Lakeflow's retention of tombstones (R9), accepted on targets; strata keeps them all.
-const TOMBSTONE_GC: &str = "pipelines.cdc.tombstoneGCThresholdInSeconds";
-
 /// Table properties every AUTO CDC target carries.
 pub(crate) fn target_configuration(
     setup: &FlowSetup,
@@ -1137,13 +1144,13 @@ pub(crate) async fn run_flow(
     let mut report = run_flow_once(wh, setup, target_properties, update).await?;
     let vectors_by_default = !warehouse::sets_property(target_properties, DELETION_VECTORS)
         && !setup.timeline.partition_by_start;
-    if let Some((key, _)) = target_properties
-        .iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case(TOMBSTONE_GC))
-    {
+    let gc_set = target_properties
+        .keys()
+        .find(|k| k.eq_ignore_ascii_case(crate::tombstones::PROPERTY));
+    if let (Some(key), None) = (gc_set, setup.tombstone_secs) {
         report.notes.push(format!(
-            "{key} is set on {} but not acted on: strata keeps tombstones indefinitely, so a \
-             late event older than a delete never brings its key back",
+            "{key} is not acted on for {}: its deletes end versions of its history and are \
+             kept, so a late event older than a delete never brings its key back",
             setup.flow.target
         ));
     }
@@ -1433,6 +1440,27 @@ async fn run_flow_once(
                 )
                 .await?
             }
+        };
+        let slice = match setup.tombstone_secs {
+            Some(secs) => {
+                let (kept, forgotten) = crate::tombstones::forget_expired(
+                    &slice,
+                    &setup.spec.keys,
+                    setup.spec.n_out,
+                    secs,
+                    chrono::Utc::now().timestamp_millis(),
+                    &mut crate::tombstones::CommitTimes::new(store_path.clone()),
+                )?;
+                if forgotten > 0 {
+                    report.notes.push(format!(
+                        "{forgotten} tombstone(s) older than {secs} s forgotten \
+                         ({}): a late event older than one of those deletes brings its key back",
+                        crate::tombstones::PROPERTY
+                    ));
+                }
+                kept
+            }
+            None => slice,
         };
         parts.push(slice);
     }

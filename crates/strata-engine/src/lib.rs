@@ -53,6 +53,7 @@ mod sqlutil;
 mod store;
 mod taken;
 mod timeline;
+mod tombstones;
 mod warehouse;
 
 pub use error::{chain, EngineError, Result};
