@@ -1246,6 +1246,9 @@ async fn run_flow_once(
 
     let has_new_input = from.is_none_or(|f| f < source_version);
     let run = store_version + 1;
+    // The instant this run decides which tombstones have expired, recorded in its
+    // event-store commit as the time its events were processed (`tombstones.rs`).
+    let decided_at = chrono::Utc::now().timestamp_millis();
     // What the event store gets in this run (for a snapshot flow, the events plus markers).
     let mut to_commit: Option<Vec<RecordBatch>> = None;
     let mut superseded: Option<RecordBatch> = None;
@@ -1448,7 +1451,7 @@ async fn run_flow_once(
                     &setup.spec.keys,
                     setup.spec.n_out,
                     secs,
-                    chrono::Utc::now().timestamp_millis(),
+                    decided_at,
                     &mut crate::tombstones::CommitTimes::new(store_path.clone()),
                 )?;
                 if forgotten > 0 {
@@ -1544,7 +1547,11 @@ async fn run_flow_once(
                 ev,
                 Vec::new(),
                 CommitProperties::default()
-                    .with_application_transaction(Transaction::new(&app_id, source_version)),
+                    .with_application_transaction(Transaction::new(&app_id, source_version))
+                    .with_metadata([(
+                        crate::tombstones::DECIDED_AT.to_string(),
+                        serde_json::json!(decided_at),
+                    )]),
             )
             .await
             .map_err(|e| {

@@ -15,9 +15,13 @@
 //! stay in the event store (they are skipped each time their key is read). SCD type 2
 //! targets keep their tombstones: there the delete ends a version of the key's history.
 //!
-//! When each event was processed is the commit time of the event-store version its run
-//! wrote (`__strata_run`), read from the store's commit file. A commit file removed by log
-//! cleanup counts as processed before every known commit.
+//! When each event was processed is the instant its run decided which tombstones had
+//! expired, recorded in the run's event-store commit ([`DECIDED_AT`]; the commit time for
+//! commits written before it was recorded) and found through the event's `__strata_run`.
+//! Using the decision instant, not the commit time, keeps a run that straddles an expiry
+//! consistent: an event its run hid behind a delete counts as processed before that delete
+//! expired. A commit file removed by log cleanup counts as processed before every known
+//! commit.
 
 use crate::error::{Context, EngineError, Result};
 use crate::sqlutil;
@@ -31,6 +35,9 @@ use strata_core::EventKind;
 pub(crate) const PROPERTY: &str = "pipelines.cdc.tombstoneGCThresholdInSeconds";
 /// Two days, as in Lakeflow.
 pub(crate) const DEFAULT_SECONDS: u64 = 172_800;
+/// The commit-info key of an event-store commit holding when its run decided which
+/// tombstones had expired (milliseconds since the epoch).
+pub(crate) const DECIDED_AT: &str = "strata.decidedAt";
 
 /// The threshold `properties` set (keys compared without case), in seconds.
 pub(crate) fn threshold(properties: &BTreeMap<String, String>) -> Result<u64> {
@@ -47,8 +54,9 @@ pub(crate) fn threshold(properties: &BTreeMap<String, String>) -> Result<u64> {
     }
 }
 
-/// When event-store versions were committed (milliseconds since the epoch), read from
-/// their commit files once each; `None` for a version whose commit file is gone.
+/// When the runs of event-store versions decided (milliseconds since the epoch, see
+/// [`commit_time`]), read from their commit files once each; `None` for a version whose
+/// commit file is gone.
 pub(crate) struct CommitTimes {
     log: PathBuf,
     known: HashMap<i64, Option<i64>>,
@@ -80,11 +88,14 @@ impl CommitTimes {
     }
 }
 
-/// The `commitInfo.timestamp` of a Delta commit file's text.
+/// When a Delta commit file's run decided ([`DECIDED_AT`]), else its commit time.
 fn commit_time(text: &str) -> Option<i64> {
     text.lines().find_map(|line| {
         let v: serde_json::Value = serde_json::from_str(line).ok()?;
-        v.get("commitInfo")?.get("timestamp")?.as_i64()
+        let info = v.get("commitInfo")?;
+        info.get(DECIDED_AT)
+            .and_then(serde_json::Value::as_i64)
+            .or_else(|| info.get("timestamp")?.as_i64())
     })
 }
 
@@ -258,6 +269,15 @@ mod tests {
         let (kept, n) = forget_expired(&batch, &[0], 2, 3600, 600_000, &mut times).expect("ok");
         assert_eq!(n, 1);
         assert_eq!(values(&kept), ["late"]);
+    }
+
+    #[test]
+    fn the_decision_instant_comes_before_the_commit_time() {
+        let with = r#"{"commitInfo":{"timestamp":2000,"strata.decidedAt":1500}}"#;
+        let without = "{\"protocol\":{}}\n{\"commitInfo\":{\"timestamp\":2000}}";
+        assert_eq!(commit_time(with), Some(1500));
+        assert_eq!(commit_time(without), Some(2000));
+        assert_eq!(commit_time("{\"add\":{}}"), None);
     }
 
     #[test]
