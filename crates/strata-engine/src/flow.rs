@@ -1156,9 +1156,8 @@ pub(crate) async fn run_flow(
     }
     if created && vectors_by_default && wh.open_table(&setup.flow.target).await?.is_some() {
         report.notes.push(format!(
-            "created {} with deletion vectors, which deltalake for Python's \
-             to_pyarrow_table() does not read (its QueryBuilder does); \
-             TBLPROPERTIES ('{DELETION_VECTORS}' = 'false') turns them off",
+            "created {} with deletion vectors (for deltalake for Python's \
+             to_pyarrow_table(), set '{DELETION_VECTORS}' = 'false')",
             setup.flow.target
         ));
     }
