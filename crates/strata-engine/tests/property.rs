@@ -1,7 +1,9 @@
 //! Property tests: random change streams over a small key space, split into random batches
 //! delivered in random order (some delivered twice), run through the real engine on real
 //! Delta tables, compared after the last run with the reference model of `strata-core`; the
-//! SCD2 invariants are checked after every run.
+//! SCD2 invariants are checked after every run. Some SCD type 1 cases set the tombstone
+//! threshold to 0, so every delete expires after its run; their reference folds the events
+//! left once the expired deletes are forgotten with what they hid (`folded_events`).
 //!
 //! Each case runs the real pipeline several times, so the case count is small by default;
 //! `PROPTEST_CASES=200 cargo test -p strata-engine --test property` runs more.
@@ -25,6 +27,9 @@ struct Case {
     track_city: bool,
     /// The target enables deletion vectors: replaced rows are marked, not rewritten.
     deletion_vectors: bool,
+    /// SCD type 1 with `pipelines.cdc.tombstoneGCThresholdInSeconds = 0`: a delete expires
+    /// as soon as its run is over, and later runs forget it with the events it hid.
+    expire: bool,
 }
 
 fn value() -> impl Strategy<Value = Option<String>> {
@@ -32,56 +37,75 @@ fn value() -> impl Strategy<Value = Option<String>> {
 }
 
 fn case() -> impl Strategy<Value = Case> {
-    (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>()).prop_flat_map(
-        |(scd2, ignore_nulls, track_city, deletion_vectors)| {
-            let event = (0i64..4, 0u8..10, value(), value()).prop_map(move |(key, k, a, b)| {
-                let kind = match k {
-                    0 | 1 => EventKind::Delete,
-                    2 if !scd2 => EventKind::Truncate,
-                    _ => EventKind::Upsert,
-                };
-                RefEvent {
-                    key,
-                    seq: 0,
-                    kind,
-                    values: vec![a, b],
-                }
-            });
-            (
-                proptest::collection::vec(event, 1..25),
-                any::<u64>(),
-                1usize..5,
-                any::<bool>(),
-            )
-                .prop_map(move |(mut events, seed, n_batches, replay)| {
-                    // Unique sequence values, then a deterministic shuffle for arrival order.
-                    for (i, e) in events.iter_mut().enumerate() {
-                        e.seq = i as i64 * 10 + 1;
-                    }
-                    let mut arrival = events.clone();
-                    let mut s = seed | 1;
-                    for i in (1..arrival.len()).rev() {
-                        s ^= s << 13;
-                        s ^= s >> 7;
-                        s ^= s << 17;
-                        arrival.swap(i, (s % (i as u64 + 1)) as usize);
-                    }
-                    let size = arrival.len().div_ceil(n_batches);
-                    let batches: Vec<Vec<RefEvent>> =
-                        arrival.chunks(size).map(|c| c.to_vec()).collect();
-                    let replay = replay.then(|| (seed as usize) % batches.len());
-                    Case {
-                        events,
-                        batches,
-                        replay,
-                        scd2,
-                        ignore_nulls,
-                        track_city,
-                        deletion_vectors,
-                    }
-                })
-        },
+    (
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
     )
+        .prop_flat_map(
+            |(scd2, ignore_nulls, track_city, deletion_vectors, expire)| {
+                let event = (0i64..4, 0u8..10, value(), value()).prop_map(move |(key, k, a, b)| {
+                    let kind = match k {
+                        0 | 1 => EventKind::Delete,
+                        2 if !scd2 => EventKind::Truncate,
+                        _ => EventKind::Upsert,
+                    };
+                    RefEvent {
+                        key,
+                        seq: 0,
+                        kind,
+                        values: vec![a, b],
+                    }
+                });
+                (
+                    proptest::collection::vec(event, 1..25),
+                    any::<u64>(),
+                    1usize..5,
+                    any::<bool>(),
+                )
+                    .prop_map(move |(mut events, seed, n_batches, replay)| {
+                        // Unique sequence values, then a deterministic shuffle for arrival order.
+                        for (i, e) in events.iter_mut().enumerate() {
+                            e.seq = i as i64 * 10 + 1;
+                        }
+                        let mut arrival = events.clone();
+                        let mut s = seed | 1;
+                        for i in (1..arrival.len()).rev() {
+                            s ^= s << 13;
+                            s ^= s >> 7;
+                            s ^= s << 17;
+                            arrival.swap(i, (s % (i as u64 + 1)) as usize);
+                        }
+                        let size = arrival.len().div_ceil(n_batches);
+                        let batches: Vec<Vec<RefEvent>> =
+                            arrival.chunks(size).map(|c| c.to_vec()).collect();
+                        let replay = replay.then(|| (seed as usize) % batches.len());
+                        Case {
+                            events,
+                            batches,
+                            replay,
+                            scd2,
+                            ignore_nulls,
+                            track_city,
+                            deletion_vectors,
+                            expire: expire && !scd2,
+                        }
+                    })
+            },
+        )
+}
+
+impl Case {
+    /// The batches in delivery order, the replayed one again at the end.
+    fn deliveries(&self) -> Vec<&Vec<RefEvent>> {
+        let mut out: Vec<&Vec<RefEvent>> = self.batches.iter().collect();
+        if let Some(r) = self.replay {
+            out.push(&self.batches[r]);
+        }
+        out
+    }
 }
 
 fn json_line(e: &RefEvent) -> String {
@@ -107,7 +131,25 @@ fn pipeline(c: &Case) -> String {
         "CREATE OR REFRESH STREAMING TABLE cdc AS SELECT * FROM STREAM read_files('data', \
          format => 'json', schema => 'id BIGINT, name STRING, city STRING, op STRING, seq BIGINT');\n",
     );
-    sql.push_str(target_table(c.deletion_vectors));
+    let target = target_table(c.deletion_vectors);
+    if c.expire {
+        // The same statement with the threshold added to its properties.
+        let with = match target.strip_suffix(";\n") {
+            Some(t) if t.contains("TBLPROPERTIES (") => t.replacen(
+                "TBLPROPERTIES (",
+                "TBLPROPERTIES ('pipelines.cdc.tombstoneGCThresholdInSeconds' = '0', ",
+                1,
+            ),
+            Some(t) => {
+                format!("{t} TBLPROPERTIES ('pipelines.cdc.tombstoneGCThresholdInSeconds' = '0')")
+            }
+            None => unreachable!("target statements end with ';'"),
+        };
+        sql.push_str(&with);
+        sql.push_str(";\n");
+    } else {
+        sql.push_str(target);
+    }
     sql.push_str("CREATE FLOW f AS AUTO CDC INTO t FROM STREAM(cdc) KEYS (id)\n");
     if c.ignore_nulls {
         sql.push_str("IGNORE NULL UPDATES\n");
@@ -142,6 +184,41 @@ fn cell(v: &Option<String>) -> String {
     v.clone().unwrap_or_else(|| "NULL".into())
 }
 
+/// The events the fold sees after the last delivery: every event, unless the target
+/// forgets expired tombstones. Then (threshold 0) each delete delivered before the last
+/// delivery is forgotten with the events of its key at or below its sequence delivered no
+/// later than it (`tombstones.rs`); a redelivered event counts once.
+fn folded_events(c: &Case) -> Vec<RefEvent> {
+    if !c.expire {
+        return c.events.clone();
+    }
+    let deliveries = c.deliveries();
+    let last = deliveries.len() - 1;
+    let stored: Vec<(usize, &RefEvent)> = deliveries
+        .iter()
+        .enumerate()
+        .flat_map(|(run, batch)| batch.iter().map(move |e| (run, e)))
+        .collect();
+    let forgotten = |(run, e): &(usize, &RefEvent)| {
+        e.kind != EventKind::Truncate
+            && stored.iter().any(|(d_run, d)| {
+                d.kind == EventKind::Delete
+                    && *d_run < last
+                    && d.key == e.key
+                    && e.seq <= d.seq
+                    && run <= d_run
+            })
+    };
+    let mut kept: Vec<RefEvent> = Vec::new();
+    for s in stored.iter().filter(|s| !forgotten(s)) {
+        if !kept.iter().any(|k| k.seq == s.1.seq) {
+            kept.push(s.1.clone());
+        }
+    }
+    kept.sort_by_key(|e| e.seq);
+    kept
+}
+
 fn expected(c: &Case) -> Vec<String> {
     let flow = RefFlow {
         ignore_null_updates: c.ignore_nulls,
@@ -161,7 +238,7 @@ fn expected(c: &Case) -> Vec<String> {
             })
             .collect()
     } else {
-        reference::scd1(&flow, &c.events)
+        reference::scd1(&flow, &folded_events(c))
             .expect("unique sequences never tie")
             .into_iter()
             .map(|(k, v)| format!("{k}|{}|{}", cell(&v[0]), cell(&v[1])))
@@ -185,11 +262,7 @@ async fn run_case(c: &Case) -> Result<(), String> {
     let pipeline_path = dir.path().join("pipeline.sql");
     std::fs::write(&pipeline_path, pipeline(c)).map_err(|e| e.to_string())?;
     let wh = Warehouse::open(dir.path().join("wh")).map_err(|e| e.to_string())?;
-    let mut deliveries: Vec<&Vec<RefEvent>> = c.batches.iter().collect();
-    if let Some(r) = c.replay {
-        deliveries.push(&c.batches[r]);
-    }
-    for (i, batch) in deliveries.iter().enumerate() {
+    for (i, batch) in c.deliveries().iter().enumerate() {
         let mut text = String::new();
         for e in batch.iter() {
             let _ = writeln!(text, "{}", json_line(e));
