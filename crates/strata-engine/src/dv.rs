@@ -13,6 +13,9 @@ use crate::error::{EngineError, Result};
 use deltalake::kernel::{DeletionVectorDescriptor, StorageType};
 use roaring::RoaringTreemap;
 
+/// Delta's table property that turns deletion vectors on (`'true'`).
+pub(crate) const PROPERTY: &str = "delta.enableDeletionVectors";
+
 /// The first four bytes of a serialized `RoaringBitmapArray` (little endian).
 const MAGIC: u32 = 1681511377;
 

@@ -859,9 +859,15 @@ fn scd_type_property(mode: ScdType) -> &'static str {
     }
 }
 
-/// Delta's switch for deletion vectors, on for the AUTO CDC targets strata creates unless
-/// their TBLPROPERTIES say otherwise (`dv.rs`).
-const DELETION_VECTORS: &str = "delta.enableDeletionVectors";
+/// Whether the flow's target gets deletion vectors without having asked for them: the
+/// targets strata creates have them unless their TBLPROPERTIES set the property or the
+/// target is partitioned by its start (written through delta-rs).
+fn deletion_vectors_by_default(
+    setup: &FlowSetup,
+    user: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    !warehouse::sets_property(user, crate::dv::PROPERTY) && !setup.timeline.partition_by_start
+}
 
 /// Table properties every AUTO CDC target carries.
 pub(crate) fn target_configuration(
@@ -869,8 +875,8 @@ pub(crate) fn target_configuration(
     user: &std::collections::BTreeMap<String, String>,
 ) -> Vec<(String, Option<String>)> {
     let mut conf = warehouse::table_configuration(user);
-    if !warehouse::sets_property(user, DELETION_VECTORS) && !setup.timeline.partition_by_start {
-        conf.push((DELETION_VECTORS.to_string(), Some("true".to_string())));
+    if deletion_vectors_by_default(setup, user) {
+        conf.push((crate::dv::PROPERTY.to_string(), Some("true".to_string())));
     }
     conf.push(("strata.keys".to_string(), Some(setup.key_names.join(","))));
     conf.push((
@@ -978,12 +984,14 @@ async fn follow_deletion_vectors(
     setup: &FlowSetup,
     declared: &std::collections::BTreeMap<String, String>,
 ) -> Result<(DeltaTable, Option<bool>)> {
-    const KEY: &str = DELETION_VECTORS;
-    let Some(want) = declared.get(KEY).map(|v| v.eq_ignore_ascii_case("true")) else {
+    let Some(want) = declared
+        .get(crate::dv::PROPERTY)
+        .map(|v| v.eq_ignore_ascii_case("true"))
+    else {
         return Ok((target, None));
     };
     let has = warehouse::table_properties(&target)?
-        .get(KEY)
+        .get(crate::dv::PROPERTY)
         .is_some_and(|v| v.eq_ignore_ascii_case("true"));
     if has == want {
         return Ok((target, None));
@@ -991,11 +999,11 @@ async fn follow_deletion_vectors(
     let target = target
         .set_tbl_properties()
         .with_properties(std::collections::HashMap::from([(
-            KEY.to_string(),
+            crate::dv::PROPERTY.to_string(),
             want.to_string(),
         )]))
         .await
-        .context(|| format!("setting {KEY} on {}", setup.flow.target))?;
+        .context(|| format!("setting {} on {}", crate::dv::PROPERTY, setup.flow.target))?;
     Ok((target, Some(want)))
 }
 
@@ -1142,23 +1150,24 @@ pub(crate) async fn run_flow(
     let created = target.is_none();
     let added = evolve_tables(wh, setup, target).await?;
     let mut report = run_flow_once(wh, setup, target_properties, update).await?;
-    let vectors_by_default = !warehouse::sets_property(target_properties, DELETION_VECTORS)
-        && !setup.timeline.partition_by_start;
-    let gc_set = target_properties
-        .keys()
-        .find(|k| k.eq_ignore_ascii_case(crate::tombstones::PROPERTY));
-    if let (Some(key), None) = (gc_set, setup.tombstone_secs) {
+    let gc_set = warehouse::sets_property(target_properties, crate::tombstones::PROPERTY);
+    if gc_set && setup.tombstone_secs.is_none() {
         report.notes.push(format!(
-            "{key} is not acted on for {}: its deletes end versions of its history and are \
+            "{} is not acted on for {}: its deletes end versions of its history and are \
              kept, so a late event older than a delete never brings its key back",
+            crate::tombstones::PROPERTY,
             setup.flow.target
         ));
     }
-    if created && vectors_by_default && wh.open_table(&setup.flow.target).await?.is_some() {
+    if created
+        && deletion_vectors_by_default(setup, target_properties)
+        && wh.open_table(&setup.flow.target).await?.is_some()
+    {
         report.notes.push(format!(
             "created {} with deletion vectors (for deltalake for Python's \
-             to_pyarrow_table(), set '{DELETION_VECTORS}' = 'false')",
-            setup.flow.target
+             to_pyarrow_table(), set '{}' = 'false')",
+            setup.flow.target,
+            crate::dv::PROPERTY
         ));
     }
     if let Some(on) = switched {

@@ -11,7 +11,7 @@
 use crate::error::{Context, EngineError, Result};
 use crate::expect::{self, ExpectationCount};
 use crate::query::{rewrite, warehouse_session_in};
-use crate::sqlutil::{self, quote_ident};
+use crate::sqlutil;
 use crate::warehouse::{self, Warehouse};
 use deltalake::arrow::compute::concat_batches;
 use deltalake::arrow::datatypes::{Field, Schema, SchemaRef};
@@ -77,19 +77,7 @@ pub(crate) async fn register_views(
                 Some(s) => crate::query::rewrite_shape(ctx, &v.query.sql, schema, s)?,
                 None => rewrite(wh, ctx, &v.query.sql, schema).await?,
             };
-            let reference = format!("{}.{}", quote_ident(&name.schema), quote_ident(&name.name));
-            if ctx
-                .catalog("strata")
-                .and_then(|c| c.schema(&name.schema))
-                .is_none()
-            {
-                ctx.sql(&format!(
-                    "CREATE SCHEMA IF NOT EXISTS {}",
-                    quote_ident(&name.schema)
-                ))
-                .await
-                .context(|| format!("view {name}"))?;
-            }
+            let reference = crate::query::reference_in(ctx, name)?;
             ctx.sql(&format!("CREATE OR REPLACE VIEW {reference} AS {sql}"))
                 .await
                 .map_err(|e| EngineError::Plan(format!("view {name}: {e}")))?;

@@ -25,9 +25,6 @@ pub(crate) async fn warehouse_session(wh: &Warehouse) -> Result<SessionContext> 
 /// [`warehouse_session`] whose unqualified table names are in `schema`.
 pub(crate) async fn warehouse_session_in(wh: &Warehouse, schema: &str) -> Result<SessionContext> {
     let ctx = crate::warehouse::new_session_in(schema);
-    let catalog = ctx
-        .catalog("strata")
-        .ok_or_else(|| EngineError::Internal("catalog strata missing".into()))?;
     let tables = wh.list_tables()?;
     let log = TableName::new(None, crate::event_log::EVENT_LOG_TABLE);
     if !tables.contains(&log) {
@@ -36,17 +33,30 @@ pub(crate) async fn warehouse_session_in(wh: &Warehouse, schema: &str) -> Result
         }
     }
     for name in tables {
-        if catalog.schema(&name.schema).is_none() {
-            catalog
-                .register_schema(&name.schema, Arc::new(MemorySchemaProvider::new()))
-                .context(|| format!("registering schema {}", name.schema))?;
-        }
+        let reference = reference_in(&ctx, &name)?;
         if let Some(table) = wh.open_table(&name).await? {
-            let reference = format!("{}.{}", quote_ident(&name.schema), quote_ident(&name.name));
             register_table(&ctx, &reference, &table, None).await?;
         }
     }
     Ok(ctx)
+}
+
+/// How `name` is addressed in `ctx` (`"schema"."name"`), its schema added to the session's
+/// catalog first when the session does not have it yet.
+pub(crate) fn reference_in(ctx: &SessionContext, name: &TableName) -> Result<String> {
+    let catalog = ctx
+        .catalog("strata")
+        .ok_or_else(|| EngineError::Internal("catalog strata missing".into()))?;
+    if catalog.schema(&name.schema).is_none() {
+        catalog
+            .register_schema(&name.schema, Arc::new(MemorySchemaProvider::new()))
+            .context(|| format!("registering schema {}", name.schema))?;
+    }
+    Ok(format!(
+        "{}.{}",
+        quote_ident(&name.schema),
+        quote_ident(&name.name)
+    ))
 }
 
 /// `sql` with strata's table functions (`as_of`, `table_changes`) replaced by what they
@@ -85,16 +95,8 @@ pub(crate) fn rewrite_shape(
 /// columns, as `schema.name` (and `name` for the tables of `default_schema`).
 pub(crate) fn shape_session(default_schema: &str, shapes: &Shapes) -> Result<SessionContext> {
     let ctx = crate::warehouse::new_session_in(default_schema);
-    let catalog = ctx
-        .catalog("strata")
-        .ok_or_else(|| EngineError::Internal("catalog strata missing".into()))?;
     for (name, columns) in shapes {
-        if catalog.schema(&name.schema).is_none() {
-            catalog
-                .register_schema(&name.schema, Arc::new(MemorySchemaProvider::new()))
-                .context(|| format!("registering schema {}", name.schema))?;
-        }
-        let reference = format!("{}.{}", quote_ident(&name.schema), quote_ident(&name.name));
+        let reference = reference_in(&ctx, name)?;
         ctx.register_batch(&reference, RecordBatch::new_empty(columns.clone()))
             .context(|| format!("registering {name}"))?;
     }

@@ -97,7 +97,7 @@ pub(crate) async fn replace_keys(
         .get("delta.columnMapping.mode")
         .is_some_and(|m| m != "none");
     let marking = config
-        .get("delta.enableDeletionVectors")
+        .get(crate::dv::PROPERTY)
         .is_some_and(|v| v.eq_ignore_ascii_case("true"));
     // The rows each file's (inline) deletion vector already deletes, by path.
     let mut deleted: ahash::AHashMap<String, RoaringTreemap> = ahash::AHashMap::new();
