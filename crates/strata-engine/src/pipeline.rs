@@ -23,7 +23,7 @@ pub struct RunReport {
     pub views: Vec<MvReport>,
     pub pits: Vec<PitReport>,
     /// Datasets that did not run because their schema cannot be known yet (no input files
-    /// and no `schema =>`), with the reason.
+    /// and no `schema =>`, or a joined table with no columns yet), with the reason.
     pub waiting: Vec<String>,
     /// Tables a full refresh set aside, and where their old content now is.
     pub set_aside: Vec<(TableName, PathBuf)>,

@@ -18,5 +18,6 @@ mod log_retention;
 mod parquet_input;
 mod reuse_files;
 mod snapshot_digest;
+mod stream_joins;
 mod taken_cache;
 mod tombstones;
