@@ -1,7 +1,9 @@
 //! The `strata` command: run pipelines, query and validate warehouses.
 //!
 //! Exit codes: 0 success; 1 `validate` found violations; 2 any error (bad pipeline, bad
-//! input, unknown table, storage failure). Errors print their whole chain on one line.
+//! input, unknown table, storage failure); 3 another writer kept committing to a table first
+//! (the run retried and gave up; nothing of that dataset was written). Errors print their
+//! whole chain on one line.
 
 mod events;
 mod progress;
@@ -169,10 +171,12 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         // The Delta kernel logs expected conditions (a table that does not exist yet) as
-        // errors; strata reports what matters itself.
+        // errors, and delta-rs warns of every commit another writer beat; strata reports
+        // what matters itself.
         let level = if cli.verbose { "info" } else { "warn" };
         tracing_subscriber::EnvFilter::new(format!(
-            "{level},buoyant_kernel=off,deltalake_core::operations::merge=error"
+            "{level},buoyant_kernel=off,deltalake_core::operations::merge=error,\
+             deltalake_core::kernel::transaction=error"
         ))
     });
     tracing_subscriber::fmt()
@@ -208,7 +212,12 @@ fn main() -> ExitCode {
                 return ExitCode::SUCCESS;
             }
             eprintln!("error: {}", chain(e.as_ref()));
-            ExitCode::from(2)
+            // A run that kept losing races with another writer wrote nothing of the dataset
+            // it failed on; running again later is the way out, so it has a code of its own.
+            let lost_race = e
+                .downcast_ref::<strata_engine::EngineError>()
+                .is_some_and(strata_engine::EngineError::is_conflict);
+            ExitCode::from(if lost_race { 3 } else { 2 })
         }
     }
 }

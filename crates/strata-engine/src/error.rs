@@ -32,6 +32,16 @@ pub enum EngineError {
     /// The user asked for something that does not exist (a table in `query`/`validate`).
     #[error("{0}")]
     NotFound(String),
+    /// Another writer committed to a table first, in a way this commit cannot be placed
+    /// after (the same application transaction, a file this commit replaces, the table
+    /// created at the same moment). Nothing of this commit was written; the dataset's run
+    /// can be tried again from the start, which [`crate::pipeline`] does.
+    #[error("{context}: another writer committed first: {source}")]
+    Conflict {
+        context: String,
+        #[source]
+        source: Box<DeltaTableError>,
+    },
     #[error("{context}: {source}")]
     Delta {
         context: String,
@@ -64,10 +74,35 @@ pub(crate) trait Context<T> {
 
 impl<T> Context<T> for std::result::Result<T, DeltaTableError> {
     fn context(self, context: impl FnOnce() -> String) -> Result<T> {
-        self.map_err(|source| EngineError::Delta {
-            context: context(),
-            source: Box::new(source),
+        self.map_err(|source| {
+            let (context, source) = (context(), Box::new(source));
+            if is_conflict(&source) {
+                EngineError::Conflict { context, source }
+            } else {
+                EngineError::Delta { context, source }
+            }
         })
+    }
+}
+
+/// Whether a failed commit lost a race with another writer: the version it meant to write
+/// exists, or the winning commit conflicts with it (Delta's conflict checker).
+pub(crate) fn is_conflict(e: &DeltaTableError) -> bool {
+    use deltalake::kernel::transaction::TransactionError as T;
+    matches!(
+        e,
+        DeltaTableError::VersionAlreadyExists(_)
+            | DeltaTableError::Transaction {
+                source: T::CommitConflict(_) | T::VersionAlreadyExists(_) | T::MaxCommitAttempts(_)
+            }
+    )
+}
+
+impl EngineError {
+    /// Whether this is a lost race with another writer ([`EngineError::Conflict`]): the
+    /// dataset's run may be tried again from the start.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, EngineError::Conflict { .. })
     }
 }
 

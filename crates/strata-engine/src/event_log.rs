@@ -247,19 +247,23 @@ pub(crate) async fn append(wh: &Warehouse, records: &[EventRecord]) -> Result<()
         Some(t) => t,
         None => match warehouse::open_delta(&path).await? {
             Some(t) => t,
-            None => {
-                warehouse::create_delta(
-                    &path,
-                    EVENT_LOG_TABLE,
-                    &schema(),
-                    // A record or two per run: a checkpoint every 10 commits keeps opening
-                    // it from reading a long run of commit files.
-                    vec![("delta.checkpointInterval".into(), Some("10".into()))],
-                    Some("strata's event log: one record per dataset or flow per run"),
-                    Vec::new(),
-                )
-                .await?
-            }
+            None => match warehouse::create_delta(
+                &path,
+                EVENT_LOG_TABLE,
+                &schema(),
+                // A record or two per run: a checkpoint every 10 commits keeps opening
+                // it from reading a long run of commit files.
+                vec![("delta.checkpointInterval".into(), Some("10".into()))],
+                Some("strata's event log: one record per dataset or flow per run"),
+                Vec::new(),
+            )
+            .await
+            {
+                Ok(t) => t,
+                // Another run created it at the same moment: append to that one.
+                Err(e) if e.is_conflict() => warehouse::open_delta(&path).await?.ok_or(e)?,
+                Err(e) => return Err(e),
+            },
         },
     };
     warehouse::step!(debug, steps, "opened");

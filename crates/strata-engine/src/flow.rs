@@ -1562,8 +1562,9 @@ async fn run_flow_once(
                     )]),
             )
             .await
-            .map_err(|e| {
-                EngineError::Plan(format!("flow {}: committing events: {e}", flow.name))
+            .map_err(|e| match e {
+                e @ EngineError::Conflict { .. } => e,
+                e => EngineError::Plan(format!("flow {}: committing events: {e}", flow.name)),
             })?;
             if version < 0 {
                 run
@@ -1653,8 +1654,10 @@ async fn run_flow_once(
         target_commit(new_store_version, &app_id, source_version),
     )
     .await
-    .map_err(|e| EngineError::Plan(format!("flow {}: writing {}: {e}", flow.name, flow.target)))?
-    {
+    .map_err(|e| match e {
+        e @ EngineError::Conflict { .. } => e,
+        e => EngineError::Plan(format!("flow {}: writing {}: {e}", flow.name, flow.target)),
+    })? {
         phase(&format!(
             "replaced the changed keys' rows in the target ({done})"
         ));

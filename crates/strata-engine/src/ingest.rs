@@ -143,6 +143,17 @@ impl IngestSetup {
         }
     }
 
+    /// The application transaction each commit that takes input files carries. It orders
+    /// them: two runs that took files from the same state of the table both write it, and
+    /// Delta's conflict check lets only the first commit (the other run starts again and
+    /// finds the files taken).
+    fn files_app_id(&self) -> String {
+        match &self.append_flow {
+            None => "strata-files".to_string(),
+            Some(f) => format!("strata-files:{f}"),
+        }
+    }
+
     /// The application transaction recording how far a table source was read.
     fn source_app_id(&self, source: &TableName) -> String {
         match &self.append_flow {
@@ -866,6 +877,13 @@ pub(crate) async fn run_ingest(
                 metadata.push((setup.schema_key(), autoload::to_json(columns)));
             }
             commit = commit.with_metadata(metadata);
+            let app_id = setup.files_app_id();
+            let previous = match &existing {
+                Some(t) => flow::txn_version(t, &app_id).await?,
+                None => None,
+            };
+            let next = previous.map_or(0, |v| v + 1);
+            commit = commit.with_application_transaction(Transaction::new(&app_id, next));
             report.files = new;
         }
         Source::Table(source_name) | Source::Feed(source_name) => {

@@ -100,6 +100,9 @@ impl std::str::FromStr for Selection {
     }
 }
 
+/// The schemas of the datasets prepared so far, by table.
+type Schemas = BTreeMap<TableName, SchemaRef>;
+
 enum Prepared {
     Ingest(Box<IngestSetup>),
     Flow(Box<FlowSetup>),
@@ -206,36 +209,24 @@ pub(crate) async fn run_plan(
         dir: &pipeline_dir,
         feeds: &feeds,
     };
-    for node in &plan.order {
+    // What each ingestion was prepared with, so that a retry prepares it the same way.
+    let mut known_before: BTreeMap<usize, Schemas> = BTreeMap::new();
+    for (at, node) in plan.order.iter().enumerate() {
         let p = match node {
-            Node::Ingest(name) => {
-                let table = plan.tables.get(name).ok_or_else(|| {
-                    EngineError::Internal(format!("planned table {name} is missing"))
-                })?;
-                match ingest::prepare_ingest(&context, table, None, &schemas).await? {
-                    Ok(setup) => {
-                        schemas.insert(name.clone(), setup.schema.clone());
-                        Prepared::Ingest(Box::new(setup))
-                    }
-                    Err(waits) => Prepared::Waiting(format!("{name}: {waits}")),
+            Node::Ingest(_) | Node::Append(_) => {
+                let p = prepare_ingestion(&context, node, &schemas).await?;
+                known_before.insert(at, schemas.clone());
+                if let Prepared::Ingest(setup) = &p {
+                    schemas
+                        .entry(setup.table.name.clone())
+                        .and_modify(|s| {
+                            if setup.append_flow.is_none() {
+                                *s = setup.schema.clone()
+                            }
+                        })
+                        .or_insert_with(|| setup.schema.clone());
                 }
-            }
-            Node::Append(i) => {
-                let f = plan.appends.get(*i).ok_or_else(|| {
-                    EngineError::Internal(format!("planned append flow {i} is missing"))
-                })?;
-                let table = plan.tables.get(&f.target).ok_or_else(|| {
-                    EngineError::Internal(format!("planned table {} is missing", f.target))
-                })?;
-                match ingest::prepare_ingest(&context, table, Some(f), &schemas).await? {
-                    Ok(setup) => {
-                        schemas
-                            .entry(f.target.clone())
-                            .or_insert_with(|| setup.schema.clone());
-                        Prepared::Ingest(Box::new(setup))
-                    }
-                    Err(waits) => Prepared::Waiting(format!("flow {}: {waits}", f.name)),
-                }
+                p
             }
             Node::PointInTime(i) => Prepared::PointInTime(*i),
             Node::MaterializedView(name) => Prepared::MaterializedView(name.clone()),
@@ -292,13 +283,7 @@ pub(crate) async fn run_plan(
         })
         .collect();
     for (_, p) in prepared.iter_mut() {
-        if let Prepared::Ingest(setup) = p {
-            setup.downstream = flows
-                .iter()
-                .filter(|f| f.flow.source == setup.table.name)
-                .cloned()
-                .collect();
-        }
+        with_downstream(p, &flows);
     }
 
     let declared: BTreeSet<TableName> = plan
@@ -311,10 +296,11 @@ pub(crate) async fn run_plan(
     let pipeline_name = path.display().to_string();
     // Run the selected nodes: each after the nodes that write what it reads (and after the
     // earlier writers of its own table), independent ones side by side.
-    let nodes: Vec<(&Node, &Prepared)> = prepared
+    let nodes: Vec<(&Node, &Prepared, Option<&Schemas>)> = prepared
         .iter()
-        .filter(|(n, _)| selected.contains(n))
-        .map(|(n, p)| (n, p))
+        .enumerate()
+        .filter(|(_, (n, _))| selected.contains(n))
+        .map(|(at, (n, p))| (n, p, known_before.get(&at)))
         .collect();
     let deps: Vec<Vec<usize>> = (0..nodes.len())
         .map(|j| {
@@ -360,7 +346,7 @@ pub(crate) async fn run_plan(
                 break;
             }
             started_nodes[i] = true;
-            let (node, p) = nodes[i];
+            let (node, p, known) = nodes[i];
             let describe = plan.describe(node);
             if let Some(progress) = &options.progress {
                 (progress.0)(Progress::Started {
@@ -375,12 +361,13 @@ pub(crate) async fn run_plan(
                 node_kind(&plan, node),
                 chrono::Utc::now(),
             );
-            let (plan, declared) = (&plan, &declared);
+            let (plan, declared, context, flows) = (&plan, &declared, &context, &flows);
             let progress = options.progress.clone();
             let node_name = describe.clone();
             running.push(async move {
                 let clock = std::time::Instant::now();
-                let mut record = record;
+                let first = record;
+                let mut record = first.clone();
                 let update = move |detail: String| {
                     if let Some(p) = &progress {
                         (p.0)(Progress::Update {
@@ -389,7 +376,40 @@ pub(crate) async fn run_plan(
                         });
                     }
                 };
-                let outcome = run_node(wh, plan, p, declared, &mut record, &update).await;
+                // A node that lost a race with another writer starts again from the start,
+                // on the tables as they now are (an ingestion is prepared again: the files
+                // it meant to take may be taken).
+                let mut again: Option<Prepared> = None;
+                let mut attempt = 1;
+                let outcome = loop {
+                    let p = again.as_ref().unwrap_or(p);
+                    match run_node(wh, plan, p, declared, &mut record, &update).await {
+                        Err(e) if e.is_conflict() && attempt < CONFLICT_ATTEMPTS => {
+                            tracing::warn!(
+                                node = %plan.describe(node),
+                                attempt,
+                                "another writer committed first ({e}); starting this dataset again"
+                            );
+                            tokio::time::sleep(conflict_backoff(attempt)).await;
+                            attempt += 1;
+                            record = first.clone();
+                            if let (Node::Ingest(_) | Node::Append(_), Some(known)) = (node, known)
+                            {
+                                match prepare_ingestion(context, node, known).await {
+                                    Ok(mut p) => {
+                                        with_downstream(&mut p, flows);
+                                        again = Some(p);
+                                    }
+                                    Err(e) => break Err(e),
+                                }
+                            }
+                        }
+                        Err(e) if e.is_conflict() => {
+                            break Err(gave_up(wh, plan.writes(node).as_ref(), e, attempt).await)
+                        }
+                        other => break other,
+                    }
+                };
                 record.ended_at = chrono::Utc::now();
                 (i, describe, clock.elapsed(), record, outcome)
             });
@@ -422,6 +442,120 @@ pub(crate) async fn run_plan(
     match failure {
         Some(e) => Err(e),
         None => Ok(report),
+    }
+}
+
+/// How many times a node that keeps losing races with other writers is tried.
+const CONFLICT_ATTEMPTS: u32 = 6;
+
+/// The pause before try `attempt + 1` of a node that lost a race: doubling from 50 ms, with
+/// a jitter so that writers that collided do not collide again in step.
+fn conflict_backoff(attempt: u32) -> std::time::Duration {
+    let base = 50u64 << attempt.min(6);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() as u64)
+        .unwrap_or(0);
+    let jitter = (nanos ^ u64::from(std::process::id()).wrapping_mul(0x9e37_79b9)) % base;
+    std::time::Duration::from_millis(base + jitter)
+}
+
+/// The error of a node that lost its race [`CONFLICT_ATTEMPTS`] times: names the table and
+/// the latest writer of it, as its last commit tells.
+async fn gave_up(
+    wh: &Warehouse,
+    table: Option<&TableName>,
+    e: EngineError,
+    attempts: u32,
+) -> EngineError {
+    let mut last = String::new();
+    if let Some(t) = table {
+        if let Ok(Some(handle)) = wh.open_table(t).await {
+            let mut history = handle.history(Some(1));
+            if let Some(Ok(c)) = futures::StreamExt::next(&mut history).await {
+                {
+                    last = format!(
+                        "; its latest commit: version {}, {} at {}{}",
+                        crate::flow::version_of(&handle),
+                        c.operation.as_deref().unwrap_or("an operation"),
+                        c.timestamp
+                            .and_then(chrono::DateTime::from_timestamp_millis)
+                            .map(|t| t.to_rfc3339())
+                            .unwrap_or_else(|| "an unknown time".into()),
+                        c.info
+                            .get("strata.run")
+                            .and_then(|r| r.as_str())
+                            .map(|r| format!(" by strata run {r}"))
+                            .or_else(|| c.engine_info.as_deref().map(|e| format!(" by {e}")))
+                            .unwrap_or_default()
+                    );
+                }
+            }
+        }
+    }
+    let what = table.map_or_else(|| "a table".to_string(), |t| t.to_string());
+    EngineError::Conflict {
+        context: format!(
+            "{what}: other writers committed first {attempts} time(s) in a row{last}; this run \
+             wrote nothing of it (run again once the other writer is done)"
+        ),
+        source: match e {
+            EngineError::Conflict { source, .. } => source,
+            other => Box::new(deltalake::DeltaTableError::Generic(other.to_string())),
+        },
+    }
+}
+
+/// Prepares an ingestion node (a streaming table's query or an append flow) with `known`,
+/// the schemas of the datasets prepared before it.
+async fn prepare_ingestion(
+    context: &ingest::PipelineContext<'_>,
+    node: &Node,
+    known: &BTreeMap<TableName, SchemaRef>,
+) -> Result<Prepared> {
+    let plan = context.plan;
+    let (table, append) = match node {
+        Node::Ingest(name) => (
+            plan.tables
+                .get(name)
+                .ok_or_else(|| EngineError::Internal(format!("planned table {name} is missing")))?,
+            None,
+        ),
+        Node::Append(i) => {
+            let f = plan.appends.get(*i).ok_or_else(|| {
+                EngineError::Internal(format!("planned append flow {i} is missing"))
+            })?;
+            let table = plan.tables.get(&f.target).ok_or_else(|| {
+                EngineError::Internal(format!("planned table {} is missing", f.target))
+            })?;
+            (table, Some(f))
+        }
+        other => {
+            return Err(EngineError::Internal(format!(
+                "{other:?} is not an ingestion"
+            )))
+        }
+    };
+    Ok(
+        match ingest::prepare_ingest(context, table, append, known).await? {
+            Ok(setup) => Prepared::Ingest(Box::new(setup)),
+            Err(waits) => Prepared::Waiting(match append {
+                None => format!("{}: {waits}", table.name),
+                Some(f) => format!("flow {}: {waits}", f.name),
+            }),
+        },
+    )
+}
+
+/// Gives an ingestion the flows that read its table: its rows are checked against them
+/// before each commit.
+fn with_downstream(p: &mut Prepared, flows: &[FlowSetup]) {
+    if let Prepared::Ingest(setup) = p {
+        setup.downstream = flows
+            .iter()
+            .filter(|f| f.flow.source == setup.table.name)
+            .cloned()
+            .collect();
     }
 }
 

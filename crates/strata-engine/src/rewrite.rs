@@ -283,6 +283,9 @@ pub(crate) async fn replace_keys(
     }))
 }
 
+/// The commit-info entry telling what a replacement replaced.
+const REPLACED_KEY: &str = "strata.replaced";
+
 /// Adds the change file `cdc` (written by [`write_change_file`]) to `actions` and commits
 /// them as one write.
 async fn commit_replacement(
@@ -294,11 +297,15 @@ async fn commit_replacement(
     commit: CommitProperties,
 ) -> Result<()> {
     actions.push(Action::Cdc(cdc));
+    // What was replaced is told in the commit info, not as the operation's predicate: Delta's
+    // conflict check parses a predicate as SQL (and would fail on these words when another
+    // writer committed first).
     let operation = DeltaOperation::Write {
         mode,
         partition_by: None,
-        predicate: Some(what),
+        predicate: None,
     };
+    let commit = commit.with_metadata([(REPLACED_KEY.to_string(), serde_json::json!(what))]);
     warehouse::commit_actions(table, actions, operation, commit).await?;
     Ok(())
 }

@@ -368,10 +368,22 @@ pub(crate) async fn create_delta(
     if let Some(c) = comment {
         create = create.with_comment(c);
     }
-    create
-        .await
-        .context(|| format!("cannot create Delta table {}", path.display()))
+    match create.await {
+        Ok(table) => Ok(table),
+        // Another writer created the table at the same moment: a lost race, which the
+        // dataset's run settles by starting again on the table as it now is.
+        Err(source) if path.join("_delta_log").join(FIRST_COMMIT).exists() => {
+            Err(EngineError::Conflict {
+                context: format!("creating Delta table {}", path.display()),
+                source: Box::new(source),
+            })
+        }
+        Err(e) => Err(e).context(|| format!("cannot create Delta table {}", path.display())),
+    }
 }
+
+/// The commit file of a table's version 0.
+const FIRST_COMMIT: &str = "00000000000000000000.json";
 
 /// A DataFusion session with strata's settings: identifiers keep their case as written (so
 /// `sequenceNum` means the column `sequenceNum`), and the default schema is `default`.
