@@ -35,7 +35,7 @@ pub enum EngineError {
     /// Another writer committed to a table first, in a way this commit cannot be placed
     /// after (the same application transaction, a file this commit replaces, the table
     /// created at the same moment). Nothing of this commit was written; the dataset's run
-    /// can be tried again from the start, which [`crate::pipeline`] does.
+    /// can be tried again from the start, which the runtime does.
     #[error("{context}: another writer committed first: {source}")]
     Conflict {
         context: String,

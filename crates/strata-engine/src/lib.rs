@@ -1,75 +1,67 @@
 //! # strata-engine: runs pipelines
 //!
 //! ```text
-//!   pipeline.sql / spec.yaml ─strata-sql─▶ PipelinePlan ─prepare─▶ every node checked against
-//!        │                                                         the schemas it will meet
-//!        ▼                                                         (nothing written yet)
-//!   pipeline.rs: runs the nodes in dependency order, independent ones side by side, one
-//!                event-log record each (event_log.rs); --select, --full-refresh, stop
-//!   ingest.rs:   read_files / STREAM(t) / append flows → streaming table (one commit: rows
-//!                + the files or source version taken; taken.rs reads the files back
-//!                through a cache); autoload.rs infers, evolves and
-//!                rescues; adopt.rs takes pass-through Parquet files as they are;
-//!                expect.rs checks expectations; changes.rs reads a target's feed
-//!   flow.rs:     streaming table → event store → fold (strata-core, via fold.rs) → target;
-//!                store.rs reads the touched keys' stored events through the page index;
-//!                snapshot.rs for AUTO CDC FROM SNAPSHOT (digest.rs: the state digest it
-//!                diffs against), timeline.rs for conventions; sort.rs sorts integer
-//!                keys with their rows on every core;
-//!                rewrite.rs replaces the changed keys' rows, rewriting only files holding them
-//!                (or marking them in deletion vectors, dv.rs)
-//!   mview.rs:    materialized views and views; pit.rs: point-in-time tables
-//!   query.rs:    SQL over every table of a warehouse (as_of in history.rs, table_changes in
-//!                changes.rs); SCD2 integrity checks
-//!   spec.rs:     YAML pipeline specs: libraries + SQL generated per table entry, planned as
-//!                one pipeline of several texts by sources.rs (errors name each text)
+//!   pipeline.sql / spec.yaml ──load──▶ PipelinePlan ──runtime::prepare──▶ every node checked
+//!                                      (strata-sql)                      against the schemas
+//!                                                                        it will meet
+//!   runtime::scheduler: the nodes in dependency order, independent ones side by side, each
+//!        │             run by its ops folder, retried when another writer committed first,
+//!        │             one event-log record each
+//!        ▼
+//!   ops::ingest   read_files / STREAM(t) / append flows ─▶ streaming table (one commit: rows
+//!                 + the files or source version taken)
+//!   ops::cdc      streaming table ─▶ event store ─fold─▶ target (AUTO CDC, from change
+//!                 events or from snapshots)
+//!   ops::mview    materialized views          ops::pit   point-in-time tables
+//! ```
+//!
+//! ## Layers
+//!
+//! The engine is built in layers, each a folder; a module uses only its own layer and the
+//! layers below it, and no `ops` folder uses another (`tests/layers.rs` checks this):
+//!
+//! ```text
+//!   runtime     the scheduler, node preparation, retries, the event log, full refresh
+//!   ops         one folder per dataset kind: ingest, cdc, mview, pit
+//!   sql         sessions over a warehouse, as_of, table_changes, views, expectations, query
+//!   eventstore  an AUTO CDC target's events: evaluation, page reads, digest, tombstones
+//!   storage     the warehouse, Delta tables, writes and commits, the change feed, key
+//!               replacement and deletion vectors, the ledger of files taken
+//!   load        pipeline texts and YAML specs into plans
+//!   semantics   pure functions: the fold, flows, events, timelines, comparisons,
+//!               snapshot diffs, the SCD2 integrity check
+//!   util        Arrow and SQL-text helpers, threads, sorting, phase logs
+//!   error       the crate's one error type
 //! ```
 //!
 //! Every write is one atomic Delta commit that also records how far its input was read, so
 //! a crash at any point and a re-run converge to the same tables.
 
-mod adopt;
-mod autoload;
-mod changes;
-mod digest;
-mod dv;
 mod error;
-mod event_log;
-mod expect;
-mod flow;
-mod fold;
-mod history;
-mod ingest;
-mod mview;
-mod pipeline;
-mod pit;
-mod query;
-mod rewrite;
-mod snapshot;
-mod sort;
-mod sources;
-mod spec;
-mod sqlutil;
-mod store;
-mod taken;
-mod timeline;
-mod tombstones;
-mod warehouse;
+mod eventstore;
+mod load;
+mod ops;
+mod runtime;
+mod semantics;
+mod sql;
+mod storage;
+mod util;
 
 pub use error::{chain, EngineError, Result};
-pub use event_log::{EventRecord, Status, EVENT_LOG_TABLE};
-pub use expect::ExpectationCount;
-pub use flow::FlowReport;
-pub use ingest::IngestReport;
-pub use mview::MvReport;
-pub use pipeline::{
-    plan_file, run_pipeline, run_pipeline_file, run_pipeline_file_with, Progress, ProgressFn,
+pub use load::file::plan_file;
+pub use load::sources::{plan_sources, PipelineSource, PlanStep, PlannedPipeline, SourceKind};
+pub use load::spec::{is_spec, load_pipeline, LoadedPipeline};
+pub use ops::cdc::FlowReport;
+pub use ops::ingest::IngestReport;
+pub use ops::mview::MvReport;
+pub use ops::pit::PitReport;
+pub use runtime::event_log::{EventRecord, Status, EVENT_LOG_TABLE};
+pub use runtime::{
+    run_pipeline, run_pipeline_file, run_pipeline_file_with, run_planned, Progress, ProgressFn,
     RunOptions, RunReport, Selection,
 };
-pub use pit::PitReport;
-pub use query::{query, validate, Violation};
-pub use sources::{
-    plan_sources, run_planned, PipelineSource, PlanStep, PlannedPipeline, SourceKind,
-};
-pub use spec::{is_spec, load_pipeline, LoadedPipeline};
-pub use warehouse::{new_session, Warehouse};
+pub use semantics::integrity::Violation;
+pub use sql::expect::ExpectationCount;
+pub use sql::query::{query, validate};
+pub use storage::session::new_session;
+pub use storage::warehouse::Warehouse;

@@ -1,0 +1,702 @@
+//! The state digest of a snapshot flow: what a new snapshot is diffed against.
+//!
+//! Applying snapshot `v` needs the state it replaces (semantics page §4): every key of the
+//! state at the version before, and whether its row differs from `v`'s. Reading that state
+//! from the target means decoding every column of every open row, and comparing it means
+//! gathering every column of every matched pair: for a 10M-row snapshot, seconds spent on rows
+//! of which 99% did not change. The digest keeps, for the state at the latest applied version,
+//! each key with a 64-bit hash of its other columns, sorted by key. A new snapshot is hashed
+//! the same way, sorted by key, and merged with the digest: new keys, changed keys (hashes
+//! differ) and missing keys fall out of one pass over two sorted lists of integers.
+//!
+//! Equal rows always hash equal (NULL equals NULL, as the full comparison has it). Two rows
+//! that differ hash equal with probability about 2^-64 per changed row; such a change would
+//! be missed, which is the one difference from comparing values.
+//!
+//! The digest is a cache, never the record: it is a function of the event store (the state at
+//! the latest applied version is the fold of the stored events), written after the store commit
+//! of the run that made it, and named by that store version (`state/digest-<version>.arrow`
+//! next to the event store: an Arrow IPC file of two uncompressed columns, read straight into
+//! memory). A run uses it only when its version is the store's and the target reflects the
+//! store; otherwise (a crash between the commits, a digest from an older strata,
+//! a changed schema, no digest yet) the run reads the target as before and writes a new one.
+//! It serves flows with one integer-like key, like the page-index store read (`eventstore/pages.rs`).
+
+use crate::error::{Context, EngineError, Result};
+use deltalake::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, UInt32Array, UInt64Array};
+use deltalake::arrow::buffer::ScalarBuffer;
+use deltalake::arrow::compute;
+use deltalake::arrow::datatypes::{DataType, Field, Schema, UInt64Type};
+use deltalake::arrow::ipc::reader::FileReader;
+use deltalake::arrow::ipc::writer::FileWriter;
+use deltalake::arrow::row::{RowConverter, SortField};
+use std::collections::HashMap;
+use std::io::{BufReader, BufWriter};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use twox_hash::XxHash3_64;
+
+/// Raised when the hashing or the file layout changes: older digests are then ignored.
+const FORMAT: &str = "2";
+const STAMP_KEY: &str = "strata.digest";
+const HASH_COL: &str = "__strata_hash";
+
+/// Keys of one state, ascending, each with the hash of its other columns.
+pub(crate) struct Digest {
+    keys: Keys,
+    /// The keys in order-preserving integer form (`util::arrow::Ordered::Int`).
+    ordered: Vec<u64>,
+    hashes: ScalarBuffer<u64>,
+}
+
+/// The key column of a digest in its own type: as read (in key order), or a snapshot's
+/// key column in pieces with the row of each position (put in key order only when needed).
+enum Keys {
+    Sorted(ArrayRef),
+    Rows(Vec<ArrayRef>, Arc<Vec<u32>>),
+}
+
+impl Digest {
+    pub(crate) fn empty(key_type: &DataType) -> Digest {
+        Digest {
+            keys: Keys::Sorted(deltalake::arrow::array::new_empty_array(key_type)),
+            ordered: Vec::new(),
+            hashes: ScalarBuffer::from(Vec::new()),
+        }
+    }
+
+    /// A 64-bit integer key without NULLs: its order-preserving form is the value with the
+    /// sign bit flipped, so keys come back from `ordered` without a gather over the column.
+    fn int64_keys(&self) -> bool {
+        match &self.keys {
+            Keys::Sorted(_) => false,
+            Keys::Rows(pieces, _) => pieces
+                .iter()
+                .all(|c| c.data_type() == &DataType::Int64 && c.null_count() == 0),
+        }
+    }
+
+    /// The key values at `positions`.
+    pub(crate) fn keys_at(&self, positions: &[u32]) -> Result<ArrayRef> {
+        if self.int64_keys() {
+            let values = positions.iter().map(|&p| unflip(self.ordered[p as usize]));
+            return Ok(Arc::new(
+                deltalake::arrow::array::Int64Array::from_iter_values(values),
+            ));
+        }
+        let (column, idx) = match &self.keys {
+            Keys::Sorted(c) => (c.clone(), UInt32Array::from(positions.to_vec())),
+            Keys::Rows(pieces, rows) => (
+                crate::util::arrow::concat_arrays(pieces)?,
+                UInt32Array::from_iter_values(positions.iter().map(|&p| rows[p as usize])),
+            ),
+        };
+        compute::take(column.as_ref(), &idx, None).context(|| "reading digest keys".into())
+    }
+
+    /// The whole key column, in key order.
+    fn sorted_keys(&self) -> Result<ArrayRef> {
+        if self.int64_keys() {
+            let values = self.ordered.iter().map(|&u| unflip(u));
+            return Ok(Arc::new(
+                deltalake::arrow::array::Int64Array::from_iter_values(values),
+            ));
+        }
+        match &self.keys {
+            Keys::Sorted(c) => Ok(c.clone()),
+            Keys::Rows(pieces, rows) => compute::take(
+                crate::util::arrow::concat_arrays(pieces)?.as_ref(),
+                &UInt32Array::from(rows.as_ref().clone()),
+                None,
+            )
+            .context(|| "ordering digest keys".into()),
+        }
+    }
+}
+
+/// A 64-bit integer from its order-preserving form (`util::arrow::Ordered::Int`).
+fn unflip(u: u64) -> i64 {
+    (u ^ (1 << 63)) as i64
+}
+
+/// A snapshot's digest and, for each of its positions, the snapshot row it came from.
+pub(crate) struct SnapshotDigest {
+    pub(crate) digest: Digest,
+    pub(crate) rows: Arc<Vec<u32>>,
+}
+
+/// The digest of `batch` (one row per key expected; duplicates are found by [`diff`]):
+/// column `key` as the key, the others hashed. `None` when the key is not integer-like.
+pub(crate) fn of_batch(batch: &RecordBatch, key: usize) -> Result<Option<SnapshotDigest>> {
+    of_pieces(std::slice::from_ref(batch), key)
+}
+
+/// [`of_batch`] of the rows of `pieces` (batches of one schema) one after the other,
+/// without first copying them into one batch.
+pub(crate) fn of_pieces(pieces: &[RecordBatch], key: usize) -> Result<Option<SnapshotDigest>> {
+    if pieces.is_empty() {
+        return Err(EngineError::Internal("a digest of no batch".into()));
+    }
+    // The keys' order-preserving form straight from the pieces: no copy of the key column
+    // first (fresh memory costs a page fault per 4 KiB).
+    let n: usize = pieces.iter().map(RecordBatch::num_rows).sum();
+    let mut ordered = Vec::with_capacity(n);
+    for p in pieces {
+        match crate::util::arrow::Ordered::of(p.column(key), None)? {
+            crate::util::arrow::Ordered::Int(v) => ordered.extend_from_slice(&v),
+            crate::util::arrow::Ordered::Rows(_) => return Ok(None),
+        }
+    }
+    let threads = crate::util::threads::threads_for(n);
+    let (ordered, rows) = crate::util::sort::sorted_with_rows(ordered, threads)?;
+    let by_row = piece_hashes(pieces, key, threads)?;
+    // Each position's hash, gathered on every thread into one allocation.
+    let mut hashes = vec![0u64; n];
+    let per = n.div_ceil(threads.max(1)).max(1);
+    let jobs: Vec<_> = rows.chunks(per).zip(hashes.chunks_mut(per)).collect();
+    crate::util::threads::on_threads(jobs, "gather", |(rs, hs)| {
+        for (r, h) in rs.iter().zip(hs.iter_mut()) {
+            *h = by_row[*r as usize];
+        }
+    })?;
+    let rows = Arc::new(rows);
+    Ok(Some(SnapshotDigest {
+        digest: Digest {
+            keys: Keys::Rows(
+                pieces.iter().map(|b| b.column(key).clone()).collect(),
+                rows.clone(),
+            ),
+            ordered,
+            hashes: ScalarBuffer::from(hashes),
+        },
+        rows,
+    }))
+}
+
+/// The hash of every row of `pieces` (one after the other) over all columns but `key`. A
+/// piece longer than a thread's share is cut into shares, so that one large batch is hashed
+/// on every thread too.
+fn piece_hashes(pieces: &[RecordBatch], key: usize, threads: usize) -> Result<Vec<u64>> {
+    let n: usize = pieces.iter().map(RecordBatch::num_rows).sum();
+    let per = n.div_ceil(threads.max(1)).max(1);
+    let mut slices = Vec::new();
+    for b in pieces {
+        let values: Vec<ArrayRef> = (0..b.num_columns())
+            .filter(|&c| c != key)
+            .map(|c| b.column(c).clone())
+            .collect();
+        for start in (0..b.num_rows()).step_by(per) {
+            let len = per.min(b.num_rows() - start);
+            slices.push((len, values.iter().map(|c| c.slice(start, len)).collect()));
+        }
+    }
+    hashes_of(slices, threads)
+}
+
+/// The hash of every row of `pieces` ((rows, columns of that many rows) each), one piece
+/// after the other: runs of whole pieces with about the same number of rows, one per thread,
+/// each hashing into its own part of the output.
+fn hashes_of(pieces: Vec<(usize, Vec<ArrayRef>)>, threads: usize) -> Result<Vec<u64>> {
+    let n: usize = pieces.iter().map(|p| p.0).sum();
+    let per = n.div_ceil(threads.max(1)).max(1);
+    let mut runs: Vec<Vec<(usize, Vec<ArrayRef>)>> = vec![Vec::new()];
+    let mut in_run = 0;
+    for p in pieces {
+        in_run += p.0;
+        if let Some(run) = runs.last_mut() {
+            run.push(p);
+        }
+        if in_run >= per {
+            runs.push(Vec::new());
+            in_run = 0;
+        }
+    }
+    let mut out = vec![0u64; n];
+    let mut jobs = Vec::with_capacity(runs.len());
+    let mut rest: &mut [u64] = &mut out;
+    for run in runs {
+        let (mine, others) = rest.split_at_mut(run.iter().map(|p| p.0).sum());
+        jobs.push((run, mine));
+        rest = others;
+    }
+    for done in crate::util::threads::on_threads(jobs, "hash", |(run, mut h)| {
+        for (rows, columns) in run {
+            let (mine, others) = h.split_at_mut(rows);
+            for c in &columns {
+                hash_column(c.as_ref(), mine)?;
+            }
+            h = others;
+        }
+        Ok::<_, EngineError>(())
+    })? {
+        done?;
+    }
+    Ok(out)
+}
+
+/// Mixed into a row's hash for a NULL.
+const NULL_TAG: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// Folds each value of `array` into `h` (one entry per row): XXH3 of the value's bytes,
+/// seeded with the hash so far, so that column order and boundaries count.
+fn hash_column(array: &dyn Array, h: &mut [u64]) -> Result<()> {
+    let nulls = array.logical_nulls();
+    let nulls = nulls.as_ref();
+    match array.data_type() {
+        DataType::Utf8 => {
+            let a = array.as_string::<i32>();
+            fold_values(h, nulls, |i| a.value(i).as_bytes());
+        }
+        DataType::LargeUtf8 => {
+            let a = array.as_string::<i64>();
+            fold_values(h, nulls, |i| a.value(i).as_bytes());
+        }
+        DataType::Utf8View => {
+            let a = array.as_string_view();
+            fold_values(h, nulls, |i| a.value(i).as_bytes());
+        }
+        DataType::Binary => {
+            let a = array.as_binary::<i32>();
+            fold_values(h, nulls, |i| a.value(i));
+        }
+        DataType::LargeBinary => {
+            let a = array.as_binary::<i64>();
+            fold_values(h, nulls, |i| a.value(i));
+        }
+        DataType::BinaryView => {
+            let a = array.as_binary_view();
+            fold_values(h, nulls, |i| a.value(i));
+        }
+        DataType::Boolean => {
+            let a = array.as_boolean();
+            fold_values(
+                h,
+                nulls,
+                |i| if a.value(i) { &[1u8][..] } else { &[0u8][..] },
+            );
+        }
+        dt if dt.primitive_width().is_some() => {
+            let width = dt.primitive_width().unwrap_or(1);
+            let data = array.to_data();
+            let values = data.buffers()[0].as_slice();
+            let offset = data.offset();
+            fold_values(h, nulls, |i| {
+                &values[(offset + i) * width..(offset + i + 1) * width]
+            });
+        }
+        dt => {
+            // Nested and other types: their row-format bytes, which are equal exactly for
+            // equal values.
+            let converter = RowConverter::new(vec![SortField::new(dt.clone())])
+                .context(|| "hashing a column".into())?;
+            let rows = converter
+                .convert_columns(&[deltalake::arrow::array::make_array(array.to_data())])
+                .context(|| "hashing a column".into())?;
+            for (i, hi) in h.iter_mut().enumerate() {
+                *hi = XxHash3_64::oneshot_with_seed(*hi, rows.row(i).as_ref());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Folds `bytes(i)` (row `i`'s value, unless `nulls` marks it NULL) into `h[i]`.
+fn fold_values<'a>(
+    h: &mut [u64],
+    nulls: Option<&deltalake::arrow::buffer::NullBuffer>,
+    bytes: impl Fn(usize) -> &'a [u8],
+) {
+    for (i, hi) in h.iter_mut().enumerate() {
+        *hi = if nulls.is_none_or(|n| n.is_valid(i)) {
+            XxHash3_64::oneshot_with_seed(*hi, bytes(i))
+        } else {
+            XxHash3_64::oneshot_with_seed(*hi ^ NULL_TAG, &[0xff])
+        };
+    }
+}
+
+/// The outcome of diffing a snapshot against the state before it.
+pub(crate) struct Diff {
+    /// Snapshot rows whose key is new or whose row changed, in key order.
+    pub(crate) upserts: Vec<u32>,
+    /// Positions in the old digest of the keys the snapshot lacks, in key order.
+    pub(crate) deletes: Vec<u32>,
+}
+
+/// Merges the snapshot's digest with the old state's. `Err(row)` names a snapshot row whose
+/// key appears twice.
+pub(crate) fn diff(new: &SnapshotDigest, old: &Digest) -> std::result::Result<Diff, u32> {
+    let (nk, nh) = (&new.digest.ordered, &new.digest.hashes);
+    let (ok, oh) = (&old.ordered, &old.hashes);
+    let mut upserts = Vec::new();
+    let mut deletes = Vec::new();
+    let (mut i, mut j) = (0, 0);
+    while i < nk.len() {
+        if i > 0 && nk[i] == nk[i - 1] {
+            return Err(new.rows[i]);
+        }
+        while j < ok.len() && ok[j] < nk[i] {
+            deletes.push(j as u32);
+            j += 1;
+        }
+        if j < ok.len() && ok[j] == nk[i] {
+            if oh[j] != nh[i] {
+                upserts.push(new.rows[i]);
+            }
+            j += 1;
+        } else {
+            upserts.push(new.rows[i]);
+        }
+        i += 1;
+    }
+    deletes.extend(j as u32..ok.len() as u32);
+    Ok(Diff { upserts, deletes })
+}
+
+/// What a digest must have been made for: the data columns (names and types, key first) and
+/// the hashing format.
+pub(crate) fn fingerprint(schema: &Schema, key: usize) -> String {
+    let mut s = format!("format={FORMAT};key={}", schema.field(key).name());
+    for f in schema.fields() {
+        s.push_str(&format!(";{}:{}", f.name(), f.data_type()));
+    }
+    s
+}
+
+fn file_of(dir: &Path, store_version: i64) -> PathBuf {
+    dir.join(format!("digest-{store_version:020}.arrow"))
+}
+
+/// The digest of the state after store version `store_version`, when one was written for it
+/// and for `fingerprint`; `None` otherwise (the caller reads the state instead), also when
+/// the file cannot be read: it is a cache.
+pub(crate) fn load(dir: &Path, store_version: i64, fingerprint: &str) -> Option<Digest> {
+    let path = file_of(dir, store_version);
+    match read(&path, fingerprint) {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::warn!("ignoring the state digest {}: {e}", path.display());
+            None
+        }
+    }
+}
+
+fn read(path: &Path, fingerprint: &str) -> Result<Option<Digest>> {
+    let Ok(file) = std::fs::File::open(path) else {
+        return Ok(None);
+    };
+    let what = || format!("reading {}", path.display());
+    let reader = FileReader::try_new(BufReader::new(file), None).context(what)?;
+    if reader
+        .schema()
+        .metadata()
+        .get(STAMP_KEY)
+        .map(String::as_str)
+        != Some(fingerprint)
+    {
+        return Ok(None);
+    }
+    let schema = reader.schema();
+    let batches = reader
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .context(what)?;
+    // Written as one batch; several are put together (a copy) all the same.
+    let all = match batches.as_slice() {
+        [one] => one.clone(),
+        _ => compute::concat_batches(&schema, &batches).context(what)?,
+    };
+    if all.num_columns() != 2 {
+        return Ok(None);
+    }
+    let keys = all.column(0).clone();
+    let crate::util::arrow::Ordered::Int(ordered) = crate::util::arrow::Ordered::of(&keys, None)?
+    else {
+        return Ok(None);
+    };
+    let hashes = all
+        .column(1)
+        .as_primitive_opt::<UInt64Type>()
+        .map(|a| a.values().clone());
+    match hashes {
+        Some(hashes) if hashes.len() == ordered.len() => Ok(Some(Digest {
+            keys: Keys::Sorted(keys),
+            ordered,
+            hashes,
+        })),
+        _ => Ok(None),
+    }
+}
+
+/// Writes `digest` as the state after store version `store_version` (to a temporary name,
+/// then renamed), and removes the digests of older versions.
+pub(crate) fn save(
+    dir: &Path,
+    store_version: i64,
+    fingerprint: &str,
+    key_name: &str,
+    digest: &Digest,
+) -> Result<()> {
+    let what = || format!("writing the state digest in {}", dir.display());
+    std::fs::create_dir_all(dir).context(what)?;
+    let keys = digest.sorted_keys()?;
+    // The fingerprint rides in the schema's metadata: a digest made for other columns or
+    // by another format is never used.
+    let stamp = HashMap::from([(STAMP_KEY.to_string(), fingerprint.to_string())]);
+    let schema = Arc::new(Schema::new_with_metadata(
+        vec![
+            Field::new(key_name, keys.data_type().clone(), false),
+            Field::new(HASH_COL, DataType::UInt64, false),
+        ],
+        stamp,
+    ));
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            keys,
+            Arc::new(UInt64Array::new(digest.hashes.clone(), None)),
+        ],
+    )
+    .context(what)?;
+    let target = file_of(dir, store_version);
+    let tmp = dir.join(format!(".digest-{store_version:020}.tmp"));
+    let file = std::fs::File::create(&tmp).context(what)?;
+    let mut writer = FileWriter::try_new(BufWriter::new(file), &schema).context(what)?;
+    writer.write(&batch).context(what)?;
+    writer.finish().context(what)?;
+    drop(writer);
+    std::fs::rename(&tmp, &target).context(what)?;
+    // Older digests describe states the store has moved past.
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let p = e.path();
+            if p != target {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A digest being written on a thread of its own; dropping the writer waits for it. A digest
+/// is a cache: failing to write one is logged, and the next run reads the state instead.
+pub(crate) struct Writer(Option<std::thread::JoinHandle<()>>);
+
+impl Writer {
+    pub(crate) fn start(
+        dir: PathBuf,
+        store_version: i64,
+        fingerprint: String,
+        key_name: String,
+        digest: Digest,
+        flow: String,
+    ) -> Writer {
+        let handle = std::thread::spawn(move || {
+            let clock = std::time::Instant::now();
+            match save(&dir, store_version, &fingerprint, &key_name, &digest) {
+                Ok(()) => tracing::debug!(
+                    flow = %flow,
+                    elapsed_ms = clock.elapsed().as_millis() as u64,
+                    "wrote the state digest"
+                ),
+                Err(e) => tracing::warn!(flow = %flow, "the state digest was not written: {e}"),
+            }
+        });
+        Writer(Some(handle))
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        if let Some(h) = self.0.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Where a flow's target keeps its digest, given its event store's directory.
+pub(crate) fn dir_for(store_path: &Path) -> PathBuf {
+    store_path.with_file_name("state")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deltalake::arrow::array::{Int64Array, StringArray};
+
+    fn batch(keys: Vec<i64>, names: Vec<Option<&str>>) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("name", DataType::Utf8, true),
+        ]));
+        RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from(keys)),
+                Arc::new(StringArray::from(names)),
+            ],
+        )
+        .unwrap()
+    }
+
+    /// New, changed, unchanged (NULL included) and missing keys, whatever the row order.
+    #[test]
+    fn a_merge_of_digests_finds_new_changed_and_missing_keys() {
+        let old = of_batch(
+            &batch(
+                vec![5, 1, 3, 9],
+                vec![Some("e"), Some("a"), None, Some("i")],
+            ),
+            0,
+        )
+        .unwrap()
+        .unwrap();
+        let new = of_batch(
+            &batch(
+                vec![3, 7, 1, 5],
+                vec![None, Some("g"), Some("a"), Some("E")],
+            ),
+            0,
+        )
+        .unwrap()
+        .unwrap();
+        let d = diff(&new, &old.digest).unwrap();
+        // Rows of `new`: 3 (row 0) unchanged NULL, 7 (row 1) new, 1 (row 2) unchanged,
+        // 5 (row 3) changed; old key 9 is gone.
+        assert_eq!(d.upserts, vec![3, 1]);
+        let gone = old.digest.keys_at(&d.deletes).unwrap();
+        assert_eq!(
+            gone.as_primitive::<deltalake::arrow::datatypes::Int64Type>()
+                .values(),
+            &[9]
+        );
+        let twice = of_batch(&batch(vec![2, 4, 2], vec![None, None, None]), 0)
+            .unwrap()
+            .unwrap();
+        assert!(matches!(diff(&twice, &old.digest), Err(r) if r == 0 || r == 2));
+    }
+
+    /// A digest's keys come back in key order, negative and extreme ones included, for a
+    /// 64-bit key (rebuilt from the sorted form) as for a narrower one (gathered).
+    #[test]
+    fn sorted_keys_come_back_in_key_order() {
+        let keys = vec![5, -3, 0, i64::MIN, i64::MAX, -1];
+        let d = of_batch(&batch(keys.clone(), vec![None; 6]), 0)
+            .unwrap()
+            .unwrap();
+        let mut want = keys.clone();
+        want.sort();
+        let got = d.digest.sorted_keys().unwrap();
+        assert_eq!(
+            got.as_primitive::<deltalake::arrow::datatypes::Int64Type>()
+                .values(),
+            &want[..]
+        );
+        let narrow = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![Field::new("k", DataType::Int32, false)])),
+            vec![Arc::new(deltalake::arrow::array::Int32Array::from(vec![
+                4, -2, 9,
+            ]))],
+        )
+        .unwrap();
+        let d = of_batch(&narrow, 0).unwrap().unwrap();
+        let got = d.digest.sorted_keys().unwrap();
+        assert_eq!(
+            got.as_primitive::<deltalake::arrow::datatypes::Int32Type>()
+                .values(),
+            &[-2, 4, 9]
+        );
+        // Keys at sorted positions: a narrow key in pieces (gathered from them), a 64-bit
+        // one (rebuilt from its sorted form) and one loaded from a file (as read).
+        let pieces = of_pieces(&[narrow.slice(0, 1), narrow.slice(1, 2)], 0)
+            .unwrap()
+            .unwrap();
+        let got = pieces.digest.keys_at(&[2, 0]).unwrap();
+        assert_eq!(
+            got.as_primitive::<deltalake::arrow::datatypes::Int32Type>()
+                .values(),
+            &[9, -2]
+        );
+        let wide = of_batch(&batch(keys, vec![None; 6]), 0).unwrap().unwrap();
+        let got = wide.digest.keys_at(&[5, 0]).unwrap();
+        let at = |g: &ArrayRef| {
+            g.as_primitive::<deltalake::arrow::datatypes::Int64Type>()
+                .values()
+                .to_vec()
+        };
+        assert_eq!(at(&got), vec![i64::MAX, i64::MIN]);
+        let dir = tempfile::tempdir().unwrap();
+        save(dir.path(), 1, "f", "k", &wide.digest).unwrap();
+        let loaded = load(dir.path(), 1, "f").unwrap();
+        assert_eq!(
+            at(&loaded.keys_at(&[5, 0]).unwrap()),
+            vec![i64::MAX, i64::MIN]
+        );
+    }
+
+    /// The digest of a snapshot in pieces is the digest of the same rows in one batch, and a
+    /// snapshot of nothing but its key has a hash per row.
+    #[test]
+    fn pieces_digest_like_one_batch() {
+        let whole = batch(
+            vec![9, 3, 7, 1, 5],
+            vec![Some("i"), None, Some("g"), Some("a"), Some("")],
+        );
+        let pieces = [whole.slice(0, 2), whole.slice(2, 0), whole.slice(2, 3)];
+        let one = of_batch(&whole, 0).unwrap().unwrap();
+        let many = of_pieces(&pieces, 0).unwrap().unwrap();
+        assert_eq!(one.digest.ordered, many.digest.ordered);
+        assert_eq!(one.digest.hashes, many.digest.hashes);
+        assert_eq!(one.rows, many.rows);
+        let keys_only = whole.project(&[0]).unwrap();
+        let d = of_pieces(&[keys_only.slice(0, 3), keys_only.slice(3, 2)], 0)
+            .unwrap()
+            .unwrap();
+        assert_eq!(d.digest.hashes.len(), 5);
+    }
+
+    /// Hashes do not depend on how the rows are cut: one batch or pieces, one thread or
+    /// several (a large batch is cut into one share per thread).
+    #[test]
+    fn hashes_do_not_depend_on_pieces_or_threads() {
+        let names: Vec<Option<&str>> = (0..7).map(|i| [Some("a"), None, Some("")][i % 3]).collect();
+        let whole = batch((0..7).collect(), names);
+        let want = piece_hashes(std::slice::from_ref(&whole), 0, 1).unwrap();
+        for threads in [2, 3, 8] {
+            let one = piece_hashes(std::slice::from_ref(&whole), 0, threads).unwrap();
+            assert_eq!(one, want, "{threads} thread(s)");
+            let pieces = [whole.slice(0, 5), whole.slice(5, 0), whole.slice(5, 2)];
+            assert_eq!(
+                piece_hashes(&pieces, 0, threads).unwrap(),
+                want,
+                "{threads} thread(s)"
+            );
+        }
+    }
+
+    /// A NULL, an empty string and a string differ; equal rows hash equal.
+    #[test]
+    fn hashes_tell_null_from_empty() {
+        let b = batch(vec![1, 2, 3, 4], vec![None, Some(""), Some("x"), None]);
+        let h = piece_hashes(&[b], 0, 1).unwrap();
+        assert_ne!(h[0], h[1]);
+        assert_ne!(h[1], h[2]);
+        assert_eq!(h[0], h[3]);
+    }
+
+    #[test]
+    fn a_saved_digest_loads_only_for_its_version_and_fingerprint() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = of_batch(&batch(vec![2, 1], vec![Some("b"), None]), 0)
+            .unwrap()
+            .unwrap();
+        save(dir.path(), 4, "f", "k", &s.digest).unwrap();
+        assert!(load(dir.path(), 3, "f").is_none());
+        assert!(load(dir.path(), 4, "g").is_none());
+        let back = load(dir.path(), 4, "f").unwrap();
+        assert_eq!(back.ordered, s.digest.ordered);
+        assert_eq!(back.hashes, s.digest.hashes);
+        save(dir.path(), 5, "f", "k", &s.digest).unwrap();
+        assert!(load(dir.path(), 4, "f").is_none());
+        assert_eq!(load(dir.path(), 5, "f").unwrap().ordered.len(), 2);
+    }
+}

@@ -1,0 +1,562 @@
+//! Reading the stored events of a few keys without decoding the whole event store.
+//!
+//! A batch touches a small share of the keys, spread over the whole key space, so every row
+//! group of the event store holds some of them and Parquet statistics per row group prune
+//! nothing. The event store is therefore laid out for lookups by key: each file is written
+//! sorted by key (`semantics/events.rs` puts new events in key order as it takes them,
+//! `fold::columns_in_key_order`) in small data pages ([`STORE_PAGE_ROWS`] rows), and the page
+//! index (each page's smallest and largest key) tells which pages can hold a touched key.
+//! Only those pages' key column is read; then every column of exactly the rows holding a
+//! touched key, the other rows of those pages skipped. The pages a batch reads grow with the
+//! number of keys it touches, not with the size of the store.
+//!
+//! This path serves flows with one integer key (the common case, and what the page index
+//! compares cheaply); other keys, and flows that apply truncates (which are events of no
+//! key), read the store through DataFusion.
+
+use crate::error::{Context, EngineError, Result};
+use crate::util::keyset::KeySet;
+use bytes::{Buf, Bytes};
+use deltalake::arrow::array::{Array, RecordBatch};
+use deltalake::arrow::compute::{cast, concat_batches};
+use deltalake::arrow::datatypes::{DataType, SchemaRef};
+use deltalake::datafusion::parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection,
+    RowSelector,
+};
+use deltalake::datafusion::parquet::arrow::ProjectionMask;
+use deltalake::datafusion::parquet::errors::{ParquetError, Result as ParquetResult};
+use deltalake::datafusion::parquet::file::metadata::{PageIndexPolicy, ParquetMetaData};
+use deltalake::datafusion::parquet::file::page_index::column_index::ColumnIndexMetaData;
+use deltalake::datafusion::parquet::file::reader::{ChunkReader, Length};
+use deltalake::datafusion::parquet::file::statistics::Statistics;
+use deltalake::DeltaTable;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Rows per data page of an event-store file: small enough that a page holds a few dozen
+/// keys, so that a batch's keys leave most pages unread.
+pub(crate) const STORE_PAGE_ROWS: usize = 512;
+
+/// The touched keys as sorted, distinct integers, when `keys` is one integer column.
+pub(crate) fn int_keys(keys: &RecordBatch) -> Option<Vec<i64>> {
+    let [column] = keys.columns() else {
+        return None;
+    };
+    if !matches!(
+        column.data_type(),
+        DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64
+    ) || column.null_count() > 0
+    {
+        return None;
+    }
+    let as_i64 = cast(column, &DataType::Int64).ok()?;
+    let values = as_i64
+        .as_any()
+        .downcast_ref::<deltalake::arrow::array::Int64Array>()?;
+    let mut out: Vec<i64> = values.values().to_vec();
+    out.sort_unstable();
+    out.dedup();
+    Some(out)
+}
+
+/// The rows of the event store `table` (at `root`) whose column `key` holds one of `keys`
+/// (sorted), in the layout `schema` (columns the older files lack are NULL). `None` when
+/// the store has files this path cannot read exactly (deletion vectors).
+pub(crate) async fn read_keys(
+    table: &DeltaTable,
+    root: &Path,
+    key: &str,
+    keys: Vec<i64>,
+    schema: &SchemaRef,
+) -> Result<Option<RecordBatch>> {
+    let state = table
+        .snapshot()
+        .context(|| "reading the event store's state".into())?;
+    let mut files: Vec<(PathBuf, i64)> = Vec::new();
+    for f in state.log_data().iter() {
+        if f.deletion_vector_descriptor().is_some() {
+            return Ok(None);
+        }
+        let path = f.object_store_path();
+        files.push((root.join(path.as_ref()), f.size()));
+    }
+    // Largest files first, dealt round-robin: the threads get similar work.
+    files.sort_by_key(|f| std::cmp::Reverse(f.1));
+    let threads = crate::util::threads::parallelism().clamp(1, files.len().max(1));
+    let mut lanes: Vec<Vec<PathBuf>> = vec![Vec::new(); threads];
+    for (n, (p, _)) in files.into_iter().enumerate() {
+        lanes[n % threads].push(p);
+    }
+    let out_schema = schema.clone();
+    let set = KeySet::new(&keys);
+    let (keys, schema, key) = (Arc::new(keys), schema.clone(), key.to_string());
+    let read = tokio::task::spawn_blocking(move || {
+        crate::util::threads::on_threads(lanes, "read", |lane| {
+            lane.iter()
+                .map(|p| read_file(p, &key, &keys, &set, &schema))
+                .collect::<Result<Vec<_>>>()
+        })
+    })
+    .await
+    .map_err(|e| EngineError::Internal(format!("a reading task failed: {e}")))??;
+    let mut batches = Vec::new();
+    for lane in read {
+        batches.extend(lane?.into_iter().flatten());
+    }
+    concat_batches(&out_schema, &batches)
+        .map(Some)
+        .context(|| "concatenating stored events".into())
+}
+
+/// Whether a value of `keys` (sorted) lies in `lo..=hi`.
+fn any_in(keys: &[i64], lo: i64, hi: i64) -> bool {
+    let i = keys.partition_point(|&k| k < lo);
+    i < keys.len() && keys[i] <= hi
+}
+
+/// The row groups of `meta` that may hold one of `keys` in leaf column `leaf`, and within
+/// them the rows of the pages that may (all rows where the file has no page index).
+fn selection(meta: &ParquetMetaData, leaf: usize, keys: &[i64]) -> (Vec<usize>, Vec<RowSelector>) {
+    let mut groups = Vec::new();
+    let mut selectors: Vec<RowSelector> = Vec::new();
+    let bounds = |s: Option<&Statistics>| match s {
+        Some(Statistics::Int64(v)) => v.min_opt().copied().zip(v.max_opt().copied()),
+        Some(Statistics::Int32(v)) => v
+            .min_opt()
+            .map(|&x| x as i64)
+            .zip(v.max_opt().map(|&x| x as i64)),
+        _ => None,
+    };
+    for (g, rg) in meta.row_groups().iter().enumerate() {
+        let rows = rg.num_rows() as usize;
+        if let Some((lo, hi)) = bounds(rg.column(leaf).statistics()) {
+            if !any_in(keys, lo, hi) {
+                continue;
+            }
+        }
+        groups.push(g);
+        let pages = meta
+            .column_index()
+            .and_then(|ci| ci.get(g))
+            .and_then(|c| c.get(leaf))
+            .zip(
+                meta.offset_index()
+                    .and_then(|oi| oi.get(g))
+                    .and_then(|o| o.get(leaf)),
+            );
+        let Some((index, offsets)) = pages else {
+            selectors.push(RowSelector::select(rows));
+            continue;
+        };
+        let locations = offsets.page_locations();
+        for (p, loc) in locations.iter().enumerate() {
+            let first = loc.first_row_index as usize;
+            let end = locations
+                .get(p + 1)
+                .map_or(rows, |n| n.first_row_index as usize);
+            let hit = match index {
+                ColumnIndexMetaData::INT64(ix) => ix
+                    .min_value(p)
+                    .zip(ix.max_value(p))
+                    .is_none_or(|(&lo, &hi)| any_in(keys, lo, hi)),
+                ColumnIndexMetaData::INT32(ix) => ix
+                    .min_value(p)
+                    .zip(ix.max_value(p))
+                    .is_none_or(|(&lo, &hi)| any_in(keys, lo as i64, hi as i64)),
+                _ => true,
+            };
+            let count = end.saturating_sub(first);
+            match (selectors.last_mut(), hit) {
+                (Some(last), _) if last.skip != hit => last.row_count += count,
+                _ if hit => selectors.push(RowSelector::select(count)),
+                _ => selectors.push(RowSelector::skip(count)),
+            }
+        }
+    }
+    (groups, selectors)
+}
+
+/// `coarse` narrowed to the rows whose key (`keys_read`: the key of every row `coarse`
+/// selects, in order) is in `set`.
+fn exact(coarse: &[RowSelector], keys_read: &[i64], set: &KeySet) -> Vec<RowSelector> {
+    let mut out: Vec<RowSelector> = Vec::new();
+    let mut push = |hit: bool, count: usize| match out.last_mut() {
+        Some(last) if last.skip != hit => last.row_count += count,
+        _ if count == 0 => {}
+        _ if hit => out.push(RowSelector::select(count)),
+        _ => out.push(RowSelector::skip(count)),
+    };
+    let mut at = 0;
+    for s in coarse {
+        if s.skip {
+            push(false, s.row_count);
+            continue;
+        }
+        for &k in &keys_read[at..at + s.row_count] {
+            push(set.contains(k), 1);
+        }
+        at += s.row_count;
+    }
+    out
+}
+
+/// The rows of one event-store file whose `key` is in `keys` (also in `set`), in the layout
+/// `schema`: the key column of the pages that may hold them first, then every column of
+/// exactly those rows (the other rows of those pages are skipped, not decoded).
+fn read_file(
+    path: &Path,
+    key: &str,
+    keys: &[i64],
+    set: &KeySet,
+    schema: &SchemaRef,
+) -> Result<Option<RecordBatch>> {
+    let what = || format!("reading {}", path.display());
+    let file = std::fs::File::open(path).context(what)?;
+    let options = ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional);
+    let meta = ArrowReaderMetadata::load(&file, options).context(what)?;
+    let Some(leaf) = meta
+        .parquet_schema()
+        .columns()
+        .iter()
+        .position(|c| c.path().parts() == [key])
+    else {
+        return Err(EngineError::Internal(format!(
+            "{} has no key column {key}",
+            path.display()
+        )));
+    };
+    let (groups, coarse) = selection(meta.metadata(), leaf, keys);
+    if groups.is_empty() {
+        return Ok(None);
+    }
+    // Most rows of the row groups read are in pages that may hold a key (a delivery
+    // touching a share of keys spread over every page): their bytes are read at once.
+    let candidates: usize = coarse.iter().filter(|s| !s.skip).map(|s| s.row_count).sum();
+    let in_groups: usize = groups
+        .iter()
+        .map(|&g| meta.metadata().row_group(g).num_rows() as usize)
+        .sum();
+    let input = match candidates * 2 > in_groups {
+        true => Input::Window(Window::read(file, meta.metadata(), &groups).context(what)?),
+        false => Input::File(Arc::new(file)),
+    };
+    let reader = |projection: ProjectionMask, rows: Vec<RowSelector>| {
+        ParquetRecordBatchReaderBuilder::new_with_metadata(input.clone(), meta.clone())
+            .with_projection(projection)
+            .with_row_groups(groups.clone())
+            .with_row_selection(RowSelection::from(rows))
+            .with_batch_size(64 * 1024)
+            .build()
+            .context(what)
+    };
+    let mut keys_read: Vec<i64> = Vec::new();
+    let key_only = ProjectionMask::leaves(meta.parquet_schema(), [leaf]);
+    for batch in reader(key_only, coarse.clone())? {
+        let k = cast(batch.context(what)?.column(0), &DataType::Int64).context(what)?;
+        let k = k
+            .as_any()
+            .downcast_ref::<deltalake::arrow::array::Int64Array>()
+            .ok_or_else(|| EngineError::Internal("key values".into()))?;
+        keys_read.extend(k.iter().map(|v| v.unwrap_or(i64::MIN)));
+    }
+    let rows = exact(&coarse, &keys_read, set);
+    let selected: usize = rows.iter().filter(|s| !s.skip).map(|s| s.row_count).sum();
+    tracing::debug!(
+        "store: {}: {selected} row(s) of the {} in the pages that may hold the keys, of {}",
+        path.display(),
+        keys_read.len(),
+        meta.metadata().file_metadata().num_rows()
+    );
+    if selected == 0 {
+        return Ok(None);
+    }
+    let mut out = Vec::new();
+    for batch in reader(ProjectionMask::all(), rows)? {
+        out.push(crate::util::arrow::in_layout(
+            &batch.context(what)?,
+            schema,
+        )?);
+    }
+    concat_batches(schema, &out)
+        .map(Some)
+        .context(|| "concatenating stored events".into())
+}
+
+/// Where a store file's pages come from: the file, a seek and a read per page (for reads
+/// that skip most pages), or its bytes read at once. With [`STORE_PAGE_ROWS`]-row pages and
+/// the keys of a 1% snapshot change spread over every page, the per-page calls took a third
+/// of the store read.
+#[derive(Clone)]
+enum Input {
+    File(Arc<std::fs::File>),
+    Window(Window),
+}
+
+impl Length for Input {
+    fn len(&self) -> u64 {
+        match self {
+            Input::File(f) => f.as_ref().len(),
+            Input::Window(w) => w.len(),
+        }
+    }
+}
+
+impl ChunkReader for Input {
+    type T = Box<dyn Read + Send>;
+
+    fn get_read(&self, start: u64) -> ParquetResult<Self::T> {
+        Ok(match self {
+            Input::File(f) => Box::new(f.as_ref().get_read(start)?),
+            Input::Window(w) => Box::new(w.get_read(start)?),
+        })
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> ParquetResult<Bytes> {
+        match self {
+            Input::File(f) => f.as_ref().get_bytes(start, length),
+            Input::Window(w) => w.get_bytes(start, length),
+        }
+    }
+}
+
+/// The bytes of a file's row groups that a read needs, read at once.
+#[derive(Clone)]
+struct Window {
+    /// Where `bytes` starts in the file.
+    start: u64,
+    file_len: u64,
+    bytes: Bytes,
+}
+
+impl Window {
+    /// The span from the first to the last byte of the column chunks of `groups`.
+    fn read(
+        mut file: std::fs::File,
+        meta: &ParquetMetaData,
+        groups: &[usize],
+    ) -> std::io::Result<Window> {
+        let (mut start, mut end) = (u64::MAX, 0u64);
+        for &g in groups {
+            for c in meta.row_group(g).columns() {
+                let (s, len) = c.byte_range();
+                (start, end) = (start.min(s), end.max(s.saturating_add(len)));
+            }
+        }
+        let file_len = file.metadata()?.len();
+        if end > file_len {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "its column chunks end at byte {end}, past the end of the file ({file_len})"
+                ),
+            ));
+        }
+        let start = start.min(end);
+        let mut bytes = vec![0u8; (end - start) as usize];
+        file.seek(SeekFrom::Start(start))?;
+        file.read_exact(&mut bytes)?;
+        Ok(Window {
+            start,
+            file_len,
+            bytes: Bytes::from(bytes),
+        })
+    }
+
+    fn slice(&self, start: u64, length: Option<usize>) -> ParquetResult<Bytes> {
+        let outside = || {
+            ParquetError::General(format!(
+                "offset {start} is outside the bytes read ({} from {})",
+                self.bytes.len(),
+                self.start
+            ))
+        };
+        let from = start.checked_sub(self.start).ok_or_else(outside)? as usize;
+        let to = length.map_or(Some(self.bytes.len()), |l| from.checked_add(l));
+        let to = to.ok_or_else(outside)?;
+        if from > to || to > self.bytes.len() {
+            return Err(outside());
+        }
+        Ok(self.bytes.slice(from..to))
+    }
+}
+
+impl Length for Window {
+    fn len(&self) -> u64 {
+        self.file_len
+    }
+}
+
+impl ChunkReader for Window {
+    type T = bytes::buf::Reader<Bytes>;
+
+    fn get_read(&self, start: u64) -> ParquetResult<Self::T> {
+        Ok(self.slice(start, None)?.reader())
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> ParquetResult<Bytes> {
+        self.slice(start, Some(length))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Close keys (bitmap) and keys spread over the whole range (filtered hash set) answer
+    /// like a plain set, for members and for values next to them.
+    #[test]
+    fn many_keys_with_filter_collisions_are_held_exactly() {
+        let mut x: u64 = 5;
+        for spread in [1_000i64, i64::MAX] {
+            let mut keys: Vec<i64> = (0..20_000)
+                .map(|_| {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    (x >> 1) as i64 % spread - spread / 2
+                })
+                .collect();
+            keys.sort_unstable();
+            keys.dedup();
+            let set = KeySet::new(&keys);
+            let plain: std::collections::HashSet<i64> = keys.iter().copied().collect();
+            for &k in &keys {
+                for probe in [k, k.wrapping_add(1), k.wrapping_sub(1), k.wrapping_mul(3)] {
+                    assert_eq!(set.contains(probe), plain.contains(&probe), "{probe}");
+                }
+            }
+        }
+    }
+
+    /// A store file of 3 row groups of 1000 sorted keys in 100-row pages, read for a few
+    /// keys (pages through the file), most keys (bytes read at once) and the keys of the last
+    /// row group only (bytes from the middle of the file): exactly the rows of those keys.
+    #[test]
+    fn rows_of_the_keys_come_back_whichever_way_the_pages_are_read() {
+        use deltalake::arrow::array::{Int64Array, StringArray};
+        use deltalake::arrow::datatypes::{Field, Schema};
+        use deltalake::datafusion::parquet::arrow::ArrowWriter;
+        use deltalake::datafusion::parquet::file::properties::{
+            EnabledStatistics, WriterProperties,
+        };
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("s", DataType::Utf8, true),
+        ]));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.parquet");
+        let props = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(1000))
+            .set_data_page_row_count_limit(100)
+            .set_write_batch_size(100)
+            .set_statistics_enabled(EnabledStatistics::Page)
+            .build();
+        let mut w = ArrowWriter::try_new(
+            std::fs::File::create(&path).unwrap(),
+            schema.clone(),
+            Some(props),
+        )
+        .unwrap();
+        let value = |k: i64| (k % 7 != 0).then(|| format!("v{k}"));
+        let all: Vec<i64> = (0..3000).collect();
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(Int64Array::from(all.clone())),
+                Arc::new(StringArray::from(
+                    all.iter().map(|&k| value(k)).collect::<Vec<_>>(),
+                )),
+            ],
+        )
+        .unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let few = vec![5, 1234, 2999];
+        let most: Vec<i64> = (0..3000).step_by(2).collect();
+        let last: Vec<i64> = (2000..3000).step_by(3).collect();
+        for keys in [few, most, last] {
+            let set = KeySet::new(&keys);
+            let got = read_file(&path, "k", &keys, &set, &schema)
+                .unwrap()
+                .unwrap();
+            let k = got.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+            let s = got
+                .column(1)
+                .as_any()
+                .downcast_ref::<StringArray>()
+                .unwrap();
+            assert_eq!(k.values().to_vec(), keys);
+            for i in 0..got.num_rows() {
+                assert_eq!(
+                    s.is_valid(i).then(|| s.value(i).to_string()),
+                    value(k.value(i))
+                );
+            }
+        }
+        // Outside the bytes read is an error, not other bytes.
+        let meta = ArrowReaderMetadata::load(
+            &std::fs::File::open(&path).unwrap(),
+            ArrowReaderOptions::new(),
+        )
+        .unwrap();
+        let window =
+            Window::read(std::fs::File::open(&path).unwrap(), meta.metadata(), &[2]).unwrap();
+        assert!(window.start > 0);
+        assert!(window.get_bytes(0, 4).is_err());
+        assert!(window
+            .get_bytes(window.start, window.bytes.len() + 1)
+            .is_err());
+        assert!(window.get_bytes(window.start, window.bytes.len()).is_ok());
+    }
+
+    #[test]
+    fn a_key_in_range_is_found_by_binary_search() {
+        let keys = [3, 8, 20];
+        assert!(any_in(&keys, 1, 3));
+        assert!(any_in(&keys, 4, 8));
+        assert!(!any_in(&keys, 9, 19));
+        assert!(any_in(&keys, 20, 20));
+        assert!(!any_in(&keys, 21, 100));
+        assert!(!any_in(&[], 0, 100));
+    }
+
+    #[test]
+    fn key_sets_answer_alike_over_small_and_wide_ranges() {
+        for keys in [vec![-3, 0, 5, 64, 65, 1000], vec![-(1 << 40), 7, 1 << 40]] {
+            let set = KeySet::new(&keys);
+            assert_eq!(
+                matches!(set, KeySet::Bits { .. }),
+                keys[0] == -3,
+                "a small range is a bitmap"
+            );
+            for k in -70..1100 {
+                assert_eq!(set.contains(k), keys.contains(&k), "{k}");
+            }
+            assert!(set.contains(*keys.last().unwrap()));
+            assert!(!set.contains(i64::MIN) && !set.contains(i64::MAX));
+        }
+    }
+
+    #[test]
+    fn the_exact_selection_keeps_only_rows_of_the_keys() {
+        // Rows 0..4 skipped (page without keys), 4..10 read: keys 1 1 2 3 3 4; rows 10..12
+        // skipped.
+        let coarse = [
+            RowSelector::skip(4),
+            RowSelector::select(6),
+            RowSelector::skip(2),
+        ];
+        let set = KeySet::new(&[1, 3]);
+        let got = exact(&coarse, &[1, 1, 2, 3, 3, 4], &set);
+        let want = vec![
+            RowSelector::skip(4),
+            RowSelector::select(2),
+            RowSelector::skip(1),
+            RowSelector::select(2),
+            RowSelector::skip(3),
+        ];
+        assert_eq!(got, want);
+    }
+}

@@ -1,0 +1,68 @@
+//! Reading the stored events (or a target's rows) of the keys a batch touches, through
+//! DataFusion.
+
+use crate::error::{Context, Result};
+use crate::semantics::events::Touched;
+use crate::semantics::flow::FlowSetup;
+use crate::semantics::fold::OP_COL;
+use crate::util::arrow;
+use crate::util::sql::quote_ident;
+use deltalake::arrow::array::RecordBatch;
+use deltalake::arrow::compute::concat_batches;
+use deltalake::arrow::datatypes::SchemaRef;
+use deltalake::datafusion::prelude::SessionContext;
+
+pub(crate) async fn collect_sql(
+    ctx: &SessionContext,
+    sql: &str,
+    schema: &SchemaRef,
+) -> Result<RecordBatch> {
+    let batches = ctx
+        .sql(sql)
+        .await
+        .context(|| format!("planning {sql}"))?
+        .collect()
+        .await
+        .context(|| format!("running {sql}"))?;
+    let cast = batches
+        .iter()
+        .map(|b| arrow::cast_batch(b, schema))
+        .collect::<Result<Vec<_>>>()?;
+    concat_batches(schema, &cast).context(|| "concatenating".into())
+}
+
+/// Rows of the table registered as `table` whose keys are in `touched` (plus, for the event
+/// store, every truncate).
+pub(crate) async fn read_slice(
+    ctx: &SessionContext,
+    setup: &FlowSetup,
+    table: &str,
+    touched: &Touched,
+    schema: &SchemaRef,
+    with_truncates: bool,
+) -> Result<RecordBatch> {
+    let sql = match touched {
+        Touched::All => format!("SELECT * FROM {table}"),
+        Touched::Keys(keys) => {
+            let _ = ctx.deregister_table("__strata_keys");
+            ctx.register_batch("__strata_keys", keys.clone())
+                .context(|| "registering keys".into())?;
+            let on = setup
+                .key_names
+                .iter()
+                .map(|k| format!("t.{q} = k.{q}", q = quote_ident(k)))
+                .collect::<Vec<_>>()
+                .join(" AND ");
+            let mut sql =
+                format!("SELECT t.* FROM {table} t LEFT SEMI JOIN __strata_keys k ON {on}");
+            if with_truncates {
+                sql.push_str(&format!(
+                    " UNION ALL SELECT * FROM {table} WHERE {} = 2",
+                    quote_ident(OP_COL)
+                ));
+            }
+            sql
+        }
+    };
+    collect_sql(ctx, &sql, schema).await
+}

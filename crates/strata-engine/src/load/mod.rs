@@ -1,0 +1,6 @@
+//! Pipeline texts into plans, before anything runs: one SQL file ([`file`]), several texts
+//! planned as one with errors naming each ([`sources`]), and YAML pipeline specs ([`spec`]).
+
+pub(crate) mod file;
+pub(crate) mod sources;
+pub(crate) mod spec;

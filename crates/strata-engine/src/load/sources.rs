@@ -1,0 +1,464 @@
+//! Pipelines assembled from several SQL texts (a YAML spec's libraries and the SQL generated
+//! from its table list), planned and run as one, with every error naming its text.
+//!
+//! Each text is parsed on its own, as if it stood at its place in the concatenation of all
+//! of them (it is parsed behind as many empty lines as the texts before it have), so every
+//! location in the merged plan is unique. [`SourceMap`] maps such a location back to its
+//! text and local line; the parser and planner need to know nothing of several texts.
+
+use crate::error::{EngineError, Result};
+
+use std::collections::BTreeMap;
+use strata_sql::{
+    FlowKind, Location, Node, PipelinePlan, QuerySource, SequenceBy, SqlError, Statement,
+};
+
+/// Where a text comes from, which decides how errors point into it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceKind {
+    /// A file the user wrote: errors say `file:line:column: ...`.
+    File,
+    /// SQL generated from a spec entry: errors say `spec.yaml: tables[1] (name): ...` (a
+    /// syntax error adds the line:column of the generated SQL and shows its line).
+    Generated,
+}
+
+/// One named SQL text of a pipeline.
+#[derive(Debug, Clone)]
+pub struct PipelineSource {
+    /// A file path, or the spec entry the text was generated from.
+    pub name: String,
+    pub text: String,
+    pub kind: SourceKind,
+}
+
+/// Maps locations of the merged pipeline back to their text.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SourceMap {
+    /// (first global line, name, kind) of each text, in order.
+    starts: Vec<(u64, String, SourceKind)>,
+}
+
+impl SourceMap {
+    fn find(&self, line: u64) -> Option<(&str, SourceKind, u64)> {
+        self.starts
+            .iter()
+            .rev()
+            .find(|(start, _, _)| *start <= line)
+            .map(|(start, name, kind)| (name.as_str(), *kind, line - start + 1))
+    }
+
+    /// `file:line:column`, or `spec.yaml: tables[1] (name)` for generated SQL.
+    fn place(&self, at: Location) -> String {
+        match self.find(at.line) {
+            Some((name, SourceKind::File, line)) => format!("{name}:{line}:{}", at.column),
+            Some((name, SourceKind::Generated, _)) => name.to_string(),
+            None => at.to_string(),
+        }
+    }
+
+    /// The error of the merged plan, named by its text and local location.
+    fn error(&self, e: SqlError) -> EngineError {
+        let (at, message) = match &e {
+            // The snippet of a syntax error is the user's text: left as it is.
+            SqlError::Syntax { location, .. } => (*location, e.to_string()),
+            SqlError::Plan { location, .. } => (*location, self.relocate_message(&e.to_string())),
+        };
+        let Some((name, kind, line)) = self.find(at.line) else {
+            return EngineError::Internal(format!("no pipeline text holds location {at}: {e}"));
+        };
+        // The message starts with the global `line:column: `; say it locally.
+        let global = format!("{at}: ");
+        let rest = message.strip_prefix(&global).unwrap_or(&message);
+        match (kind, &e) {
+            (SourceKind::File, _) => {
+                EngineError::Spec(format!("{name}:{line}:{}: {rest}", at.column))
+            }
+            // The snippet that follows shows the generated line.
+            (SourceKind::Generated, SqlError::Syntax { .. }) => EngineError::Spec(format!(
+                "{name}: generated SQL {line}:{}: {rest}",
+                at.column
+            )),
+            (SourceKind::Generated, SqlError::Plan { .. }) => {
+                EngineError::Spec(format!("{name}: {rest}"))
+            }
+        }
+    }
+
+    /// Rewrites the locations a message quotes, `first at L:C` and `(line L)`, to places.
+    pub(crate) fn relocate_message(&self, message: &str) -> String {
+        let mut out = String::with_capacity(message.len());
+        let mut rest = message;
+        loop {
+            let next = [("first at ", true), ("(line ", false)]
+                .into_iter()
+                .filter_map(|(p, with_column)| rest.find(p).map(|i| (i, p, with_column)))
+                .min_by_key(|(i, _, _)| *i);
+            let Some((i, prefix, with_column)) = next else {
+                out.push_str(rest);
+                return out;
+            };
+            let after = &rest[i + prefix.len()..];
+            let digits = |s: &str| s.bytes().take_while(u8::is_ascii_digit).count();
+            let n = digits(after);
+            let line: Option<u64> = after[..n].parse().ok();
+            let parsed = match (line, with_column) {
+                (Some(line), true) if after[n..].starts_with(':') => {
+                    let m = digits(&after[n + 1..]);
+                    after[n + 1..n + 1 + m]
+                        .parse()
+                        .ok()
+                        .map(|column| (Location { line, column }, n + 1 + m, ""))
+                }
+                (Some(line), false) if after[n..].starts_with(')') => {
+                    Some((Location { line, column: 1 }, n + 1, ")"))
+                }
+                _ => None,
+            };
+            match parsed {
+                Some((at, used, close)) => {
+                    out.push_str(&rest[..i]);
+                    out.push_str(prefix.trim_end_matches("line "));
+                    if with_column {
+                        out.push_str(&self.place(at));
+                    } else {
+                        // `(line L)` quotes a statement's line only.
+                        match self.find(at.line) {
+                            Some((name, SourceKind::File, line)) => {
+                                out.push_str(&format!("{name}:{line}"))
+                            }
+                            Some((name, SourceKind::Generated, _)) => out.push_str(name),
+                            None => out.push_str(&format!("line {}", at.line)),
+                        }
+                    }
+                    out.push_str(close);
+                    rest = &after[used..];
+                }
+                None => {
+                    out.push_str(&rest[..i + prefix.len()]);
+                    rest = after;
+                }
+            }
+        }
+    }
+}
+
+/// A validated pipeline assembled from one or more texts.
+#[derive(Debug, Clone)]
+pub struct PlannedPipeline {
+    pub plan: PipelinePlan,
+    pub(crate) map: SourceMap,
+}
+
+/// Substitutes `configuration` into each text, parses each, and plans all statements as one
+/// pipeline. Errors name the text and its local line:column. A single file gives the same
+/// messages as [`crate::run_pipeline_file_with`].
+pub fn plan_sources(
+    sources: &[PipelineSource],
+    configuration: &BTreeMap<String, String>,
+    schema: &str,
+) -> Result<PlannedPipeline> {
+    let mut map = SourceMap::default();
+    let mut statements: Vec<Statement> = Vec::new();
+    let mut offset: u64 = 0;
+    for s in sources {
+        let local = |e: SqlError| match s.kind {
+            SourceKind::File => EngineError::Pipeline {
+                file: s.name.clone(),
+                source: Box::new(e),
+            },
+            SourceKind::Generated => EngineError::Spec(format!("{}: generated SQL {e}", s.name)),
+        };
+        let text = strata_sql::substitute(&s.text, configuration).map_err(local)?;
+        map.starts.push((offset + 1, s.name.clone(), s.kind));
+        let padded = format!("{}{text}", "\n".repeat(offset as usize));
+        let parsed = strata_sql::parse_pipeline_in(&padded, schema).map_err(|e| map.error(e))?;
+        statements.extend(parsed.statements);
+        offset += text.matches('\n').count() as u64 + 1;
+    }
+    let plan = strata_sql::plan_pipeline(strata_sql::Pipeline {
+        statements,
+        default_schema: schema.to_string(),
+    })
+    .map_err(|e| map.error(e))?;
+    Ok(PlannedPipeline { plan, map })
+}
+
+/// One node of a plan, for `strata plan`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PlanStep {
+    /// `ingest`, `auto_cdc`, `snapshot`, `point_in_time`.
+    pub kind: &'static str,
+    /// The flow's name, else the table's.
+    pub name: String,
+    /// What it does, in words (`AUTO CDC, SCD TYPE 2, keys (id), sequence by ts`).
+    pub detail: String,
+    pub reads: Vec<String>,
+    pub writes: String,
+    /// The text it is declared in (`sql/gold.sql:3:1`, `spec.yaml: tables[0] (customers)`).
+    pub origin: String,
+}
+
+impl PlannedPipeline {
+    /// The plan's nodes in execution order.
+    pub fn steps(&self) -> Vec<PlanStep> {
+        let origin = |at: Location| match self.map.find(at.line) {
+            Some((name, SourceKind::File, line)) => format!("{name}:{line}:{}", at.column),
+            Some((name, SourceKind::Generated, _)) => name.to_string(),
+            None => at.to_string(),
+        };
+        let keys = |k: &[String]| k.join(", ");
+        let mut steps = Vec::new();
+        for node in &self.plan.order {
+            match node {
+                Node::Ingest(name) => {
+                    let Some(t) = self.plan.tables.get(name) else {
+                        continue;
+                    };
+                    let Some(q) = &t.query else { continue };
+                    let (detail, reads) = match &q.source {
+                        QuerySource::ReadFiles(rf) => (
+                            format!(
+                                "streaming table from read_files ({})",
+                                format!("{:?}", rf.format).to_ascii_lowercase()
+                            ),
+                            vec![format!("files {}", rf.path)],
+                        ),
+                        QuerySource::Table(src) => (
+                            "streaming table from STREAM".to_string(),
+                            vec![src.to_string()],
+                        ),
+                    };
+                    steps.push(PlanStep {
+                        kind: "ingest",
+                        name: name.to_string(),
+                        detail,
+                        reads,
+                        writes: name.to_string(),
+                        origin: origin(t.location),
+                    });
+                }
+                Node::Flow(i) => {
+                    let Some(f) = self.plan.flows.get(*i) else {
+                        continue;
+                    };
+                    let (kind, detail) = match &f.kind {
+                        FlowKind::Changes => {
+                            let seq = match &f.sequence_by {
+                                SequenceBy::Expr(e) => e.clone(),
+                                SequenceBy::Struct(parts) => format!(
+                                    "STRUCT({})",
+                                    parts
+                                        .iter()
+                                        .map(|(_, e)| e.as_str())
+                                        .collect::<Vec<_>>()
+                                        .join(", ")
+                                ),
+                            };
+                            (
+                                "auto_cdc",
+                                format!(
+                                    "AUTO CDC flow, {}, keys ({}), sequence by {seq}{}",
+                                    f.stored_as,
+                                    keys(&f.keys),
+                                    if f.delete_when.is_some() {
+                                        ", deletes"
+                                    } else {
+                                        ""
+                                    }
+                                ),
+                            )
+                        }
+                        FlowKind::Snapshot { version_by } => (
+                            "snapshot",
+                            format!(
+                                "AUTO CDC FROM SNAPSHOT flow, {}, keys ({}), {}",
+                                f.stored_as,
+                                keys(&f.keys),
+                                match version_by {
+                                    Some(v) => format!("version by {v}"),
+                                    None => "versioned by run time".to_string(),
+                                }
+                            ),
+                        ),
+                    };
+                    steps.push(PlanStep {
+                        kind,
+                        name: f.name.clone(),
+                        detail,
+                        reads: vec![f.source.to_string()],
+                        writes: f.target.to_string(),
+                        origin: origin(f.location),
+                    });
+                }
+                Node::Append(i) => {
+                    let Some(f) = self.plan.appends.get(*i) else {
+                        continue;
+                    };
+                    let (detail, reads) = match &f.query.source {
+                        QuerySource::ReadFiles(rf) => (
+                            format!(
+                                "append flow from read_files ({})",
+                                format!("{:?}", rf.format).to_ascii_lowercase()
+                            ),
+                            vec![format!("files {}", rf.path)],
+                        ),
+                        QuerySource::Table(src) => {
+                            ("append flow from STREAM".to_string(), vec![src.to_string()])
+                        }
+                    };
+                    steps.push(PlanStep {
+                        kind: "append",
+                        name: f.name.clone(),
+                        detail,
+                        reads,
+                        writes: f.target.to_string(),
+                        origin: origin(f.location),
+                    });
+                }
+                Node::MaterializedView(name) => {
+                    let Some(m) = self.plan.materialized.get(name) else {
+                        continue;
+                    };
+                    steps.push(PlanStep {
+                        kind: "materialized_view",
+                        name: name.to_string(),
+                        detail: "materialized view".to_string(),
+                        reads: self
+                            .plan
+                            .reads(node)
+                            .iter()
+                            .map(ToString::to_string)
+                            .collect(),
+                        writes: name.to_string(),
+                        origin: origin(m.location),
+                    });
+                }
+                Node::PointInTime(i) => {
+                    let Some(p) = self.plan.pits.get(*i) else {
+                        continue;
+                    };
+                    steps.push(PlanStep {
+                        kind: "point_in_time",
+                        name: p.name.to_string(),
+                        detail: format!("point-in-time table, keys ({})", keys(&p.keys)),
+                        reads: p.sources.iter().map(ToString::to_string).collect(),
+                        writes: p.name.to_string(),
+                        origin: origin(p.location),
+                    });
+                }
+            }
+        }
+        steps
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The plan of `sources` in the default schema, without configuration.
+    fn plan(sources: &[PipelineSource]) -> Result<PlannedPipeline> {
+        plan_sources(
+            sources,
+            &BTreeMap::new(),
+            strata_sql::TableName::DEFAULT_SCHEMA,
+        )
+    }
+
+    /// The message of the planning error of `sources`.
+    fn plan_error(sources: &[PipelineSource]) -> String {
+        plan(sources).unwrap_err().to_string()
+    }
+
+    fn src(name: &str, kind: SourceKind, text: &str) -> PipelineSource {
+        PipelineSource {
+            name: name.into(),
+            text: text.into(),
+            kind,
+        }
+    }
+
+    const BRONZE: &str = "CREATE STREAMING TABLE raw\nAS SELECT * FROM STREAM read_files('d', format => 'json', schema => 'id INT, ts INT');\n";
+
+    #[test]
+    fn errors_name_their_text_and_local_line() {
+        let sources = [
+            src("a.sql", SourceKind::File, BRONZE),
+            src(
+                "b.sql",
+                SourceKind::File,
+                "\n-- gold\nCREATE STREAMING TABLE gold AS SELECT * FROM STREAM(nope);\n",
+            ),
+        ];
+        let e = plan_error(&sources);
+        assert!(
+            e.starts_with("b.sql:3:1: table default.gold reads STREAM(default.nope)"),
+            "{e}"
+        );
+
+        let sources = [
+            src("a.sql", SourceKind::File, BRONZE),
+            src("spec.yaml: tables[0] (raw)", SourceKind::Generated, BRONZE),
+        ];
+        let e = plan_error(&sources);
+        assert!(
+            e.starts_with("spec.yaml: tables[0] (raw): table default.raw is declared twice (first at a.sql:1:1)"),
+            "{e}"
+        );
+
+        let sources = [
+            src("a.sql", SourceKind::File, BRONZE),
+            src("b.sql", SourceKind::File, "\n\nCREATE STREAMING TABEL x;"),
+        ];
+        let e = plan_error(&sources);
+        assert!(e.starts_with("b.sql:3:18: "), "{e}");
+    }
+
+    #[test]
+    fn quoted_locations_are_relocated() {
+        let map = SourceMap {
+            starts: vec![
+                (1, "a.sql".into(), SourceKind::File),
+                (4, "s.yaml: tables[0] (t)".into(), SourceKind::Generated),
+                (9, "b.sql".into(), SourceKind::File),
+            ],
+        };
+        assert_eq!(
+            map.relocate_message("flow f (line 10): x (first at 2:3), (line x) first at 5:1"),
+            "flow f (b.sql:2): x (first at a.sql:2:3), (line x) first at s.yaml: tables[0] (t)"
+        );
+        assert_eq!(
+            map.relocate_message("flow t_flow (line 6): unknown column"),
+            "flow t_flow (s.yaml: tables[0] (t)): unknown column"
+        );
+    }
+
+    #[test]
+    fn steps_follow_the_execution_order() {
+        let sources = [
+            src(
+                "gold.sql",
+                SourceKind::File,
+                "CREATE STREAMING TABLE gold AS SELECT * FROM STREAM(t);",
+            ),
+            src(
+                "s.yaml: tables[0] (t)",
+                SourceKind::Generated,
+                &format!(
+                    "{BRONZE}CREATE STREAMING TABLE t;\nCREATE FLOW t_flow AS AUTO CDC INTO t \
+                     FROM STREAM(raw) KEYS (id) SEQUENCE BY ts STORED AS SCD TYPE 2;"
+                ),
+            ),
+        ];
+        let steps = plan(&sources).unwrap().steps();
+        let names: Vec<&str> = steps.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["default.raw", "t_flow", "default.gold"]);
+        assert_eq!(
+            steps[1].detail,
+            "AUTO CDC flow, SCD TYPE 2, keys (id), sequence by ts"
+        );
+        assert_eq!(steps[1].origin, "s.yaml: tables[0] (t)");
+        assert_eq!(steps[2].origin, "gold.sql:1:1");
+    }
+}

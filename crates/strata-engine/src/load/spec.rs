@@ -1,0 +1,616 @@
+//! YAML pipeline specs: settings kept out of SQL, and a metadata-driven table list.
+//!
+//! ```yaml
+//! name: shop
+//! warehouse: ./warehouse          # relative to this file; --warehouse overrides
+//! configuration: { source_root: data }
+//! libraries: [sql/gold.sql]       # SQL files, relative to this file
+//! tables:                         # one generated ingestion + AUTO CDC flow each
+//!   - name: customers
+//!     source: { path: "${source_root}/customers", format: json, schema: "id INT, op STRING, ts BIGINT" }
+//!     keys: [id]
+//!     sequence_by: ts
+//!     stored_as: SCD TYPE 2
+//! ```
+//!
+//! Each entry of `tables` becomes Lakeflow SQL ([`table_sql`]): a streaming table
+//! `<name>_raw` over `read_files` (not for `source: { table: t }`, which reads an existing
+//! streaming table), the target `<name>` and the flow `<name>_flow`. The generated text and
+//! the libraries are planned and run as one pipeline ([`crate::load::sources`]), after the
+//! `configuration` values (and `--conf`, which wins) are substituted for `${key}` in each.
+//!
+//! Unknown keys are errors, and every error names the spec file and, for an entry, `tables[i]
+//! (name)`. The YAML reader is `serde_norway` (see the workspace manifest for why).
+
+use crate::error::{Context, EngineError, Result};
+use crate::load::sources::{PipelineSource, SourceKind};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// The file format of a spec, as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Spec {
+    name: String,
+    #[serde(default)]
+    warehouse: Option<String>,
+    #[serde(default)]
+    schema: Option<String>,
+    #[serde(default)]
+    configuration: BTreeMap<String, Scalar>,
+    #[serde(default)]
+    libraries: Vec<String>,
+    #[serde(default)]
+    tables: Vec<TableEntry>,
+}
+
+/// A configuration or property value: YAML may type `2` or `true`, SQL sees text.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged, expecting = "a string, number or boolean")]
+enum Scalar {
+    Text(String),
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+}
+
+impl Scalar {
+    fn text(&self) -> String {
+        match self {
+            Scalar::Text(s) => s.clone(),
+            Scalar::Int(i) => i.to_string(),
+            Scalar::Float(f) => f.to_string(),
+            Scalar::Bool(b) => b.to_string(),
+        }
+    }
+}
+
+/// One metadata-driven table: where its changes come from and how to keep them.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TableEntry {
+    name: String,
+    source: SourceEntry,
+    keys: Vec<String>,
+    #[serde(default)]
+    sequence_by: Option<String>,
+    #[serde(default)]
+    stored_as: Option<String>,
+    /// Alias of `stored_as`: `1` or `2`.
+    #[serde(default)]
+    scd_type: Option<u8>,
+    #[serde(default)]
+    delete_when: Option<String>,
+    #[serde(default)]
+    truncate_when: Option<String>,
+    #[serde(default)]
+    ignore_null_updates: bool,
+    /// `COLUMNS a, b`.
+    #[serde(default)]
+    columns: Option<Vec<String>>,
+    /// `COLUMNS * EXCEPT (...)`.
+    #[serde(default)]
+    except_columns: Vec<String>,
+    /// `TRACK HISTORY ON a, b`.
+    #[serde(default)]
+    track_history_on: Option<Vec<String>>,
+    /// `TRACK HISTORY ON * EXCEPT (...)`.
+    #[serde(default)]
+    track_history_except: Option<Vec<String>>,
+    /// `AUTO CDC FROM SNAPSHOT` (implied by `snapshot_version_by`).
+    #[serde(default)]
+    snapshot: bool,
+    #[serde(default)]
+    snapshot_version_by: Option<String>,
+    /// The target's `TBLPROPERTIES` (e.g. `strata.scd.convention: kimball`).
+    #[serde(default)]
+    table_properties: BTreeMap<String, Scalar>,
+}
+
+/// `{ path, format, schema, header, sep, options }` (files) or `{ table }`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SourceEntry {
+    #[serde(default)]
+    path: Option<String>,
+    #[serde(default)]
+    table: Option<String>,
+    #[serde(default)]
+    format: Option<String>,
+    #[serde(default)]
+    schema: Option<String>,
+    #[serde(default)]
+    header: Option<bool>,
+    #[serde(default)]
+    sep: Option<String>,
+    /// Any other `read_files` option, passed through as written.
+    #[serde(default)]
+    options: BTreeMap<String, Scalar>,
+}
+
+/// A pipeline ready to plan: its SQL sources, where relative paths resolve, and its settings.
+#[derive(Debug, Clone)]
+pub struct LoadedPipeline {
+    /// The spec's `name`; `None` for a plain SQL file.
+    pub name: Option<String>,
+    /// Relative paths inside the pipeline resolve against this folder.
+    pub dir: PathBuf,
+    /// The spec's `warehouse`, resolved against the spec's folder.
+    pub warehouse: Option<PathBuf>,
+    pub sources: Vec<PipelineSource>,
+    /// The spec's `configuration` overridden by the caller's values.
+    pub configuration: BTreeMap<String, String>,
+    /// The schema of unqualified table names (the spec's `schema`, else `default`).
+    pub schema: String,
+}
+
+/// Whether `path` names a YAML spec (`.yaml` / `.yml`) rather than a SQL file.
+pub fn is_spec(path: &Path) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml"))
+}
+
+/// Reads a pipeline: a YAML spec (its libraries and the SQL generated from its tables) or
+/// one SQL file. `configuration` overrides the spec's values.
+pub fn load_pipeline(
+    path: &Path,
+    configuration: &BTreeMap<String, String>,
+) -> Result<LoadedPipeline> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).context(|| format!("cannot read {file}"))?;
+    let dir = std::fs::canonicalize(path)
+        .context(|| format!("cannot resolve {file}"))?
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    if !is_spec(path) {
+        return Ok(LoadedPipeline {
+            name: None,
+            dir,
+            warehouse: None,
+            sources: vec![PipelineSource {
+                name: file,
+                text,
+                kind: SourceKind::File,
+            }],
+            configuration: configuration.clone(),
+            schema: strata_sql::TableName::DEFAULT_SCHEMA.to_string(),
+        });
+    }
+    let spec: Spec =
+        serde_norway::from_str(&text).map_err(|e| EngineError::Spec(format!("{file}: {e}")))?;
+    let spec_err = |m: String| EngineError::Spec(format!("{file}: {m}"));
+    if spec.name.trim().is_empty() {
+        return Err(spec_err("name: must not be empty".into()));
+    }
+    let schema = match &spec.schema {
+        Some(s) if s.trim().is_empty() || s.contains('.') || s.starts_with('_') => {
+            return Err(spec_err(format!(
+                "schema: `{s}` is not a schema name (one identifier, not starting with `_`)"
+            )))
+        }
+        Some(s) => s.clone(),
+        None => strata_sql::TableName::DEFAULT_SCHEMA.to_string(),
+    };
+    let mut conf: BTreeMap<String, String> = spec
+        .configuration
+        .iter()
+        .map(|(k, v)| (k.clone(), v.text()))
+        .collect();
+    conf.extend(configuration.iter().map(|(k, v)| (k.clone(), v.clone())));
+
+    // Paths in the spec are relative to it; messages name them as reachable from here.
+    let shown_dir = path.parent().unwrap_or(Path::new(""));
+    // Generated tables first: the libraries usually read them (the order only breaks
+    // ties in the execution order).
+    let mut sources = Vec::new();
+    for (i, entry) in spec.tables.iter().enumerate() {
+        let origin = format!("{file}: tables[{i}] ({})", entry.name);
+        let text = table_sql(entry).map_err(|m| EngineError::Spec(format!("{origin}: {m}")))?;
+        sources.push(PipelineSource {
+            name: origin,
+            text,
+            kind: SourceKind::Generated,
+        });
+    }
+    for (i, lib) in spec.libraries.iter().enumerate() {
+        let lib_path = shown_dir.join(lib);
+        let name = lib_path.display().to_string();
+        let text = std::fs::read_to_string(&lib_path)
+            .context(|| format!("{file}: libraries[{i}]: cannot read {name}"))?;
+        sources.push(PipelineSource {
+            name,
+            text,
+            kind: SourceKind::File,
+        });
+    }
+    if sources.is_empty() {
+        return Err(spec_err(
+            "the spec has neither libraries nor tables: nothing to run".into(),
+        ));
+    }
+    Ok(LoadedPipeline {
+        name: Some(spec.name),
+        warehouse: spec.warehouse.map(|w| dir.join(w)),
+        dir,
+        sources,
+        configuration: conf,
+        schema,
+    })
+}
+
+/// A backtick-quoted identifier (a backtick inside is doubled).
+fn ident(name: &str) -> String {
+    format!("`{}`", name.replace('`', "``"))
+}
+
+/// `schema.name` or `name`, each part quoted.
+fn table_ident(name: &str) -> String {
+    name.split('.').map(ident).collect::<Vec<_>>().join(".")
+}
+
+/// A single-quoted string literal under Spark's rules (backslash escapes).
+fn string(value: &str) -> String {
+    format!("'{}'", value.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
+fn ident_list(names: &[String]) -> String {
+    names
+        .iter()
+        .map(|n| ident(n))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The history mode of an entry as SQL (`SCD TYPE 2`), from `stored_as` or `scd_type`.
+fn stored_as(entry: &TableEntry) -> Result<String, String> {
+    match (&entry.stored_as, entry.scd_type) {
+        (Some(_), Some(_)) => Err("give stored_as or scd_type, not both".into()),
+        (None, Some(n @ (1 | 2))) => Ok(format!("SCD TYPE {n}")),
+        (None, Some(n)) => Err(format!("scd_type: expected 1 or 2, found {n}")),
+        (None, None) => Ok("SCD TYPE 1".into()),
+        (Some(s), None) => {
+            // A configuration reference is checked by the parser once substituted.
+            if s.contains("${") {
+                return Ok(s.clone());
+            }
+            let words: Vec<String> = s.split_whitespace().map(str::to_ascii_uppercase).collect();
+            match words.join(" ").as_str() {
+                "SCD TYPE 1" | "1" => Ok("SCD TYPE 1".into()),
+                "SCD TYPE 2" | "2" => Ok("SCD TYPE 2".into()),
+                "SNAPSHOTS" => Ok("SNAPSHOTS".into()),
+                _ => Err(format!(
+                    "stored_as: expected SCD TYPE 1, SCD TYPE 2 or SNAPSHOTS, found `{s}`"
+                )),
+            }
+        }
+    }
+}
+
+/// The Lakeflow SQL of one table entry. Names are backtick-quoted and option values are
+/// string literals; `sequence_by`, `delete_when`, `truncate_when` and
+/// `snapshot_version_by` are SQL expressions and are copied as written.
+pub(crate) fn table_sql(entry: &TableEntry) -> Result<String, String> {
+    let name = entry.name.trim();
+    if name.is_empty() {
+        return Err("name: must not be empty".into());
+    }
+    if name.contains('.') {
+        return Err(format!(
+            "name: `{name}` must be a table name without a schema (tables go to the pipeline's schema)"
+        ));
+    }
+    if entry.keys.is_empty() {
+        return Err("keys: at least one key column is needed".into());
+    }
+    let snapshot = entry.snapshot || entry.snapshot_version_by.is_some();
+    let mode = stored_as(entry)?;
+    if snapshot {
+        for (set, key) in [
+            (entry.sequence_by.is_some(), "sequence_by"),
+            (entry.delete_when.is_some(), "delete_when"),
+            (entry.truncate_when.is_some(), "truncate_when"),
+            (entry.ignore_null_updates, "ignore_null_updates"),
+        ] {
+            if set {
+                return Err(format!(
+                    "{key} applies to change events, not to snapshots (snapshot: true); \
+                     a snapshot's version is snapshot_version_by"
+                ));
+            }
+        }
+    } else if mode == "SNAPSHOTS" {
+        return Err("stored_as: SNAPSHOTS needs snapshot: true".into());
+    }
+    if entry.columns.is_some() && !entry.except_columns.is_empty() {
+        return Err("give columns or except_columns, not both".into());
+    }
+    if entry.track_history_on.is_some() && entry.track_history_except.is_some() {
+        return Err("give track_history_on or track_history_except, not both".into());
+    }
+
+    let mut sql = String::new();
+    let source = match (&entry.source.path, &entry.source.table) {
+        (Some(path), None) => {
+            let raw = format!("{name}_raw");
+            let options = read_files_options(&entry.source)?;
+            // Writing to a String cannot fail.
+            let _ = write!(
+                sql,
+                "CREATE OR REFRESH STREAMING TABLE {}\nAS SELECT * FROM STREAM read_files({}{options});\n\n",
+                ident(&raw),
+                string(path),
+            );
+            ident(&raw)
+        }
+        (None, Some(table)) => {
+            let s = &entry.source;
+            if s.format.is_some()
+                || s.schema.is_some()
+                || s.header.is_some()
+                || s.sep.is_some()
+                || !s.options.is_empty()
+            {
+                return Err(
+                    "source: format, schema, header, sep and options belong to a path source, \
+                     not to source.table"
+                        .into(),
+                );
+            }
+            table_ident(table)
+        }
+        _ => return Err("source: give either path (files) or table (a streaming table)".into()),
+    };
+
+    let _ = write!(sql, "CREATE OR REFRESH STREAMING TABLE {}", ident(name));
+    if !entry.table_properties.is_empty() {
+        let props: Vec<String> = entry
+            .table_properties
+            .iter()
+            .map(|(k, v)| format!("{} = {}", string(k), string(&v.text())))
+            .collect();
+        let _ = write!(sql, "\nTBLPROPERTIES ({})", props.join(", "));
+    }
+    sql.push_str(";\n\n");
+
+    let _ = write!(
+        sql,
+        "CREATE FLOW {} AS AUTO CDC {}INTO {}\nFROM STREAM({source})\nKEYS ({})",
+        ident(&format!("{name}_flow")),
+        if snapshot { "FROM SNAPSHOT " } else { "" },
+        ident(name),
+        ident_list(&entry.keys),
+    );
+    if entry.ignore_null_updates {
+        sql.push_str("\nIGNORE NULL UPDATES");
+    }
+    // Conditions in parentheses: an incomplete one fails inside them, not at the next clause.
+    if let Some(cond) = &entry.delete_when {
+        let _ = write!(sql, "\nAPPLY AS DELETE WHEN ({cond})");
+    }
+    if let Some(cond) = &entry.truncate_when {
+        let _ = write!(sql, "\nAPPLY AS TRUNCATE WHEN ({cond})");
+    }
+    if snapshot {
+        if let Some(v) = &entry.snapshot_version_by {
+            let _ = write!(sql, "\nSNAPSHOT VERSION BY {v}");
+        }
+    } else {
+        match &entry.sequence_by {
+            Some(seq) => {
+                let _ = write!(sql, "\nSEQUENCE BY {seq}");
+            }
+            None => {
+                return Err("sequence_by: needed for change events (or set snapshot: true)".into())
+            }
+        }
+    }
+    if let Some(cols) = &entry.columns {
+        let _ = write!(sql, "\nCOLUMNS {}", ident_list(cols));
+    } else if !entry.except_columns.is_empty() {
+        let _ = write!(
+            sql,
+            "\nCOLUMNS * EXCEPT ({})",
+            ident_list(&entry.except_columns)
+        );
+    }
+    let _ = write!(sql, "\nSTORED AS {mode}");
+    if let Some(cols) = &entry.track_history_on {
+        let _ = write!(sql, "\nTRACK HISTORY ON {}", ident_list(cols));
+    } else if let Some(cols) = &entry.track_history_except {
+        let _ = write!(sql, "\nTRACK HISTORY ON * EXCEPT ({})", ident_list(cols));
+    }
+    sql.push_str(";\n");
+    Ok(sql)
+}
+
+/// `, format => 'json', schema => '...', ...` for `read_files`.
+fn read_files_options(source: &SourceEntry) -> Result<String, String> {
+    let format = source
+        .format
+        .as_deref()
+        .ok_or("source: path needs format (json, csv or parquet)")?;
+    let mut out = format!(", format => {}", string(format));
+    if let Some(schema) = &source.schema {
+        let _ = write!(out, ", schema => {}", string(schema));
+    }
+    if let Some(header) = source.header {
+        let _ = write!(out, ", header => {header}");
+    }
+    if let Some(sep) = &source.sep {
+        let _ = write!(out, ", sep => {}", string(sep));
+    }
+    for (k, v) in &source.options {
+        if !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') || k.is_empty() {
+            return Err(format!(
+                "source.options: `{k}` is not an option name (letters, digits, _)"
+            ));
+        }
+        let _ = write!(out, ", {k} => {}", string(&v.text()));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_sql::{
+        parse_pipeline, ColumnSelection, FlowKind, QuerySource, ScdType, SequenceBy, Statement,
+    };
+
+    fn entry(yaml: &str) -> TableEntry {
+        serde_norway::from_str(yaml).expect("entry parses")
+    }
+
+    fn statements(entry: &TableEntry) -> Vec<Statement> {
+        let sql = table_sql(entry).expect("generates");
+        parse_pipeline(&sql)
+            .unwrap_or_else(|e| panic!("generated SQL does not parse: {e}\n{sql}"))
+            .statements
+    }
+
+    #[test]
+    fn files_source_generates_raw_table_target_and_flow() {
+        let e = entry(
+            "name: customers\n\
+             source: { path: data/customers, format: json, schema: 'id INT, op STRING, ts BIGINT' }\n\
+             keys: [id]\nsequence_by: ts\nstored_as: scd type 2\n\
+             delete_when: \"op = 'DELETE'\"\nexcept_columns: [op, ts]\n\
+             track_history_except: [name]\n",
+        );
+        let sql = table_sql(&e).unwrap();
+        assert!(
+            sql.contains("CREATE OR REFRESH STREAMING TABLE `customers_raw`"),
+            "{sql}"
+        );
+        let st = statements(&e);
+        assert_eq!(st.len(), 3);
+        let Statement::StreamingTable(raw) = &st[0] else {
+            panic!("{st:?}")
+        };
+        assert_eq!(raw.name.name, "customers_raw");
+        let Some(QuerySource::ReadFiles(rf)) = raw.query.as_ref().map(|q| &q.source) else {
+            panic!("{raw:?}")
+        };
+        assert_eq!(rf.path, "data/customers");
+        assert_eq!(rf.schema.as_ref().map(Vec::len), Some(3));
+        let Statement::Flow(f) = &st[2] else {
+            panic!("{st:?}")
+        };
+        assert_eq!(f.name, "customers_flow");
+        assert_eq!(f.target.name, "customers");
+        assert_eq!(f.source.name, "customers_raw");
+        assert_eq!(f.keys, vec!["id".to_string()]);
+        assert_eq!(f.stored_as, ScdType::Type2);
+        assert_eq!(f.sequence_by, SequenceBy::Expr("ts".into()));
+        assert_eq!(f.delete_when.as_deref(), Some("(op = 'DELETE')"));
+        assert_eq!(
+            f.columns,
+            ColumnSelection::Except(vec!["op".into(), "ts".into()])
+        );
+        assert_eq!(
+            f.track_history,
+            Some(ColumnSelection::Except(vec!["name".into()]))
+        );
+    }
+
+    #[test]
+    fn names_and_strings_are_quoted() {
+        let e = entry(
+            "name: \"odd`name\"\n\
+             source: { path: \"it's\\\\here\", format: csv, header: true, sep: ';' }\n\
+             keys: [\"key col\", \"b`t\"]\nsequence_by: \"`seq no`\"\nscd_type: 1\n\
+             table_properties: { strata.scd.convention: kimball }\n",
+        );
+        let st = statements(&e);
+        let Statement::StreamingTable(raw) = &st[0] else {
+            panic!("{st:?}")
+        };
+        assert_eq!(raw.name.name, "odd`name_raw");
+        let Some(QuerySource::ReadFiles(rf)) = raw.query.as_ref().map(|q| &q.source) else {
+            panic!("{raw:?}")
+        };
+        assert_eq!(rf.path, "it's\\here");
+        assert!(rf.header);
+        assert_eq!(rf.delimiter, b';');
+        let Statement::StreamingTable(target) = &st[1] else {
+            panic!("{st:?}")
+        };
+        assert_eq!(target.name.name, "odd`name");
+        assert_eq!(
+            target
+                .properties
+                .get("strata.scd.convention")
+                .map(String::as_str),
+            Some("kimball")
+        );
+        let Statement::Flow(f) = &st[2] else {
+            panic!("{st:?}")
+        };
+        assert_eq!(f.keys, vec!["key col".to_string(), "b`t".to_string()]);
+        assert_eq!(f.stored_as, ScdType::Type1);
+    }
+
+    #[test]
+    fn table_source_and_snapshots() {
+        let e = entry(
+            "name: plans\nsource: { table: bronze.plan_feed }\nkeys: [id]\n\
+             snapshot_version_by: month\nstored_as: SNAPSHOTS\n",
+        );
+        let st = statements(&e);
+        assert_eq!(st.len(), 2, "no raw table for a table source");
+        let Statement::Flow(f) = &st[1] else {
+            panic!("{st:?}")
+        };
+        assert_eq!(f.source.schema, "bronze");
+        assert_eq!(f.source.name, "plan_feed");
+        assert_eq!(
+            f.kind,
+            FlowKind::Snapshot {
+                version_by: Some("month".into())
+            }
+        );
+        assert_eq!(f.stored_as, ScdType::Snapshots);
+    }
+
+    #[test]
+    fn bad_entries_say_which_option() {
+        let cases = [
+            ("name: t\nsource: { table: s }\nkeys: [id]\n", "sequence_by"),
+            (
+                "name: t\nsource: { table: s }\nkeys: [id]\nsequence_by: ts\nstored_as: SCD TYPE 3\n",
+                "stored_as: expected SCD TYPE 1, SCD TYPE 2 or SNAPSHOTS, found `SCD TYPE 3`",
+            ),
+            ("name: t\nsource: { table: s }\nkeys: []\nsequence_by: ts\n", "keys"),
+            ("name: t\nsource: { path: p }\nkeys: [id]\nsequence_by: ts\n", "needs format"),
+            ("name: t\nsource: {}\nkeys: [id]\nsequence_by: ts\n", "either path"),
+            (
+                "name: t\nsource: { table: s }\nkeys: [id]\nsnapshot: true\ndelete_when: x\n",
+                "delete_when applies to change events",
+            ),
+            (
+                "name: t\nsource: { table: s }\nkeys: [id]\nsequence_by: ts\nscd_type: 3\n",
+                "scd_type: expected 1 or 2",
+            ),
+        ];
+        for (yaml, expected) in cases {
+            let err = table_sql(&entry(yaml)).unwrap_err();
+            assert!(err.contains(expected), "{yaml}: {err}");
+        }
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_with_their_place() {
+        let err = serde_norway::from_str::<Spec>(
+            "name: p\ntables:\n  - name: t\n    source: { table: s }\n    keys: [id]\n    sequence: ts\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("unknown field `sequence`"), "{err}");
+        assert!(err.contains("tables[0]"), "{err}");
+        assert!(err.contains("line 6"), "{err}");
+    }
+}

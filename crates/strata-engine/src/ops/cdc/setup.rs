@@ -1,0 +1,562 @@
+//! Preparing a flow before anything runs: checking it against its source's schema
+//! ([`prepare_flow`]) and against an existing event store and target ([`check_existing`]),
+//! and the properties a new target gets.
+
+use crate::error::{Context, EngineError, Result};
+use crate::semantics::flow::FlowSetup;
+use crate::semantics::fold::END_COL;
+use crate::semantics::fold::OP_COL;
+use crate::semantics::fold::RUN_COL;
+use crate::semantics::fold::SEQ_COL;
+use crate::semantics::fold::{FoldSpec, START_COL};
+use crate::semantics::timeline::Timeline;
+use crate::storage::warehouse::Warehouse;
+use crate::util::arrow;
+use crate::util::sql::quote_ident;
+use deltalake::arrow::array::RecordBatch;
+use deltalake::arrow::datatypes::DataType;
+use deltalake::arrow::datatypes::Field;
+use deltalake::arrow::datatypes::Schema;
+use deltalake::arrow::datatypes::SchemaRef;
+use deltalake::arrow::datatypes::TimeUnit;
+use std::sync::Arc;
+use strata_core::FoldOptions;
+use strata_sql::CdcFlow;
+use strata_sql::ColumnSelection;
+use strata_sql::FlowKind;
+use strata_sql::ScdType;
+use strata_sql::SequenceBy;
+
+fn flow_err(flow: &CdcFlow, msg: impl std::fmt::Display) -> EngineError {
+    EngineError::Plan(format!(
+        "flow {} (line {}): {msg}",
+        flow.name, flow.location.line
+    ))
+}
+
+/// Resolves a `COLUMNS`/`TRACK HISTORY ON` selection against `available`, in table order for
+/// `*` forms and in the written order for explicit lists.
+fn select_columns(
+    flow: &CdcFlow,
+    clause: &str,
+    sel: &ColumnSelection,
+    available: &[String],
+) -> Result<Vec<String>> {
+    let check = |names: &[String]| -> Result<()> {
+        for n in names {
+            if !available.contains(n) {
+                return Err(flow_err(
+                    flow,
+                    format!(
+                        "{clause} names unknown column `{n}`; available: {}",
+                        available.join(", ")
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    };
+    Ok(match sel {
+        ColumnSelection::All => available.to_vec(),
+        ColumnSelection::Only(names) => {
+            check(names)?;
+            names.clone()
+        }
+        ColumnSelection::Except(names) => {
+            check(names)?;
+            available
+                .iter()
+                .filter(|c| !names.contains(c))
+                .cloned()
+                .collect()
+        }
+    })
+}
+
+/// Checks `flow` against the schema of its source and derives the event-store and target
+/// schemas. Nothing is read or written.
+pub(crate) async fn prepare_flow(
+    flow: &CdcFlow,
+    source: &SchemaRef,
+    target_properties: &std::collections::BTreeMap<String, String>,
+) -> Result<FlowSetup> {
+    let available: Vec<String> = source.fields().iter().map(|f| f.name().clone()).collect();
+    let out_cols = select_columns(flow, "COLUMNS", &flow.columns, &available)?;
+    for k in &flow.keys {
+        if !available.contains(k) {
+            return Err(flow_err(
+                flow,
+                format!(
+                    "KEYS names unknown column `{k}`; available: {}",
+                    available.join(", ")
+                ),
+            ));
+        }
+        if !out_cols.contains(k) {
+            return Err(flow_err(
+                flow,
+                format!("key column `{k}` must be among the output COLUMNS"),
+            ));
+        }
+    }
+    for c in &out_cols {
+        let lower = c.to_ascii_lowercase();
+        if lower == "__start_at" || lower == "__end_at" {
+            return Err(flow_err(
+                flow,
+                format!(
+                    "the source carries the reserved column `{c}`; exclude it with COLUMNS * EXCEPT ({c})"
+                ),
+            ));
+        }
+        if lower.starts_with("__strata_") {
+            return Err(flow_err(
+                flow,
+                format!("column `{c}`: names starting with __strata_ are reserved"),
+            ));
+        }
+    }
+    let tracked_names = match &flow.track_history {
+        None => out_cols.clone(),
+        Some(sel) => select_columns(flow, "TRACK HISTORY ON", sel, &out_cols)?,
+    };
+
+    let seq_sql = match &flow.sequence_by {
+        SequenceBy::Expr(e) => e.clone(),
+        SequenceBy::Struct(fields) => format!(
+            "named_struct({})",
+            fields
+                .iter()
+                .map(|(name, e)| format!("{}, {e}", crate::util::sql::quote_str(name)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    let whens = format!(
+        "{}{}",
+        flow.truncate_when
+            .as_ref()
+            .map(|c| format!("WHEN ({c}) THEN 2 "))
+            .unwrap_or_default(),
+        flow.delete_when
+            .as_ref()
+            .map(|c| format!("WHEN ({c}) THEN 1 "))
+            .unwrap_or_default(),
+    );
+    let op_sql = if whens.is_empty() {
+        "CAST(0 AS TINYINT)".to_string()
+    } else {
+        format!("CAST(CASE {whens}ELSE 0 END AS TINYINT)")
+    };
+    let select_sql = format!(
+        "SELECT {}, {seq_sql} AS {}, {op_sql} AS {} FROM {}",
+        out_cols
+            .iter()
+            .map(|c| quote_ident(c))
+            .collect::<Vec<_>>()
+            .join(", "),
+        quote_ident(SEQ_COL),
+        quote_ident(OP_COL),
+        strata_sql::SOURCE_PLACEHOLDER,
+    );
+
+    // Plan the SELECT over an empty source: unknown columns in expressions, conditions that
+    // are not boolean and unorderable sequences are errors before anything runs.
+    let ctx = crate::storage::session::new_session();
+    let empty = RecordBatch::new_empty(source.clone());
+    ctx.register_batch(strata_sql::SOURCE_PLACEHOLDER, empty)
+        .context(|| "registering source".to_string())?;
+    for (clause, cond) in [
+        ("APPLY AS DELETE WHEN", &flow.delete_when),
+        ("APPLY AS TRUNCATE WHEN", &flow.truncate_when),
+    ] {
+        if let Some(c) = cond {
+            let df = ctx
+                .sql(&format!(
+                    "SELECT ({c}) FROM {}",
+                    strata_sql::SOURCE_PLACEHOLDER
+                ))
+                .await
+                .map_err(|e| flow_err(flow, format!("{clause} {c}: {e}")))?;
+            let t = df.schema().field(0).data_type();
+            if !matches!(t, DataType::Boolean | DataType::Null) {
+                return Err(flow_err(
+                    flow,
+                    format!("{clause} {c}: the condition is of type {t}, not BOOLEAN"),
+                ));
+            }
+        }
+    }
+    let df = ctx
+        .sql(&select_sql)
+        .await
+        .map_err(|e| flow_err(flow, format!("SEQUENCE BY {seq_sql}: {e}")))?;
+    let planned: Schema = df.schema().as_arrow().clone();
+    let mut seq_type = planned.field(out_cols.len()).data_type().clone();
+    if matches!(flow.kind, FlowKind::Snapshot { version_by: None }) {
+        // Table mode: the version is the run's start time, as a Delta TIMESTAMP.
+        seq_type = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
+    }
+    if matches!(flow.kind, FlowKind::Snapshot { .. }) && matches!(seq_type, DataType::Struct(_)) {
+        return Err(flow_err(
+            flow,
+            format!(
+                "SNAPSHOT VERSION BY {seq_sql}: a version must be a single value, not a struct"
+            ),
+        ));
+    }
+    if !orderable(&seq_type) {
+        return Err(flow_err(
+            flow,
+            format!("SEQUENCE BY {seq_sql}: values of type {seq_type} cannot be ordered"),
+        ));
+    }
+
+    // View types (DataFusion's in-memory string layout) are stored as plain strings.
+    let seq_type = arrow::storage_type(&seq_type);
+    let mut fields: Vec<Field> = planned.fields()[..out_cols.len()]
+        .iter()
+        .map(|f| Field::new(f.name(), arrow::storage_type(f.data_type()), true))
+        .collect();
+    let mut fold_fields = fields.clone();
+    let mut target_fields = fields.clone();
+    let timeline = if flow.stored_as.has_timeline() {
+        let t = Timeline::from_properties(target_properties)
+            .map_err(|e| flow_err(flow, format!("target {}: {e}", flow.target)))?;
+        t.open_end_value(&seq_type)
+            .map_err(|e| flow_err(flow, format!("target {}: {e}", flow.target)))?;
+        for name in t.column_names() {
+            if let Some(c) = out_cols.iter().find(|c| c.eq_ignore_ascii_case(&name)) {
+                return Err(flow_err(
+                    flow,
+                    format!(
+                        "the source column `{c}` has the name of a timeline column of {}; \
+                         exclude it with COLUMNS * EXCEPT ({c}) or rename the timeline column",
+                        flow.target
+                    ),
+                ));
+            }
+        }
+        fold_fields.push(Field::new(START_COL, seq_type.clone(), true));
+        fold_fields.push(Field::new(END_COL, seq_type.clone(), true));
+        target_fields.extend(t.fields(&seq_type));
+        t
+    } else {
+        Timeline::default()
+    };
+    fields.push(Field::new(SEQ_COL, seq_type, true));
+    fields.push(Field::new(OP_COL, DataType::Int8, false));
+    fields.push(Field::new(RUN_COL, DataType::Int64, false));
+
+    let index = |name: &String| out_cols.iter().position(|c| c == name).unwrap_or(0);
+    let spec = FoldSpec {
+        n_out: out_cols.len(),
+        keys: flow.keys.iter().map(index).collect(),
+        tracked: tracked_names.iter().map(index).collect(),
+        scd2: flow.stored_as == ScdType::Type2,
+        options: FoldOptions {
+            ignore_null_updates: flow.ignore_null_updates,
+        },
+        flow: flow.name.clone(),
+    };
+    Ok(FlowSetup {
+        flow: flow.clone(),
+        select_sql,
+        out_cols,
+        key_names: flow.keys.clone(),
+        event_schema: Arc::new(Schema::new(fields)),
+        fold_schema: Arc::new(Schema::new(fold_fields)),
+        target_schema: Arc::new(Schema::new(target_fields)),
+        timeline,
+        spec,
+        source_feed: false,
+        tombstone_secs: match (&flow.kind, flow.stored_as) {
+            (FlowKind::Snapshot { .. }, _) | (_, ScdType::Type2 | ScdType::Snapshots) => None,
+            _ => Some(
+                crate::eventstore::tombstones::threshold(target_properties)
+                    .map_err(|e| flow_err(flow, format!("{}: {e}", flow.target)))?,
+            ),
+        },
+    })
+}
+
+fn orderable(t: &DataType) -> bool {
+    match t {
+        DataType::Struct(fields) => fields.iter().all(|f| orderable(f.data_type())),
+        DataType::Null
+        | DataType::List(_)
+        | DataType::LargeList(_)
+        | DataType::FixedSizeList(_, _)
+        | DataType::Map(_, _)
+        | DataType::Union(_, _)
+        | DataType::Binary
+        | DataType::LargeBinary => false,
+        _ => true,
+    }
+}
+
+/// The value of the `strata.scdType` table property for a history mode.
+fn scd_type_property(mode: ScdType) -> &'static str {
+    match mode {
+        ScdType::Type1 => "1",
+        ScdType::Type2 => "2",
+        ScdType::Snapshots => "snapshots",
+    }
+}
+
+/// Whether the flow's target gets deletion vectors without having asked for them: the
+/// targets strata creates have them unless their TBLPROPERTIES set the property or the
+/// target is partitioned by its start (written through delta-rs).
+pub(crate) fn deletion_vectors_by_default(
+    setup: &FlowSetup,
+    user: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    !crate::storage::table::sets_property(user, crate::storage::dv::PROPERTY)
+        && !setup.timeline.partition_by_start
+}
+
+/// Table properties every AUTO CDC target carries.
+pub(crate) fn target_configuration(
+    setup: &FlowSetup,
+    user: &std::collections::BTreeMap<String, String>,
+) -> Vec<(String, Option<String>)> {
+    let mut conf = crate::storage::table::table_configuration(user);
+    if deletion_vectors_by_default(setup, user) {
+        conf.push((
+            crate::storage::dv::PROPERTY.to_string(),
+            Some("true".to_string()),
+        ));
+    }
+    conf.push(("strata.keys".to_string(), Some(setup.key_names.join(","))));
+    conf.push((
+        "strata.scdType".to_string(),
+        Some(scd_type_property(setup.flow.stored_as).to_string()),
+    ));
+    if !crate::storage::table::sets_property(user, crate::storage::write::PLAIN_COLUMNS_PROPERTY) {
+        // Columns of nearly distinct values: the keys, and the timeline's (a boolean current
+        // flag among them never gets a dictionary anyway).
+        let mut plain = setup.key_names.clone();
+        if setup.flow.stored_as.has_timeline() {
+            plain.extend(setup.timeline.column_names());
+        }
+        conf.push((
+            crate::storage::write::PLAIN_COLUMNS_PROPERTY.to_string(),
+            Some(plain.join(",")),
+        ));
+    }
+    conf
+}
+
+/// The columns `now` adds to `before`, when that is all it changes: every column of
+/// `before` is still there, in the same order and with the same type, and the others are
+/// nullable. `None` for any other change; empty when nothing changed.
+pub(crate) fn added_columns(before: &Schema, now: &Schema) -> Option<Vec<String>> {
+    let mut added = Vec::new();
+    let mut old = before.fields().iter().peekable();
+    for f in now.fields() {
+        match old.peek() {
+            Some(o) if o.name() == f.name() => {
+                if !arrow::same_type(o.data_type(), f.data_type()) {
+                    return None;
+                }
+                old.next();
+            }
+            _ if f.is_nullable() && before.field_with_name(f.name()).is_err() => {
+                added.push(f.name().clone())
+            }
+            _ => return None,
+        }
+    }
+    old.peek().is_none().then_some(added)
+}
+
+/// Checks an existing event store and target against the flow (R10) before anything runs.
+pub(crate) async fn check_existing(wh: &Warehouse, setup: &FlowSetup) -> Result<()> {
+    let flow = &setup.flow;
+    if let Some(store) =
+        crate::storage::table::open_delta(&wh.event_store_path(&flow.target)).await?
+    {
+        let schema = crate::storage::table::table_schema(&store)?;
+        let mut key_and_seq: Vec<usize> = setup.spec.keys.clone();
+        key_and_seq.push(setup.spec.n_out);
+        for i in key_and_seq {
+            let want = setup.event_schema.field(i);
+            let ok = schema
+                .field_with_name(want.name())
+                .map(|f| arrow::same_type(f.data_type(), want.data_type()))
+                .unwrap_or(false);
+            if !ok {
+                return Err(flow_err(
+                    flow,
+                    format!(
+                        "the key columns or the SEQUENCE BY type changed since the flow last ran \
+                         (`{}` is now {}); a full refresh of {} is needed",
+                        if i == setup.spec.n_out {
+                            "SEQUENCE BY"
+                        } else {
+                            want.name()
+                        },
+                        want.data_type(),
+                        flow.target
+                    ),
+                ));
+            }
+        }
+        if added_columns(&schema, &setup.event_schema).is_none() {
+            let n = setup.out_cols.len();
+            let names = |s: &Schema, n: usize| -> Vec<String> {
+                s.fields()
+                    .iter()
+                    .take(n)
+                    .map(|f| f.name().clone())
+                    .collect()
+            };
+            let stored_n = schema.fields().len().saturating_sub(3);
+            let (now, before) = (names(&setup.event_schema, n), names(&schema, stored_n));
+            let gone: Vec<String> = before
+                .iter()
+                .filter(|c| !now.contains(c))
+                .map(|c| format!("`{c}`"))
+                .collect();
+            let advice = if gone.is_empty() {
+                format!(
+                    "a column changed its type or its place; columns can only be added (at \
+                     any place, earlier rows then read NULL), so a full refresh of {} is needed",
+                    flow.target
+                )
+            } else {
+                format!(
+                    "the flow no longer produces {}; columns can only be added, so list the \
+                     dropped columns again or run --full-refresh {}",
+                    gone.join(", "),
+                    flow.target
+                )
+            };
+            return Err(flow_err(
+                flow,
+                format!(
+                    "the output columns changed since the flow last ran (now {}; the target has {}); \
+                     {advice}",
+                    now.join(", "),
+                    before.join(", "),
+                ),
+            ));
+        }
+    }
+    if let Some(target) = wh.open_table(&flow.target).await? {
+        let config = crate::storage::table::table_properties(&target)?;
+        let mode = scd_type_property(flow.stored_as);
+        if let Some(recorded) = config.get("strata.scdType").filter(|m| **m != mode) {
+            let name = |m: &str| match m {
+                "1" => "SCD TYPE 1".to_string(),
+                "2" => "SCD TYPE 2".to_string(),
+                "snapshots" => "SNAPSHOTS".to_string(),
+                other => other.to_string(),
+            };
+            return Err(flow_err(
+                flow,
+                format!(
+                    "{} is stored as {} but the flow now says STORED AS {}; switching the \
+                     history mode needs a rebuild of {} from its source (remove the table and \
+                     its state under _strata, then run again)",
+                    flow.target,
+                    name(recorded),
+                    flow.stored_as,
+                    flow.target
+                ),
+            ));
+        }
+        let recorded = config.get("strata.keys").cloned();
+        if let Some(recorded) = recorded {
+            if recorded != setup.key_names.join(",") {
+                return Err(flow_err(
+                    flow,
+                    format!(
+                        "KEYS changed from ({recorded}) to ({}) since the flow last ran; \
+                         a full refresh of {} is needed",
+                        setup.key_names.join(", "),
+                        flow.target
+                    ),
+                ));
+            }
+        }
+        let schema = crate::storage::table::table_schema(&target)?;
+        if added_columns(&schema, &setup.target_schema).is_none() {
+            return Err(flow_err(
+                flow,
+                format!(
+                    "target {} has columns ({}) but the flow produces ({}); a full refresh is needed",
+                    flow.target,
+                    arrow::describe_fields(&schema),
+                    arrow::describe_fields(&setup.target_schema)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deltalake::arrow::datatypes::{DataType, Field, Schema};
+
+    fn schema(fields: &[(&str, DataType, bool)]) -> Schema {
+        Schema::new(
+            fields
+                .iter()
+                .map(|(n, t, null)| Field::new(*n, t.clone(), *null))
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    /// Only nullable columns added anywhere, with every old column kept in order and type,
+    /// count as an evolution; anything else is refused.
+    #[test]
+    fn added_columns_accepts_only_additions() {
+        use DataType::{Int64, Utf8};
+        let before = schema(&[
+            ("id", Int64, false),
+            ("name", Utf8, true),
+            ("__END_AT", Int64, true),
+        ]);
+        let same = added_columns(&before, &before);
+        assert_eq!(same, Some(vec![]));
+        let now = schema(&[
+            ("id", Int64, false),
+            ("name", Utf8, true),
+            ("zip", Utf8, true),
+            ("__END_AT", Int64, true),
+            ("extra", Int64, true),
+        ]);
+        assert_eq!(
+            added_columns(&before, &now),
+            Some(vec!["zip".to_string(), "extra".to_string()])
+        );
+        let not_null = schema(&[
+            ("id", Int64, false),
+            ("zip", Utf8, false),
+            ("name", Utf8, true),
+            ("__END_AT", Int64, true),
+        ]);
+        assert_eq!(
+            added_columns(&before, &not_null),
+            None,
+            "a NOT NULL addition"
+        );
+        let dropped = schema(&[("id", Int64, false), ("__END_AT", Int64, true)]);
+        assert_eq!(added_columns(&before, &dropped), None, "a dropped column");
+        let moved = schema(&[
+            ("name", Utf8, true),
+            ("id", Int64, false),
+            ("__END_AT", Int64, true),
+        ]);
+        assert_eq!(added_columns(&before, &moved), None, "a reordered column");
+        let retyped = schema(&[
+            ("id", Int64, false),
+            ("name", Int64, true),
+            ("__END_AT", Int64, true),
+        ]);
+        assert_eq!(added_columns(&before, &retyped), None, "a retyped column");
+    }
+}

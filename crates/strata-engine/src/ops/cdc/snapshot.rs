@@ -1,0 +1,528 @@
+//! AUTO CDC FROM SNAPSHOT: full extracts turned into change events.
+//!
+//! A snapshot flow keeps the same event store as a change-event flow, so history is still
+//! "the fold over all events" (semantics page §1) and late data is placed exactly. Applying
+//! snapshot `v` (semantics page §4) writes, at sequence `v`:
+//!
+//! - an upsert for every key that is new or changed against the state at the applied version
+//!   before `v` (`p`), a delete for every key of that state missing from `v`;
+//! - a *marker* event (op 3, no key) that records `v` as applied, by this run;
+//! - when `v` is older than an applied version (`n`, the next one), *pins* at `n` for the keys
+//!   whose state at `v` changed and that have no event at `n`: they restore the state at `n`
+//!   as it was, so inserting `v` changes history only in `[v, n)`.
+//!
+//! A redelivered version replaces what it contributed: events at `v` written by an earlier run
+//! than `v`'s latest marker are superseded (see [`register_effective`]). The state at any
+//! applied version other than the ones a run delivers is unchanged by that run, which is what
+//! lets the run compute every state it needs from the store as it was.
+//!
+//! `STORED AS SNAPSHOTS` keeps no event store: [`run_snapshots_mode`] writes each delivery's
+//! rows with start = end = version, replacing a redelivered version's rows in the same commit.
+
+use crate::error::{Context, EngineError, Result};
+use crate::eventstore::digest;
+use crate::semantics::flow::FlowSetup;
+use crate::semantics::fold::{self, FoldSpec, OP_COL, RUN_COL, SEQ_COL};
+use crate::semantics::snapshot::appears_twice;
+use crate::semantics::snapshot::data_only;
+use crate::semantics::snapshot::data_schema;
+use crate::semantics::snapshot::delete_events;
+use crate::semantics::snapshot::diff;
+use crate::semantics::snapshot::group_versions;
+use crate::semantics::snapshot::key_set;
+use crate::semantics::snapshot::make_events;
+use crate::semantics::snapshot::one_version;
+use crate::semantics::snapshot::render_version;
+use crate::semantics::snapshot::take_rows;
+use crate::semantics::snapshot::Snap;
+use crate::semantics::snapshot::OP_MARKER;
+use crate::semantics::snapshot::{marker, Versions};
+use crate::util::arrow;
+use crate::util::sql::quote_ident;
+use ahash::{AHashMap, AHashSet};
+use deltalake::arrow::array::RecordBatch;
+use deltalake::arrow::compute::concat_batches;
+use deltalake::datafusion::common::Column;
+use deltalake::datafusion::prelude::{col, lit, Expr, SessionContext};
+use deltalake::datafusion::scalar::ScalarValue;
+use deltalake::DeltaTable;
+
+/// What applying the pending snapshots of one run produces.
+pub(crate) struct SnapshotEvents {
+    /// Upserts, deletes and pins: the new input of the fold.
+    pub events: RecordBatch,
+    /// One marker per applied version.
+    pub markers: RecordBatch,
+    /// Keys of stored events that redeliveries supersede (they must be re-derived too).
+    pub superseded: Option<RecordBatch>,
+    /// Late versions and redeliveries, for the run report.
+    pub notes: Vec<String>,
+    /// The digest of the state after this run, when the run's last version is the newest
+    /// applied and was diffed by digest (`eventstore/digest.rs`).
+    pub state_digest: Option<digest::Digest>,
+}
+
+/// Registers `name` as the effective events of table `events` (the event store, or some
+/// keys' stored events): data events (no markers) whose run is not older than the latest
+/// marker of their version in the event store. `new_markers`, when given, count as markers too
+/// (the run's own deliveries supersede what they replace).
+pub(crate) async fn register_effective(
+    ctx: &SessionContext,
+    setup: &FlowSetup,
+    name: &str,
+    events: &str,
+    new_markers: Option<&RecordBatch>,
+) -> Result<()> {
+    let markers_table = format!("{name}_markers");
+    let _ = ctx.deregister_table(&markers_table);
+    let markers = match new_markers {
+        Some(m) => m.clone(),
+        None => RecordBatch::new_empty(setup.event_schema.clone()),
+    };
+    ctx.register_batch(&markers_table, markers)
+        .context(|| "registering markers".into())?;
+    let (seq, op, run) = (
+        quote_ident(SEQ_COL),
+        quote_ident(OP_COL),
+        quote_ident(RUN_COL),
+    );
+    let sql = format!(
+        "SELECT e.* FROM {events} e JOIN \
+           (SELECT {seq} AS v, max({run}) AS r FROM \
+              (SELECT {seq}, {run} FROM __strata_events WHERE {op} = {OP_MARKER} \
+               UNION ALL SELECT {seq}, {run} FROM {markers_table}) GROUP BY {seq}) m \
+         ON e.{seq} = m.v WHERE e.{op} < {OP_MARKER} AND e.{run} >= m.r"
+    );
+    let df = ctx
+        .sql(&sql)
+        .await
+        .context(|| "planning the effective events".into())?;
+    let _ = ctx.deregister_table(name);
+    ctx.register_table(name, df.into_view())
+        .context(|| format!("registering {name}"))?;
+    Ok(())
+}
+
+/// Versions recorded by markers in the store registered as `__strata_events`, ascending.
+async fn stored_versions(ctx: &SessionContext) -> Result<Vec<ScalarValue>> {
+    let batches = ctx
+        .sql(&format!(
+            "SELECT DISTINCT {} FROM __strata_events WHERE {} = {OP_MARKER}",
+            quote_ident(SEQ_COL),
+            quote_ident(OP_COL)
+        ))
+        .await
+        .context(|| "reading applied versions".into())?
+        .collect()
+        .await
+        .context(|| "reading applied versions".into())?;
+    let mut out = arrow::scalars(&batches)?;
+    out.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    Ok(out)
+}
+
+/// Effective stored events (view `__strata_effective_old`) whose version satisfies `pred`.
+async fn stored_events(
+    ctx: &SessionContext,
+    setup: &FlowSetup,
+    pred: deltalake::datafusion::prelude::Expr,
+) -> Result<RecordBatch> {
+    let batches = ctx
+        .table("__strata_effective_old")
+        .await
+        .context(|| "reading the event store".into())?
+        .filter(pred)
+        .context(|| "reading the event store".into())?
+        .collect()
+        .await
+        .context(|| "reading the event store".into())?;
+    let cast = batches
+        .iter()
+        .map(|b| arrow::cast_batch(b, &setup.event_schema))
+        .collect::<Result<Vec<_>>>()?;
+    concat_batches(&setup.event_schema, &cast).context(|| "reading the event store".into())
+}
+
+/// What a state digest of this flow must have been made for (one key column), else `None`.
+fn digest_fingerprint(setup: &FlowSetup) -> Option<String> {
+    match setup.spec.keys.as_slice() {
+        [k] => Some(digest::fingerprint(&data_schema(setup), *k)),
+        _ => None,
+    }
+}
+
+/// Starts writing `state` (from [`to_events`]) as the digest of the state after event-store
+/// version `store_version`, in `dir`, on a thread of its own (`digest::Writer`).
+pub(crate) fn write_digest(
+    setup: &FlowSetup,
+    dir: std::path::PathBuf,
+    store_version: i64,
+    state: digest::Digest,
+) -> Option<digest::Writer> {
+    let (Some(fingerprint), [key]) = (digest_fingerprint(setup), setup.spec.keys.as_slice()) else {
+        return None;
+    };
+    Some(digest::Writer::start(
+        dir,
+        store_version,
+        fingerprint,
+        setup.out_cols[*key].clone(),
+        state,
+        setup.flow.name.clone(),
+    ))
+}
+
+/// The digest of a state (data columns, key column `key`).
+fn digest_of_state(state: &RecordBatch, key: usize) -> Result<digest::Digest> {
+    digest::of_batch(state, key)?
+        .map(|s| s.digest)
+        .ok_or_else(|| EngineError::Internal("the stored state has keys of another form".into()))
+}
+
+/// The state at stored version `v`: the SCD1 fold of the stored events up to `v`.
+async fn state_at(ctx: &SessionContext, setup: &FlowSetup, v: &ScalarValue) -> Result<RecordBatch> {
+    let events = stored_events(ctx, setup, col(SEQ_COL).lt_eq(lit(v.clone()))).await?;
+    let spec = FoldSpec {
+        scd2: false,
+        ..setup.spec.clone()
+    };
+    Ok(fold::fold_batch(&events, &spec, &data_schema(setup))?.0)
+}
+
+/// Turns the snapshot rows of this run (event schema, op 0) into events against the store
+/// registered as `__strata_events` (`has_store`).
+///
+/// `current`, when given, is the target as of the latest stored version (the target is in
+/// step with the store): the state at that version is then read from it rather than folded
+/// from the whole store, which is the common case of a snapshot newer than all before it.
+/// In that case, with one integer key, `digest_at` (the digest directory and the store
+/// version) says where the digest of that state may already be (`eventstore/digest.rs`).
+pub(crate) async fn to_events(
+    ctx: &SessionContext,
+    setup: &FlowSetup,
+    has_store: bool,
+    current: Option<&DeltaTable>,
+    digest_at: (&std::path::Path, i64),
+    rows: &[RecordBatch],
+    run: i64,
+) -> Result<SnapshotEvents> {
+    let steps = crate::util::steps::Steps::new(&setup.flow.name, "snapshot: ");
+    let step = |what: &str| crate::util::steps::step!(debug, steps, what);
+    // One version (the common case): its rows stay in the pieces they came in. Several: the
+    // rows are put in one batch and grouped.
+    let one = one_version(setup, rows)?;
+    let whole = match &one {
+        Some(_) => None,
+        None => Some(match rows {
+            [b] => b.clone(),
+            _ => {
+                let schema = rows
+                    .first()
+                    .map_or_else(|| setup.event_schema.clone(), |b| b.schema());
+                concat_batches(&schema, rows).context(|| "snapshot rows".into())?
+            }
+        }),
+    };
+    let versions = match (&one, &whole) {
+        (Some(v), _) => Versions {
+            groups: vec![(v.clone(), Vec::new())],
+        },
+        (None, Some(w)) => group_versions(setup, w)?,
+        (None, None) => Versions { groups: Vec::new() },
+    };
+    let mut applied: Vec<ScalarValue> = Vec::new();
+    if has_store {
+        register_effective(
+            ctx,
+            setup,
+            "__strata_effective_old",
+            "__strata_events",
+            None,
+        )
+        .await?;
+        applied = stored_versions(ctx).await?;
+    }
+    step("grouped the versions and listed the stored ones");
+    let stored: Vec<ScalarValue> = applied.clone();
+    let pending: Vec<ScalarValue> = versions.groups.iter().map(|g| g.0.clone()).collect();
+    let empty = RecordBatch::new_empty(data_schema(setup));
+    let mut parts: Vec<RecordBatch> = Vec::new();
+    let mut markers: Vec<RecordBatch> = Vec::new();
+    let mut superseded: Vec<RecordBatch> = Vec::new();
+    let mut notes = Vec::new();
+    let mut last: Option<(ScalarValue, Snap)> = None;
+    let mut current_state: Option<RecordBatch> = None;
+    // Keys given a pin at a version earlier in this run: their state there is already
+    // restored as it was (a later version's state before it is no longer the old one).
+    let mut pinned: Vec<(ScalarValue, AHashSet<Vec<u8>>)> = Vec::new();
+    // One key column: a version newer than all before it is diffed by digest.
+    let digest_key = match setup.spec.keys.as_slice() {
+        [k] => Some(*k),
+        _ => None,
+    };
+    let fingerprint = digest_fingerprint(setup);
+    let mut last_digest: Option<(ScalarValue, digest::Digest)> = None;
+
+    for (v, idx) in &versions.groups {
+        let snap = match &whole {
+            None => Snap::new(
+                data_schema(setup),
+                rows.iter()
+                    .map(|b| data_only(setup, b))
+                    .collect::<Result<_>>()?,
+            ),
+            Some(w) => Snap::new(
+                data_schema(setup),
+                vec![data_only(setup, &take_rows(w, idx)?)?],
+            ),
+        };
+        let p = applied.iter().rev().find(|a| *a < v).cloned();
+        let n = applied.iter().find(|a| *a > v).cloned();
+        let redelivery = stored.contains(v);
+
+        let latest_stored = stored.last();
+        let mut state = async |at: &ScalarValue| -> Result<RecordBatch> {
+            match current {
+                Some(t) if Some(at) == latest_stored => {
+                    if current_state.is_none() {
+                        current_state = Some(target_state(setup, t).await?);
+                    }
+                    Ok(current_state.clone().unwrap_or_else(|| empty.clone()))
+                }
+                _ => state_at(ctx, setup, at).await,
+            }
+        };
+        let newest = n.is_none() && !redelivery;
+        // The state before `v` from the digest file: the latest stored version, not
+        // re-derived earlier in this run.
+        let p_in_run = |lv: &ScalarValue| p.as_ref() == Some(lv);
+        let (dir, at) = digest_at;
+        let from_file = match (current, &fingerprint) {
+            (Some(_), Some(fp))
+                if p.is_some()
+                    && p.as_ref() == latest_stored
+                    && !last_digest.as_ref().is_some_and(|(lv, _)| p_in_run(lv))
+                    && !last.as_ref().is_some_and(|(lv, _)| p_in_run(lv)) =>
+            {
+                Some((dir, at, fp))
+            }
+            _ => None,
+        };
+        let (by_digest, saved) = match (digest_key, newest) {
+            (Some(k), true) => std::thread::scope(|scope| {
+                // Read the file while the snapshot is hashed.
+                // Its own clock: the step after the join shows the longer of the two.
+                let loading = from_file.map(|(dir, at, fp)| {
+                    scope.spawn(move || {
+                        let clock = crate::util::steps::Steps::new(&setup.flow.name, "snapshot: ");
+                        let d = digest::load(dir, at, fp);
+                        crate::util::steps::step!(debug, clock, "loaded the state digest");
+                        d
+                    })
+                });
+                let hashed = digest::of_pieces(&snap.pieces, k);
+                let saved = loading.and_then(|h| h.join().ok()).flatten();
+                hashed.map(|d| (d.map(|d| (k, d)), saved))
+            })?,
+            _ => (None, None),
+        };
+        if let Some((k, sd)) = by_digest {
+            step("hashed the snapshot's rows and sorted its keys");
+            let old = match &p {
+                None => digest::Digest::empty(snap.schema.field(k).data_type()),
+                Some(p) => match (last_digest.take(), &last, saved) {
+                    // The version before was applied earlier in this run.
+                    (Some((lv, d)), _, _) if &lv == p => d,
+                    (_, Some((lv, ls)), _) if lv == p => digest_of_state(ls.batch()?, k)?,
+                    (_, _, Some(d)) => d,
+                    _ => digest_of_state(&state(p).await?, k)?,
+                },
+            };
+            step("read the state digest before the version");
+            let d = digest::diff(&sd, &old).map_err(|i| match snap.take(&[i]) {
+                Ok(row) => appears_twice(setup, &row, 0, v),
+                Err(e) => e,
+            })?;
+            step("diffed by digest");
+            parts.push(snap.events(setup, &d.upserts, v, 0, run)?);
+            parts.push(delete_events(setup, k, old.keys_at(&d.deletes)?, v, run)?);
+            markers.push(marker(setup, v, run)?);
+            let pos = applied.partition_point(|a| a < v);
+            applied.insert(pos, v.clone());
+            last_digest = Some((v.clone(), sd.digest));
+            last = Some((v.clone(), snap));
+            continue;
+        }
+        last_digest = None;
+        let state_p = match &p {
+            None => empty.clone(),
+            Some(p) => match &last {
+                Some((lv, ls)) if lv == p => ls.batch()?.clone(),
+                _ => state(p).await?,
+            },
+        };
+        let old_state_v = if redelivery {
+            state(v).await?
+        } else {
+            state_p.clone()
+        };
+
+        step("read the state before the version");
+        let snap = snap.batch()?.clone();
+        let d = diff(setup, &snap, &state_p, v)?;
+        step("diffed");
+        parts.push(make_events(setup, &snap, &d.upserts, v, 0, run)?);
+        parts.push(make_events(setup, &state_p, &d.deletes, v, 1, run)?);
+        markers.push(marker(setup, v, run)?);
+
+        let changed = if redelivery {
+            diff(setup, &snap, &old_state_v, v)?
+        } else {
+            d.clone()
+        };
+        let n_changed = changed.upserts.len() + changed.deletes.len();
+        if redelivery {
+            superseded.push(stored_events(ctx, setup, col(SEQ_COL).eq(lit(v.clone()))).await?);
+            notes.push(format!(
+                "snapshot version {} redelivered: it replaces the earlier delivery ({} key(s) differ)",
+                render_version(v),
+                n_changed
+            ));
+        }
+        if let Some(n) = &n {
+            if !redelivery {
+                notes.push(format!(
+                    "snapshot version {} arrived after version {} was applied: placed into history{}",
+                    render_version(v),
+                    render_version(n),
+                    match &p {
+                        Some(p) => format!(" between versions {} and {}", render_version(p), render_version(n)),
+                        None => " before it".to_string(),
+                    }
+                ));
+            }
+            // Pins keep the state at `n` as it was for the keys `v` changed, unless `n` is
+            // itself delivered again later in this run (then it is re-derived from `v`).
+            if n_changed > 0 && !pending.contains(n) {
+                let mut at_n = key_set(
+                    setup,
+                    &stored_events(ctx, setup, col(SEQ_COL).eq(lit(n.clone()))).await?,
+                )?;
+                if let Some((_, keys)) = pinned.iter().find(|(at, _)| at == n) {
+                    at_n.extend(keys.iter().cloned());
+                }
+                let (sk, ok) = (setup.key_rows(&snap)?, setup.key_rows(&old_state_v)?);
+                let old_keys: AHashMap<&[u8], u32> = (0..old_state_v.num_rows())
+                    .map(|i| (ok.row(i).data(), i as u32))
+                    .collect();
+                let mut pin_upserts: Vec<u32> = Vec::new();
+                let mut pin_deletes: Vec<u32> = Vec::new();
+                for &i in &changed.upserts {
+                    let k = sk.row(i as usize).data();
+                    if at_n.contains(k) {
+                        continue;
+                    }
+                    if let Some(&j) = old_keys.get(k) {
+                        // Changed value: restore the old one at n.
+                        pin_upserts.push(j);
+                    } else {
+                        pin_deletes.push(i);
+                    }
+                }
+                for &j in &changed.deletes {
+                    if !at_n.contains(ok.row(j as usize).data()) {
+                        pin_upserts.push(j);
+                    }
+                }
+                let now_pinned = pin_upserts
+                    .iter()
+                    .map(|&j| ok.row(j as usize).data().to_vec())
+                    .chain(
+                        pin_deletes
+                            .iter()
+                            .map(|&i| sk.row(i as usize).data().to_vec()),
+                    );
+                match pinned.iter_mut().find(|(at, _)| at == n) {
+                    Some((_, keys)) => keys.extend(now_pinned),
+                    None => pinned.push((n.clone(), now_pinned.collect())),
+                }
+                parts.push(make_events(setup, &old_state_v, &pin_upserts, n, 0, run)?);
+                parts.push(make_events(setup, &snap, &pin_deletes, n, 1, run)?);
+            }
+        }
+        if !applied.contains(v) {
+            let pos = applied.partition_point(|a| a < v);
+            applied.insert(pos, v.clone());
+        }
+        last = Some((v.clone(), Snap::new(data_schema(setup), vec![snap])));
+    }
+
+    let events =
+        concat_batches(&setup.event_schema, &parts).context(|| "snapshot events".into())?;
+    let markers =
+        concat_batches(&setup.event_schema, &markers).context(|| "snapshot markers".into())?;
+    let superseded = match superseded.is_empty() {
+        true => None,
+        false => Some(
+            concat_batches(&setup.event_schema, &superseded)
+                .context(|| "superseded events".into())?,
+        ),
+    };
+    // The digest describes the state after the run when its version is the newest applied.
+    let state_digest = last_digest
+        .filter(|(v, _)| applied.last() == Some(v))
+        .map(|(_, d)| d);
+    Ok(SnapshotEvents {
+        events,
+        markers,
+        superseded,
+        notes,
+        state_digest,
+    })
+}
+
+/// The current rows of the target (open versions for SCD type 2) as data columns.
+async fn target_state(setup: &FlowSetup, target: &DeltaTable) -> Result<RecordBatch> {
+    let ctx = crate::storage::session::new_session();
+    crate::storage::session::register_table(&ctx, "t", target, None).await?;
+    let mut df = ctx
+        .table("t")
+        .await
+        .context(|| "reading the target".into())?;
+    if setup.spec.scd2 {
+        let end = Expr::Column(Column::new_unqualified(setup.timeline.valid_to.as_str()));
+        let end_type = setup
+            .target_schema
+            .field_with_name(&setup.timeline.valid_to)
+            .map(|f| f.data_type().clone())
+            .context(|| "reading the target".into())?;
+        let open = match setup.timeline.open_end_value(&end_type)? {
+            Some(marker) => end.clone().is_null().or(end.eq(lit(marker))),
+            None => end.is_null(),
+        };
+        df = df.filter(open).context(|| "reading the target".into())?;
+    }
+    let cols: Vec<Expr> = setup
+        .out_cols
+        .iter()
+        .map(|c| Expr::Column(Column::new_unqualified(c.as_str())))
+        .collect();
+    let batches = df
+        .select(cols)
+        .context(|| "reading the target".into())?
+        .collect()
+        .await
+        .context(|| "reading the target".into())?;
+    let schema = data_schema(setup);
+    let cast = batches
+        .into_iter()
+        .map(|b| arrow::cast_batch(&b, &schema))
+        .collect::<Result<Vec<_>>>()?;
+    if cast.is_empty() {
+        return Ok(RecordBatch::new_empty(schema));
+    }
+    // Column by column, each column's pieces freed once merged: a lower peak than a copy of
+    // every batch at once.
+    let columns = arrow::concat_columns(cast, schema.fields().len())?;
+    RecordBatch::try_new(schema, columns).context(|| "reading the target".into())
+}

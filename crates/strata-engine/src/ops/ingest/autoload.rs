@@ -1,0 +1,505 @@
+//! `read_files` like Databricks Auto Loader: schema inference, schema evolution and rescued
+//! data for JSON and CSV.
+//!
+//! Without `schema =>`, the columns are inferred from the files new in a run (JSON: integer
+//! → BIGINT, other number → DOUBLE, boolean → BOOLEAN, string → STRING, object or array →
+//! STRING holding its JSON text; CSV: a column of integers → BIGINT, of numbers → DOUBLE, of
+//! booleans → BOOLEAN, else STRING) and merged with the columns of earlier runs, which keep
+//! their types: new columns are added at the end, none is dropped. The inferred columns are
+//! recorded in each ingestion commit, so the next run starts from them.
+//!
+//! A value that does not fit its column's type is not lost and does not fail the run: the
+//! column is NULL and `_rescued_data` holds a JSON object with the original value under the
+//! column's name and `_file_path`, the file's path under the `read_files` folder. With
+//! `schema =>`, the same happens when the option `rescuedDataColumn` names the column; fields
+//! of the file outside the schema are rescued too.
+
+use crate::error::{Context, EngineError, Result};
+use deltalake::arrow::array::{new_null_array, Array, ArrayRef, RecordBatch, StringArray};
+use deltalake::arrow::compute::{cast_with_options, CastOptions};
+use deltalake::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use serde_json::Value;
+use std::path::Path;
+use std::sync::Arc;
+use strata_sql::{FileFormat, ReadFiles};
+
+/// The name of the rescued-data column when the schema is inferred.
+pub(crate) const RESCUED: &str = "_rescued_data";
+
+/// How `read_files` reads: with its declared schema as it always did, or Auto Loader style.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Mode {
+    /// `schema =>` given and no rescued-data column: DataFusion's readers, a value that does
+    /// not fit fails the file.
+    Declared,
+    /// Inferred (`schema =>` absent) or rescued (`rescuedDataColumn` given): strata's reader.
+    Autoload { rescued: String, inferred: bool },
+}
+
+/// The mode of a `read_files` call.
+pub(crate) fn mode(spec: &ReadFiles) -> Result<Mode> {
+    let rescued = spec.other_options.get("rescueddatacolumn").cloned();
+    match (&spec.schema, spec.format, rescued) {
+        (Some(_), _, None) => Ok(Mode::Declared),
+        (_, FileFormat::Parquet, _) => Ok(Mode::Declared),
+        (schema, _, rescued) => {
+            if spec.format == FileFormat::Csv && !spec.header {
+                return Err(EngineError::Plan(format!(
+                    "read_files('{}'): a CSV file without a header (header => false) needs \
+                     schema => to name its columns",
+                    spec.path
+                )));
+            }
+            Ok(Mode::Autoload {
+                rescued: rescued.unwrap_or_else(|| RESCUED.to_string()),
+                inferred: schema.is_none(),
+            })
+        }
+    }
+}
+
+/// A column type as inference sees it; `None` is "only NULLs so far".
+fn widen(a: Option<DataType>, b: Option<DataType>) -> Option<DataType> {
+    match (a, b) {
+        (None, x) | (x, None) => x,
+        (Some(x), Some(y)) if x == y => Some(x),
+        (Some(DataType::Int64), Some(DataType::Float64))
+        | (Some(DataType::Float64), Some(DataType::Int64)) => Some(DataType::Float64),
+        _ => Some(DataType::Utf8),
+    }
+}
+
+fn json_type(v: &Value) -> Option<DataType> {
+    match v {
+        Value::Null => None,
+        Value::Bool(_) => Some(DataType::Boolean),
+        Value::Number(n) if n.is_i64() || n.is_u64() => Some(DataType::Int64),
+        Value::Number(_) => Some(DataType::Float64),
+        _ => Some(DataType::Utf8),
+    }
+}
+
+/// One input row: its fields in the order written.
+type Record = Vec<(String, Value)>;
+
+/// A JSON object with its fields in the order written (serde_json's `Map` sorts them).
+struct Ordered(Vec<(String, Value)>);
+
+impl<'de> serde::Deserialize<'de> for Ordered {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Ordered;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<Ordered, A::Error> {
+                let mut out = Vec::new();
+                while let Some((k, v)) = map.next_entry::<String, Value>()? {
+                    out.push((k, v));
+                }
+                Ok(Ordered(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// `{"k":v,...}` with the keys in the order given.
+fn object_text(entries: &[(String, Value)]) -> String {
+    let fields: Vec<String> = entries
+        .iter()
+        .map(|(k, v)| format!("{}:{v}", Value::String(k.clone())))
+        .collect();
+    format!("{{{}}}", fields.join(","))
+}
+
+/// The JSON objects of a JSON Lines file, naming the line of any that does not parse.
+fn json_records(path: &Path) -> Result<Vec<Record>> {
+    let text =
+        std::fs::read_to_string(path).context(|| format!("cannot read {}", path.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<Ordered>(line) {
+            Ok(Ordered(m)) => out.push(m),
+            Err(e) if e.is_data() => {
+                return Err(EngineError::BadInput(format!(
+                    "file {} line {}: expected a JSON object",
+                    path.display(),
+                    i + 1
+                )))
+            }
+            Err(e) => {
+                return Err(EngineError::BadInput(format!(
+                    "file {} line {}: not valid JSON: {e}",
+                    path.display(),
+                    i + 1
+                )))
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn csv_format(spec: &ReadFiles) -> deltalake::arrow::csv::reader::Format {
+    deltalake::arrow::csv::reader::Format::default()
+        .with_header(true)
+        .with_delimiter(spec.delimiter)
+}
+
+/// The columns of `files`, in order of first appearance, with the types inference gives
+/// them (see the module docs).
+pub(crate) fn infer(
+    files: &[std::path::PathBuf],
+    spec: &ReadFiles,
+) -> Result<Vec<(String, DataType)>> {
+    let mut columns: Vec<(String, Option<DataType>)> = Vec::new();
+    let mut add =
+        |name: &str, t: Option<DataType>| match columns.iter_mut().find(|(n, _)| n == name) {
+            Some((_, old)) => *old = widen(old.take(), t),
+            None => columns.push((name.to_string(), t)),
+        };
+    for path in files {
+        match spec.format {
+            FileFormat::Json => {
+                for record in json_records(path)? {
+                    for (k, v) in &record {
+                        add(k, json_type(v));
+                    }
+                }
+            }
+            FileFormat::Csv => {
+                let file = std::fs::File::open(path)
+                    .context(|| format!("cannot read {}", path.display()))?;
+                let (schema, _) = csv_format(spec)
+                    .infer_schema(file, None)
+                    .map_err(|e| EngineError::BadInput(format!("file {}: {e}", path.display())))?;
+                for f in schema.fields() {
+                    let t = match f.data_type() {
+                        DataType::Null => None,
+                        DataType::Int64 | DataType::Float64 | DataType::Boolean => {
+                            Some(f.data_type().clone())
+                        }
+                        _ => Some(DataType::Utf8),
+                    };
+                    add(f.name(), t);
+                }
+            }
+            FileFormat::Parquet => {}
+        }
+    }
+    Ok(columns
+        .into_iter()
+        .map(|(n, t)| (n, t.unwrap_or(DataType::Utf8)))
+        .collect())
+}
+
+/// The input columns of a run: `previous` (recorded by earlier runs, types kept) plus the
+/// columns of `inferred` they lack, then the rescued-data column last unless already there.
+pub(crate) fn merge(
+    previous: &[(String, DataType)],
+    inferred: &[(String, DataType)],
+    rescued: &str,
+) -> Vec<(String, DataType)> {
+    let mut out: Vec<(String, DataType)> = previous.to_vec();
+    let had_rescued = out.iter().any(|(n, _)| n == rescued);
+    for (n, t) in inferred {
+        if n != rescued && !out.iter().any(|(m, _)| m.eq_ignore_ascii_case(n)) {
+            out.push((n.clone(), t.clone()));
+        }
+    }
+    // On the first run the rescued column goes last; columns added later follow it.
+    if !had_rescued {
+        out.push((rescued.to_string(), DataType::Utf8));
+    }
+    out
+}
+
+pub(crate) fn schema_of(columns: &[(String, DataType)]) -> SchemaRef {
+    Arc::new(Schema::new(
+        columns
+            .iter()
+            .map(|(n, t)| Field::new(n, t.clone(), true))
+            .collect::<Vec<_>>(),
+    ))
+}
+
+/// One value as text for casting, if its JSON kind can hold a value of type `t` (a JSON
+/// string never becomes a number or a boolean, a fraction never an integer).
+fn json_text(v: &Value, t: &DataType) -> std::result::Result<Option<String>, ()> {
+    let text = |v: &Value| match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    match (v, t) {
+        (Value::Null, _) => Ok(None),
+        (_, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View) => Ok(Some(text(v))),
+        (Value::Bool(b), DataType::Boolean) => Ok(Some(b.to_string())),
+        (_, DataType::Boolean) => Err(()),
+        (Value::Number(n), t) if t.is_integer() => {
+            if n.is_i64() || n.is_u64() {
+                Ok(Some(n.to_string()))
+            } else {
+                Err(())
+            }
+        }
+        (_, t) if t.is_integer() => Err(()),
+        (Value::Number(n), t) if t.is_floating() || matches!(t, DataType::Decimal128(..)) => {
+            Ok(Some(n.to_string()))
+        }
+        (_, t) if t.is_floating() => Err(()),
+        (Value::String(s), _) => Ok(Some(s.clone())),
+        (Value::Number(n), _) => Ok(Some(n.to_string())),
+        _ => Err(()),
+    }
+}
+
+/// Reads one file into `schema` (the input columns, the rescued column among them): values
+/// that do not fit are rescued; with `keep_extra`, so are fields outside the schema.
+pub(crate) fn read(
+    path: &Path,
+    relative: &str,
+    spec: &ReadFiles,
+    schema: &SchemaRef,
+    rescued: &str,
+    keep_extra: bool,
+) -> Result<RecordBatch> {
+    // Per row: the values as (text for casting | does not fit, original JSON value).
+    let (names, rows): (Vec<String>, Vec<Record>) = match spec.format {
+        FileFormat::Json => {
+            let records = json_records(path)?;
+            let mut names: Vec<String> = Vec::new();
+            for m in &records {
+                for (k, _) in m {
+                    if !names.contains(k) {
+                        names.push(k.clone());
+                    }
+                }
+            }
+            let rows = records;
+            (names, rows)
+        }
+        _ => csv_rows(path, spec)?,
+    };
+    let n = rows.len();
+    let mut rescue: Vec<Vec<(String, Value)>> = vec![Vec::new(); n];
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
+    let is_csv = spec.format == FileFormat::Csv;
+    for field in schema.fields() {
+        if field.name() == rescued {
+            columns.push(new_null_array(&DataType::Utf8, n));
+            continue;
+        }
+        let mut texts: Vec<Option<String>> = Vec::with_capacity(n);
+        let mut misfit = vec![false; n];
+        for (i, row) in rows.iter().enumerate() {
+            let value = row
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(field.name()))
+                .map(|(_, v)| v);
+            match value {
+                None => texts.push(None),
+                Some(v) if is_csv => {
+                    let t = v.as_str().unwrap_or_default();
+                    let strict_bool = field.data_type() == &DataType::Boolean
+                        && !t.eq_ignore_ascii_case("true")
+                        && !t.eq_ignore_ascii_case("false");
+                    if strict_bool {
+                        texts.push(None);
+                        misfit[i] = true;
+                    } else {
+                        texts.push(Some(t.to_string()));
+                    }
+                }
+                Some(v) => match json_text(v, field.data_type()) {
+                    Ok(t) => texts.push(t),
+                    Err(()) => {
+                        texts.push(None);
+                        misfit[i] = true;
+                    }
+                },
+            }
+        }
+        let raw = StringArray::from(texts);
+        let cast =
+            cast_with_options(&raw, field.data_type(), &CastOptions::default()).map_err(|e| {
+                EngineError::BadInput(format!(
+                    "file {}: column {}: {e}",
+                    path.display(),
+                    field.name()
+                ))
+            })?;
+        for i in 0..n {
+            if misfit[i] || (raw.is_valid(i) && cast.is_null(i)) {
+                let original = rows[i]
+                    .iter()
+                    .find(|(k, _)| k.eq_ignore_ascii_case(field.name()))
+                    .map(|(_, v)| v.clone())
+                    .unwrap_or(Value::Null);
+                rescue[i].push((field.name().clone(), original));
+            }
+        }
+        let cast = if misfit.iter().any(|&m| m) {
+            let keep: deltalake::arrow::array::BooleanArray =
+                misfit.iter().map(|m| Some(!m)).collect();
+            deltalake::arrow::compute::nullif(
+                &cast,
+                &deltalake::arrow::compute::not(&keep).context(|| "rescue".into())?,
+            )
+            .context(|| "rescue".into())?
+        } else {
+            cast
+        };
+        columns.push(cast);
+    }
+    if keep_extra {
+        for name in &names {
+            if schema
+                .fields()
+                .iter()
+                .any(|f| f.name().eq_ignore_ascii_case(name))
+            {
+                continue;
+            }
+            for (i, row) in rows.iter().enumerate() {
+                if let Some((_, v)) = row.iter().find(|(k, _)| k == name) {
+                    if !v.is_null() {
+                        rescue[i].push((name.clone(), v.clone()));
+                    }
+                }
+            }
+        }
+    }
+    if let Ok(at) = schema.index_of(rescued) {
+        let values: StringArray = rescue
+            .into_iter()
+            .map(|mut m| {
+                if m.is_empty() {
+                    None
+                } else {
+                    m.push(("_file_path".into(), Value::String(relative.to_string())));
+                    Some(object_text(&m))
+                }
+            })
+            .collect();
+        columns[at] = Arc::new(values);
+    }
+    RecordBatch::try_new(schema.clone(), columns)
+        .map_err(|e| EngineError::BadInput(format!("file {}: {e}", path.display())))
+}
+
+/// A CSV file's header names and its rows as (name, text value) pairs; empty cells are
+/// absent (NULL).
+fn csv_rows(path: &Path, spec: &ReadFiles) -> Result<(Vec<String>, Vec<Record>)> {
+    let file = std::fs::File::open(path).context(|| format!("cannot read {}", path.display()))?;
+    let (inferred, _) = csv_format(spec)
+        .infer_schema(file, Some(0))
+        .map_err(|e| EngineError::BadInput(format!("file {}: {e}", path.display())))?;
+    let names: Vec<String> = inferred.fields().iter().map(|f| f.name().clone()).collect();
+    let strings = Arc::new(Schema::new(
+        names
+            .iter()
+            .map(|n| Field::new(n, DataType::Utf8, true))
+            .collect::<Vec<_>>(),
+    ));
+    let file = std::fs::File::open(path).context(|| format!("cannot read {}", path.display()))?;
+    let reader = deltalake::arrow::csv::ReaderBuilder::new(strings)
+        .with_format(csv_format(spec))
+        .build(file)
+        .map_err(|e| EngineError::BadInput(format!("file {}: {e}", path.display())))?;
+    let mut rows = Vec::new();
+    for batch in reader {
+        let batch =
+            batch.map_err(|e| EngineError::BadInput(format!("file {}: {e}", path.display())))?;
+        let cols: Vec<&StringArray> = batch
+            .columns()
+            .iter()
+            .map(|c| c.as_any().downcast_ref::<StringArray>())
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| EngineError::Internal("CSV column is not a string".into()))?;
+        for i in 0..batch.num_rows() {
+            rows.push(
+                names
+                    .iter()
+                    .zip(&cols)
+                    .filter(|(_, c)| c.is_valid(i) && !c.value(i).is_empty())
+                    .map(|(n, c)| (n.clone(), Value::String(c.value(i).to_string())))
+                    .collect(),
+            );
+        }
+    }
+    Ok((names, rows))
+}
+
+/// The `_metadata` column's type: `file_path`, `file_name`, `file_size`,
+/// `file_modification_time`.
+pub(crate) fn metadata_type() -> DataType {
+    DataType::Struct(
+        vec![
+            Field::new("file_path", DataType::Utf8, true),
+            Field::new("file_name", DataType::Utf8, true),
+            Field::new("file_size", DataType::Int64, true),
+            Field::new(
+                "file_modification_time",
+                DataType::Timestamp(
+                    deltalake::arrow::datatypes::TimeUnit::Microsecond,
+                    Some("UTC".into()),
+                ),
+                true,
+            ),
+        ]
+        .into(),
+    )
+}
+
+/// Whether a query reads `_metadata`.
+pub(crate) fn wants_metadata(sql: &str) -> bool {
+    sql.to_ascii_lowercase().contains("_metadata")
+}
+
+/// Whether a query names `_metadata` itself (not only its fields, `_metadata.file_name`).
+pub(crate) fn names_metadata(sql: &str) -> bool {
+    let lower = sql.to_ascii_lowercase();
+    lower
+        .match_indices("_metadata")
+        .any(|(i, m)| !lower[i + m.len()..].starts_with('.'))
+}
+
+/// `df` with the `_metadata` column of the file at `path`.
+pub(crate) fn with_metadata(
+    df: deltalake::datafusion::prelude::DataFrame,
+    path: &Path,
+) -> Result<deltalake::datafusion::prelude::DataFrame> {
+    use deltalake::datafusion::prelude::lit;
+    use deltalake::datafusion::scalar::ScalarValue;
+    let meta = std::fs::metadata(path).context(|| format!("cannot read {}", path.display()))?;
+    let modified = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_micros() as i64);
+    let value = deltalake::datafusion::functions::core::expr_fn::named_struct(vec![
+        lit("file_path"),
+        lit(path.display().to_string()),
+        lit("file_name"),
+        lit(path
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default()),
+        lit("file_size"),
+        lit(meta.len() as i64),
+        lit("file_modification_time"),
+        lit(ScalarValue::TimestampMicrosecond(
+            modified,
+            Some("UTC".into()),
+        )),
+    ]);
+    df.with_column("_metadata", value)
+        .context(|| format!("file {}: _metadata", path.display()))
+}

@@ -1,0 +1,93 @@
+//! Input files: listing a `read_files` folder and reading one file with DataFusion.
+
+use crate::error::{Context, EngineError, Result};
+use crate::ops::ingest::arrow_schema;
+use deltalake::datafusion::prelude::CsvReadOptions;
+use deltalake::datafusion::prelude::DataFrame;
+use deltalake::datafusion::prelude::JsonReadOptions;
+use deltalake::datafusion::prelude::ParquetReadOptions;
+use deltalake::datafusion::prelude::SessionContext;
+use std::path::Path;
+use std::path::PathBuf;
+use strata_sql::FileFormat;
+use strata_sql::ReadFiles;
+
+/// Every input file under `dir` (or `dir` itself if it is a file), relative names, sorted.
+/// Names starting with `.` or `_` are skipped, as Spark does.
+pub(crate) fn list_files(dir: &Path) -> Result<Vec<String>> {
+    if dir.is_file() {
+        let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        return Ok(vec![name.to_string()]);
+    }
+    let mut out = Vec::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let abs = dir.join(&rel);
+        let entries =
+            std::fs::read_dir(&abs).context(|| format!("cannot list {}", abs.display()))?;
+        for entry in entries {
+            let entry = entry.context(|| format!("cannot list {}", abs.display()))?;
+            let name = entry.file_name().to_string_lossy().to_string();
+            if name.starts_with('.') || name.starts_with('_') {
+                continue;
+            }
+            let child = rel.join(&name);
+            if entry.path().is_dir() {
+                stack.push(child);
+            } else {
+                out.push(child.to_string_lossy().to_string());
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+pub(crate) fn input_root(dir: &Path) -> PathBuf {
+    if dir.is_file() {
+        dir.parent().map(Path::to_path_buf).unwrap_or_default()
+    } else {
+        dir.to_path_buf()
+    }
+}
+
+/// Reads one input file into a DataFrame, with the declared schema if any.
+pub(crate) async fn read_file(
+    ctx: &SessionContext,
+    path: &Path,
+    spec: &ReadFiles,
+) -> Result<DataFrame> {
+    let path_str = path.to_string_lossy().to_string();
+    let ext = path
+        .extension()
+        .map(|e| format!(".{}", e.to_string_lossy()))
+        .unwrap_or_default();
+    let schema = spec.schema.as_ref().map(|s| arrow_schema(s));
+    let result = match spec.format {
+        FileFormat::Json => {
+            let mut opts = JsonReadOptions::default().file_extension(&ext);
+            if let Some(s) = &schema {
+                opts = opts.schema(s);
+            }
+            ctx.read_json(path_str, opts).await
+        }
+        FileFormat::Csv => {
+            let mut opts = CsvReadOptions::new()
+                .has_header(spec.header)
+                .delimiter(spec.delimiter)
+                .file_extension(&ext);
+            if let Some(s) = &schema {
+                opts = opts.schema(s);
+            }
+            ctx.read_csv(path_str, opts).await
+        }
+        FileFormat::Parquet => {
+            let mut opts = ParquetReadOptions::default().file_extension(&ext);
+            if let Some(s) = &schema {
+                opts = opts.schema(s);
+            }
+            ctx.read_parquet(path_str, opts).await
+        }
+    };
+    result.map_err(|e| EngineError::BadInput(format!("file {}: {e}", path.display())))
+}

@@ -1,0 +1,174 @@
+//! Streaming tables with an `AS SELECT ... FROM STREAM read_files(...)` (or `STREAM(t)`),
+//! and append flows (`CREATE FLOW f AS INSERT INTO t BY NAME SELECT ... FROM STREAM(...)`):
+//! append-only ingestion.
+//!
+//! Each run lists the input folder, takes the files not yet ingested in file-name order,
+//! applies the query to each, checks the table's expectations, checks the rows against every
+//! AUTO CDC flow that reads the table (NULL keys and sequences are rejected here, naming the
+//! file, before anything is committed), and appends all rows in one Delta commit whose
+//! commit info lists the files taken (`strata.files`, or `strata.files.<flow>` for an append
+//! flow). A crash before the commit leaves nothing; after it, the files are known to be
+//! taken (`storage/ledger.rs` reads that record back, through a cache). A table source is read from
+//! the version after the one recorded in the target's application transaction
+//! `strata-source:<table>` (`strata-append:<flow>` for an append flow); the source of an AUTO
+//! CDC target is read through its change data feed (`storage/feed.rs`).
+
+pub(crate) mod autoload;
+mod files;
+mod prepare;
+mod run;
+
+pub(crate) use prepare::{prepare_ingest, PipelineContext};
+pub(crate) use run::run_ingest;
+
+use crate::error::{EngineError, Result};
+use crate::semantics::flow::FlowSetup;
+use crate::sql::expect::ExpectationCount;
+use crate::storage::ledger;
+use crate::storage::warehouse::Warehouse;
+use deltalake::arrow::datatypes::{Field, Schema, SchemaRef};
+use deltalake::DeltaTable;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use strata_sql::{ReadFiles, StreamingTable, TableName};
+
+const FILES_KEY: &str = "strata.files";
+/// Delta's switch for deleting commit files older than the log retention. Off on streaming
+/// tables that take files: their commit log is their record of the files taken.
+const KEEP_LOG_PROPERTY: &str = "delta.enableExpiredLogCleanup";
+
+/// What one ingestion run did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IngestReport {
+    pub table: String,
+    /// The table's own name for its query, the flow's name for an append flow.
+    pub flow: String,
+    pub append: bool,
+    pub files: Vec<String>,
+    /// Rows the query produced.
+    pub rows_read: usize,
+    /// Rows appended (after expectations dropped theirs).
+    pub rows: usize,
+    pub rows_dropped: usize,
+    pub expectations: Vec<ExpectationCount>,
+    pub skipped: Option<String>,
+}
+
+/// A streaming table's query or an append flow, checked against its input's schema.
+#[derive(Debug, Clone)]
+pub(crate) struct IngestSetup {
+    /// The table written, as declared.
+    pub table: StreamingTable,
+    /// `Some(flow name)` for an append flow, `None` for the table's own query.
+    pub append_flow: Option<String>,
+    pub query_sql: String,
+    pub source: Source,
+    /// The schema of the table's rows.
+    pub schema: SchemaRef,
+    /// The table gains columns in this run (schema evolution).
+    pub evolve: bool,
+    /// Flows that read this table: their batch checks run before each commit.
+    pub downstream: Vec<FlowSetup>,
+    /// What the query joins in batch (a stream-static join); `None` when it reads only its
+    /// stream.
+    pub joins: Option<Joins>,
+}
+
+/// What a query that joins tables in batch resolves its names against: the pipeline's
+/// views and default schema. The joined tables are read as they are when the query runs
+/// (after the nodes that write them, in the same run), like a stream-static join in Spark:
+/// rows taken earlier are not recomputed when a joined table changes later.
+#[derive(Debug, Clone)]
+pub(crate) struct Joins {
+    views: BTreeMap<TableName, strata_sql::View>,
+    schema: String,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum Source {
+    Files {
+        dir: PathBuf,
+        spec: ReadFiles,
+        mode: autoload::Mode,
+        /// Auto Loader mode: the input columns of this run (inferred and recorded, or
+        /// declared), the rescued-data column among them.
+        input: Option<Vec<(String, deltalake::arrow::datatypes::DataType)>>,
+        /// Inferred mode: the new files the columns were inferred from, which the run takes.
+        pending: Option<Vec<String>>,
+    },
+    /// An append-only table: the files added since the last read.
+    Table(TableName),
+    /// An AUTO CDC target: its change data feed since the last read.
+    Feed(TableName),
+}
+
+impl IngestSetup {
+    /// The flow's name in reports and the event log.
+    pub(crate) fn flow_name(&self) -> &str {
+        self.append_flow
+            .as_deref()
+            .unwrap_or(self.table.name.name.as_str())
+    }
+
+    /// The commit-info key listing the input files taken.
+    fn files_key(&self) -> String {
+        match &self.append_flow {
+            None => FILES_KEY.to_string(),
+            Some(f) => format!("{FILES_KEY}.{f}"),
+        }
+    }
+
+    /// What this ingestion has taken into `table` so far: its commit log's record, read
+    /// through the cache of `storage/ledger.rs`.
+    async fn taken(&self, wh: &Warehouse, table: &DeltaTable) -> Result<ledger::Taken> {
+        let cache = wh.taken_cache_path(&self.table.name);
+        ledger::read(table, &cache, &self.files_key(), &self.schema_key()).await
+    }
+
+    /// The commit-info key recording the inferred input columns.
+    fn schema_key(&self) -> String {
+        match &self.append_flow {
+            None => crate::storage::ledger::SCHEMA_KEY.to_string(),
+            Some(f) => format!("{}.{f}", crate::storage::ledger::SCHEMA_KEY),
+        }
+    }
+
+    /// The application transaction each commit that takes input files carries. It orders
+    /// them: two runs that took files from the same state of the table both write it, and
+    /// Delta's conflict check lets only the first commit (the other run starts again and
+    /// finds the files taken).
+    fn files_app_id(&self) -> String {
+        match &self.append_flow {
+            None => "strata-files".to_string(),
+            Some(f) => format!("strata-files:{f}"),
+        }
+    }
+
+    /// The application transaction recording how far a table source was read.
+    fn source_app_id(&self, source: &TableName) -> String {
+        match &self.append_flow {
+            None => format!("strata-source:{source}"),
+            Some(f) => format!("strata-append:{f}"),
+        }
+    }
+
+    fn err(&self, msg: impl std::fmt::Display) -> EngineError {
+        match &self.append_flow {
+            None => table_err(&self.table.name, msg),
+            Some(f) => EngineError::Plan(format!("flow {f} (into {}): {msg}", self.table.name)),
+        }
+    }
+}
+
+fn arrow_schema(cols: &[strata_sql::ColumnDef]) -> SchemaRef {
+    Arc::new(Schema::new(
+        cols.iter()
+            .map(|c| Field::new(&c.name, c.data_type.clone(), c.nullable))
+            .collect::<Vec<_>>(),
+    ))
+}
+
+fn table_err(table: &TableName, msg: impl std::fmt::Display) -> EngineError {
+    EngineError::Plan(format!("streaming table {table}: {msg}"))
+}

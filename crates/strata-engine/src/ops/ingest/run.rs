@@ -1,0 +1,462 @@
+//! One run of an ingestion: new input → the query → expectations → downstream checks → one
+//! commit.
+
+use crate::error::{Context, Result};
+use crate::ops::ingest::autoload;
+use crate::ops::ingest::files::input_root;
+use crate::ops::ingest::files::list_files;
+use crate::ops::ingest::files::read_file;
+use crate::ops::ingest::IngestReport;
+use crate::ops::ingest::IngestSetup;
+use crate::ops::ingest::Source;
+use crate::ops::ingest::KEEP_LOG_PROPERTY;
+use crate::ops::Scope;
+use crate::sql::expect;
+use crate::storage::adopt;
+use crate::storage::feed;
+use crate::storage::warehouse::Warehouse;
+use crate::util::arrow;
+use deltalake::arrow::array::RecordBatch;
+use deltalake::arrow::datatypes::SchemaRef;
+use deltalake::datafusion::datasource::MemTable;
+use deltalake::datafusion::prelude::DataFrame;
+use deltalake::datafusion::prelude::SessionContext;
+use deltalake::kernel::transaction::CommitProperties;
+use deltalake::kernel::Transaction;
+use deltalake::protocol::SaveMode;
+use deltalake::DeltaTable;
+use std::collections::BTreeSet;
+use std::collections::HashMap;
+use std::sync::Arc;
+use strata_sql::FileFormat;
+use strata_sql::SOURCE_PLACEHOLDER;
+
+/// Where a query runs on each input of one run: with joins, a session over the warehouse
+/// as it is now (the joined tables, the pipeline's views) and the query with its table
+/// functions rewritten.
+struct Running {
+    ctx: SessionContext,
+    sql: String,
+}
+
+impl Running {
+    async fn new(wh: &Warehouse, setup: &IngestSetup) -> Result<Running> {
+        let Some(j) = &setup.joins else {
+            return Ok(Running {
+                ctx: crate::storage::session::new_session(),
+                sql: setup.query_sql.clone(),
+            });
+        };
+        let ctx = crate::sql::session::warehouse_session_in(wh, &j.schema).await?;
+        crate::sql::views::register_views(wh, &ctx, &j.views, &j.schema, None)
+            .await
+            .map_err(|e| setup.err(e))?;
+        let sql = crate::sql::session::rewrite(wh, &ctx, &setup.query_sql, &j.schema)
+            .await
+            .map_err(|e| setup.err(e))?;
+        Ok(Running { ctx, sql })
+    }
+}
+
+/// Applies the table's query to `input` rows and casts them to the table's schema. The flag
+/// is true when the query passed the input's rows and columns through unchanged, already in
+/// the table's column names and types (see `storage/adopt.rs`).
+async fn apply_query(
+    setup: &IngestSetup,
+    running: &Running,
+    input: DataFrame,
+    place: &str,
+) -> Result<(Vec<RecordBatch>, bool)> {
+    let ctx = &running.ctx;
+    let _ = ctx.deregister_table(SOURCE_PLACEHOLDER);
+    ctx.register_table(SOURCE_PLACEHOLDER, input.into_view())
+        .context(|| "registering input".into())?;
+    let query = ctx
+        .sql(&running.sql)
+        .await
+        .context(|| format!("streaming table {}", setup.table.name))?;
+    let unchanged = adopt::passes_rows_through(query.logical_plan())
+        && adopt::same_columns(query.schema().as_arrow(), &setup.schema);
+    let batches = query
+        .collect()
+        .await
+        .map_err(|e| setup.err(format!("{place}: {e}")))?;
+    let cast = batches
+        .iter()
+        .map(|b| {
+            if setup.append_flow.is_some() {
+                align_by_name(b, &setup.schema)
+            } else {
+                arrow::cast_batch(b, &setup.schema)
+            }
+        })
+        .collect::<Result<Vec<_>>>()
+        .map_err(|e| setup.err(format!("{place}: {e}")))?;
+    Ok((
+        cast.into_iter().filter(|b| b.num_rows() > 0).collect(),
+        unchanged,
+    ))
+}
+
+/// `batch` with `schema`'s columns, matched by name ignoring case; a column the batch lacks
+/// is NULL.
+fn align_by_name(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
+    let bs = batch.schema();
+    let columns = schema
+        .fields()
+        .iter()
+        .map(|f| {
+            match bs
+                .fields()
+                .iter()
+                .position(|g| g.name().eq_ignore_ascii_case(f.name()))
+            {
+                Some(i) => batch.column(i).clone(),
+                None => deltalake::arrow::array::new_null_array(f.data_type(), batch.num_rows()),
+            }
+        })
+        .collect();
+    arrow::cast_columns(columns, schema)
+}
+
+/// Rejects rows that a downstream flow would reject, naming `place`. Each flow's events,
+/// checked, are added to `events` under the flow's name (for flows that read what is
+/// appended).
+async fn check_downstream(
+    setup: &IngestSetup,
+    rows: &[RecordBatch],
+    place: &str,
+    events: &mut HashMap<String, Vec<RecordBatch>>,
+) -> Result<()> {
+    let Some(first) = rows.first() else {
+        return Ok(());
+    };
+    for flow_setup in &setup.downstream {
+        let ctx = crate::storage::session::new_session();
+        let table = MemTable::try_new(first.schema(), vec![rows.to_vec()])
+            .context(|| "registering rows".into())?;
+        ctx.register_table(SOURCE_PLACEHOLDER, Arc::new(table))
+            .context(|| "registering rows".into())?;
+        let checked = crate::eventstore::evaluate::evaluate_events(&ctx, flow_setup).await?;
+        crate::semantics::events::validate_events(flow_setup, &checked, place)?;
+        // A flow that takes its source's whole content (a snapshot in table mode) reads
+        // the table, not the rows appended: nothing to keep for it.
+        if !flow_setup.table_mode() {
+            events
+                .entry(flow_setup.flow.name.clone())
+                .or_default()
+                .extend(checked);
+        }
+    }
+    Ok(())
+}
+
+/// The query's rows of one input, checked: expectations applied (counts added to
+/// `report`), then the downstream flows' checks on the rows kept (their events added to
+/// `events`). The flag is true when the rows are the input's, unchanged and all kept, in
+/// the table's columns, with no NULL in a NOT NULL column.
+async fn checked_rows(
+    setup: &IngestSetup,
+    running: &Running,
+    input: DataFrame,
+    place: &str,
+    report: &mut IngestReport,
+    events: &mut HashMap<String, Vec<RecordBatch>>,
+) -> Result<(Vec<RecordBatch>, bool)> {
+    let steps = crate::util::steps::Steps::new(setup.flow_name(), "ingest: ");
+    let step =
+        |what: &str| crate::util::steps::step!(debug, steps, format_args!("{what} ({place})"));
+    let (mut rows, mut unchanged) = apply_query(setup, running, input, place).await?;
+    step("read and applied the query");
+    let before: usize = rows.iter().map(RecordBatch::num_rows).sum();
+    report.rows_read += before;
+    if !setup.table.expectations.is_empty() {
+        let all = deltalake::arrow::compute::concat_batches(&setup.schema, &rows)
+            .context(|| "concatenating rows".into())?;
+        let (kept, counts) = expect::apply(
+            &setup.table.expectations,
+            &setup.table.name.to_string(),
+            place,
+            all,
+        )
+        .await?;
+        report.rows_dropped += before - kept.num_rows();
+        unchanged &= kept.num_rows() == before;
+        expect::accumulate(&mut report.expectations, counts);
+        rows = vec![kept];
+        step("applied the expectations");
+    }
+    check_downstream(setup, &rows, place, events).await?;
+    step("checked the rows for the downstream flows");
+    unchanged &= setup
+        .schema
+        .fields()
+        .iter()
+        .enumerate()
+        .all(|(i, f)| f.is_nullable() || rows.iter().all(|b| b.column(i).null_count() == 0));
+    Ok((rows, unchanged))
+}
+
+/// Whether Parquet input files may be taken into the table as they are: not turned off by
+/// `strata.ingest.reuseFiles = false`, and the table has no partitions, column mapping,
+/// constraints, generated columns or row tracking, which a copied file would bypass.
+fn reuse_allowed(setup: &IngestSetup, existing: Option<&DeltaTable>) -> bool {
+    let blocked = |k: &str, v: &str| {
+        (k == adopt::REUSE_PROPERTY && v.eq_ignore_ascii_case("false"))
+            || k.starts_with("delta.constraints.")
+            || k.starts_with("delta.columnMapping")
+            || (k == "delta.enableRowTracking" && v.eq_ignore_ascii_case("true"))
+    };
+    if setup.table.properties.iter().any(|(k, v)| blocked(k, v)) {
+        return false;
+    }
+    if setup
+        .schema
+        .fields()
+        .iter()
+        .any(|f| !f.metadata().is_empty())
+    {
+        return false;
+    }
+    match existing.map(DeltaTable::snapshot) {
+        None => true,
+        Some(Err(_)) => false,
+        Some(Ok(state)) => {
+            let meta = state.metadata();
+            meta.partition_columns().is_empty()
+                && !meta
+                    .configuration()
+                    .iter()
+                    .any(|(k, v)| blocked(k, v.as_str()))
+        }
+    }
+}
+
+/// Runs one ingestion: new input → one commit.
+pub(crate) async fn run_ingest(scope: &Scope<'_>, setup: &IngestSetup) -> Result<IngestReport> {
+    let (wh, update) = (scope.wh, scope.update);
+    let name = &setup.table.name;
+    let mut report = IngestReport {
+        table: name.to_string(),
+        flow: setup.flow_name().to_string(),
+        append: setup.append_flow.is_some(),
+        ..Default::default()
+    };
+    let existing = wh.open_table(name).await?;
+    let mut commit = CommitProperties::default();
+    let mut parts: Vec<RecordBatch> = Vec::new();
+    // The downstream flows' events of the rows appended, for the handover after the commit.
+    let mut events: HashMap<String, Vec<RecordBatch>> = HashMap::new();
+    // Parquet input files taken into the table as they are (`storage/adopt.rs`).
+    let mut reused: Vec<adopt::Reusable> = Vec::new();
+    match &setup.source {
+        Source::Files {
+            dir,
+            spec,
+            mode,
+            input,
+            pending,
+        } => {
+            // The files taken are recorded only in the commit log: this commit must not
+            // delete expired commit files (Delta writers do once a checkpoint covers them),
+            // or the next run would take their files again.
+            commit = commit.with_cleanup_expired_logs(Some(false));
+            let key = setup.files_key();
+            let new: Vec<String> = match pending {
+                Some(files) => files.clone(),
+                None => {
+                    let taken = match &existing {
+                        Some(t) => setup.taken(wh, t).await?.files,
+                        None => BTreeSet::new(),
+                    };
+                    list_files(dir)?
+                        .into_iter()
+                        .filter(|f| !taken.contains(f))
+                        .collect()
+                }
+            };
+            if new.is_empty() {
+                report.skipped = Some("no new files".into());
+                return Ok(report);
+            }
+            let root = input_root(dir);
+            let running = Running::new(wh, setup).await?;
+            let reuse = spec.format == FileFormat::Parquet
+                && matches!(mode, autoload::Mode::Declared)
+                && !autoload::wants_metadata(&setup.query_sql)
+                && !setup.evolve
+                && setup.append_flow.is_none()
+                && reuse_allowed(setup, existing.as_ref());
+            let mut taken = 0usize;
+            for file in &new {
+                let path = root.join(file);
+                let place = format!("file {}", path.display());
+                let ctx = crate::storage::session::file_session();
+                let df = match (mode, input) {
+                    (autoload::Mode::Autoload { rescued, inferred }, Some(columns)) => {
+                        let batch = autoload::read(
+                            &path,
+                            file,
+                            spec,
+                            &autoload::schema_of(columns),
+                            rescued.as_str(),
+                            !inferred,
+                        )?;
+                        ctx.read_batch(batch)
+                            .context(|| format!("file {}", path.display()))?
+                    }
+                    _ => read_file(&ctx, &path, spec).await?,
+                };
+                let df = if autoload::wants_metadata(&setup.query_sql) {
+                    autoload::with_metadata(df, &path)?
+                } else {
+                    df
+                };
+                let (rows, unchanged) =
+                    checked_rows(setup, &running, df, &place, &mut report, &mut events).await?;
+                let has_rows = rows.iter().any(|b| b.num_rows() > 0);
+                let reusable = match reuse && unchanged && has_rows {
+                    true => adopt::inspect(&path, &setup.schema)?,
+                    false => None,
+                };
+                match reusable {
+                    Some(file) => {
+                        report.rows += rows.iter().map(RecordBatch::num_rows).sum::<usize>();
+                        reused.push(file);
+                    }
+                    None => parts.extend(rows),
+                }
+                taken += 1;
+                update(format!(
+                    "{} of {} file(s), {} row(s)",
+                    taken,
+                    new.len(),
+                    report.rows_read
+                ));
+            }
+            // One call: each `with_metadata` replaces what an earlier one set.
+            let mut metadata = vec![(key, serde_json::json!(new))];
+            if let (autoload::Mode::Autoload { inferred: true, .. }, Some(columns)) = (mode, input)
+            {
+                metadata.push((
+                    setup.schema_key(),
+                    crate::storage::ledger::columns_to_json(columns),
+                ));
+            }
+            commit = commit.with_metadata(metadata);
+            let app_id = setup.files_app_id();
+            let previous = match &existing {
+                Some(t) => crate::storage::table::txn_version(t, &app_id).await?,
+                None => None,
+            };
+            let next = previous.map_or(0, |v| v + 1);
+            commit = commit.with_application_transaction(Transaction::new(&app_id, next));
+            report.files = new;
+        }
+        Source::Table(source_name) | Source::Feed(source_name) => {
+            let Some(source) = wh.open_table(source_name).await? else {
+                report.skipped = Some(format!("source {source_name} has no data yet"));
+                return Ok(report);
+            };
+            let app_id = setup.source_app_id(source_name);
+            let from = match &existing {
+                Some(t) => crate::storage::table::txn_version(t, &app_id).await?,
+                None => None,
+            };
+            let version = crate::storage::table::version_of(&source);
+            if from.is_some_and(|f| f >= version) {
+                report.skipped = Some("no new input".into());
+                return Ok(report);
+            }
+            let ctx = crate::storage::session::new_session();
+            let df = if matches!(setup.source, Source::Feed(_)) {
+                let feed = feed::read_feed(&source, from, Some(version), false).await?;
+                ctx.read_batch(feed)
+                    .context(|| "reading the change feed".into())?
+            } else {
+                let files = crate::storage::table::new_files(&source, from).await?;
+                crate::storage::session::register_table(
+                    &ctx,
+                    "__strata_input",
+                    &source,
+                    Some(files),
+                )
+                .await?;
+                ctx.table("__strata_input")
+                    .await
+                    .context(|| "reading source".into())?
+            };
+            let place = format!(
+                "the rows of {source_name} added after version {}",
+                from.map_or("(start)".to_string(), |v| v.to_string())
+            );
+            let running = Running::new(wh, setup).await?;
+            parts.extend(
+                checked_rows(setup, &running, df, &place, &mut report, &mut events)
+                    .await?
+                    .0,
+            );
+            commit = commit.with_application_transaction(Transaction::new(&app_id, version));
+        }
+    }
+    report.rows += parts.iter().map(RecordBatch::num_rows).sum::<usize>();
+    if parts.is_empty() && reused.is_empty() {
+        // The input is taken even when the query keeps none of its rows.
+        parts.push(RecordBatch::new_empty(setup.schema.clone()));
+    }
+    let handle = match existing {
+        Some(t) => t,
+        None => {
+            let mut configuration =
+                crate::storage::table::table_configuration(&setup.table.properties);
+            let keeps_files = matches!(setup.source, Source::Files { .. });
+            if keeps_files
+                && !crate::storage::table::sets_property(&setup.table.properties, KEEP_LOG_PROPERTY)
+            {
+                // Other writers (Spark, delta-rs) must not delete the commits either.
+                configuration.push((KEEP_LOG_PROPERTY.to_string(), Some("false".to_string())));
+            }
+            crate::storage::table::create_delta(
+                &wh.table_path(name),
+                &name.name,
+                &setup.schema,
+                configuration,
+                setup.table.comment.as_deref(),
+                Vec::new(),
+            )
+            .await?
+        }
+    };
+    if setup.evolve {
+        let props = crate::storage::write::writer_properties(&handle);
+        handle
+            .write(parts)
+            .with_writer_properties(props)
+            .with_save_mode(SaveMode::Append)
+            .with_commit_properties(commit)
+            .with_schema_mode(deltalake::operations::write::SchemaMode::Merge)
+            .await
+            .context(|| format!("streaming table {name}: committing"))?;
+    } else {
+        // The version before, as a downstream flow's position counts it (`None`: no data
+        // files yet); unknown when the table state cannot be read.
+        let before = handle.snapshot().ok().map(|s| {
+            (s.log_data().num_files() > 0).then(|| crate::storage::table::version_of(&handle))
+        });
+        let steps = crate::util::steps::Steps::new(setup.flow_name(), "ingest: ");
+        let table_dir = wh.table_path(name);
+        let adds = reused
+            .iter()
+            .map(|f| adopt::copy_in(f, &table_dir))
+            .collect::<Result<Vec<_>>>()?;
+        if !adds.is_empty() {
+            crate::util::steps::step!(debug, steps, "copied the reused parquet files in");
+        }
+        let after = crate::storage::write::append(&handle, parts, adds, commit).await?;
+        crate::util::steps::step!(debug, steps, "appended and committed");
+        if let (Some(before), true) = (before, after >= 0) {
+            scope.handoff.keep(name, before, after, events);
+        }
+    }
+    Ok(report)
+}

@@ -1,0 +1,22 @@
+//! One folder per kind of dataset, each running one node of a pipeline: ingestion into
+//! streaming tables and append flows ([`ingest`]), AUTO CDC flows from change events and
+//! from snapshots ([`cdc`]), materialized views ([`mview`]) and point-in-time tables
+//! ([`pit`]). No kind uses another; what they share lives in the layers below.
+
+pub(crate) mod cdc;
+pub(crate) mod ingest;
+pub(crate) mod mview;
+pub(crate) mod pit;
+
+use crate::eventstore::handoff::Handoff;
+use crate::storage::warehouse::Warehouse;
+
+/// What each node's run gets from the pipeline run it is part of.
+pub(crate) struct Scope<'a> {
+    pub(crate) wh: &'a Warehouse,
+    /// Checked events handed from ingestions to the flows that read their tables.
+    pub(crate) handoff: &'a Handoff,
+    /// Tells how far the node has got (`3 of 10 file(s), 120000 row(s)`), for progress
+    /// displays.
+    pub(crate) update: &'a (dyn Fn(String) + Send + Sync),
+}

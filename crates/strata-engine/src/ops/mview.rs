@@ -1,0 +1,188 @@
+//! Materialized views: the stored result of a batch query over the pipeline's tables, and
+//! the (unstored) views their queries may use.
+//!
+//! A refresh recomputes the query and replaces the table's content in one Delta commit
+//! (earlier versions stay readable through Delta time travel). The commit records what it
+//! was computed from (`strata.inputs`: the query text and the version of every table read,
+//! views resolved); when none of that changed, the refresh is skipped, so a run that brings
+//! nothing new leaves the view untouched. Incremental maintenance is not attempted: the
+//! view is always recomputed whole when an input changed.
+
+use crate::error::{Context, EngineError, Result};
+use crate::sql::expect::{self, ExpectationCount};
+use crate::sql::session::{rewrite, warehouse_session_in};
+use crate::sql::views::register_views;
+use crate::storage::warehouse::Warehouse;
+use crate::util::arrow;
+use deltalake::arrow::compute::concat_batches;
+use deltalake::arrow::datatypes::{Field, Schema, SchemaRef};
+use deltalake::kernel::transaction::CommitProperties;
+use deltalake::operations::write::SchemaMode;
+use deltalake::protocol::SaveMode;
+use futures::StreamExt;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use strata_sql::{MaterializedView, TableName, View};
+
+const INPUTS_KEY: &str = "strata.inputs";
+
+/// What one refresh did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MvReport {
+    pub table: String,
+    /// Rows the query produced.
+    pub rows_read: usize,
+    /// Rows stored (after expectations dropped theirs).
+    pub rows: usize,
+    pub rows_dropped: usize,
+    pub expectations: Vec<ExpectationCount>,
+    pub skipped: Option<String>,
+}
+
+/// The versions of the tables `reads` (views already resolved), or the name of the first
+/// one that does not exist yet.
+async fn input_versions(
+    wh: &Warehouse,
+    reads: &[TableName],
+) -> Result<std::result::Result<BTreeMap<String, i64>, TableName>> {
+    let mut out = BTreeMap::new();
+    for t in reads {
+        match wh.open_table(t).await? {
+            Some(table) => {
+                out.insert(t.to_string(), crate::storage::table::version_of(&table));
+            }
+            None => return Ok(Err(t.clone())),
+        }
+    }
+    Ok(Ok(out))
+}
+
+/// What the latest refresh of `table` was computed from.
+async fn last_inputs(table: &deltalake::DeltaTable) -> Result<Option<serde_json::Value>> {
+    let mut history = table.history(Some(1));
+    if let Some(info) = history.next().await {
+        let info = info.context(|| "reading table history".into())?;
+        return Ok(info.info.get(INPUTS_KEY).cloned());
+    }
+    Ok(None)
+}
+
+/// Recomputes `mv` if what it reads changed. `reads` are the tables behind its query (views
+/// resolved); `declared` the datasets of the pipeline, which may simply not exist yet.
+pub(crate) async fn refresh(
+    wh: &Warehouse,
+    mv: &MaterializedView,
+    views: &BTreeMap<TableName, View>,
+    reads: &[TableName],
+    declared: &BTreeSet<TableName>,
+    schema: &str,
+) -> Result<MvReport> {
+    let name = &mv.name;
+    let mut report = MvReport {
+        table: name.to_string(),
+        ..Default::default()
+    };
+    let versions = match input_versions(wh, reads).await? {
+        Ok(v) => v,
+        Err(missing) if declared.contains(&missing) => {
+            report.skipped = Some(format!("{missing} has no data yet"));
+            return Ok(report);
+        }
+        Err(missing) => {
+            return Err(EngineError::Plan(format!(
+                "materialized view {name} (line {}) reads {missing}, which is neither declared in \
+                 the pipeline nor a table of the warehouse",
+                mv.location.line
+            )))
+        }
+    };
+    let inputs = serde_json::json!({ "query": mv.query.sql, "versions": versions });
+    let existing = wh.open_table(name).await?;
+    if let Some(t) = &existing {
+        if last_inputs(t).await?.as_ref() == Some(&inputs) {
+            report.skipped = Some("nothing it reads has changed".into());
+            return Ok(report);
+        }
+    }
+
+    let ctx = warehouse_session_in(wh, schema).await?;
+    register_views(wh, &ctx, views, schema, None).await?;
+    let sql = rewrite(wh, &ctx, &mv.query.sql, schema).await?;
+    let err = |e: &dyn std::fmt::Display| {
+        EngineError::Plan(format!(
+            "materialized view {name} (line {}): {e}",
+            mv.location.line
+        ))
+    };
+    let df = ctx.sql(&sql).await.map_err(|e| err(&e))?;
+    let planned: SchemaRef = Arc::new(df.schema().as_arrow().clone());
+    let schema: SchemaRef = match &mv.columns {
+        Some(cols) => {
+            if cols.len() != planned.fields().len() {
+                return Err(err(&format!(
+                    "declares {} column(s) but its query produces {} ({})",
+                    cols.len(),
+                    planned.fields().len(),
+                    arrow::describe_fields(&planned)
+                )));
+            }
+            Arc::new(Schema::new(
+                cols.iter()
+                    .map(|c| Field::new(&c.name, c.data_type.clone(), c.nullable))
+                    .collect::<Vec<_>>(),
+            ))
+        }
+        None => Arc::new(Schema::new(
+            planned
+                .fields()
+                .iter()
+                .map(|f| Field::new(f.name(), arrow::storage_type(f.data_type()), true))
+                .collect::<Vec<_>>(),
+        )),
+    };
+    let batches = df.collect().await.map_err(|e| err(&e))?;
+    let cast = batches
+        .iter()
+        .map(|b| arrow::cast_batch(b, &schema))
+        .collect::<Result<Vec<_>>>()
+        .map_err(|e| err(&e))?;
+    let rows = concat_batches(&schema, &cast).context(|| "collecting rows".into())?;
+    report.rows_read = rows.num_rows();
+    let (rows, counts) = expect::apply(
+        &mv.expectations,
+        &name.to_string(),
+        "the query's result",
+        rows,
+    )
+    .await?;
+    report.rows = rows.num_rows();
+    report.rows_dropped = report.rows_read - report.rows;
+    report.expectations = counts;
+
+    let handle = match existing {
+        Some(t) => t,
+        None => {
+            crate::storage::table::create_delta(
+                &wh.table_path(name),
+                &name.name,
+                &schema,
+                crate::storage::table::table_configuration(&mv.properties),
+                mv.comment.as_deref(),
+                Vec::new(),
+            )
+            .await?
+        }
+    };
+    let props = crate::storage::write::writer_properties(&handle);
+    handle
+        .write(vec![rows])
+        .with_writer_properties(props)
+        .with_save_mode(SaveMode::Overwrite)
+        .with_schema_mode(SchemaMode::Overwrite)
+        .with_commit_properties(
+            CommitProperties::default().with_metadata([(INPUTS_KEY.to_string(), inputs)]),
+        )
+        .await
+        .context(|| format!("materialized view {name}: committing"))?;
+    Ok(report)
+}

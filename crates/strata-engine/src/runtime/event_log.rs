@@ -1,0 +1,276 @@
+//! The event log: one record per dataset or flow per run, appended to a Delta table in the
+//! warehouse (`<warehouse>/_strata/event_log`), queryable as `event_log` with `strata query`
+//! and shown by `strata events`.
+//!
+//! A record is appended as soon as its node finishes (or fails), in its own commit, so the
+//! log of an interrupted run shows how far it got. The log is strata's own bookkeeping: a
+//! failure to write it fails the run, as a run whose outcome cannot be recorded should not
+//! pass silently.
+
+use crate::error::{Context, EngineError, Result};
+use crate::sql::expect::ExpectationCount;
+use crate::storage::warehouse::Warehouse;
+use deltalake::arrow::array::{
+    ArrayRef, Int64Array, ListArray, RecordBatch, StringArray, StructArray,
+    TimestampMicrosecondArray,
+};
+use deltalake::arrow::buffer::OffsetBuffer;
+use deltalake::arrow::datatypes::{DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
+use deltalake::protocol::SaveMode;
+use std::sync::Arc;
+
+pub use crate::storage::warehouse::EVENT_LOG_TABLE;
+
+/// How a node's run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Completed,
+    /// Nothing new to do.
+    Skipped,
+    Failed,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Completed => "COMPLETED",
+            Status::Skipped => "SKIPPED",
+            Status::Failed => "FAILED",
+        }
+    }
+}
+
+/// One record of the event log. Counts that do not apply to a kind of node are 0.
+#[derive(Debug, Clone)]
+pub struct EventRecord {
+    pub run_id: String,
+    pub pipeline: String,
+    /// The dataset written, qualified (`default.users`).
+    pub dataset: String,
+    /// The flow's name; for a streaming table's own query, a materialized view or a
+    /// point-in-time table, the table's name.
+    pub flow: String,
+    /// `ingest`, `append`, `cdc`, `snapshot`, `materialized_view`, `point_in_time`.
+    pub kind: &'static str,
+    pub status: Status,
+    pub started_at: chrono::DateTime<chrono::Utc>,
+    pub ended_at: chrono::DateTime<chrono::Utc>,
+    pub rows_read: usize,
+    pub rows_written: usize,
+    pub rows_upserted: usize,
+    pub rows_deleted: usize,
+    pub versions_opened: usize,
+    pub versions_closed: usize,
+    pub rows_dropped: usize,
+    pub expectations: Vec<ExpectationCount>,
+    pub message: Option<String>,
+    pub error: Option<String>,
+}
+
+impl EventRecord {
+    /// A record with every count at 0.
+    pub(crate) fn new(
+        run_id: &str,
+        pipeline: &str,
+        dataset: String,
+        flow: String,
+        kind: &'static str,
+        started_at: chrono::DateTime<chrono::Utc>,
+    ) -> Self {
+        EventRecord {
+            run_id: run_id.to_string(),
+            pipeline: pipeline.to_string(),
+            dataset,
+            flow,
+            kind,
+            status: Status::Completed,
+            started_at,
+            ended_at: started_at,
+            rows_read: 0,
+            rows_written: 0,
+            rows_upserted: 0,
+            rows_deleted: 0,
+            versions_opened: 0,
+            versions_closed: 0,
+            rows_dropped: 0,
+            expectations: Vec::new(),
+            message: None,
+            error: None,
+        }
+    }
+}
+
+fn expectation_fields() -> Fields {
+    Fields::from(vec![
+        Field::new("name", DataType::Utf8, true),
+        Field::new("action", DataType::Utf8, true),
+        Field::new("passed", DataType::Int64, true),
+        Field::new("failed", DataType::Int64, true),
+    ])
+}
+
+fn schema() -> SchemaRef {
+    let ts = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
+    let count = |n: &str| Field::new(n, DataType::Int64, true);
+    Arc::new(Schema::new(vec![
+        Field::new("run_id", DataType::Utf8, true),
+        Field::new("pipeline", DataType::Utf8, true),
+        Field::new("dataset", DataType::Utf8, true),
+        Field::new("flow", DataType::Utf8, true),
+        Field::new("kind", DataType::Utf8, true),
+        Field::new("status", DataType::Utf8, true),
+        Field::new("started_at", ts.clone(), true),
+        Field::new("ended_at", ts, true),
+        count("duration_ms"),
+        count("rows_read"),
+        count("rows_written"),
+        count("rows_upserted"),
+        count("rows_deleted"),
+        count("versions_opened"),
+        count("versions_closed"),
+        count("rows_dropped"),
+        Field::new(
+            "expectations",
+            DataType::List(Arc::new(Field::new(
+                "element",
+                DataType::Struct(expectation_fields()),
+                true,
+            ))),
+            true,
+        ),
+        Field::new("message", DataType::Utf8, true),
+        Field::new("error", DataType::Utf8, true),
+    ]))
+}
+
+fn to_batch(records: &[EventRecord]) -> Result<RecordBatch> {
+    let strings = |f: &dyn Fn(&EventRecord) -> Option<String>| -> ArrayRef {
+        Arc::new(StringArray::from(records.iter().map(f).collect::<Vec<_>>()))
+    };
+    let counts = |f: &dyn Fn(&EventRecord) -> usize| -> ArrayRef {
+        Arc::new(Int64Array::from(
+            records.iter().map(|r| f(r) as i64).collect::<Vec<_>>(),
+        ))
+    };
+    let times = |f: &dyn Fn(&EventRecord) -> chrono::DateTime<chrono::Utc>| -> ArrayRef {
+        Arc::new(
+            TimestampMicrosecondArray::from(
+                records
+                    .iter()
+                    .map(|r| f(r).timestamp_micros())
+                    .collect::<Vec<_>>(),
+            )
+            .with_timezone("UTC"),
+        )
+    };
+    let all: Vec<&ExpectationCount> = records.iter().flat_map(|r| &r.expectations).collect();
+    let values = StructArray::try_new(
+        expectation_fields(),
+        vec![
+            Arc::new(StringArray::from(
+                all.iter().map(|e| e.name.clone()).collect::<Vec<_>>(),
+            )),
+            Arc::new(StringArray::from(
+                all.iter().map(|e| e.action.as_str()).collect::<Vec<_>>(),
+            )),
+            Arc::new(Int64Array::from(
+                all.iter().map(|e| e.passed as i64).collect::<Vec<_>>(),
+            )),
+            Arc::new(Int64Array::from(
+                all.iter().map(|e| e.failed as i64).collect::<Vec<_>>(),
+            )),
+        ],
+        None,
+    )
+    .context(|| "event log expectations".into())?;
+    let list = ListArray::try_new(
+        Arc::new(Field::new(
+            "element",
+            DataType::Struct(expectation_fields()),
+            true,
+        )),
+        OffsetBuffer::from_lengths(records.iter().map(|r| r.expectations.len())),
+        Arc::new(values),
+        None,
+    )
+    .context(|| "event log expectations".into())?;
+    RecordBatch::try_new(
+        schema(),
+        vec![
+            strings(&|r| Some(r.run_id.clone())),
+            strings(&|r| Some(r.pipeline.clone())),
+            strings(&|r| Some(r.dataset.clone())),
+            strings(&|r| Some(r.flow.clone())),
+            strings(&|r| Some(r.kind.to_string())),
+            strings(&|r| Some(r.status.as_str().to_string())),
+            times(&|r| r.started_at),
+            times(&|r| r.ended_at),
+            counts(&|r| (r.ended_at - r.started_at).num_milliseconds().max(0) as usize),
+            counts(&|r| r.rows_read),
+            counts(&|r| r.rows_written),
+            counts(&|r| r.rows_upserted),
+            counts(&|r| r.rows_deleted),
+            counts(&|r| r.versions_opened),
+            counts(&|r| r.versions_closed),
+            counts(&|r| r.rows_dropped),
+            Arc::new(list),
+            strings(&|r| r.message.clone()),
+            strings(&|r| r.error.clone()),
+        ],
+    )
+    .context(|| "event log record".into())
+}
+
+/// Appends `records` to the event log of `wh` in one commit. The table is opened once per
+/// process and kept as each commit leaves it (a commit made elsewhere in between is an
+/// append too, which Delta's conflict check lets through).
+pub(crate) async fn append(wh: &Warehouse, records: &[EventRecord]) -> Result<()> {
+    if records.is_empty() {
+        return Ok(());
+    }
+    let steps = crate::util::steps::Steps::new("event_log", "event log: ");
+    let batch = to_batch(records)?;
+    let path = wh.event_log_path();
+    // The kept handle only while its log is still there (someone may have removed the event
+    // log between two runs of a long-lived process: then it is opened or created afresh).
+    let kept = wh
+        .take_event_log()
+        .filter(|_| path.join("_delta_log").is_dir());
+    let table = match kept {
+        Some(t) => t,
+        None => match crate::storage::table::open_delta(&path).await? {
+            Some(t) => t,
+            None => match crate::storage::table::create_delta(
+                &path,
+                EVENT_LOG_TABLE,
+                &schema(),
+                // A record or two per run: a checkpoint every 10 commits keeps opening
+                // it from reading a long run of commit files.
+                vec![("delta.checkpointInterval".into(), Some("10".into()))],
+                Some("strata's event log: one record per dataset or flow per run"),
+                Vec::new(),
+            )
+            .await
+            {
+                Ok(t) => t,
+                // Another run created it at the same moment: append to that one.
+                Err(e) if e.is_conflict() => {
+                    crate::storage::table::open_delta(&path).await?.ok_or(e)?
+                }
+                Err(e) => return Err(e),
+            },
+        },
+    };
+    crate::util::steps::step!(debug, steps, "opened");
+    let table = table
+        .write(vec![batch])
+        .with_save_mode(SaveMode::Append)
+        .await
+        .map_err(|e| EngineError::Delta {
+            context: format!("writing the event log at {}", path.display()),
+            source: Box::new(e),
+        })?;
+    crate::util::steps::step!(debug, steps, "appended");
+    wh.keep_event_log(table);
+    Ok(())
+}

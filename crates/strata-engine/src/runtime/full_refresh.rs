@@ -1,0 +1,104 @@
+//! `--full-refresh`: the guard (`pipelines.reset.allowed = false`) and setting the old
+//! tables aside so the run rebuilds them from their sources.
+
+use crate::error::{Context, EngineError, Result};
+use crate::storage::warehouse::Warehouse;
+use std::path::PathBuf;
+use strata_sql::PipelinePlan;
+use strata_sql::TableName;
+
+/// Refuses a full refresh that would reset a table declared (or created) with
+/// `pipelines.reset.allowed = false`.
+pub(crate) async fn check_reset_allowed(
+    wh: &Warehouse,
+    plan: &PipelinePlan,
+    tables: &[TableName],
+) -> Result<()> {
+    const KEY: &str = "pipelines.reset.allowed";
+    let mut refused = Vec::new();
+    for t in tables {
+        let declared = plan
+            .tables
+            .get(t)
+            .and_then(|d| d.properties.get(KEY).cloned())
+            .or_else(|| {
+                plan.materialized
+                    .get(t)
+                    .and_then(|m| m.properties.get(KEY).cloned())
+            });
+        // A table not created yet has nothing to lose.
+        let Some(table) = wh.open_table(t).await? else {
+            continue;
+        };
+        let stored = crate::storage::table::table_properties(&table)?
+            .get(KEY)
+            .cloned();
+        let guarded = [declared, stored]
+            .iter()
+            .flatten()
+            .any(|v| v.eq_ignore_ascii_case("false"));
+        if guarded {
+            refused.push(t.to_string());
+        }
+    }
+    if refused.is_empty() {
+        return Ok(());
+    }
+    Err(EngineError::Plan(format!(
+        "full refresh refused: {} ha{} pipelines.reset.allowed = false, so its history cannot \
+         be wiped and rebuilt (its sources may no longer hold it); nothing was changed. \
+         Refresh other tables by name, or change the property if a rebuild is really meant",
+        refused.join(", "),
+        if refused.len() == 1 { "s" } else { "ve" }
+    )))
+}
+
+/// Moves each table (and its event store) out of the way, into
+/// `<warehouse>/_strata/full_refresh/<run>/`, so the run rebuilds it from its sources and
+/// the old content stays on disk until the user deletes it.
+pub(crate) fn set_aside(
+    wh: &Warehouse,
+    tables: &[TableName],
+    run_id: &str,
+) -> Result<Vec<(TableName, PathBuf)>> {
+    let base = wh.root().join("_strata").join("full_refresh").join(run_id);
+    let mut out = Vec::new();
+    for t in tables {
+        let moves = [
+            (wh.table_path(t), base.join(&t.schema).join(&t.name)),
+            (
+                wh.event_store_path(t),
+                base.join("events").join(&t.schema).join(&t.name),
+            ),
+        ];
+        let mut moved = false;
+        for (from, to) in moves {
+            if !from.exists() {
+                continue;
+            }
+            if let Some(parent) = to.parent() {
+                std::fs::create_dir_all(parent)
+                    .context(|| format!("cannot create {}", parent.display()))?;
+            }
+            std::fs::rename(&from, &to)
+                .context(|| format!("cannot move {} to {}", from.display(), to.display()))?;
+            moved = true;
+        }
+        // Caches derived from the old table and event store (the state digest, the record of
+        // files taken) go: they are checked against what they were made for, but the rebuilt
+        // table should not even meet them.
+        for cache in [
+            crate::eventstore::digest::dir_for(&wh.event_store_path(t)),
+            wh.taken_cache_path(t),
+        ] {
+            if cache.exists() {
+                std::fs::remove_dir_all(&cache)
+                    .context(|| format!("cannot remove {}", cache.display()))?;
+            }
+        }
+        if moved {
+            out.push((t.clone(), base.join(&t.schema).join(&t.name)));
+        }
+    }
+    Ok(out)
+}

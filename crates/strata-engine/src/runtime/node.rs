@@ -1,0 +1,173 @@
+//! Running one prepared node of the plan and filling its event-log record.
+
+use crate::error::{EngineError, Result};
+use crate::ops::cdc::FlowReport;
+use crate::ops::ingest::IngestReport;
+use crate::ops::mview::MvReport;
+use crate::ops::pit::PitReport;
+use crate::ops::Scope;
+use crate::runtime::event_log::EventRecord;
+use crate::runtime::event_log::Status;
+use crate::runtime::options::RunReport;
+use crate::runtime::prepare::Prepared;
+use std::collections::BTreeSet;
+use strata_sql::FlowKind;
+use strata_sql::Node;
+use strata_sql::PipelinePlan;
+use strata_sql::TableName;
+
+/// What one node run adds to the run's report.
+pub(crate) enum NodeOutput {
+    Ingest(IngestReport),
+    Flow(FlowReport),
+    Waiting(String),
+    PointInTime(PitReport),
+    View(MvReport),
+}
+
+impl NodeOutput {
+    pub(crate) fn add_to(self, report: &mut RunReport) {
+        match self {
+            NodeOutput::Ingest(r) => report.ingests.push(r),
+            NodeOutput::Flow(r) => report.flows.push(r),
+            NodeOutput::Waiting(w) => report.waiting.push(w),
+            NodeOutput::PointInTime(r) => report.pits.push(r),
+            NodeOutput::View(r) => report.views.push(r),
+        }
+    }
+}
+
+/// Runs one prepared node, filling `record` with what it did.
+pub(crate) async fn run_node(
+    scope: &Scope<'_>,
+    plan: &PipelinePlan,
+    p: &Prepared,
+    declared: &BTreeSet<TableName>,
+    record: &mut EventRecord,
+) -> Result<NodeOutput> {
+    let wh = scope.wh;
+    Ok(match p {
+        Prepared::Ingest(setup) => {
+            tracing::info!(table = %setup.table.name, flow = setup.flow_name(), "ingesting");
+            let r = crate::ops::ingest::run_ingest(scope, setup).await?;
+            record.rows_read = r.rows_read;
+            record.rows_written = r.rows;
+            record.rows_dropped = r.rows_dropped;
+            record.expectations = r.expectations.clone();
+            skipped_or(record, &r.skipped, || {
+                format!("{} file(s), {} row(s) appended", r.files.len(), r.rows)
+            });
+            NodeOutput::Ingest(r)
+        }
+        Prepared::Flow(setup) => {
+            tracing::info!(flow = %setup.flow.name, "running flow");
+            let props = plan
+                .tables
+                .get(&setup.flow.target)
+                .map(|t| t.properties.clone())
+                .unwrap_or_default();
+            let r = crate::ops::cdc::run_flow(scope, setup, &props).await?;
+            record.rows_read = r.events;
+            record.rows_written = r.rows_written;
+            record.rows_upserted = r.keys_upserted;
+            record.rows_deleted = r.keys_deleted;
+            record.versions_opened = r.versions_opened;
+            record.versions_closed = r.versions_closed;
+            skipped_or(record, &r.skipped, || {
+                let mut m = format!(
+                    "{} event(s), {} key(s) touched, {} changed",
+                    r.events, r.keys_touched, r.keys_changed
+                );
+                for n in &r.notes {
+                    m.push_str("; ");
+                    m.push_str(n);
+                }
+                m
+            });
+            NodeOutput::Flow(r)
+        }
+        Prepared::Waiting(why) => {
+            record.status = Status::Skipped;
+            record.message = Some(why.clone());
+            NodeOutput::Waiting(why.clone())
+        }
+        Prepared::PointInTime(i) => {
+            let pit = plan.pits.get(*i).ok_or_else(|| {
+                EngineError::Internal(format!("planned point-in-time table {i} is missing"))
+            })?;
+            tracing::info!(table = %pit.name, "refreshing point-in-time table");
+            let r = crate::ops::pit::refresh(wh, pit, &plan.default_schema).await?;
+            record.rows_written = r.rows;
+            skipped_or(record, &r.skipped, || {
+                format!(
+                    "{} as-of value(s) computed ({} recomputed), {} removed",
+                    r.computed, r.recomputed, r.removed
+                )
+            });
+            NodeOutput::PointInTime(r)
+        }
+        Prepared::MaterializedView(name) => {
+            let mv = plan.materialized.get(name).ok_or_else(|| {
+                EngineError::Internal(format!("planned materialized view {name} is missing"))
+            })?;
+            tracing::info!(table = %name, "refreshing materialized view");
+            let reads = plan.reads(&Node::MaterializedView(name.clone()));
+            let r = crate::ops::mview::refresh(
+                wh,
+                mv,
+                &plan.views,
+                &reads,
+                declared,
+                &plan.default_schema,
+            )
+            .await?;
+            record.rows_read = r.rows_read;
+            record.rows_written = r.rows;
+            record.rows_dropped = r.rows_dropped;
+            record.expectations = r.expectations.clone();
+            skipped_or(record, &r.skipped, || format!("{} row(s)", r.rows));
+            NodeOutput::View(r)
+        }
+    })
+}
+
+fn skipped_or(record: &mut EventRecord, skipped: &Option<String>, done: impl FnOnce() -> String) {
+    match skipped {
+        Some(why) => {
+            record.status = Status::Skipped;
+            record.message = Some(why.clone());
+        }
+        None => record.message = Some(done()),
+    }
+}
+
+/// One line for a progress display.
+pub(crate) fn summary(r: &EventRecord) -> String {
+    match (r.status, &r.message) {
+        (Status::Failed, _) => "FAILED".to_string(),
+        (_, Some(m)) => m.clone(),
+        (s, None) => s.as_str().to_string(),
+    }
+}
+
+pub(crate) fn node_kind(plan: &PipelinePlan, node: &Node) -> &'static str {
+    match node {
+        Node::Ingest(_) => "ingest",
+        Node::Append(_) => "append",
+        Node::Flow(i) => match plan.flows.get(*i).map(|f| &f.kind) {
+            Some(FlowKind::Snapshot { .. }) => "snapshot",
+            _ => "cdc",
+        },
+        Node::MaterializedView(_) => "materialized_view",
+        Node::PointInTime(_) => "point_in_time",
+    }
+}
+
+pub(crate) fn node_flow_name(plan: &PipelinePlan, node: &Node) -> String {
+    match node {
+        Node::Flow(i) => plan.flows.get(*i).map(|f| f.name.clone()),
+        Node::Append(i) => plan.appends.get(*i).map(|f| f.name.clone()),
+        other => plan.writes(other).map(|t| t.name),
+    }
+    .unwrap_or_default()
+}

@@ -1,0 +1,96 @@
+//! What a run is asked to do beyond the pipeline text, and what it reports.
+
+use crate::ops::cdc::FlowReport;
+use crate::ops::ingest::IngestReport;
+use crate::ops::mview::MvReport;
+use crate::ops::pit::PitReport;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use strata_sql::TableName;
+
+/// What a run did, node by node, in execution order.
+#[derive(Debug, Clone, Default)]
+pub struct RunReport {
+    /// The id of the run's records in the event log.
+    pub run_id: String,
+    pub ingests: Vec<IngestReport>,
+    pub flows: Vec<FlowReport>,
+    pub views: Vec<MvReport>,
+    pub pits: Vec<PitReport>,
+    /// Datasets that did not run because their schema cannot be known yet (no input files
+    /// and no `schema =>`, or a joined table with no columns yet), with the reason.
+    pub waiting: Vec<String>,
+    /// Tables a full refresh set aside, and where their old content now is.
+    pub set_aside: Vec<(TableName, PathBuf)>,
+    /// The run was asked to stop ([`RunOptions::stop`]) before all its nodes ran.
+    pub stopped: bool,
+}
+
+/// How to run a pipeline beyond its text.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Values substituted for `${name}` in the pipeline text before it is parsed.
+    pub configuration: BTreeMap<String, String>,
+    /// `--select NAME[+]`: run only what writes this dataset (or this flow), and with
+    /// `downstream` everything that reads it, directly or not.
+    pub select: Option<Selection>,
+    /// `--full-refresh [TABLE ...]`: `Some(empty)` rebuilds every table, `Some(names)`
+    /// those tables and everything that reads them.
+    pub full_refresh: Option<Vec<String>>,
+    /// Called as each node starts and ends (progress display).
+    pub progress: Option<ProgressFn>,
+    /// When set (by a signal handler), the run stops before its next node: the node in
+    /// flight finishes its commit, nothing after it starts. [`RunReport::stopped`] says so.
+    pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+}
+
+/// A callback for [`Progress`] events.
+#[derive(Clone)]
+pub struct ProgressFn(pub std::sync::Arc<dyn Fn(Progress) + Send + Sync>);
+
+impl std::fmt::Debug for ProgressFn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProgressFn")
+    }
+}
+
+/// A node starting or ending, for progress displays.
+#[derive(Debug, Clone)]
+pub enum Progress {
+    Started {
+        node: String,
+    },
+    /// How far a running node has got (`3 of 10 file(s), 120000 row(s)`).
+    Update {
+        node: String,
+        detail: String,
+    },
+    Finished {
+        node: String,
+        summary: String,
+        elapsed: std::time::Duration,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Selection {
+    pub name: String,
+    pub downstream: bool,
+}
+
+impl std::str::FromStr for Selection {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let (name, downstream) = match s.strip_suffix('+') {
+            Some(n) => (n, true),
+            None => (s, false),
+        };
+        if name.is_empty() {
+            return Err("expected a dataset or flow name, optionally followed by +".into());
+        }
+        Ok(Selection {
+            name: name.to_string(),
+            downstream,
+        })
+    }
+}

@@ -1,0 +1,168 @@
+//! The rows the touched keys had before a run against the rows they have after it: which
+//! keys changed, and the change counts of the run's report.
+
+use crate::error::{EngineError, Result};
+use crate::semantics::flow::FlowSetup;
+use crate::util::arrow;
+use deltalake::arrow::array::RecordBatch;
+
+/// Compares the rows the touched keys have before the run (`old`) with the rows they have
+/// after it (`new`), both in the target layout: which keys changed, as row indices, and how
+/// many rows and versions changed. One row-format conversion of each side serves both.
+pub(crate) fn compare(
+    setup: &FlowSetup,
+    old: &RecordBatch,
+    new: &RecordBatch,
+) -> Result<ChangeSet> {
+    let mut report = Counts::default();
+    // Each side's keys and whole rows in the row format, the two sides side by side.
+    use deltalake::arrow::row::Rows;
+    let convert = |b: &RecordBatch| -> Result<(Rows, Rows)> {
+        Ok((setup.key_rows(b)?, arrow::rows(b.columns())?))
+    };
+    let (old_side, new_side) = std::thread::scope(|scope| {
+        let old_side = scope.spawn(|| convert(old));
+        let new_side = convert(new);
+        (old_side.join(), new_side)
+    });
+    let old_side =
+        old_side.map_err(|_| EngineError::Internal("a row-format thread panicked".into()))?;
+    let ((old_keys, old_rows), (new_keys, new_rows)) = (old_side?, new_side?);
+    // SCD type 2 and snapshots: versions are told apart by their start, open ones by a NULL
+    // end (whatever the open-end marker).
+    let timeline = match setup.flow.stored_as.has_timeline() {
+        false => None,
+        true => {
+            let schema = &setup.target_schema;
+            let index = |name: &str| {
+                schema
+                    .index_of(name)
+                    .map_err(|_| EngineError::Internal(format!("target has no column {name}")))
+            };
+            let (s, e) = (
+                index(&setup.timeline.valid_from)?,
+                index(&setup.timeline.valid_to)?,
+            );
+            Some((
+                arrow::rows(&[old.column(s).clone()])?,
+                arrow::rows(&[new.column(s).clone()])?,
+                setup.timeline.open_as_null(old.column(e))?,
+                setup.timeline.open_as_null(new.column(e))?,
+            ))
+        }
+    };
+    // Each key's rows on both sides. Sized for the keys, not the rows (a key has several
+    // versions): fresh memory is dear.
+    let mut by_key: ahash::AHashMap<&[u8], (Vec<u32>, Vec<u32>)> = ahash::AHashMap::new();
+    for i in 0..old.num_rows() {
+        by_key
+            .entry(old_keys.row(i).data())
+            .or_default()
+            .0
+            .push(i as u32);
+    }
+    for i in 0..new.num_rows() {
+        by_key
+            .entry(new_keys.row(i).data())
+            .or_default()
+            .1
+            .push(i as u32);
+    }
+    let mut out = ChangeSet {
+        keys: 0,
+        delete_rows: Vec::new(),
+        insert_rows: Vec::new(),
+        old_rows: Vec::new(),
+        rows_deleted: 0,
+        counts: Counts::default(),
+    };
+    let (mut od, mut nd): (Vec<&[u8]>, Vec<&[u8]>) = (Vec::new(), Vec::new());
+    for (o, n) in by_key.values() {
+        od.clear();
+        od.extend(o.iter().map(|&i| old_rows.row(i as usize).data()));
+        od.sort_unstable();
+        nd.clear();
+        nd.extend(n.iter().map(|&i| new_rows.row(i as usize).data()));
+        nd.sort_unstable();
+        if od != nd {
+            out.keys += 1;
+            out.delete_rows.extend(o.first());
+            out.insert_rows.extend_from_slice(n);
+            out.old_rows.extend_from_slice(o);
+        }
+        report.rows_written += nd.iter().filter(|r| od.binary_search(r).is_err()).count();
+        match &timeline {
+            Some((old_start, new_start, old_end, new_end)) => {
+                let (os, ns) = (
+                    |i: u32| old_start.row(i as usize).data(),
+                    |i: u32| new_start.row(i as usize).data(),
+                );
+                report.versions_opened += n
+                    .iter()
+                    .filter(|&&j| !o.iter().any(|&i| os(i) == ns(j)))
+                    .count();
+                report.versions_closed += o
+                    .iter()
+                    .filter(|&&i| {
+                        old_end.is_null(i as usize)
+                            && n.iter()
+                                .any(|&j| new_end.is_valid(j as usize) && ns(j) == os(i))
+                    })
+                    .count();
+            }
+            None => {
+                let before = o.last().map(|&i| old_rows.row(i as usize).data());
+                report.keys_upserted += n
+                    .iter()
+                    .filter(|&&j| before != Some(new_rows.row(j as usize).data()))
+                    .count();
+                report.keys_deleted += usize::from(!o.is_empty() && n.is_empty());
+            }
+        }
+    }
+    out.delete_rows.sort_unstable();
+    out.insert_rows.sort_unstable();
+    out.old_rows.sort_unstable();
+    out.rows_deleted = out.old_rows.len();
+    out.counts = report;
+    Ok(out)
+}
+
+/// The change counts for a target that had no rows before the run: every row of `new` (in
+/// the target layout) is new.
+pub(crate) fn count_first_rows(setup: &FlowSetup, new: &RecordBatch) -> Counts {
+    let rows = new.num_rows();
+    let timeline = setup.flow.stored_as.has_timeline();
+    Counts {
+        rows_written: rows,
+        versions_opened: if timeline { rows } else { 0 },
+        keys_upserted: if timeline { 0 } else { rows },
+        ..Counts::default()
+    }
+}
+
+/// How many rows and versions a run changed (the event log's counts).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Counts {
+    /// Rows whose values were not there before (inserted or updated rows).
+    pub(crate) rows_written: usize,
+    /// SCD type 2: versions (key, start) that did not exist before / that were open before
+    /// and are closed now.
+    pub(crate) versions_opened: usize,
+    pub(crate) versions_closed: usize,
+    /// SCD type 1: keys whose current row was inserted or changed / removed.
+    pub(crate) keys_upserted: usize,
+    pub(crate) keys_deleted: usize,
+}
+
+pub(crate) struct ChangeSet {
+    pub(crate) keys: usize,
+    /// One old row per changed key that exists in the target (its key drives the delete).
+    pub(crate) delete_rows: Vec<u32>,
+    /// Every new row of a changed key.
+    pub(crate) insert_rows: Vec<u32>,
+    /// Every old row of a changed key.
+    pub(crate) old_rows: Vec<u32>,
+    pub(crate) rows_deleted: usize,
+    pub(crate) counts: Counts,
+}

@@ -1,0 +1,13 @@
+//! What the data means, as pure functions over Arrow batches (no I/O): the fold of a key's
+//! events into its rows ([`fold`], on `strata-core`), a flow's shape ([`flow`]), its
+//! events ([`events`]), the timeline conventions ([`timeline`]), the comparison of a key's
+//! rows before and after a run ([`compare`]), snapshot diffs and pins ([`snapshot`]), the
+//! SCD2 integrity check ([`integrity`]).
+
+pub(crate) mod compare;
+pub(crate) mod events;
+pub(crate) mod flow;
+pub(crate) mod fold;
+pub(crate) mod integrity;
+pub(crate) mod snapshot;
+pub(crate) mod timeline;

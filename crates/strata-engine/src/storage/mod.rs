@@ -1,0 +1,15 @@
+//! Tables on storage: where they live ([`warehouse`]), opening and creating one and what it
+//! records ([`table`]), writing and committing ([`write`]), DataFusion sessions over them
+//! ([`session`]), the change data feed ([`feed`]), replacing keys' rows in place
+//! ([`replace`], with deletion vectors in [`dv`]), the record of input files taken
+//! ([`ledger`]) and Parquet files taken into a table as they are ([`adopt`]).
+
+pub(crate) mod adopt;
+pub(crate) mod dv;
+pub(crate) mod feed;
+pub(crate) mod ledger;
+pub(crate) mod replace;
+pub(crate) mod session;
+pub(crate) mod table;
+pub(crate) mod warehouse;
+pub(crate) mod write;

@@ -1,0 +1,645 @@
+//! Replacing the rows of some keys of a Delta table in one commit, rewriting only the files
+//! that hold them.
+//!
+//! ```text
+//!   every data file ──read its key columns──▶ holds a replaced key? ──no──▶ kept as it is
+//!                                                   │ yes
+//!                                                   ▼
+//!                      read it whole, drop the replaced keys' rows, write the rest to a new
+//!                      file (one task per file, side by side); the new rows go with the first
+//!   _change_data/      the replaced rows as `delete`, the new rows as `insert`
+//!   one commit:        remove + add per rewritten file, add of the new rows, the change
+//!                      file, and the caller's application transactions
+//! ```
+//!
+//! delta-rs's `replace_where` and MERGE find the files to rewrite with one scan, rewrite them
+//! with another and derive the change feed with a third, on one thread per file. Here the
+//! caller already knows the rows that go (the fold derived them) and the rows that come, so
+//! each file is read once and the change feed is written from memory. Files are local (a
+//! warehouse is a folder); a file's inline deletion vector is honoured (its rows stay
+//! deleted). A table partitioned by its start value, or one with column mapping or
+//! deletion vectors stored in files (written by another engine), goes through delta-rs.
+
+use crate::error::{Context, EngineError, Result};
+use crate::storage::feed::CHANGE_TYPE;
+use crate::util::arrow;
+use deltalake::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, StringArray};
+use deltalake::arrow::compute::filter_record_batch;
+use deltalake::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
+use deltalake::arrow::row::{RowConverter, SortField};
+use deltalake::datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use deltalake::datafusion::parquet::arrow::{ArrowWriter, ProjectionMask};
+use deltalake::kernel::transaction::CommitProperties;
+use deltalake::kernel::{Action, AddCDCFile};
+use deltalake::protocol::{DeltaOperation, SaveMode};
+use deltalake::writer::{DeltaWriter, RecordBatchWriter};
+use deltalake::DeltaTable;
+use roaring::RoaringTreemap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The share of a file's rows (numerator, denominator) beyond which a deletion-vector table
+/// rewrites the file without its deleted rows instead of growing its vector: readers then
+/// no longer read rows only to drop them. A file with every row deleted is simply removed.
+const REWRITE_AT_DELETED: (u64, u64) = (1, 4);
+
+/// Rows read from a data file at a time.
+const READ_BATCH_ROWS: usize = 64 * 1024;
+
+/// What [`replace_keys`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Replaced {
+    pub files_read: usize,
+    pub files_rewritten: usize,
+    /// Files whose replaced rows were marked in their deletion vector instead.
+    pub files_marked: usize,
+}
+
+impl std::fmt::Display for Replaced {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.files_marked > 0 {
+            write!(
+                f,
+                "{} of {} file(s) given deletion vectors",
+                self.files_marked, self.files_read
+            )
+        } else {
+            write!(
+                f,
+                "{} of {} file(s) rewritten",
+                self.files_rewritten, self.files_read
+            )
+        }
+    }
+}
+
+/// Replaces every row of `table` whose key (columns `keys`) is a key of `old_rows` by
+/// `new_rows`, in one commit carrying `commit`. `old_rows` must be exactly the rows the table
+/// holds for those keys (they become the change feed's `delete` rows). Returns `None`, having
+/// done nothing, for a partitioned table, one with column mapping or deletion vectors stored
+/// in files, or one that is not in a local folder.
+pub(crate) async fn replace_keys(
+    table: &DeltaTable,
+    keys: &[String],
+    old_rows: &RecordBatch,
+    new_rows: RecordBatch,
+    commit: CommitProperties,
+) -> Result<Option<Replaced>> {
+    let table_name = table.table_url().to_string();
+    let steps = crate::util::steps::Steps::new(&table_name, "replace: ");
+    let snapshot = table.snapshot().context(|| "reading table state".into())?;
+    // Files are read as plain parquet with logical column names, dropping the rows their
+    // inline deletion vectors delete: a partitioned table, column mapping, or deletion
+    // vectors stored in files (a table another engine wrote) go through delta-rs.
+    let config = snapshot.metadata().configuration();
+    let mapped = config
+        .get("delta.columnMapping.mode")
+        .is_some_and(|m| m != "none");
+    let marking = config
+        .get(crate::storage::dv::PROPERTY)
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    // The rows each file's (inline) deletion vector already deletes, by path.
+    let mut deleted: ahash::AHashMap<String, RoaringTreemap> = ahash::AHashMap::new();
+    for f in snapshot.log_data().iter() {
+        if let Some(d) = f.deletion_vector_descriptor() {
+            match crate::storage::dv::read_inline(&d)? {
+                Some(rows) => deleted.insert(f.path().to_string(), rows),
+                None => return Ok(None),
+            };
+        }
+    }
+    if !snapshot.metadata().partition_columns().is_empty() || mapped {
+        return Ok(None);
+    }
+    let schema = crate::storage::table::table_schema(table)?;
+    let Ok(root) = table.table_url().to_file_path() else {
+        return Ok(None); // not a local table
+    };
+    let key_at = keys
+        .iter()
+        .map(|k| {
+            schema
+                .index_of(k)
+                .map_err(|_| EngineError::Internal(format!("table has no key column {k}")))
+        })
+        .collect::<Result<Vec<usize>>>()?;
+    let converter = RowConverter::new(
+        key_at
+            .iter()
+            .map(|&i| SortField::new(schema.field(i).data_type().clone()))
+            .collect(),
+    )
+    .context(|| "row format".into())?;
+    // The keys whose rows go: those of the old rows, and (should the table hold rows the
+    // caller did not know of) those of the new rows.
+    let mut gone = ahash::AHashSet::<Box<[u8]>>::with_capacity(old_rows.num_rows());
+    for batch in [old_rows, &new_rows] {
+        let cols: Vec<ArrayRef> = key_at
+            .iter()
+            .map(|&i| cast_to(batch.column(i), schema.field(i).data_type()))
+            .collect::<Result<_>>()?;
+        let rows = converter
+            .convert_columns(&cols)
+            .context(|| "row format".into())?;
+        gone.extend(rows.iter().map(|r| r.data().to_vec().into_boxed_slice()));
+    }
+    // A single integer key is also kept as plain integers: files are then checked without
+    // converting their keys to the row format.
+    let gone_ints = match key_at.as_slice() {
+        [k] if arrow::fits_i64(schema.field(*k).data_type()) => {
+            let mut ints: Vec<i64> = Vec::with_capacity(gone.len());
+            for batch in [old_rows, &new_rows] {
+                let col = int64(batch.column(*k))?;
+                if col.null_count() > 0 {
+                    return Err(EngineError::Internal(
+                        "a NULL key among replaced rows".into(),
+                    ));
+                }
+                ints.extend(col.as_primitive::<Int64Type>().values().iter().copied());
+            }
+            ints.sort_unstable();
+            ints.dedup();
+            Some(crate::util::keyset::KeySet::new(&ints))
+        }
+        _ => None,
+    };
+    let files: Vec<(String, deltalake::kernel::Remove)> = snapshot
+        .log_data()
+        .iter()
+        .map(|f| (f.path().to_string(), f.remove_action(true)))
+        .collect();
+    let shared = Arc::new(Shared {
+        schema: schema.clone(),
+        key_at,
+        converter,
+        gone,
+        gone_ints,
+    });
+    crate::util::steps::step!(debug, steps, "collected the replaced keys");
+    if marking {
+        // Three independent pieces of work, side by side: the vectors (a read of the
+        // target's key columns, one file per core), the file of new rows, the change file.
+        let new_rows = arrow::cast_batch(&new_rows, &schema)?;
+        let rows_file = {
+            let (table, rows) = (table.clone(), new_rows.clone());
+            tokio::spawn(async move {
+                match rows.num_rows() {
+                    0 => Ok(Vec::new()),
+                    _ => crate::storage::write::write_files(&table, vec![rows]).await,
+                }
+            })
+        };
+        let (marked, cdc) = tokio::try_join!(
+            mark_deleted(table, &shared, &root, snapshot, &deleted),
+            write_change_file(table, &root, &schema, old_rows, &new_rows),
+        )?;
+        let adds = rows_file
+            .await
+            .map_err(|e| EngineError::Internal(format!("a writing task failed: {e}")))??;
+        crate::util::steps::step!(
+            debug,
+            steps,
+            "marked the replaced rows in deletion vectors, wrote the new rows and the change file"
+        );
+        let n = marked.len();
+        let mut actions: Vec<Action> = marked.into_iter().flatten().collect();
+        actions.extend(adds.into_iter().map(Action::Add));
+        let what = format!(
+            "the rows of {} key(s) ({}) replaced, old rows marked deleted",
+            shared.gone.len(),
+            keys.join(", ")
+        );
+        commit_replacement(table, cdc, actions, SaveMode::Append, what, commit).await?;
+        crate::util::steps::step!(debug, steps, "committed");
+        return Ok(Some(Replaced {
+            files_read: files.len(),
+            files_rewritten: 0,
+            files_marked: n,
+        }));
+    }
+
+    // Which files hold a replaced key: key columns only, one file per core at a time.
+    let lanes = crate::util::threads::parallelism();
+    let mut touched = Vec::new();
+    for chunk in files.chunks(lanes) {
+        let checks: Vec<_> = chunk
+            .iter()
+            .map(|(path, _)| {
+                let (shared, file) = (shared.clone(), root.join(path));
+                tokio::task::spawn_blocking(move || shared.holds_gone_key(&file))
+            })
+            .collect();
+        for ((path, remove), check) in chunk.iter().zip(checks) {
+            let holds = check
+                .await
+                .map_err(|e| EngineError::Internal(format!("a reading task failed: {e}")))??;
+            if holds {
+                touched.push((path.clone(), remove.clone()));
+            }
+        }
+    }
+
+    crate::util::steps::step!(debug, steps, "found the files holding replaced keys");
+    // Rewrite the files that hold one, one file per core at a time (each writer holds its
+    // file's encoded parquet until it is flushed); the new rows go with the first.
+    let new_rows = arrow::cast_batch(&new_rows, &schema)?;
+    let mut pending = Some(new_rows.clone());
+    let mut actions: Vec<Action> = Vec::new();
+    for chunk in touched.chunks(lanes) {
+        let writers: Vec<_> = chunk
+            .iter()
+            .map(|(path, _)| {
+                let (shared, file, table) = (shared.clone(), root.join(path), table.clone());
+                let (extra, gone) = (pending.take(), deleted.remove(path).unwrap_or_default());
+                tokio::spawn(async move { shared.rewrite(&file, &table, extra, gone).await })
+            })
+            .collect();
+        for w in writers {
+            let adds = w
+                .await
+                .map_err(|e| EngineError::Internal(format!("a rewriting task failed: {e}")))??;
+            actions.extend(adds.into_iter().map(Action::Add));
+        }
+    }
+    if let Some(rows) = pending.take().filter(|r| r.num_rows() > 0) {
+        let adds = crate::storage::write::write_files(table, vec![rows]).await?;
+        actions.extend(adds.into_iter().map(Action::Add));
+    }
+    actions.extend(touched.iter().map(|(_, r)| Action::Remove(r.clone())));
+    let what = format!(
+        "the rows of {} key(s) ({}) replaced",
+        shared.gone.len(),
+        keys.join(", ")
+    );
+    crate::util::steps::step!(debug, steps, "rewrote them");
+    let cdc = write_change_file(table, &root, &schema, old_rows, &new_rows).await?;
+    commit_replacement(table, cdc, actions, SaveMode::Overwrite, what, commit).await?;
+    crate::util::steps::step!(debug, steps, "wrote the change file and committed");
+    Ok(Some(Replaced {
+        files_read: files.len(),
+        files_rewritten: touched.len(),
+        files_marked: 0,
+    }))
+}
+
+/// The commit-info entry telling what a replacement replaced.
+const REPLACED_KEY: &str = "strata.replaced";
+
+/// Adds the change file `cdc` (written by [`write_change_file`]) to `actions` and commits
+/// them as one write.
+async fn commit_replacement(
+    table: &DeltaTable,
+    cdc: AddCDCFile,
+    mut actions: Vec<Action>,
+    mode: SaveMode,
+    what: String,
+    commit: CommitProperties,
+) -> Result<()> {
+    actions.push(Action::Cdc(cdc));
+    // What was replaced is told in the commit info, not as the operation's predicate: Delta's
+    // conflict check parses a predicate as SQL (and would fail on these words when another
+    // writer committed first).
+    let operation = DeltaOperation::Write {
+        mode,
+        partition_by: None,
+        predicate: None,
+    };
+    let commit = commit.with_metadata([(REPLACED_KEY.to_string(), serde_json::json!(what))]);
+    crate::storage::write::commit_actions(table, actions, operation, commit).await?;
+    Ok(())
+}
+
+/// For a table that enables deletion vectors: the actions that mark the replaced keys' rows
+/// deleted, one `Vec` per file holding such a row that is not deleted yet: its `remove`,
+/// then (unless every row is now deleted) an `add` of the same file with the grown vector.
+/// Each file's key columns are read once, one file per core at a time.
+async fn mark_deleted(
+    table: &DeltaTable,
+    shared: &Arc<Shared>,
+    root: &Path,
+    snapshot: &deltalake::table::state::DeltaTableState,
+    vectors: &ahash::AHashMap<String, RoaringTreemap>,
+) -> Result<Vec<Vec<Action>>> {
+    struct File {
+        path: String,
+        remove: deltalake::kernel::Remove,
+        add: deltalake::kernel::Add,
+        deleted: RoaringTreemap,
+    }
+    let mut files = Vec::new();
+    for f in snapshot.log_data().iter() {
+        let deleted = vectors.get(f.path().as_ref()).cloned().unwrap_or_default();
+        files.push(File {
+            path: f.path().to_string(),
+            remove: f.remove_action(true),
+            add: deltalake::kernel::Add {
+                path: f.path().to_string(),
+                size: f.size(),
+                modification_time: f.modification_time(),
+                data_change: true,
+                stats: f.stats().map(|s| loose_bounds(&s)),
+                ..Default::default()
+            },
+            deleted,
+        });
+    }
+    let lanes = crate::util::threads::parallelism();
+    let mut out = Vec::new();
+    for chunk in files.chunks(lanes) {
+        let checks: Vec<_> = chunk
+            .iter()
+            .map(|f| {
+                let (shared, file, deleted) =
+                    (shared.clone(), root.join(&f.path), f.deleted.clone());
+                tokio::task::spawn_blocking(move || shared.gone_positions(&file, &deleted))
+            })
+            .collect();
+        for (f, check) in chunk.iter().zip(checks) {
+            let (gone, rows) = check
+                .await
+                .map_err(|e| EngineError::Internal(format!("a reading task failed: {e}")))??;
+            if gone.is_empty() {
+                continue;
+            }
+            let deleted = &f.deleted | &gone;
+            let mut actions = vec![Action::Remove(f.remove.clone())];
+            if deleted.len() * REWRITE_AT_DELETED.1 > rows * REWRITE_AT_DELETED.0 {
+                // Mostly deleted: write what remains to a new file, without a vector.
+                let file = root.join(&f.path);
+                let gone = f.deleted.clone();
+                let adds = shared.clone().rewrite(&file, table, None, gone).await?;
+                actions.extend(adds.into_iter().map(Action::Add));
+            } else {
+                let mut add = f.add.clone();
+                add.deletion_vector = Some(crate::storage::dv::inline(&deleted)?);
+                actions.push(Action::Add(add));
+            }
+            out.push(actions);
+        }
+    }
+    Ok(out)
+}
+
+/// A file's statistics once rows may be deleted from it: the bounds still hold every
+/// remaining value but may no longer be reached (`tightBounds = false`).
+fn loose_bounds(stats: &str) -> String {
+    match serde_json::from_str::<serde_json::Value>(stats) {
+        Ok(serde_json::Value::Object(mut m)) => {
+            m.insert("tightBounds".into(), serde_json::Value::Bool(false));
+            serde_json::Value::Object(m).to_string()
+        }
+        _ => stats.to_string(),
+    }
+}
+
+/// What every file task needs.
+struct Shared {
+    schema: SchemaRef,
+    key_at: Vec<usize>,
+    converter: RowConverter,
+    gone: ahash::AHashSet<Box<[u8]>>,
+    /// The same keys as integers, for a single integer key column.
+    gone_ints: Option<crate::util::keyset::KeySet>,
+}
+
+impl Shared {
+    /// Which rows of `batch` (in the table's layout) stay.
+    fn keep_mask(&self, batch: &RecordBatch, key_cols: &[usize]) -> Result<BooleanArray> {
+        if let (Some(ints), [c]) = (&self.gone_ints, key_cols) {
+            let col = int64(batch.column(*c))?;
+            if col.null_count() == 0 {
+                let values = col.as_primitive::<Int64Type>().values();
+                return Ok(BooleanArray::new(
+                    deltalake::arrow::buffer::BooleanBuffer::collect_bool(values.len(), |i| {
+                        !ints.contains(values[i])
+                    }),
+                    None,
+                ));
+            }
+        }
+        let cols: Vec<ArrayRef> = key_cols
+            .iter()
+            .zip(&self.key_at)
+            .map(|(&c, &k)| cast_to(batch.column(c), self.schema.field(k).data_type()))
+            .collect::<Result<_>>()?;
+        let rows = self
+            .converter
+            .convert_columns(&cols)
+            .context(|| "row format".into())?;
+        Ok(rows
+            .iter()
+            .map(|r| Some(!self.gone.contains(r.data())))
+            .collect())
+    }
+
+    /// True when the data file at `file` holds a row of a replaced key.
+    fn holds_gone_key(&self, file: &Path) -> Result<bool> {
+        let reader = self.reader(file, true)?;
+        let key_cols: Vec<usize> = (0..self.key_at.len()).collect();
+        for batch in reader {
+            let batch = batch.context(|| format!("reading {}", file.display()))?;
+            let keep = self.keep_mask(&batch, &key_cols)?;
+            if keep.true_count() < batch.num_rows() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// The positions of the rows of the data file at `file` that hold a replaced key and
+    /// are not in `deleted` yet, and how many rows the file has.
+    fn gone_positions(
+        &self,
+        file: &Path,
+        deleted: &RoaringTreemap,
+    ) -> Result<(RoaringTreemap, u64)> {
+        let reader = self.reader(file, true)?;
+        let key_cols: Vec<usize> = (0..self.key_at.len()).collect();
+        let mut gone = RoaringTreemap::new();
+        let mut offset = 0u64;
+        for batch in reader {
+            let batch = batch.context(|| format!("reading {}", file.display()))?;
+            let keep = self.keep_mask(&batch, &key_cols)?;
+            if keep.true_count() < batch.num_rows() {
+                gone.extend(
+                    (0..batch.num_rows())
+                        .filter(|&i| !keep.value(i))
+                        .map(|i| offset + i as u64)
+                        .filter(|p| !deleted.contains(*p)),
+                );
+            }
+            offset += batch.num_rows() as u64;
+        }
+        Ok((gone, offset))
+    }
+
+    /// A reader of the file's key columns (`keys_only`) or of all of them.
+    fn reader(
+        &self,
+        file: &Path,
+        keys_only: bool,
+    ) -> Result<deltalake::datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReader> {
+        let f = std::fs::File::open(file).context(|| format!("opening {}", file.display()))?;
+        let mut builder = ParquetRecordBatchReaderBuilder::try_new(f)
+            .context(|| format!("reading {}", file.display()))?
+            .with_batch_size(READ_BATCH_ROWS);
+        if keys_only {
+            let names: Vec<&str> = self
+                .key_at
+                .iter()
+                .map(|&k| self.schema.field(k).name().as_str())
+                .collect();
+            let arrow = builder.schema().clone();
+            let roots: Vec<usize> = names
+                .iter()
+                .map(|n| {
+                    arrow.index_of(n).map_err(|_| {
+                        EngineError::Internal(format!("{} has no column {n}", file.display()))
+                    })
+                })
+                .collect::<Result<_>>()?;
+            let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+            builder = builder.with_projection(mask);
+        }
+        builder
+            .build()
+            .context(|| format!("reading {}", file.display()))
+    }
+
+    /// Writes the rows of `file` whose key is not replaced and whose position is not in
+    /// `deleted` (its deletion vector), and `extra`, to new data files.
+    async fn rewrite(
+        self: Arc<Self>,
+        file: &Path,
+        table: &DeltaTable,
+        extra: Option<RecordBatch>,
+        deleted: RoaringTreemap,
+    ) -> Result<Vec<deltalake::kernel::Add>> {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(4);
+        let (me, path) = (self.clone(), file.to_path_buf());
+        let reading = tokio::task::spawn_blocking(move || me.read_kept(&path, &deleted, tx));
+        let mut writer = RecordBatchWriter::for_table(table)
+            .context(|| format!("writing {}", table.table_url()))?
+            .with_writer_properties(crate::storage::write::writer_properties(table));
+        if let Some(rows) = extra.filter(|r| r.num_rows() > 0) {
+            writer
+                .write(rows)
+                .await
+                .context(|| format!("writing {}", table.table_url()))?;
+        }
+        while let Some(batch) = rx.recv().await {
+            let batch = batch?;
+            if batch.num_rows() > 0 {
+                writer
+                    .write(batch)
+                    .await
+                    .context(|| format!("writing {}", table.table_url()))?;
+            }
+        }
+        reading
+            .await
+            .map_err(|e| EngineError::Internal(format!("a reading task failed: {e}")))?;
+        writer
+            .flush()
+            .await
+            .context(|| format!("writing {}", table.table_url()))
+    }
+
+    /// Sends the kept rows of `file` (key not replaced, position not in `deleted`), in the
+    /// table's layout, to `tx`.
+    fn read_kept(
+        &self,
+        file: &Path,
+        deleted: &RoaringTreemap,
+        tx: tokio::sync::mpsc::Sender<Result<RecordBatch>>,
+    ) {
+        let send = |r: Result<RecordBatch>| tx.blocking_send(r).is_ok();
+        let reader = match self.reader(file, false) {
+            Ok(r) => r,
+            Err(e) => {
+                send(Err(e));
+                return;
+            }
+        };
+        let mut offset = 0u64;
+        for batch in reader {
+            let out = batch
+                .context(|| format!("reading {}", file.display()))
+                .and_then(|b| {
+                    let b = arrow::in_layout(&b, &self.schema)?;
+                    let mut keep = self.keep_mask(&b, &self.key_at)?;
+                    if !deleted.is_empty() {
+                        let at = offset;
+                        keep = (0..b.num_rows())
+                            .map(|i| Some(keep.value(i) && !deleted.contains(at + i as u64)))
+                            .collect();
+                    }
+                    offset += b.num_rows() as u64;
+                    filter_record_batch(&b, &keep).context(|| "filtering rows".into())
+                });
+            let failed = out.is_err();
+            if !send(out) || failed {
+                return;
+            }
+        }
+    }
+}
+
+fn int64(array: &ArrayRef) -> Result<ArrayRef> {
+    deltalake::arrow::compute::cast(array, &DataType::Int64).context(|| "key values".into())
+}
+
+fn cast_to(array: &ArrayRef, to: &DataType) -> Result<ArrayRef> {
+    if array.data_type() == to {
+        return Ok(array.clone());
+    }
+    deltalake::arrow::compute::cast(array, to).context(|| "casting keys".into())
+}
+
+/// Writes `deleted` as `delete` rows and `inserted` as `insert` rows to a new change data
+/// file of `table` (at `root`), with the table's writer settings, and returns its action.
+async fn write_change_file(
+    table: &DeltaTable,
+    root: &Path,
+    schema: &SchemaRef,
+    deleted: &RecordBatch,
+    inserted: &RecordBatch,
+) -> Result<AddCDCFile> {
+    let props = crate::storage::write::writer_properties(table);
+    let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+    fields.push(Field::new(CHANGE_TYPE, DataType::Utf8, false));
+    let feed_schema = Arc::new(Schema::new(fields));
+    let tagged = |b: &RecordBatch, kind: &str| -> Result<RecordBatch> {
+        let mut cols = arrow::cast_batch(b, schema)?.columns().to_vec();
+        cols.push(Arc::new(StringArray::from(vec![kind; b.num_rows()])));
+        RecordBatch::try_new(feed_schema.clone(), cols).context(|| "change feed rows".into())
+    };
+    let (del, ins) = (tagged(deleted, "delete")?, tagged(inserted, "insert")?);
+    let relative = format!("_change_data/cdc-{}.parquet", uuid::Uuid::new_v4());
+    let path: PathBuf = root.join(&relative);
+    let (p, s) = (path.clone(), feed_schema.clone());
+    let size = tokio::task::spawn_blocking(move || -> Result<u64> {
+        if let Some(dir) = p.parent() {
+            std::fs::create_dir_all(dir).context(|| format!("creating {}", dir.display()))?;
+        }
+        let file = std::fs::File::create(&p).context(|| format!("creating {}", p.display()))?;
+        let mut w = ArrowWriter::try_new(file, s, Some(props))
+            .context(|| format!("writing {}", p.display()))?;
+        for b in [del, ins] {
+            w.write(&b).context(|| format!("writing {}", p.display()))?;
+        }
+        w.close().context(|| format!("writing {}", p.display()))?;
+        Ok(std::fs::metadata(&p)
+            .context(|| format!("reading {}", p.display()))?
+            .len())
+    })
+    .await
+    .map_err(|e| EngineError::Internal(format!("a writing task failed: {e}")))??;
+    Ok(AddCDCFile {
+        path: relative,
+        size: size as i64,
+        partition_values: Default::default(),
+        data_change: false,
+        tags: None,
+    })
+}

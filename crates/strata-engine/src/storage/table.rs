@@ -1,0 +1,161 @@
+//! One Delta table: opening and creating it, its properties, schema and version, the files
+//! of a version, and the application transactions it records.
+
+use crate::error::{Context, EngineError, Result};
+use deltalake::arrow::datatypes::Schema;
+use deltalake::arrow::datatypes::SchemaRef;
+use deltalake::kernel::engine::arrow_conversion::TryIntoKernel;
+use deltalake::kernel::StructType;
+use deltalake::DeltaTable;
+use deltalake::DeltaTableBuilder;
+use std::collections::HashMap;
+use std::collections::HashSet;
+use std::path::Path;
+
+pub(crate) fn table_url(path: &Path) -> Result<url::Url> {
+    std::fs::create_dir_all(path).context(|| format!("cannot create {}", path.display()))?;
+    url::Url::from_directory_path(path)
+        .map_err(|_| EngineError::Internal(format!("not an absolute path: {}", path.display())))
+}
+
+/// Opens the Delta table at `path`, `None` if there is none yet.
+pub(crate) async fn open_delta(path: &Path) -> Result<Option<DeltaTable>> {
+    if !path.join("_delta_log").is_dir() {
+        return Ok(None);
+    }
+    let url = table_url(path)?;
+    let table = deltalake::open_table(url)
+        .await
+        .context(|| format!("cannot open Delta table {}", path.display()))?;
+    Ok(Some(table))
+}
+
+/// The properties (Delta configuration) of `table`: `strata.keys`, `strata.scdType`, the
+/// timeline convention, and whatever `TBLPROPERTIES` set.
+pub(crate) fn table_properties(table: &DeltaTable) -> Result<HashMap<String, String>> {
+    Ok(table
+        .snapshot()
+        .context(|| "reading table state".into())?
+        .metadata()
+        .configuration()
+        .clone())
+}
+
+/// Table properties as written in `TBLPROPERTIES`, plus the change data feed that every
+/// strata table has enabled (R12), as Delta configuration entries.
+pub(crate) fn table_configuration<'a>(
+    properties: impl IntoIterator<Item = (&'a String, &'a String)>,
+) -> Vec<(String, Option<String>)> {
+    let mut conf: Vec<(String, Option<String>)> = properties
+        .into_iter()
+        .map(|(k, v)| (k.clone(), Some(v.clone())))
+        .collect();
+    conf.push((
+        "delta.enableChangeDataFeed".to_string(),
+        Some("true".to_string()),
+    ));
+    conf
+}
+
+/// Whether `properties` (as written in `TBLPROPERTIES`) set `name`, in any case.
+pub(crate) fn sets_property(
+    properties: &std::collections::BTreeMap<String, String>,
+    name: &str,
+) -> bool {
+    properties.keys().any(|k| k.eq_ignore_ascii_case(name))
+}
+
+/// Creates an empty Delta table at `path`. Properties outside Delta's own (`strata.*`,
+/// `pipelines.*`) are kept as written.
+pub(crate) async fn create_delta(
+    path: &Path,
+    name: &str,
+    schema: &Schema,
+    configuration: Vec<(String, Option<String>)>,
+    comment: Option<&str>,
+    partition_columns: Vec<String>,
+) -> Result<DeltaTable> {
+    let url = table_url(path)?;
+    let handle = DeltaTableBuilder::from_url(url)
+        .and_then(|b| b.build())
+        .context(|| format!("cannot open {}", path.display()))?;
+    let st: StructType = schema
+        .try_into_kernel()
+        .map_err(|e| EngineError::Internal(format!("schema not representable in Delta: {e}")))?;
+    let mut create = handle
+        .create()
+        .with_table_name(name)
+        .with_columns(st.fields().cloned())
+        .with_configuration(configuration)
+        .with_partition_columns(partition_columns)
+        .with_raise_if_key_not_exists(false);
+    if let Some(c) = comment {
+        create = create.with_comment(c);
+    }
+    match create.await {
+        Ok(table) => Ok(table),
+        // Another writer created the table at the same moment: a lost race, which the
+        // dataset's run settles by starting again on the table as it now is.
+        Err(source) if path.join("_delta_log").join(FIRST_COMMIT).exists() => {
+            Err(EngineError::Conflict {
+                context: format!("creating Delta table {}", path.display()),
+                source: Box::new(source),
+            })
+        }
+        Err(e) => Err(e).context(|| format!("cannot create Delta table {}", path.display())),
+    }
+}
+
+/// The commit file of a table's version 0.
+const FIRST_COMMIT: &str = "00000000000000000000.json";
+
+/// The Arrow schema of a Delta table.
+pub(crate) fn table_schema(table: &DeltaTable) -> Result<SchemaRef> {
+    Ok(table
+        .snapshot()
+        .context(|| "reading table state".into())?
+        .snapshot()
+        .arrow_schema())
+}
+
+pub(crate) fn table_files(table: &DeltaTable) -> Result<HashSet<String>> {
+    Ok(table
+        .snapshot()
+        .context(|| "reading table state".into())?
+        .log_data()
+        .iter()
+        .map(|f| f.path().to_string())
+        .collect())
+}
+
+/// Files added to the append-only `source` after version `from`.
+pub(crate) async fn new_files(source: &DeltaTable, from: Option<i64>) -> Result<Vec<String>> {
+    let now = table_files(source)?;
+    let old = match from {
+        None => HashSet::new(),
+        Some(v) => {
+            let mut old = source.clone();
+            old.load_version(v as u64)
+                .await
+                .context(|| format!("loading source version {v}"))?;
+            table_files(&old)?
+        }
+    };
+    let mut files: Vec<String> = now.difference(&old).cloned().collect();
+    files.sort();
+    Ok(files)
+}
+
+/// The table's version as Delta's signed transaction versions count it, -1 if none.
+pub(crate) fn version_of(table: &DeltaTable) -> i64 {
+    table.version().map_or(-1, |v| v as i64)
+}
+
+pub(crate) async fn txn_version(table: &DeltaTable, app_id: &str) -> Result<Option<i64>> {
+    table
+        .snapshot()
+        .context(|| "reading table state".into())?
+        .transaction_version(table.log_store().as_ref(), app_id)
+        .await
+        .context(|| format!("reading transaction {app_id}"))
+}

@@ -1,0 +1,218 @@
+//! Writing Delta tables: the Parquet settings strata writes with, appends (encoded on every
+//! core for large inputs), new data files, and commits of prepared actions.
+
+use crate::error::{Context, EngineError, Result};
+use crate::util::threads::{parallel_min_rows, parallelism};
+use deltalake::arrow::array::RecordBatch;
+use deltalake::datafusion::parquet::basic::Compression;
+use deltalake::datafusion::parquet::file::properties::WriterProperties;
+use deltalake::datafusion::parquet::schema::types::ColumnPath;
+use deltalake::kernel::transaction::CommitBuilder;
+use deltalake::kernel::transaction::CommitProperties;
+use deltalake::kernel::Action;
+use deltalake::protocol::DeltaOperation;
+use deltalake::protocol::SaveMode;
+use deltalake::writer::DeltaWriter;
+use deltalake::writer::RecordBatchWriter;
+use deltalake::DeltaTable;
+use strata_sql::TableName;
+
+/// `strata.parquet.compression`: the codec of the Parquet files strata writes into a table.
+/// Snappy by default (what every Delta reader expects); strata's own event stores use
+/// LZ4_RAW, which decodes about half again as fast at the same size.
+pub(crate) const COMPRESSION_PROPERTY: &str = "strata.parquet.compression";
+
+/// `strata.parquet.pageRows`: at most this many rows per Parquet data page (Parquet's
+/// default, 20,000, when unset). strata's event stores use
+/// 512 rows (`STORE_PAGE_ROWS` of the event store), so that a lookup by key reads few pages.
+pub(crate) const PAGE_ROWS_PROPERTY: &str = "strata.parquet.pageRows";
+
+/// `strata.parquet.plainColumns`: columns (comma-separated, any case) written in Parquet's
+/// PLAIN encoding instead of through a dictionary. strata sets it on the AUTO CDC targets it
+/// creates to their key and timeline columns, whose values are nearly all distinct: a
+/// dictionary there saves no space, costs a hash of every value on write, and makes the read
+/// of the key column that finds a batch's rows in the target (`storage/replace.rs`) go through it.
+pub(crate) const PLAIN_COLUMNS_PROPERTY: &str = "strata.parquet.plainColumns";
+
+/// The codecs [`COMPRESSION_PROPERTY`] accepts, in Spark's spelling.
+const CODECS: &[&str] = &["snappy", "lz4_raw", "zstd", "gzip", "uncompressed"];
+
+/// The Parquet codec named `value` (see [`CODECS`], any case; `none` is `uncompressed`).
+pub(crate) fn parquet_codec(value: &str) -> Option<Compression> {
+    Some(match value.trim().to_ascii_lowercase().as_str() {
+        "snappy" => Compression::SNAPPY,
+        "lz4_raw" => Compression::LZ4_RAW,
+        "zstd" => Compression::ZSTD(Default::default()),
+        "gzip" => Compression::GZIP(Default::default()),
+        "uncompressed" | "none" => Compression::UNCOMPRESSED,
+        _ => return None,
+    })
+}
+
+/// A positive row count for [`PAGE_ROWS_PROPERTY`].
+fn page_rows(value: &str) -> Option<usize> {
+    value.trim().parse().ok().filter(|&n: &usize| n > 0)
+}
+
+/// Refuses an unknown [`COMPRESSION_PROPERTY`] or a bad [`PAGE_ROWS_PROPERTY`] in the
+/// `TBLPROPERTIES` of `table`.
+pub(crate) fn check_parquet_properties(
+    table: &TableName,
+    properties: &std::collections::BTreeMap<String, String>,
+) -> Result<()> {
+    for (k, v) in properties {
+        if k.eq_ignore_ascii_case(COMPRESSION_PROPERTY) && parquet_codec(v).is_none() {
+            return Err(EngineError::Plan(format!(
+                "table {table}: {COMPRESSION_PROPERTY} = '{v}' is not a known codec; use one of {}",
+                CODECS.join(", ")
+            )));
+        }
+        if k.eq_ignore_ascii_case(PAGE_ROWS_PROPERTY) && page_rows(v).is_none() {
+            return Err(EngineError::Plan(format!(
+                "table {table}: {PAGE_ROWS_PROPERTY} = '{v}' is not a positive number of rows"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The Parquet writer settings for new files of `table`: its [`COMPRESSION_PROPERTY`] (else
+/// Snappy), [`PAGE_ROWS_PROPERTY`] and [`PLAIN_COLUMNS_PROPERTY`].
+pub(crate) fn writer_properties(table: &DeltaTable) -> WriterProperties {
+    let snapshot = table.snapshot().ok();
+    let config = snapshot
+        .map(|s| s.metadata().configuration().clone())
+        .unwrap_or_default();
+    let get = |name: &str| {
+        config
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    };
+    let codec = get(COMPRESSION_PROPERTY)
+        .and_then(parquet_codec)
+        .unwrap_or(Compression::SNAPPY);
+    let mut props = WriterProperties::builder().set_compression(codec);
+    if let Some(n) = get(PAGE_ROWS_PROPERTY).and_then(page_rows) {
+        props = props
+            .set_data_page_row_count_limit(n)
+            .set_write_batch_size(n.min(1024));
+    }
+    if let (Some(list), Some(snapshot)) = (get(PLAIN_COLUMNS_PROPERTY), snapshot) {
+        let schema = snapshot.schema();
+        for name in list.split(',').map(str::trim) {
+            // The column's own spelling; a name the table lacks is ignored.
+            if let Some(f) = schema
+                .fields()
+                .find(|f| f.name().eq_ignore_ascii_case(name))
+            {
+                props =
+                    props.set_column_dictionary_enabled(ColumnPath::from(f.name().as_str()), false);
+            }
+        }
+    }
+    props.build()
+}
+
+/// Appends `batches`, and the data files already in the table's folder that `files` add,
+/// to `table` in one commit carrying `commit`. Large inputs are cut into one slice per core,
+/// each encoded to parquet by its own writer at the same time (delta-rs encodes an
+/// unpartitioned write on one thread), and all files are committed together.
+pub(crate) async fn append(
+    table: &DeltaTable,
+    batches: Vec<RecordBatch>,
+    files: Vec<deltalake::kernel::Add>,
+    commit: CommitProperties,
+) -> Result<i64> {
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    let parts = parallelism();
+    if files.is_empty() && (rows < parallel_min_rows() || parts == 1 || batches.is_empty()) {
+        let written = table
+            .clone()
+            .write(batches)
+            .with_writer_properties(writer_properties(table))
+            .with_save_mode(SaveMode::Append)
+            .with_commit_properties(commit)
+            .await
+            .context(|| format!("writing {}", table.table_url()))?;
+        return Ok(written.version().map_or(-1, |v| v as i64));
+    }
+    // One group of whole batches (cut where needed) per writer, in order, without copying.
+    let chunk = rows.div_ceil(parts).max(1);
+    let mut groups: Vec<Vec<RecordBatch>> = vec![Vec::new()];
+    let mut in_group = 0usize;
+    for b in batches {
+        let mut offset = 0;
+        while offset < b.num_rows() {
+            if in_group == chunk {
+                groups.push(Vec::new());
+                in_group = 0;
+            }
+            let take = (chunk - in_group).min(b.num_rows() - offset);
+            if let Some(g) = groups.last_mut() {
+                g.push(b.slice(offset, take));
+            }
+            in_group += take;
+            offset += take;
+        }
+    }
+    let mut writers = Vec::new();
+    for group in groups.into_iter().filter(|g| !g.is_empty()) {
+        let table = table.clone();
+        writers.push(tokio::spawn(
+            async move { write_files(&table, group).await },
+        ));
+    }
+    let mut actions: Vec<Action> = files.into_iter().map(Action::Add).collect();
+    for w in writers {
+        let adds = w
+            .await
+            .map_err(|e| EngineError::Internal(format!("a writer task failed: {e}")))??;
+        actions.extend(adds.into_iter().map(Action::Add));
+    }
+    let partition_by: Vec<String> = table
+        .snapshot()
+        .context(|| "reading table state".into())?
+        .metadata()
+        .partition_columns()
+        .to_vec();
+    let operation = DeltaOperation::Write {
+        mode: SaveMode::Append,
+        partition_by: (!partition_by.is_empty()).then_some(partition_by),
+        predicate: None,
+    };
+    commit_actions(table, actions, operation, commit).await
+}
+
+/// Writes `batches` (in the table's layout) to new data files of `table` and returns their
+/// `add` actions; nothing is committed.
+pub(crate) async fn write_files(
+    table: &DeltaTable,
+    batches: Vec<RecordBatch>,
+) -> Result<Vec<deltalake::kernel::Add>> {
+    let what = || format!("writing {}", table.table_url());
+    let mut writer = RecordBatchWriter::for_table(table)
+        .context(what)?
+        .with_writer_properties(writer_properties(table));
+    for b in batches {
+        writer.write(b).await.context(what)?;
+    }
+    writer.flush().await.context(what)
+}
+
+/// Commits `actions` to `table` (against the state it was loaded at) as one `operation`
+/// carrying `commit`; returns the new version.
+pub(crate) async fn commit_actions(
+    table: &DeltaTable,
+    actions: Vec<Action>,
+    operation: DeltaOperation,
+    commit: CommitProperties,
+) -> Result<i64> {
+    let snapshot = table.snapshot().context(|| "reading table state".into())?;
+    let done = CommitBuilder::from(commit)
+        .with_actions(actions)
+        .build(Some(snapshot), table.log_store(), operation)
+        .await
+        .context(|| format!("committing to {}", table.table_url()))?;
+    Ok(done.version() as i64)
+}

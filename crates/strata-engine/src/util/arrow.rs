@@ -1,0 +1,366 @@
+//! Small helpers between Arrow, DataFusion and Delta: quoting, casting, schemas, row format.
+
+use crate::error::{Context, EngineError, Result};
+use deltalake::arrow::array::{Array, ArrayRef, RecordBatch};
+use deltalake::arrow::compute::cast;
+use deltalake::arrow::datatypes::{DataType, Schema, SchemaRef};
+use deltalake::arrow::row::{RowConverter, Rows, SortField};
+use deltalake::datafusion::scalar::ScalarValue;
+use std::cmp::Ordering;
+
+/// Casts `batch` column by column (by position) to `schema`.
+pub(crate) fn cast_batch(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
+    cast_columns(batch.columns().to_vec(), schema)
+}
+
+/// `batch` (read from a data file) with `schema`'s columns, matched by name; a column the
+/// file lacks (added to the table later) is NULL.
+pub(crate) fn in_layout(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
+    let arrow = batch.schema();
+    let columns: Vec<ArrayRef> = schema
+        .fields()
+        .iter()
+        .map(|f| match arrow.index_of(f.name()) {
+            Ok(p) => batch.column(p).clone(),
+            Err(_) => deltalake::arrow::array::new_null_array(f.data_type(), batch.num_rows()),
+        })
+        .collect();
+    cast_columns(columns, schema)
+}
+
+/// A batch of `schema` from `columns`, each cast (by position) to its field's type.
+pub(crate) fn cast_columns(columns: Vec<ArrayRef>, schema: &SchemaRef) -> Result<RecordBatch> {
+    if columns.len() != schema.fields().len() {
+        return Err(EngineError::Internal(format!(
+            "batch has {} columns, expected {}",
+            columns.len(),
+            schema.fields().len()
+        )));
+    }
+    let cols = columns
+        .into_iter()
+        .zip(schema.fields())
+        .map(|(c, f)| {
+            if c.data_type() == f.data_type() {
+                Ok(c)
+            } else {
+                cast(c.as_ref(), f.data_type())
+                    .context(|| format!("column {}: cannot convert to {}", f.name(), f.data_type()))
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    RecordBatch::try_new(schema.clone(), cols).context(|| "casting batch".into())
+}
+
+/// The non-NULL values of the first column of `batches`, as scalars.
+pub(crate) fn scalars(batches: &[RecordBatch]) -> Result<Vec<ScalarValue>> {
+    let mut out = Vec::new();
+    for b in batches {
+        for i in 0..b.num_rows() {
+            if b.column(0).is_valid(i) {
+                out.push(
+                    ScalarValue::try_from_array(b.column(0), i)
+                        .context(|| "reading values".into())?,
+                );
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Arrow's row format of `columns`: ordered like SQL `ORDER BY`, equal as bytes.
+pub(crate) fn rows(columns: &[ArrayRef]) -> Result<Rows> {
+    let fields = columns
+        .iter()
+        .map(|c| SortField::new(c.data_type().clone()))
+        .collect();
+    let converter = RowConverter::new(fields).context(|| "row format".into())?;
+    converter
+        .convert_columns(columns)
+        .context(|| "row format".into())
+}
+
+/// The values of a column in a form whose byte or integer order is SQL's `ORDER BY` order.
+pub(crate) enum Ordered {
+    /// Integers, dates, times and timestamps without NULLs (where they matter): each value
+    /// as an order-preserving `u64`, compared without indirection.
+    Int(Vec<u64>),
+    /// Anything else, in Arrow's row format.
+    Rows(Rows),
+}
+
+impl Ordered {
+    /// `ignore_null` marks rows whose NULLs need not keep their order (truncate events,
+    /// which carry no key): they do not rule out the integer form.
+    pub(crate) fn of(
+        column: &ArrayRef,
+        ignore_null: Option<&dyn Fn(usize) -> bool>,
+    ) -> Result<Self> {
+        if let Some(v) = ordered_u64(column, ignore_null) {
+            return Ok(Ordered::Int(v));
+        }
+        Ok(Ordered::Rows(rows(std::slice::from_ref(column))?))
+    }
+
+    /// Several columns compared in turn (one integer-like column keeps the integer form).
+    pub(crate) fn of_columns(
+        columns: &[ArrayRef],
+        ignore_null: Option<&dyn Fn(usize) -> bool>,
+    ) -> Result<Self> {
+        match columns {
+            [one] => Self::of(one, ignore_null),
+            _ => Ok(Ordered::Rows(rows(columns)?)),
+        }
+    }
+
+    pub(crate) fn cmp(&self, a: u32, b: u32) -> Ordering {
+        match self {
+            Ordered::Int(v) => v[a as usize].cmp(&v[b as usize]),
+            Ordered::Rows(r) => r.row(a as usize).cmp(&r.row(b as usize)),
+        }
+    }
+
+    pub(crate) fn eq(&self, a: u32, b: u32) -> bool {
+        match self {
+            Ordered::Int(v) => v[a as usize] == v[b as usize],
+            Ordered::Rows(r) => r.row(a as usize) == r.row(b as usize),
+        }
+    }
+
+    /// `rows` split into `parts` lists by value ranges (integers: list `i` holds only values
+    /// below those of list `i + 1`, so lists sorted one by one are sorted end to end), else
+    /// by a hash of the value; each list in the order given, equal values in the same list.
+    /// The ranges come from a sample of these values, so unlike [`Ordered::split`] two
+    /// `Ordered` need not split alike.
+    pub(crate) fn split_ranges(
+        &self,
+        rows: impl Iterator<Item = u32>,
+        parts: usize,
+    ) -> Vec<Vec<u32>> {
+        let Ordered::Int(v) = self else {
+            return self.split(rows, parts);
+        };
+        let parts = parts.max(1);
+        if parts == 1 || v.is_empty() {
+            return vec![rows.collect()];
+        }
+        let splitters = range_splitters(v, parts);
+        let mut out = vec![Vec::new(); parts];
+        for i in rows {
+            out[splitters.partition_point(|&s| s <= v[i as usize])].push(i);
+        }
+        out
+    }
+
+    /// `rows` split into `parts` lists by a hash of their value, each list in the order
+    /// given: equal values land in the same list, also across two `Ordered` of one form.
+    pub(crate) fn split(&self, rows: impl Iterator<Item = u32>, parts: usize) -> Vec<Vec<u32>> {
+        let hasher = ahash::RandomState::with_seeds(1, 2, 3, 4);
+        let parts = parts.max(1);
+        let mut out = vec![Vec::new(); parts];
+        for i in rows {
+            let part = if parts == 1 {
+                0
+            } else {
+                let hash = match self {
+                    Ordered::Int(v) => hasher.hash_one(v[i as usize]),
+                    Ordered::Rows(r) => hasher.hash_one(r.row(i as usize).data()),
+                };
+                (hash % parts as u64) as usize
+            };
+            out[part].push(i);
+        }
+        out
+    }
+}
+
+/// `parts - 1` values that split `values` into `parts` ranges of about equal size: the
+/// quantiles of an evenly spaced sample. Value `x` belongs to range
+/// `splitters.partition_point(|&s| s <= x)`.
+pub(crate) fn range_splitters(values: &[u64], parts: usize) -> Vec<u64> {
+    let parts = parts.max(1);
+    let step = (values.len() / (256 * parts)).max(1);
+    let mut sample: Vec<u64> = values.iter().step_by(step).copied().collect();
+    sample.sort_unstable();
+    if sample.is_empty() {
+        return Vec::new();
+    }
+    (1..parts)
+        .map(|p| sample[p * sample.len() / parts])
+        .collect()
+}
+
+/// The starts and ends of intervals (columns of one type) in forms comparable with each
+/// other: integers where the type allows, else one row format. Open ends (NULL) must not be
+/// compared.
+pub(crate) enum Bounds {
+    Int(Vec<u64>, Vec<u64>),
+    Rows(Rows, Rows),
+}
+
+impl Bounds {
+    pub(crate) fn new(starts: &ArrayRef, ends: &ArrayRef) -> Result<Self> {
+        if let (Some(s), Some(e)) = (
+            ordered_u64(starts, None),
+            ordered_u64(ends, Some(&|_| true)),
+        ) {
+            return Ok(Bounds::Int(s, e));
+        }
+        let converter = RowConverter::new(vec![SortField::new(starts.data_type().clone())])
+            .context(|| "row format".into())?;
+        let convert = |c: &ArrayRef| {
+            converter
+                .convert_columns(std::slice::from_ref(c))
+                .context(|| "row format".into())
+        };
+        Ok(Bounds::Rows(convert(starts)?, convert(ends)?))
+    }
+
+    /// The start of row `a` against the start of row `b`.
+    pub(crate) fn start_cmp(&self, a: u32, b: u32) -> Ordering {
+        match self {
+            Bounds::Int(s, _) => s[a as usize].cmp(&s[b as usize]),
+            Bounds::Rows(s, _) => s.row(a as usize).cmp(&s.row(b as usize)),
+        }
+    }
+
+    /// The start of row `a` against the end of row `b`.
+    pub(crate) fn start_vs_end(&self, a: u32, b: u32) -> Ordering {
+        match self {
+            Bounds::Int(s, e) => s[a as usize].cmp(&e[b as usize]),
+            Bounds::Rows(s, e) => s.row(a as usize).cmp(&e.row(b as usize)),
+        }
+    }
+}
+
+/// Every value of an integer-like `column` as a `u64` in the same order (the sign bit
+/// flipped), or `None` for other types and for NULLs outside the rows `ignore_null` accepts.
+fn ordered_u64(column: &ArrayRef, ignore_null: Option<&dyn Fn(usize) -> bool>) -> Option<Vec<u64>> {
+    use deltalake::arrow::datatypes::DataType as T;
+    let integer_like = matches!(
+        column.data_type(),
+        T::Int8
+            | T::Int16
+            | T::Int32
+            | T::Int64
+            | T::UInt8
+            | T::UInt16
+            | T::UInt32
+            | T::Date32
+            | T::Date64
+            | T::Time32(_)
+            | T::Time64(_)
+            | T::Timestamp(_, _)
+            | T::Duration(_)
+    );
+    if !integer_like {
+        return None;
+    }
+    if column.null_count() > 0 {
+        let ignore = ignore_null?;
+        if (0..column.len()).any(|i| column.is_null(i) && !ignore(i)) {
+            return None;
+        }
+    }
+    let ints = deltalake::arrow::compute::cast(column, &T::Int64).ok()?;
+    let ints = ints
+        .as_any()
+        .downcast_ref::<deltalake::arrow::array::Int64Array>()?;
+    Some(
+        ints.values()
+            .iter()
+            .map(|&v| (v as u64) ^ (1 << 63))
+            .collect(),
+    )
+}
+
+/// Type equality that ignores nullability of nested fields and the spelling of time zones.
+pub(crate) fn same_type(a: &DataType, b: &DataType) -> bool {
+    match (a, b) {
+        (DataType::Timestamp(u1, z1), DataType::Timestamp(u2, z2)) => {
+            u1 == u2 && z1.is_some() == z2.is_some()
+        }
+        (DataType::Struct(f1), DataType::Struct(f2)) => {
+            f1.len() == f2.len()
+                && f1
+                    .iter()
+                    .zip(f2.iter())
+                    .all(|(x, y)| x.name() == y.name() && same_type(x.data_type(), y.data_type()))
+        }
+        _ => a == b,
+    }
+}
+
+/// The type a value is stored with: view and large layouts become their plain equivalents,
+/// which is what Delta stores and what reading a table gives back.
+pub(crate) fn storage_type(t: &DataType) -> DataType {
+    match t {
+        DataType::Utf8View | DataType::LargeUtf8 => DataType::Utf8,
+        DataType::BinaryView | DataType::LargeBinary => DataType::Binary,
+        DataType::Struct(fields) => DataType::Struct(
+            fields
+                .iter()
+                .map(|f| {
+                    std::sync::Arc::new(
+                        f.as_ref()
+                            .clone()
+                            .with_data_type(storage_type(f.data_type())),
+                    )
+                })
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// `a INT, b STRING` for messages.
+pub(crate) fn describe_fields(schema: &Schema) -> String {
+    schema
+        .fields()
+        .iter()
+        .map(|f| format!("{} {}", f.name(), f.data_type()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The columns of `batches` (all of `width` columns) concatenated, one column per core at a
+/// time, letting go of each column's pieces once it is built: the peak is the result plus a
+/// column per core, not twice the whole input as with `concat_batches`.
+pub(crate) fn concat_columns(batches: Vec<RecordBatch>, width: usize) -> Result<Vec<ArrayRef>> {
+    let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+    let mut pieces: Vec<Vec<ArrayRef>> = vec![Vec::with_capacity(batches.len()); width];
+    for b in batches {
+        for (i, c) in b.columns().iter().enumerate().take(width) {
+            pieces[i].push(c.clone());
+        }
+    }
+    // Columns side by side on the cores, each one's pieces let go once it is merged.
+    crate::util::threads::per_column(pieces, crate::util::threads::threads_for(rows), |parts| {
+        concat_arrays(&parts)
+    })
+}
+
+/// `parts` (arrays of one type) as one array; a single part as it is.
+pub(crate) fn concat_arrays(parts: &[ArrayRef]) -> Result<ArrayRef> {
+    match parts {
+        [one] => Ok(one.clone()),
+        _ => {
+            let refs: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
+            deltalake::arrow::compute::concat(&refs).context(|| "concatenating rows".into())
+        }
+    }
+}
+
+/// Integer types whose every value is an `i64`.
+pub(crate) fn fits_i64(t: &DataType) -> bool {
+    matches!(
+        t,
+        DataType::Int8
+            | DataType::Int16
+            | DataType::Int32
+            | DataType::Int64
+            | DataType::UInt8
+            | DataType::UInt16
+            | DataType::UInt32
+    )
+}

@@ -1,0 +1,10 @@
+//! Helpers every layer uses, with no knowledge of tables or pipelines: Arrow arrays and
+//! schemas ([`arrow`]), sets of integer keys ([`keyset`]), SQL text ([`sql`]), work on every core ([`threads`]), the parallel
+//! sort of integer keys ([`sort`]) and timed phase logs ([`steps`]).
+
+pub(crate) mod arrow;
+pub(crate) mod keyset;
+pub(crate) mod sort;
+pub(crate) mod sql;
+pub(crate) mod steps;
+pub(crate) mod threads;

@@ -1,0 +1,69 @@
+//! SQL text: quoting names and strings, finding and rewriting table-function calls.
+
+use crate::error::{EngineError, Result};
+
+/// `name` as a double-quoted SQL identifier (DataFusion's default dialect).
+pub(crate) fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// `s` as a single-quoted SQL string literal.
+pub(crate) fn quote_str(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+/// The arguments of `factor` if it calls the table function `function` (any case):
+/// `Some(None)` when an argument is named (`f(x => 1)`), which strata's table functions do
+/// not take; `None` for any other factor.
+pub(crate) fn table_function_args<'a>(
+    factor: &'a deltalake::datafusion::sql::sqlparser::ast::TableFactor,
+    function: &str,
+) -> Option<Option<Vec<&'a deltalake::datafusion::sql::sqlparser::ast::Expr>>> {
+    use deltalake::datafusion::sql::sqlparser::ast::{FunctionArg, FunctionArgExpr, TableFactor};
+    let TableFactor::Table {
+        name,
+        args: Some(args),
+        ..
+    } = factor
+    else {
+        return None;
+    };
+    if !name.to_string().eq_ignore_ascii_case(function) {
+        return None;
+    }
+    Some(
+        args.args
+            .iter()
+            .map(|a| match a {
+                FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => Some(e),
+                _ => None,
+            })
+            .collect(),
+    )
+}
+
+/// The statements of `sql` if it mentions `function` (any case), for a rewrite of that table
+/// function; `None` when it cannot hold a call.
+pub(crate) fn statements_calling(
+    sql: &str,
+    function: &str,
+) -> Result<Option<Vec<deltalake::datafusion::sql::sqlparser::ast::Statement>>> {
+    use deltalake::datafusion::sql::sqlparser::{dialect::GenericDialect, parser::Parser};
+    if !sql.to_ascii_lowercase().contains(function) {
+        return Ok(None);
+    }
+    Parser::parse_sql(&GenericDialect {}, sql)
+        .map(Some)
+        .map_err(|e| EngineError::Plan(format!("query: {e}")))
+}
+
+/// Rewritten statements back to one SQL text.
+pub(crate) fn statements_sql(
+    statements: &[deltalake::datafusion::sql::sqlparser::ast::Statement],
+) -> String {
+    statements
+        .iter()
+        .map(|s| s.to_string())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
