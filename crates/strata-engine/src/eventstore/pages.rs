@@ -39,6 +39,33 @@ use std::sync::Arc;
 /// keys, so that a batch's keys leave most pages unread.
 pub(crate) const STORE_PAGE_ROWS: usize = 512;
 
+/// Creates an empty event store at `path` with the layout the page-index read relies on
+/// (LZ4_RAW, [`STORE_PAGE_ROWS`]-row pages).
+pub(crate) async fn create_store(
+    path: &std::path::Path,
+    schema: &deltalake::arrow::datatypes::Schema,
+) -> Result<deltalake::DeltaTable> {
+    use crate::storage::write::{COMPRESSION_PROPERTY, PAGE_ROWS_PROPERTY};
+    crate::storage::table::create_delta(
+        path,
+        "events",
+        schema,
+        vec![
+            (
+                COMPRESSION_PROPERTY.to_string(),
+                Some("lz4_raw".to_string()),
+            ),
+            (
+                PAGE_ROWS_PROPERTY.to_string(),
+                Some(STORE_PAGE_ROWS.to_string()),
+            ),
+        ],
+        None,
+        Vec::new(),
+    )
+    .await
+}
+
 /// The touched keys as sorted, distinct integers, when `keys` is one integer column.
 pub(crate) fn int_keys(keys: &RecordBatch) -> Option<Vec<i64>> {
     let [column] = keys.columns() else {

@@ -14,6 +14,8 @@ use crate::storage::warehouse::Warehouse;
 /// What each node's run gets from the pipeline run it is part of.
 pub(crate) struct Scope<'a> {
     pub(crate) wh: &'a Warehouse,
+    /// The run's id, as the event log and every commit of the run record it.
+    pub(crate) run_id: &'a str,
     /// Checked events handed from ingestions to the flows that read their tables.
     pub(crate) handoff: &'a Handoff,
     /// Tells how far the node has got (`3 of 10 file(s), 120000 row(s)`), for progress

@@ -15,8 +15,12 @@
 //! values are replaced in one commit, together with the source versions they reflect.
 
 use crate::error::{Context, EngineError, Result};
+use crate::ops::Scope;
+pub(crate) use crate::semantics::pit::AS_OF_COL;
+use crate::semantics::pit::{pit_sql, plan_refresh, Changed, PitSource, RefreshPlan};
 use crate::semantics::timeline::Timeline;
 use crate::sql::session::warehouse_session_in;
+use crate::storage::commit::{position, AppId, PendingCommit};
 use crate::storage::table::version_of;
 use crate::storage::warehouse::Warehouse;
 use crate::util::sql::quote_ident;
@@ -27,15 +31,10 @@ use deltalake::datafusion::common::Column;
 use deltalake::datafusion::physical_plan::collect;
 use deltalake::datafusion::prelude::{lit, Expr, SessionContext};
 use deltalake::datafusion::scalar::ScalarValue;
-use deltalake::kernel::transaction::CommitProperties;
-use deltalake::kernel::Transaction;
 use deltalake::protocol::SaveMode;
 use deltalake::DeltaTable;
 use std::sync::Arc;
 use strata_sql::{PitTable, Spine, TableName};
-
-/// The as-of column of every point-in-time table.
-pub(crate) const AS_OF_COL: &str = "as_of";
 
 /// What one refresh of a point-in-time table did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -51,18 +50,13 @@ pub struct PitReport {
     pub skipped: Option<String>,
 }
 
+/// A historised table the point-in-time table reads, opened.
 struct Source {
     name: TableName,
     table: DeltaTable,
     timeline: Timeline,
-    snapshots: bool,
-    /// The column the PIT table records: the surrogate key, else the start.
-    column: String,
-    out_name: String,
-}
-
-fn app_id(pit: &PitTable, source: &TableName) -> String {
-    format!("strata-pit:{}:{source}", pit.name)
+    /// What the PIT query needs of it.
+    pit: PitSource,
 }
 
 async fn sql_batches(ctx: &SessionContext, sql: &str, what: &str) -> Result<Vec<RecordBatch>> {
@@ -213,138 +207,179 @@ async fn changed_since(
     Ok(Some(v.into_iter().next()))
 }
 
-/// Refreshes `pit` from the historised tables of `wh`.
-pub(crate) async fn refresh(wh: &Warehouse, pit: &PitTable, schema: &str) -> Result<PitReport> {
+/// Refreshes `pit` from the historised tables of the warehouse: [`open_sources`] →
+/// [`spine_values`] → [`plan`] (what to compute) → [`compute_rows`] → [`commit_rows`].
+pub(crate) async fn refresh(scope: &Scope<'_>, pit: &PitTable, schema: &str) -> Result<PitReport> {
+    let wh = scope.wh;
     let mut report = PitReport {
         table: pit.name.to_string(),
         ..Default::default()
     };
+    let sources = match open_sources(wh, pit).await? {
+        Ok(sources) => sources,
+        Err(waiting) => {
+            report.skipped = Some(format!("waiting for {waiting}, which has no rows yet"));
+            return Ok(report);
+        }
+    };
+    let ctx = warehouse_session_in(wh, schema).await?;
+    let spine = delta_typed(spine_values(wh, &ctx, pit, schema).await?)?;
+    let target = wh.open_table(&pit.name).await?;
+    let refresh = plan(&ctx, pit, &sources, &spine, target.as_ref()).await?;
+    report.recomputed = refresh.recomputed;
+    report.computed = refresh.compute.len();
+    report.removed = refresh.removed.len();
+    if refresh.compute.is_empty() && refresh.removed.is_empty() && target.is_some() {
+        report.skipped = Some("up to date".to_string());
+        return Ok(report);
+    }
+    let (out_schema, batches) = compute_rows(&ctx, pit, &sources, &spine, &refresh).await?;
+    report.rows = batches.iter().map(RecordBatch::num_rows).sum();
+    // As-of values at which no key has a version leave no rows; computing them again finds
+    // none again, and there is nothing to commit.
+    if report.rows == 0 && report.recomputed == 0 && refresh.removed.is_empty() && target.is_some()
+    {
+        report.skipped = Some("up to date".to_string());
+        return Ok(report);
+    }
+    let mut commit = PendingCommit::of_run(scope.run_id);
+    for s in &sources {
+        let id = AppId::Pit {
+            pit: &pit.name,
+            source: &s.name,
+        };
+        commit = commit.at(id, version_of(&s.table));
+    }
+    commit_rows(scope, pit, target, &out_schema, batches, refresh, &commit).await?;
+    Ok(report)
+}
+
+/// Opens every historised table `pit` reads and checks it has the keys; `Err(name)` when
+/// one has no rows yet (the table waits for it).
+async fn open_sources(
+    wh: &crate::storage::warehouse::Warehouse,
+    pit: &PitTable,
+) -> Result<std::result::Result<Vec<Source>, TableName>> {
     let mut sources = Vec::new();
     for name in &pit.sources {
         let Some(table) = wh.open_table(name).await? else {
-            report.skipped = Some(format!("waiting for {name}, which has no rows yet"));
-            return Ok(report);
+            return Ok(Err(name.clone()));
         };
         let config = crate::storage::table::table_properties(&table)?;
         let timeline = Timeline::from_properties(&config)?;
-        let snapshots = config.get("strata.scdType").map(String::as_str) == Some("snapshots");
         let schema = crate::storage::table::table_schema(&table)?;
-        for k in &pit.keys {
-            if schema.field_with_name(k).is_err() {
-                return Err(EngineError::Plan(format!(
-                    "point-in-time table {}: {name} has no key column `{k}`",
-                    pit.name
-                )));
-            }
+        if let Some(k) = pit.keys.iter().find(|k| schema.field_with_name(k).is_err()) {
+            return Err(EngineError::Plan(format!(
+                "point-in-time table {}: {name} has no key column `{k}`",
+                pit.name
+            )));
         }
         let (column, suffix) = match &timeline.surrogate_key {
             Some(sk) => (sk.clone(), "sk"),
             None => (timeline.valid_from.clone(), "start"),
         };
-        sources.push(Source {
+        let pit_source = PitSource {
+            reference: format!("{}.{}", quote_ident(&name.schema), quote_ident(&name.name)),
+            valid_from: timeline.valid_from.clone(),
+            valid_to: timeline.valid_to.clone(),
+            snapshots: config.get("strata.scdType").map(String::as_str) == Some("snapshots"),
+            column,
             out_name: format!("{}_{suffix}", name.name),
+        };
+        sources.push(Source {
             name: name.clone(),
             table,
             timeline,
-            snapshots,
-            column,
+            pit: pit_source,
         });
     }
+    Ok(Ok(sources))
+}
 
-    let ctx = warehouse_session_in(wh, schema).await?;
-    let spine = delta_typed(spine_values(wh, &ctx, pit, schema).await?)?;
-    let wanted = crate::util::arrow::scalars(&spine)?;
-    let target = wh.open_table(&pit.name).await?;
-    let mut existing: Vec<ScalarValue> = Vec::new();
-    let mut bound: Option<Option<ScalarValue>> = None; // Some(None): everything
-    if let Some(t) = &target {
-        crate::storage::session::register_table(&ctx, "__strata_pit", t, None).await?;
-        existing = crate::util::arrow::scalars(
-            &sql_batches(
-                &ctx,
-                &format!("SELECT DISTINCT {AS_OF_COL} FROM __strata_pit"),
-                "reading as-of values",
-            )
-            .await?,
-        )?;
-        let expected: Vec<String> = sources.iter().map(|s| s.out_name.clone()).collect();
-        let schema = crate::storage::table::table_schema(t)?;
-        let have: Vec<String> = schema
-            .fields()
-            .iter()
-            .skip(1 + pit.keys.len())
-            .map(|f| f.name().clone())
-            .collect();
-        if have != expected {
-            return Err(EngineError::Plan(format!(
-                "point-in-time table {} has columns for ({}) but the pipeline asks for ({}); \
-                 remove the table folder to rebuild it",
-                pit.name,
-                have.join(", "),
-                expected.join(", ")
-            )));
-        }
-        for s in &sources {
-            let from = crate::storage::table::txn_version(t, &app_id(pit, &s.name))
-                .await?
-                .unwrap_or(-1);
-            if let Some(b) = changed_since(&ctx, s, &pit.keys, from).await? {
-                bound = Some(match (bound, b) {
-                    (Some(None), _) | (_, None) => None,
-                    (None, Some(v)) => Some(v),
-                    (Some(Some(a)), Some(v)) => Some(if v < a { v } else { a }),
-                });
-            }
-        }
+/// Which as-of values the refresh computes: the spine's new ones, and every one the
+/// historised tables' changes since the last refresh can affect.
+async fn plan(
+    ctx: &SessionContext,
+    pit: &PitTable,
+    sources: &[Source],
+    spine: &[RecordBatch],
+    target: Option<&DeltaTable>,
+) -> Result<RefreshPlan> {
+    let wanted = crate::util::arrow::scalars(spine)?;
+    let Some(t) = target else {
+        return Ok(plan_refresh(&wanted, &[], &Changed::Nothing));
+    };
+    crate::storage::session::register_table(ctx, "__strata_pit", t, None).await?;
+    let existing = crate::util::arrow::scalars(
+        &sql_batches(
+            ctx,
+            &format!("SELECT DISTINCT {AS_OF_COL} FROM __strata_pit"),
+            "reading as-of values",
+        )
+        .await?,
+    )?;
+    check_columns(pit, sources, t)?;
+    let mut changed = Changed::Nothing;
+    for s in sources {
+        let id = AppId::Pit {
+            pit: &pit.name,
+            source: &s.name,
+        };
+        let from = position(t, id).await?.unwrap_or(-1);
+        changed = changed.and(match changed_since(ctx, s, &pit.keys, from).await? {
+            None => Changed::Nothing,
+            Some(None) => Changed::Everything,
+            Some(Some(v)) => Changed::From(v),
+        });
     }
     // The bound in the spine's type (an INT start against a BIGINT spine, a DATE start
     // against a TIMESTAMP spine); if it does not convert, everything is recomputed.
     let spine_type = spine
         .first()
         .map(|b| b.schema().field(0).data_type().clone());
-    let bound = match (bound, &spine_type) {
-        (Some(Some(b)), Some(t)) => Some(b.cast_to(t).ok()),
-        (b, _) => b,
-    };
-    let affected = |v: &ScalarValue| match &bound {
-        None => false,
-        Some(None) => true,
-        Some(Some(b)) => match v.partial_cmp(b) {
-            Some(o) => o != std::cmp::Ordering::Less,
-            None => true,
-        },
-    };
-    let compute: Vec<ScalarValue> = wanted
-        .iter()
-        .filter(|v| !existing.contains(v) || affected(v))
-        .cloned()
-        .collect();
-    let removed: Vec<ScalarValue> = existing
-        .iter()
-        .filter(|v| !wanted.contains(v))
-        .cloned()
-        .collect();
-    report.recomputed = compute.iter().filter(|v| existing.contains(v)).count();
-    report.computed = compute.len();
-    report.removed = removed.len();
-    if compute.is_empty() && removed.is_empty() && target.is_some() {
-        report.skipped = Some("up to date".to_string());
-        return Ok(report);
+    if let (Changed::From(b), Some(t)) = (&changed, &spine_type) {
+        changed = b.cast_to(t).map_or(Changed::Everything, Changed::From);
     }
+    Ok(plan_refresh(&wanted, &existing, &changed))
+}
 
-    // The rows of the as-of values to compute.
-    let spine_schema = spine.first().map(|b| b.schema()).unwrap_or_else(|| {
-        Arc::new(Schema::new(vec![Field::new(
-            AS_OF_COL,
-            deltalake::arrow::datatypes::DataType::Date32,
-            true,
-        )]))
+/// An existing PIT table must have the columns the pipeline now asks for.
+fn check_columns(pit: &PitTable, sources: &[Source], table: &DeltaTable) -> Result<()> {
+    let expected: Vec<String> = sources.iter().map(|s| s.pit.out_name.clone()).collect();
+    let have: Vec<String> = crate::storage::table::table_schema(table)?
+        .fields()
+        .iter()
+        .skip(1 + pit.keys.len())
+        .map(|f| f.name().clone())
+        .collect();
+    if have == expected {
+        return Ok(());
+    }
+    Err(EngineError::Plan(format!(
+        "point-in-time table {} has columns for ({}) but the pipeline asks for ({}); \
+         remove the table folder to rebuild it",
+        pit.name,
+        have.join(", "),
+        expected.join(", ")
+    )))
+}
+
+/// The PIT rows of the as-of values the refresh computes, in Delta's types.
+async fn compute_rows(
+    ctx: &SessionContext,
+    pit: &PitTable,
+    sources: &[Source],
+    spine: &[RecordBatch],
+    refresh: &RefreshPlan,
+) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+    let spine_type = spine.first().map_or(DataType::Date32, |b| {
+        b.schema().field(0).data_type().clone()
     });
-    let values: Vec<ScalarValue> = compute.clone();
-    let column = if values.is_empty() {
-        deltalake::arrow::array::new_empty_array(spine_schema.field(0).data_type())
-    } else {
-        ScalarValue::iter_to_array(values).context(|| "as-of values".into())?
+    let column = match refresh.compute.is_empty() {
+        true => deltalake::arrow::array::new_empty_array(&spine_type),
+        false => {
+            ScalarValue::iter_to_array(refresh.compute.clone()).context(|| "as-of values".into())?
+        }
     };
     let spine_batch = RecordBatch::try_new(
         Arc::new(Schema::new(vec![Field::new(
@@ -357,86 +392,10 @@ pub(crate) async fn refresh(wh: &Warehouse, pit: &PitTable, schema: &str) -> Res
     .context(|| "as-of values".into())?;
     ctx.register_batch("__strata_spine", spine_batch)
         .context(|| "as-of values".into())?;
-    let keys_t = |alias: &str| {
-        pit.keys
-            .iter()
-            .map(|k| format!("{alias}.{}", quote_ident(k)))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let mut ctes = Vec::new();
-    for (i, s) in sources.iter().enumerate() {
-        let src = format!(
-            "{}.{}",
-            quote_ident(&s.name.schema),
-            quote_ident(&s.name.name)
-        );
-        let (from, to, col) = (
-            quote_ident(&s.timeline.valid_from),
-            quote_ident(&s.timeline.valid_to),
-            quote_ident(&s.column),
-        );
-        let body = if s.snapshots {
-            format!(
-                "SELECT v.{AS_OF_COL}, {}, t.{col} AS c FROM \
-                   (SELECT sp.{AS_OF_COL}, max(d.st) AS st FROM __strata_spine sp \
-                    JOIN (SELECT DISTINCT {from} AS st FROM {src}) d ON d.st <= sp.{AS_OF_COL} \
-                    GROUP BY sp.{AS_OF_COL}) v \
-                 JOIN {src} t ON t.{from} = v.st",
-                keys_t("t")
-            )
-        } else {
-            format!(
-                "SELECT sp.{AS_OF_COL}, {}, t.{col} AS c FROM __strata_spine sp JOIN {src} t \
-                 ON t.{from} <= sp.{AS_OF_COL} AND (t.{to} IS NULL OR sp.{AS_OF_COL} < t.{to})",
-                keys_t("t")
-            )
-        };
-        ctes.push(format!("s{i} AS ({body})"));
-    }
-    // One source: its rows are the answer. More: full outer joins on (as_of, keys), the
-    // as-of value and keys taken from whichever side has them.
-    let coalesced = |col: &str, upto: usize| {
-        if upto == 0 {
-            format!("s0.{col}")
-        } else {
-            format!(
-                "coalesce({})",
-                (0..=upto)
-                    .map(|i| format!("s{i}.{col}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        }
-    };
-    let last = sources.len() - 1;
-    let mut select = format!("SELECT {} AS {AS_OF_COL}", coalesced(AS_OF_COL, last));
-    for k in &pit.keys {
-        let q = quote_ident(k);
-        select.push_str(&format!(", {} AS {q}", coalesced(&q, last)));
-    }
-    for (i, s) in sources.iter().enumerate() {
-        select.push_str(&format!(", s{i}.c AS {}", quote_ident(&s.out_name)));
-    }
-    let mut from = "s0".to_string();
-    for i in 1..sources.len() {
-        let on = std::iter::once(format!(
-            "s{i}.{AS_OF_COL} = {}",
-            coalesced(AS_OF_COL, i - 1)
-        ))
-        .chain(pit.keys.iter().map(|k| {
-            let q = quote_ident(k);
-            format!("s{i}.{q} = {}", coalesced(&q, i - 1))
-        }))
-        .collect::<Vec<_>>()
-        .join(" AND ");
-        from.push_str(&format!(" FULL OUTER JOIN s{i} ON {on}"));
-    }
-    let sql = format!("WITH {} {select} FROM {from}", ctes.join(", "));
-    let df = ctx
-        .sql(&sql)
-        .await
-        .map_err(|e| EngineError::Plan(format!("point-in-time table {}: {e}", pit.name)))?;
+    let pit_sources: Vec<PitSource> = sources.iter().map(|s| s.pit.clone()).collect();
+    let sql = pit_sql(&pit.keys, &pit_sources);
+    let err = |e| EngineError::Plan(format!("point-in-time table {}: {e}", pit.name));
+    let df = ctx.sql(&sql).await.map_err(err)?;
     let out_schema: SchemaRef = Arc::new(Schema::new(
         df.schema()
             .as_arrow()
@@ -454,33 +413,31 @@ pub(crate) async fn refresh(wh: &Warehouse, pit: &PitTable, schema: &str) -> Res
     let batches = df
         .collect()
         .await
-        .map_err(|e| EngineError::Plan(format!("point-in-time table {}: {e}", pit.name)))?;
-    let batches = batches
+        .map_err(err)?
         .iter()
         .map(|b| crate::util::arrow::cast_batch(b, &out_schema))
         .collect::<Result<Vec<_>>>()?;
-    report.rows = batches.iter().map(RecordBatch::num_rows).sum();
-    // As-of values at which no key has a version leave no rows; computing them again finds
-    // none again, and there is nothing to commit.
-    if report.rows == 0 && report.recomputed == 0 && removed.is_empty() && target.is_some() {
-        report.skipped = Some("up to date".to_string());
-        return Ok(report);
-    }
+    Ok((out_schema, batches))
+}
 
-    let mut props = CommitProperties::default();
-    for s in &sources {
-        props = props.with_application_transaction(Transaction::new(
-            app_id(pit, &s.name),
-            version_of(&s.table),
-        ));
-    }
-    let (handle, fresh) = match target {
+/// Replaces the rows of the computed and removed as-of values in one commit (or creates
+/// the table with them).
+async fn commit_rows(
+    scope: &Scope<'_>,
+    pit: &PitTable,
+    target: Option<DeltaTable>,
+    out_schema: &SchemaRef,
+    batches: Vec<RecordBatch>,
+    refresh: RefreshPlan,
+    commit: &PendingCommit,
+) -> Result<()> {
+    let (table, fresh) = match target {
         Some(t) => (t, false),
         None => (
             crate::storage::table::create_delta(
-                &wh.table_path(&pit.name),
+                &scope.wh.table_path(&pit.name),
                 &pit.name.name,
-                &out_schema,
+                out_schema,
                 crate::storage::table::table_configuration(&pit.properties),
                 None,
                 Vec::new(),
@@ -489,23 +446,29 @@ pub(crate) async fn refresh(wh: &Warehouse, pit: &PitTable, schema: &str) -> Res
             true,
         ),
     };
-    let codec = crate::storage::write::writer_properties(&handle);
-    let write = handle
+    let codec = crate::storage::write::writer_properties(&table);
+    let write = table
         .write(batches)
         .with_writer_properties(codec)
-        .with_commit_properties(props);
-    let write = if fresh {
-        write.with_save_mode(SaveMode::Append)
-    } else {
-        let replace: Vec<Expr> = compute.into_iter().chain(removed).map(lit).collect();
-        write
-            .with_save_mode(SaveMode::Overwrite)
-            .with_replace_where(
-                Expr::Column(Column::new_unqualified(AS_OF_COL)).in_list(replace, false),
-            )
+        .with_commit_properties(commit.properties());
+    let write = match fresh {
+        true => write.with_save_mode(SaveMode::Append),
+        false => {
+            let replace: Vec<Expr> = refresh
+                .compute
+                .into_iter()
+                .chain(refresh.removed)
+                .map(lit)
+                .collect();
+            write
+                .with_save_mode(SaveMode::Overwrite)
+                .with_replace_where(
+                    Expr::Column(Column::new_unqualified(AS_OF_COL)).in_list(replace, false),
+                )
+        }
     };
     write
         .await
         .context(|| format!("writing point-in-time table {}", pit.name))?;
-    Ok(report)
+    Ok(())
 }

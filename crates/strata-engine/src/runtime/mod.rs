@@ -273,8 +273,14 @@ pub(crate) async fn run_plan(
                 node_kind(&plan, node),
                 chrono::Utc::now(),
             );
-            let (plan, declared, context, flows, handoff) =
-                (&plan, &declared, &context, &flows, &handoff);
+            let (plan, declared, context, flows, handoff, run_id) = (
+                &plan,
+                &declared,
+                &context,
+                &flows,
+                &handoff,
+                run_id.as_str(),
+            );
             let progress = options.progress.clone();
             let node_name = describe.clone();
             running.push(async move {
@@ -298,6 +304,7 @@ pub(crate) async fn run_plan(
                     let p = again.as_ref().unwrap_or(p);
                     let scope = Scope {
                         wh,
+                        run_id,
                         handoff,
                         update: &update,
                     };

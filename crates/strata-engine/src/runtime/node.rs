@@ -96,7 +96,7 @@ pub(crate) async fn run_node(
                 EngineError::Internal(format!("planned point-in-time table {i} is missing"))
             })?;
             tracing::info!(table = %pit.name, "refreshing point-in-time table");
-            let r = crate::ops::pit::refresh(wh, pit, &plan.default_schema).await?;
+            let r = crate::ops::pit::refresh(scope, pit, &plan.default_schema).await?;
             record.rows_written = r.rows;
             skipped_or(record, &r.skipped, || {
                 format!(

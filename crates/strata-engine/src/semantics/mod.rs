@@ -2,12 +2,14 @@
 //! events into its rows ([`fold`], on `strata-core`), a flow's shape ([`flow`]), its
 //! events ([`events`]), the timeline conventions ([`timeline`]), the comparison of a key's
 //! rows before and after a run ([`compare`]), snapshot diffs and pins ([`snapshot`]), the
-//! SCD2 integrity check ([`integrity`]).
+//! SCD2 integrity check ([`integrity`]) and point-in-time tables
+//! ([`pit`]: which as-of values a refresh computes, and their SQL).
 
 pub(crate) mod compare;
 pub(crate) mod events;
 pub(crate) mod flow;
 pub(crate) mod fold;
 pub(crate) mod integrity;
+pub(crate) mod pit;
 pub(crate) mod snapshot;
 pub(crate) mod timeline;

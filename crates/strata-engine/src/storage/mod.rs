@@ -1,10 +1,12 @@
 //! Tables on storage: where they live ([`warehouse`]), opening and creating one and what it
-//! records ([`table`]), writing and committing ([`write`]), DataFusion sessions over them
+//! records ([`table`]), writing ([`write`]), a commit as a value
+//! with its positions ([`commit`]), DataFusion sessions over them
 //! ([`session`]), the change data feed ([`feed`]), replacing keys' rows in place
 //! ([`replace`], with deletion vectors in [`dv`]), the record of input files taken
 //! ([`ledger`]) and Parquet files taken into a table as they are ([`adopt`]).
 
 pub(crate) mod adopt;
+pub(crate) mod commit;
 pub(crate) mod dv;
 pub(crate) mod feed;
 pub(crate) mod ledger;

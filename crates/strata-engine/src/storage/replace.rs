@@ -21,6 +21,7 @@
 //! deletion vectors stored in files (written by another engine), goes through delta-rs.
 
 use crate::error::{Context, EngineError, Result};
+use crate::storage::commit::PendingCommit;
 use crate::storage::feed::CHANGE_TYPE;
 use crate::util::arrow;
 use deltalake::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, StringArray};
@@ -29,7 +30,6 @@ use deltalake::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef}
 use deltalake::arrow::row::{RowConverter, SortField};
 use deltalake::datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use deltalake::datafusion::parquet::arrow::{ArrowWriter, ProjectionMask};
-use deltalake::kernel::transaction::CommitProperties;
 use deltalake::kernel::{Action, AddCDCFile};
 use deltalake::protocol::{DeltaOperation, SaveMode};
 use deltalake::writer::{DeltaWriter, RecordBatchWriter};
@@ -74,7 +74,7 @@ impl std::fmt::Display for Replaced {
 }
 
 /// Replaces every row of `table` whose key (columns `keys`) is a key of `old_rows` by
-/// `new_rows`, in one commit carrying `commit`. `old_rows` must be exactly the rows the table
+/// `new_rows`, in one commit, `commit`. `old_rows` must be exactly the rows the table
 /// holds for those keys (they become the change feed's `delete` rows). Returns `None`, having
 /// done nothing, for a partitioned table, one with column mapping or deletion vectors stored
 /// in files, or one that is not in a local folder.
@@ -83,7 +83,7 @@ pub(crate) async fn replace_keys(
     keys: &[String],
     old_rows: &RecordBatch,
     new_rows: RecordBatch,
-    commit: CommitProperties,
+    commit: &PendingCommit,
 ) -> Result<Option<Replaced>> {
     let table_name = table.table_url().to_string();
     let steps = crate::util::steps::Steps::new(&table_name, "replace: ");
@@ -293,7 +293,7 @@ async fn commit_replacement(
     mut actions: Vec<Action>,
     mode: SaveMode,
     what: String,
-    commit: CommitProperties,
+    commit: &PendingCommit,
 ) -> Result<()> {
     actions.push(Action::Cdc(cdc));
     // What was replaced is told in the commit info, not as the operation's predicate: Delta's
@@ -304,8 +304,10 @@ async fn commit_replacement(
         partition_by: None,
         predicate: None,
     };
-    let commit = commit.with_metadata([(REPLACED_KEY.to_string(), serde_json::json!(what))]);
-    crate::storage::write::commit_actions(table, actions, operation, commit).await?;
+    let commit = commit
+        .clone()
+        .with_info(REPLACED_KEY, serde_json::json!(what));
+    crate::storage::write::commit_actions(table, actions, operation, &commit).await?;
     Ok(())
 }
 

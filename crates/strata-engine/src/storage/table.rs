@@ -150,12 +150,3 @@ pub(crate) async fn new_files(source: &DeltaTable, from: Option<i64>) -> Result<
 pub(crate) fn version_of(table: &DeltaTable) -> i64 {
     table.version().map_or(-1, |v| v as i64)
 }
-
-pub(crate) async fn txn_version(table: &DeltaTable, app_id: &str) -> Result<Option<i64>> {
-    table
-        .snapshot()
-        .context(|| "reading table state".into())?
-        .transaction_version(table.log_store().as_ref(), app_id)
-        .await
-        .context(|| format!("reading transaction {app_id}"))
-}

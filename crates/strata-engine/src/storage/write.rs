@@ -2,13 +2,13 @@
 //! core for large inputs), new data files, and commits of prepared actions.
 
 use crate::error::{Context, EngineError, Result};
+use crate::storage::commit::PendingCommit;
 use crate::util::threads::{parallel_min_rows, parallelism};
 use deltalake::arrow::array::RecordBatch;
 use deltalake::datafusion::parquet::basic::Compression;
 use deltalake::datafusion::parquet::file::properties::WriterProperties;
 use deltalake::datafusion::parquet::schema::types::ColumnPath;
 use deltalake::kernel::transaction::CommitBuilder;
-use deltalake::kernel::transaction::CommitProperties;
 use deltalake::kernel::Action;
 use deltalake::protocol::DeltaOperation;
 use deltalake::protocol::SaveMode;
@@ -115,14 +115,14 @@ pub(crate) fn writer_properties(table: &DeltaTable) -> WriterProperties {
 }
 
 /// Appends `batches`, and the data files already in the table's folder that `files` add,
-/// to `table` in one commit carrying `commit`. Large inputs are cut into one slice per core,
+/// to `table` in one commit, `commit`. Large inputs are cut into one slice per core,
 /// each encoded to parquet by its own writer at the same time (delta-rs encodes an
 /// unpartitioned write on one thread), and all files are committed together.
 pub(crate) async fn append(
     table: &DeltaTable,
     batches: Vec<RecordBatch>,
     files: Vec<deltalake::kernel::Add>,
-    commit: CommitProperties,
+    commit: &PendingCommit,
 ) -> Result<i64> {
     let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
     let parts = parallelism();
@@ -132,7 +132,7 @@ pub(crate) async fn append(
             .write(batches)
             .with_writer_properties(writer_properties(table))
             .with_save_mode(SaveMode::Append)
-            .with_commit_properties(commit)
+            .with_commit_properties(commit.properties())
             .await
             .context(|| format!("writing {}", table.table_url()))?;
         return Ok(written.version().map_or(-1, |v| v as i64));
@@ -201,15 +201,15 @@ pub(crate) async fn write_files(
 }
 
 /// Commits `actions` to `table` (against the state it was loaded at) as one `operation`
-/// carrying `commit`; returns the new version.
+/// as `commit`; returns the new version.
 pub(crate) async fn commit_actions(
     table: &DeltaTable,
     actions: Vec<Action>,
     operation: DeltaOperation,
-    commit: CommitProperties,
+    commit: &PendingCommit,
 ) -> Result<i64> {
     let snapshot = table.snapshot().context(|| "reading table state".into())?;
-    let done = CommitBuilder::from(commit)
+    let done = CommitBuilder::from(commit.properties())
         .with_actions(actions)
         .build(Some(snapshot), table.log_store(), operation)
         .await

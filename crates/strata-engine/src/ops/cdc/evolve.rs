@@ -6,7 +6,6 @@ use crate::ops::cdc::setup::added_columns;
 use crate::semantics::flow::FlowSetup;
 use crate::storage::warehouse::Warehouse;
 use deltalake::kernel::engine::arrow_conversion::TryIntoKernel;
-use deltalake::kernel::transaction::CommitProperties;
 use deltalake::kernel::Action;
 use deltalake::kernel::MetadataExt;
 use deltalake::protocol::DeltaOperation;
@@ -52,7 +51,7 @@ pub(crate) async fn evolve_tables(
             &table,
             vec![Action::Metadata(metadata)],
             DeltaOperation::AddColumn { fields },
-            CommitProperties::default(),
+            &crate::storage::commit::PendingCommit::default(),
         )
         .await?;
         for c in new {

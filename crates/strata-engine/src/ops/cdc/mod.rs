@@ -62,6 +62,14 @@ pub struct FlowReport {
 }
 
 impl FlowReport {
+    /// An empty report of flow `flow`.
+    pub(crate) fn of(flow: &str) -> Self {
+        FlowReport {
+            flow: flow.to_string(),
+            ..Default::default()
+        }
+    }
+
     /// Adds the change counts of a comparison to the report.
     pub(crate) fn count(&mut self, c: &crate::semantics::compare::Counts) {
         self.rows_written += c.rows_written;

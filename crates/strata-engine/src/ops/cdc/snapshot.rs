@@ -62,6 +62,19 @@ pub(crate) struct SnapshotEvents {
     pub state_digest: Option<digest::Digest>,
 }
 
+impl SnapshotEvents {
+    /// The events of a change-event flow's run: no markers, nothing superseded.
+    pub(crate) fn just(events: RecordBatch) -> Self {
+        SnapshotEvents {
+            markers: RecordBatch::new_empty(events.schema()),
+            events,
+            superseded: None,
+            notes: Vec::new(),
+            state_digest: None,
+        }
+    }
+}
+
 /// Registers `name` as the effective events of table `events` (the event store, or some
 /// keys' stored events): data events (no markers) whose run is not older than the latest
 /// marker of their version in the event store. `new_markers`, when given, count as markers too

@@ -1,48 +1,44 @@
 //! `STORED AS SNAPSHOTS`: every delivery's rows with start = end = version, written straight
-//! to the target. A redelivered version's rows are replaced in the same commit.
+//! to the target (no event store). A redelivered version's rows are replaced in the same
+//! commit. Phases: [`read_deliveries`] → [`existing_versions`] → [`version_rows`] (and
+//! [`demote_previous`] under a current flag) → [`commit_versions`].
 
 use crate::error::{Context, Result};
 use crate::ops::cdc::FlowReport;
+use crate::ops::Scope;
 use crate::semantics::flow::FlowSetup;
-use crate::semantics::snapshot::group_versions;
-use crate::semantics::snapshot::reject_duplicate_keys;
-use crate::semantics::snapshot::render_version;
-use crate::semantics::snapshot::take_rows;
-use crate::semantics::snapshot::with_flag;
-use crate::storage::warehouse::Warehouse;
+use crate::semantics::snapshot::{
+    group_versions, reject_duplicate_keys, render_version, take_rows, with_flag, Versions,
+};
+use crate::storage::commit::{position, AppId, PendingCommit};
+use crate::storage::session::register_table;
 use crate::util::arrow;
 use crate::util::sql::quote_ident;
-use deltalake::arrow::array::ArrayRef;
-use deltalake::arrow::array::RecordBatch;
+use deltalake::arrow::array::{ArrayRef, RecordBatch};
 use deltalake::arrow::compute::concat_batches;
 use deltalake::datafusion::common::Column;
-use deltalake::datafusion::prelude::lit;
-use deltalake::datafusion::prelude::Expr;
+use deltalake::datafusion::prelude::{lit, Expr, SessionContext};
 use deltalake::datafusion::scalar::ScalarValue;
-use deltalake::kernel::transaction::CommitProperties;
-use deltalake::kernel::Transaction;
 use deltalake::protocol::SaveMode;
+use deltalake::DeltaTable;
+use std::cmp::Ordering;
+use std::collections::BTreeMap;
 
-/// `STORED AS SNAPSHOTS`: every delivery's rows with start = end = version, written straight
-/// to the target. A redelivered version's rows are replaced in the same commit.
+/// Runs a `STORED AS SNAPSHOTS` flow once over the deliveries it has not taken.
 pub(crate) async fn run_snapshots_mode(
-    wh: &Warehouse,
+    scope: &Scope<'_>,
     setup: &FlowSetup,
-    target_properties: &std::collections::BTreeMap<String, String>,
+    target_properties: &BTreeMap<String, String>,
 ) -> Result<FlowReport> {
     let f = &setup.flow;
-    let mut report = FlowReport {
-        flow: f.name.clone(),
-        ..Default::default()
-    };
-    let Some(source) = wh.open_table(&f.source).await? else {
+    let mut report = FlowReport::of(&f.name);
+    let Some(source) = scope.wh.open_table(&f.source).await? else {
         report.skipped = Some(format!("source {} has no data yet", f.source));
         return Ok(report);
     };
-    let app_id = format!("strata-flow:{}", f.name);
-    let target = wh.open_table(&f.target).await?;
+    let target = scope.wh.open_table(&f.target).await?;
     let from = match &target {
-        Some(t) => crate::storage::table::txn_version(t, &app_id).await?,
+        Some(t) => position(t, AppId::Flow(&f.name)).await?,
         None => None,
     };
     let source_version = crate::storage::table::version_of(&source);
@@ -51,16 +47,7 @@ pub(crate) async fn run_snapshots_mode(
         return Ok(report);
     }
     let ctx = crate::storage::session::new_session();
-    let files = if setup.table_mode() {
-        None
-    } else {
-        Some(crate::storage::table::new_files(&source, from).await?)
-    };
-    crate::storage::session::register_table(&ctx, strata_sql::SOURCE_PLACEHOLDER, &source, files)
-        .await?;
-    let rows = crate::eventstore::evaluate::events_from(&ctx, setup, 0).await?;
-    let place = format!("the rows of {}", f.source);
-    crate::semantics::events::validate_events(setup, std::slice::from_ref(&rows), &place)?;
+    let rows = read_deliveries(&ctx, setup, &source, from).await?;
     let versions = group_versions(setup, &rows)?;
     report.source_versions = Some((from, source_version));
     report.events = rows.num_rows();
@@ -68,50 +55,109 @@ pub(crate) async fn run_snapshots_mode(
         report.skipped = Some("no new input".to_string());
         return Ok(report);
     }
-    let timeline = &setup.timeline;
-    let start_col = timeline.valid_from.clone();
+    let existing = existing_versions(&ctx, setup, target.as_ref()).await?;
+    let mut write = version_rows(setup, &rows, &versions, &existing, &mut report)?;
+    demote_previous(&ctx, setup, &existing, &mut write).await?;
+    let commit = PendingCommit::of_run(scope.run_id).at(AppId::Flow(&f.name), source_version);
+    commit_versions(scope, setup, target_properties, target, write, &commit).await?;
+    report.keys_changed = report.rows_inserted;
+    Ok(report)
+}
 
-    // Versions already in the target.
-    let mut existing: Vec<ScalarValue> = Vec::new();
-    if let Some(t) = &target {
-        crate::storage::session::register_table(&ctx, "__strata_target", t, None).await?;
+/// The rows delivered since `from` (the whole source in table mode), as checked events.
+async fn read_deliveries(
+    ctx: &SessionContext,
+    setup: &FlowSetup,
+    source: &DeltaTable,
+    from: Option<i64>,
+) -> Result<RecordBatch> {
+    let files = match setup.table_mode() {
+        true => None,
+        false => Some(crate::storage::table::new_files(source, from).await?),
+    };
+    register_table(ctx, strata_sql::SOURCE_PLACEHOLDER, source, files).await?;
+    let rows = crate::eventstore::evaluate::events_from(ctx, setup, 0).await?;
+    let place = format!("the rows of {}", setup.flow.source);
+    crate::semantics::events::validate_events(setup, std::slice::from_ref(&rows), &place)?;
+    Ok(rows)
+}
+
+/// The versions the target holds (registered in `ctx` as `__strata_target`), and the newest.
+struct Existing {
+    versions: Vec<ScalarValue>,
+    max: Option<ScalarValue>,
+}
+
+async fn existing_versions(
+    ctx: &SessionContext,
+    setup: &FlowSetup,
+    target: Option<&DeltaTable>,
+) -> Result<Existing> {
+    let mut versions = Vec::new();
+    if let Some(t) = target {
+        register_table(ctx, "__strata_target", t, None).await?;
+        let sql = format!(
+            "SELECT DISTINCT {} FROM __strata_target",
+            quote_ident(&setup.timeline.valid_from)
+        );
         let batches = ctx
-            .sql(&format!(
-                "SELECT DISTINCT {} FROM __strata_target",
-                quote_ident(&start_col)
-            ))
+            .sql(&sql)
             .await
             .context(|| "reading versions".into())?
             .collect()
             .await
             .context(|| "reading versions".into())?;
-        existing = arrow::scalars(&batches)?;
+        versions = arrow::scalars(&batches)?;
     }
-    let old_max = existing
+    let max = versions
         .iter()
-        .max_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal))
+        .max_by(|a, b| a.partial_cmp(b).unwrap_or(Ordering::Equal))
         .cloned();
-    let mut replace: Vec<ScalarValue> = Vec::new();
-    let mut parts = Vec::new();
-    let new_max = versions.groups.last().map(|g| g.0.clone());
-    let overall_max = match (&old_max, &new_max) {
+    Ok(Existing { versions, max })
+}
+
+/// The rows to write and the versions whose rows they replace.
+struct VersionWrite {
+    parts: Vec<RecordBatch>,
+    replace: Vec<ScalarValue>,
+    /// The newest version once the run is done.
+    newest: Option<ScalarValue>,
+}
+
+/// Each delivered version's rows in the target layout (start = end = version; a current
+/// flag on the newest version), with notes for redeliveries and late versions.
+fn version_rows(
+    setup: &FlowSetup,
+    rows: &RecordBatch,
+    versions: &Versions,
+    existing: &Existing,
+    report: &mut FlowReport,
+) -> Result<VersionWrite> {
+    let timeline = &setup.timeline;
+    let newest_delivered = versions.groups.last().map(|g| g.0.clone());
+    let newest = match (&existing.max, &newest_delivered) {
         (Some(a), Some(b)) if a > b => Some(a.clone()),
         (_, b) => b.clone(),
     };
+    let mut write = VersionWrite {
+        parts: Vec::new(),
+        replace: Vec::new(),
+        newest,
+    };
     for (v, idx) in &versions.groups {
-        if existing.contains(v) {
+        if existing.versions.contains(v) {
             report.notes.push(format!(
                 "snapshot version {} redelivered: its rows are replaced",
                 render_version(v)
             ));
-        } else if old_max.as_ref().is_some_and(|m| m > v) {
+        } else if existing.max.as_ref().is_some_and(|m| m > v) {
             report.notes.push(format!(
                 "snapshot version {} arrived after a later version was applied: added to history",
                 render_version(v)
             ));
         }
-        replace.push(v.clone());
-        let snap = take_rows(&rows, idx)?;
+        write.replace.push(v.clone());
+        let snap = take_rows(rows, idx)?;
         // A key twice in one version is an error here too.
         reject_duplicate_keys(setup, &snap, v)?;
         let n = snap.num_rows();
@@ -128,41 +174,67 @@ pub(crate) async fn run_snapshots_mode(
             &setup.target_schema,
         )?;
         if let Some(flag) = &timeline.current_flag {
-            let current = overall_max.as_ref() == Some(v);
-            mapped = with_flag(&mapped, flag, current, n)?;
+            mapped = with_flag(&mapped, flag, write.newest.as_ref() == Some(v), n)?;
         }
         report.rows_inserted += n;
-        parts.push(mapped);
+        write.parts.push(mapped);
     }
-    // The previous latest version is no longer current.
-    if let (Some(flag), Some(old), Some(all)) = (&timeline.current_flag, &old_max, &overall_max) {
-        if old != all && !replace.contains(old) {
-            let prev = ctx
-                .table("__strata_target")
-                .await
-                .context(|| "reading the previous version".into())?
-                .filter(
-                    Expr::Column(Column::new_unqualified(start_col.as_str())).eq(lit(old.clone())),
-                )
-                .context(|| "reading the previous version".into())?
-                .collect()
-                .await
-                .context(|| "reading the previous version".into())?;
-            for b in prev {
-                let b = arrow::cast_batch(&b, &setup.target_schema)?;
-                let n = b.num_rows();
-                parts.push(with_flag(&b, flag, false, n)?);
-            }
-            replace.push(old.clone());
-        }
+    Ok(write)
+}
+
+/// Under a current flag, the previous newest version is no longer current when a newer
+/// one arrived: its rows are written again with the flag off.
+async fn demote_previous(
+    ctx: &SessionContext,
+    setup: &FlowSetup,
+    existing: &Existing,
+    write: &mut VersionWrite,
+) -> Result<()> {
+    let (Some(flag), Some(old), Some(newest)) =
+        (&setup.timeline.current_flag, &existing.max, &write.newest)
+    else {
+        return Ok(());
+    };
+    if old == newest || write.replace.contains(old) {
+        return Ok(());
     }
-    let rows_out =
-        concat_batches(&setup.target_schema, &parts).context(|| "snapshot rows".into())?;
-    let handle = match target {
+    let start = Expr::Column(Column::new_unqualified(setup.timeline.valid_from.as_str()));
+    let prev = ctx
+        .table("__strata_target")
+        .await
+        .context(|| "reading the previous version".into())?
+        .filter(start.eq(lit(old.clone())))
+        .context(|| "reading the previous version".into())?
+        .collect()
+        .await
+        .context(|| "reading the previous version".into())?;
+    for b in prev {
+        let b = arrow::cast_batch(&b, &setup.target_schema)?;
+        let n = b.num_rows();
+        write.parts.push(with_flag(&b, flag, false, n)?);
+    }
+    write.replace.push(old.clone());
+    Ok(())
+}
+
+/// Replaces the rows of the written versions in the target (created on the first run) in
+/// one commit, `commit`.
+async fn commit_versions(
+    scope: &Scope<'_>,
+    setup: &FlowSetup,
+    target_properties: &BTreeMap<String, String>,
+    target: Option<DeltaTable>,
+    write: VersionWrite,
+    commit: &PendingCommit,
+) -> Result<()> {
+    let f = &setup.flow;
+    let rows =
+        concat_batches(&setup.target_schema, &write.parts).context(|| "snapshot rows".into())?;
+    let target = match target {
         Some(t) => t,
         None => {
             crate::storage::table::create_delta(
-                &wh.table_path(&f.target),
+                &scope.wh.table_path(&f.target),
                 &f.target.name,
                 &setup.target_schema,
                 super::setup::target_configuration(setup, target_properties),
@@ -172,20 +244,16 @@ pub(crate) async fn run_snapshots_mode(
             .await?
         }
     };
-    let start_ref = Expr::Column(Column::new_unqualified(start_col.as_str()));
-    let predicate = start_ref.in_list(replace.into_iter().map(lit).collect(), false);
-    let props = crate::storage::write::writer_properties(&handle);
-    handle
-        .write(vec![rows_out])
+    let start = Expr::Column(Column::new_unqualified(setup.timeline.valid_from.as_str()));
+    let predicate = start.in_list(write.replace.into_iter().map(lit).collect(), false);
+    let props = crate::storage::write::writer_properties(&target);
+    target
+        .write(vec![rows])
         .with_writer_properties(props)
         .with_save_mode(SaveMode::Overwrite)
         .with_replace_where(predicate)
-        .with_commit_properties(
-            CommitProperties::default()
-                .with_application_transaction(Transaction::new(&app_id, source_version)),
-        )
+        .with_commit_properties(commit.properties())
         .await
         .context(|| format!("flow {}: writing {}", f.name, f.target))?;
-    report.keys_changed = report.rows_inserted;
-    Ok(report)
+    Ok(())
 }

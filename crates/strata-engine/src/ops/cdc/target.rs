@@ -1,37 +1,221 @@
-//! Writing a flow's target.
+//! Writing a flow's target: the last phase of a run (`run.rs`). Only keys whose rows change
+//! are written: an empty target gets the folded rows in a plain append; otherwise the
+//! touched keys' current rows are compared with the folded ones and the changed keys' rows
+//! replaced in place (`storage/replace.rs`), or through a delta-rs MERGE for a target the
+//! replacement does not handle.
 
-use crate::error::{Context, Result};
-
-/// The application id under which a target records the event-store version it reflects.
-pub(crate) const EVENTS_APP_ID: &str = "strata-events";
-
-use deltalake::arrow::array::RecordBatch;
-use deltalake::arrow::compute::concat_batches;
-use deltalake::arrow::datatypes::DataType;
-use deltalake::arrow::datatypes::Field;
-use deltalake::arrow::datatypes::Schema;
-use deltalake::datafusion::prelude::SessionContext;
-use deltalake::kernel::transaction::CommitProperties;
-use deltalake::kernel::Transaction;
+use super::setup::target_configuration;
+use crate::error::{Context, EngineError, Result};
+use crate::eventstore::read::read_slice;
+use crate::ops::cdc::FlowReport;
+use crate::ops::Scope;
+use crate::semantics::compare::{compare, count_first_rows, ChangeSet};
+use crate::semantics::events::Touched;
+use crate::semantics::flow::FlowSetup;
+use crate::storage::commit::PendingCommit;
+use crate::storage::session::register_table;
+use crate::storage::table::table_files;
+use crate::util::steps::{step, Steps};
+use deltalake::arrow::array::{RecordBatch, StringArray, UInt32Array};
+use deltalake::arrow::compute::{self, concat_batches};
+use deltalake::arrow::datatypes::{DataType, Field, Schema};
+use deltalake::datafusion::common::Column;
+use deltalake::datafusion::prelude::{col, lit, DataFrame, Expr, SessionContext};
+use deltalake::DeltaTable;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-/// A target commit records the event-store version it reflects and the flow's source position.
-pub(crate) fn target_commit(
-    store_version: i64,
-    app_id: &str,
-    source_version: i64,
-) -> CommitProperties {
-    CommitProperties::default()
-        .with_application_transaction(Transaction::new(EVENTS_APP_ID, store_version))
-        .with_application_transaction(Transaction::new(app_id, source_version))
+/// What a run writes to its target.
+pub(crate) struct TargetWrite<'a> {
+    /// The touched keys' rows after the run, in the target layout.
+    pub(crate) rows: RecordBatch,
+    /// The touched keys' stored events, when the target reflects them all: their rows before
+    /// the run are then folded from them instead of read from the target.
+    pub(crate) stored_only: Option<RecordBatch>,
+    pub(crate) touched: &'a Touched,
+    /// The positions the target commit records (the event-store version and the flow's
+    /// source position).
+    pub(crate) commit: PendingCommit,
 }
 
-/// The MERGE source: new rows tagged `ins`, one row per changed key tagged `del`.
-pub(crate) fn merge_source(
+/// Writes the changed keys' rows to the target (created on the first run with the
+/// properties of its declaration), filling the change counts of `report`.
+pub(crate) async fn write_target(
+    scope: &Scope<'_>,
+    setup: &FlowSetup,
+    target_properties: &BTreeMap<String, String>,
+    target: Option<DeltaTable>,
+    ctx: &SessionContext,
+    write: TargetWrite<'_>,
+    report: &mut FlowReport,
+) -> Result<()> {
+    let target = match target {
+        Some(t) if !table_files(&t)?.is_empty() => t,
+        existing => {
+            return write_first_rows(scope, setup, target_properties, existing, write, report).await
+        }
+    };
+    let steps = Steps::new(&setup.flow.name, "");
+    let current = match &write.stored_only {
+        Some(stored) => setup.fold_to_target(stored)?.0,
+        None => {
+            register_table(ctx, "__strata_target", &target, None).await?;
+            let (schema, touched) = (&setup.target_schema, write.touched);
+            read_slice(ctx, setup, "__strata_target", touched, schema, false).await?
+        }
+    };
+    step!(info, steps, "found the target rows of the touched keys");
+    (scope.update)(format!(
+        "writing the rows of {} key(s)",
+        report.keys_touched
+    ));
+    let change = compare(setup, &current, &write.rows)?;
+    step!(debug, steps, "compared them with the new rows");
+    report.count(&change.counts);
+    report.keys_changed = change.keys;
+    report.rows_deleted = change.rows_deleted;
+    report.rows_inserted = change.insert_rows.len();
+    if change.keys == 0 {
+        return Ok(());
+    }
+    replace_changed(setup, &target, ctx, &current, write, change).await
+}
+
+/// No rows yet: everything folded is new, written with a plain append (which also creates
+/// the table with its properties on the first run).
+async fn write_first_rows(
+    scope: &Scope<'_>,
+    setup: &FlowSetup,
+    target_properties: &BTreeMap<String, String>,
+    existing: Option<DeltaTable>,
+    write: TargetWrite<'_>,
+    report: &mut FlowReport,
+) -> Result<()> {
+    report.keys_changed = report.keys_touched;
+    report.rows_inserted = write.rows.num_rows();
+    report.count(&count_first_rows(setup, &write.rows));
+    let flow = &setup.flow;
+    let target = match existing {
+        Some(t) => t,
+        None => {
+            crate::storage::table::create_delta(
+                &scope.wh.table_path(&flow.target),
+                &flow.target.name,
+                &setup.target_schema,
+                target_configuration(setup, target_properties),
+                None,
+                setup.timeline.partition_columns(),
+            )
+            .await?
+        }
+    };
+    crate::storage::write::append(&target, vec![write.rows], Vec::new(), &write.commit).await?;
+    let steps = Steps::new(&flow.name, "");
+    step!(info, steps, "wrote the first rows of the target");
+    Ok(())
+}
+
+/// Replaces the rows of the changed keys of `change` in the target: in place where
+/// `storage/replace.rs` can, else through a MERGE.
+async fn replace_changed(
+    setup: &FlowSetup,
+    target: &DeltaTable,
+    ctx: &SessionContext,
+    current: &RecordBatch,
+    write: TargetWrite<'_>,
+    change: ChangeSet,
+) -> Result<()> {
+    let flow = &setup.flow;
+    let steps = Steps::new(&flow.name, "");
+    let take = |rows: &RecordBatch, idx: Vec<u32>| {
+        compute::take_record_batch(rows, &UInt32Array::from(idx))
+            .context(|| "selecting rows".into())
+    };
+    let inserts = take(&write.rows, change.insert_rows)?;
+    let old_rows = take(current, change.old_rows)?;
+    drop(write.rows);
+    let replaced = crate::storage::replace::replace_keys(
+        target,
+        &setup.key_names,
+        &old_rows,
+        inserts.clone(),
+        &write.commit,
+    )
+    .await
+    .map_err(|e| match e {
+        e @ EngineError::Conflict { .. } => e,
+        e => EngineError::Plan(format!("flow {}: writing {}: {e}", flow.name, flow.target)),
+    })?;
+    if let Some(done) = replaced {
+        step!(
+            info,
+            steps,
+            format!("replaced the changed keys' rows in the target ({done})")
+        );
+        return Ok(());
+    }
+    // A target the replacement does not handle (partitioned by its start, or written by
+    // another engine with column mapping or file-stored deletion vectors): a delta-rs MERGE.
+    drop(old_rows);
+    let deletes = take(current, change.delete_rows)?;
+    merge_changed(setup, target, ctx, &inserts, &deletes, &write.commit).await?;
+    step!(info, steps, "merged the changed keys into the target");
+    Ok(())
+}
+
+/// The changed keys' new rows `inserts` merged into `target`, after deleting every row of
+/// the keys of `deletes` (one row per changed key).
+async fn merge_changed(
+    setup: &FlowSetup,
+    target: &DeltaTable,
     ctx: &SessionContext,
     inserts: &RecordBatch,
     deletes: &RecordBatch,
-) -> Result<deltalake::datafusion::prelude::DataFrame> {
+    commit: &PendingCommit,
+) -> Result<()> {
+    let flow = &setup.flow;
+    let source_df = merge_source(ctx, inserts, deletes)?;
+    let action = || col(Column::new(Some("source"), "__strata_action"));
+    let mut predicate: Expr = action().eq(lit("del"));
+    for k in &setup.key_names {
+        predicate = predicate.and(
+            col(Column::new(Some("target"), k.as_str()))
+                .eq(col(Column::new(Some("source"), k.as_str()))),
+        );
+    }
+    let names: Vec<String> = setup
+        .target_schema
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    target
+        .clone()
+        .merge(source_df, predicate)
+        .with_source_alias("source")
+        .with_target_alias("target")
+        .with_commit_properties(commit.properties())
+        .when_matched_delete(|d| d)
+        .context(|| "merge".into())?
+        .when_not_matched_insert(|mut ins| {
+            ins = ins.predicate(action().eq(lit("ins")));
+            for n in &names {
+                ins = ins.set(n.as_str(), col(Column::new(Some("source"), n.as_str())));
+            }
+            ins
+        })
+        .context(|| "merge".into())?
+        .await
+        .context(|| format!("flow {}: merging into {}", flow.name, flow.target))?;
+    Ok(())
+}
+
+/// The MERGE source: new rows tagged `ins`, one row per changed key tagged `del`.
+fn merge_source(
+    ctx: &SessionContext,
+    inserts: &RecordBatch,
+    deletes: &RecordBatch,
+) -> Result<DataFrame> {
     let tag = |b: &RecordBatch, t: &str| -> Result<RecordBatch> {
         let mut fields: Vec<Field> = b
             .schema()
@@ -41,10 +225,7 @@ pub(crate) fn merge_source(
             .collect();
         fields.push(Field::new("__strata_action", DataType::Utf8, false));
         let mut cols = b.columns().to_vec();
-        cols.push(Arc::new(deltalake::arrow::array::StringArray::from(vec![
-            t;
-            b.num_rows()
-        ])));
+        cols.push(Arc::new(StringArray::from(vec![t; b.num_rows()])));
         RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).context(|| "merge source".into())
     };
     let (i, d) = (tag(inserts, "ins")?, tag(deletes, "del")?);

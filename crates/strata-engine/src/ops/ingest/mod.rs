@@ -24,6 +24,7 @@ pub(crate) use run::run_ingest;
 use crate::error::{EngineError, Result};
 use crate::semantics::flow::FlowSetup;
 use crate::sql::expect::ExpectationCount;
+use crate::storage::commit::AppId;
 use crate::storage::ledger;
 use crate::storage::warehouse::Warehouse;
 use deltalake::arrow::datatypes::{Field, Schema, SchemaRef};
@@ -134,22 +135,11 @@ impl IngestSetup {
         }
     }
 
-    /// The application transaction each commit that takes input files carries. It orders
-    /// them: two runs that took files from the same state of the table both write it, and
-    /// Delta's conflict check lets only the first commit (the other run starts again and
-    /// finds the files taken).
-    fn files_app_id(&self) -> String {
-        match &self.append_flow {
-            None => "strata-files".to_string(),
-            Some(f) => format!("strata-files:{f}"),
-        }
-    }
-
     /// The application transaction recording how far a table source was read.
-    fn source_app_id(&self, source: &TableName) -> String {
+    pub(crate) fn source_app_id<'a>(&'a self, source: &'a TableName) -> AppId<'a> {
         match &self.append_flow {
-            None => format!("strata-source:{source}"),
-            Some(f) => format!("strata-append:{f}"),
+            None => AppId::Source(source),
+            Some(f) => AppId::Append(f),
         }
     }
 

@@ -1,7 +1,7 @@
 //! One run of an ingestion: new input → the query → expectations → downstream checks → one
 //! commit.
 
-use crate::error::{Context, Result};
+use crate::error::{Context, EngineError, Result};
 use crate::ops::ingest::autoload;
 use crate::ops::ingest::files::input_root;
 use crate::ops::ingest::files::list_files;
@@ -13,22 +13,23 @@ use crate::ops::ingest::KEEP_LOG_PROPERTY;
 use crate::ops::Scope;
 use crate::sql::expect;
 use crate::storage::adopt;
+use crate::storage::commit::{position, AppId, PendingCommit};
 use crate::storage::feed;
 use crate::storage::warehouse::Warehouse;
 use crate::util::arrow;
+use crate::util::steps::{step, Steps};
 use deltalake::arrow::array::RecordBatch;
 use deltalake::arrow::datatypes::SchemaRef;
 use deltalake::datafusion::datasource::MemTable;
 use deltalake::datafusion::prelude::DataFrame;
 use deltalake::datafusion::prelude::SessionContext;
-use deltalake::kernel::transaction::CommitProperties;
-use deltalake::kernel::Transaction;
 use deltalake::protocol::SaveMode;
 use deltalake::DeltaTable;
 use std::collections::BTreeSet;
 use std::collections::HashMap;
 use std::sync::Arc;
 use strata_sql::FileFormat;
+use strata_sql::TableName;
 use strata_sql::SOURCE_PLACEHOLDER;
 
 /// Where a query runs on each input of one run: with joins, a session over the warehouse
@@ -232,231 +233,322 @@ fn reuse_allowed(setup: &IngestSetup, existing: Option<&DeltaTable>) -> bool {
     }
 }
 
-/// Runs one ingestion: new input → one commit.
+/// Runs one ingestion: new input → one commit ([`take_files`] or [`take_table`], then
+/// [`commit_rows`]).
 pub(crate) async fn run_ingest(scope: &Scope<'_>, setup: &IngestSetup) -> Result<IngestReport> {
-    let (wh, update) = (scope.wh, scope.update);
-    let name = &setup.table.name;
     let mut report = IngestReport {
-        table: name.to_string(),
+        table: setup.table.name.to_string(),
         flow: setup.flow_name().to_string(),
         append: setup.append_flow.is_some(),
         ..Default::default()
     };
-    let existing = wh.open_table(name).await?;
-    let mut commit = CommitProperties::default();
-    let mut parts: Vec<RecordBatch> = Vec::new();
-    // The downstream flows' events of the rows appended, for the handover after the commit.
-    let mut events: HashMap<String, Vec<RecordBatch>> = HashMap::new();
-    // Parquet input files taken into the table as they are (`storage/adopt.rs`).
-    let mut reused: Vec<adopt::Reusable> = Vec::new();
-    match &setup.source {
-        Source::Files {
-            dir,
-            spec,
-            mode,
-            input,
-            pending,
-        } => {
-            // The files taken are recorded only in the commit log: this commit must not
-            // delete expired commit files (Delta writers do once a checkpoint covers them),
-            // or the next run would take their files again.
-            commit = commit.with_cleanup_expired_logs(Some(false));
-            let key = setup.files_key();
-            let new: Vec<String> = match pending {
-                Some(files) => files.clone(),
-                None => {
-                    let taken = match &existing {
-                        Some(t) => setup.taken(wh, t).await?.files,
-                        None => BTreeSet::new(),
-                    };
-                    list_files(dir)?
-                        .into_iter()
-                        .filter(|f| !taken.contains(f))
-                        .collect()
-                }
-            };
-            if new.is_empty() {
-                report.skipped = Some("no new files".into());
-                return Ok(report);
-            }
-            let root = input_root(dir);
-            let running = Running::new(wh, setup).await?;
-            let reuse = spec.format == FileFormat::Parquet
-                && matches!(mode, autoload::Mode::Declared)
-                && !autoload::wants_metadata(&setup.query_sql)
-                && !setup.evolve
-                && setup.append_flow.is_none()
-                && reuse_allowed(setup, existing.as_ref());
-            let mut taken = 0usize;
-            for file in &new {
-                let path = root.join(file);
-                let place = format!("file {}", path.display());
-                let ctx = crate::storage::session::file_session();
-                let df = match (mode, input) {
-                    (autoload::Mode::Autoload { rescued, inferred }, Some(columns)) => {
-                        let batch = autoload::read(
-                            &path,
-                            file,
-                            spec,
-                            &autoload::schema_of(columns),
-                            rescued.as_str(),
-                            !inferred,
-                        )?;
-                        ctx.read_batch(batch)
-                            .context(|| format!("file {}", path.display()))?
-                    }
-                    _ => read_file(&ctx, &path, spec).await?,
-                };
-                let df = if autoload::wants_metadata(&setup.query_sql) {
-                    autoload::with_metadata(df, &path)?
-                } else {
-                    df
-                };
-                let (rows, unchanged) =
-                    checked_rows(setup, &running, df, &place, &mut report, &mut events).await?;
-                let has_rows = rows.iter().any(|b| b.num_rows() > 0);
-                let reusable = match reuse && unchanged && has_rows {
-                    true => adopt::inspect(&path, &setup.schema)?,
-                    false => None,
-                };
-                match reusable {
-                    Some(file) => {
-                        report.rows += rows.iter().map(RecordBatch::num_rows).sum::<usize>();
-                        reused.push(file);
-                    }
-                    None => parts.extend(rows),
-                }
-                taken += 1;
-                update(format!(
-                    "{} of {} file(s), {} row(s)",
-                    taken,
-                    new.len(),
-                    report.rows_read
-                ));
-            }
-            // One call: each `with_metadata` replaces what an earlier one set.
-            let mut metadata = vec![(key, serde_json::json!(new))];
-            if let (autoload::Mode::Autoload { inferred: true, .. }, Some(columns)) = (mode, input)
-            {
-                metadata.push((
-                    setup.schema_key(),
-                    crate::storage::ledger::columns_to_json(columns),
-                ));
-            }
-            commit = commit.with_metadata(metadata);
-            let app_id = setup.files_app_id();
-            let previous = match &existing {
-                Some(t) => crate::storage::table::txn_version(t, &app_id).await?,
-                None => None,
-            };
-            let next = previous.map_or(0, |v| v + 1);
-            commit = commit.with_application_transaction(Transaction::new(&app_id, next));
-            report.files = new;
-        }
-        Source::Table(source_name) | Source::Feed(source_name) => {
-            let Some(source) = wh.open_table(source_name).await? else {
-                report.skipped = Some(format!("source {source_name} has no data yet"));
-                return Ok(report);
-            };
-            let app_id = setup.source_app_id(source_name);
-            let from = match &existing {
-                Some(t) => crate::storage::table::txn_version(t, &app_id).await?,
-                None => None,
-            };
-            let version = crate::storage::table::version_of(&source);
-            if from.is_some_and(|f| f >= version) {
-                report.skipped = Some("no new input".into());
-                return Ok(report);
-            }
-            let ctx = crate::storage::session::new_session();
-            let df = if matches!(setup.source, Source::Feed(_)) {
-                let feed = feed::read_feed(&source, from, Some(version), false).await?;
-                ctx.read_batch(feed)
-                    .context(|| "reading the change feed".into())?
-            } else {
-                let files = crate::storage::table::new_files(&source, from).await?;
-                crate::storage::session::register_table(
-                    &ctx,
-                    "__strata_input",
-                    &source,
-                    Some(files),
-                )
-                .await?;
-                ctx.table("__strata_input")
-                    .await
-                    .context(|| "reading source".into())?
-            };
-            let place = format!(
-                "the rows of {source_name} added after version {}",
-                from.map_or("(start)".to_string(), |v| v.to_string())
-            );
-            let running = Running::new(wh, setup).await?;
-            parts.extend(
-                checked_rows(setup, &running, df, &place, &mut report, &mut events)
-                    .await?
-                    .0,
-            );
-            commit = commit.with_application_transaction(Transaction::new(&app_id, version));
-        }
-    }
-    report.rows += parts.iter().map(RecordBatch::num_rows).sum::<usize>();
-    if parts.is_empty() && reused.is_empty() {
-        // The input is taken even when the query keeps none of its rows.
-        parts.push(RecordBatch::new_empty(setup.schema.clone()));
-    }
-    let handle = match existing {
-        Some(t) => t,
-        None => {
-            let mut configuration =
-                crate::storage::table::table_configuration(&setup.table.properties);
-            let keeps_files = matches!(setup.source, Source::Files { .. });
-            if keeps_files
-                && !crate::storage::table::sets_property(&setup.table.properties, KEEP_LOG_PROPERTY)
-            {
-                // Other writers (Spark, delta-rs) must not delete the commits either.
-                configuration.push((KEEP_LOG_PROPERTY.to_string(), Some("false".to_string())));
-            }
-            crate::storage::table::create_delta(
-                &wh.table_path(name),
-                &name.name,
-                &setup.schema,
-                configuration,
-                setup.table.comment.as_deref(),
-                Vec::new(),
-            )
-            .await?
+    let existing = scope.wh.open_table(&setup.table.name).await?;
+    let taken = match &setup.source {
+        Source::Files { .. } => take_files(scope, setup, existing.as_ref(), &mut report).await?,
+        Source::Table(source) | Source::Feed(source) => {
+            take_table(scope, setup, source, existing.as_ref(), &mut report).await?
         }
     };
+    if let Some(taken) = taken {
+        commit_rows(scope, setup, existing, taken, &mut report).await?;
+    }
+    Ok(report)
+}
+
+/// What one ingestion takes, checked, before its commit.
+struct Taken {
+    /// Rows to write (their files are written at the commit).
+    parts: Vec<RecordBatch>,
+    /// Parquet input files taken into the table as they are (`storage/adopt.rs`).
+    reused: Vec<adopt::Reusable>,
+    /// The downstream flows' events of the rows taken, handed over after the commit.
+    events: HashMap<String, Vec<RecordBatch>>,
+    /// What the commit records (the files or source version taken).
+    commit: PendingCommit,
+}
+
+/// The input files not taken yet, in file-name order, each read, run through the query and
+/// checked; `None` (the report says why) when there is none.
+async fn take_files(
+    scope: &Scope<'_>,
+    setup: &IngestSetup,
+    existing: Option<&DeltaTable>,
+    report: &mut IngestReport,
+) -> Result<Option<Taken>> {
+    let Source::Files {
+        dir,
+        spec,
+        mode,
+        pending,
+        ..
+    } = &setup.source
+    else {
+        return Err(EngineError::Internal("not a file source".into()));
+    };
+    let new = files_to_take(scope, setup, dir, pending.as_deref(), existing).await?;
+    if new.is_empty() {
+        report.skipped = Some("no new files".into());
+        return Ok(None);
+    }
+    let running = Running::new(scope.wh, setup).await?;
+    let reuse = spec.format == FileFormat::Parquet
+        && matches!(mode, autoload::Mode::Declared)
+        && !autoload::wants_metadata(&setup.query_sql)
+        && !setup.evolve
+        && setup.append_flow.is_none()
+        && reuse_allowed(setup, existing);
+    let mut taken = Taken {
+        parts: Vec::new(),
+        reused: Vec::new(),
+        events: HashMap::new(),
+        commit: files_commit(scope, setup, existing, &new).await?,
+    };
+    let root = input_root(dir);
+    for (n, file) in new.iter().enumerate() {
+        let path = root.join(file);
+        let place = format!("file {}", path.display());
+        let df = read_input_file(setup, &path, file).await?;
+        let (rows, unchanged) =
+            checked_rows(setup, &running, df, &place, report, &mut taken.events).await?;
+        let has_rows = rows.iter().any(|b| b.num_rows() > 0);
+        let reusable = match reuse && unchanged && has_rows {
+            true => adopt::inspect(&path, &setup.schema)?,
+            false => None,
+        };
+        match reusable {
+            Some(file) => {
+                report.rows += rows.iter().map(RecordBatch::num_rows).sum::<usize>();
+                taken.reused.push(file);
+            }
+            None => taken.parts.extend(rows),
+        }
+        (scope.update)(format!(
+            "{} of {} file(s), {} row(s)",
+            n + 1,
+            new.len(),
+            report.rows_read
+        ));
+    }
+    report.files = new;
+    Ok(Some(taken))
+}
+
+/// The files a run takes: those its preparation inferred the columns from (inferred Auto
+/// Loader mode), else every file under `dir` the table has not taken.
+async fn files_to_take(
+    scope: &Scope<'_>,
+    setup: &IngestSetup,
+    dir: &std::path::Path,
+    pending: Option<&[String]>,
+    existing: Option<&DeltaTable>,
+) -> Result<Vec<String>> {
+    if let Some(files) = pending {
+        return Ok(files.to_vec());
+    }
+    let taken = match existing {
+        Some(t) => setup.taken(scope.wh, t).await?.files,
+        None => BTreeSet::new(),
+    };
+    Ok(list_files(dir)?
+        .into_iter()
+        .filter(|f| !taken.contains(f))
+        .collect())
+}
+
+/// One input file as a DataFrame: read Auto Loader style (inferred or declared columns,
+/// rescued data) or with DataFusion's reader, with `_metadata` when the query asks for it.
+async fn read_input_file(
+    setup: &IngestSetup,
+    path: &std::path::Path,
+    file: &str,
+) -> Result<DataFrame> {
+    let Source::Files {
+        spec, mode, input, ..
+    } = &setup.source
+    else {
+        return Err(EngineError::Internal("not a file source".into()));
+    };
+    let ctx = crate::storage::session::file_session();
+    let df = match (mode, input) {
+        (autoload::Mode::Autoload { rescued, inferred }, Some(columns)) => {
+            let batch = autoload::read(
+                path,
+                file,
+                spec,
+                &autoload::schema_of(columns),
+                rescued.as_str(),
+                !inferred,
+            )?;
+            ctx.read_batch(batch)
+                .context(|| format!("file {}", path.display()))?
+        }
+        _ => read_file(&ctx, path, spec).await?,
+    };
+    match autoload::wants_metadata(&setup.query_sql) {
+        true => autoload::with_metadata(df, path),
+        false => Ok(df),
+    }
+}
+
+/// The commit of a run taking files `new`: the files (and the inferred input columns) in
+/// its commit info, the next count of [`AppId::Files`], and a log that must not be trimmed:
+/// the files taken are recorded only there (Delta writers delete expired commit files once
+/// a checkpoint covers them, and the next run would take their files again).
+async fn files_commit(
+    scope: &Scope<'_>,
+    setup: &IngestSetup,
+    existing: Option<&DeltaTable>,
+    new: &[String],
+) -> Result<PendingCommit> {
+    let id = AppId::Files(setup.append_flow.as_deref());
+    let previous = match existing {
+        Some(t) => position(t, id).await?,
+        None => None,
+    };
+    let mut commit = PendingCommit::of_run(scope.run_id)
+        .keeping_log()
+        .with_info(setup.files_key(), serde_json::json!(new))
+        .at(id, previous.map_or(0, |v| v + 1));
+    if let Source::Files {
+        mode: autoload::Mode::Autoload { inferred: true, .. },
+        input: Some(columns),
+        ..
+    } = &setup.source
+    {
+        commit = commit.with_info(
+            setup.schema_key(),
+            crate::storage::ledger::columns_to_json(columns),
+        );
+    }
+    Ok(commit)
+}
+
+/// The rows of `source_name` added since the table last read it (its change feed for an
+/// AUTO CDC target), run through the query and checked; `None` (the report says why) when
+/// there are none.
+async fn take_table(
+    scope: &Scope<'_>,
+    setup: &IngestSetup,
+    source_name: &TableName,
+    existing: Option<&DeltaTable>,
+    report: &mut IngestReport,
+) -> Result<Option<Taken>> {
+    let Some(source) = scope.wh.open_table(source_name).await? else {
+        report.skipped = Some(format!("source {source_name} has no data yet"));
+        return Ok(None);
+    };
+    let id = setup.source_app_id(source_name);
+    let from = match existing {
+        Some(t) => position(t, id).await?,
+        None => None,
+    };
+    let version = crate::storage::table::version_of(&source);
+    if from.is_some_and(|f| f >= version) {
+        report.skipped = Some("no new input".into());
+        return Ok(None);
+    }
+    let ctx = crate::storage::session::new_session();
+    let df = if matches!(setup.source, Source::Feed(_)) {
+        let feed = feed::read_feed(&source, from, Some(version), false).await?;
+        ctx.read_batch(feed)
+            .context(|| "reading the change feed".into())?
+    } else {
+        let files = crate::storage::table::new_files(&source, from).await?;
+        crate::storage::session::register_table(&ctx, "__strata_input", &source, Some(files))
+            .await?;
+        ctx.table("__strata_input")
+            .await
+            .context(|| "reading source".into())?
+    };
+    let place = format!(
+        "the rows of {source_name} added after version {}",
+        from.map_or("(start)".to_string(), |v| v.to_string())
+    );
+    let running = Running::new(scope.wh, setup).await?;
+    let mut events = HashMap::new();
+    let (parts, _) = checked_rows(setup, &running, df, &place, report, &mut events).await?;
+    Ok(Some(Taken {
+        parts,
+        reused: Vec::new(),
+        events,
+        commit: PendingCommit::of_run(scope.run_id).at(id, version),
+    }))
+}
+
+/// Commits what was taken in one commit (creating the table on its first run, adding
+/// columns when its schema evolves), then hands the downstream flows' events over.
+async fn commit_rows(
+    scope: &Scope<'_>,
+    setup: &IngestSetup,
+    existing: Option<DeltaTable>,
+    mut taken: Taken,
+    report: &mut IngestReport,
+) -> Result<()> {
+    let name = &setup.table.name;
+    report.rows += taken.parts.iter().map(RecordBatch::num_rows).sum::<usize>();
+    if taken.parts.is_empty() && taken.reused.is_empty() {
+        // The input is taken even when the query keeps none of its rows.
+        taken
+            .parts
+            .push(RecordBatch::new_empty(setup.schema.clone()));
+    }
+    let table = match existing {
+        Some(t) => t,
+        None => create_table(scope, setup).await?,
+    };
     if setup.evolve {
-        let props = crate::storage::write::writer_properties(&handle);
-        handle
-            .write(parts)
+        let props = crate::storage::write::writer_properties(&table);
+        table
+            .write(taken.parts)
             .with_writer_properties(props)
             .with_save_mode(SaveMode::Append)
-            .with_commit_properties(commit)
+            .with_commit_properties(taken.commit.properties())
             .with_schema_mode(deltalake::operations::write::SchemaMode::Merge)
             .await
             .context(|| format!("streaming table {name}: committing"))?;
-    } else {
-        // The version before, as a downstream flow's position counts it (`None`: no data
-        // files yet); unknown when the table state cannot be read.
-        let before = handle.snapshot().ok().map(|s| {
-            (s.log_data().num_files() > 0).then(|| crate::storage::table::version_of(&handle))
-        });
-        let steps = crate::util::steps::Steps::new(setup.flow_name(), "ingest: ");
-        let table_dir = wh.table_path(name);
-        let adds = reused
-            .iter()
-            .map(|f| adopt::copy_in(f, &table_dir))
-            .collect::<Result<Vec<_>>>()?;
-        if !adds.is_empty() {
-            crate::util::steps::step!(debug, steps, "copied the reused parquet files in");
-        }
-        let after = crate::storage::write::append(&handle, parts, adds, commit).await?;
-        crate::util::steps::step!(debug, steps, "appended and committed");
-        if let (Some(before), true) = (before, after >= 0) {
-            scope.handoff.keep(name, before, after, events);
-        }
+        return Ok(());
     }
-    Ok(report)
+    // The version before, as a downstream flow's position counts it (`None`: no data files
+    // yet); unknown when the table state cannot be read.
+    let before = table
+        .snapshot()
+        .ok()
+        .map(|s| (s.log_data().num_files() > 0).then(|| crate::storage::table::version_of(&table)));
+    let steps = Steps::new(setup.flow_name(), "ingest: ");
+    let table_dir = scope.wh.table_path(name);
+    let adds = taken
+        .reused
+        .iter()
+        .map(|f| adopt::copy_in(f, &table_dir))
+        .collect::<Result<Vec<_>>>()?;
+    if !adds.is_empty() {
+        step!(debug, steps, "copied the reused parquet files in");
+    }
+    let after = crate::storage::write::append(&table, taken.parts, adds, &taken.commit).await?;
+    step!(debug, steps, "appended and committed");
+    if let (Some(before), true) = (before, after >= 0) {
+        scope.handoff.keep(name, before, after, taken.events);
+    }
+    Ok(())
+}
+
+/// Creates the streaming table with its declared properties; one that takes files keeps
+/// its whole log (see [`files_commit`]), for other writers (Spark, delta-rs) too.
+async fn create_table(scope: &Scope<'_>, setup: &IngestSetup) -> Result<DeltaTable> {
+    let properties = &setup.table.properties;
+    let mut configuration = crate::storage::table::table_configuration(properties);
+    let keeps_files = matches!(setup.source, Source::Files { .. });
+    if keeps_files && !crate::storage::table::sets_property(properties, KEEP_LOG_PROPERTY) {
+        configuration.push((KEEP_LOG_PROPERTY.to_string(), Some("false".to_string())));
+    }
+    let name = &setup.table.name;
+    crate::storage::table::create_delta(
+        &scope.wh.table_path(name),
+        &name.name,
+        &setup.schema,
+        configuration,
+        setup.table.comment.as_deref(),
+        Vec::new(),
+    )
+    .await
 }

@@ -1,0 +1,248 @@
+//! Point-in-time tables as pure functions: which as-of values a refresh computes again
+//! ([`plan_refresh`]) and the SQL that computes them ([`pit_sql`]). `ops/pit.rs` does the
+//! reading and writing.
+
+use crate::util::sql::quote_ident;
+use deltalake::datafusion::scalar::ScalarValue;
+use std::cmp::Ordering;
+
+/// The as-of column of every point-in-time table.
+pub(crate) const AS_OF_COL: &str = "as_of";
+
+/// Since where the historised tables changed, as far as a refresh must care.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Changed {
+    /// Nothing changed.
+    Nothing,
+    /// History changed from this value on: every as-of value at or after it may differ.
+    From(ScalarValue),
+    /// Anything may have changed (an unreadable feed, a bound of another type).
+    Everything,
+}
+
+impl Changed {
+    /// Both changes together: the earlier bound.
+    pub(crate) fn and(self, other: Changed) -> Changed {
+        match (self, other) {
+            (Changed::Everything, _) | (_, Changed::Everything) => Changed::Everything,
+            (Changed::Nothing, c) | (c, Changed::Nothing) => c,
+            (Changed::From(a), Changed::From(b)) => Changed::From(if b < a { b } else { a }),
+        }
+    }
+
+    /// Whether the rows of as-of value `v` may differ now.
+    fn affects(&self, v: &ScalarValue) -> bool {
+        match self {
+            Changed::Nothing => false,
+            Changed::Everything => true,
+            Changed::From(b) => v.partial_cmp(b) != Some(Ordering::Less),
+        }
+    }
+}
+
+/// What a refresh does.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RefreshPlan {
+    /// As-of values to compute: new in the spine, or affected by changed history.
+    pub(crate) compute: Vec<ScalarValue>,
+    /// Of those, how many the table already holds (computed again).
+    pub(crate) recomputed: usize,
+    /// As-of values the table holds that left the spine.
+    pub(crate) removed: Vec<ScalarValue>,
+}
+
+/// The refresh of a table holding `existing` as-of values whose spine is now `wanted`,
+/// after `changed`.
+pub(crate) fn plan_refresh(
+    wanted: &[ScalarValue],
+    existing: &[ScalarValue],
+    changed: &Changed,
+) -> RefreshPlan {
+    let compute: Vec<ScalarValue> = wanted
+        .iter()
+        .filter(|v| !existing.contains(v) || changed.affects(v))
+        .cloned()
+        .collect();
+    RefreshPlan {
+        recomputed: compute.iter().filter(|v| existing.contains(v)).count(),
+        removed: existing
+            .iter()
+            .filter(|v| !wanted.contains(v))
+            .cloned()
+            .collect(),
+        compute,
+    }
+}
+
+/// One historised table a point-in-time table reads.
+#[derive(Debug, Clone)]
+pub(crate) struct PitSource {
+    /// How the table is addressed in the session (`"schema"."name"`).
+    pub(crate) reference: String,
+    /// Its timeline's start and end columns.
+    pub(crate) valid_from: String,
+    pub(crate) valid_to: String,
+    /// A `SNAPSHOTS` table: one version per delivered snapshot, start = end.
+    pub(crate) snapshots: bool,
+    /// The column the PIT table records: the surrogate key, else the start.
+    pub(crate) column: String,
+    /// Its column in the PIT table (`<table>_sk` or `<table>_start`).
+    pub(crate) out_name: String,
+}
+
+/// The query computing the PIT rows of the as-of values in table `__strata_spine` (one
+/// column, `as_of`): per source, each key's version valid at each as-of value (for a
+/// `SNAPSHOTS` table, the latest snapshot at or before it); with several sources, their
+/// rows full-outer-joined on (as_of, keys).
+pub(crate) fn pit_sql(keys: &[String], sources: &[PitSource]) -> String {
+    let keys_of = |alias: &str| {
+        keys.iter()
+            .map(|k| format!("{alias}.{}", quote_ident(k)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let ctes: Vec<String> = sources
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let (src, from, to, col) = (
+                &s.reference,
+                quote_ident(&s.valid_from),
+                quote_ident(&s.valid_to),
+                quote_ident(&s.column),
+            );
+            let body = if s.snapshots {
+                format!(
+                    "SELECT v.{AS_OF_COL}, {}, t.{col} AS c FROM \
+                       (SELECT sp.{AS_OF_COL}, max(d.st) AS st FROM __strata_spine sp \
+                        JOIN (SELECT DISTINCT {from} AS st FROM {src}) d ON d.st <= sp.{AS_OF_COL} \
+                        GROUP BY sp.{AS_OF_COL}) v \
+                     JOIN {src} t ON t.{from} = v.st",
+                    keys_of("t")
+                )
+            } else {
+                format!(
+                    "SELECT sp.{AS_OF_COL}, {}, t.{col} AS c FROM __strata_spine sp JOIN {src} t \
+                     ON t.{from} <= sp.{AS_OF_COL} AND (t.{to} IS NULL OR sp.{AS_OF_COL} < t.{to})",
+                    keys_of("t")
+                )
+            };
+            format!("s{i} AS ({body})")
+        })
+        .collect();
+    // One source: its rows are the answer. More: full outer joins on (as_of, keys), the
+    // as-of value and keys taken from whichever side has them.
+    let coalesced = |col: &str, upto: usize| match upto {
+        0 => format!("s0.{col}"),
+        _ => format!(
+            "coalesce({})",
+            (0..=upto)
+                .map(|i| format!("s{i}.{col}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    let last = sources.len().saturating_sub(1);
+    let mut select = format!("SELECT {} AS {AS_OF_COL}", coalesced(AS_OF_COL, last));
+    for k in keys {
+        let q = quote_ident(k);
+        select.push_str(&format!(", {} AS {q}", coalesced(&q, last)));
+    }
+    for (i, s) in sources.iter().enumerate() {
+        select.push_str(&format!(", s{i}.c AS {}", quote_ident(&s.out_name)));
+    }
+    let mut from = "s0".to_string();
+    for i in 1..sources.len() {
+        let on = std::iter::once(format!(
+            "s{i}.{AS_OF_COL} = {}",
+            coalesced(AS_OF_COL, i - 1)
+        ))
+        .chain(keys.iter().map(|k| {
+            let q = quote_ident(k);
+            format!("s{i}.{q} = {}", coalesced(&q, i - 1))
+        }))
+        .collect::<Vec<_>>()
+        .join(" AND ");
+        from.push_str(&format!(" FULL OUTER JOIN s{i} ON {on}"));
+    }
+    format!("WITH {} {select} FROM {from}", ctes.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn days(v: &[i32]) -> Vec<ScalarValue> {
+        v.iter().map(|d| ScalarValue::Date32(Some(*d))).collect()
+    }
+
+    /// New spine values are computed; existing ones only from the changed bound on; values
+    /// that left the spine are removed.
+    #[test]
+    fn a_refresh_computes_new_and_affected_values_and_removes_the_rest() {
+        let existing = days(&[1, 2, 3, 4]);
+        let wanted = days(&[2, 3, 4, 5]);
+        let none = plan_refresh(&wanted, &existing, &Changed::Nothing);
+        assert_eq!(none.compute, days(&[5]));
+        assert_eq!((none.recomputed, none.removed), (0, days(&[1])));
+        let from3 = plan_refresh(
+            &wanted,
+            &existing,
+            &Changed::From(ScalarValue::Date32(Some(3))),
+        );
+        assert_eq!(from3.compute, days(&[3, 4, 5]));
+        assert_eq!(from3.recomputed, 2);
+        let all = plan_refresh(&wanted, &existing, &Changed::Everything);
+        assert_eq!(all.compute, wanted);
+        assert_eq!(all.recomputed, 3);
+    }
+
+    /// Two changes together reach back to the earlier one; anything and everything wins.
+    #[test]
+    fn changes_combine_to_the_earlier_bound() {
+        let at = |d| Changed::From(ScalarValue::Date32(Some(d)));
+        assert_eq!(at(5).and(at(3)), at(3));
+        assert_eq!(Changed::Nothing.and(at(4)), at(4));
+        assert_eq!(at(4).and(Changed::Everything), Changed::Everything);
+        assert_eq!(Changed::Nothing.and(Changed::Nothing), Changed::Nothing);
+    }
+
+    /// One source reads its rows directly; two are joined on the as-of value and the keys,
+    /// each taken from whichever side has them.
+    #[test]
+    fn the_sql_joins_sources_on_as_of_and_keys() {
+        let source = |name: &str, snapshots| PitSource {
+            reference: format!("\"default\".\"{name}\""),
+            valid_from: "__START_AT".into(),
+            valid_to: "__END_AT".into(),
+            snapshots,
+            column: "__START_AT".into(),
+            out_name: format!("{name}_start"),
+        };
+        let keys = vec!["id".to_string()];
+        let one = pit_sql(&keys, &[source("a", false)]);
+        assert!(
+            one.contains(
+                "SELECT s0.as_of AS as_of, s0.\"id\" AS \"id\", s0.c AS \"a_start\" FROM s0"
+            ),
+            "{one}"
+        );
+        assert!(
+            one.contains("t.\"__END_AT\" IS NULL OR sp.as_of < t.\"__END_AT\""),
+            "{one}"
+        );
+        let two = pit_sql(&keys, &[source("a", false), source("b", true)]);
+        assert!(
+            two.contains("FULL OUTER JOIN s1 ON s1.as_of = s0.as_of AND s1.\"id\" = s0.\"id\""),
+            "{two}"
+        );
+        assert!(
+            two.contains("coalesce(s0.as_of, s1.as_of) AS as_of"),
+            "{two}"
+        );
+        assert!(
+            two.contains("max(d.st) AS st"),
+            "snapshots take the latest one: {two}"
+        );
+    }
+}
