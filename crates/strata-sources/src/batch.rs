@@ -287,8 +287,12 @@ pub(crate) fn digits(x: i128) -> u32 {
     n
 }
 
+/// |x| < 10^precision (one comparison; precision above 38 always fits an i128).
 pub(crate) fn fits_precision(x: i128, precision: u8) -> bool {
-    digits(x) <= precision as u32
+    match 10u128.checked_pow(precision as u32) {
+        Some(bound) => x.unsigned_abs() < bound,
+        None => true,
+    }
 }
 
 /// One value on its way into a [`ColBuilder`].
@@ -491,6 +495,7 @@ mod tests {
         assert!(b.append_value(&Cell::Decimal(999)).is_ok());
         assert!(b.append_value(&Cell::Decimal(-1000)).is_err());
         assert_eq!(digits(0), 1);
+        assert!(fits_precision(-99, 2) && !fits_precision(100, 2) && fits_precision(i128::MIN, 39));
         assert_eq!(digits(i128::MIN), 39);
     }
 }

@@ -593,7 +593,10 @@ async fn resume_after_a_given_lsn_skips_exactly_what_was_taken() {
     // The lag is the WAL between the slot's confirmed position and the server's.
     let st = cdc.slot_status().await.unwrap().unwrap();
     assert_eq!(st.confirmed_flush_lsn, s2.resume_lsn);
-    assert_eq!(st.lag_bytes, st.current_wal_lsn.0 - st.confirmed_flush_lsn.0);
+    assert_eq!(
+        st.lag_bytes,
+        st.current_wal_lsn.0 - st.confirmed_flush_lsn.0
+    );
     assert!(cdc.slot_lag().await.unwrap() >= st.lag_bytes);
 }
 
@@ -827,4 +830,54 @@ async fn large_backlog_streams_in_bounded_batches() {
     assert_eq!(n, 20050);
     assert!(batches >= 21);
     assert_eq!(r.summary().unwrap().transactions, 51);
+}
+
+#[tokio::test]
+async fn stream_values_equal_snapshot_values_for_every_mapped_type() {
+    let Some(f) = fixture("pg_cdc_types").await else {
+        return;
+    };
+    let t = unique("cdc_types");
+    let ty = unique("mood");
+    let dom = unique("price");
+    let values = "true, -32768, 2147483647, -9223372036854775808, 1.5, 0.1, 1234567890.12, \
+                  12345678901234567890.123456789012345678, 12300, 'héllo', 'abc', 'ab', 'x', 'happy', \
+                  'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '{\"a\": [1, 2]}', '{\"b\":  1, \"a\": 2}', '\\x00ff10', \
+                  '2024-02-29', '2024-01-31 12:00:00.123456', '2024-01-31 12:00:00.123456+02', 19.99, 4000000000";
+    f.sql(&format!(
+        "CREATE TYPE {ty} AS ENUM ('sad', 'happy');
+         CREATE DOMAIN {dom} AS numeric(6,2) CHECK (VALUE > 0);
+         CREATE TABLE {t} (id int PRIMARY KEY, b bool, s smallint, i integer, bi bigint, r real, d double precision,
+           n12 numeric(12,2), nfree numeric, nneg numeric(5,-2), tx text, vc varchar(10), ch char(5), c1 \"char\",
+           e {ty}, u uuid, j json, jb jsonb, by bytea, dt date, ts timestamp, tstz timestamptz, dom {dom}, o oid);
+         INSERT INTO {t} VALUES (1, {values}), (2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+           NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL);"
+    ))
+    .await;
+    let cdc = f.cdc(&[&t]).await;
+    let (cp, snap) = snapshot(&cdc).await;
+    f.each(&[
+        format!("INSERT INTO {t} VALUES (11, {values})"),
+        format!("INSERT INTO {t} (id) VALUES (12)"),
+    ])
+    .await;
+    let (_, ch) = changes(&cdc, cp, ReadOptions::default()).await;
+    let stream = batches(&ch, &t);
+    let snap = &snap[&t];
+    let n_cols = 24;
+    assert_eq!(
+        stream[0].schema().fields()[..n_cols],
+        snap[0].schema().fields()[..n_cols],
+        "same Arrow types"
+    );
+    let cols: Vec<String> = snap[0].schema().fields()[1..n_cols]
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    let cols: Vec<&str> = cols.iter().map(|c| c.as_str()).collect();
+    assert_eq!(rows(&stream, &cols), rows(snap, &cols), "same values");
+    assert_eq!(
+        rows(&stream, &["dom", "e", "nneg"])[0],
+        vec![s("1999e-2"), s("happy"), s("12300e-0")]
+    );
 }

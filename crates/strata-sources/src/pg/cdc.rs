@@ -390,7 +390,45 @@ impl PgCdc {
         format!("{}.{}", pg_ident(&s), pg_ident(&n))
     }
 
+    /// Every table exists and can publish updates and deletes: a table without a replica
+    /// identity in a publication makes UPDATE and DELETE fail on the source.
+    async fn check_tables(&self) -> Result<()> {
+        for t in &self.cfg.tables {
+            let (schema, name) = CdcConfig::table_key(&t.table);
+            let row = self
+                .client
+                .query_opt(
+                    "SELECT c.relreplident::text, c.relkind::text,                             EXISTS (SELECT 1 FROM pg_catalog.pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)                        FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace                       WHERE n.nspname = $1 AND c.relname = $2",
+                    &[&schema, &name],
+                )
+                .await
+                .map_err(|e| self.q_err(&format!("table {}", t.table), e))?;
+            let Some(row) = row else {
+                return Err(self
+                    .r
+                    .query_error(format!("table {schema}.{name}"), "does not exist"));
+            };
+            let ident: String = row.get(0);
+            let kind: String = row.get(1);
+            let has_pk: bool = row.get(2);
+            if kind != "r" && kind != "p" {
+                return Err(self.r.query_error(
+                    format!("table {schema}.{name}"),
+                    "is not a table (views and materialized views cannot be published)",
+                ));
+            }
+            if ident == "n" || (ident == "d" && !has_pk) {
+                return Err(self.r.query_error(
+                    format!("table {schema}.{name}"),
+                    "has no replica identity (no primary key, or REPLICA IDENTITY NOTHING): in a publication,                      UPDATE and DELETE on it would fail on the source. Add a primary key, or run                      ALTER TABLE ... REPLICA IDENTITY FULL, then run again",
+                ));
+            }
+        }
+        Ok(())
+    }
+
     async fn ensure_publication(&self) -> Result<()> {
+        self.check_tables().await?;
         let what = format!("publication {}", self.cfg.publication);
         match self.publication_tables().await? {
             None if self.cfg.create_publication => {

@@ -21,11 +21,16 @@ pub fn unique(prefix: &str) -> String {
 
 fn skip_or_fail(what: &str, var: &str) -> bool {
     if std::env::var("STRATA_SKIP_DB_TESTS").as_deref() == Ok("1") {
-        eprintln!(
+        // Straight to the process's stderr: the test harness captures eprintln! of passing
+        // tests, and this must be seen.
+        use std::io::Write;
+        let msg = format!(
             "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\
-             !!! STRATA_SKIP_DB_TESTS=1: {what} TEST SKIPPED ({var} is not set). NOTHING WAS TESTED.\n\
+             !!! STRATA_SKIP_DB_TESTS=1: a {what} test was SKIPPED ({var} is not set).\n\
+             !!! NOTHING WAS TESTED against {what}.\n\
              !!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
         );
+        let _ = std::io::stderr().write_all(msg.as_bytes());
         return true;
     }
     panic!(
