@@ -953,6 +953,46 @@ password=plain # trailing comment
         }
     }
 
+    #[tokio::test]
+    async fn bad_options_are_refused_before_connecting() {
+        let spec = pg_spec()
+            .with_password(Secret::new("pw-123456"))
+            .with_option("sslmode", "require");
+        let e = Resolved::new(&spec)
+            .unwrap()
+            .pg_connect()
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("'src'") && e.contains("TLS"), "{e}");
+        let spec = pg_spec()
+            .with_password(Secret::new("pw-123456"))
+            .with_option("sslmod", "disable");
+        let e = Resolved::new(&spec)
+            .unwrap()
+            .pg_connect()
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown option 'sslmod'"), "{e}");
+        let spec = ConnectionSpec::new("m", SourceKind::Mysql, "h", "d", "u")
+            .with_password(Secret::new("pw-123456"))
+            .with_option("connect_timeout", "soon");
+        let e = Resolved::new(&spec)
+            .unwrap()
+            .mysql_connect()
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("connect_timeout") && !e.contains("pw-123456"),
+            "{e}"
+        );
+        let e =
+            Resolved::new(&ConnectionSpec::new(" ", SourceKind::Mysql, "h", "d", "u")).unwrap_err();
+        assert!(e.to_string().contains("no name"), "{e}");
+    }
+
     #[test]
     fn debug_of_spec_and_resolution_hides_the_password() {
         let spec = pg_spec().with_password(Secret::new("s3cr3t-value"));
