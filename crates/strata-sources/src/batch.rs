@@ -1,0 +1,501 @@
+//! The Arrow side: column kinds every source maps into, column builders, and the buffer that
+//! collects change rows per table (with schema widening).
+
+use std::sync::Arc;
+
+use arrow_array::builder::{
+    BinaryBuilder, BooleanBuilder, Date32Builder, Decimal128Builder, Float32Builder,
+    Float64Builder, Int16Builder, Int32Builder, Int64Builder, Int8Builder, ListBuilder,
+    StringBuilder, TimestampMicrosecondBuilder,
+};
+use arrow_array::{ArrayRef, RecordBatch};
+use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
+
+/// The Arrow (and Delta) type of a source column. Delta has no unsigned integers, no time of
+/// day and no intervals; every kind here has a Delta type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ColumnKind {
+    /// BOOLEAN.
+    Boolean,
+    /// BYTE (TINYINT).
+    Int8,
+    /// SHORT (SMALLINT).
+    Int16,
+    /// INT.
+    Int32,
+    /// LONG (BIGINT).
+    Int64,
+    /// FLOAT.
+    Float32,
+    /// DOUBLE.
+    Float64,
+    /// DECIMAL(precision, scale), precision 1..=38.
+    Decimal {
+        /// Total digits.
+        precision: u8,
+        /// Digits after the point (0..=precision).
+        scale: i8,
+    },
+    /// STRING.
+    Utf8,
+    /// BINARY.
+    Binary,
+    /// DATE.
+    Date,
+    /// TIMESTAMP_NTZ: `Timestamp(Microsecond, None)`.
+    Timestamp,
+    /// TIMESTAMP (an instant): `Timestamp(Microsecond, "UTC")`.
+    TimestampUtc,
+}
+
+impl ColumnKind {
+    /// The Arrow type.
+    pub fn data_type(self) -> DataType {
+        match self {
+            ColumnKind::Boolean => DataType::Boolean,
+            ColumnKind::Int8 => DataType::Int8,
+            ColumnKind::Int16 => DataType::Int16,
+            ColumnKind::Int32 => DataType::Int32,
+            ColumnKind::Int64 => DataType::Int64,
+            ColumnKind::Float32 => DataType::Float32,
+            ColumnKind::Float64 => DataType::Float64,
+            ColumnKind::Decimal { precision, scale } => DataType::Decimal128(precision, scale),
+            ColumnKind::Utf8 => DataType::Utf8,
+            ColumnKind::Binary => DataType::Binary,
+            ColumnKind::Date => DataType::Date32,
+            ColumnKind::Timestamp => DataType::Timestamp(TimeUnit::Microsecond, None),
+            ColumnKind::TimestampUtc => {
+                DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
+            }
+        }
+    }
+
+    /// The kind of an Arrow type, if it is one strata produces.
+    pub fn from_data_type(dt: &DataType) -> Option<ColumnKind> {
+        Some(match dt {
+            DataType::Boolean => ColumnKind::Boolean,
+            DataType::Int8 => ColumnKind::Int8,
+            DataType::Int16 => ColumnKind::Int16,
+            DataType::Int32 => ColumnKind::Int32,
+            DataType::Int64 => ColumnKind::Int64,
+            DataType::Float32 => ColumnKind::Float32,
+            DataType::Float64 => ColumnKind::Float64,
+            DataType::Decimal128(p, s) => ColumnKind::Decimal {
+                precision: *p,
+                scale: *s,
+            },
+            DataType::Utf8 => ColumnKind::Utf8,
+            DataType::Binary => ColumnKind::Binary,
+            DataType::Date32 => ColumnKind::Date,
+            DataType::Timestamp(TimeUnit::Microsecond, None) => ColumnKind::Timestamp,
+            DataType::Timestamp(TimeUnit::Microsecond, Some(_)) => ColumnKind::TimestampUtc,
+            _ => return None,
+        })
+    }
+}
+
+/// One column of a source table or query, as strata reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceColumn {
+    /// Column name.
+    pub name: String,
+    /// The source's type, as the source spells it (`numeric(12,2)`, `bigint unsigned`).
+    pub source_type: String,
+    /// The Arrow type it is read as.
+    pub kind: ColumnKind,
+    /// False only when the source says the column cannot be NULL (as far as strata can tell);
+    /// the Arrow fields strata produces are always nullable.
+    pub not_null: bool,
+}
+
+/// The columns of a table or query, in order (excluded columns left out).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceSchema {
+    /// `schema.table`, or `query` for a query.
+    pub object: String,
+    /// The columns read.
+    pub columns: Vec<SourceColumn>,
+}
+
+impl SourceSchema {
+    /// The Arrow schema of the batches (all fields nullable).
+    pub fn arrow_schema(&self) -> SchemaRef {
+        Arc::new(Schema::new(
+            self.columns
+                .iter()
+                .map(|c| Field::new(&c.name, c.kind.data_type(), true))
+                .collect::<Vec<_>>(),
+        ))
+    }
+
+    /// The index of a column by name.
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.columns.iter().position(|c| c.name == name)
+    }
+}
+
+/// A growable Arrow column of one [`ColumnKind`].
+#[allow(missing_docs)]
+pub(crate) enum ColBuilder {
+    Bool(BooleanBuilder),
+    I8(Int8Builder),
+    I16(Int16Builder),
+    I32(Int32Builder),
+    I64(Int64Builder),
+    F32(Float32Builder),
+    F64(Float64Builder),
+    Dec(Decimal128Builder, u8, i8),
+    Str(StringBuilder),
+    Bin(BinaryBuilder),
+    Date(Date32Builder),
+    Ts(TimestampMicrosecondBuilder),
+    TsUtc(TimestampMicrosecondBuilder),
+}
+
+impl ColBuilder {
+    pub fn new(kind: ColumnKind, capacity: usize) -> ColBuilder {
+        let cap = capacity.min(1 << 16);
+        match kind {
+            ColumnKind::Boolean => ColBuilder::Bool(BooleanBuilder::with_capacity(cap)),
+            ColumnKind::Int8 => ColBuilder::I8(Int8Builder::with_capacity(cap)),
+            ColumnKind::Int16 => ColBuilder::I16(Int16Builder::with_capacity(cap)),
+            ColumnKind::Int32 => ColBuilder::I32(Int32Builder::with_capacity(cap)),
+            ColumnKind::Int64 => ColBuilder::I64(Int64Builder::with_capacity(cap)),
+            ColumnKind::Float32 => ColBuilder::F32(Float32Builder::with_capacity(cap)),
+            ColumnKind::Float64 => ColBuilder::F64(Float64Builder::with_capacity(cap)),
+            ColumnKind::Decimal { precision, scale } => {
+                ColBuilder::Dec(Decimal128Builder::with_capacity(cap), precision, scale)
+            }
+            ColumnKind::Utf8 => ColBuilder::Str(StringBuilder::with_capacity(cap, cap * 8)),
+            ColumnKind::Binary => ColBuilder::Bin(BinaryBuilder::with_capacity(cap, cap * 8)),
+            ColumnKind::Date => ColBuilder::Date(Date32Builder::with_capacity(cap)),
+            ColumnKind::Timestamp => {
+                ColBuilder::Ts(TimestampMicrosecondBuilder::with_capacity(cap))
+            }
+            ColumnKind::TimestampUtc => {
+                ColBuilder::TsUtc(TimestampMicrosecondBuilder::with_capacity(cap))
+            }
+        }
+    }
+
+    pub fn append_null(&mut self) {
+        match self {
+            ColBuilder::Bool(b) => b.append_null(),
+            ColBuilder::I8(b) => b.append_null(),
+            ColBuilder::I16(b) => b.append_null(),
+            ColBuilder::I32(b) => b.append_null(),
+            ColBuilder::I64(b) => b.append_null(),
+            ColBuilder::F32(b) => b.append_null(),
+            ColBuilder::F64(b) => b.append_null(),
+            ColBuilder::Dec(b, ..) => b.append_null(),
+            ColBuilder::Str(b) => b.append_null(),
+            ColBuilder::Bin(b) => b.append_null(),
+            ColBuilder::Date(b) => b.append_null(),
+            ColBuilder::Ts(b) | ColBuilder::TsUtc(b) => b.append_null(),
+        }
+    }
+
+    pub fn append_nulls(&mut self, n: usize) {
+        for _ in 0..n {
+            self.append_null();
+        }
+    }
+
+    pub fn append_value(&mut self, v: &Cell) -> Result<(), String> {
+        match (self, v) {
+            (b, Cell::Null) => b.append_null(),
+            (ColBuilder::Bool(b), Cell::Bool(x)) => b.append_value(*x),
+            (ColBuilder::I8(b), Cell::Int(x)) => b.append_value(narrow(*x, "TINYINT")?),
+            (ColBuilder::I16(b), Cell::Int(x)) => b.append_value(narrow(*x, "SMALLINT")?),
+            (ColBuilder::I32(b), Cell::Int(x)) => b.append_value(narrow(*x, "INT")?),
+            (ColBuilder::I64(b), Cell::Int(x)) => b.append_value(narrow(*x, "BIGINT")?),
+            (ColBuilder::F32(b), Cell::Float(x)) => b.append_value(*x as f32),
+            (ColBuilder::F64(b), Cell::Float(x)) => b.append_value(*x),
+            (ColBuilder::Dec(b, p, _), Cell::Decimal(x)) => {
+                if !fits_precision(*x, *p) {
+                    return Err(format!(
+                        "value with {} digits exceeds DECIMAL precision {p}",
+                        digits(*x)
+                    ));
+                }
+                b.append_value(*x)
+            }
+            (ColBuilder::Str(b), Cell::Str(x)) => b.append_value(x),
+            (ColBuilder::Bin(b), Cell::Bytes(x)) => b.append_value(x),
+            (ColBuilder::Date(b), Cell::Date(x)) => b.append_value(*x),
+            (ColBuilder::Ts(b), Cell::Micros(x)) | (ColBuilder::TsUtc(b), Cell::Micros(x)) => {
+                b.append_value(*x)
+            }
+            (_, other) => return Err(format!("internal: value {other:?} does not fit the column")),
+        }
+        Ok(())
+    }
+
+    pub fn finish(&mut self) -> ArrayRef {
+        match self {
+            ColBuilder::Bool(b) => Arc::new(b.finish()),
+            ColBuilder::I8(b) => Arc::new(b.finish()),
+            ColBuilder::I16(b) => Arc::new(b.finish()),
+            ColBuilder::I32(b) => Arc::new(b.finish()),
+            ColBuilder::I64(b) => Arc::new(b.finish()),
+            ColBuilder::F32(b) => Arc::new(b.finish()),
+            ColBuilder::F64(b) => Arc::new(b.finish()),
+            ColBuilder::Dec(b, p, s) => {
+                // Precision and scale were checked when the kind was made (1..=38).
+                let arr = b.finish();
+                Arc::new(arr.clone().with_precision_and_scale(*p, *s).unwrap_or(arr))
+            }
+            ColBuilder::Str(b) => Arc::new(b.finish()),
+            ColBuilder::Bin(b) => Arc::new(b.finish()),
+            ColBuilder::Date(b) => Arc::new(b.finish()),
+            ColBuilder::Ts(b) => Arc::new(b.finish()),
+            ColBuilder::TsUtc(b) => Arc::new(b.finish().with_timezone("UTC")),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        use arrow_array::builder::ArrayBuilder;
+        match self {
+            ColBuilder::Bool(b) => b.len(),
+            ColBuilder::I8(b) => b.len(),
+            ColBuilder::I16(b) => b.len(),
+            ColBuilder::I32(b) => b.len(),
+            ColBuilder::I64(b) => b.len(),
+            ColBuilder::F32(b) => b.len(),
+            ColBuilder::F64(b) => b.len(),
+            ColBuilder::Dec(b, ..) => b.len(),
+            ColBuilder::Str(b) => b.len(),
+            ColBuilder::Bin(b) => b.len(),
+            ColBuilder::Date(b) => b.len(),
+            ColBuilder::Ts(b) | ColBuilder::TsUtc(b) => b.len(),
+        }
+    }
+}
+
+fn narrow<T: TryFrom<i64>>(x: i64, what: &str) -> Result<T, String> {
+    T::try_from(x).map_err(|_| format!("value {x} is out of range for {what}"))
+}
+
+/// Number of decimal digits of |x| (0 has 1).
+pub(crate) fn digits(x: i128) -> u32 {
+    let mut v = x.unsigned_abs();
+    let mut n = 1;
+    while v >= 10 {
+        v /= 10;
+        n += 1;
+    }
+    n
+}
+
+/// |x| < 10^precision (one comparison; precision above 38 always fits an i128).
+pub(crate) fn fits_precision(x: i128, precision: u8) -> bool {
+    match 10u128.checked_pow(precision as u32) {
+        Some(bound) => x.unsigned_abs() < bound,
+        None => true,
+    }
+}
+
+/// One value on its way into a [`ColBuilder`].
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Cell {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    /// Unscaled value at the column's scale.
+    Decimal(i128),
+    Str(String),
+    Bytes(Vec<u8>),
+    /// Days since 1970-01-01.
+    Date(i32),
+    /// Microseconds since 1970-01-01 (UTC for TimestampUtc).
+    Micros(i64),
+}
+
+/// The metadata columns every change row carries, after the table's columns.
+pub mod meta {
+    /// `insert`, `update`, `delete`, `truncate` or `snapshot` (Utf8, never NULL).
+    pub const CHANGE_TYPE: &str = "_change_type";
+    /// The transaction's commit LSN as BIGINT (PostgreSQL); for Debezium MySQL the binlog
+    /// position `file_index * 2^32 + pos`.
+    pub const COMMIT_LSN: &str = "_commit_lsn";
+    /// Position of the change inside its transaction, 0.. (BIGINT).
+    pub const CHANGE_SEQ: &str = "_change_seq";
+    /// Commit time, `Timestamp(Microsecond, "UTC")`.
+    pub const COMMIT_TIMESTAMP: &str = "_commit_timestamp";
+    /// `List<Utf8>`: the columns whose value did not change and was not sent (unchanged
+    /// TOASTed values); those columns are NULL in the row. NULL when there are none.
+    pub const UNCHANGED_COLS: &str = "_unchanged_cols";
+
+    /// `_change_type` values.
+    pub const INSERT: &str = "insert";
+    /// `_change_type` of an update (the row holds the new values).
+    pub const UPDATE: &str = "update";
+    /// `_change_type` of a delete (the row holds the old key, or the whole old row with
+    /// REPLICA IDENTITY FULL).
+    pub const DELETE: &str = "delete";
+    /// `_change_type` of a TRUNCATE: one row per table, all table columns NULL.
+    pub const TRUNCATE: &str = "truncate";
+    /// `_change_type` of a row copied by the initial snapshot (and Debezium `op: r`); apply it
+    /// like an insert (an upsert by key).
+    pub const SNAPSHOT: &str = "snapshot";
+}
+
+/// The Arrow fields of the metadata columns, in order.
+pub fn change_meta_fields() -> Vec<Field> {
+    vec![
+        Field::new(meta::CHANGE_TYPE, DataType::Utf8, false),
+        Field::new(meta::COMMIT_LSN, DataType::Int64, false),
+        Field::new(meta::CHANGE_SEQ, DataType::Int64, false),
+        Field::new(
+            meta::COMMIT_TIMESTAMP,
+            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            true,
+        ),
+        Field::new(
+            meta::UNCHANGED_COLS,
+            DataType::List(Arc::new(Field::new("item", DataType::Utf8, true))),
+            true,
+        ),
+    ]
+}
+
+/// Rows of one table's changes: the table's columns plus the metadata columns. Columns can be
+/// added while rows are collected (earlier rows get NULL).
+pub(crate) struct ChangeBuffer {
+    pub columns: Vec<(String, ColumnKind, ColBuilder)>,
+    change_type: StringBuilder,
+    commit_lsn: Int64Builder,
+    change_seq: Int64Builder,
+    commit_ts: TimestampMicrosecondBuilder,
+    unchanged: ListBuilder<StringBuilder>,
+    pub rows: usize,
+}
+
+impl ChangeBuffer {
+    pub fn new(columns: &[(String, ColumnKind)], capacity: usize) -> Self {
+        ChangeBuffer {
+            columns: columns
+                .iter()
+                .map(|(n, k)| (n.clone(), *k, ColBuilder::new(*k, capacity)))
+                .collect(),
+            change_type: StringBuilder::new(),
+            commit_lsn: Int64Builder::new(),
+            change_seq: Int64Builder::new(),
+            commit_ts: TimestampMicrosecondBuilder::new(),
+            unchanged: ListBuilder::new(StringBuilder::new()),
+            rows: 0,
+        }
+    }
+
+    pub fn position(&self, name: &str) -> Option<usize> {
+        self.columns.iter().position(|(n, ..)| n == name)
+    }
+
+    /// Add a column at the end; rows already collected get NULL.
+    pub fn add_column(&mut self, name: &str, kind: ColumnKind) -> usize {
+        let mut b = ColBuilder::new(kind, self.rows.max(16));
+        b.append_nulls(self.rows);
+        self.columns.push((name.to_string(), kind, b));
+        self.columns.len() - 1
+    }
+
+    /// Finish a row: every table column must have received one value (or gets NULL here).
+    pub fn end_row(
+        &mut self,
+        change_type: &str,
+        commit_lsn: i64,
+        seq: i64,
+        commit_ts: Option<i64>,
+        unchanged: &[String],
+    ) {
+        self.rows += 1;
+        for (_, _, b) in &mut self.columns {
+            while b.len() < self.rows {
+                b.append_null();
+            }
+        }
+        self.change_type.append_value(change_type);
+        self.commit_lsn.append_value(commit_lsn);
+        self.change_seq.append_value(seq);
+        self.commit_ts.append_option(commit_ts);
+        if unchanged.is_empty() {
+            self.unchanged.append_null();
+        } else {
+            for c in unchanged {
+                self.unchanged.values().append_value(c);
+            }
+            self.unchanged.append(true);
+        }
+    }
+
+    pub fn schema(&self) -> SchemaRef {
+        let mut fields: Vec<Field> = self
+            .columns
+            .iter()
+            .map(|(n, k, _)| Field::new(n, k.data_type(), true))
+            .collect();
+        fields.extend(change_meta_fields());
+        Arc::new(Schema::new(fields))
+    }
+
+    /// The collected rows as a batch; the buffer is empty afterwards (columns kept).
+    pub fn finish(&mut self) -> Result<RecordBatch, arrow_schema::ArrowError> {
+        let schema = self.schema();
+        let mut arrays: Vec<ArrayRef> = self
+            .columns
+            .iter_mut()
+            .map(|(_, _, b)| b.finish())
+            .collect();
+        arrays.push(Arc::new(self.change_type.finish()));
+        arrays.push(Arc::new(self.commit_lsn.finish()));
+        arrays.push(Arc::new(self.change_seq.finish()));
+        arrays.push(Arc::new(self.commit_ts.finish().with_timezone("UTC")));
+        arrays.push(Arc::new(self.unchanged.finish()));
+        self.rows = 0;
+        RecordBatch::try_new(schema, arrays)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::Array;
+
+    #[test]
+    fn widening_buffer() {
+        let mut b = ChangeBuffer::new(&[("a".into(), ColumnKind::Int64)], 4);
+        let ColBuilder::I64(a) = &mut b.columns[0].2 else {
+            panic!()
+        };
+        a.append_value(1);
+        b.end_row("insert", 10, 0, Some(5), &[]);
+        let c = b.add_column("c", ColumnKind::Utf8);
+        b.columns[0].2.append_value(&Cell::Int(2)).unwrap();
+        b.columns[c].2.append_value(&Cell::Str("x".into())).unwrap();
+        b.end_row("update", 11, 0, None, &["z".to_string()]);
+        let batch = b.finish().unwrap();
+        assert_eq!(batch.num_rows(), 2);
+        assert_eq!(batch.schema().field(1).name(), "c");
+        assert!(batch.column(1).is_null(0));
+        assert_eq!(batch.schema().fields().len(), 2 + 5);
+        assert!(batch.column(6).is_null(0));
+        assert!(!batch.column(6).is_null(1));
+    }
+
+    #[test]
+    fn decimal_precision_checked() {
+        let mut b = ColBuilder::new(
+            ColumnKind::Decimal {
+                precision: 3,
+                scale: 1,
+            },
+            1,
+        );
+        assert!(b.append_value(&Cell::Decimal(999)).is_ok());
+        assert!(b.append_value(&Cell::Decimal(-1000)).is_err());
+        assert_eq!(digits(0), 1);
+        assert!(fits_precision(-99, 2) && !fits_precision(100, 2) && fits_precision(i128::MIN, 39));
+        assert_eq!(digits(i128::MIN), 39);
+    }
+}

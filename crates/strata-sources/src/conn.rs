@@ -1,0 +1,1010 @@
+//! Connection specs, password resolution, and opening connections.
+//!
+//! A pipeline names a connection without its password. The password comes, in this order:
+//!
+//! * PostgreSQL: the spec's explicit [`Secret`] (the engine passes one it read from an
+//!   environment variable), else `PGPASSWORD`, else the password file (`PGPASSFILE`, else
+//!   `~/.pgpass`; lines `host:port:database:user:password`, `*` matches anything, `\` escapes
+//!   `:` and `\`; the first matching line wins; a file readable or writable by group or others
+//!   is ignored, as libpq does).
+//! * MySQL / MariaDB: the explicit secret, else `MYSQL_PWD`, else `password` in the `[client]`
+//!   section of `~/.my.cnf` (a world-writable file is ignored, as the MySQL client does).
+//!
+//! With none found, the connection is attempted without a password (trust / socket auth);
+//! when the server then asks for one, the error says where strata looked.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::error::{Result, SourceError};
+use crate::secret::Secret;
+
+/// Which database a connection talks to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SourceKind {
+    /// PostgreSQL (10+; log-based CDC needs 15+ for the tested path, binary pgoutput needs 14+).
+    Postgres,
+    /// MySQL 5.7+/8 or MariaDB 10.3+.
+    Mysql,
+}
+
+impl SourceKind {
+    /// `PostgreSQL` / `MySQL`.
+    pub fn label(self) -> &'static str {
+        match self {
+            SourceKind::Postgres => "PostgreSQL",
+            SourceKind::Mysql => "MySQL",
+        }
+    }
+
+    /// 5432 / 3306.
+    pub fn default_port(self) -> u16 {
+        match self {
+            SourceKind::Postgres => 5432,
+            SourceKind::Mysql => 3306,
+        }
+    }
+}
+
+impl fmt::Display for SourceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SourceKind::Postgres => "postgresql",
+            SourceKind::Mysql => "mysql",
+        })
+    }
+}
+
+/// A named connection as a pipeline declares it. `Debug` prints the password as `***`.
+///
+/// Options (all optional):
+/// * PostgreSQL: `sslmode` (`disable`, `allow`, `prefer`; `require`/`verify-ca`/`verify-full`
+///   are refused: this build has no TLS), `connect_timeout` (seconds), `application_name`.
+/// * MySQL: `connect_timeout` (seconds).
+#[derive(Clone, Debug)]
+pub struct ConnectionSpec {
+    /// The connection's name in the pipeline (appears in every error).
+    pub name: String,
+    /// PostgreSQL or MySQL.
+    pub kind: SourceKind,
+    /// Host name or IP address.
+    pub host: String,
+    /// Port; `None` means the kind's default.
+    pub port: Option<u16>,
+    /// Database name.
+    pub database: String,
+    /// User name.
+    pub user: String,
+    /// An explicit password (from the engine's secret handling). `None`: look it up.
+    pub password: Option<Secret>,
+    /// Driver options, see the type's documentation.
+    pub options: BTreeMap<String, String>,
+}
+
+impl ConnectionSpec {
+    /// A spec with the kind's default port, no explicit password and no options.
+    pub fn new(
+        name: impl Into<String>,
+        kind: SourceKind,
+        host: impl Into<String>,
+        database: impl Into<String>,
+        user: impl Into<String>,
+    ) -> Self {
+        ConnectionSpec {
+            name: name.into(),
+            kind,
+            host: host.into(),
+            port: None,
+            database: database.into(),
+            user: user.into(),
+            password: None,
+            options: BTreeMap::new(),
+        }
+    }
+
+    /// Set the port.
+    pub fn with_port(mut self, port: u16) -> Self {
+        self.port = Some(port);
+        self
+    }
+
+    /// Set the explicit password.
+    pub fn with_password(mut self, password: Secret) -> Self {
+        self.password = Some(password);
+        self
+    }
+
+    /// Set a driver option.
+    pub fn with_option(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.options.insert(key.into(), value.into());
+        self
+    }
+
+    /// The port, or the kind's default.
+    pub fn port(&self) -> u16 {
+        self.port.unwrap_or(self.kind.default_port())
+    }
+
+    /// Find the password the way the type's documentation says, from this process's
+    /// environment and home directory.
+    pub fn resolve_password(&self) -> Result<ResolvedPassword> {
+        self.resolve_password_in(&PasswordLookup::from_process())
+    }
+
+    /// Find the password from the given environment (tests, or an engine with its own
+    /// environment handling).
+    pub fn resolve_password_in(&self, env: &PasswordLookup) -> Result<ResolvedPassword> {
+        if let Some(p) = &self.password {
+            return Ok(ResolvedPassword {
+                secret: Some(p.clone()),
+                origin: PasswordOrigin::Explicit,
+                notes: vec![],
+            });
+        }
+        let mut notes = Vec::new();
+        match self.kind {
+            SourceKind::Postgres => {
+                if let Some(p) = env.pgpassword.as_ref().filter(|p| !p.expose().is_empty()) {
+                    return Ok(ResolvedPassword {
+                        secret: Some(p.clone()),
+                        origin: PasswordOrigin::EnvVar("PGPASSWORD"),
+                        notes,
+                    });
+                }
+                notes.push("PGPASSWORD (not set)".to_string());
+                let path = match (&env.pgpassfile, &env.home) {
+                    (Some(p), _) => Some(p.clone()),
+                    (None, Some(h)) => Some(h.join(".pgpass")),
+                    (None, None) => None,
+                };
+                if let Some(path) = path {
+                    match read_pgpass(&self.name, &path)? {
+                        PassFile::Missing => {
+                            notes.push(format!("{} (no such file)", path.display()))
+                        }
+                        PassFile::Ignored(why) => notes.push(format!("{} ({why})", path.display())),
+                        PassFile::Text(text) => {
+                            let host = if self.host.is_empty() {
+                                "localhost"
+                            } else {
+                                &self.host
+                            };
+                            let port = self.port().to_string();
+                            match pgpass_lookup(&text, host, &port, &self.database, &self.user) {
+                                Some((line, pw)) => {
+                                    return Ok(ResolvedPassword {
+                                        secret: Some(Secret::new(pw)),
+                                        origin: PasswordOrigin::File { path, line },
+                                        notes,
+                                    })
+                                }
+                                None => notes.push(format!(
+                                    "{} (no line matches {host}:{port}:{}:{})",
+                                    path.display(),
+                                    self.database,
+                                    self.user
+                                )),
+                            }
+                        }
+                    }
+                } else {
+                    notes.push("~/.pgpass (no home directory)".to_string());
+                }
+            }
+            SourceKind::Mysql => {
+                if let Some(p) = env.mysql_pwd.as_ref().filter(|p| !p.expose().is_empty()) {
+                    return Ok(ResolvedPassword {
+                        secret: Some(p.clone()),
+                        origin: PasswordOrigin::EnvVar("MYSQL_PWD"),
+                        notes,
+                    });
+                }
+                notes.push("MYSQL_PWD (not set)".to_string());
+                if let Some(home) = &env.home {
+                    let path = home.join(".my.cnf");
+                    match read_option_file(&self.name, &path, OptionFileRule::MySql)? {
+                        PassFile::Missing => {
+                            notes.push(format!("{} (no such file)", path.display()))
+                        }
+                        PassFile::Ignored(why) => notes.push(format!("{} ({why})", path.display())),
+                        PassFile::Text(text) => match mycnf_client_password(&text) {
+                            Some((line, pw)) => {
+                                return Ok(ResolvedPassword {
+                                    secret: Some(Secret::new(pw)),
+                                    origin: PasswordOrigin::File { path, line },
+                                    notes,
+                                })
+                            }
+                            None => {
+                                notes.push(format!("{} (no password in [client])", path.display()))
+                            }
+                        },
+                    }
+                } else {
+                    notes.push("~/.my.cnf (no home directory)".to_string());
+                }
+            }
+        }
+        Ok(ResolvedPassword {
+            secret: None,
+            origin: PasswordOrigin::NotFound,
+            notes,
+        })
+    }
+
+    fn config_error(&self, detail: impl Into<String>) -> SourceError {
+        SourceError::Config {
+            connection: self.name.clone(),
+            detail: detail.into(),
+        }
+    }
+
+    fn connect_timeout(&self) -> Result<Option<Duration>> {
+        match self.options.get("connect_timeout") {
+            None => Ok(None),
+            Some(v) => v
+                .trim()
+                .parse::<u64>()
+                .map(|s| Some(Duration::from_secs(s)))
+                .map_err(|_| {
+                    self.config_error(format!(
+                        "option connect_timeout = '{v}' is not a whole number of seconds"
+                    ))
+                }),
+        }
+    }
+}
+
+/// Where strata looks for passwords: the environment variables and home directory that
+/// matter. [`PasswordLookup::from_process`] reads the real ones. `Debug` prints `***` for the
+/// variables that hold passwords.
+#[derive(Clone, Debug, Default)]
+pub struct PasswordLookup {
+    /// `PGPASSWORD`.
+    pub pgpassword: Option<Secret>,
+    /// `PGPASSFILE`.
+    pub pgpassfile: Option<PathBuf>,
+    /// `MYSQL_PWD`.
+    pub mysql_pwd: Option<Secret>,
+    /// `HOME`.
+    pub home: Option<PathBuf>,
+}
+
+impl PasswordLookup {
+    /// From this process's environment.
+    pub fn from_process() -> Self {
+        PasswordLookup {
+            pgpassword: std::env::var("PGPASSWORD").ok().map(Secret::new),
+            pgpassfile: std::env::var_os("PGPASSFILE").map(PathBuf::from),
+            mysql_pwd: std::env::var("MYSQL_PWD").ok().map(Secret::new),
+            home: std::env::var_os("HOME").map(PathBuf::from),
+        }
+    }
+}
+
+/// A password found (or not) and where it came from. Safe to log: the secret prints as `***`.
+#[derive(Clone, Debug)]
+pub struct ResolvedPassword {
+    /// The password, if one was found.
+    pub secret: Option<Secret>,
+    /// Where it came from.
+    pub origin: PasswordOrigin,
+    /// What was looked at before (for messages): e.g. `PGPASSWORD (not set)`.
+    pub notes: Vec<String>,
+}
+
+/// Where a password came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PasswordOrigin {
+    /// The spec's explicit secret.
+    Explicit,
+    /// An environment variable (`PGPASSWORD`, `MYSQL_PWD`).
+    EnvVar(&'static str),
+    /// A password file, and the 1-based line the password is on.
+    File {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line.
+        line: usize,
+    },
+    /// Nowhere: connect without a password.
+    NotFound,
+}
+
+impl fmt::Display for PasswordOrigin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PasswordOrigin::Explicit => f.write_str("the connection's secret"),
+            PasswordOrigin::EnvVar(v) => f.write_str(v),
+            PasswordOrigin::File { path, line } => write!(f, "{} line {line}", path.display()),
+            PasswordOrigin::NotFound => f.write_str("nowhere"),
+        }
+    }
+}
+
+enum PassFile {
+    Missing,
+    Ignored(String),
+    Text(String),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum OptionFileRule {
+    /// libpq: ignored when group or others have any access.
+    PgPass,
+    /// MySQL: ignored when world-writable.
+    MySql,
+}
+
+fn read_pgpass(connection: &str, path: &Path) -> Result<PassFile> {
+    read_option_file(connection, path, OptionFileRule::PgPass)
+}
+
+fn read_option_file(connection: &str, path: &Path, rule: OptionFileRule) -> Result<PassFile> {
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(PassFile::Missing),
+        Err(e) => {
+            return Err(SourceError::PasswordFile {
+                connection: connection.to_string(),
+                path: path.to_path_buf(),
+                detail: format!("cannot read it: {e}"),
+            })
+        }
+    };
+    if !meta.is_file() {
+        return Ok(PassFile::Ignored("not a plain file: ignored".into()));
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = meta.permissions().mode();
+        match rule {
+            OptionFileRule::PgPass if mode & 0o077 != 0 => {
+                return Ok(PassFile::Ignored(format!(
+                    "has group or world access (mode {:o}): ignored, as libpq does; \
+                     run chmod 0600 on it",
+                    mode & 0o777
+                )))
+            }
+            OptionFileRule::MySql if mode & 0o002 != 0 => {
+                return Ok(PassFile::Ignored(format!(
+                    "is world-writable (mode {:o}): ignored, as the MySQL client does; \
+                     run chmod 0600 on it",
+                    mode & 0o777
+                )))
+            }
+            _ => {}
+        }
+    }
+    let _ = rule;
+    match std::fs::read(path) {
+        Ok(bytes) => Ok(PassFile::Text(String::from_utf8_lossy(&bytes).into_owned())),
+        Err(e) => Err(SourceError::PasswordFile {
+            connection: connection.to_string(),
+            path: path.to_path_buf(),
+            detail: format!("cannot read it: {e}"),
+        }),
+    }
+}
+
+/// Split one pgpass line into its fields, undoing `\` escapes; `*` stays a wildcard only when
+/// it is a whole unescaped field. Returns `None` for lines with fewer than five fields.
+fn pgpass_fields(line: &str) -> Option<Vec<(String, bool)>> {
+    // (value, is_wildcard)
+    let mut fields = Vec::with_capacity(5);
+    let mut cur = String::new();
+    let mut escaped_any = false;
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if fields.len() == 4 {
+            // The password: the rest of the line, escapes undone.
+            match c {
+                '\\' => {
+                    if let Some(n) = chars.next() {
+                        cur.push(n);
+                    }
+                }
+                _ => cur.push(c),
+            }
+            continue;
+        }
+        match c {
+            '\\' => {
+                escaped_any = true;
+                if let Some(n) = chars.next() {
+                    cur.push(n);
+                }
+            }
+            ':' => {
+                let wildcard = cur == "*" && !escaped_any;
+                fields.push((std::mem::take(&mut cur), wildcard));
+                escaped_any = false;
+            }
+            _ => cur.push(c),
+        }
+    }
+    if fields.len() != 4 {
+        return None;
+    }
+    fields.push((cur, false));
+    Some(fields)
+}
+
+/// The first pgpass line matching `host:port:database:user`: its 1-based number and password.
+pub(crate) fn pgpass_lookup(
+    text: &str,
+    host: &str,
+    port: &str,
+    database: &str,
+    user: &str,
+) -> Option<(usize, String)> {
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.trim_end_matches(['\r', '\n']);
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some(fields) = pgpass_fields(line) else {
+            continue;
+        };
+        let want = [host, port, database, user];
+        let all = fields[..4]
+            .iter()
+            .zip(want)
+            .all(|((value, wildcard), w)| *wildcard || value == w);
+        if all {
+            return Some((i + 1, fields[4].0.clone()));
+        }
+    }
+    None
+}
+
+/// `password` from the `[client]` section of a MySQL option file: its 1-based line and value.
+/// Later lines override earlier ones, as in MySQL.
+pub(crate) fn mycnf_client_password(text: &str) -> Option<(usize, String)> {
+    let mut in_client = false;
+    let mut found = None;
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.trim();
+        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+            continue;
+        }
+        if line.starts_with('[') {
+            let name = line.trim_start_matches('[').split(']').next().unwrap_or("");
+            in_client = name.trim().eq_ignore_ascii_case("client");
+            continue;
+        }
+        if !in_client {
+            continue;
+        }
+        let (key, value) = match line.split_once('=') {
+            Some((k, v)) => (k.trim(), v.trim()),
+            None => (line, ""),
+        };
+        // MySQL treats '-' and '_' alike in option names.
+        if key.replace('-', "_") != "password" {
+            continue;
+        }
+        found = Some((i + 1, mycnf_value(value)));
+    }
+    found
+}
+
+fn mycnf_value(v: &str) -> String {
+    let quote = v.chars().next().filter(|c| *c == '"' || *c == '\'');
+    if let Some(q) = quote {
+        let mut out = String::new();
+        let mut chars = v[1..].chars();
+        while let Some(c) = chars.next() {
+            if c == q {
+                break;
+            }
+            if c == '\\' {
+                match chars.next() {
+                    Some('n') => out.push('\n'),
+                    Some('t') => out.push('\t'),
+                    Some('r') => out.push('\r'),
+                    Some('b') => out.push('\u{8}'),
+                    Some('s') => out.push(' '),
+                    Some(o) => out.push(o),
+                    None => {}
+                }
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    } else {
+        // An unquoted value ends at a comment.
+        let end = v.find('#').unwrap_or(v.len());
+        v[..end].trim_end().to_string()
+    }
+}
+
+/// A resolved connection: the spec plus its password. Opening connections goes through here.
+#[derive(Clone, Debug)]
+pub(crate) struct Resolved {
+    pub spec: ConnectionSpec,
+    pub password: ResolvedPassword,
+}
+
+impl Resolved {
+    pub fn new(spec: &ConnectionSpec) -> Result<Self> {
+        if spec.name.trim().is_empty() {
+            return Err(SourceError::Config {
+                connection: spec.name.clone(),
+                detail: "the connection has no name".into(),
+            });
+        }
+        let password = spec.resolve_password()?;
+        Ok(Resolved {
+            spec: spec.clone(),
+            password,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    /// A driver message with the password taken out.
+    pub fn scrub(&self, text: &str) -> String {
+        match &self.password.secret {
+            Some(s) => s.scrub(text),
+            None => text.to_string(),
+        }
+    }
+
+    /// The error for a failed connection attempt: a missing password when none was found and
+    /// the server asked for one, else the driver's reason.
+    pub fn connect_error(&self, detail: String) -> SourceError {
+        let detail = self.scrub(&detail);
+        let lower = detail.to_ascii_lowercase();
+        let asked_for_password = lower.contains("password")
+            || lower.contains("access denied")
+            || lower.contains("authentication");
+        if self.password.secret.is_none() && asked_for_password {
+            let (env_var, file_hint) = match self.spec.kind {
+                SourceKind::Postgres => ("PGPASSWORD", "~/.pgpass (or the file PGPASSFILE names)"),
+                SourceKind::Mysql => ("MYSQL_PWD", "the [client] section of ~/.my.cnf"),
+            };
+            return SourceError::NoPassword {
+                connection: self.spec.name.clone(),
+                user: self.spec.user.clone(),
+                looked: self.password.notes.join(", "),
+                env_var,
+                file_hint,
+            };
+        }
+        SourceError::Connect {
+            connection: self.spec.name.clone(),
+            kind: self.spec.kind.label(),
+            host: self.spec.host.clone(),
+            port: self.spec.port(),
+            user: self.spec.user.clone(),
+            detail,
+        }
+    }
+
+    pub fn query_error(&self, object: impl Into<String>, detail: impl fmt::Display) -> SourceError {
+        SourceError::Query {
+            connection: self.spec.name.clone(),
+            object: object.into(),
+            detail: self.scrub(&detail.to_string()),
+        }
+    }
+
+    fn check_options(&self, known: &[&str]) -> Result<()> {
+        for k in self.spec.options.keys() {
+            if !known.contains(&k.as_str()) {
+                return Err(self.spec.config_error(format!(
+                    "unknown option '{k}' for a {} connection (known: {})",
+                    self.spec.kind.label(),
+                    known.join(", ")
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Open a PostgreSQL connection (session time zone UTC; the connection task is spawned on
+    /// the current Tokio runtime).
+    pub async fn pg_connect(&self) -> Result<tokio_postgres::Client> {
+        let spec = &self.spec;
+        if spec.kind != SourceKind::Postgres {
+            return Err(spec.config_error("this is not a PostgreSQL connection"));
+        }
+        self.check_options(&["sslmode", "connect_timeout", "application_name"])?;
+        let mut cfg = tokio_postgres::Config::new();
+        cfg.host(&spec.host)
+            .port(spec.port())
+            .user(&spec.user)
+            .dbname(&spec.database)
+            .application_name(
+                spec.options
+                    .get("application_name")
+                    .map(String::as_str)
+                    .unwrap_or("strata"),
+            )
+            .options("-c TimeZone=UTC -c DateStyle=ISO -c extra_float_digits=3");
+        match spec.options.get("sslmode").map(|s| s.as_str()) {
+            None | Some("disable") | Some("allow") => {
+                cfg.ssl_mode(tokio_postgres::config::SslMode::Disable);
+            }
+            Some("prefer") => {
+                cfg.ssl_mode(tokio_postgres::config::SslMode::Prefer);
+            }
+            Some(other) => {
+                return Err(spec.config_error(format!(
+                    "sslmode '{other}' needs TLS, which this build of strata does not include yet; \
+                     use sslmode=disable/prefer over a trusted network or an SSH tunnel"
+                )))
+            }
+        }
+        if let Some(t) = spec.connect_timeout()? {
+            cfg.connect_timeout(t);
+        }
+        if let Some(p) = &self.password.secret {
+            cfg.password(p.expose());
+        }
+        let (client, connection) = cfg
+            .connect(tokio_postgres::NoTls)
+            .await
+            .map_err(|e| self.connect_error(pg_error_text(&e)))?;
+        let name = spec.name.clone();
+        let scrubber = self.password.secret.clone();
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                let text = pg_error_text(&e);
+                let text = scrubber.map(|s| s.scrub(&text)).unwrap_or(text);
+                tracing::debug!(connection = %name, "PostgreSQL connection ended: {text}");
+            }
+        });
+        Ok(client)
+    }
+
+    /// Options for a replication (walsender) connection to the same server.
+    pub fn replication_config(
+        &self,
+        slot: &str,
+        publication: &str,
+    ) -> Result<pgwire_replication::ReplicationConfig> {
+        let spec = &self.spec;
+        match spec.options.get("sslmode").map(|s| s.as_str()) {
+            None | Some("disable") | Some("allow") | Some("prefer") => {}
+            Some(other) => {
+                return Err(spec.config_error(format!(
+                    "sslmode '{other}' needs TLS, which this build of strata does not include yet"
+                )))
+            }
+        }
+        let password = self
+            .password
+            .secret
+            .as_ref()
+            .map(|s| s.expose().to_string())
+            .unwrap_or_default();
+        Ok(pgwire_replication::ReplicationConfig::new(
+            spec.host.clone(),
+            spec.user.clone(),
+            password,
+            spec.database.clone(),
+            slot.to_string(),
+            publication.to_string(),
+        )
+        .with_port(spec.port())
+        .with_application_name("strata-cdc")
+        .with_options("-c TimeZone=UTC -c DateStyle=ISO -c extra_float_digits=3"))
+    }
+
+    /// Open a MySQL / MariaDB connection (session time zone `+00:00`, utf8mb4).
+    pub async fn mysql_connect(&self) -> Result<mysql_async::Conn> {
+        let spec = &self.spec;
+        if spec.kind != SourceKind::Mysql {
+            return Err(spec.config_error("this is not a MySQL connection"));
+        }
+        self.check_options(&["connect_timeout"])?;
+        let timeout = spec.connect_timeout()?;
+        let opts = mysql_async::OptsBuilder::default()
+            .ip_or_hostname(spec.host.clone())
+            .tcp_port(spec.port())
+            .user(Some(spec.user.clone()))
+            .pass(
+                self.password
+                    .secret
+                    .as_ref()
+                    .map(|s| s.expose().to_string()),
+            )
+            .db_name(Some(spec.database.clone()))
+            .prefer_socket(false)
+            .init(vec![
+                "SET time_zone = '+00:00'".to_string(),
+                "SET NAMES utf8mb4".to_string(),
+            ]);
+        let fut = mysql_async::Conn::new(opts);
+        let conn = match timeout {
+            Some(t) => tokio::time::timeout(t, fut)
+                .await
+                .map_err(|_| self.connect_error(format!("no answer within {} s", t.as_secs())))?,
+            None => fut.await,
+        };
+        conn.map_err(|e| self.connect_error(e.to_string()))
+    }
+}
+
+/// A tokio-postgres error's full text: the server's message, detail and hint when there is one.
+pub(crate) fn pg_error_text(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        let mut s = format!("{} (SQLSTATE {})", db.message(), db.code().code());
+        if let Some(d) = db.detail() {
+            s.push_str(&format!("; {d}"));
+        }
+        if let Some(h) = db.hint() {
+            s.push_str(&format!("; hint: {h}"));
+        }
+        s
+    } else {
+        let mut s = e.to_string();
+        let mut src = std::error::Error::source(e);
+        while let Some(inner) = src {
+            s.push_str(&format!(": {inner}"));
+            src = inner.source();
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PGPASS: &str = "\
+# comment
+db1.example.com:5432:sales:alice:pw-sales
+*:5432:*:bob:pw\\:with\\:colons
+localhost:*:*:carol:pw\\\\back
+h\\:x:5432:*:dave:escaped-host
+*:*:*:*:fallback
+";
+
+    #[test]
+    fn pgpass_matching() {
+        let l = |h, p, d, u| pgpass_lookup(PGPASS, h, p, d, u);
+        assert_eq!(
+            l("db1.example.com", "5432", "sales", "alice"),
+            Some((2, "pw-sales".into()))
+        );
+        // Not the same database: falls through to the wildcard line.
+        assert_eq!(
+            l("db1.example.com", "5432", "hr", "alice"),
+            Some((6, "fallback".into()))
+        );
+        assert_eq!(
+            l("any", "5432", "x", "bob"),
+            Some((3, "pw:with:colons".into()))
+        );
+        assert_eq!(l("any", "5433", "x", "bob"), Some((6, "fallback".into())));
+        assert_eq!(
+            l("localhost", "6000", "x", "carol"),
+            Some((4, "pw\\back".into()))
+        );
+        assert_eq!(
+            l("h:x", "5432", "x", "dave"),
+            Some((5, "escaped-host".into()))
+        );
+        assert_eq!(l("hx", "5432", "x", "dave"), Some((6, "fallback".into())));
+    }
+
+    #[test]
+    fn pgpass_escaped_star_is_literal_and_short_lines_skipped() {
+        let text = "\\*:5432:db:u:literal\nshort:line\n*:5432:db:u:wild\n";
+        assert_eq!(
+            pgpass_lookup(text, "*", "5432", "db", "u"),
+            Some((1, "literal".into()))
+        );
+        assert_eq!(
+            pgpass_lookup(text, "h", "5432", "db", "u"),
+            Some((3, "wild".into()))
+        );
+        assert_eq!(pgpass_lookup("", "h", "1", "d", "u"), None);
+        // CRLF line endings.
+        assert_eq!(
+            pgpass_lookup("h:1:d:u:pw\r\n", "h", "1", "d", "u"),
+            Some((1, "pw".into()))
+        );
+    }
+
+    #[test]
+    fn mycnf_parsing() {
+        let text = "\
+[mysqld]
+password=server-side
+[client]
+user = me
+password = \"quoted # not a comment\"
+[mysql]
+password=other
+[client]
+# later lines win
+pass_word=ignored
+password=plain # trailing comment
+";
+        assert_eq!(mycnf_client_password(text), Some((11, "plain".into())));
+        assert_eq!(
+            mycnf_client_password("[client]\npassword='a\\'b'\n"),
+            Some((2, "a'b".into()))
+        );
+        assert_eq!(
+            mycnf_client_password("[client]\npassword = \"x y\"\n"),
+            Some((2, "x y".into()))
+        );
+        assert_eq!(mycnf_client_password("[mysqld]\npassword=x\n"), None);
+    }
+
+    fn write(dir: &Path, name: &str, text: &str, mode: u32) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        }
+        #[cfg(not(unix))]
+        let _ = mode;
+        p
+    }
+
+    fn pg_spec() -> ConnectionSpec {
+        ConnectionSpec::new("src", SourceKind::Postgres, "db.local", "shop", "app").with_port(6543)
+    }
+
+    #[test]
+    fn resolution_order_postgres() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = write(
+            dir.path(),
+            "pgpass",
+            "db.local:6543:shop:app:from-file\n",
+            0o600,
+        );
+        let mut env = PasswordLookup {
+            pgpassword: Some(Secret::new("from-env")),
+            pgpassfile: Some(file.clone()),
+            mysql_pwd: Some(Secret::new("mysql-env")),
+            home: Some(dir.path().to_path_buf()),
+        };
+        let explicit = pg_spec().with_password(Secret::new("explicit"));
+        let r = explicit.resolve_password_in(&env).unwrap();
+        assert_eq!(r.origin, PasswordOrigin::Explicit);
+        assert_eq!(r.secret.unwrap().expose(), "explicit");
+
+        let r = pg_spec().resolve_password_in(&env).unwrap();
+        assert_eq!(r.origin, PasswordOrigin::EnvVar("PGPASSWORD"));
+        assert_eq!(r.secret.unwrap().expose(), "from-env");
+
+        env.pgpassword = None;
+        let r = pg_spec().resolve_password_in(&env).unwrap();
+        assert_eq!(
+            r.origin,
+            PasswordOrigin::File {
+                path: file.clone(),
+                line: 1
+            }
+        );
+        assert_eq!(r.secret.unwrap().expose(), "from-file");
+
+        // Without PGPASSFILE: ~/.pgpass.
+        env.pgpassfile = None;
+        let r = pg_spec().resolve_password_in(&env).unwrap();
+        assert_eq!(r.origin, PasswordOrigin::NotFound);
+        assert!(
+            r.notes.iter().any(|n| n.contains(".pgpass (no such file)")),
+            "{:?}",
+            r.notes
+        );
+        write(dir.path(), ".pgpass", "*:*:*:app:home-file\n", 0o600);
+        let r = pg_spec().resolve_password_in(&env).unwrap();
+        assert_eq!(r.secret.unwrap().expose(), "home-file");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn pgpass_with_group_access_is_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = write(dir.path(), "pgpass", "*:*:*:*:leaky\n", 0o640);
+        let env = PasswordLookup {
+            pgpassfile: Some(file),
+            ..Default::default()
+        };
+        let r = pg_spec().resolve_password_in(&env).unwrap();
+        assert!(r.secret.is_none());
+        let notes = r.notes.join("; ");
+        assert!(notes.contains("group or world access"), "{notes}");
+        assert!(!notes.contains("leaky"));
+    }
+
+    #[test]
+    fn resolution_order_mysql() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = ConnectionSpec::new("m", SourceKind::Mysql, "h", "d", "u");
+        let mut env = PasswordLookup {
+            mysql_pwd: Some(Secret::new("env-pw")),
+            pgpassword: Some(Secret::new("pg-env")),
+            home: Some(dir.path().to_path_buf()),
+            ..Default::default()
+        };
+        let r = spec.resolve_password_in(&env).unwrap();
+        assert_eq!(r.origin, PasswordOrigin::EnvVar("MYSQL_PWD"));
+        assert_eq!(r.secret.unwrap().expose(), "env-pw");
+        env.mysql_pwd = None;
+        let r = spec.resolve_password_in(&env).unwrap();
+        assert_eq!(r.origin, PasswordOrigin::NotFound);
+        write(dir.path(), ".my.cnf", "[client]\npassword=cnf-pw\n", 0o600);
+        let r = spec.resolve_password_in(&env).unwrap();
+        assert_eq!(r.secret.unwrap().expose(), "cnf-pw");
+        #[cfg(unix)]
+        {
+            write(dir.path(), ".my.cnf", "[client]\npassword=cnf-pw\n", 0o666);
+            let r = spec.resolve_password_in(&env).unwrap();
+            assert!(r.secret.is_none());
+            assert!(r.notes.join(" ").contains("world-writable"));
+        }
+    }
+
+    #[tokio::test]
+    async fn bad_options_are_refused_before_connecting() {
+        let spec = pg_spec()
+            .with_password(Secret::new("pw-123456"))
+            .with_option("sslmode", "require");
+        let e = Resolved::new(&spec)
+            .unwrap()
+            .pg_connect()
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("'src'") && e.contains("TLS"), "{e}");
+        let spec = pg_spec()
+            .with_password(Secret::new("pw-123456"))
+            .with_option("sslmod", "disable");
+        let e = Resolved::new(&spec)
+            .unwrap()
+            .pg_connect()
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown option 'sslmod'"), "{e}");
+        let spec = ConnectionSpec::new("m", SourceKind::Mysql, "h", "d", "u")
+            .with_password(Secret::new("pw-123456"))
+            .with_option("connect_timeout", "soon");
+        let e = Resolved::new(&spec)
+            .unwrap()
+            .mysql_connect()
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("connect_timeout") && !e.contains("pw-123456"),
+            "{e}"
+        );
+        let e =
+            Resolved::new(&ConnectionSpec::new(" ", SourceKind::Mysql, "h", "d", "u")).unwrap_err();
+        assert!(e.to_string().contains("no name"), "{e}");
+    }
+
+    #[test]
+    fn debug_of_spec_and_resolution_hides_the_password() {
+        let spec = pg_spec().with_password(Secret::new("s3cr3t-value"));
+        let r = spec
+            .resolve_password_in(&PasswordLookup::default())
+            .unwrap();
+        for text in [
+            format!("{spec:?}"),
+            format!("{r:?}"),
+            format!("{}", r.origin),
+        ] {
+            assert!(!text.contains("s3cr3t-value"), "{text}");
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! Database sources for strata: what feeds streaming tables from PostgreSQL and MySQL, as
+//! Arrow record batches. This crate reads; it does not parse pipelines or write Delta.
+//!
+//! # Tour
+//!
+//! **Connections.** A [`ConnectionSpec`] names a connection (`name`, [`SourceKind`], host,
+//! port, database, user, options) without needing its password: the engine passes a
+//! [`Secret`] it read from an environment variable, or the password comes from `PGPASSWORD` /
+//! `~/.pgpass` (PostgreSQL) or `MYSQL_PWD` / `~/.my.cnf` (MySQL); see [`conn`]. Secrets print as
+//! `***`, and errors never contain them.
+//!
+//! **Watermark reads** (PostgreSQL, MySQL, MariaDB). [`Source::connect`], then
+//! [`Source::describe`] a table or query (its Arrow schema, see the type mapping in the
+//! README), and [`Source::read_watermark`] the rows above a [`LowerBound`] (exclusive, or
+//! inclusive for an overlap window: [`Watermark::overlap`]) in watermark order, as batches of
+//! at most `batch_rows` rows ([`WatermarkReader::next_batch`]). The last row's watermark
+//! ([`WatermarkReader::max_watermark`]) is stored by the engine as JSON ([`Watermark::to_json`])
+//! and given back next run ([`Watermark::from_json`], [`LowerBound::after`]).
+//!
+//! ```no_run
+//! # async fn f() -> strata_sources::Result<()> {
+//! use strata_sources::*;
+//! let spec = ConnectionSpec::new("shop", SourceKind::Postgres, "db.local", "shop", "reader");
+//! let src = Source::connect(&spec).await?;
+//! let stored: Option<String> = None; // the JSON the engine kept from the last run
+//! let bound = stored.map(|j| Watermark::from_json(&j)).transpose()?.map(LowerBound::after);
+//! let read = WatermarkRead::new(SourceObject::table("public.orders")?, vec!["updated_at".into(), "id".into()])
+//!     .lower_bound(bound);
+//! let mut reader = src.read_watermark(&read).await?;
+//! while let Some(batch) = reader.next_batch().await? {
+//!     // write `batch` out
+//! #   let _ = batch;
+//! }
+//! let to_store = reader.max_watermark().map(Watermark::to_json); // commit it with the data
+//! # let _ = to_store; Ok(()) }
+//! ```
+//!
+//! **PostgreSQL log-based CDC** ([`PgCdc`]). A publication and a logical replication slot
+//! (pgoutput); [`PgCdc::start_snapshot`] creates the slot exporting its snapshot and reads
+//! every table in it ([`SnapshotReader`]); [`PgCdc::read_changes`] reads every change
+//! committed before a fence, after the LSN the engine recorded ([`ChangeReader`], then
+//! [`ChangeSummary::resume_lsn`]); [`PgCdc::advance_slot`] after the engine's Delta commit;
+//! [`PgCdc::slot_status`] for the lag. Change batches carry the table's columns then
+//! `_change_type`, `_commit_lsn`, `_change_seq`, `_commit_timestamp`, `_unchanged_cols`
+//! (see [`batch::meta`]): `SEQUENCE BY STRUCT(_commit_lsn, _change_seq)` orders them exactly.
+//!
+//! Crash safety, per run: (1) `read_changes(recorded_lsn)`; (2) write the batches and record
+//! `summary.resume_lsn` **in the same Delta commit**; (3) only then `advance_slot(resume_lsn)`.
+//! A crash before (2) re-reads the same changes; a crash between (2) and (3) re-reads
+//! nothing new (transactions at or below the recorded LSN are skipped). The slot never moves
+//! by itself: the replication protocol only ever reports the slot's own position.
+//!
+//! **Debezium change files** ([`DebeziumReader`], [`read_debezium`]): JSON lines in the
+//! same row shape.
+
+#![warn(missing_docs)]
+
+pub mod batch;
+pub mod conn;
+pub mod debezium;
+pub mod error;
+pub mod lsn;
+mod mysql;
+mod pg;
+pub mod secret;
+pub mod source;
+pub mod value;
+
+pub use batch::{change_meta_fields, ColumnKind, SourceColumn, SourceSchema};
+pub use conn::{ConnectionSpec, PasswordLookup, PasswordOrigin, ResolvedPassword, SourceKind};
+pub use debezium::{read_debezium, DebeziumOptions, DebeziumReader};
+pub use error::{Result, SourceError};
+pub use lsn::Lsn;
+pub use pg::cdc::{
+    CdcConfig, CdcTable, ChangeReader, ChangeSummary, PgCdc, ReadOptions, SlotStatus,
+    SnapshotReader, TableBatch, FENCE_PREFIX,
+};
+pub use pg::types::UNCONSTRAINED_NUMERIC;
+pub use secret::Secret;
+pub use source::{
+    Source, SourceObject, TableRef, WatermarkRead, WatermarkReader, DEFAULT_BATCH_ROWS,
+};
+pub use value::{LowerBound, Overlap, Watermark, WatermarkValue};

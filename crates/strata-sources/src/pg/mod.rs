@@ -1,0 +1,6 @@
+//! PostgreSQL: type mapping, reads, and log-based CDC.
+
+pub mod cdc;
+pub(crate) mod pgoutput;
+pub(crate) mod read;
+pub(crate) mod types;

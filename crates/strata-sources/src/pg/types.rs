@@ -1,0 +1,476 @@
+//! PostgreSQL types: which Arrow type each maps to, and decoding of the binary wire format
+//! (query results in binary, and pgoutput with `binary 'true'`) straight into Arrow builders.
+
+use std::error::Error as StdError;
+
+use tokio_postgres::types::{FromSql, Kind, Type};
+
+use crate::batch::{fits_precision, ColBuilder, ColumnKind};
+use crate::value::WatermarkValue;
+
+/// How to decode one column's binary value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PgDecode {
+    Bool,
+    Int2,
+    Int4,
+    Int8,
+    Oid,
+    Float4,
+    Float8,
+    /// numeric into Decimal128 at this precision/scale (scale >= 0).
+    Numeric {
+        precision: u8,
+        scale: i8,
+    },
+    /// text-like: UTF-8 bytes as sent (text, varchar, bpchar, name, enum labels, json, xml).
+    Text,
+    /// "char": one byte.
+    Char,
+    /// jsonb: a version byte (1) then the text.
+    Jsonb,
+    Uuid,
+    Bytea,
+    Date,
+    Timestamp,
+    TimestampTz,
+}
+
+/// A mapped column type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct PgMapped {
+    pub decode: PgDecode,
+    pub kind: ColumnKind,
+    /// `format_type`-like name for messages and `source_type`.
+    pub type_name: String,
+}
+
+/// `numeric` without a declared precision is read as DECIMAL(38,18); values needing more
+/// integer digits (above 20) or more than 18 decimals are an error naming the column.
+pub const UNCONSTRAINED_NUMERIC: (u8, i8) = (38, 18);
+
+pub(crate) const PG_EPOCH_DAYS: i32 = 10_957; // 2000-01-01 - 1970-01-01
+pub(crate) const PG_EPOCH_MICROS: i64 = 946_684_800_000_000;
+
+fn numeric_typmod(typmod: i32) -> Option<(i32, i32)> {
+    if typmod < 4 {
+        return None;
+    }
+    let t = typmod - 4;
+    let precision = (t >> 16) & 0xffff;
+    // PostgreSQL 15+ allows negative scales (stored as 11-bit two's complement).
+    let scale = ((t & 0x7ff) ^ 1024) - 1024;
+    Some((precision, scale))
+}
+
+/// Map a built-in type by OID. `Err(why)` for types strata cannot read; `None` for OIDs that
+/// are not built in (look them up in the catalog: enums and domains are readable).
+pub(crate) fn map_builtin(oid: u32, typmod: i32) -> Option<Result<PgMapped, (String, String)>> {
+    let ty = Type::from_oid(oid)?;
+    let ok = |decode, kind, name: &str| {
+        Some(Ok(PgMapped {
+            decode,
+            kind,
+            type_name: name.to_string(),
+        }))
+    };
+    let unsupported = |why: &str| Some(Err((ty.name().to_string(), why.to_string())));
+    match ty {
+        Type::BOOL => ok(PgDecode::Bool, ColumnKind::Boolean, "boolean"),
+        Type::INT2 => ok(PgDecode::Int2, ColumnKind::Int16, "smallint"),
+        Type::INT4 => ok(PgDecode::Int4, ColumnKind::Int32, "integer"),
+        Type::INT8 => ok(PgDecode::Int8, ColumnKind::Int64, "bigint"),
+        Type::OID => ok(PgDecode::Oid, ColumnKind::Int64, "oid"),
+        Type::FLOAT4 => ok(PgDecode::Float4, ColumnKind::Float32, "real"),
+        Type::FLOAT8 => ok(PgDecode::Float8, ColumnKind::Float64, "double precision"),
+        Type::NUMERIC => match numeric_typmod(typmod) {
+            None => {
+                let (p, s) = UNCONSTRAINED_NUMERIC;
+                ok(
+                    PgDecode::Numeric {
+                        precision: p,
+                        scale: s,
+                    },
+                    ColumnKind::Decimal {
+                        precision: p,
+                        scale: s,
+                    },
+                    "numeric",
+                )
+            }
+            Some((p, s)) => {
+                let name = format!("numeric({p},{s})");
+                // A negative scale rounds to tens, hundreds...: read as an integer decimal.
+                let (p2, s2) = if s < 0 { (p - s, 0) } else { (p, s) };
+                if !(1..=38).contains(&p2) {
+                    return Some(Err((name, "Delta decimals have at most 38 digits".into())));
+                }
+                let (p2, s2) = (p2 as u8, s2 as i8);
+                Some(Ok(PgMapped {
+                    decode: PgDecode::Numeric {
+                        precision: p2,
+                        scale: s2,
+                    },
+                    kind: ColumnKind::Decimal {
+                        precision: p2,
+                        scale: s2,
+                    },
+                    type_name: name,
+                }))
+            }
+        },
+        Type::TEXT => ok(PgDecode::Text, ColumnKind::Utf8, "text"),
+        Type::VARCHAR => ok(PgDecode::Text, ColumnKind::Utf8, "character varying"),
+        Type::BPCHAR => ok(PgDecode::Text, ColumnKind::Utf8, "character"),
+        Type::NAME => ok(PgDecode::Text, ColumnKind::Utf8, "name"),
+        Type::CHAR => ok(PgDecode::Char, ColumnKind::Utf8, "\"char\""),
+        Type::JSON => ok(PgDecode::Text, ColumnKind::Utf8, "json"),
+        Type::JSONB => ok(PgDecode::Jsonb, ColumnKind::Utf8, "jsonb"),
+        Type::XML => ok(PgDecode::Text, ColumnKind::Utf8, "xml"),
+        Type::UUID => ok(PgDecode::Uuid, ColumnKind::Utf8, "uuid"),
+        Type::BYTEA => ok(PgDecode::Bytea, ColumnKind::Binary, "bytea"),
+        Type::DATE => ok(PgDecode::Date, ColumnKind::Date, "date"),
+        Type::TIMESTAMP => ok(
+            PgDecode::Timestamp,
+            ColumnKind::Timestamp,
+            "timestamp without time zone",
+        ),
+        Type::TIMESTAMPTZ => ok(
+            PgDecode::TimestampTz,
+            ColumnKind::TimestampUtc,
+            "timestamp with time zone",
+        ),
+        Type::TIME | Type::TIMETZ => unsupported("Delta has no time-of-day type"),
+        Type::INTERVAL => unsupported("Delta has no interval type"),
+        Type::MONEY => unsupported("its binary form depends on lc_monetary; cast it to numeric"),
+        _ => match ty.kind() {
+            Kind::Array(_) => unsupported("arrays are not mapped yet"),
+            Kind::Range(_) | Kind::Multirange(_) => unsupported("ranges are not mapped"),
+            _ => unsupported("no Delta mapping for this type"),
+        },
+    }
+}
+
+/// Map a type tokio-postgres described (result columns of a prepared statement: domains are
+/// already their base type there; enums carry their labels).
+pub(crate) fn map_type(ty: &Type, typmod: i32) -> Result<PgMapped, (String, String)> {
+    if let Some(m) = map_builtin(ty.oid(), typmod) {
+        return m;
+    }
+    match ty.kind() {
+        Kind::Enum(_) => Ok(PgMapped {
+            decode: PgDecode::Text,
+            kind: ColumnKind::Utf8,
+            type_name: ty.name().to_string(),
+        }),
+        Kind::Domain(base) => map_type(base, -1),
+        Kind::Array(_) => Err((ty.name().to_string(), "arrays are not mapped yet".into())),
+        Kind::Composite(_) => Err((
+            ty.name().to_string(),
+            "composite types are not mapped".into(),
+        )),
+        _ => Err((
+            ty.name().to_string(),
+            "no Delta mapping for this type".into(),
+        )),
+    }
+}
+
+/// The raw bytes of a result value, whatever its type.
+pub(crate) struct Raw<'a>(pub &'a [u8]);
+
+impl<'a> FromSql<'a> for Raw<'a> {
+    fn from_sql(_: &Type, raw: &'a [u8]) -> Result<Self, Box<dyn StdError + Sync + Send>> {
+        Ok(Raw(raw))
+    }
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+}
+
+fn be<const N: usize>(raw: &[u8]) -> Result<[u8; N], String> {
+    raw.try_into()
+        .map_err(|_| format!("expected {N} bytes in the binary value, got {}", raw.len()))
+}
+
+fn utf8(raw: &[u8]) -> Result<&str, String> {
+    std::str::from_utf8(raw).map_err(|e| format!("value is not valid UTF-8 ({e})"))
+}
+
+pub(crate) fn date_days(raw: &[u8]) -> Result<i32, String> {
+    let d = i32::from_be_bytes(be::<4>(raw)?);
+    if d == i32::MAX || d == i32::MIN {
+        return Err(format!(
+            "date {} has no Delta equivalent; filter it out or cast it in a query",
+            if d > 0 { "infinity" } else { "-infinity" }
+        ));
+    }
+    d.checked_add(PG_EPOCH_DAYS)
+        .ok_or_else(|| "date out of range".to_string())
+}
+
+pub(crate) fn timestamp_micros(raw: &[u8]) -> Result<i64, String> {
+    let t = i64::from_be_bytes(be::<8>(raw)?);
+    if t == i64::MAX || t == i64::MIN {
+        return Err(format!(
+            "timestamp {} has no Delta equivalent; filter it out or cast it in a query",
+            if t > 0 { "infinity" } else { "-infinity" }
+        ));
+    }
+    t.checked_add(PG_EPOCH_MICROS)
+        .ok_or_else(|| "timestamp out of range".to_string())
+}
+
+pub(crate) fn uuid_text(raw: &[u8]) -> Result<String, String> {
+    let b = be::<16>(raw)?;
+    let h = |r: std::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
+    Ok(format!(
+        "{}-{}-{}-{}-{}",
+        h(0..4),
+        h(4..6),
+        h(6..8),
+        h(8..10),
+        h(10..16)
+    ))
+}
+
+/// Decode a binary NUMERIC exactly into an unscaled i128 at `scale`. NaN, infinities, values
+/// with more decimals than `scale` (non-zero ones) and overflow are errors.
+pub(crate) fn numeric_to_i128(raw: &[u8], scale: i8) -> Result<i128, String> {
+    if raw.len() < 8 {
+        return Err("truncated numeric".into());
+    }
+    let ndigits = i16::from_be_bytes([raw[0], raw[1]]);
+    let weight = i16::from_be_bytes([raw[2], raw[3]]) as i32;
+    let sign = u16::from_be_bytes([raw[4], raw[5]]);
+    match sign {
+        0x0000 | 0x4000 => {}
+        0xC000 => return Err("numeric value NaN has no Delta equivalent; filter it out (WHERE col <> 'NaN') or cast it".into()),
+        0xD000 => return Err("numeric value Infinity has no Delta equivalent; filter it out or cast it".into()),
+        0xF000 => return Err("numeric value -Infinity has no Delta equivalent; filter it out or cast it".into()),
+        s => return Err(format!("numeric with unknown sign word {s:#x}")),
+    }
+    if ndigits < 0 || raw.len() != 8 + 2 * ndigits as usize {
+        return Err("malformed numeric".into());
+    }
+    let overflow = || format!("numeric value does not fit DECIMAL(38,{scale})");
+    let scale = scale as i32;
+    let mut acc: i128 = 0;
+    for i in 0..ndigits as usize {
+        let d = u16::from_be_bytes([raw[8 + 2 * i], raw[9 + 2 * i]]) as i128;
+        if d >= 10_000 {
+            return Err("malformed numeric digit".into());
+        }
+        // This group is worth d * 10000^(weight - i); at our scale: d * 10^(4*(weight-i) + scale).
+        let exp = 4 * (weight - i as i32) + scale;
+        if exp >= 0 {
+            let m = 10i128.checked_pow(exp as u32).ok_or_else(overflow)?;
+            let term = d.checked_mul(m).ok_or_else(overflow)?;
+            acc = acc.checked_add(term).ok_or_else(overflow)?;
+        } else {
+            let div = 10i128.pow((-exp).min(38) as u32);
+            if -exp > 4 {
+                if d != 0 {
+                    return Err(too_many_decimals(scale));
+                }
+            } else {
+                if d % div != 0 {
+                    return Err(too_many_decimals(scale));
+                }
+                acc = acc.checked_add(d / div).ok_or_else(overflow)?;
+            }
+        }
+    }
+    Ok(if sign == 0x4000 { -acc } else { acc })
+}
+
+fn too_many_decimals(scale: i32) -> String {
+    format!(
+        "numeric value has more than {scale} decimal digits, which its DECIMAL column cannot hold \
+         exactly; declare the column numeric(p,s) or read it through a query with a cast"
+    )
+}
+
+/// Append one binary value (`None` = SQL NULL) to a builder made for the decode's kind.
+pub(crate) fn append_binary(
+    b: &mut ColBuilder,
+    decode: PgDecode,
+    raw: Option<&[u8]>,
+) -> Result<(), String> {
+    let Some(raw) = raw else {
+        b.append_null();
+        return Ok(());
+    };
+    match (decode, b) {
+        (PgDecode::Bool, ColBuilder::Bool(b)) => b.append_value(be::<1>(raw)?[0] != 0),
+        (PgDecode::Int2, ColBuilder::I16(b)) => b.append_value(i16::from_be_bytes(be(raw)?)),
+        (PgDecode::Int4, ColBuilder::I32(b)) => b.append_value(i32::from_be_bytes(be(raw)?)),
+        (PgDecode::Int8, ColBuilder::I64(b)) => b.append_value(i64::from_be_bytes(be(raw)?)),
+        (PgDecode::Oid, ColBuilder::I64(b)) => b.append_value(u32::from_be_bytes(be(raw)?) as i64),
+        (PgDecode::Float4, ColBuilder::F32(b)) => b.append_value(f32::from_be_bytes(be(raw)?)),
+        (PgDecode::Float8, ColBuilder::F64(b)) => b.append_value(f64::from_be_bytes(be(raw)?)),
+        (PgDecode::Numeric { precision, scale }, ColBuilder::Dec(b, ..)) => {
+            let v = numeric_to_i128(raw, scale)?;
+            if !fits_precision(v, precision) {
+                return Err(format!(
+                    "numeric value does not fit DECIMAL({precision},{scale}) (too many digits); \
+                     declare the column numeric(p,s) or read it through a query with a cast"
+                ));
+            }
+            b.append_value(v)
+        }
+        (PgDecode::Text, ColBuilder::Str(b)) => b.append_value(utf8(raw)?),
+        (PgDecode::Char, ColBuilder::Str(b)) => b.append_value(String::from_utf8_lossy(raw)),
+        (PgDecode::Jsonb, ColBuilder::Str(b)) => match raw.split_first() {
+            Some((1, text)) => b.append_value(utf8(text)?),
+            _ => return Err("unknown jsonb binary version".into()),
+        },
+        (PgDecode::Uuid, ColBuilder::Str(b)) => b.append_value(uuid_text(raw)?),
+        (PgDecode::Bytea, ColBuilder::Bin(b)) => b.append_value(raw),
+        (PgDecode::Date, ColBuilder::Date(b)) => b.append_value(date_days(raw)?),
+        (PgDecode::Timestamp, ColBuilder::Ts(b))
+        | (PgDecode::TimestampTz, ColBuilder::TsUtc(b)) => b.append_value(timestamp_micros(raw)?),
+        (d, _) => {
+            return Err(format!(
+                "internal: decoder {d:?} does not match the column's builder"
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// One binary value as a watermark value (`Ok(None)` for NULL).
+pub(crate) fn watermark_value(
+    decode: PgDecode,
+    raw: Option<&[u8]>,
+) -> Result<Option<WatermarkValue>, String> {
+    let Some(raw) = raw else { return Ok(None) };
+    Ok(Some(match decode {
+        PgDecode::Bool => WatermarkValue::Bool(be::<1>(raw)?[0] != 0),
+        PgDecode::Int2 => WatermarkValue::Int(i16::from_be_bytes(be(raw)?) as i64),
+        PgDecode::Int4 => WatermarkValue::Int(i32::from_be_bytes(be(raw)?) as i64),
+        PgDecode::Int8 => WatermarkValue::Int(i64::from_be_bytes(be(raw)?)),
+        PgDecode::Oid => WatermarkValue::Int(u32::from_be_bytes(be(raw)?) as i64),
+        PgDecode::Float4 => WatermarkValue::Float(f32::from_be_bytes(be(raw)?) as f64),
+        PgDecode::Float8 => WatermarkValue::Float(f64::from_be_bytes(be(raw)?)),
+        PgDecode::Numeric { scale, .. } => WatermarkValue::Decimal {
+            unscaled: numeric_to_i128(raw, scale)?,
+            scale,
+        },
+        PgDecode::Text => WatermarkValue::Str(utf8(raw)?.to_string()),
+        PgDecode::Char => WatermarkValue::Str(String::from_utf8_lossy(raw).into_owned()),
+        PgDecode::Jsonb => return Err("a jsonb column cannot be a watermark".into()),
+        PgDecode::Uuid => WatermarkValue::Str(uuid_text(raw)?),
+        PgDecode::Bytea => return Err("a bytea column cannot be a watermark".into()),
+        PgDecode::Date => WatermarkValue::Date(date_days(raw)?),
+        PgDecode::Timestamp => WatermarkValue::Timestamp(timestamp_micros(raw)?),
+        PgDecode::TimestampTz => WatermarkValue::TimestampUtc(timestamp_micros(raw)?),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn numeric(weight: i16, sign: u16, dscale: u16, digits: &[u16]) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.extend((digits.len() as i16).to_be_bytes());
+        v.extend(weight.to_be_bytes());
+        v.extend(sign.to_be_bytes());
+        v.extend(dscale.to_be_bytes());
+        for d in digits {
+            v.extend(d.to_be_bytes());
+        }
+        v
+    }
+
+    #[test]
+    fn numeric_decoding() {
+        // 12345.67 = [1, 2345, 6700] weight 1
+        let raw = numeric(1, 0, 2, &[1, 2345, 6700]);
+        assert_eq!(numeric_to_i128(&raw, 2).unwrap(), 1_234_567);
+        assert_eq!(numeric_to_i128(&raw, 4).unwrap(), 123_456_700);
+        assert!(numeric_to_i128(&raw, 1).is_err());
+        // -0.0001
+        let raw = numeric(-1, 0x4000, 4, &[1]);
+        assert_eq!(numeric_to_i128(&raw, 4).unwrap(), -1);
+        assert_eq!(numeric_to_i128(&raw, 18).unwrap(), -100_000_000_000_000);
+        // zero
+        assert_eq!(numeric_to_i128(&numeric(0, 0, 0, &[]), 2).unwrap(), 0);
+        // 1e20 = [1, 0000 x5] weight 5
+        let raw = numeric(5, 0, 0, &[1]);
+        assert_eq!(numeric_to_i128(&raw, 0).unwrap(), 10i128.pow(20));
+        assert!(numeric_to_i128(&raw, 18).is_ok()); // 10^38 fits i128
+        let raw = numeric(10, 0, 0, &[1]);
+        assert!(numeric_to_i128(&raw, 18).is_err()); // 10^58: overflow
+                                                     // NaN / infinities
+        assert!(numeric_to_i128(&numeric(0, 0xC000, 0, &[]), 2)
+            .unwrap_err()
+            .contains("NaN"));
+        assert!(numeric_to_i128(&numeric(0, 0xD000, 0, &[]), 2)
+            .unwrap_err()
+            .contains("Infinity"));
+        // garbage
+        assert!(numeric_to_i128(&[0, 5, 0], 2).is_err());
+        assert!(numeric_to_i128(&numeric(0, 0, 0, &[10_000]), 0).is_err());
+    }
+
+    #[test]
+    fn typmods() {
+        // numeric(12,2): ((12 << 16) | 2) + 4
+        let m = map_builtin(1700, ((12 << 16) | 2) + 4).unwrap().unwrap();
+        assert_eq!(
+            m.kind,
+            ColumnKind::Decimal {
+                precision: 12,
+                scale: 2
+            }
+        );
+        let m = map_builtin(1700, -1).unwrap().unwrap();
+        assert_eq!(
+            m.kind,
+            ColumnKind::Decimal {
+                precision: 38,
+                scale: 18
+            }
+        );
+        assert!(map_builtin(1700, ((50 << 16) | 2) + 4).unwrap().is_err());
+        // numeric(5,-2) (scale stored as 11-bit two's complement)
+        let m = map_builtin(1700, ((5 << 16) | (0x800 - 2)) + 4)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            m.kind,
+            ColumnKind::Decimal {
+                precision: 7,
+                scale: 0
+            }
+        );
+        assert!(map_builtin(1186, -1).unwrap().is_err()); // interval
+        assert!(map_builtin(1007, -1).unwrap().is_err()); // int4[]
+        assert!(map_builtin(999_999, -1).is_none());
+    }
+
+    #[test]
+    fn times_and_uuid() {
+        assert_eq!(date_days(&0i32.to_be_bytes()).unwrap(), 10_957);
+        assert!(date_days(&i32::MAX.to_be_bytes())
+            .unwrap_err()
+            .contains("infinity"));
+        assert_eq!(
+            timestamp_micros(&0i64.to_be_bytes()).unwrap(),
+            PG_EPOCH_MICROS
+        );
+        assert!(timestamp_micros(&i64::MIN.to_be_bytes())
+            .unwrap_err()
+            .contains("-infinity"));
+        let u = [
+            0xa0u8, 0xee, 0xbc, 0x99, 0x9c, 0x0b, 0x4e, 0xf8, 0xbb, 0x6d, 0x6b, 0xb9, 0xbd, 0x38,
+            0x0a, 0x11,
+        ];
+        assert_eq!(
+            uuid_text(&u).unwrap(),
+            "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"
+        );
+    }
+}
