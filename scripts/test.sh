@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
 # Runs everything CI runs: formatting, clippy with warnings denied, and every test (unit,
-# golden scenarios, property tests, CLI tests on the real binary, the benchmark harness's own
-# checks, the check that other Delta readers see what strata wrote). One debug build serves
-# all of them.
+# golden scenarios, property tests, CLI tests on the real binary, the database sources
+# against a real PostgreSQL and MariaDB, the benchmark harness's own checks, the check that
+# other Delta readers see what strata wrote). One debug build serves all of them.
+#
+# The servers the tests need are started by this script itself, in a temp dir on free ports
+# (scripts/services/with-services.sh: PostgreSQL from the image, MariaDB from Debian's
+# packages, installed when missing), and stopped when it ends.
 #
 # A persistent CARGO_TARGET_DIR outside the clone makes reruns on the same machine fast.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+if [ -z "${STRATA_TEST_PG_URL:-}" ] || [ -z "${STRATA_TEST_MYSQL_URL:-}" ]; then
+  exec scripts/services/with-services.sh "$0" "$@"
+fi
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/strata-target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 # Incremental compilation saves nothing on a clean CI clone and writes gigabytes of session

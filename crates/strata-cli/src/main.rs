@@ -1,9 +1,11 @@
 //! The `strata` command: run pipelines, query and validate warehouses.
 //!
-//! Exit codes: 0 success; 1 `validate` found violations; 2 any error (bad pipeline, bad
-//! input, unknown table, storage failure); 3 another writer kept committing to a table first
-//! (the run retried and gave up; nothing of that dataset was written). Errors print their
-//! whole chain on one line.
+//! Exit codes: 0 success; 1 `validate` found violations; 2 the pipeline, the input or the
+//! request is wrong (a bad pipeline, a rejected batch, an unknown table); 3 another writer
+//! kept committing to a table first (the run retried and gave up; nothing of that dataset
+//! was written); 4 storage or a query's execution failed (the environment: a full disk, a
+//! read-only warehouse, a lost connection); 5 an internal error (a bug in strata). Errors
+//! print their whole chain on one line.
 
 mod events;
 mod progress;
@@ -212,17 +214,29 @@ fn main() -> ExitCode {
                 return ExitCode::SUCCESS;
             }
             eprintln!("error: {}", chain(e.as_ref()));
-            // A run that kept losing races with another writer wrote nothing of the dataset
-            // it failed on; running again later is the way out, so it has a code of its own.
-            let lost_race = e
-                .downcast_ref::<strata_engine::EngineError>()
-                .is_some_and(strata_engine::EngineError::is_conflict);
-            ExitCode::from(if lost_race { 3 } else { 2 })
+            ExitCode::from(exit_code(e.as_ref()))
         }
     }
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The exit code of a failed command, by what went wrong (documented at the top of this
+/// file and in the README).
+fn exit_code(e: &(dyn std::error::Error + Send + Sync + 'static)) -> u8 {
+    use strata_engine::EngineError as E;
+    match e.downcast_ref::<E>() {
+        // Another writer kept committing first: nothing of that dataset was written, and
+        // running again later is the way out.
+        Some(E::Conflict { .. }) => 3,
+        // Storage, or a query's execution, failed (a full disk, a lost connection):
+        // retrying may help; the pipeline is not at fault.
+        Some(E::Delta { .. } | E::DataFusion { .. } | E::Io { .. }) => 4,
+        Some(E::Internal(_)) => 5,
+        // The pipeline, the input or the request is wrong.
+        _ => 2,
+    }
+}
 
 async fn execute(command: Command) -> Result<ExitCode, BoxError> {
     match command {

@@ -1,7 +1,7 @@
 //! # strata-core: the semantics of AUTO CDC, with no I/O
 //!
 //! This crate answers one question: *given every change event ever applied to one key, what
-//! does the target hold for that key?* It is the fold of `shared/docs/semantics.md`, section 1,
+//! does the target hold for that key?* It is the fold of `docs/semantics.md`, section 1,
 //! written once and used by the engine on Arrow data and by the tests on plain values.
 //!
 //! ```text

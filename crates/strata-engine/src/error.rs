@@ -22,9 +22,11 @@ pub enum EngineError {
     #[error("{0}")]
     Spec(String),
     /// The pipeline is well formed but cannot run against these schemas or tables
-    /// (unknown column, reserved name, changed key schema). Nothing has been written.
-    #[error("{0}")]
-    Plan(String),
+    /// (unknown column, reserved name, changed key schema). Nothing has been written. `at`
+    /// names the statement when the error is about one (`flow users_flow (line 5)`); `msg`
+    /// is the rest of the sentence, starting with its separator when `at` is set.
+    #[error("{}{msg}", at.as_ref().map(ToString::to_string).unwrap_or_default())]
+    Plan { at: Option<Place>, msg: String },
     /// A batch of input was rejected (NULL key, NULL sequence, conflicting tie, unparsable
     /// file). Nothing of that run of that flow was written.
     #[error("{0}")]
@@ -60,6 +62,14 @@ pub enum EngineError {
         #[source]
         source: std::io::Error,
     },
+    /// A database source could not be read (connection, query, types, watermark, slot);
+    /// the source's message names the connection and the object, never a password.
+    #[error("{context}: {source}")]
+    Source {
+        context: String,
+        #[source]
+        source: Box<strata_sources::SourceError>,
+    },
     /// An invariant of strata itself was violated.
     #[error("internal error, this is a bug in strata: {0}")]
     Internal(String),
@@ -67,9 +77,154 @@ pub enum EngineError {
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
 
+/// Where in a pipeline's text an error is: the dataset or flow it is about and its
+/// statement's line, in the text that holds it when the pipeline has several.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Place {
+    /// `flow users_flow`, `materialized view default.plans`.
+    pub what: String,
+    /// The statement's line (in the pipeline as planned; see [`Place::text`]).
+    pub line: u64,
+    /// The text the statement is in, when the pipeline has several (a YAML spec's
+    /// libraries and generated SQL): set by the loader, which also makes `line` local.
+    pub text: Option<Text>,
+}
+
+/// A text of a pipeline of several.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Text {
+    /// A file the user wrote: places say `file:line`.
+    File(String),
+    /// SQL generated from a spec entry (`spec.yaml: tables[0] (raw)`): places name the
+    /// entry only, its lines being strata's.
+    Generated(String),
+}
+
+impl std::fmt::Display for Place {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.text {
+            None => write!(f, "{} (line {})", self.what, self.line),
+            Some(Text::File(file)) => write!(f, "{} ({file}:{})", self.what, self.line),
+            Some(Text::Generated(entry)) => write!(f, "{} ({entry})", self.what),
+        }
+    }
+}
+
+impl EngineError {
+    /// A plan error about no statement in particular.
+    pub(crate) fn plan(msg: impl Into<String>) -> Self {
+        EngineError::Plan {
+            at: None,
+            msg: msg.into(),
+        }
+    }
+
+    /// A plan error about `what` (`flow users_flow`), declared at `line`: `what (line N):
+    /// msg`.
+    pub(crate) fn plan_at(what: impl Into<String>, line: u64, msg: impl std::fmt::Display) -> Self {
+        EngineError::Plan {
+            at: Some(Place {
+                what: what.into(),
+                line,
+                text: None,
+            }),
+            msg: format!(": {msg}"),
+        }
+    }
+
+    /// A plan error saying what the statement of `what` at `line` does wrong, as one
+    /// sentence: `what (line N) reads t, which ...`.
+    pub(crate) fn plan_does(
+        what: impl Into<String>,
+        line: u64,
+        does: impl std::fmt::Display,
+    ) -> Self {
+        EngineError::Plan {
+            at: Some(Place {
+                what: what.into(),
+                line,
+                text: None,
+            }),
+            msg: format!(" {does}"),
+        }
+    }
+
+    /// This error with `context` in front: storage and query errors keep their source under
+    /// the new context; a user's error (plan, input) is returned as it is.
+    pub(crate) fn within(self, context: impl FnOnce() -> String) -> Self {
+        let wrap = |c: String| format!("{}: {c}", context());
+        match self {
+            EngineError::Delta { context: c, source } => EngineError::Delta {
+                context: wrap(c),
+                source,
+            },
+            EngineError::Conflict { context: c, source } => EngineError::Conflict {
+                context: wrap(c),
+                source,
+            },
+            EngineError::DataFusion { context: c, source } => EngineError::DataFusion {
+                context: wrap(c),
+                source,
+            },
+            EngineError::Io { context: c, source } => EngineError::Io {
+                context: wrap(c),
+                source,
+            },
+            other => other,
+        }
+    }
+
+    /// A query's error: the user's mistake (SQL that does not parse or plan, an unknown
+    /// column) as a plan error `what: ...`, anything else (reading, executing) as a query
+    /// error carrying its source.
+    pub(crate) fn of_query(what: impl Into<String>, e: DataFusionError) -> Self {
+        let what = what.into();
+        match e.find_root() {
+            DataFusionError::Plan(..)
+            | DataFusionError::SQL(..)
+            | DataFusionError::SchemaError(..)
+            | DataFusionError::NotImplemented(..) => EngineError::plan(format!("{what}: {e}")),
+            _ => EngineError::DataFusion {
+                context: what,
+                source: Box::new(e),
+            },
+        }
+    }
+
+    /// This error with its place (if any) in the text that holds it, per `locate` (which
+    /// maps a line of the pipeline as planned to its text and local line).
+    pub(crate) fn locate(self, locate: impl Fn(u64) -> Option<(Text, u64)>) -> Self {
+        match self {
+            EngineError::Plan {
+                at: Some(mut place),
+                msg,
+            } if place.text.is_none() => {
+                if let Some((text, line)) = locate(place.line) {
+                    place.text = Some(text);
+                    place.line = line;
+                }
+                EngineError::Plan {
+                    at: Some(place),
+                    msg,
+                }
+            }
+            other => other,
+        }
+    }
+}
+
 /// Adds a context sentence to errors of the layers below.
 pub(crate) trait Context<T> {
     fn context(self, context: impl FnOnce() -> String) -> Result<T>;
+}
+
+impl<T> Context<T> for std::result::Result<T, strata_sources::SourceError> {
+    fn context(self, context: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|source| EngineError::Source {
+            context: context(),
+            source: Box::new(source),
+        })
+    }
 }
 
 impl<T> Context<T> for std::result::Result<T, DeltaTableError> {

@@ -8,8 +8,8 @@
 //!        │             run by its ops folder, retried when another writer committed first,
 //!        │             one event-log record each
 //!        ▼
-//!   ops::ingest   read_files / STREAM(t) / append flows ─▶ streaming table (one commit: rows
-//!                 + the files or source version taken)
+//!   ops::ingest   read_files / read_database / STREAM(t) / append flows ─▶ streaming table
+//!                 (one commit: rows + the files, watermark or source version taken)
 //!   ops::cdc      streaming table ─▶ event store ─fold─▶ target (AUTO CDC, from change
 //!                 events or from snapshots)
 //!   ops::mview    materialized views          ops::pit   point-in-time tables
@@ -25,6 +25,7 @@
 //!   ops         one folder per dataset kind: ingest, cdc, mview, pit
 //!   sql         sessions over a warehouse, as_of, table_changes, views, expectations, query
 //!   eventstore  an AUTO CDC target's events: evaluation, page reads, digest, tombstones
+//!   sources     database connections, watermark reads' options, positions and overlap
 //!   storage     the warehouse, Delta tables, writes and commits, the change feed, key
 //!               replacement and deletion vectors, the ledger of files taken
 //!   load        pipeline texts and YAML specs into plans
@@ -43,6 +44,7 @@ mod load;
 mod ops;
 mod runtime;
 mod semantics;
+mod sources;
 mod sql;
 mod storage;
 mod util;

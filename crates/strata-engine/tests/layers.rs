@@ -7,12 +7,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Bottom up. `error` is below everything; `lib.rs` above everything.
-const LAYERS: [&str; 9] = [
+const LAYERS: [&str; 10] = [
     "error",
     "util",
     "semantics",
     "load",
     "storage",
+    "sources",
     "eventstore",
     "sql",
     "ops",

@@ -5,7 +5,7 @@
 //! Spark lexical rules (a double-quoted token became a single-quoted string literal, backticks
 //! quote identifiers), so the engine hands these strings straight to DataFusion.
 
-use deltalake::arrow::datatypes::DataType;
+use arrow_schema::DataType;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -56,6 +56,20 @@ pub enum Statement {
     MaterializedView(MaterializedView),
     View(View),
     AppendFlow(AppendFlow),
+    Connection(Connection),
+}
+
+/// `CREATE CONNECTION [IF NOT EXISTS] name TYPE postgresql OPTIONS (host 'h', port '5432',
+/// database 'shop', user 'etl', password_env 'SHOP_PASSWORD') [COMMENT '...']`: a database
+/// the pipeline's `read_database(...)` sources name. The engine checks the type and options.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Connection {
+    pub name: String,
+    /// The `TYPE`, lower-cased as written (`postgresql`, `mysql`, ...).
+    pub kind: String,
+    /// Option names lower-cased, values as written.
+    pub options: BTreeMap<String, String>,
+    pub location: Location,
 }
 
 /// What happens to a row that fails an expectation.
@@ -204,7 +218,20 @@ pub const SOURCE_PLACEHOLDER: &str = "__strata_source";
 #[derive(Debug, Clone, PartialEq)]
 pub enum QuerySource {
     ReadFiles(ReadFiles),
+    ReadDatabase(ReadDatabase),
     Table(TableName),
+}
+
+/// `read_database('connection', table => 'public.orders', watermark => 'updated_at, id',
+/// overlap => '10 minutes', exclude => 'blob_col', batch_rows => 50000)` (or `query =>
+/// 'SELECT ...'` instead of `table =>`): a database table read incrementally by its
+/// watermark columns. Option names are lower-cased; the engine checks their values.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReadDatabase {
+    pub connection: String,
+    /// Every option, lower-cased key, value as text.
+    pub options: BTreeMap<String, String>,
+    pub location: Location,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

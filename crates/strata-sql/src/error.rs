@@ -12,9 +12,14 @@ pub enum SqlError {
         snippet: String,
     },
     /// The statements parse but do not form a valid pipeline (unknown table, cycle,
-    /// contradictory flow options).
-    #[error("{location}: {message}")]
-    Plan { location: Location, message: String },
+    /// contradictory flow options). `first` is the earlier declaration a duplicate clashes
+    /// with.
+    #[error("{location}: {message}{}", first.map(|f| format!(" (first at {f})")).unwrap_or_default())]
+    Plan {
+        location: Location,
+        message: String,
+        first: Option<Location>,
+    },
 }
 
 pub type Result<T, E = SqlError> = std::result::Result<T, E>;

@@ -10,7 +10,6 @@
 
 use crate::ast::Location;
 use crate::error::{Result, SqlError};
-use deltalake::datafusion::sql::sqlparser;
 use sqlparser::dialect::{Dialect, GenericDialect};
 use sqlparser::parser::{Parser, ParserError};
 use sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer};

@@ -10,7 +10,6 @@ use crate::ast::*;
 use crate::error::Result;
 use crate::lex::{self, is_keyword, location, run_sqlparser, Cursor, End, Source};
 use crate::types::{parse_schema_string, parse_table_elements};
-use deltalake::datafusion::sql::sqlparser;
 use sqlparser::ast::{
     Expr, FunctionArg, FunctionArgExpr, Ident, ObjectName, ObjectNamePart, Query, SetExpr, Spanned,
     TableAlias, TableFactor, TableFunctionArgs, TableWithJoins, Value,
@@ -93,6 +92,9 @@ fn parse_statement(c: &mut Cursor) -> Result<Statement> {
         if c.eat_keyword("FLOW") {
             return flow(c, at);
         }
+        if c.eat_keyword("CONNECTION") {
+            return connection(c, at).map(Statement::Connection);
+        }
         if c.eat_keyword("POINT") {
             c.expect_keyword("IN")?;
             c.expect_keyword("TIME")?;
@@ -114,9 +116,9 @@ fn parse_statement(c: &mut Cursor) -> Result<Statement> {
             c.expect_keyword("VIEW")?;
             return view(c, at).map(Statement::View);
         }
-        return Err(
-            c.expected("STREAMING TABLE, MATERIALIZED VIEW, VIEW, FLOW or POINT IN TIME TABLE")
-        );
+        return Err(c.expected(
+            "STREAMING TABLE, MATERIALIZED VIEW, VIEW, FLOW, POINT IN TIME TABLE or CONNECTION",
+        ));
     }
     if c.eat_keyword("APPLY") {
         // Legacy standalone form: the flow is named after its target table.
@@ -164,6 +166,52 @@ fn ident_list(c: &mut Cursor, what: &str) -> Result<Vec<String>> {
         names.push(c.ident(what)?.0);
     }
     Ok(names)
+}
+
+// ---------------------------------------------------------------------------------------
+// CREATE CONNECTION
+
+/// `CREATE CONNECTION [IF NOT EXISTS] name TYPE kind OPTIONS (key 'value', ...) [COMMENT
+/// '...']`, as Databricks writes it (`key = 'value'` is accepted too).
+fn connection(c: &mut Cursor, at: Location) -> Result<Connection> {
+    if c.eat_keyword("IF") {
+        c.expect_keyword("NOT")?;
+        c.expect_keyword("EXISTS")?;
+    }
+    let (name, _) = c.ident("a connection name")?;
+    c.expect_keyword("TYPE")?;
+    let (kind, _) = c.ident("a connection type (postgresql or mysql)")?;
+    let mut options = BTreeMap::new();
+    if c.eat_keyword("OPTIONS") {
+        c.expect_token(&Token::LParen)?;
+        loop {
+            let (key, key_at) = c.ident("an option name")?;
+            c.eat_token(&Token::Eq);
+            let value = match c.peek().map(|t| &t.token) {
+                Some(Token::SingleQuotedString(s)) => s.clone(),
+                Some(Token::Number(n, _)) => n.clone(),
+                _ => return Err(c.expected("a quoted option value")),
+            };
+            c.next();
+            let key = key.to_ascii_lowercase();
+            if options.insert(key.clone(), value).is_some() {
+                return Err(c.error_at(key_at, format!("option '{key}' is set twice")));
+            }
+            if !c.eat_token(&Token::Comma) && c.peek_token(&Token::RParen) {
+                break;
+            }
+        }
+        c.expect_token(&Token::RParen)?;
+    }
+    if c.eat_keyword("COMMENT") {
+        c.string("a comment")?;
+    }
+    Ok(Connection {
+        name,
+        kind: kind.to_ascii_lowercase(),
+        options,
+        location: at,
+    })
 }
 
 // ---------------------------------------------------------------------------------------
@@ -492,25 +540,30 @@ fn source_query(c: &mut Cursor) -> Result<SourceQuery> {
             used_marks.insert(start);
         }
         let at = start.map(location).unwrap_or(query_at);
-        let is_read_files = parts
-            .last()
-            .is_some_and(|n| n.eq_ignore_ascii_case("read_files"));
-        let source = match args {
-            Some(args) if is_read_files => QuerySource::ReadFiles(read_files(c.src, args, at)?),
-            Some(_) if marked => {
-                return Err(c.error_at(
+        let function = parts.last().map(|n| n.to_ascii_lowercase());
+        let source = match (args, function.as_deref()) {
+            (Some(args), Some("read_files")) => {
+                QuerySource::ReadFiles(read_files(c.src, args, at)?)
+            }
+            (Some(args), Some("read_database")) => {
+                QuerySource::ReadDatabase(read_database(c.src, args, at)?)
+            }
+            (args, _) => match args {
+                Some(_) if marked => {
+                    return Err(c.error_at(
                     at,
                     format!(
                         "expected a table name or read_files(...) after STREAM, found function '{}'",
                         parts.join(".")
                     ),
                 ));
-            }
-            None if marked => QuerySource::Table(
-                resolve_table_name(&parts, c.src.schema()).map_err(|m| c.error_at(at, m))?,
-            ),
-            // A plain (batch) table or another table function: not the streaming source.
-            _ => continue,
+                }
+                None if marked => QuerySource::Table(
+                    resolve_table_name(&parts, c.src.schema()).map_err(|m| c.error_at(at, m))?,
+                ),
+                // A plain (batch) table or another table function: not the streaming source.
+                _ => continue,
+            },
         };
         if found.is_some() {
             return Err(c.error_at(
@@ -857,6 +910,67 @@ fn read_files(src: &Source, args: &TableFunctionArgs, at: Location) -> Result<Re
         header: header.unwrap_or(false),
         delimiter: delimiter.unwrap_or(b','),
         other_options,
+        location: at,
+    })
+}
+
+/// `read_database('connection', name => value, ...)`: the connection's name, then options
+/// (lower-cased names, literal values), each at most once.
+fn read_database(src: &Source, args: &TableFunctionArgs, at: Location) -> Result<ReadDatabase> {
+    let mut connection = None;
+    let mut options = BTreeMap::new();
+    for arg in &args.args {
+        let (name, arg) = match arg {
+            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => {
+                let arg_at = expr_location(e, at);
+                match (literal_text(e), &connection) {
+                    (_, Some(_)) => return Err(src.error(
+                        arg_at,
+                        "read_database takes one connection name; write options as name => value",
+                    )),
+                    (Some(name), None) => connection = Some(name),
+                    (None, None) => {
+                        return Err(src.error(
+                            arg_at,
+                            "the first argument of read_database is a connection name",
+                        ))
+                    }
+                }
+                continue;
+            }
+            FunctionArg::Named { name, arg, .. } => (name, arg),
+            FunctionArg::ExprNamed {
+                name: Expr::Identifier(name),
+                arg,
+                ..
+            } => (name, arg),
+            other => {
+                return Err(src.error(at, format!("unsupported read_database argument '{other}'")));
+            }
+        };
+        let key = name.value.to_ascii_lowercase();
+        let key_at = location(name.span.start);
+        let value = match arg {
+            FunctionArgExpr::Expr(expr) => literal_text(expr),
+            _ => None,
+        };
+        let Some(value) = value else {
+            return Err(src.error(key_at, format!("option '{key}' must be a literal")));
+        };
+        if options.insert(key.clone(), value).is_some() {
+            return Err(src.error(key_at, format!("option '{key}' is given twice")));
+        }
+    }
+    let Some(connection) = connection else {
+        return Err(src.error(
+            at,
+            "read_database needs a connection name as its first argument: \
+             read_database('shop', table => 'public.orders', watermark => 'updated_at')",
+        ));
+    };
+    Ok(ReadDatabase {
+        connection,
+        options,
         location: at,
     })
 }

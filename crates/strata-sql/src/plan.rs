@@ -36,6 +36,8 @@ pub struct PipelinePlan {
     pub materialized: BTreeMap<TableName, MaterializedView>,
     pub views: BTreeMap<TableName, View>,
     pub pits: Vec<PitTable>,
+    /// `CREATE CONNECTION`s by name.
+    pub connections: BTreeMap<String, Connection>,
     pub order: Vec<Node>,
     /// The schema of unqualified names in the pipeline's SQL (queries of materialized views,
     /// views and point-in-time spines are run with it as their default schema).
@@ -95,7 +97,7 @@ impl PipelinePlan {
     fn source_query_reads(&self, q: &SourceQuery) -> Vec<TableName> {
         let mut out = match &q.source {
             QuerySource::Table(src) => vec![src.clone()],
-            QuerySource::ReadFiles(_) => Vec::new(),
+            QuerySource::ReadFiles(_) | QuerySource::ReadDatabase(_) => Vec::new(),
         };
         for t in self.joined_tables(q) {
             if !out.contains(&t) {
@@ -151,6 +153,7 @@ fn plan_error(location: Location, message: impl Into<String>) -> SqlError {
     SqlError::Plan {
         location,
         message: message.into(),
+        first: None,
     }
 }
 
@@ -163,15 +166,17 @@ pub fn plan_pipeline(pipeline: Pipeline) -> Result<PipelinePlan> {
     let mut materialized: BTreeMap<TableName, MaterializedView> = BTreeMap::new();
     let mut views: BTreeMap<TableName, View> = BTreeMap::new();
     let mut pits: Vec<PitTable> = Vec::new();
+    let mut connections: BTreeMap<String, Connection> = BTreeMap::new();
     let mut stmt_of: Vec<(Node, usize)> = Vec::new();
     // Every dataset name with where it was declared, to refuse a name declared twice.
     let mut names: BTreeMap<TableName, Location> = BTreeMap::new();
     let mut declare = |name: &TableName, at: Location| -> Result<()> {
         if let Some(first) = names.get(name) {
-            return Err(plan_error(
-                at,
-                format!("table {name} is declared twice (first at {first})"),
-            ));
+            return Err(SqlError::Plan {
+                location: at,
+                message: format!("table {name} is declared twice"),
+                first: Some(*first),
+            });
         }
         names.insert(name.clone(), at);
         Ok(())
@@ -179,10 +184,11 @@ pub fn plan_pipeline(pipeline: Pipeline) -> Result<PipelinePlan> {
     let mut flow_names: BTreeMap<String, Location> = BTreeMap::new();
     let mut declare_flow = |name: &str, at: Location| -> Result<()> {
         if let Some(first) = flow_names.get(name) {
-            return Err(plan_error(
-                at,
-                format!("flow {name} is declared twice (first at {first})"),
-            ));
+            return Err(SqlError::Plan {
+                location: at,
+                message: format!("flow {name} is declared twice"),
+                first: Some(*first),
+            });
         }
         flow_names.insert(name.to_string(), at);
         Ok(())
@@ -218,6 +224,38 @@ pub fn plan_pipeline(pipeline: Pipeline) -> Result<PipelinePlan> {
             Statement::View(v) => {
                 declare(&v.name, v.location)?;
                 views.insert(v.name.clone(), v);
+            }
+            Statement::Connection(c) => {
+                if let Some(first) = connections.get(&c.name) {
+                    return Err(SqlError::Plan {
+                        location: c.location,
+                        message: format!("connection {} is declared twice", c.name),
+                        first: Some(first.location),
+                    });
+                }
+                connections.insert(c.name.clone(), c);
+            }
+        }
+    }
+    let queries = tables
+        .values()
+        .filter_map(|t| t.query.as_ref())
+        .chain(appends.iter().map(|f| &f.query));
+    for q in queries {
+        if let QuerySource::ReadDatabase(rd) = &q.source {
+            if !connections.contains_key(&rd.connection) {
+                let known = match connections.keys().map(String::as_str).collect::<Vec<_>>() {
+                    k if k.is_empty() => "no connection is declared".to_string(),
+                    k => format!("declared: {}", k.join(", ")),
+                };
+                return Err(plan_error(
+                    rd.location,
+                    format!(
+                        "read_database names connection '{}', which is not declared ({known}); \
+                         declare it with CREATE CONNECTION {} TYPE postgresql OPTIONS (...)",
+                        rd.connection, rd.connection
+                    ),
+                ));
             }
         }
     }
@@ -362,6 +400,7 @@ pub fn plan_pipeline(pipeline: Pipeline) -> Result<PipelinePlan> {
         materialized,
         views,
         pits,
+        connections,
         order: Vec::new(),
         default_schema,
     };

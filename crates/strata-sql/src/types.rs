@@ -8,8 +8,8 @@
 use crate::ast::{ColumnDef, ExpectAction, Expectation, Location};
 use crate::error::Result;
 use crate::lex::{self, location, Cursor, End, Source};
-use deltalake::arrow::datatypes::{DataType, TimeUnit};
-use deltalake::datafusion::sql::sqlparser::tokenizer::{Location as SpLocation, Span, Token};
+use arrow_schema::{DataType, TimeUnit};
+use sqlparser::tokenizer::{Location as SpLocation, Span, Token};
 
 /// Parses a DDL column list such as `userId INT, name STRING, ts TIMESTAMP`.
 pub fn parse_ddl_schema(ddl: &str) -> Result<Vec<ColumnDef>> {
@@ -149,7 +149,7 @@ fn parse_expectation(c: &mut Cursor, at: crate::ast::Location) -> Result<Expecta
     let (name, _) = c.ident("an expectation name")?;
     c.expect_keyword("EXPECT")?;
     let condition = match c.sql(|p| p.parse_expr())? {
-        deltalake::datafusion::sql::sqlparser::ast::Expr::Nested(inner) => inner.to_string(),
+        sqlparser::ast::Expr::Nested(inner) => inner.to_string(),
         other => other.to_string(),
     };
     let action = if c.eat_keyword("ON") {

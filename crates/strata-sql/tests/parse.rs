@@ -1,7 +1,7 @@
 //! Parser tests: the documented example, the Spark lexical rules, every accepted spelling,
 //! and the position and wording of syntax errors.
 
-use deltalake::arrow::datatypes::DataType;
+use arrow_schema::DataType;
 use std::collections::BTreeMap;
 use strata_sql::*;
 
@@ -85,7 +85,7 @@ fn syntax_error(text: &str) -> (u64, u64, String, String) {
 
 /// The SQL handed to the engine must read back in DataFusion's default dialect.
 fn assert_reparses(sql: &str) {
-    use deltalake::datafusion::sql::sqlparser::{dialect::GenericDialect, parser::Parser};
+    use sqlparser::{dialect::GenericDialect, parser::Parser};
     if let Err(e) = Parser::parse_sql(&GenericDialect {}, sql) {
         panic!("{sql:?} does not parse back: {e}");
     }
@@ -464,7 +464,7 @@ fn syntax_errors_name_what_was_expected() {
         (
             "CREATE TABLE t",
             (1, 8),
-            "expected STREAMING TABLE, MATERIALIZED VIEW, VIEW, FLOW or POINT IN TIME TABLE, found 'TABLE'",
+            "expected STREAMING TABLE, MATERIALIZED VIEW, VIEW, FLOW, POINT IN TIME TABLE or CONNECTION, found 'TABLE'",
         ),
         (
             "CREATE STREAMING TABLE",
@@ -867,4 +867,70 @@ fn unqualified_names_take_the_pipeline_schema() {
             TableName::new(Some("other"), "d")
         ]
     );
+}
+
+#[test]
+fn connections_and_database_sources_parse() {
+    let p = parse(
+        "CREATE CONNECTION IF NOT EXISTS shop TYPE postgresql OPTIONS (host 'db', port '5432', \
+         database 'shop', user = 'etl') COMMENT 'the shop';\n\
+         CREATE STREAMING TABLE orders AS SELECT * FROM STREAM read_database('shop', \
+         table => 'public.orders', watermark => 'updated_at, id', batch_rows => 500);",
+    );
+    let Statement::Connection(c) = &p.statements[0] else {
+        panic!("not a connection: {:?}", p.statements[0]);
+    };
+    assert_eq!((c.name.as_str(), c.kind.as_str()), ("shop", "postgresql"));
+    let options: Vec<(&str, &str)> = c
+        .options
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(
+        options,
+        [
+            ("database", "shop"),
+            ("host", "db"),
+            ("port", "5432"),
+            ("user", "etl")
+        ]
+    );
+    let Statement::StreamingTable(t) = &p.statements[1] else {
+        panic!("not a table");
+    };
+    let Some(QuerySource::ReadDatabase(rd)) = t.query.as_ref().map(|q| &q.source) else {
+        panic!("not a database source: {:?}", t.query);
+    };
+    assert_eq!(rd.connection, "shop");
+    assert_eq!(rd.options["table"], "public.orders");
+    assert_eq!(rd.options["watermark"], "updated_at, id");
+    assert_eq!(rd.options["batch_rows"], "500");
+    assert_eq!(rd.location, loc(2, 55));
+}
+
+#[test]
+fn database_sources_name_a_declared_connection_once() {
+    let e = plan_pipeline(parse(
+        "CREATE STREAMING TABLE orders AS SELECT * FROM STREAM read_database('shop', table => 't');",
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("connection 'shop', which is not declared"),
+        "{e}"
+    );
+    let e = plan_pipeline(parse(
+        "CREATE CONNECTION a TYPE mysql OPTIONS (database 'd');\n\
+         CREATE CONNECTION a TYPE mysql OPTIONS (database 'e');",
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("connection a is declared twice") && e.contains("first at 1:1"),
+        "{e}"
+    );
+    let (_, _, msg, _) = syntax_error(
+        "CREATE STREAMING TABLE o AS SELECT * FROM STREAM read_database(table => 't');",
+    );
+    assert!(msg.contains("needs a connection name"), "{msg}");
 }

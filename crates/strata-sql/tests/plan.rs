@@ -6,10 +6,19 @@ fn plan(text: &str) -> Result<PipelinePlan> {
     plan_pipeline(parse_pipeline(text).unwrap_or_else(|e| panic!("{e}")))
 }
 
-/// The plan error for `text`: (line, message).
+/// The plan error for `text`: (line, message as displayed after the location).
 fn plan_error(text: &str) -> (u64, String) {
     match plan(text) {
-        Err(SqlError::Plan { location, message }) => (location.line, message),
+        Err(e @ SqlError::Plan { .. }) => {
+            let SqlError::Plan { location, .. } = &e else {
+                unreachable!()
+            };
+            let shown = e.to_string();
+            let message = shown
+                .strip_prefix(&format!("{location}: "))
+                .unwrap_or(&shown);
+            (location.line, message.to_string())
+        }
         other => panic!("expected a plan error for {text}, got {other:?}"),
     }
 }

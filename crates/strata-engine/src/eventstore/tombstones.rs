@@ -47,7 +47,7 @@ pub(crate) fn threshold(properties: &BTreeMap<String, String>) -> Result<u64> {
     {
         None => Ok(DEFAULT_SECONDS),
         Some((k, v)) => v.trim().parse::<u64>().map_err(|_| {
-            EngineError::Plan(format!(
+            EngineError::plan(format!(
                 "{k} = '{v}' is not a number of seconds (a whole number, 0 or more)"
             ))
         }),

@@ -6,7 +6,7 @@
 //! location in the merged plan is unique. [`SourceMap`] maps such a location back to its
 //! text and local line; the parser and planner need to know nothing of several texts.
 
-use crate::error::{EngineError, Result};
+use crate::error::{EngineError, Result, Text};
 
 use std::collections::BTreeMap;
 use strata_sql::{
@@ -59,20 +59,31 @@ impl SourceMap {
 
     /// The error of the merged plan, named by its text and local location.
     fn error(&self, e: SqlError) -> EngineError {
-        let (at, message) = match &e {
+        let (at, first, rest) = match &e {
             // The snippet of a syntax error is the user's text: left as it is.
-            SqlError::Syntax { location, .. } => (*location, e.to_string()),
-            SqlError::Plan { location, .. } => (*location, self.relocate_message(&e.to_string())),
+            SqlError::Syntax { location, .. } => {
+                let shown = e.to_string();
+                let rest = shown
+                    .strip_prefix(&format!("{location}: "))
+                    .unwrap_or(&shown)
+                    .to_string();
+                (*location, None, rest)
+            }
+            SqlError::Plan {
+                location,
+                message,
+                first,
+            } => (*location, *first, message.clone()),
         };
         let Some((name, kind, line)) = self.find(at.line) else {
             return EngineError::Internal(format!("no pipeline text holds location {at}: {e}"));
         };
-        // The message starts with the global `line:column: `; say it locally.
-        let global = format!("{at}: ");
-        let rest = message.strip_prefix(&global).unwrap_or(&message);
+        let first = first
+            .map(|f| format!(" (first at {})", self.place(f)))
+            .unwrap_or_default();
         match (kind, &e) {
             (SourceKind::File, _) => {
-                EngineError::Spec(format!("{name}:{line}:{}: {rest}", at.column))
+                EngineError::Spec(format!("{name}:{line}:{}: {rest}{first}", at.column))
             }
             // The snippet that follows shows the generated line.
             (SourceKind::Generated, SqlError::Syntax { .. }) => EngineError::Spec(format!(
@@ -80,66 +91,18 @@ impl SourceMap {
                 at.column
             )),
             (SourceKind::Generated, SqlError::Plan { .. }) => {
-                EngineError::Spec(format!("{name}: {rest}"))
+                EngineError::Spec(format!("{name}: {rest}{first}"))
             }
         }
     }
 
-    /// Rewrites the locations a message quotes, `first at L:C` and `(line L)`, to places.
-    pub(crate) fn relocate_message(&self, message: &str) -> String {
-        let mut out = String::with_capacity(message.len());
-        let mut rest = message;
-        loop {
-            let next = [("first at ", true), ("(line ", false)]
-                .into_iter()
-                .filter_map(|(p, with_column)| rest.find(p).map(|i| (i, p, with_column)))
-                .min_by_key(|(i, _, _)| *i);
-            let Some((i, prefix, with_column)) = next else {
-                out.push_str(rest);
-                return out;
-            };
-            let after = &rest[i + prefix.len()..];
-            let digits = |s: &str| s.bytes().take_while(u8::is_ascii_digit).count();
-            let n = digits(after);
-            let line: Option<u64> = after[..n].parse().ok();
-            let parsed = match (line, with_column) {
-                (Some(line), true) if after[n..].starts_with(':') => {
-                    let m = digits(&after[n + 1..]);
-                    after[n + 1..n + 1 + m]
-                        .parse()
-                        .ok()
-                        .map(|column| (Location { line, column }, n + 1 + m, ""))
-                }
-                (Some(line), false) if after[n..].starts_with(')') => {
-                    Some((Location { line, column: 1 }, n + 1, ")"))
-                }
-                _ => None,
-            };
-            match parsed {
-                Some((at, used, close)) => {
-                    out.push_str(&rest[..i]);
-                    out.push_str(prefix.trim_end_matches("line "));
-                    if with_column {
-                        out.push_str(&self.place(at));
-                    } else {
-                        // `(line L)` quotes a statement's line only.
-                        match self.find(at.line) {
-                            Some((name, SourceKind::File, line)) => {
-                                out.push_str(&format!("{name}:{line}"))
-                            }
-                            Some((name, SourceKind::Generated, _)) => out.push_str(name),
-                            None => out.push_str(&format!("line {}", at.line)),
-                        }
-                    }
-                    out.push_str(close);
-                    rest = &after[used..];
-                }
-                None => {
-                    out.push_str(&rest[..i + prefix.len()]);
-                    rest = after;
-                }
-            }
-        }
+    /// The text holding line `line` of the merged pipeline, and the line within it.
+    pub(crate) fn text_of(&self, line: u64) -> Option<(Text, u64)> {
+        let (name, kind, local) = self.find(line)?;
+        Some(match kind {
+            SourceKind::File => (Text::File(name.to_string()), local),
+            SourceKind::Generated => (Text::Generated(name.to_string()), local),
+        })
     }
 }
 
@@ -224,6 +187,10 @@ impl PlannedPipeline {
                             ),
                             vec![format!("files {}", rf.path)],
                         ),
+                        QuerySource::ReadDatabase(rd) => (
+                            "streaming table from read_database".to_string(),
+                            vec![database_label(rd)],
+                        ),
                         QuerySource::Table(src) => (
                             "streaming table from STREAM".to_string(),
                             vec![src.to_string()],
@@ -303,6 +270,10 @@ impl PlannedPipeline {
                             ),
                             vec![format!("files {}", rf.path)],
                         ),
+                        QuerySource::ReadDatabase(rd) => (
+                            "append flow from read_database".to_string(),
+                            vec![database_label(rd)],
+                        ),
                         QuerySource::Table(src) => {
                             ("append flow from STREAM".to_string(), vec![src.to_string()])
                         }
@@ -351,6 +322,16 @@ impl PlannedPipeline {
         }
         steps
     }
+}
+
+/// What a `read_database` source reads, for the plan: `database shop: public.orders`.
+fn database_label(rd: &strata_sql::ReadDatabase) -> String {
+    let what = rd
+        .options
+        .get("table")
+        .cloned()
+        .unwrap_or_else(|| "a query".to_string());
+    format!("database {}: {what}", rd.connection)
 }
 
 #[cfg(test)]
@@ -416,7 +397,7 @@ mod tests {
     }
 
     #[test]
-    fn quoted_locations_are_relocated() {
+    fn places_are_relocated_to_their_text() {
         let map = SourceMap {
             starts: vec![
                 (1, "a.sql".into(), SourceKind::File),
@@ -424,13 +405,26 @@ mod tests {
                 (9, "b.sql".into(), SourceKind::File),
             ],
         };
+        let located = |line| {
+            EngineError::plan_at("flow f", line, "x")
+                .locate(|l| map.text_of(l))
+                .to_string()
+        };
+        assert_eq!(located(10), "flow f (b.sql:2): x");
+        assert_eq!(located(6), "flow f (s.yaml: tables[0] (t)): x");
+        assert_eq!(located(2), "flow f (a.sql:2): x");
+        // A duplicate names the earlier declaration in its own text.
+        let e = map.error(SqlError::Plan {
+            location: Location {
+                line: 10,
+                column: 1,
+            },
+            message: "table t is declared twice".into(),
+            first: Some(Location { line: 2, column: 3 }),
+        });
         assert_eq!(
-            map.relocate_message("flow f (line 10): x (first at 2:3), (line x) first at 5:1"),
-            "flow f (b.sql:2): x (first at a.sql:2:3), (line x) first at s.yaml: tables[0] (t)"
-        );
-        assert_eq!(
-            map.relocate_message("flow t_flow (line 6): unknown column"),
-            "flow t_flow (s.yaml: tables[0] (t)): unknown column"
+            e.to_string(),
+            "b.sql:2:1: table t is declared twice (first at a.sql:2:3)"
         );
     }
 

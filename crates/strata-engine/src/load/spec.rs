@@ -42,8 +42,81 @@ struct Spec {
     configuration: BTreeMap<String, Scalar>,
     #[serde(default)]
     libraries: Vec<String>,
+    /// Databases the tables (and libraries) read, by name.
+    #[serde(default)]
+    connections: BTreeMap<String, ConnectionEntry>,
     #[serde(default)]
     tables: Vec<TableEntry>,
+}
+
+/// `shop: { type: postgresql, host: db, port: 5432, database: shop, user: etl,
+/// password_env: SHOP_PW }`: a `CREATE CONNECTION` (no password: see docs/sources.md).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConnectionEntry {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    host: Option<String>,
+    #[serde(default)]
+    port: Option<Scalar>,
+    database: String,
+    user: String,
+    #[serde(default)]
+    password_env: Option<String>,
+    /// Driver options (`sslmode`, `connect_timeout`, ...).
+    #[serde(default)]
+    options: BTreeMap<String, Scalar>,
+}
+
+/// The change columns a CDC source adds to a table's columns.
+const CHANGE_COLUMNS: [&str; 5] = [
+    "_change_type",
+    "_commit_lsn",
+    "_change_seq",
+    "_commit_timestamp",
+    "_unchanged_cols",
+];
+
+/// `CREATE CONNECTION name TYPE kind OPTIONS (...)` for a spec's connection.
+fn connection_sql(name: &str, c: &ConnectionEntry) -> Result<String, String> {
+    let word = |w: &str| !w.is_empty() && w.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !word(name) {
+        return Err(format!(
+            "`{name}` is not a connection name (letters, digits, _)"
+        ));
+    }
+    if !word(&c.kind) {
+        return Err(format!("type: `{}` is not a connection type", c.kind));
+    }
+    let mut options = vec![
+        ("database".to_string(), c.database.clone()),
+        ("user".to_string(), c.user.clone()),
+    ];
+    options.extend(c.host.iter().map(|h| ("host".to_string(), h.clone())));
+    options.extend(c.port.iter().map(|p| ("port".to_string(), p.text())));
+    options.extend(
+        c.password_env
+            .iter()
+            .map(|v| ("password_env".to_string(), v.clone())),
+    );
+    for (k, v) in &c.options {
+        if !word(k) {
+            return Err(format!(
+                "options: `{k}` is not an option name (letters, digits, _)"
+            ));
+        }
+        options.push((k.clone(), v.text()));
+    }
+    let options: Vec<String> = options
+        .iter()
+        .map(|(k, v)| format!("{k} {}", string(v)))
+        .collect();
+    Ok(format!(
+        "CREATE CONNECTION {name} TYPE {} OPTIONS ({});\n",
+        c.kind,
+        options.join(", ")
+    ))
 }
 
 /// A configuration or property value: YAML may type `2` or `true`, SQL sees text.
@@ -109,7 +182,9 @@ pub(crate) struct TableEntry {
     table_properties: BTreeMap<String, Scalar>,
 }
 
-/// `{ path, format, schema, header, sep, options }` (files) or `{ table }`.
+/// `{ path, format, schema, header, sep, options }` (files), `{ table }` (a streaming table
+/// of the pipeline), or `{ database, table | query, watermark, overlap, exclude }` /
+/// `{ database, table, cdc: true }` (a database, see docs/sources.md).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SourceEntry {
@@ -117,6 +192,24 @@ struct SourceEntry {
     path: Option<String>,
     #[serde(default)]
     table: Option<String>,
+    /// A connection of the spec: the source is that database's `table` or `query`.
+    #[serde(default)]
+    database: Option<String>,
+    #[serde(default)]
+    query: Option<String>,
+    #[serde(default)]
+    watermark: Option<Vec<String>>,
+    #[serde(default)]
+    overlap: Option<Scalar>,
+    #[serde(default)]
+    exclude: Vec<String>,
+    /// Read the table's change log (PostgreSQL) instead of a watermark.
+    #[serde(default)]
+    cdc: bool,
+    #[serde(default)]
+    slot: Option<String>,
+    #[serde(default)]
+    publication: Option<String>,
     #[serde(default)]
     format: Option<String>,
     #[serde(default)]
@@ -207,6 +300,19 @@ pub fn load_pipeline(
     // Generated tables first: the libraries usually read them (the order only breaks
     // ties in the execution order).
     let mut sources = Vec::new();
+    if !spec.connections.is_empty() {
+        let mut text = String::new();
+        for (name, c) in &spec.connections {
+            let sql = connection_sql(name, c)
+                .map_err(|m| spec_err(format!("connections.{name}: {m}")))?;
+            text.push_str(&sql);
+        }
+        sources.push(PipelineSource {
+            name: format!("{file}: connections"),
+            text,
+            kind: SourceKind::Generated,
+        });
+    }
     for (i, entry) in spec.tables.iter().enumerate() {
         let origin = format!("{file}: tables[{i}] ({})", entry.name);
         let text = table_sql(entry).map_err(|m| EngineError::Spec(format!("{origin}: {m}")))?;
@@ -333,7 +439,18 @@ pub(crate) fn table_sql(entry: &TableEntry) -> Result<String, String> {
     }
 
     let mut sql = String::new();
+    let cdc = entry.source.database.is_some() && entry.source.cdc;
     let source = match (&entry.source.path, &entry.source.table) {
+        _ if entry.source.database.is_some() => {
+            let raw = format!("{name}_raw");
+            let _ = write!(
+                sql,
+                "CREATE OR REFRESH STREAMING TABLE {}\nAS SELECT * FROM STREAM {};\n\n",
+                ident(&raw),
+                read_database_call(&entry.source)?,
+            );
+            ident(&raw)
+        }
         (Some(path), None) => {
             let raw = format!("{name}_raw");
             let options = read_files_options(&entry.source)?;
@@ -388,8 +505,13 @@ pub(crate) fn table_sql(entry: &TableEntry) -> Result<String, String> {
         sql.push_str("\nIGNORE NULL UPDATES");
     }
     // Conditions in parentheses: an incomplete one fails inside them, not at the next clause.
-    if let Some(cond) = &entry.delete_when {
-        let _ = write!(sql, "\nAPPLY AS DELETE WHEN ({cond})");
+    match (&entry.delete_when, cdc) {
+        (Some(cond), _) => {
+            let _ = write!(sql, "\nAPPLY AS DELETE WHEN ({cond})");
+        }
+        // A change log's deletes are deletes.
+        (None, true) => sql.push_str("\nAPPLY AS DELETE WHEN _change_type = 'delete'"),
+        (None, false) => {}
     }
     if let Some(cond) = &entry.truncate_when {
         let _ = write!(sql, "\nAPPLY AS TRUNCATE WHEN ({cond})");
@@ -403,19 +525,22 @@ pub(crate) fn table_sql(entry: &TableEntry) -> Result<String, String> {
             Some(seq) => {
                 let _ = write!(sql, "\nSEQUENCE BY {seq}");
             }
+            // A change log orders its changes exactly.
+            None if cdc => sql.push_str("\nSEQUENCE BY STRUCT(_commit_lsn, _change_seq)"),
             None => {
                 return Err("sequence_by: needed for change events (or set snapshot: true)".into())
             }
         }
     }
+    // A change log's own columns stay in the change table, out of the target.
+    let mut except = entry.except_columns.clone();
+    if cdc {
+        except.extend(CHANGE_COLUMNS.iter().map(|c| c.to_string()));
+    }
     if let Some(cols) = &entry.columns {
         let _ = write!(sql, "\nCOLUMNS {}", ident_list(cols));
-    } else if !entry.except_columns.is_empty() {
-        let _ = write!(
-            sql,
-            "\nCOLUMNS * EXCEPT ({})",
-            ident_list(&entry.except_columns)
-        );
+    } else if !except.is_empty() {
+        let _ = write!(sql, "\nCOLUMNS * EXCEPT ({})", ident_list(&except));
     }
     let _ = write!(sql, "\nSTORED AS {mode}");
     if let Some(cols) = &entry.track_history_on {
@@ -425,6 +550,72 @@ pub(crate) fn table_sql(entry: &TableEntry) -> Result<String, String> {
     }
     sql.push_str(";\n");
     Ok(sql)
+}
+
+/// `read_database('conn', table => ..., ...)` for a database source entry.
+fn read_database_call(source: &SourceEntry) -> Result<String, String> {
+    let s = source;
+    if s.path.is_some()
+        || s.format.is_some()
+        || s.schema.is_some()
+        || s.header.is_some()
+        || s.sep.is_some()
+        || !s.options.is_empty()
+    {
+        return Err(
+            "source: path, format, schema, header, sep and options belong to a files source, \
+             not to a database source"
+                .into(),
+        );
+    }
+    let connection = s.database.as_deref().unwrap_or_default();
+    let mut out = format!("read_database({}", string(connection));
+    match (&s.table, &s.query) {
+        (Some(t), None) => {
+            let _ = write!(out, ", table => {}", string(t));
+        }
+        (None, Some(q)) if !s.cdc => {
+            let _ = write!(out, ", query => {}", string(q));
+        }
+        _ => {
+            return Err(if s.cdc {
+                "source: a cdc source reads one table: table: schema.table".into()
+            } else {
+                "source: a database source reads either table or query".into()
+            })
+        }
+    }
+    if s.cdc {
+        if s.watermark.is_some() || s.overlap.is_some() {
+            return Err(
+                "source: watermark and overlap belong to watermark loads, not to cdc: true".into(),
+            );
+        }
+        out.push_str(", mode => 'cdc'");
+        for (k, v) in [("slot", &s.slot), ("publication", &s.publication)] {
+            if let Some(v) = v {
+                let _ = write!(out, ", {k} => {}", string(v));
+            }
+        }
+    } else {
+        if s.slot.is_some() || s.publication.is_some() {
+            return Err("source: slot and publication belong to cdc: true".into());
+        }
+        let columns = s
+            .watermark
+            .as_ref()
+            .filter(|w| !w.is_empty())
+            .ok_or("source: a database source needs watermark: [column, ...] (or cdc: true)")?;
+        let _ = write!(out, ", watermark => {}", string(&columns.join(", ")));
+        if let Some(o) = &s.overlap {
+            let _ = write!(out, ", overlap => {}", string(&o.text()));
+        }
+    }
+    if !s.exclude.is_empty() {
+        let _ = write!(out, ", exclude => {}", string(&s.exclude.join(", ")));
+    }
+    out.push(')');
+    Ok(out)
 }
 
 /// `, format => 'json', schema => '...', ...` for `read_files`.
@@ -515,6 +706,75 @@ mod tests {
             f.track_history,
             Some(ColumnSelection::Except(vec!["name".into()]))
         );
+    }
+
+    #[test]
+    fn database_sources_generate_read_database_and_cdc_defaults() {
+        let e = entry(
+            "name: orders\n\
+             source: { database: shop, table: public.orders, watermark: [updated_at, id], overlap: 600 }\n\
+             keys: [id]\nsequence_by: updated_at\n",
+        );
+        let sql = table_sql(&e).unwrap();
+        assert!(
+            sql.contains(
+                "read_database('shop', table => 'public.orders', watermark => 'updated_at, id', overlap => '600')"
+            ),
+            "{sql}"
+        );
+        let e = entry(
+            "name: customers\nsource: { database: shop, table: public.customers, cdc: true }\n\
+             keys: [id]\nstored_as: SCD TYPE 2\nexcept_columns: [secret]\n",
+        );
+        let mut text = connection_sql(
+            "shop",
+            &serde_norway::from_str(
+                "{ type: postgresql, database: shop, user: etl, port: 5432, password_env: PW }",
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        text.push_str(&table_sql(&e).unwrap());
+        let st = strata_sql::parse_pipeline(&text).unwrap().statements;
+        let Statement::Connection(c) = &st[0] else {
+            panic!("{st:?}")
+        };
+        assert_eq!(c.options["port"], "5432");
+        assert_eq!(c.options["password_env"], "PW");
+        let Statement::Flow(f) = &st[3] else {
+            panic!("{st:?}")
+        };
+        assert_eq!(f.delete_when.as_deref(), Some("_change_type = 'delete'"));
+        assert!(matches!(&f.sequence_by, SequenceBy::Struct(p) if p.len() == 2));
+        let ColumnSelection::Except(except) = &f.columns else {
+            panic!("{:?}", f.columns)
+        };
+        assert_eq!(except[0], "secret");
+        assert!(except.contains(&"_unchanged_cols".to_string()));
+    }
+
+    #[test]
+    fn database_entries_that_mix_kinds_say_which_option() {
+        let err = |y: &str| table_sql(&entry(y)).unwrap_err();
+        let base = "keys: [id]\nsequence_by: ts\n";
+        assert!(err(&format!(
+            "name: a\nsource: {{ database: shop, table: t }}\n{base}"
+        ))
+        .contains("needs watermark"));
+        assert!(err(&format!(
+            "name: a\nsource: {{ database: shop, table: t, watermark: [ts], format: json }}\n{base}"
+        ))
+        .contains("files source"));
+        assert!(err(&format!(
+            "name: a\nsource: {{ database: shop, query: 'SELECT 1', cdc: true }}\n{base}"
+        ))
+        .contains("one table"));
+        assert!(connection_sql(
+            "bad name",
+            &serde_norway::from_str("{ type: mysql, database: d, user: u }").unwrap()
+        )
+        .unwrap_err()
+        .contains("connection name"));
     }
 
     #[test]

@@ -89,11 +89,14 @@ pub(crate) async fn refresh(
             return Ok(report);
         }
         Err(missing) => {
-            return Err(EngineError::Plan(format!(
-                "materialized view {name} (line {}) reads {missing}, which is neither declared in \
-                 the pipeline nor a table of the warehouse",
-                mv.location.line
-            )))
+            return Err(EngineError::plan_does(
+                format!("materialized view {name}"),
+                mv.location.line,
+                format!(
+                    "reads {missing}, which is neither declared in the pipeline nor a table of \
+                     the warehouse"
+                ),
+            ))
         }
     };
     let inputs = serde_json::json!({ "query": mv.query.sql, "versions": versions });
@@ -109,10 +112,7 @@ pub(crate) async fn refresh(
     register_views(wh, &ctx, views, schema, None).await?;
     let sql = rewrite(wh, &ctx, &mv.query.sql, schema).await?;
     let err = |e: &dyn std::fmt::Display| {
-        EngineError::Plan(format!(
-            "materialized view {name} (line {}): {e}",
-            mv.location.line
-        ))
+        EngineError::plan_at(format!("materialized view {name}"), mv.location.line, e)
     };
     let df = ctx.sql(&sql).await.map_err(|e| err(&e))?;
     let planned: SchemaRef = Arc::new(df.schema().as_arrow().clone());

@@ -62,10 +62,10 @@ struct Source {
 async fn sql_batches(ctx: &SessionContext, sql: &str, what: &str) -> Result<Vec<RecordBatch>> {
     ctx.sql(sql)
         .await
-        .map_err(|e| EngineError::Plan(format!("{what}: {e}")))?
+        .map_err(|e| EngineError::of_query(what, e))?
         .collect()
         .await
-        .map_err(|e| EngineError::Plan(format!("{what}: {e}")))
+        .map_err(|e| EngineError::of_query(what, e))
 }
 
 /// The spine's distinct values, as one column named `as_of`.
@@ -89,7 +89,7 @@ async fn spine_values(
             let start_type = ctx
                 .sql(&format!("SELECT {start}"))
                 .await
-                .map_err(|e| EngineError::Plan(format!("{}: AS OF RANGE: {e}", pit.name)))?
+                .map_err(|e| EngineError::of_query(format!("{}: AS OF RANGE", pit.name), e))?
                 .schema()
                 .field(0)
                 .data_type()
@@ -108,14 +108,14 @@ async fn spine_values(
             let df = ctx
                 .sql(q)
                 .await
-                .map_err(|e| EngineError::Plan(format!("{}: AS OF query: {e}", pit.name)))?;
+                .map_err(|e| EngineError::of_query(format!("{}: AS OF query", pit.name), e))?;
             let first = df
                 .schema()
                 .fields()
                 .first()
                 .map(|f| f.name().clone())
                 .ok_or_else(|| {
-                    EngineError::Plan(format!("{}: the AS OF query has no column", pit.name))
+                    EngineError::plan(format!("{}: the AS OF query has no column", pit.name))
                 })?;
             format!("SELECT {} AS {AS_OF_COL} FROM ({q})", quote_ident(&first))
         }
@@ -269,7 +269,7 @@ async fn open_sources(
         let timeline = Timeline::from_properties(&config)?;
         let schema = crate::storage::table::table_schema(&table)?;
         if let Some(k) = pit.keys.iter().find(|k| schema.field_with_name(k).is_err()) {
-            return Err(EngineError::Plan(format!(
+            return Err(EngineError::plan(format!(
                 "point-in-time table {}: {name} has no key column `{k}`",
                 pit.name
             )));
@@ -355,7 +355,7 @@ fn check_columns(pit: &PitTable, sources: &[Source], table: &DeltaTable) -> Resu
     if have == expected {
         return Ok(());
     }
-    Err(EngineError::Plan(format!(
+    Err(EngineError::plan(format!(
         "point-in-time table {} has columns for ({}) but the pipeline asks for ({}); \
          remove the table folder to rebuild it",
         pit.name,
@@ -394,7 +394,7 @@ async fn compute_rows(
         .context(|| "as-of values".into())?;
     let pit_sources: Vec<PitSource> = sources.iter().map(|s| s.pit.clone()).collect();
     let sql = pit_sql(&pit.keys, &pit_sources);
-    let err = |e| EngineError::Plan(format!("point-in-time table {}: {e}", pit.name));
+    let err = |e| EngineError::of_query(format!("point-in-time table {}", pit.name), e);
     let df = ctx.sql(&sql).await.map_err(err)?;
     let out_schema: SchemaRef = Arc::new(Schema::new(
         df.schema()

@@ -44,7 +44,7 @@ pub(crate) async fn check_reset_allowed(
     if refused.is_empty() {
         return Ok(());
     }
-    Err(EngineError::Plan(format!(
+    Err(EngineError::plan(format!(
         "full refresh refused: {} ha{} pipelines.reset.allowed = false, so its history cannot \
          be wiped and rebuilt (its sources may no longer hold it); nothing was changed. \
          Refresh other tables by name, or change the property if a rebuild is really meant",

@@ -106,7 +106,7 @@ impl Timeline {
             let lower = k.to_ascii_lowercase();
             if let Some(rest) = lower.strip_prefix(PREFIX) {
                 if !KEYS.contains(&rest) {
-                    return Err(EngineError::Plan(format!(
+                    return Err(EngineError::plan(format!(
                         "unknown table property {k}; the timeline properties are {}",
                         KEYS.iter()
                             .map(|k| format!("{PREFIX}{k}"))
@@ -122,14 +122,14 @@ impl Timeline {
             .map(|c| c.to_ascii_lowercase())
             .unwrap_or_else(|| "databricks".to_string());
         let mut t = Timeline::preset(&preset).ok_or_else(|| {
-            EngineError::Plan(format!(
+            EngineError::plan(format!(
                 "{PREFIX}convention = '{preset}' is not a known convention; use one of {}",
                 PRESETS.join(", ")
             ))
         })?;
         let optional = |v: &String| (!v.trim().is_empty()).then(|| v.trim().to_string());
         let required = |key: &str, v: &String| -> Result<String> {
-            optional(v).ok_or_else(|| EngineError::Plan(format!("{PREFIX}{key} cannot be empty")))
+            optional(v).ok_or_else(|| EngineError::plan(format!("{PREFIX}{key} cannot be empty")))
         };
         if let Some(v) = props.get("validfrom") {
             t.valid_from = required("validFrom", v)?;
@@ -154,7 +154,7 @@ impl Timeline {
                 "start" => true,
                 "" | "none" => false,
                 other => {
-                    return Err(EngineError::Plan(format!(
+                    return Err(EngineError::plan(format!(
                         "{PREFIX}partitionBy = '{other}': the one partitioning strata offers for \
                          a historised table is by its start column ('start'), or 'none'"
                     )))
@@ -164,7 +164,7 @@ impl Timeline {
         let names = t.column_names();
         for (i, a) in names.iter().enumerate() {
             if names[..i].iter().any(|b| b.eq_ignore_ascii_case(a)) {
-                return Err(EngineError::Plan(format!(
+                return Err(EngineError::plan(format!(
                     "the timeline properties name column {a} twice"
                 )));
             }
@@ -226,7 +226,7 @@ impl Timeline {
             .ok()
             .filter(|v| !v.is_null())
             .ok_or_else(|| {
-                EngineError::Plan(format!(
+                EngineError::plan(format!(
                     "the open-end marker '{text}' ({PREFIX}openEnd) is not a value of the \
                      version type {seq}; set {PREFIX}openEnd to one that is, or to null"
                 ))

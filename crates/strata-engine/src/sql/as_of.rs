@@ -65,7 +65,7 @@ pub(crate) async fn rewrite_as_of(
             Some("2") => false,
             Some("snapshots") => true,
             _ => {
-                return Err(EngineError::Plan(format!(
+                return Err(EngineError::plan(format!(
                     "{FUNCTION}('{name}', ...): {tn} keeps no history; as_of reads SCD type 2 \
                      and SNAPSHOTS tables"
                 )))
@@ -154,7 +154,7 @@ fn default_alias(table: &str) -> TableAlias {
 fn as_of_call(factor: &TableFactor) -> Option<Result<(String, Expr)>> {
     let args = crate::util::sql::table_function_args(factor, FUNCTION)?;
     let usage = || {
-        EngineError::Plan(format!(
+        EngineError::plan(format!(
             "{FUNCTION} takes a table name and a value: {FUNCTION}('customers', DATE '2024-01-31')"
         ))
     };
@@ -248,7 +248,7 @@ impl VisitorMut for Rewrite<'_> {
                 ControlFlow::Continue(())
             }
             Err(e) => {
-                self.error = Some(EngineError::Plan(format!("{FUNCTION}: {e}")));
+                self.error = Some(EngineError::plan(format!("{FUNCTION}: {e}")));
                 ControlFlow::Break(())
             }
         }

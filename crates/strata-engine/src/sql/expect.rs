@@ -58,7 +58,7 @@ pub(crate) async fn apply(
         .join(", ");
     let sql = format!("SELECT {select} FROM __strata_rows");
     let df = ctx.sql(&sql).await.map_err(|e| {
-        EngineError::Plan(format!(
+        EngineError::plan(format!(
             "{dataset}: an expectation's condition does not apply to its rows: {e}"
         ))
     })?;

@@ -23,12 +23,12 @@ pub async fn query(wh: &Warehouse, sql: &str) -> Result<(SchemaRef, Vec<RecordBa
     let df = ctx
         .sql(&sql)
         .await
-        .map_err(|e| EngineError::Plan(format!("query: {e}")))?;
+        .map_err(|e| EngineError::of_query("query", e))?;
     let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
     let batches = df
         .collect()
         .await
-        .map_err(|e| EngineError::Plan(format!("query: {e}")))?;
+        .map_err(|e| EngineError::of_query("query", e))?;
     Ok((schema, batches))
 }
 
@@ -47,13 +47,13 @@ pub async fn validate(wh: &Warehouse, name: &str) -> Result<Vec<Violation>> {
         .get("strata.keys")
         .map(|k| k.split(',').map(str::to_string).collect())
         .ok_or_else(|| {
-            EngineError::Plan(format!(
+            EngineError::plan(format!(
                 "{table_name} is not an AUTO CDC target of strata (no strata.keys property)"
             ))
         })?;
     let mode = config.get("strata.scdType").cloned().unwrap_or_default();
     if mode != "2" && mode != "snapshots" {
-        return Err(EngineError::Plan(format!(
+        return Err(EngineError::plan(format!(
             "{table_name} is not an SCD type 2 or SNAPSHOTS table; validate checks timelines"
         )));
     }

@@ -35,7 +35,7 @@ fn int_arg(e: &Expr) -> Option<i64> {
 fn call_of(factor: &TableFactor) -> Option<Result<Call>> {
     let args = crate::util::sql::table_function_args(factor, FUNCTION)?;
     let usage = || {
-        EngineError::Plan(format!(
+        EngineError::plan(format!(
             "{FUNCTION} takes a table name and a first version, and optionally a last one: \
              {FUNCTION}('users', 2) or {FUNCTION}('users', 2, 5)"
         ))
@@ -152,7 +152,7 @@ pub(crate) async fn rewrite_table_changes(
         })?;
         let latest = table.version().map_or(-1, |v| v as i64);
         if call.from > latest {
-            return Err(EngineError::Plan(format!(
+            return Err(EngineError::plan(format!(
                 "{FUNCTION}('{}', {}): the table's latest version is {latest}",
                 call.table, call.from
             )));

@@ -52,7 +52,7 @@ pub(crate) async fn register_views(
             let reference = reference_in(ctx, name)?;
             ctx.sql(&format!("CREATE OR REPLACE VIEW {reference} AS {sql}"))
                 .await
-                .map_err(|e| EngineError::Plan(format!("view {name}: {e}")))?;
+                .map_err(|e| EngineError::plan(format!("view {name}: {e}")))?;
             done.insert(name);
         }
         if done.len() == before {

@@ -30,6 +30,10 @@ pub(crate) enum AppId<'a> {
     /// The commits that take input files, counted: `strata-files` for a streaming table's
     /// own query, `strata-files:<flow>` for an append flow.
     Files(Option<&'a str>),
+    /// The commits that take rows from a database by watermark, counted:
+    /// `strata-database` for a streaming table's own query, `strata-database:<flow>` for an
+    /// append flow (the watermark itself is in the commit info).
+    Database(Option<&'a str>),
     /// A point-in-time table's position in one historised table:
     /// `strata-pit:<pit table>:<table>`.
     Pit {
@@ -47,6 +51,8 @@ impl fmt::Display for AppId<'_> {
             AppId::Append(flow) => write!(f, "strata-append:{flow}"),
             AppId::Files(None) => f.write_str("strata-files"),
             AppId::Files(Some(flow)) => write!(f, "strata-files:{flow}"),
+            AppId::Database(None) => f.write_str("strata-database"),
+            AppId::Database(Some(flow)) => write!(f, "strata-database:{flow}"),
             AppId::Pit { pit, source } => write!(f, "strata-pit:{pit}:{source}"),
         }
     }

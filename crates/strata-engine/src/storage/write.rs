@@ -62,13 +62,13 @@ pub(crate) fn check_parquet_properties(
 ) -> Result<()> {
     for (k, v) in properties {
         if k.eq_ignore_ascii_case(COMPRESSION_PROPERTY) && parquet_codec(v).is_none() {
-            return Err(EngineError::Plan(format!(
+            return Err(EngineError::plan(format!(
                 "table {table}: {COMPRESSION_PROPERTY} = '{v}' is not a known codec; use one of {}",
                 CODECS.join(", ")
             )));
         }
         if k.eq_ignore_ascii_case(PAGE_ROWS_PROPERTY) && page_rows(v).is_none() {
-            return Err(EngineError::Plan(format!(
+            return Err(EngineError::plan(format!(
                 "table {table}: {PAGE_ROWS_PROPERTY} = '{v}' is not a positive number of rows"
             )));
         }

@@ -54,7 +54,7 @@ pub(crate) fn statements_calling(
     }
     Parser::parse_sql(&GenericDialect {}, sql)
         .map(Some)
-        .map_err(|e| EngineError::Plan(format!("query: {e}")))
+        .map_err(|e| EngineError::plan(format!("query: {e}")))
 }
 
 /// Rewritten statements back to one SQL text.

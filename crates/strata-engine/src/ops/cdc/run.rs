@@ -638,9 +638,6 @@ async fn commit_events(
         .with_info(tombstones::DECIDED_AT, serde_json::json!(input.decided_at));
     let version = crate::storage::write::append(&store, events.clone(), Vec::new(), &commit)
         .await
-        .map_err(|e| match e {
-            e @ EngineError::Conflict { .. } => e,
-            e => EngineError::Plan(format!("flow {}: committing events: {e}", setup.flow.name)),
-        })?;
+        .map_err(|e| e.within(|| format!("flow {}: committing events", setup.flow.name)))?;
     Ok(if version < 0 { pos.run() } else { version })
 }

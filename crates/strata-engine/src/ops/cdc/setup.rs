@@ -28,10 +28,7 @@ use strata_sql::ScdType;
 use strata_sql::SequenceBy;
 
 fn flow_err(flow: &CdcFlow, msg: impl std::fmt::Display) -> EngineError {
-    EngineError::Plan(format!(
-        "flow {} (line {}): {msg}",
-        flow.name, flow.location.line
-    ))
+    EngineError::plan_at(format!("flow {}", flow.name), flow.location.line, msg)
 }
 
 /// Resolves a `COLUMNS`/`TRACK HISTORY ON` selection against `available`, in table order for

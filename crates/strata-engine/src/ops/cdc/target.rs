@@ -5,7 +5,7 @@
 //! replacement does not handle.
 
 use super::setup::target_configuration;
-use crate::error::{Context, EngineError, Result};
+use crate::error::{Context, Result};
 use crate::eventstore::read::read_slice;
 use crate::ops::cdc::FlowReport;
 use crate::ops::Scope;
@@ -142,10 +142,7 @@ async fn replace_changed(
         &write.commit,
     )
     .await
-    .map_err(|e| match e {
-        e @ EngineError::Conflict { .. } => e,
-        e => EngineError::Plan(format!("flow {}: writing {}: {e}", flow.name, flow.target)),
-    })?;
+    .map_err(|e| e.within(|| format!("flow {}: writing {}", flow.name, flow.target)))?;
     if let Some(done) = replaced {
         step!(
             info,

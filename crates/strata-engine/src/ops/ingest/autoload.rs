@@ -44,7 +44,7 @@ pub(crate) fn mode(spec: &ReadFiles) -> Result<Mode> {
         (_, FileFormat::Parquet, _) => Ok(Mode::Declared),
         (schema, _, rescued) => {
             if spec.format == FileFormat::Csv && !spec.header {
-                return Err(EngineError::Plan(format!(
+                return Err(EngineError::plan(format!(
                     "read_files('{}'): a CSV file without a header (header => false) needs \
                      schema => to name its columns",
                     spec.path

@@ -14,6 +14,7 @@
 //! CDC target is read through its change data feed (`storage/feed.rs`).
 
 pub(crate) mod autoload;
+mod database;
 mod files;
 mod prepare;
 mod run;
@@ -54,6 +55,8 @@ pub struct IngestReport {
     pub rows_dropped: usize,
     pub expectations: Vec<ExpectationCount>,
     pub skipped: Option<String>,
+    /// A database source: the watermark the table reached in this run.
+    pub watermark: Option<String>,
 }
 
 /// A streaming table's query or an append flow, checked against its input's schema.
@@ -97,6 +100,14 @@ pub(crate) enum Source {
         input: Option<Vec<(String, deltalake::arrow::datatypes::DataType)>>,
         /// Inferred mode: the new files the columns were inferred from, which the run takes.
         pending: Option<Vec<String>>,
+    },
+    /// A database table or query read by its watermark (`read_database`).
+    Database {
+        spec: strata_sources::ConnectionSpec,
+        read: crate::sources::read::DatabaseRead,
+        /// The columns the database describes (and the change columns in CDC mode): each
+        /// batch read is aligned to them by name.
+        input: SchemaRef,
     },
     /// An append-only table: the files added since the last read.
     Table(TableName),
@@ -146,7 +157,7 @@ impl IngestSetup {
     fn err(&self, msg: impl std::fmt::Display) -> EngineError {
         match &self.append_flow {
             None => table_err(&self.table.name, msg),
-            Some(f) => EngineError::Plan(format!("flow {f} (into {}): {msg}", self.table.name)),
+            Some(f) => EngineError::plan(format!("flow {f} (into {}): {msg}", self.table.name)),
         }
     }
 }
@@ -160,5 +171,5 @@ fn arrow_schema(cols: &[strata_sql::ColumnDef]) -> SchemaRef {
 }
 
 fn table_err(table: &TableName, msg: impl std::fmt::Display) -> EngineError {
-    EngineError::Plan(format!("streaming table {table}: {msg}"))
+    EngineError::plan(format!("streaming table {table}: {msg}"))
 }

@@ -217,6 +217,10 @@ pub(crate) async fn prepare_ingest(
                 schema,
             )
         }
+        QuerySource::ReadDatabase(rd) => {
+            let (source, schema) = super::database::prepare_source(plan, rd, &setup).await?;
+            (source, Some(schema))
+        }
         QuerySource::Table(t) if feeds.contains(t) => (
             Source::Feed(t.clone()),
             known.get(t).map(|s| feed::feed_schema(s)),
@@ -301,12 +305,13 @@ pub(crate) async fn prepare_ingest(
                 .iter()
                 .zip(e.fields())
                 .all(|(a, b)| a.name() == b.name());
+            // Auto Loader input and database tables gain columns as their source does.
             let auto = matches!(
                 setup.source,
                 Source::Files {
                     mode: autoload::Mode::Autoload { .. },
                     ..
-                }
+                } | Source::Database { .. }
             );
             if prefix && auto && p.fields().len() > e.fields().len() {
                 // Schema evolution: the new input columns are added to the table.

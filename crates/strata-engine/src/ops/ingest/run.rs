@@ -35,17 +35,21 @@ use strata_sql::SOURCE_PLACEHOLDER;
 /// Where a query runs on each input of one run: with joins, a session over the warehouse
 /// as it is now (the joined tables, the pipeline's views) and the query with its table
 /// functions rewritten.
-struct Running {
+pub(super) struct Running {
     ctx: SessionContext,
     sql: String,
+    /// An overlap window's rows already in the table (`sources/overlap.rs`): the query's
+    /// rows equal to one of them are not appended again.
+    pub(super) seen: Option<crate::sources::overlap::Seen>,
 }
 
 impl Running {
-    async fn new(wh: &Warehouse, setup: &IngestSetup) -> Result<Running> {
+    pub(super) async fn new(wh: &Warehouse, setup: &IngestSetup) -> Result<Running> {
         let Some(j) = &setup.joins else {
             return Ok(Running {
                 ctx: crate::storage::session::new_session(),
                 sql: setup.query_sql.clone(),
+                seen: None,
             });
         };
         let ctx = crate::sql::session::warehouse_session_in(wh, &j.schema).await?;
@@ -55,7 +59,11 @@ impl Running {
         let sql = crate::sql::session::rewrite(wh, &ctx, &setup.query_sql, &j.schema)
             .await
             .map_err(|e| setup.err(e))?;
-        Ok(Running { ctx, sql })
+        Ok(Running {
+            ctx,
+            sql,
+            seen: None,
+        })
     }
 }
 
@@ -156,7 +164,7 @@ async fn check_downstream(
 /// `report`), then the downstream flows' checks on the rows kept (their events added to
 /// `events`). The flag is true when the rows are the input's, unchanged and all kept, in
 /// the table's columns, with no NULL in a NOT NULL column.
-async fn checked_rows(
+pub(super) async fn checked_rows(
     setup: &IngestSetup,
     running: &Running,
     input: DataFrame,
@@ -169,6 +177,10 @@ async fn checked_rows(
         |what: &str| crate::util::steps::step!(debug, steps, format_args!("{what} ({place})"));
     let (mut rows, mut unchanged) = apply_query(setup, running, input, place).await?;
     step("read and applied the query");
+    if let Some(seen) = &running.seen {
+        rows = seen.drop_seen(rows)?;
+        unchanged = false;
+    }
     let before: usize = rows.iter().map(RecordBatch::num_rows).sum();
     report.rows_read += before;
     if !setup.table.expectations.is_empty() {
@@ -245,26 +257,35 @@ pub(crate) async fn run_ingest(scope: &Scope<'_>, setup: &IngestSetup) -> Result
     let existing = scope.wh.open_table(&setup.table.name).await?;
     let taken = match &setup.source {
         Source::Files { .. } => take_files(scope, setup, existing.as_ref(), &mut report).await?,
+        Source::Database { .. } => {
+            super::database::take_database(scope, setup, existing.as_ref(), &mut report).await?
+        }
         Source::Table(source) | Source::Feed(source) => {
             take_table(scope, setup, source, existing.as_ref(), &mut report).await?
         }
     };
-    if let Some(taken) = taken {
+    if let Some(mut taken) = taken {
+        let after_commit = taken.after_commit.take();
         commit_rows(scope, setup, existing, taken, &mut report).await?;
+        if let Some(advance) = after_commit {
+            advance.run().await;
+        }
     }
     Ok(report)
 }
 
 /// What one ingestion takes, checked, before its commit.
-struct Taken {
+pub(super) struct Taken {
     /// Rows to write (their files are written at the commit).
-    parts: Vec<RecordBatch>,
+    pub(super) parts: Vec<RecordBatch>,
     /// Parquet input files taken into the table as they are (`storage/adopt.rs`).
-    reused: Vec<adopt::Reusable>,
+    pub(super) reused: Vec<adopt::Reusable>,
     /// The downstream flows' events of the rows taken, handed over after the commit.
-    events: HashMap<String, Vec<RecordBatch>>,
-    /// What the commit records (the files or source version taken).
-    commit: PendingCommit,
+    pub(super) events: HashMap<String, Vec<RecordBatch>>,
+    /// What the commit records (the files, source version or watermark taken).
+    pub(super) commit: PendingCommit,
+    /// What to do once the commit is in (a CDC source's slot is advanced).
+    pub(super) after_commit: Option<super::database::SlotAdvance>,
 }
 
 /// The input files not taken yet, in file-name order, each read, run through the query and
@@ -302,6 +323,7 @@ async fn take_files(
         reused: Vec::new(),
         events: HashMap::new(),
         commit: files_commit(scope, setup, existing, &new).await?,
+        after_commit: None,
     };
     let root = input_root(dir);
     for (n, file) in new.iter().enumerate() {
@@ -472,6 +494,7 @@ async fn take_table(
         reused: Vec::new(),
         events,
         commit: PendingCommit::of_run(scope.run_id).at(id, version),
+        after_commit: None,
     }))
 }
 
@@ -537,7 +560,7 @@ async fn commit_rows(
 async fn create_table(scope: &Scope<'_>, setup: &IngestSetup) -> Result<DeltaTable> {
     let properties = &setup.table.properties;
     let mut configuration = crate::storage::table::table_configuration(properties);
-    let keeps_files = matches!(setup.source, Source::Files { .. });
+    let keeps_files = matches!(setup.source, Source::Files { .. } | Source::Database { .. });
     if keeps_files && !crate::storage::table::sets_property(properties, KEEP_LOG_PROPERTY) {
         configuration.push((KEEP_LOG_PROPERTY.to_string(), Some("false".to_string())));
     }

@@ -1,0 +1,514 @@
+//! `read_database` sources on the real binary against the real PostgreSQL and MariaDB that
+//! `scripts/services/with-services.sh` starts (the README's test command runs every test
+//! under it): first load, a run with nothing new, incremental loads feeding an SCD2 target,
+//! an overlap window catching a late row without doubling the rows read again, the errors a
+//! user meets, and the password appearing nowhere strata writes.
+
+mod common;
+
+use common::{stderr, stdout, Project};
+use std::path::Path;
+
+/// One of the test servers, from the variables with-services.sh exports; the test fails
+/// (it does not skip) when they are missing.
+struct Server {
+    host: String,
+    port: String,
+    database: String,
+    user: String,
+    password: String,
+}
+
+impl Server {
+    fn from_env(prefix: &str) -> Server {
+        let var = |name: &str| {
+            let key = format!("{prefix}_{name}");
+            std::env::var(&key).unwrap_or_else(|_| {
+                panic!(
+                    "{key} is not set: run the tests under scripts/services/with-services.sh \
+                     (the README's test command does)"
+                )
+            })
+        };
+        Server {
+            host: var("HOST"),
+            port: var("PORT"),
+            database: var("DATABASE"),
+            user: var("USER"),
+            password: var("PASSWORD"),
+        }
+    }
+
+    /// `CREATE CONNECTION shop TYPE kind OPTIONS (...)` with the password in `SHOP_PW`.
+    fn connection(&self, kind: &str) -> String {
+        format!(
+            "CREATE CONNECTION shop TYPE {kind} OPTIONS (host '{}', port '{}', database '{}', \
+             user '{}', password_env 'SHOP_PW');\n",
+            self.host, self.port, self.database, self.user
+        )
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// Runs `sql` (statements separated by `;`) on the test PostgreSQL.
+fn pg(server: &Server, sql: &str) {
+    runtime().block_on(async {
+        let config = format!(
+            "host={} port={} dbname={} user={} password={}",
+            server.host, server.port, server.database, server.user, server.password
+        );
+        let (client, conn) = tokio_postgres::connect(&config, tokio_postgres::NoTls)
+            .await
+            .expect("connect to the test PostgreSQL");
+        let task = tokio::spawn(conn);
+        client.batch_execute(sql).await.expect("seed PostgreSQL");
+        drop(client);
+        let _ = task.await;
+    });
+}
+
+/// Runs `sql` (one statement per entry) on the test MariaDB.
+fn mysql(server: &Server, statements: &[&str]) {
+    use mysql_async::prelude::Queryable;
+    runtime().block_on(async {
+        let opts = mysql_async::OptsBuilder::default()
+            .ip_or_hostname(server.host.clone())
+            .tcp_port(server.port.parse().expect("port"))
+            .db_name(Some(server.database.clone()))
+            .user(Some(server.user.clone()))
+            .pass(Some(server.password.clone()));
+        let mut conn = mysql_async::Conn::new(opts)
+            .await
+            .expect("connect to MariaDB");
+        for s in statements {
+            conn.query_drop(*s).await.expect("seed MariaDB");
+        }
+        conn.disconnect().await.expect("disconnect");
+    });
+}
+
+/// A table name no other test run uses.
+fn unique(prefix: &str) -> String {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .subsec_nanos();
+    format!("{prefix}_{}_{t}", std::process::id())
+}
+
+/// `strata run` with the password in `SHOP_PW` only (the client's own variables removed).
+fn run(p: &Project, password: &str) -> std::process::Output {
+    p.command(&["run", "pipeline.sql"])
+        .env("SHOP_PW", password)
+        .env_remove("PGPASSWORD")
+        .env_remove("MYSQL_PWD")
+        .output()
+        .expect("strata runs")
+}
+
+fn run_ok(p: &Project, password: &str) -> String {
+    let out = run(p, password);
+    assert!(out.status.success(), "run failed: {}", stderr(&out));
+    stdout(&out) + &stderr(&out)
+}
+
+/// The number of commits in a table's log.
+fn commits(table_dir: &Path) -> usize {
+    std::fs::read_dir(table_dir.join("_delta_log"))
+        .expect("log")
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".json"))
+        })
+        .count()
+}
+
+/// Every file under `dir` whose bytes contain `needle`.
+fn files_containing(dir: &Path, needle: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read dir").flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if std::fs::read(&path)
+                .is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes()))
+            {
+                out.push(path.display().to_string());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn postgres_watermark_loads_feed_an_scd2_target_exactly_once() {
+    let server = Server::from_env("STRATA_TEST_PG");
+    let table = unique("orders");
+    pg(
+        &server,
+        &format!(
+            "CREATE TABLE {table} (id int PRIMARY KEY, status text NOT NULL, amount numeric(10,2), \
+             ok boolean, day date, uid uuid, doc jsonb, updated_at timestamptz NOT NULL);
+             INSERT INTO {table} VALUES
+               (1, 'new', 10.50, true, '2024-01-31', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '{{\"a\": 1}}', '2024-01-01 10:00:00+00'),
+               (2, 'new', 20.00, false, NULL, NULL, NULL, '2024-01-01 11:00:00+00'),
+               (3, 'new', NULL, NULL, NULL, NULL, NULL, '2024-01-01 12:00:00+00');"
+        ),
+    );
+    let p = Project::new(&format!(
+        "{}CREATE STREAMING TABLE orders_raw AS SELECT * FROM STREAM read_database('shop', \
+         table => 'public.{table}', watermark => 'updated_at');
+CREATE STREAMING TABLE orders;
+CREATE FLOW orders_flow AS AUTO CDC INTO orders FROM STREAM(orders_raw) KEYS (id)
+SEQUENCE BY updated_at STORED AS SCD TYPE 2;
+",
+        server.connection("postgresql")
+    ));
+    let mut said = run_ok(&p, &server.password);
+    assert_eq!(p.csv("SELECT count(*) AS n FROM orders_raw"), "n\n3\n");
+    assert_eq!(
+        p.csv("SELECT id, status, amount, ok, day, uid, doc FROM orders_raw WHERE id = 1"),
+        "id,status,amount,ok,day,uid,doc\n\
+         1,new,10.50,true,2024-01-31,a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11,\"{\"\"a\"\": 1}\"\n"
+    );
+
+    // Nothing new: nothing is committed.
+    let raw_dir = p.path("warehouse/default/orders_raw");
+    let before = commits(&raw_dir);
+    said += &run_ok(&p, &server.password);
+    assert_eq!(
+        commits(&raw_dir),
+        before,
+        "a run with nothing new committed"
+    );
+    assert_eq!(p.csv("SELECT count(*) AS n FROM orders_raw"), "n\n3\n");
+
+    // An update and an insert: only they are read, and the target keeps the history.
+    pg(
+        &server,
+        &format!(
+            "UPDATE {table} SET status = 'paid', updated_at = '2024-01-02 09:00:00+00' WHERE id = 1;
+             INSERT INTO {table} (id, status, updated_at) VALUES (4, 'new', '2024-01-02 10:00:00+00');"
+        ),
+    );
+    said += &run_ok(&p, &server.password);
+    assert_eq!(p.csv("SELECT count(*) AS n FROM orders_raw"), "n\n5\n");
+    assert_eq!(
+        p.csv("SELECT id, status, __END_AT IS NULL AS open FROM orders ORDER BY id, __START_AT"),
+        "id,status,open\n1,new,false\n1,paid,true\n2,new,true\n3,new,true\n4,new,true\n"
+    );
+
+    // The source table gains a column: so does the streaming table (earlier rows NULL),
+    // and the flow carries it into the target.
+    pg(
+        &server,
+        &format!(
+            "ALTER TABLE {table} ADD COLUMN note text;
+             UPDATE {table} SET note = 'vip', updated_at = '2024-01-03 09:00:00+00' WHERE id = 2;"
+        ),
+    );
+    said += &run_ok(&p, &server.password);
+    assert_eq!(
+        p.csv("SELECT id, note FROM orders_raw ORDER BY id, updated_at"),
+        "id,note\n1,\n1,\n2,\n2,vip\n3,\n4,\n"
+    );
+    assert_eq!(
+        p.csv("SELECT id, note FROM orders WHERE __END_AT IS NULL ORDER BY id"),
+        "id,note\n1,\n2,vip\n3,\n4,\n"
+    );
+
+    // The password is nowhere: not in what strata printed, not in any file it wrote.
+    assert!(!said.contains(&server.password), "the password was printed");
+    let found = files_containing(&p.path("warehouse"), &server.password);
+    assert!(found.is_empty(), "the password is in {found:?}");
+}
+
+#[test]
+fn mysql_overlap_window_catches_a_late_row_without_doubling_the_rows_read_again() {
+    let server = Server::from_env("STRATA_TEST_MYSQL");
+    let table = unique("events");
+    mysql(
+        &server,
+        &[
+            &format!(
+                "CREATE TABLE {table} (id int PRIMARY KEY, v varchar(20), updated_at datetime(6) NOT NULL)"
+            ),
+            &format!(
+                "INSERT INTO {table} VALUES (1, 'a', '2024-01-01 10:00:00'), \
+                 (2, 'b', '2024-01-01 10:30:00'), (3, 'c', '2024-01-01 11:00:00')"
+            ),
+        ],
+    );
+    let p = Project::new(&format!(
+        "{}CREATE STREAMING TABLE events_raw AS SELECT id, v, updated_at FROM STREAM \
+         read_database('shop', table => '{table}', watermark => 'updated_at', overlap => '1 hour');
+",
+        server.connection("mysql")
+    ));
+    run_ok(&p, &server.password);
+    assert_eq!(p.csv("SELECT count(*) AS n FROM events_raw"), "n\n3\n");
+    // A row that committed late, with a watermark below the one taken, inside the window;
+    // and a new one.
+    mysql(
+        &server,
+        &[&format!(
+            "INSERT INTO {table} VALUES (4, 'late', '2024-01-01 10:45:00'), (5, 'e', '2024-01-01 12:00:00')"
+        )],
+    );
+    run_ok(&p, &server.password);
+    assert_eq!(
+        p.csv("SELECT id, v FROM events_raw ORDER BY id"),
+        "id,v\n1,a\n2,b\n3,c\n4,late\n5,e\n"
+    );
+    // Again with nothing new: the window reads rows 3, 5 (and 4) again and keeps none.
+    let dir = p.path("warehouse/default/events_raw");
+    let before = commits(&dir);
+    run_ok(&p, &server.password);
+    assert_eq!(commits(&dir), before);
+    assert_eq!(p.csv("SELECT count(*) AS n FROM events_raw"), "n\n5\n");
+}
+
+#[test]
+fn database_source_errors_name_the_place_and_nothing_is_written() {
+    let server = Server::from_env("STRATA_TEST_PG");
+    let table = unique("shapes");
+    pg(
+        &server,
+        &format!(
+            "CREATE TABLE {table} (id int PRIMARY KEY, spot point, updated_at timestamp NOT NULL);
+             INSERT INTO {table} VALUES (1, '(1,2)', '2024-01-01 00:00:00');"
+        ),
+    );
+    let query = format!(
+        "CREATE STREAMING TABLE shapes_raw AS SELECT * FROM STREAM read_database('shop', \
+         table => 'public.{table}', watermark => 'updated_at'"
+    );
+    // An unsupported type names the column; nothing is written.
+    let p = Project::new(&format!("{}{query});\n", server.connection("postgresql")));
+    let out = run(&p, &server.password);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("'spot'") && err.contains("shapes_raw"),
+        "{err}"
+    );
+    assert!(!p.path("warehouse/default/shapes_raw").exists());
+    // Excluding it reads the rest.
+    p.file(
+        "pipeline.sql",
+        &format!(
+            "{}{query}, exclude => 'spot');\n",
+            server.connection("postgresql")
+        ),
+    );
+    run_ok(&p, &server.password);
+    assert_eq!(p.csv("SELECT id FROM shapes_raw"), "id\n1\n");
+
+    // A connection that is not declared, and a password written in the text.
+    p.file("pipeline.sql", &format!("{query});\n"));
+    let out = run(&p, &server.password);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("connection 'shop', which is not declared"),
+        "{}",
+        stderr(&out)
+    );
+    p.file(
+        "pipeline.sql",
+        &format!(
+            "CREATE CONNECTION shop TYPE postgresql OPTIONS (database 'd', user 'u', password 'hunter2');\n{query});\n"
+        ),
+    );
+    let out = run(&p, &server.password);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("password_env") && !err.contains("hunter2"),
+        "{err}"
+    );
+    // A wrong password: refused by the server, and not printed.
+    p.file(
+        "pipeline.sql",
+        &format!("{}{query});\n", server.connection("postgresql")),
+    );
+    let out = run(&p, "wrong-password-123");
+    let err = stderr(&out);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        err.contains("connection 'shop'") && !err.contains("wrong-password-123"),
+        "{err}"
+    );
+}
+
+/// The value of a one-row, one-column query on the test PostgreSQL.
+fn pg_value(server: &Server, sql: &str) -> Option<String> {
+    runtime().block_on(async {
+        let config = format!(
+            "host={} port={} dbname={} user={} password={}",
+            server.host, server.port, server.database, server.user, server.password
+        );
+        let (client, conn) = tokio_postgres::connect(&config, tokio_postgres::NoTls)
+            .await
+            .expect("connect to the test PostgreSQL");
+        let task = tokio::spawn(conn);
+        let row = client.query_opt(sql, &[]).await.expect("query");
+        drop(client);
+        let _ = task.await;
+        row.and_then(|r| r.get::<_, Option<String>>(0))
+    })
+}
+
+#[test]
+fn postgres_cdc_copies_the_table_then_applies_every_change_once() {
+    let server = Server::from_env("STRATA_TEST_PG");
+    let table = unique("cust");
+    let slot = unique("strata_slot");
+    pg(
+        &server,
+        &format!(
+            "CREATE TABLE {table} (id int PRIMARY KEY, name text, city text);
+             INSERT INTO {table} VALUES (1, 'Ann', 'Oslo'), (2, 'Bob', 'Rome');"
+        ),
+    );
+    let p = Project::new(&format!(
+        "{}CREATE STREAMING TABLE cust_changes AS SELECT * FROM STREAM read_database('shop', \
+         table => 'public.{table}', mode => 'cdc', slot => '{slot}', publication => '{slot}');
+CREATE STREAMING TABLE cust;
+CREATE FLOW cust_flow AS AUTO CDC INTO cust FROM STREAM(cust_changes) KEYS (id)
+APPLY AS DELETE WHEN _change_type = 'delete'
+SEQUENCE BY STRUCT(_commit_lsn, _change_seq)
+COLUMNS * EXCEPT (_change_type, _commit_lsn, _change_seq, _commit_timestamp, _unchanged_cols)
+STORED AS SCD TYPE 2;
+",
+        server.connection("postgresql")
+    ));
+    // First run: the table as of the slot's snapshot.
+    run_ok(&p, &server.password);
+    assert_eq!(
+        p.csv("SELECT id, _change_type FROM cust_changes ORDER BY id"),
+        "id,_change_type\n1,snapshot\n2,snapshot\n"
+    );
+    // Changes in two transactions, one of them touching every kind.
+    pg(
+        &server,
+        &format!(
+            "BEGIN; UPDATE {table} SET city = 'Bergen' WHERE id = 1; DELETE FROM {table} WHERE id = 2;
+             INSERT INTO {table} VALUES (3, 'Cy', 'Nice'); COMMIT;
+             UPDATE {table} SET city = 'Lyon' WHERE id = 3;"
+        ),
+    );
+    run_ok(&p, &server.password);
+    assert_eq!(
+        p.csv("SELECT id, _change_type, _change_seq FROM cust_changes WHERE _change_type <> 'snapshot' ORDER BY _commit_lsn, _change_seq"),
+        "id,_change_type,_change_seq\n1,update,0\n2,delete,1\n3,insert,2\n3,update,0\n"
+    );
+    assert_eq!(
+        p.csv("SELECT id, name, city, __END_AT IS NULL AS open FROM cust ORDER BY id, __START_AT"),
+        "id,name,city,open\n1,Ann,Oslo,false\n1,Ann,Bergen,true\n2,Bob,Rome,false\n3,Cy,Nice,false\n3,Cy,Lyon,true\n"
+    );
+    // The slot was advanced to what the table recorded.
+    let recorded = p.csv("SELECT max(_commit_lsn) AS l FROM cust_changes");
+    let confirmed = pg_value(
+        &server,
+        &format!(
+            "SELECT (confirmed_flush_lsn - '0/0'::pg_lsn)::text FROM pg_replication_slots WHERE slot_name = '{slot}'"
+        ),
+    )
+    .expect("the slot exists");
+    let recorded: i64 = recorded.lines().nth(1).unwrap().parse().unwrap();
+    assert!(
+        confirmed.parse::<i64>().unwrap() >= recorded,
+        "slot at {confirmed}, changes up to {recorded}"
+    );
+    // Nothing new: nothing committed.
+    let dir = p.path("warehouse/default/cust_changes");
+    let before = commits(&dir);
+    run_ok(&p, &server.password);
+    assert_eq!(commits(&dir), before);
+    pg(
+        &server,
+        &format!("SELECT pg_drop_replication_slot('{slot}')"),
+    );
+}
+
+#[test]
+fn yaml_spec_turns_three_lines_per_table_into_history() {
+    let server = Server::from_env("STRATA_TEST_PG");
+    let cust = unique("ycust");
+    let orders = unique("yorders");
+    let slot = unique("strata_yslot");
+    pg(
+        &server,
+        &format!(
+            "CREATE TABLE {cust} (id int PRIMARY KEY, city text);
+             INSERT INTO {cust} VALUES (1, 'Oslo');
+             CREATE TABLE {orders} (id int PRIMARY KEY, total int, updated_at timestamp NOT NULL);
+             INSERT INTO {orders} VALUES (10, 5, '2024-01-01 00:00:00');"
+        ),
+    );
+    let p = Project::new("");
+    p.file(
+        "spec.yaml",
+        &format!(
+            "name: shop\n\
+             connections:\n  shop: {{ type: postgresql, host: '{}', port: {}, database: {}, user: {}, password_env: SHOP_PW }}\n\
+             tables:\n\
+             \x20 - name: customers\n\
+             \x20   source: {{ database: shop, table: public.{cust}, cdc: true, slot: {slot} }}\n\
+             \x20   keys: [id]\n\
+             \x20   stored_as: SCD TYPE 2\n\
+             \x20 - name: orders\n\
+             \x20   source: {{ database: shop, table: public.{orders}, watermark: [updated_at, id] }}\n\
+             \x20   keys: [id]\n\
+             \x20   sequence_by: updated_at\n",
+            server.host, server.port, server.database, server.user
+        ),
+    );
+    let run_spec = || {
+        let out = p
+            .command(&["run", "spec.yaml"])
+            .env("SHOP_PW", &server.password)
+            .env_remove("PGPASSWORD")
+            .output()
+            .expect("strata runs");
+        assert!(out.status.success(), "run failed: {}", stderr(&out));
+    };
+    run_spec();
+    pg(
+        &server,
+        &format!(
+            "UPDATE {cust} SET city = 'Bergen' WHERE id = 1; INSERT INTO {cust} VALUES (2, 'Rome');
+             DELETE FROM {cust} WHERE id = 2;
+             UPDATE {orders} SET total = 7, updated_at = '2024-01-02 00:00:00' WHERE id = 10;"
+        ),
+    );
+    run_spec();
+    let row: serde_json::Value = serde_json::from_str(
+        p.query("json", "SELECT * FROM customers WHERE id = 2")
+            .trim(),
+    )
+    .expect("one JSON row");
+    let columns: Vec<&String> = row.as_object().expect("an object").keys().collect();
+    assert_eq!(
+        columns,
+        ["__END_AT", "__START_AT", "city", "id"],
+        "the change columns stay out of the target"
+    );
+    assert_eq!(
+        p.csv("SELECT id, city, __END_AT IS NULL AS open FROM customers ORDER BY id, __START_AT"),
+        "id,city,open\n1,Oslo,false\n1,Bergen,true\n2,Rome,false\n"
+    );
+    assert_eq!(p.csv("SELECT id, total FROM orders"), "id,total\n10,7\n");
+    pg(
+        &server,
+        &format!("SELECT pg_drop_replication_slot('{slot}')"),
+    );
+}

@@ -1,0 +1,314 @@
+//! Crash drill for database sources: a writer changes a live PostgreSQL table while `strata
+//! run` is started and killed (SIGKILL) at random moments, over and over; then clean runs
+//! finish the work, and the targets are compared with what the database did. Log-based CDC
+//! must give an SCD2 target with exactly one version per value ever written (none lost, none
+//! doubled); a watermark load must give an SCD1 target equal to the table, and a bronze
+//! table without a row read twice.
+//!
+//! `STRATA_DRILL_ROUNDS` sets the number of kills per mode (default 6; the README's test
+//! command runs the default). A failure prints the seed; `STRATA_DRILL_SEED` replays it.
+
+mod common;
+
+use common::{stderr, Project};
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+struct Server {
+    config: String,
+    connection: String,
+    password: String,
+}
+
+impl Server {
+    fn from_env() -> Server {
+        let var = |name: &str| {
+            std::env::var(format!("STRATA_TEST_PG_{name}")).unwrap_or_else(|_| {
+                panic!(
+                    "STRATA_TEST_PG_{name} is not set: run the tests under \
+                     scripts/services/with-services.sh (the README's test command does)"
+                )
+            })
+        };
+        let (host, port, db, user, password) = (
+            var("HOST"),
+            var("PORT"),
+            var("DATABASE"),
+            var("USER"),
+            var("PASSWORD"),
+        );
+        Server {
+            config: format!("host={host} port={port} dbname={db} user={user} password={password}"),
+            connection: format!(
+                "CREATE CONNECTION shop TYPE postgresql OPTIONS (host '{host}', port '{port}', \
+                 database '{db}', user '{user}', password_env 'SHOP_PW');\n"
+            ),
+            password,
+        }
+    }
+}
+
+/// A small deterministic generator (xorshift64*), seeded and printed so a failure replays.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn seed() -> u64 {
+    std::env::var("STRATA_DRILL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64 | 1)
+                .unwrap_or(1)
+        })
+}
+
+fn rounds() -> usize {
+    std::env::var("STRATA_DRILL_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(6)
+}
+
+/// What the writer did to each key, in order: `Some(value)` set, `None` deleted.
+type History = BTreeMap<i64, Vec<Option<i64>>>;
+
+/// Changes `table` (keys 1..=20, one statement per transaction) until `stop`, recording
+/// every change; values are unique so every update is a new version.
+fn write_until(config: String, table: String, seed: u64, stop: Arc<AtomicBool>) -> History {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async move {
+        let (client, conn) = tokio_postgres::connect(&config, tokio_postgres::NoTls)
+            .await
+            .expect("writer connects");
+        let task = tokio::spawn(conn);
+        let mut rng = Rng(seed);
+        let mut history: History = BTreeMap::new();
+        let mut value = 0i64;
+        while !stop.load(Ordering::SeqCst) {
+            let key = 1 + rng.below(20) as i64;
+            value += 1;
+            let exists = history
+                .get(&key)
+                .and_then(|h| h.last().copied())
+                .flatten()
+                .is_some();
+            let sql = match (exists, rng.below(10)) {
+                (false, _) => format!(
+                    "INSERT INTO {table} (id, v, updated_at) VALUES ({key}, {value}, clock_timestamp())"
+                ),
+                (true, 0) => format!("DELETE FROM {table} WHERE id = {key}"),
+                (true, _) => format!(
+                    "UPDATE {table} SET v = {value}, updated_at = clock_timestamp() WHERE id = {key}"
+                ),
+            };
+            client.batch_execute(&sql).await.expect("writer changes");
+            let change = if sql.starts_with("DELETE") {
+                None
+            } else {
+                Some(value)
+            };
+            history.entry(key).or_default().push(change);
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        drop(client);
+        let _ = task.await;
+        history
+    })
+}
+
+/// Starts `strata run` and kills it after a random pause, `rounds` times; some runs end by
+/// themselves first.
+fn run_and_kill(p: &Project, password: &str, rng: &mut Rng, rounds: usize) {
+    for _ in 0..rounds {
+        let mut child = p
+            .command(&["run", "pipeline.sql"])
+            .env("SHOP_PW", password)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("strata starts");
+        std::thread::sleep(Duration::from_millis(50 + rng.below(700)));
+        let _ = child.kill(); // SIGKILL
+        let _ = child.wait();
+    }
+}
+
+fn run_clean(p: &Project, password: &str) {
+    let out = p
+        .command(&["run", "pipeline.sql"])
+        .env("SHOP_PW", password)
+        .output()
+        .expect("strata runs");
+    assert!(out.status.success(), "clean run failed: {}", stderr(&out));
+}
+
+fn pg(config: &str, sql: &str) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let (client, conn) = tokio_postgres::connect(config, tokio_postgres::NoTls)
+            .await
+            .expect("connect");
+        let task = tokio::spawn(conn);
+        client.batch_execute(sql).await.expect("statement");
+        drop(client);
+        let _ = task.await;
+    });
+}
+
+/// Runs the drill on `pipeline` (reading `table`) and returns what the writer did.
+fn drill(server: &Server, table: &str, pipeline: &str, seed: u64) -> (Project, History) {
+    pg(
+        &server.config,
+        &format!("CREATE TABLE {table} (id bigint PRIMARY KEY, v bigint, updated_at timestamptz NOT NULL)"),
+    );
+    let p = Project::new(&format!("{}{pipeline}", server.connection));
+    // The empty table first (a CDC source takes its snapshot now): every change the
+    // writer makes then reaches strata as a change.
+    run_clean(&p, &server.password);
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (config, table, stop) = (server.config.clone(), table.to_string(), stop.clone());
+        std::thread::spawn(move || write_until(config, table, seed, stop))
+    };
+    let mut rng = Rng(seed ^ 0x9E37_79B9_7F4A_7C15);
+    run_and_kill(&p, &server.password, &mut rng, rounds());
+    stop.store(true, Ordering::SeqCst);
+    let history = writer.join().expect("writer");
+    // Two clean runs: the first finishes whatever the killed ones left, the second must
+    // find nothing new and change nothing.
+    run_clean(&p, &server.password);
+    run_clean(&p, &server.password);
+    (p, history)
+}
+
+#[test]
+fn killed_cdc_runs_lose_and_double_no_change() {
+    let server = Server::from_env();
+    let seed = seed();
+    eprintln!("drill seed {seed} (STRATA_DRILL_SEED={seed} replays it)");
+    let table = format!("drill_cdc_{}", std::process::id());
+    let slot = format!("strata_drill_{}", std::process::id());
+    let (p, history) = drill(
+        &server,
+        &table,
+        &format!(
+            "CREATE STREAMING TABLE changes AS SELECT * FROM STREAM read_database('shop', \
+             table => 'public.{table}', mode => 'cdc', slot => '{slot}', publication => '{slot}');
+CREATE STREAMING TABLE hist;
+CREATE FLOW hist_flow AS AUTO CDC INTO hist FROM STREAM(changes) KEYS (id)
+APPLY AS DELETE WHEN _change_type = 'delete'
+SEQUENCE BY STRUCT(_commit_lsn, _change_seq)
+COLUMNS id, v
+STORED AS SCD TYPE 2;
+"
+        ),
+        seed,
+    );
+    // Every value ever written is one version, in order; a key deleted last has no open one.
+    let rows = p.csv("SELECT id, v, __END_AT IS NULL AS open FROM hist ORDER BY id, __START_AT");
+    let mut got: BTreeMap<i64, Vec<(i64, bool)>> = BTreeMap::new();
+    for line in rows.lines().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        got.entry(f[0].parse().unwrap())
+            .or_default()
+            .push((f[1].parse().unwrap(), f[2] == "true"));
+    }
+    let mut want: BTreeMap<i64, Vec<(i64, bool)>> = BTreeMap::new();
+    for (key, changes) in &history {
+        let values: Vec<i64> = changes.iter().flatten().copied().collect();
+        let open_last = changes.last().is_some_and(Option::is_some);
+        let n = values.len();
+        want.insert(
+            *key,
+            values
+                .into_iter()
+                .enumerate()
+                .map(|(i, v)| (v, open_last && i + 1 == n))
+                .collect(),
+        );
+    }
+    assert_eq!(
+        got, want,
+        "seed {seed}: the SCD2 target is not the fold of the changes"
+    );
+    // No change was taken twice: each (commit LSN, position) is one row of the change table.
+    let dups = p.csv(
+        "SELECT count(*) AS n FROM (SELECT _commit_lsn, _change_seq FROM changes \
+         WHERE _change_type <> 'snapshot' GROUP BY _commit_lsn, _change_seq HAVING count(*) > 1)",
+    );
+    assert_eq!(dups, "n\n0\n", "seed {seed}: a change was taken twice");
+    pg(
+        &server.config,
+        &format!("SELECT pg_drop_replication_slot('{slot}')"),
+    );
+}
+
+#[test]
+fn killed_watermark_runs_end_with_the_tables_state() {
+    let server = Server::from_env();
+    let seed = seed();
+    eprintln!("drill seed {seed} (STRATA_DRILL_SEED={seed} replays it)");
+    let table = format!("drill_wm_{}", std::process::id());
+    let (p, history) = drill(
+        &server,
+        &table,
+        &format!(
+            "CREATE STREAMING TABLE rows_raw AS SELECT * FROM STREAM read_database('shop', \
+             table => 'public.{table}', watermark => 'updated_at, id');
+CREATE STREAMING TABLE current_rows;
+CREATE FLOW current_flow AS AUTO CDC INTO current_rows FROM STREAM(rows_raw) KEYS (id)
+SEQUENCE BY updated_at COLUMNS id, v STORED AS SCD TYPE 1;
+"
+        ),
+        seed,
+    );
+    // A watermark load cannot see deletes: the target holds the last value each key had
+    // while it existed at a load; keys never deleted must match the table exactly.
+    let got = p.csv("SELECT id, v FROM current_rows ORDER BY id");
+    let mut want = String::from("id,v\n");
+    let never_deleted: Vec<(i64, i64)> = history
+        .iter()
+        .filter(|(_, c)| c.iter().all(Option::is_some))
+        .map(|(k, c)| (*k, c.last().copied().flatten().unwrap()))
+        .collect();
+    for (k, v) in &never_deleted {
+        want.push_str(&format!("{k},{v}\n"));
+    }
+    let got_never_deleted: String = got
+        .lines()
+        .filter(|l| {
+            l.starts_with("id,")
+                || never_deleted
+                    .iter()
+                    .any(|(k, _)| l.split(',').next() == Some(k.to_string().as_str()))
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_eq!(got_never_deleted, want, "seed {seed}");
+    let dups = p.csv(
+        "SELECT count(*) AS n FROM (SELECT id, updated_at FROM rows_raw GROUP BY id, updated_at HAVING count(*) > 1)",
+    );
+    assert_eq!(dups, "n\n0\n", "seed {seed}: a row was loaded twice");
+}

@@ -1,0 +1,363 @@
+//! Streaming tables that read a database:
+//! `FROM STREAM read_database('shop', table => 'public.orders', watermark => 'updated_at')`
+//! by a watermark, or `read_database('shop', table => 'public.orders', mode => 'cdc')`
+//! through PostgreSQL logical replication.
+//!
+//! A watermark run: read the watermark the table recorded last (`sources/watermark.rs`),
+//! read the rows above it in batches (every row on the first run; with an overlap window,
+//! from a point before it, dropping rows the table already holds), run each batch through
+//! the query and the checks, and commit the rows with the new watermark in one Delta commit.
+//!
+//! A CDC run: read the LSN the table recorded last; without one (first run, full refresh),
+//! create the slot and copy the table through its exported snapshot (rows with
+//! `_change_type = 'snapshot'`), then read every change committed after that point up to
+//! a fence; commit the rows with the LSN to resume from; only then advance the slot.
+//!
+//! Either way, a run that finds nothing new commits nothing, and a crash before the commit
+//! leaves the table and its position as they were: the next run reads the same rows.
+
+use crate::error::{Context, EngineError, Result};
+use crate::ops::ingest::run::{checked_rows, Running, Taken};
+use crate::ops::ingest::{IngestReport, IngestSetup, Source};
+use crate::ops::Scope;
+use crate::sources::connection::{connection_spec, process_env};
+use crate::sources::overlap::{self, Seen};
+use crate::sources::read::{database_read, DatabaseRead, ReadMode};
+use crate::sources::watermark;
+use crate::storage::commit::{position, AppId, PendingCommit};
+use deltalake::arrow::array::{new_null_array, RecordBatch};
+use deltalake::arrow::datatypes::{Schema, SchemaRef};
+use deltalake::datafusion::prelude::DataFrame;
+use deltalake::DeltaTable;
+use std::collections::HashMap;
+use std::sync::Arc;
+use strata_sources::{LowerBound, Lsn, PgCdc, ReadOptions, SourceKind, Watermark};
+use strata_sql::{PipelinePlan, ReadDatabase};
+
+/// The source of a `read_database` query and the schema of its rows, from the database's
+/// own description of the table (or query), with the change columns in CDC mode: checked
+/// before anything runs.
+pub(super) async fn prepare_source(
+    plan: &PipelinePlan,
+    rd: &ReadDatabase,
+    setup: &IngestSetup,
+) -> Result<(Source, SchemaRef)> {
+    let hint = match &setup.append_flow {
+        None => setup.table.name.to_string(),
+        Some(f) => format!("{}_{f}", setup.table.name),
+    };
+    let read = database_read(rd, &hint).map_err(|e| setup.err(e))?;
+    let connection = plan
+        .connections
+        .get(&rd.connection)
+        .ok_or_else(|| setup.err(format!("connection {} is not declared", rd.connection)))?;
+    let spec = connection_spec(connection, &process_env)?;
+    if read.cdc_table().is_some() && spec.kind != SourceKind::Postgres {
+        return Err(setup.err(format!(
+            "read_database mode 'cdc' reads PostgreSQL; connection {} is {}",
+            rd.connection, spec.kind
+        )));
+    }
+    let source = strata_sources::Source::connect(&spec)
+        .await
+        .context(|| setup.err("reading its database").to_string())?;
+    let described = source
+        .describe(&read.object, &read.exclude)
+        .await
+        .context(|| setup.err("reading its database").to_string())?
+        .arrow_schema();
+    let input = match read.mode {
+        ReadMode::Watermark { .. } => described,
+        ReadMode::Changes { .. } => {
+            let mut fields: Vec<_> = described
+                .fields()
+                .iter()
+                .map(|f| f.as_ref().clone())
+                .collect();
+            fields.extend(strata_sources::change_meta_fields());
+            Arc::new(Schema::new(fields))
+        }
+    };
+    Ok((
+        Source::Database {
+            spec,
+            read,
+            input: input.clone(),
+        },
+        input,
+    ))
+}
+
+/// The new rows of a database source, read, run through the query and checked; `None`
+/// (the report says why) when the database has nothing new.
+pub(super) async fn take_database(
+    scope: &Scope<'_>,
+    setup: &IngestSetup,
+    existing: Option<&DeltaTable>,
+    report: &mut IngestReport,
+) -> Result<Option<Taken>> {
+    let Source::Database { read, .. } = &setup.source else {
+        return Err(EngineError::Internal("not a database source".into()));
+    };
+    match read.mode {
+        ReadMode::Watermark { .. } => take_watermark(scope, setup, existing, report).await,
+        ReadMode::Changes { .. } => take_changes(scope, setup, existing, report).await,
+    }
+}
+
+/// The rows above the table's watermark, read, run through the query and checked; `None`
+/// (the report says why) when the database has nothing new.
+async fn take_watermark(
+    scope: &Scope<'_>,
+    setup: &IngestSetup,
+    existing: Option<&DeltaTable>,
+    report: &mut IngestReport,
+) -> Result<Option<Taken>> {
+    let (Source::Database { spec, read, input }, Some(watermark_read)) =
+        (&setup.source, read_of(setup))
+    else {
+        return Err(EngineError::Internal("not a watermark source".into()));
+    };
+    let key = watermark::key(setup.append_flow.as_deref());
+    let stored = match existing {
+        Some(t) => watermark::stored(t, &key).await?,
+        None => None,
+    };
+    let (bound, seen) = lower_bound(setup, read, existing, stored.as_ref()).await?;
+    let place = format!(
+        "connection {}, {} above {}",
+        read.connection,
+        read.object.label(),
+        stored
+            .as_ref()
+            .map_or("(first load)".to_string(), describe_watermark)
+    );
+    let database = strata_sources::Source::connect(spec)
+        .await
+        .context(|| setup.err(&place).to_string())?;
+    let mut reader = database
+        .read_watermark(&watermark_read.lower_bound(bound))
+        .await
+        .context(|| setup.err(&place).to_string())?;
+    let mut running = Running::new(scope.wh, setup).await?;
+    running.seen = seen;
+    let ctx = crate::storage::session::new_session();
+    let mut parts = Vec::new();
+    let mut events = HashMap::new();
+    while let Some(batch) = reader
+        .next_batch()
+        .await
+        .context(|| setup.err(&place).to_string())?
+    {
+        let df = ctx
+            .read_batch(aligned(&batch, input)?)
+            .context(|| "reading database rows".into())?;
+        let (rows, _) = checked_rows(setup, &running, df, &place, report, &mut events).await?;
+        parts.extend(rows);
+        (scope.update)(format!("{} row(s) read", reader.rows_read()));
+    }
+    let reached = reader.max_watermark().cloned();
+    let moved = reached.as_ref().map(Watermark::to_json) != stored.as_ref().map(Watermark::to_json);
+    let has_rows = parts.iter().any(|b: &RecordBatch| b.num_rows() > 0);
+    let Some(reached) = reached.filter(|_| moved || has_rows) else {
+        report.skipped = Some("no new rows".into());
+        return Ok(None);
+    };
+    report.watermark = Some(describe_watermark(&reached));
+    let id = AppId::Database(setup.append_flow.as_deref());
+    let previous = match existing {
+        Some(t) => position(t, id).await?,
+        None => None,
+    };
+    let commit = PendingCommit::of_run(scope.run_id)
+        .keeping_log()
+        .with_info(key, serde_json::Value::String(reached.to_json()))
+        .at(id, previous.map_or(0, |v| v + 1));
+    Ok(Some(Taken {
+        parts,
+        reused: Vec::new(),
+        events,
+        commit,
+        after_commit: None,
+    }))
+}
+
+/// The watermark read of a watermark source.
+fn read_of(setup: &IngestSetup) -> Option<strata_sources::WatermarkRead> {
+    match &setup.source {
+        Source::Database { read, .. } => read.watermark_read(),
+        _ => None,
+    }
+}
+
+/// The changes of a CDC source since the LSN the table recorded (after copying the table
+/// through the slot's snapshot on the first run), run through the query and checked; the
+/// slot is advanced after the commit ([`SlotAdvance`]).
+async fn take_changes(
+    scope: &Scope<'_>,
+    setup: &IngestSetup,
+    existing: Option<&DeltaTable>,
+    report: &mut IngestReport,
+) -> Result<Option<Taken>> {
+    let (Source::Database { spec, read, input }, Some(config)) =
+        (&setup.source, cdc_config_of(setup))
+    else {
+        return Err(EngineError::Internal("not a CDC source".into()));
+    };
+    let key = watermark::lsn_key(setup.append_flow.as_deref());
+    let stored = match existing {
+        Some(t) => watermark::stored_lsn(t, &key).await?,
+        None => None,
+    };
+    let place = format!(
+        "connection {}, changes of {} through slot {}",
+        read.connection,
+        read.object.label(),
+        config.slot
+    );
+    let fail = || setup.err(&place).to_string();
+    let cdc = PgCdc::connect(spec, config).await.context(fail)?;
+    let running = Running::new(scope.wh, setup).await?;
+    let ctx = crate::storage::session::new_session();
+    let mut parts = Vec::new();
+    let mut events = HashMap::new();
+    let mut rows = 0usize;
+    let take = |batch: RecordBatch, rows: &mut usize| -> Result<DataFrame> {
+        *rows += batch.num_rows();
+        ctx.read_batch(aligned(&batch, input)?)
+            .context(|| "reading database rows".into())
+    };
+    // First run (or after a full refresh): the table as of the slot's snapshot.
+    let after = match stored {
+        Some(lsn) => lsn,
+        None => {
+            // A first run that crashed mid-snapshot leaves the slot behind.
+            cdc.drop_slot().await.context(fail)?;
+            let mut snapshot = cdc.start_snapshot().await.context(fail)?;
+            while let Some(tb) = snapshot.next_batch().await.context(fail)? {
+                let df = take(tb.batch, &mut rows)?;
+                let place = format!("{place}, initial snapshot");
+                let (kept, _) =
+                    checked_rows(setup, &running, df, &place, report, &mut events).await?;
+                parts.extend(kept);
+                (scope.update)(format!("{rows} row(s) of the initial snapshot"));
+            }
+            snapshot.consistent_point()
+        }
+    };
+    let mut changes = cdc
+        .read_changes(after, ReadOptions::default())
+        .await
+        .context(fail)?;
+    while let Some(tb) = changes.next_batch().await.context(fail)? {
+        let df = take(tb.batch, &mut rows)?;
+        let (kept, _) = checked_rows(setup, &running, df, &place, report, &mut events).await?;
+        parts.extend(kept);
+        (scope.update)(format!("{rows} change(s) read"));
+    }
+    let resume = changes
+        .summary()
+        .map(|s| s.resume_lsn)
+        .ok_or_else(|| EngineError::Internal("the change read ended without a summary".into()))?;
+    if stored.is_some() && rows == 0 {
+        report.skipped = Some("no new changes".into());
+        return Ok(None);
+    }
+    report.watermark = Some(format!("lsn {resume}"));
+    let id = AppId::Database(setup.append_flow.as_deref());
+    let previous = match existing {
+        Some(t) => position(t, id).await?,
+        None => None,
+    };
+    let commit = PendingCommit::of_run(scope.run_id)
+        .keeping_log()
+        .with_info(key, serde_json::Value::String(resume.to_string()))
+        .at(id, previous.map_or(0, |v| v + 1));
+    Ok(Some(Taken {
+        parts,
+        reused: Vec::new(),
+        events,
+        commit,
+        after_commit: Some(SlotAdvance { cdc, to: resume }),
+    }))
+}
+
+/// The CDC configuration of a CDC source.
+fn cdc_config_of(setup: &IngestSetup) -> Option<strata_sources::CdcConfig> {
+    match &setup.source {
+        Source::Database { read, .. } => read.cdc_config(),
+        _ => None,
+    }
+}
+
+/// What a CDC run does once its commit holds the LSN: let the server drop the WAL before
+/// it. Failing here loses nothing (the next run skips what the table recorded); the slot
+/// just keeps more WAL until a later run advances it.
+pub(super) struct SlotAdvance {
+    cdc: PgCdc,
+    to: Lsn,
+}
+
+impl SlotAdvance {
+    pub(super) async fn run(self) {
+        if let Err(e) = self.cdc.advance_slot(self.to).await {
+            tracing::warn!("the replication slot was not advanced to {}: {e}", self.to);
+        }
+    }
+}
+
+/// `batch` in the columns of `input`, by name: a column the source gained after the run was
+/// planned is left out, one it has not sent yet (an older change) is NULL.
+fn aligned(batch: &RecordBatch, input: &SchemaRef) -> Result<RecordBatch> {
+    if batch.schema().fields() == input.fields() {
+        return Ok(batch.clone());
+    }
+    let columns = input
+        .fields()
+        .iter()
+        .map(|f| match batch.schema().index_of(f.name()) {
+            Ok(i) => batch.column(i).clone(),
+            Err(_) => new_null_array(f.data_type(), batch.num_rows()),
+        })
+        .collect();
+    crate::util::arrow::cast_columns(columns, input)
+}
+
+/// Where this run's read starts: after the stored watermark, or (with an overlap window)
+/// at a point before it, with the table's rows from that point to drop what is read again.
+async fn lower_bound(
+    setup: &IngestSetup,
+    read: &DatabaseRead,
+    existing: Option<&DeltaTable>,
+    stored: Option<&Watermark>,
+) -> Result<(Option<LowerBound>, Option<Seen>)> {
+    let (Some(stored), Some(table)) = (stored, existing) else {
+        return Ok((None, None));
+    };
+    let ReadMode::Watermark {
+        overlap: Some(window),
+        ..
+    } = read.mode
+    else {
+        return Ok((Some(LowerBound::after(stored.clone())), None));
+    };
+    let bound = stored
+        .overlap(window)
+        .context(|| format!("connection {}: the overlap window", read.connection))?;
+    let (Some(column), Some(from)) = (stored.columns.first(), bound.watermark.values.first())
+    else {
+        return Ok((Some(bound), None));
+    };
+    let seen = overlap::rows_from(table, &setup.schema, column, from).await?;
+    Ok((Some(bound), Some(seen)))
+}
+
+/// `updated_at = 2024-01-31 12:00:00+00, id = 7`: for reports and errors.
+fn describe_watermark(w: &Watermark) -> String {
+    w.columns
+        .iter()
+        .zip(&w.values)
+        .map(|(c, v)| format!("{c} = {}", v.to_sql_text()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}

@@ -1,0 +1,298 @@
+//! The options of `read_database('conn', table => ..., watermark => ..., ...)`, checked
+//! into what `strata-sources` reads with. Pure: no connection is made here.
+
+use strata_sources::{
+    CdcConfig, CdcTable, Overlap, SourceObject, TableRef, WatermarkRead, DEFAULT_BATCH_ROWS,
+};
+use strata_sql::ReadDatabase;
+
+/// The options `read_database` takes in each mode.
+const WATERMARK_OPTIONS: [&str; 7] = [
+    "mode",
+    "table",
+    "query",
+    "watermark",
+    "overlap",
+    "exclude",
+    "batch_rows",
+];
+const CDC_OPTIONS: [&str; 6] = [
+    "mode",
+    "table",
+    "slot",
+    "publication",
+    "exclude",
+    "batch_rows",
+];
+
+/// A checked `read_database`.
+#[derive(Debug, Clone)]
+pub(crate) struct DatabaseRead {
+    pub(crate) connection: String,
+    pub(crate) object: SourceObject,
+    pub(crate) exclude: Vec<String>,
+    pub(crate) batch_rows: usize,
+    pub(crate) mode: ReadMode,
+}
+
+/// How new rows are found.
+#[derive(Debug, Clone)]
+pub(crate) enum ReadMode {
+    /// `mode => 'watermark'` (the default): rows above the stored watermark columns, from
+    /// an overlap window before it when set.
+    Watermark {
+        columns: Vec<String>,
+        overlap: Option<Overlap>,
+    },
+    /// `mode => 'cdc'` (PostgreSQL): the table's changes through a logical replication
+    /// slot and publication; the first run copies the table through the slot's snapshot.
+    Changes { slot: String, publication: String },
+}
+
+impl DatabaseRead {
+    /// The watermark read as `strata-sources` takes it (the lower bound is set per run);
+    /// `None` in CDC mode.
+    pub(crate) fn watermark_read(&self) -> Option<WatermarkRead> {
+        let ReadMode::Watermark { columns, .. } = &self.mode else {
+            return None;
+        };
+        Some(
+            WatermarkRead::new(self.object.clone(), columns.clone())
+                .exclude(self.exclude.clone())
+                .batch_rows(self.batch_rows),
+        )
+    }
+
+    /// The CDC source's configuration; `None` in watermark mode.
+    pub(crate) fn cdc_config(&self) -> Option<CdcConfig> {
+        let (ReadMode::Changes { slot, publication }, SourceObject::Table(t)) =
+            (&self.mode, &self.object)
+        else {
+            return None;
+        };
+        let mut cfg = CdcConfig::new(slot, publication, vec![t.clone()]);
+        cfg.tables = vec![CdcTable {
+            table: t.clone(),
+            exclude_columns: self.exclude.clone(),
+        }];
+        cfg.batch_rows = self.batch_rows;
+        Some(cfg)
+    }
+
+    /// The source table in CDC mode.
+    pub(crate) fn cdc_table(&self) -> Option<&TableRef> {
+        match (&self.mode, &self.object) {
+            (ReadMode::Changes { .. }, SourceObject::Table(t)) => Some(t),
+            _ => None,
+        }
+    }
+}
+
+/// A replication slot or publication name made of `hint` (the streaming table's name):
+/// `strata_` then lower-case letters, digits and `_`, at most 63 characters.
+pub(crate) fn default_slot_name(hint: &str) -> String {
+    let mut name: String = format!("strata_{hint}")
+        .chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9' | '_') => c,
+            _ => '_',
+        })
+        .collect();
+    name.truncate(63);
+    name
+}
+
+/// Checks `rd`'s options; `hint` names the default slot and publication (the streaming
+/// table or flow). The error says which option and what it takes.
+pub(crate) fn database_read(rd: &ReadDatabase, hint: &str) -> Result<DatabaseRead, String> {
+    let get = |k: &str| rd.options.get(k).map(String::as_str);
+    let cdc = match get("mode").map(str::to_ascii_lowercase).as_deref() {
+        None | Some("watermark") => false,
+        Some("cdc") => true,
+        Some(other) => {
+            return Err(format!(
+                "read_database mode '{other}' is not known: 'watermark' (the default) or 'cdc'"
+            ))
+        }
+    };
+    let allowed: &[&str] = if cdc {
+        &CDC_OPTIONS
+    } else {
+        &WATERMARK_OPTIONS
+    };
+    if let Some(k) = rd.options.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(format!(
+            "read_database option '{k}' is not known in {} mode; it takes {}",
+            if cdc { "cdc" } else { "watermark" },
+            allowed.join(", ")
+        ));
+    }
+    let batch_rows = match get("batch_rows") {
+        None => DEFAULT_BATCH_ROWS,
+        Some(n) => match n.parse::<usize>() {
+            Ok(n) if n > 0 => n,
+            _ => return Err(format!("batch_rows '{n}' is not a positive number of rows")),
+        },
+    };
+    if cdc {
+        let table = get("table").ok_or_else(|| {
+            "read_database in cdc mode reads one table: table => 'schema.table'".to_string()
+        })?;
+        let name = default_slot_name(hint);
+        return Ok(DatabaseRead {
+            connection: rd.connection.clone(),
+            object: SourceObject::table(table).map_err(|e| e.to_string())?,
+            exclude: names(get("exclude")),
+            batch_rows,
+            mode: ReadMode::Changes {
+                slot: get("slot").map_or_else(|| name.clone(), str::to_string),
+                publication: get("publication").map_or(name, str::to_string),
+            },
+        });
+    }
+    let object = match (get("table"), get("query")) {
+        (Some(t), None) => SourceObject::table(t).map_err(|e| e.to_string())?,
+        (None, Some(q)) => SourceObject::Query(q.to_string()),
+        _ => {
+            return Err(
+                "read_database reads either table => 'schema.table' or query => 'SELECT ...'"
+                    .to_string(),
+            )
+        }
+    };
+    let watermark = names(get("watermark"));
+    if watermark.is_empty() {
+        return Err(
+            "read_database needs watermark => 'column[, column ...]': the columns whose \
+             growing values say which rows are new (an updated_at timestamp, an id)"
+                .to_string(),
+        );
+    }
+    Ok(DatabaseRead {
+        connection: rd.connection.clone(),
+        object,
+        exclude: names(get("exclude")),
+        batch_rows,
+        mode: ReadMode::Watermark {
+            columns: watermark,
+            overlap: get("overlap").map(parse_overlap).transpose()?,
+        },
+    })
+}
+
+/// `'a, b'` → `["a", "b"]`.
+fn names(list: Option<&str>) -> Vec<String> {
+    list.into_iter()
+        .flat_map(|l| l.split(','))
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// `'500'` (an amount of the watermark's unit, for integer and decimal columns) or
+/// `'10 minutes'` (seconds, minutes, hours, days; for timestamp and date columns).
+pub(crate) fn parse_overlap(text: &str) -> Result<Overlap, String> {
+    let bad = || {
+        format!(
+            "overlap '{text}' is neither a number (for integer watermarks) nor a duration \
+             such as '10 minutes' (seconds, minutes, hours, days)"
+        )
+    };
+    let mut words = text.split_whitespace();
+    let amount = words.next().ok_or_else(bad)?;
+    let unit = words.next();
+    if words.next().is_some() {
+        return Err(bad());
+    }
+    let Some(unit) = unit else {
+        return amount
+            .parse::<i64>()
+            .ok()
+            .filter(|n| *n >= 0)
+            .map(Overlap::Amount)
+            .ok_or_else(bad);
+    };
+    let n = amount.parse::<u64>().map_err(|_| bad())?;
+    let seconds = match unit.to_ascii_lowercase().trim_end_matches('s') {
+        "second" | "sec" => 1,
+        "minute" | "min" => 60,
+        "hour" => 3600,
+        "day" => 86_400,
+        _ => return Err(bad()),
+    };
+    Ok(Overlap::Duration(std::time::Duration::from_secs(
+        n * seconds,
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn rd(options: &[(&str, &str)]) -> ReadDatabase {
+        ReadDatabase {
+            connection: "shop".into(),
+            options: options
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            location: strata_sql::Location::default(),
+        }
+    }
+
+    #[test]
+    fn options_are_checked_into_a_read() {
+        let r = database_read(
+            &rd(&[
+                ("table", "public.orders"),
+                ("watermark", "updated_at, id"),
+                ("exclude", "blob"),
+                ("overlap", "10 minutes"),
+                ("batch_rows", "1000"),
+            ]),
+            "orders_raw",
+        )
+        .unwrap();
+        let ReadMode::Watermark { columns, overlap } = &r.mode else {
+            panic!("not a watermark read");
+        };
+        assert_eq!(columns, &["updated_at", "id"]);
+        assert_eq!(r.exclude, ["blob"]);
+        assert_eq!(overlap, &Some(Overlap::Duration(Duration::from_secs(600))));
+        assert_eq!(r.batch_rows, 1000);
+        assert_eq!(
+            r.object.label(),
+            SourceObject::table("public.orders").unwrap().label()
+        );
+    }
+
+    #[test]
+    fn wrong_options_say_what_is_expected() {
+        let e = |o: &[(&str, &str)]| database_read(&rd(o), "t").unwrap_err();
+        assert!(e(&[("table", "t")]).contains("needs watermark"));
+        assert!(e(&[("watermark", "w")]).contains("either table"));
+        assert!(e(&[("table", "t"), ("query", "q"), ("watermark", "w")]).contains("either"));
+        assert!(e(&[("table", "t"), ("watermark", "w"), ("colour", "red")]).contains("'colour'"));
+        assert!(
+            e(&[("table", "t"), ("watermark", "w"), ("batch_rows", "0")]).contains("batch_rows")
+        );
+    }
+
+    #[test]
+    fn overlaps_are_amounts_or_durations() {
+        assert_eq!(parse_overlap("500"), Ok(Overlap::Amount(500)));
+        assert_eq!(
+            parse_overlap("2 hours"),
+            Ok(Overlap::Duration(Duration::from_secs(7200)))
+        );
+        assert_eq!(
+            parse_overlap("1 day"),
+            Ok(Overlap::Duration(Duration::from_secs(86_400)))
+        );
+        assert!(parse_overlap("-1").is_err());
+        assert!(parse_overlap("10 fortnights").is_err());
+        assert!(parse_overlap("").is_err());
+    }
+}
