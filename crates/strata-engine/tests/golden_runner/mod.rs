@@ -1,0 +1,155 @@
+//! The golden-scenario runner shared by the `golden` and `golden_parallel` test targets: one
+//! test per `tests/scenarios/**/*.scn` file, named by its path there without `.scn`
+//! (`semantics/ties`), run against the real engine on real Delta tables in a temp dir.
+//! The format and how to run, filter and complete scenarios are in `tests/scenarios/README.md`.
+//!
+//! The targets are libtest-mimic harnesses (`harness = false`), so the usual libtest
+//! arguments work: `--list`, a name filter, `--exact`, `--test-threads`.
+//! `STRATA_GOLDEN_COMPLETE=1` rewrites the expected blocks of the scenarios run from their
+//! actual output, in place, for review.
+
+mod run;
+mod scenario;
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Which of the engine's paths the scenarios take. The engine reads
+/// `STRATA_PARALLEL_MIN_ROWS` once per process, so each mode is a test binary of its own.
+pub enum Mode {
+    /// The default threshold: these small inputs take the single-thread fold and write.
+    SingleThread,
+    /// `STRATA_PARALLEL_MIN_ROWS=1`: every fold and write takes the parallel path.
+    Parallel,
+}
+
+pub fn main(mode: Mode) -> ExitCode {
+    // Before anything else runs (no thread exists yet, and the engine has not read it).
+    match mode {
+        Mode::SingleThread => std::env::remove_var("STRATA_PARALLEL_MIN_ROWS"),
+        Mode::Parallel => std::env::set_var("STRATA_PARALLEL_MIN_ROWS", "1"),
+    }
+    let args = Arguments::from_args();
+    if std::env::var_os("STRATA_SCENARIO").is_some() {
+        eprintln!(
+            "STRATA_SCENARIO is no longer read: pass a filter instead, e.g. \
+             `cargo test -p strata-engine --test golden -- semantics/ties`"
+        );
+        return ExitCode::FAILURE;
+    }
+    let complete = match std::env::var("STRATA_GOLDEN_COMPLETE").as_deref() {
+        Err(_) | Ok("") | Ok("0") => false,
+        Ok("1") => true,
+        Ok(other) => {
+            eprintln!("STRATA_GOLDEN_COMPLETE must be 1 (or 0), not `{other}`");
+            return ExitCode::FAILURE;
+        }
+    };
+    let root = repo_root();
+    let scenarios = match discover(&root.join("tests/scenarios")) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("golden scenarios: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let trials = scenarios
+        .into_iter()
+        .map(|(name, path)| {
+            let display = path
+                .strip_prefix(&root)
+                .unwrap_or(&path)
+                .display()
+                .to_string();
+            Trial::test(name, move || scenario_test(&path, &display, complete))
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit_code()
+}
+
+/// The checkout being tested. `cargo test` sets `CARGO_MANIFEST_DIR` when it runs the test,
+/// which names that checkout even when the binary was built from another clone sharing the
+/// same `CARGO_TARGET_DIR`; the path compiled in is the fallback (a binary run directly).
+fn repo_root() -> PathBuf {
+    let crate_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    let root = crate_dir.join("../..");
+    root.canonicalize().unwrap_or(root)
+}
+
+/// Every `*.scn` under `dir`, as (test name, path), sorted. Refuses an empty or missing
+/// folder, and files that are neither scenarios nor notes (`*.md`), so that a misnamed
+/// scenario is not silently skipped. Hidden files and editor backups (`~`) are ignored.
+fn discover(dir: &Path) -> Result<Vec<(String, PathBuf)>, String> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), String> {
+        let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        for e in entries {
+            let p = e.map_err(|e| e.to_string())?.path();
+            let name = p.file_name().unwrap_or_default().to_string_lossy();
+            if name.starts_with('.') || name.ends_with('~') {
+                continue;
+            }
+            if p.is_dir() {
+                walk(&p, out)?;
+            } else if p.extension().is_some_and(|x| x == "scn") {
+                out.push(p);
+            } else if !p.extension().is_some_and(|x| x == "md") {
+                return Err(format!(
+                    "{} is not a scenario: scenario files end in .scn (notes in .md)",
+                    p.display()
+                ));
+            }
+        }
+        Ok(())
+    }
+    let mut files = Vec::new();
+    walk(dir, &mut files)?;
+    if files.is_empty() {
+        return Err(format!("no *.scn files under {}", dir.display()));
+    }
+    files.sort();
+    Ok(files
+        .into_iter()
+        .map(|p| {
+            let name = p
+                .strip_prefix(dir)
+                .expect("under the folder")
+                .with_extension("")
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy())
+                .collect::<Vec<_>>()
+                .join("/");
+            (name, p)
+        })
+        .collect())
+}
+
+/// One scenario file: parse, run, and in completion mode write the completed file back.
+fn scenario_test(path: &Path, display: &str, complete: bool) -> Result<(), Failed> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{display}: {e}"))?;
+    let scenario = scenario::parse(display, &text, complete)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let mut edits = runtime.block_on(run::run(&scenario, display, complete))?;
+    if edits.is_empty() {
+        return Ok(());
+    }
+    let n = edits.len();
+    edits.sort_by_key(|e| std::cmp::Reverse(e.start));
+    let mut lines = scenario.lines;
+    for e in edits {
+        lines.splice(e.start..e.end, e.lines);
+    }
+    let mut out = lines.join("\n");
+    if scenario.ends_with_newline {
+        out.push('\n');
+    }
+    std::fs::write(path, out).map_err(|e| format!("{display}: {e}"))?;
+    eprintln!("completed {display}: {n} block(s) rewritten");
+    Ok(())
+}
