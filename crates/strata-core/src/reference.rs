@@ -65,6 +65,30 @@ fn events_by_key(events: &[RefEvent]) -> Result<BTreeMap<i64, Vec<RefEvent>>, St
     Ok(out)
 }
 
+/// Every conflicting tie (R5) among `events`: the (key, sequence) pairs holding two different
+/// upserts and no delete, once truncates have discarded what they discard (R3). Empty
+/// exactly when [`scd1`] and [`scd2`] succeed; those report only the first.
+pub fn conflicting_ties(events: &[RefEvent]) -> Vec<(i64, i64)> {
+    let watermark = events
+        .iter()
+        .filter(|e| e.kind == EventKind::Truncate)
+        .map(|e| e.seq)
+        .max();
+    let mut tied: BTreeMap<(i64, i64), Vec<&RefEvent>> = BTreeMap::new();
+    for e in events {
+        if e.kind == EventKind::Truncate || watermark.is_some_and(|t| e.seq <= t) {
+            continue;
+        }
+        tied.entry((e.key, e.seq)).or_default().push(e);
+    }
+    tied.into_iter()
+        .filter(|(_, evs)| {
+            evs.iter().all(|e| e.kind != EventKind::Delete) && evs.iter().any(|e| *e != evs[0])
+        })
+        .map(|(at, _)| at)
+        .collect()
+}
+
 fn fill(flow: &RefFlow, new: &[Value], old: &[Value]) -> Vec<Value> {
     new.iter()
         .zip(old)

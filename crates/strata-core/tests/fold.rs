@@ -247,4 +247,22 @@ proptest! {
             Err(_) => prop_assert!(want1.is_err() && want2.is_err()),
         }
     }
+
+    /// `conflicting_ties`, which the engine property tests use to predict a failing run,
+    /// lists exactly the ties the reference folds reject.
+    #[test]
+    fn conflicting_ties_are_exactly_the_errors(
+        events in proptest::collection::vec(arb_event(), 0..30),
+    ) {
+        let flow = RefFlow { ignore_null_updates: false, tracked: vec![true, true] };
+        let ties = reference::conflicting_ties(&events);
+        match reference::scd1(&flow, &events) {
+            Ok(_) => prop_assert!(ties.is_empty(), "{:?}", ties),
+            Err(e) => prop_assert!(
+                ties.iter().any(|(k, s)| e == format!("conflicting tie at key {k} seq {s}")),
+                "{} not in {:?}", e, ties
+            ),
+        }
+        prop_assert_eq!(reference::scd2(&flow, &events).is_ok(), ties.is_empty());
+    }
 }
