@@ -37,6 +37,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo test"
 cargo test --workspace --locked
 
+step "examples/postgres_shop (its own PostgreSQL, two runs, the history it keeps)"
+examples/postgres_shop/run.sh > /dev/null
+
 if [ -x benchmarks/selftest.sh ]; then
   step "benchmark harness self-test (small workload, debug binary)"
   STRATA_BIN="$CARGO_TARGET_DIR/debug/strata" benchmarks/selftest.sh

@@ -1003,3 +1003,77 @@ fn yaml_spec_schema_holds_unqualified_names() {
         stdout(&out)
     );
 }
+
+/// An object-storage URL is refused by name (exit 2) instead of becoming a local folder
+/// called `s3:`; a `file://` URL is a folder.
+#[test]
+fn object_storage_warehouses_are_refused_and_file_urls_are_folders() {
+    let p = Project::new(PIPELINE);
+    let out = p.strata(&["run", "pipeline.sql", "--warehouse", "s3://lake/wh"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("s3://lake/wh") && stderr(&out).contains("not supported"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!p.path("s3:").exists(), "a folder named s3: was created");
+    let url = format!("file://{}", p.path("wh").display());
+    p.file("data/cdc/001.json", BATCH1);
+    p.ok(&["run", "pipeline.sql", "--warehouse", &url]);
+    assert!(p.path("wh/default/users").exists());
+}
+
+/// Unity Catalog's three-part names: the warehouse is the catalog `main` (and `strata`) in
+/// queries and `validate`; another catalog is named in the error.
+#[test]
+fn three_part_names_reach_the_warehouse_as_catalog_main() {
+    let p = Project::new(PIPELINE);
+    p.file("data/cdc/001.json", BATCH1);
+    p.ok(&["run", "pipeline.sql"]);
+    let main = p.csv("SELECT count(*) AS n FROM main.default.users");
+    assert_eq!(main, p.csv("SELECT count(*) AS n FROM default.users"));
+    assert_eq!(
+        main,
+        p.csv("SELECT count(*) AS n FROM strata.default.users")
+    );
+    assert!(p.ok(&["validate", "main.default.users"]).contains("ok"));
+    let out = p.strata(&["validate", "hive.default.users"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("catalog hive is not this warehouse"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// Time travel as Databricks spells it: `VERSION AS OF` and `TIMESTAMP AS OF` in queries.
+#[test]
+fn version_and_timestamp_as_of_read_the_table_as_it_was() {
+    let p = Project::new(PIPELINE);
+    p.file("data/cdc/001.json", BATCH1);
+    p.ok(&["run", "pipeline.sql"]);
+    let first = p.csv("SELECT count(*) AS n FROM users_cdc");
+    p.file("data/cdc/002.json", BATCH2);
+    p.ok(&["run", "pipeline.sql"]);
+    assert_ne!(p.csv("SELECT count(*) AS n FROM users_cdc"), first);
+    // Version 0 created the table; version 1 took the first file.
+    assert_eq!(
+        p.csv("SELECT count(*) AS n FROM users_cdc VERSION AS OF 1"),
+        first
+    );
+    assert_eq!(
+        p.csv("SELECT count(*) AS n FROM main.default.users_cdc VERSION AS OF 1 AS c WHERE c.userId > 0"),
+        first
+    );
+    assert_eq!(
+        p.csv("SELECT count(*) AS n FROM users_cdc TIMESTAMP AS OF '2100-01-01'"),
+        p.csv("SELECT count(*) AS n FROM users_cdc")
+    );
+    let out = p.strata(&["query", "SELECT * FROM users_cdc VERSION AS OF 99"]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        stderr(&out).contains("VERSION AS OF 99"),
+        "{}",
+        stderr(&out)
+    );
+}

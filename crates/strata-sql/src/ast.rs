@@ -33,6 +33,44 @@ pub struct TableName {
 impl TableName {
     pub const DEFAULT_SCHEMA: &'static str = "default";
 
+    /// The names the warehouse answers to as a catalog in three-part names
+    /// (`main.default.users`): `main`, Unity Catalog's default, and `strata`.
+    pub const CATALOGS: [&'static str; 2] = ["main", "strata"];
+
+    /// `name`, `schema.name`, `LIVE.name` or `catalog.schema.name` (the catalog one of
+    /// [`TableName::CATALOGS`]) from its parts; unqualified names go to `default_schema`.
+    pub fn from_parts(parts: &[&str], default_schema: &str) -> Result<Self, String> {
+        match parts {
+            [name] => Ok(TableName::new(Some(default_schema), name)),
+            [schema, name] if schema.eq_ignore_ascii_case("live") => {
+                Ok(TableName::new(Some(default_schema), name))
+            }
+            [schema, name] => Ok(TableName::new(Some(schema), name)),
+            [catalog, schema, name]
+                if Self::CATALOGS
+                    .iter()
+                    .any(|c| c.eq_ignore_ascii_case(catalog)) =>
+            {
+                Ok(TableName::new(Some(schema), name))
+            }
+            [catalog, _, _] => Err(format!(
+                "'{}': catalog {catalog} is not this warehouse; its catalog is called {}",
+                parts.join("."),
+                Self::CATALOGS.join(" or ")
+            )),
+            _ => Err(format!(
+                "'{}' is not a table name (name, schema.name or catalog.schema.name)",
+                parts.join(".")
+            )),
+        }
+    }
+
+    /// [`TableName::from_parts`] of a dotted name (no quoting).
+    pub fn parse(text: &str, default_schema: &str) -> Result<Self, String> {
+        let parts: Vec<&str> = text.split('.').map(str::trim).collect();
+        Self::from_parts(&parts, default_schema)
+    }
+
     pub fn new(schema: Option<&str>, name: &str) -> Self {
         TableName {
             schema: schema.unwrap_or(Self::DEFAULT_SCHEMA).to_string(),
@@ -239,6 +277,9 @@ pub enum FileFormat {
     Json,
     Csv,
     Parquet,
+    /// Debezium change events, one JSON envelope per line: read into the table's columns
+    /// and the change columns (`_change_type`, `_commit_lsn`, ...), as database CDC.
+    Debezium,
 }
 
 /// `read_files(path, format => 'json', schema => 'a INT, b STRING', header => true, ...)`.

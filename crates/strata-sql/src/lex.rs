@@ -124,6 +124,21 @@ pub(crate) fn tokenize(src: &Source, text: &str) -> Result<Vec<TokenWithSpan>> {
             lower_first(&mut message);
             src.error(location(e.location), message)
         })?;
+    if let Some((quote, at)) = tokens.iter().find_map(|t| match t.token {
+        Token::Char(c @ ('\u{2018}' | '\u{2019}' | '\u{201C}' | '\u{201D}')) => {
+            Some((c, t.span.start))
+        }
+        _ => None,
+    }) {
+        return Err(src.error(
+            location(at),
+            format!(
+                "{quote} is a typographic (curly) quote, as web pages and word processors \
+                 write them; SQL needs straight quotes: 'text' for a string, `name` for an \
+                 identifier (replace every \u{2018} \u{2019} \u{201C} \u{201D} in the text)"
+            ),
+        ));
+    }
     Ok(tokens
         .into_iter()
         .filter(|t| !matches!(t.token, Token::Whitespace(_)))

@@ -146,17 +146,8 @@ fn table_name(c: &mut Cursor, what: &str) -> Result<(TableName, Location)> {
 }
 
 fn resolve_table_name(parts: &[String], default: &str) -> std::result::Result<TableName, String> {
-    match parts {
-        [name] => Ok(TableName::new(Some(default), name)),
-        [schema, name] if schema.eq_ignore_ascii_case("live") => {
-            Ok(TableName::new(Some(default), name))
-        }
-        [schema, name] => Ok(TableName::new(Some(schema), name)),
-        _ => Err(format!(
-            "'{}': catalog-qualified names (catalog.schema.table) are not supported",
-            parts.join(".")
-        )),
-    }
+    let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+    TableName::from_parts(&parts, default)
 }
 
 /// `a, b, c`: one or more identifiers.
@@ -856,10 +847,13 @@ fn read_files(src: &Source, args: &TableFunctionArgs, at: Location) -> Result<Re
                     "json" => FileFormat::Json,
                     "csv" => FileFormat::Csv,
                     "parquet" => FileFormat::Parquet,
+                    "debezium" => FileFormat::Debezium,
                     _ => {
                         return Err(src.error(
                             value_at,
-                            format!("unknown format '{value}': expected json, csv or parquet"),
+                            format!(
+                                "unknown format '{value}': expected json, csv, parquet or debezium"
+                            ),
                         ))
                     }
                 })
@@ -900,7 +894,7 @@ fn read_files(src: &Source, args: &TableFunctionArgs, at: Location) -> Result<Re
     let Some(format) = format else {
         return Err(src.error(
             at,
-            "read_files needs a format option: format => 'json', 'csv' or 'parquet'",
+            "read_files needs a format option: format => 'json', 'csv', 'parquet' or 'debezium'",
         ));
     };
     Ok(ReadFiles {

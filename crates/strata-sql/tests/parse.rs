@@ -521,7 +521,7 @@ fn syntax_errors_name_what_was_expected() {
         (
             "CREATE FLOW f AS AUTO CDC INTO a.b.c FROM s KEYS (id) SEQUENCE BY x",
             (1, 32),
-            "'a.b.c': catalog-qualified names (catalog.schema.table) are not supported",
+            "'a.b.c': catalog a is not this warehouse; its catalog is called main or strata",
         ),
         (
             "CREATE STREAMING TABLE t AS SELECT 'unterminated",
@@ -933,4 +933,26 @@ fn database_sources_name_a_declared_connection_once() {
         "CREATE STREAMING TABLE o AS SELECT * FROM STREAM read_database(table => 't');",
     );
     assert!(msg.contains("needs a connection name"), "{msg}");
+}
+
+#[test]
+fn three_part_names_in_the_warehouse_catalog_and_curly_quotes() {
+    let flow = only_flow(
+        "CREATE FLOW f AS AUTO CDC INTO main.cdc_data.users FROM STREAM(strata.cdc_data.raw) \
+         KEYS (id) SEQUENCE BY ts",
+    );
+    assert_eq!(flow.target, TableName::new(Some("cdc_data"), "users"));
+    assert_eq!(flow.source, TableName::new(Some("cdc_data"), "raw"));
+    let (line, column, msg, _) = syntax_error(
+        "CREATE FLOW f AS AUTO CDC INTO t FROM s KEYS (id)\n\
+         APPLY AS DELETE WHEN operation = \u{2018}DELETE\u{2019} SEQUENCE BY ts",
+    );
+    assert_eq!((line, column), (2, 34));
+    assert!(
+        msg.contains("curly") && msg.contains("straight quotes"),
+        "{msg}"
+    );
+    // Inside a string they are just text.
+    let t = only_table("CREATE STREAMING TABLE t AS SELECT 'it\u{2019}s' AS s FROM STREAM(src)");
+    assert!(t.query.unwrap().sql.contains('\u{2019}'));
 }

@@ -7,10 +7,10 @@ use strata_sql::{Node, PipelinePlan, TableName};
 
 /// `schema.name` or `name` (in `default_schema`) as a table name.
 fn parse_table_name(s: &str, default_schema: &str) -> TableName {
-    match s.split_once('.') {
+    TableName::parse(s, default_schema).unwrap_or_else(|_| match s.split_once('.') {
         Some((schema, name)) => TableName::new(Some(schema), name),
         None => TableName::new(Some(default_schema), s),
-    }
+    })
 }
 
 /// The nodes that read, directly or not, what `start` writes (`start` included).

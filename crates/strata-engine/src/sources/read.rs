@@ -278,6 +278,25 @@ mod tests {
         assert!(
             e(&[("table", "t"), ("watermark", "w"), ("batch_rows", "0")]).contains("batch_rows")
         );
+        assert!(e(&[("mode", "cdc")]).contains("table =>"));
+        assert!(e(&[("mode", "cdc"), ("table", "t"), ("watermark", "w")]).contains("cdc mode"));
+        assert!(e(&[("mode", "log")]).contains("'log'"));
+    }
+
+    #[test]
+    fn cdc_reads_name_their_slot_after_the_table() {
+        let r = database_read(
+            &rd(&[("mode", "cdc"), ("table", "public.orders")]),
+            "default.Orders-Raw",
+        )
+        .unwrap();
+        let ReadMode::Changes { slot, publication } = &r.mode else {
+            panic!("not cdc");
+        };
+        assert_eq!(slot, "strata_default_orders_raw");
+        assert_eq!(publication, slot);
+        assert_eq!(r.cdc_config().unwrap().tables[0].table.name, "orders");
+        assert_eq!(default_slot_name(&"x".repeat(100)).len(), 63);
     }
 
     #[test]

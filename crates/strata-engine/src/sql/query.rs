@@ -35,10 +35,8 @@ pub async fn query(wh: &Warehouse, sql: &str) -> Result<(SchemaRef, Vec<RecordBa
 /// Checks an SCD2 table: at most one open version per key, no overlapping intervals,
 /// `__START_AT < __END_AT`.
 pub async fn validate(wh: &Warehouse, name: &str) -> Result<Vec<Violation>> {
-    let table_name = match name.split_once('.') {
-        Some((s, n)) => TableName::new(Some(s), n),
-        None => TableName::new(None, name),
-    };
+    let table_name =
+        TableName::parse(name, TableName::DEFAULT_SCHEMA).map_err(EngineError::NotFound)?;
     let table = wh.open_table(&table_name).await?.ok_or_else(|| {
         EngineError::NotFound(format!("no table {table_name} in {}", wh.root().display()))
     })?;

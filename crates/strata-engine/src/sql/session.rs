@@ -63,9 +63,13 @@ pub(crate) async fn rewrite(
     sql: &str,
     schema: &str,
 ) -> Result<String> {
-    let sql = crate::sql::as_of::rewrite_as_of(wh, sql, schema)
+    let sql = crate::sql::catalog::rewrite_catalog(sql)?.unwrap_or_else(|| sql.to_string());
+    let sql = crate::sql::time_travel::rewrite_time_travel(wh, ctx, &sql, schema)
         .await?
-        .unwrap_or_else(|| sql.to_string());
+        .unwrap_or(sql);
+    let sql = crate::sql::as_of::rewrite_as_of(wh, &sql, schema)
+        .await?
+        .unwrap_or(sql);
     Ok(
         crate::sql::table_changes::rewrite_table_changes(wh, ctx, &sql, schema)
             .await?
@@ -81,7 +85,8 @@ pub(crate) fn rewrite_shape(
     schema: &str,
     shapes: &Shapes,
 ) -> Result<String> {
-    let sql = crate::sql::as_of::shape_as_of(sql)?.unwrap_or_else(|| sql.to_string());
+    let sql = crate::sql::catalog::rewrite_catalog(sql)?.unwrap_or_else(|| sql.to_string());
+    let sql = crate::sql::as_of::shape_as_of(&sql)?.unwrap_or(sql);
     Ok(crate::sql::table_changes::shape_table_changes(ctx, &sql, schema, shapes)?.unwrap_or(sql))
 }
 

@@ -7,7 +7,7 @@
 //!
 //! Folders starting with `_` or `.` at the top level are strata's own and are not tables.
 
-use crate::error::{Context, Result};
+use crate::error::{Context, EngineError, Result};
 use crate::storage::table::open_delta;
 use deltalake::DeltaTable;
 use std::path::{Path, PathBuf};
@@ -16,6 +16,32 @@ use strata_sql::TableName;
 
 /// The name `strata query` knows the event log by.
 pub const EVENT_LOG_TABLE: &str = "event_log";
+
+/// `path` as a local folder: itself, or the path of a `file://` URL. A URL of another
+/// scheme is an error naming it.
+pub(crate) fn local_path(path: &Path, what: &str) -> Result<PathBuf> {
+    let text = path.to_string_lossy();
+    let Some((scheme, rest)) = text.split_once("://") else {
+        return Ok(path.to_path_buf());
+    };
+    let is_scheme = !scheme.is_empty()
+        && scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    match (is_scheme, scheme.to_ascii_lowercase().as_str()) {
+        (false, _) => Ok(path.to_path_buf()),
+        (true, "file") => Ok(PathBuf::from(if rest.starts_with('/') {
+            rest.to_string()
+        } else {
+            format!("/{rest}")
+        })),
+        (true, other) => Err(EngineError::NotFound(format!(
+            "{what} {text}: {other}:// is object storage, and this strata reads and writes a \
+             local or mounted file system only (object storage is not supported yet); give a \
+             folder, or mount the bucket and give its path"
+        ))),
+    }
+}
 
 /// A folder of Delta tables.
 #[derive(Debug, Clone)]
@@ -27,9 +53,12 @@ pub struct Warehouse {
 }
 
 impl Warehouse {
-    /// Opens (and creates, if missing) the warehouse folder.
+    /// Opens (and creates, if missing) the warehouse folder. A `file://` URL names a local
+    /// folder; other URLs (object storage) are refused, saying so, rather than taken for a
+    /// local folder named `s3:`.
     pub fn open(root: impl AsRef<Path>) -> Result<Self> {
-        let root = root.as_ref();
+        let local = local_path(root.as_ref(), "warehouse")?;
+        let root = local.as_path();
         std::fs::create_dir_all(root)
             .context(|| format!("cannot create warehouse folder {}", root.display()))?;
         let root = std::fs::canonicalize(root)
@@ -122,4 +151,33 @@ fn read_dir_sorted(dir: &Path) -> Result<Vec<PathBuf>> {
 fn visible_dir_name(path: &Path) -> Option<String> {
     let name = path.file_name()?.to_str()?;
     (path.is_dir() && !name.starts_with('_') && !name.starts_with('.')).then(|| name.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_urls_are_folders_and_object_storage_is_refused_by_name() {
+        assert_eq!(
+            local_path(Path::new("wh"), "w").unwrap(),
+            PathBuf::from("wh")
+        );
+        assert_eq!(
+            local_path(Path::new("file:///tmp/wh"), "w").unwrap(),
+            PathBuf::from("/tmp/wh")
+        );
+        let e = local_path(Path::new("s3://lake/wh"), "warehouse")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("s3://lake/wh") && e.contains("not supported"),
+            "{e}"
+        );
+        assert!(local_path(Path::new("abfss://c@a.dfs.core.windows.net/wh"), "w").is_err());
+        assert_eq!(
+            local_path(Path::new("odd dir://x"), "w").unwrap(),
+            PathBuf::from("odd dir://x")
+        );
+    }
 }

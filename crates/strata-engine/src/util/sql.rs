@@ -67,3 +67,35 @@ pub(crate) fn statements_sql(
         .collect::<Vec<_>>()
         .join("; ")
 }
+
+/// Byte offsets of line starts, to turn token locations (1-based line and column in
+/// characters) into byte offsets.
+pub(crate) struct LineOffsets<'a> {
+    text: &'a str,
+    starts: Vec<usize>,
+}
+
+impl<'a> LineOffsets<'a> {
+    pub(crate) fn new(text: &'a str) -> Self {
+        let mut starts = vec![0];
+        starts.extend(text.match_indices('\n').map(|(i, _)| i + 1));
+        LineOffsets { text, starts }
+    }
+
+    pub(crate) fn at(
+        &self,
+        l: deltalake::datafusion::sql::sqlparser::tokenizer::Location,
+    ) -> usize {
+        let start = self
+            .starts
+            .get((l.line as usize).saturating_sub(1))
+            .copied()
+            .unwrap_or(self.text.len());
+        let line = &self.text[start..];
+        start
+            + line
+                .char_indices()
+                .nth((l.column as usize).saturating_sub(1))
+                .map_or(line.len(), |(i, _)| i)
+    }
+}

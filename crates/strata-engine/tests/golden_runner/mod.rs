@@ -16,7 +16,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// Which of the engine's paths the scenarios take. The engine reads
-/// `STRATA_PARALLEL_MIN_ROWS` once per process, so each mode is a test binary of its own.
+/// `STRATA_PARALLEL_MIN_ROWS` once per process, so each mode is a test binary of its own
+/// (and each binary constructs only its own variant).
+#[allow(dead_code)]
 pub enum Mode {
     /// The default threshold: these small inputs take the single-thread fold and write.
     SingleThread,
@@ -95,7 +97,7 @@ fn discover(dir: &Path) -> Result<Vec<(String, PathBuf)>, String> {
                 walk(&p, out)?;
             } else if p.extension().is_some_and(|x| x == "scn") {
                 out.push(p);
-            } else if !p.extension().is_some_and(|x| x == "md") {
+            } else if p.extension().is_none_or(|x| x != "md") {
                 return Err(format!(
                     "{} is not a scenario: scenario files end in .scn (notes in .md)",
                     p.display()

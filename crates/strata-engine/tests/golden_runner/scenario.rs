@@ -20,7 +20,10 @@ pub enum Step {
     /// `pipeline`: the text of `pipeline.sql`.
     Pipeline(String),
     /// `file PATH`: an input file relative to the scenario's temp dir.
-    File { path: String, content: String },
+    File {
+        path: String,
+        content: String,
+    },
     Run(Run),
     /// `query [rowsort] SQL`: the expected output is a header line, then the rows.
     Query {
@@ -29,12 +32,19 @@ pub enum Step {
         expected: Expected,
     },
     /// `validate TABLE`: `ok` or one `key: problem` line per violation, in any order.
-    Validate { table: String, expected: Expected },
+    Validate {
+        table: String,
+        expected: Expected,
+    },
 }
 
-/// `run [spec=FILE] [select=NAME[+]] [full-refresh[=t1,t2]] [error TEXT]`.
+/// `run [spec=FILE] [select=NAME[+]] [full-refresh[=t1,t2]] [committed=t1,t2] [error TEXT]`.
 pub struct Run {
     pub spec: Option<String>,
+    /// Tables a failing run may still commit to: datasets before the failing one that took
+    /// their input in that run (each dataset commits on its own, as in Lakeflow), as
+    /// `name` (schema `default`) or `schema.name`.
+    pub committed: Vec<String>,
     pub select: Option<Selection>,
     pub full_refresh: Option<Vec<String>>,
     /// `Some` when the run must fail with a message containing the text. The text is empty
@@ -190,6 +200,7 @@ fn parse_block(lines: &[String], start: usize, end: usize, complete: bool) -> Re
 fn parse_run(raw: &str, rest: &str, complete: bool) -> Result<Run, String> {
     let mut run = Run {
         spec: None,
+        committed: Vec::new(),
         select: None,
         full_refresh: None,
         error: None,
@@ -219,7 +230,12 @@ fn parse_run(raw: &str, rest: &str, complete: bool) -> Result<Run, String> {
         if let Some(file) = word.strip_prefix("spec=") {
             run.spec = Some(file.to_string());
         } else if let Some(sel) = word.strip_prefix("select=") {
-            run.select = Some(sel.parse().map_err(|e: String| format!("select={sel}: {e}"))?);
+            run.select = Some(
+                sel.parse()
+                    .map_err(|e: String| format!("select={sel}: {e}"))?,
+            );
+        } else if let Some(list) = word.strip_prefix("committed=") {
+            run.committed = list.split(',').map(str::to_string).collect();
         } else if word == "full-refresh" {
             run.full_refresh = Some(Vec::new());
         } else if let Some(list) = word.strip_prefix("full-refresh=") {
@@ -227,7 +243,7 @@ fn parse_run(raw: &str, rest: &str, complete: bool) -> Result<Run, String> {
         } else {
             return Err(format!(
                 "unknown run option `{word}` (spec=FILE, select=NAME[+], \
-                 full-refresh[=t1,t2], error TEXT)"
+                 full-refresh[=t1,t2], committed=t1,t2, error TEXT)"
             ));
         }
         remaining = tail;

@@ -41,7 +41,7 @@ pub(crate) fn mode(spec: &ReadFiles) -> Result<Mode> {
     let rescued = spec.other_options.get("rescueddatacolumn").cloned();
     match (&spec.schema, spec.format, rescued) {
         (Some(_), _, None) => Ok(Mode::Declared),
-        (_, FileFormat::Parquet, _) => Ok(Mode::Declared),
+        (_, FileFormat::Parquet | FileFormat::Debezium, _) => Ok(Mode::Declared),
         (schema, _, rescued) => {
             if spec.format == FileFormat::Csv && !spec.header {
                 return Err(EngineError::plan(format!(
@@ -191,7 +191,7 @@ pub(crate) fn infer(
                     add(f.name(), t);
                 }
             }
-            FileFormat::Parquet => {}
+            FileFormat::Parquet | FileFormat::Debezium => {}
         }
     }
     Ok(columns

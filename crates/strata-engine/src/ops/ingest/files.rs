@@ -2,6 +2,8 @@
 
 use crate::error::{Context, EngineError, Result};
 use crate::ops::ingest::arrow_schema;
+use deltalake::arrow::array::RecordBatch;
+use deltalake::arrow::datatypes::{Schema, SchemaRef};
 use deltalake::datafusion::prelude::CsvReadOptions;
 use deltalake::datafusion::prelude::DataFrame;
 use deltalake::datafusion::prelude::JsonReadOptions;
@@ -9,6 +11,7 @@ use deltalake::datafusion::prelude::ParquetReadOptions;
 use deltalake::datafusion::prelude::SessionContext;
 use std::path::Path;
 use std::path::PathBuf;
+use std::sync::Arc;
 use strata_sql::FileFormat;
 use strata_sql::ReadFiles;
 
@@ -88,6 +91,40 @@ pub(crate) async fn read_file(
             }
             ctx.read_parquet(path_str, opts).await
         }
+        FileFormat::Debezium => return read_debezium(ctx, path, schema),
     };
     result.map_err(|e| EngineError::BadInput(format!("file {}: {e}", path.display())))
+}
+
+/// One Debezium change file (JSON lines) as a DataFrame in the row shape of database CDC:
+/// the table's columns (from the embedded schema, else `declared`), then the change columns.
+fn read_debezium(
+    ctx: &SessionContext,
+    path: &Path,
+    declared: Option<SchemaRef>,
+) -> Result<DataFrame> {
+    let bad = |e: String| EngineError::BadInput(format!("file {}: {e}", path.display()));
+    let bytes = std::fs::read(path).context(|| format!("cannot read {}", path.display()))?;
+    let options = strata_sources::DebeziumOptions {
+        schema: declared.clone(),
+        ..Default::default()
+    };
+    let batches = strata_sources::read_debezium(&bytes, &path.display().to_string(), options)
+        .map_err(|e| bad(e.to_string()))?;
+    let batches = match (batches.is_empty(), declared) {
+        (false, _) => batches,
+        // Only tombstones or messages: no rows, in the declared columns.
+        (true, Some(table)) => {
+            let mut fields: Vec<_> = table.fields().iter().map(|f| f.as_ref().clone()).collect();
+            fields.extend(strata_sources::change_meta_fields());
+            vec![RecordBatch::new_empty(Arc::new(Schema::new(fields)))]
+        }
+        (true, None) => {
+            return Err(bad(
+                "no change event to learn the table's columns from; give them with schema => '...'"
+                    .into(),
+            ))
+        }
+    };
+    ctx.read_batches(batches).map_err(|e| bad(e.to_string()))
 }

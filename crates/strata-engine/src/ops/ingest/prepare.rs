@@ -135,7 +135,10 @@ pub(crate) async fn prepare_ingest(
     let existing_table = wh.open_table(&table.name).await?;
     let (source, input_schema) = match &query.source {
         QuerySource::ReadFiles(spec) => {
-            let dir = pipeline_dir.join(&spec.path);
+            let dir = pipeline_dir.join(crate::storage::warehouse::local_path(
+                Path::new(&spec.path),
+                "read_files path",
+            )?);
             if !dir.exists() {
                 return Err(setup.err(format!("read_files path {} does not exist", dir.display())));
             }
@@ -152,6 +155,16 @@ pub(crate) async fn prepare_ingest(
             let mut pending = None;
             let schema = match &mode {
                 autoload::Mode::Declared => match &spec.schema {
+                    // Debezium's declared columns are the table's; the change columns follow.
+                    Some(cols) if spec.format == strata_sql::FileFormat::Debezium => {
+                        let mut fields: Vec<Field> = arrow_schema(cols)
+                            .fields()
+                            .iter()
+                            .map(|f| f.as_ref().clone())
+                            .collect();
+                        fields.extend(strata_sources::change_meta_fields());
+                        Some(Arc::new(Schema::new(fields)))
+                    }
                     Some(cols) => Some(arrow_schema(cols)),
                     None => match list_files(&dir)?.first() {
                         Some(first) => {
