@@ -12,14 +12,15 @@ fn quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
 }
 
-/// Prints the records of the last `last` runs (only `flow`'s records, if given).
-pub async fn show(wh: &Warehouse, last: usize, flow: Option<&str>) -> Result<(), BoxError> {
+/// The records of the last `last` runs (only `flow`'s records, if given), oldest run first;
+/// `None` when nothing was recorded yet.
+pub async fn records(
+    wh: &Warehouse,
+    last: usize,
+    flow: Option<&str>,
+) -> Result<Option<(deltalake::arrow::datatypes::SchemaRef, Vec<RecordBatch>)>, BoxError> {
     if !wh.root().join("_strata").join("event_log").exists() {
-        println!(
-            "no runs recorded yet in {} (the event log is written by `strata run`)",
-            wh.root().display()
-        );
-        return Ok(());
+        return Ok(None);
     }
     let filter = flow
         .map(|f| format!("WHERE flow = {}", quote(f)))
@@ -36,7 +37,18 @@ pub async fn show(wh: &Warehouse, last: usize, flow: Option<&str>) -> Result<(),
         flow.map(|f| format!("WHERE e.flow = {}", quote(f)))
             .unwrap_or_default()
     );
-    let (_, batches) = strata_engine::query(wh, &sql).await?;
+    Ok(Some(strata_engine::query(wh, &sql).await?))
+}
+
+/// Prints the records of the last `last` runs (only `flow`'s records, if given).
+pub async fn show(wh: &Warehouse, last: usize, flow: Option<&str>) -> Result<(), BoxError> {
+    let Some((_, batches)) = records(wh, last, flow).await? else {
+        println!(
+            "no runs recorded yet in {} (the event log is written by `strata run`)",
+            wh.root().display()
+        );
+        return Ok(());
+    };
     let mut out = std::io::stdout().lock();
     let mut current_run = String::new();
     let mut shown = 0usize;

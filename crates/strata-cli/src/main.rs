@@ -8,6 +8,7 @@
 //! print their whole chain on one line.
 
 mod events;
+mod graph;
 mod progress;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -78,6 +79,9 @@ enum Command {
         /// Only this flow's (or dataset's own query's) records.
         #[arg(long, value_name = "NAME")]
         flow: Option<String>,
+        /// `text`: one block per run; `json`: JSON Lines, one record per line.
+        #[arg(long, value_enum, default_value_t = EventsFormat::Text)]
+        format: EventsFormat,
     },
     /// Print a pipeline's dataset graph in execution order; runs nothing.
     Plan {
@@ -138,6 +142,18 @@ enum PlanFormat {
     /// One numbered line per step.
     Text,
     /// JSON Lines: one object per step.
+    Json,
+    /// Graphviz: `strata plan p.sql --format dot | dot -Tsvg > plan.svg`.
+    Dot,
+    /// A Mermaid flowchart (renders in GitHub and GitLab markdown).
+    Mermaid,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum EventsFormat {
+    /// One block per run, one line per dataset or flow.
+    Text,
+    /// JSON Lines: one event-log record per line.
     Json,
 }
 
@@ -277,10 +293,20 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
             warehouse,
             last,
             flow,
+            format,
         } => {
             let wh = warehouse.open()?;
             let last = last.unwrap_or(if flow.is_some() { 10 } else { 1 });
-            events::show(&wh, last, flow.as_deref()).await?;
+            match format {
+                EventsFormat::Text => events::show(&wh, last, flow.as_deref()).await?,
+                EventsFormat::Json => {
+                    if let Some((schema, batches)) =
+                        events::records(&wh, last, flow.as_deref()).await?
+                    {
+                        write_batches(&schema, &batches, Format::Json)?;
+                    }
+                }
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Plan {
@@ -427,6 +453,8 @@ fn print_plan(
                 writeln!(out, "{}", serde_json::to_string(step)?)?;
             }
         }
+        PlanFormat::Dot => write!(out, "{}", graph::dot(steps))?,
+        PlanFormat::Mermaid => write!(out, "{}", graph::mermaid(steps))?,
         PlanFormat::Text => {
             match &loaded.name {
                 Some(name) => writeln!(

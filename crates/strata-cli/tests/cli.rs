@@ -1077,3 +1077,34 @@ fn version_and_timestamp_as_of_read_the_table_as_it_was() {
         stderr(&out)
     );
 }
+
+/// `plan --format dot | mermaid` draw the dataset graph of the real pipeline.
+#[test]
+fn plan_draws_the_dataset_graph() {
+    let p = Project::new(PIPELINE);
+    let dot = p.ok(&["plan", "pipeline.sql", "--format", "dot"]);
+    assert!(dot.starts_with("digraph pipeline {"), "{dot}");
+    assert!(
+        dot.contains("\"default.users_cdc\" -> \"default.users\" [label=\"auto_cdc users_flow\"];"),
+        "{dot}"
+    );
+    let mermaid = p.ok(&["plan", "pipeline.sql", "--format", "mermaid"]);
+    assert!(mermaid.starts_with("flowchart LR\n"), "{mermaid}");
+    assert_eq!(mermaid.matches("-->").count(), 2, "{mermaid}");
+}
+
+/// `events --format json`: one JSON object per event-log record of the last run.
+#[test]
+fn events_print_as_json_lines() {
+    let p = Project::new(PIPELINE);
+    p.file("data/cdc/001.json", BATCH1);
+    p.ok(&["run", "pipeline.sql"]);
+    let out = p.ok(&["events", "--format", "json"]);
+    let records: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(records.len(), 2, "{out}");
+    assert!(records.iter().all(|r| r["status"] == "COMPLETED"), "{out}");
+    assert!(records.iter().any(|r| r["flow"] == "users_flow"), "{out}");
+}
