@@ -8,7 +8,7 @@
 //! value of its own (`current_timestamp()`) makes every re-read row new.
 
 use crate::error::{Context, EngineError, Result};
-use deltalake::arrow::array::{new_null_array, BooleanArray, RecordBatch};
+use deltalake::arrow::array::{BooleanArray, RecordBatch};
 use deltalake::arrow::compute::filter_record_batch;
 use deltalake::arrow::datatypes::{DataType, SchemaRef};
 use deltalake::arrow::row::{RowConverter, SortField};
@@ -139,17 +139,7 @@ pub(crate) async fn rows_from(
     // By name: a column the table gained in this run (schema evolution) is NULL in its rows.
     let batches = batches
         .iter()
-        .map(|b| {
-            let columns = rows
-                .fields()
-                .iter()
-                .map(|f| match b.schema().index_of(f.name()) {
-                    Ok(i) => b.column(i).clone(),
-                    Err(_) => new_null_array(f.data_type(), b.num_rows()),
-                })
-                .collect();
-            crate::util::arrow::cast_columns(columns, rows)
-        })
+        .map(|b| crate::util::arrow::align_by_name(b, rows))
         .collect::<Result<Vec<_>>>()?;
     Seen::new(rows, &batches)
 }

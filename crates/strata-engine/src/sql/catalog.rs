@@ -3,10 +3,9 @@
 //! is rewritten to `strata.s.t` on its tokens, so that the catalog is registered once
 //! (an alias catalog would list every table twice in `information_schema`).
 
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 use crate::util::sql::LineOffsets;
-use deltalake::datafusion::sql::sqlparser::dialect::GenericDialect;
-use deltalake::datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer};
+use deltalake::datafusion::sql::sqlparser::tokenizer::Token;
 use strata_sql::TableName;
 
 /// The catalog DataFusion knows the warehouse by.
@@ -24,12 +23,7 @@ pub(crate) fn rewrite_catalog(sql: &str) -> Result<Option<String>> {
     if !aliases.iter().any(|a| lower.contains(&format!("{a}."))) {
         return Ok(None);
     }
-    let tokens: Vec<TokenWithSpan> = Tokenizer::new(&GenericDialect {}, sql)
-        .tokenize_with_location()
-        .map_err(|e| EngineError::plan(format!("query: {e}")))?
-        .into_iter()
-        .filter(|t| !matches!(t.token, Token::Whitespace(_)))
-        .collect();
+    let tokens = crate::util::sql::tokens_of(sql)?;
     let offsets = LineOffsets::new(sql);
     let token = |i: usize| tokens.get(i).map(|t| &t.token);
     let is_word = |i: usize| matches!(token(i), Some(Token::Word(_)));

@@ -9,9 +9,8 @@ use crate::error::{Context, EngineError, Result};
 use crate::storage::warehouse::Warehouse;
 use crate::util::sql::quote_ident;
 use deltalake::datafusion::prelude::SessionContext;
-use deltalake::datafusion::sql::sqlparser::dialect::GenericDialect;
 use deltalake::datafusion::sql::sqlparser::keywords::Keyword;
-use deltalake::datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer};
+use deltalake::datafusion::sql::sqlparser::tokenizer::Token;
 use strata_sql::TableName;
 
 /// When a time-travel reference reads its table.
@@ -37,12 +36,7 @@ pub(crate) fn find_travels(sql: &str) -> Result<Vec<Travel>> {
     if !upper.contains(" AS OF") {
         return Ok(Vec::new());
     }
-    let tokens: Vec<TokenWithSpan> = Tokenizer::new(&GenericDialect {}, sql)
-        .tokenize_with_location()
-        .map_err(|e| EngineError::plan(format!("query: {e}")))?
-        .into_iter()
-        .filter(|t| !matches!(t.token, Token::Whitespace(_)))
-        .collect();
+    let tokens = crate::util::sql::tokens_of(sql)?;
     let offsets = crate::util::sql::LineOffsets::new(sql);
     let keyword = |i: usize, k: Keyword| matches!(tokens.get(i).map(|t| &t.token), Some(Token::Word(w)) if w.keyword == k && w.quote_style.is_none());
     let mut out = Vec::new();

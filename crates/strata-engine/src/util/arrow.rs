@@ -9,6 +9,27 @@ use deltalake::datafusion::scalar::ScalarValue;
 use std::cmp::Ordering;
 
 /// Casts `batch` column by column (by position) to `schema`.
+/// `batch` with `schema`'s columns, matched by name ignoring case and cast to their types; a
+/// column the batch lacks is NULL, one `schema` lacks is left out.
+pub(crate) fn align_by_name(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
+    let bs = batch.schema();
+    let columns = schema
+        .fields()
+        .iter()
+        .map(|f| {
+            match bs
+                .fields()
+                .iter()
+                .position(|g| g.name().eq_ignore_ascii_case(f.name()))
+            {
+                Some(i) => batch.column(i).clone(),
+                None => deltalake::arrow::array::new_null_array(f.data_type(), batch.num_rows()),
+            }
+        })
+        .collect();
+    cast_columns(columns, schema)
+}
+
 pub(crate) fn cast_batch(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
     cast_columns(batch.columns().to_vec(), schema)
 }

@@ -99,3 +99,19 @@ impl<'a> LineOffsets<'a> {
                 .map_or(line.len(), |(i, _)| i)
     }
 }
+
+/// The tokens of `sql` (DataFusion's default dialect) with their places, whitespace left out.
+pub(crate) fn tokens_of(
+    sql: &str,
+) -> Result<Vec<deltalake::datafusion::sql::sqlparser::tokenizer::TokenWithSpan>> {
+    use deltalake::datafusion::sql::sqlparser::{
+        dialect::GenericDialect,
+        tokenizer::{Token, Tokenizer},
+    };
+    Ok(Tokenizer::new(&GenericDialect {}, sql)
+        .tokenize_with_location()
+        .map_err(|e| EngineError::plan(format!("query: {e}")))?
+        .into_iter()
+        .filter(|t| !matches!(t.token, Token::Whitespace(_)))
+        .collect())
+}

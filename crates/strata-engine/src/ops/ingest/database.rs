@@ -25,7 +25,8 @@ use crate::sources::overlap::{self, Seen};
 use crate::sources::read::{database_read, DatabaseRead, ReadMode};
 use crate::sources::watermark;
 use crate::storage::commit::{position, AppId, PendingCommit};
-use deltalake::arrow::array::{new_null_array, RecordBatch};
+use crate::util::arrow::align_by_name;
+use deltalake::arrow::array::RecordBatch;
 use deltalake::arrow::datatypes::{Schema, SchemaRef};
 use deltalake::datafusion::prelude::DataFrame;
 use deltalake::DeltaTable;
@@ -150,7 +151,7 @@ async fn take_watermark(
         .context(|| setup.err(&place).to_string())?
     {
         let df = ctx
-            .read_batch(aligned(&batch, input)?)
+            .read_batch(align_by_name(&batch, input)?)
             .context(|| "reading database rows".into())?;
         let (rows, _) = checked_rows(setup, &running, df, &place, report, &mut events).await?;
         parts.extend(rows);
@@ -164,15 +165,7 @@ async fn take_watermark(
         return Ok(None);
     };
     report.watermark = Some(describe_watermark(&reached));
-    let id = AppId::Database(setup.append_flow.as_deref());
-    let previous = match existing {
-        Some(t) => position(t, id).await?,
-        None => None,
-    };
-    let commit = PendingCommit::of_run(scope.run_id)
-        .keeping_log()
-        .with_info(key, serde_json::Value::String(reached.to_json()))
-        .at(id, previous.map_or(0, |v| v + 1));
+    let commit = position_commit(scope, setup, existing, key, reached.to_json()).await?;
     Ok(Some(Taken {
         parts,
         reused: Vec::new(),
@@ -180,6 +173,28 @@ async fn take_watermark(
         commit,
         after_commit: None,
     }))
+}
+
+/// The commit of a database read that reached `reached` (a watermark's JSON, or an LSN),
+/// recorded under `key` in its commit info, with the next count of [`AppId::Database`]: two
+/// runs that read from the same position cannot both commit. The log is kept whole, since
+/// the position lives in it.
+async fn position_commit(
+    scope: &Scope<'_>,
+    setup: &IngestSetup,
+    existing: Option<&DeltaTable>,
+    key: String,
+    reached: String,
+) -> Result<PendingCommit> {
+    let id = AppId::Database(setup.append_flow.as_deref());
+    let previous = match existing {
+        Some(t) => position(t, id).await?,
+        None => None,
+    };
+    Ok(PendingCommit::of_run(scope.run_id)
+        .keeping_log()
+        .with_info(key, serde_json::Value::String(reached))
+        .at(id, previous.map_or(0, |v| v + 1)))
 }
 
 /// The watermark read of a watermark source.
@@ -224,7 +239,7 @@ async fn take_changes(
     let mut rows = 0usize;
     let take = |batch: RecordBatch, rows: &mut usize| -> Result<DataFrame> {
         *rows += batch.num_rows();
-        ctx.read_batch(aligned(&batch, input)?)
+        ctx.read_batch(align_by_name(&batch, input)?)
             .context(|| "reading database rows".into())
     };
     // First run (or after a full refresh): the table as of the slot's snapshot.
@@ -264,15 +279,7 @@ async fn take_changes(
         return Ok(None);
     }
     report.watermark = Some(format!("lsn {resume}"));
-    let id = AppId::Database(setup.append_flow.as_deref());
-    let previous = match existing {
-        Some(t) => position(t, id).await?,
-        None => None,
-    };
-    let commit = PendingCommit::of_run(scope.run_id)
-        .keeping_log()
-        .with_info(key, serde_json::Value::String(resume.to_string()))
-        .at(id, previous.map_or(0, |v| v + 1));
+    let commit = position_commit(scope, setup, existing, key, resume.to_string()).await?;
     Ok(Some(Taken {
         parts,
         reused: Vec::new(),
@@ -304,23 +311,6 @@ impl SlotAdvance {
             tracing::warn!("the replication slot was not advanced to {}: {e}", self.to);
         }
     }
-}
-
-/// `batch` in the columns of `input`, by name: a column the source gained after the run was
-/// planned is left out, one it has not sent yet (an older change) is NULL.
-fn aligned(batch: &RecordBatch, input: &SchemaRef) -> Result<RecordBatch> {
-    if batch.schema().fields() == input.fields() {
-        return Ok(batch.clone());
-    }
-    let columns = input
-        .fields()
-        .iter()
-        .map(|f| match batch.schema().index_of(f.name()) {
-            Ok(i) => batch.column(i).clone(),
-            Err(_) => new_null_array(f.data_type(), batch.num_rows()),
-        })
-        .collect();
-    crate::util::arrow::cast_columns(columns, input)
 }
 
 /// Where this run's read starts: after the stored watermark, or (with an overlap window)

@@ -19,7 +19,6 @@ use crate::storage::warehouse::Warehouse;
 use crate::util::arrow;
 use crate::util::steps::{step, Steps};
 use deltalake::arrow::array::RecordBatch;
-use deltalake::arrow::datatypes::SchemaRef;
 use deltalake::datafusion::datasource::MemTable;
 use deltalake::datafusion::prelude::DataFrame;
 use deltalake::datafusion::prelude::SessionContext;
@@ -94,7 +93,7 @@ async fn apply_query(
         .iter()
         .map(|b| {
             if setup.append_flow.is_some() {
-                align_by_name(b, &setup.schema)
+                arrow::align_by_name(b, &setup.schema)
             } else {
                 arrow::cast_batch(b, &setup.schema)
             }
@@ -105,27 +104,6 @@ async fn apply_query(
         cast.into_iter().filter(|b| b.num_rows() > 0).collect(),
         unchanged,
     ))
-}
-
-/// `batch` with `schema`'s columns, matched by name ignoring case; a column the batch lacks
-/// is NULL.
-fn align_by_name(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
-    let bs = batch.schema();
-    let columns = schema
-        .fields()
-        .iter()
-        .map(|f| {
-            match bs
-                .fields()
-                .iter()
-                .position(|g| g.name().eq_ignore_ascii_case(f.name()))
-            {
-                Some(i) => batch.column(i).clone(),
-                None => deltalake::arrow::array::new_null_array(f.data_type(), batch.num_rows()),
-            }
-        })
-        .collect();
-    arrow::cast_columns(columns, schema)
 }
 
 /// Rejects rows that a downstream flow would reject, naming `place`. Each flow's events,
