@@ -1108,3 +1108,33 @@ fn events_print_as_json_lines() {
     assert!(records.iter().all(|r| r["status"] == "COMPLETED"), "{out}");
     assert!(records.iter().any(|r| r["flow"] == "users_flow"), "{out}");
 }
+
+/// `DESCRIBE HISTORY` and `DESCRIBE DETAIL` with Databricks' column names.
+#[test]
+fn describe_history_and_detail() {
+    let p = Project::new(PIPELINE);
+    p.file("data/cdc/001.json", BATCH1);
+    p.ok(&["run", "pipeline.sql"]);
+    p.file("data/cdc/002.json", BATCH2);
+    p.ok(&["run", "pipeline.sql"]);
+    let history = p.csv("DESCRIBE HISTORY main.default.users_cdc");
+    let lines: Vec<&str> = history.lines().collect();
+    assert!(
+        lines[0].starts_with("version,timestamp,operation,operationParameters,readVersion"),
+        "{history}"
+    );
+    // Created, then one append per run: newest first.
+    assert_eq!(lines.len(), 4, "{history}");
+    assert!(
+        lines[1].starts_with("2,") && lines[3].starts_with("0,"),
+        "{history}"
+    );
+    let detail = p.csv("DESCRIBE DETAIL users_cdc");
+    let (header, row) = detail.split_once('\n').unwrap();
+    assert!(
+        header.starts_with("format,id,name,description,location"),
+        "{detail}"
+    );
+    assert!(row.starts_with("delta,"), "{detail}");
+    assert!(row.contains(",default.users_cdc,"), "{detail}");
+}

@@ -1,10 +1,11 @@
 //! SQL over a warehouse: sessions with every table ([`session`]), `as_of` ([`as_of`]),
 //! `table_changes` ([`table_changes`]), `VERSION AS OF` / `TIMESTAMP AS OF`
-//! ([`time_travel`]), the pipeline's views ([`views`]), expectations
+//! ([`time_travel`]), `DESCRIBE HISTORY` / `DETAIL` ([`describe`]), the pipeline's views ([`views`]), expectations
 //! ([`expect`]), and `strata query` / `strata validate` ([`query`]).
 
 pub(crate) mod as_of;
 pub(crate) mod catalog;
+pub(crate) mod describe;
 pub(crate) mod expect;
 pub(crate) mod query;
 pub(crate) mod session;

@@ -18,6 +18,9 @@ use strata_sql::TableName;
 
 /// Runs `sql` over every table of `wh`.
 pub async fn query(wh: &Warehouse, sql: &str) -> Result<(SchemaRef, Vec<RecordBatch>)> {
+    if let Some(d) = crate::sql::describe::describe_of(sql, TableName::DEFAULT_SCHEMA)? {
+        return crate::sql::describe::run_describe(wh, &d).await;
+    }
     let ctx = warehouse_session(wh).await?;
     let sql = rewrite(wh, &ctx, sql, TableName::DEFAULT_SCHEMA).await?;
     let df = ctx
