@@ -106,10 +106,23 @@ enum Command {
     },
     /// Check an SCD type 2 table's timeline; exit 1 if it is broken.
     Validate {
-        /// The table, `name` or `schema.name`.
+        /// The table: `name`, `schema.name` or `catalog.schema.name` in the warehouse, or
+        /// the path of any Delta table (a dbt snapshot, a hand-made SCD2 table).
         table: String,
         #[command(flatten)]
         warehouse: WarehouseArg,
+        /// Key columns of a table strata did not write (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        keys: Option<Vec<String>>,
+        /// The column where a version starts [default: dbt_valid_from, else __START_AT].
+        #[arg(long)]
+        valid_from: Option<String>,
+        /// The column where a version ends [default: dbt_valid_to, else __END_AT].
+        #[arg(long)]
+        valid_to: Option<String>,
+        /// The value that marks an open end when it is not NULL (e.g. 9999-12-31).
+        #[arg(long)]
+        open_end: Option<String>,
     },
 }
 
@@ -334,9 +347,22 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
             write_batches(&schema, &batches, format)?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Validate { table, warehouse } => {
+        Command::Validate {
+            table,
+            warehouse,
+            keys,
+            valid_from,
+            valid_to,
+            open_end,
+        } => {
             let wh = warehouse.open()?;
-            let violations = strata_engine::validate(&wh, &table).await?;
+            let options = strata_engine::ValidateOptions {
+                keys,
+                valid_from,
+                valid_to,
+                open_end,
+            };
+            let violations = strata_engine::validate_with(&wh, &table, &options).await?;
             let mut out = std::io::stdout().lock();
             for v in &violations {
                 writeln!(out, "{table}: key ({}): {}", v.key, v.problem)?;

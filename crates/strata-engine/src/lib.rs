@@ -64,6 +64,6 @@ pub use runtime::{
 };
 pub use semantics::integrity::Violation;
 pub use sql::expect::ExpectationCount;
-pub use sql::query::{query, validate};
+pub use sql::query::{query, validate, validate_with, ValidateOptions};
 pub use storage::session::new_session;
 pub use storage::warehouse::Warehouse;

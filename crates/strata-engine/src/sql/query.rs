@@ -35,23 +35,54 @@ pub async fn query(wh: &Warehouse, sql: &str) -> Result<(SchemaRef, Vec<RecordBa
     Ok((schema, batches))
 }
 
-/// Checks an SCD2 table: at most one open version per key, no overlapping intervals,
-/// `__START_AT < __END_AT`.
+/// How `validate` reads a history table that strata did not write (a dbt snapshot, a
+/// hand-made SCD2 table): its key and validity columns, and the value that marks an open
+/// end when it is not NULL (`9999-12-31`). Unset fields come from the table's strata
+/// properties, else from the column names of dbt (`dbt_valid_from`, `dbt_valid_to`) or
+/// Databricks (`__START_AT`, `__END_AT`).
+#[derive(Debug, Clone, Default)]
+pub struct ValidateOptions {
+    pub keys: Option<Vec<String>>,
+    pub valid_from: Option<String>,
+    pub valid_to: Option<String>,
+    pub open_end: Option<String>,
+}
+
+/// Checks an SCD2 table of the warehouse: at most one open version per key, no overlapping
+/// intervals, `__START_AT < __END_AT`.
 pub async fn validate(wh: &Warehouse, name: &str) -> Result<Vec<Violation>> {
-    let table_name =
-        TableName::parse(name, TableName::DEFAULT_SCHEMA).map_err(EngineError::NotFound)?;
-    let table = wh.open_table(&table_name).await?.ok_or_else(|| {
-        EngineError::NotFound(format!("no table {table_name} in {}", wh.root().display()))
-    })?;
+    validate_with(wh, name, &ValidateOptions::default()).await
+}
+
+/// [`validate`] of a table of the warehouse or at a path (a folder holding `_delta_log`),
+/// strata's or another tool's, read as `options` say.
+pub async fn validate_with(
+    wh: &Warehouse,
+    name: &str,
+    options: &ValidateOptions,
+) -> Result<Vec<Violation>> {
+    let path = std::path::Path::new(name);
+    let (table_name, table) = if path.join("_delta_log").is_dir() {
+        let table = crate::storage::table::open_delta(path)
+            .await?
+            .ok_or_else(|| EngineError::NotFound(format!("no Delta table at {name}")))?;
+        (name.to_string(), table)
+    } else {
+        let table_name =
+            TableName::parse(name, TableName::DEFAULT_SCHEMA).map_err(EngineError::NotFound)?;
+        let table = wh.open_table(&table_name).await?.ok_or_else(|| {
+            EngineError::NotFound(format!("no table {table_name} in {}", wh.root().display()))
+        })?;
+        (table_name.to_string(), table)
+    };
     let config = crate::storage::table::table_properties(&table)?;
+    if !config.contains_key("strata.keys") || options.keys.is_some() {
+        return validate_external(&table, &table_name, options).await;
+    }
     let keys: Vec<String> = config
         .get("strata.keys")
         .map(|k| k.split(',').map(str::to_string).collect())
-        .ok_or_else(|| {
-            EngineError::plan(format!(
-                "{table_name} is not an AUTO CDC target of strata (no strata.keys property)"
-            ))
-        })?;
+        .unwrap_or_default();
     let mode = config.get("strata.scdType").cloned().unwrap_or_default();
     if mode != "2" && mode != "snapshots" {
         return Err(EngineError::plan(format!(
@@ -90,5 +121,77 @@ pub async fn validate(wh: &Warehouse, name: &str) -> Result<Vec<Violation>> {
     let n = keys.len();
     cols[n + 1] = timeline.open_as_null(&cols[n + 1])?;
     let batch = RecordBatch::try_new(batch.schema(), cols).context(|| "validate".into())?;
+    check_timelines(&batch, &keys)
+}
+
+/// [`validate_with`] for a table without strata's properties: its columns as `options` name
+/// them or as dbt or Databricks name them.
+async fn validate_external(
+    table: &deltalake::DeltaTable,
+    table_name: &str,
+    options: &ValidateOptions,
+) -> Result<Vec<Violation>> {
+    let schema = crate::storage::table::table_schema(table)?;
+    let has = |c: &str| schema.index_of(c).is_ok();
+    let guess = |ours: &Option<String>, dbt: &str, databricks: &str| {
+        ours.clone()
+            .or_else(|| has(dbt).then(|| dbt.to_string()))
+            .or_else(|| has(databricks).then(|| databricks.to_string()))
+    };
+    let (Some(from), Some(to)) = (
+        guess(&options.valid_from, "dbt_valid_from", "__START_AT"),
+        guess(&options.valid_to, "dbt_valid_to", "__END_AT"),
+    ) else {
+        return Err(EngineError::plan(format!(
+            "{table_name}: which columns hold each row's validity? Pass --valid-from COL and \
+             --valid-to COL (dbt's dbt_valid_from/dbt_valid_to and Databricks' \
+             __START_AT/__END_AT are found by themselves)"
+        )));
+    };
+    let keys = options.keys.clone().ok_or_else(|| {
+        EngineError::plan(format!(
+            "{table_name} was not written by strata (no strata.keys property): pass its key \
+             columns with --keys a,b"
+        ))
+    })?;
+    for c in keys.iter().chain([&from, &to]) {
+        if !has(c) {
+            return Err(EngineError::plan(format!(
+                "{table_name} has no column {c} ({})",
+                crate::util::arrow::describe_fields(&schema)
+            )));
+        }
+    }
+    let ctx = new_session();
+    register_table(&ctx, "t", table, None).await?;
+    let k = keys
+        .iter()
+        .map(|c| quote_ident(c))
+        .collect::<Vec<_>>()
+        .join(", ");
+    // The open-end marker (if any) reads as NULL, as the check expects of an open row.
+    let to_expr = match &options.open_end {
+        None => quote_ident(&to),
+        Some(marker) => format!(
+            "CASE WHEN CAST({0} AS VARCHAR) LIKE {1} THEN NULL ELSE {0} END",
+            quote_ident(&to),
+            crate::util::sql::quote_str(&format!("{marker}%"))
+        ),
+    };
+    let sql = format!(
+        "SELECT {k}, {} AS __from, {to_expr} AS __to FROM t",
+        quote_ident(&from)
+    );
+    let batches = ctx
+        .sql(&sql)
+        .await
+        .context(|| "validate".into())?
+        .collect()
+        .await
+        .context(|| "validate".into())?;
+    let Some(first) = batches.first() else {
+        return Ok(Vec::new());
+    };
+    let batch = concat_batches(&first.schema(), &batches).context(|| "validate".into())?;
     check_timelines(&batch, &keys)
 }
