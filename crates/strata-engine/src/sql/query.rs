@@ -76,13 +76,19 @@ pub async fn validate_with(
         (table_name.to_string(), table)
     };
     let config = crate::storage::table::table_properties(&table)?;
-    if !config.contains_key("strata.keys") || options.keys.is_some() {
+    if options.keys.is_some() {
         return validate_external(&table, &table_name, options).await;
     }
     let keys: Vec<String> = config
         .get("strata.keys")
         .map(|k| k.split(',').map(str::to_string).collect())
-        .unwrap_or_default();
+        .ok_or_else(|| {
+            EngineError::plan(format!(
+                "{table_name} is not an AUTO CDC target of strata (no strata.keys property); \
+                 to check a history table another tool wrote, name its key columns with \
+                 --keys a,b"
+            ))
+        })?;
     let mode = config.get("strata.scdType").cloned().unwrap_or_default();
     if mode != "2" && mode != "snapshots" {
         return Err(EngineError::plan(format!(
@@ -148,12 +154,7 @@ async fn validate_external(
              __START_AT/__END_AT are found by themselves)"
         )));
     };
-    let keys = options.keys.clone().ok_or_else(|| {
-        EngineError::plan(format!(
-            "{table_name} was not written by strata (no strata.keys property): pass its key \
-             columns with --keys a,b"
-        ))
-    })?;
+    let keys = options.keys.clone().unwrap_or_default();
     for c in keys.iter().chain([&from, &to]) {
         if !has(c) {
             return Err(EngineError::plan(format!(
