@@ -10,7 +10,7 @@ use crate::error::{EngineError, Result, Text};
 
 use std::collections::BTreeMap;
 use strata_sql::{
-    FlowKind, Location, Node, PipelinePlan, QuerySource, SequenceBy, SqlError, Statement,
+    CdcFlow, FlowKind, Location, Node, PipelinePlan, QuerySource, SequenceBy, SqlError, Statement,
 };
 
 /// Where a text comes from, which decides how errors point into it.
@@ -165,162 +165,156 @@ pub struct PlanStep {
 impl PlannedPipeline {
     /// The plan's nodes in execution order.
     pub fn steps(&self) -> Vec<PlanStep> {
-        let origin = |at: Location| match self.map.find(at.line) {
+        self.plan
+            .order
+            .iter()
+            .filter_map(|node| self.step(node))
+            .collect()
+    }
+
+    /// The step of one node, `None` when the plan does not hold it.
+    fn step(&self, node: &Node) -> Option<PlanStep> {
+        let keys = |k: &[String]| k.join(", ");
+        Some(match node {
+            Node::Ingest(name) => {
+                let t = self.plan.tables.get(name)?;
+                let q = t.query.as_ref()?;
+                let (detail, reads) = describe_source("streaming table", &q.source);
+                PlanStep {
+                    kind: "ingest",
+                    name: name.to_string(),
+                    detail,
+                    reads,
+                    writes: name.to_string(),
+                    origin: self.origin(t.location),
+                }
+            }
+            Node::Flow(i) => {
+                let f = self.plan.flows.get(*i)?;
+                let (kind, detail) = describe_flow(f);
+                PlanStep {
+                    kind,
+                    name: f.name.clone(),
+                    detail,
+                    reads: vec![f.source.to_string()],
+                    writes: f.target.to_string(),
+                    origin: self.origin(f.location),
+                }
+            }
+            Node::Append(i) => {
+                let f = self.plan.appends.get(*i)?;
+                let (detail, reads) = describe_source("append flow", &f.query.source);
+                PlanStep {
+                    kind: "append",
+                    name: f.name.clone(),
+                    detail,
+                    reads,
+                    writes: f.target.to_string(),
+                    origin: self.origin(f.location),
+                }
+            }
+            Node::MaterializedView(name) => {
+                let m = self.plan.materialized.get(name)?;
+                PlanStep {
+                    kind: "materialized_view",
+                    name: name.to_string(),
+                    detail: "materialized view".to_string(),
+                    reads: self
+                        .plan
+                        .reads(node)
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect(),
+                    writes: name.to_string(),
+                    origin: self.origin(m.location),
+                }
+            }
+            Node::PointInTime(i) => {
+                let p = self.plan.pits.get(*i)?;
+                PlanStep {
+                    kind: "point_in_time",
+                    name: p.name.to_string(),
+                    detail: format!("point-in-time table, keys ({})", keys(&p.keys)),
+                    reads: p.sources.iter().map(ToString::to_string).collect(),
+                    writes: p.name.to_string(),
+                    origin: self.origin(p.location),
+                }
+            }
+        })
+    }
+
+    /// Where `at` of the combined text was written (`sql/gold.sql:3:1`, or the generated
+    /// text's name).
+    fn origin(&self, at: Location) -> String {
+        match self.map.find(at.line) {
             Some((name, SourceKind::File, line)) => format!("{name}:{line}:{}", at.column),
             Some((name, SourceKind::Generated, _)) => name.to_string(),
             None => at.to_string(),
-        };
-        let keys = |k: &[String]| k.join(", ");
-        let mut steps = Vec::new();
-        for node in &self.plan.order {
-            match node {
-                Node::Ingest(name) => {
-                    let Some(t) = self.plan.tables.get(name) else {
-                        continue;
-                    };
-                    let Some(q) = &t.query else { continue };
-                    let (detail, reads) = match &q.source {
-                        QuerySource::ReadFiles(rf) => (
-                            format!(
-                                "streaming table from read_files ({})",
-                                format!("{:?}", rf.format).to_ascii_lowercase()
-                            ),
-                            vec![format!("files {}", rf.path)],
-                        ),
-                        QuerySource::ReadDatabase(rd) => (
-                            "streaming table from read_database".to_string(),
-                            vec![database_label(rd)],
-                        ),
-                        QuerySource::Table(src) => (
-                            "streaming table from STREAM".to_string(),
-                            vec![src.to_string()],
-                        ),
-                    };
-                    steps.push(PlanStep {
-                        kind: "ingest",
-                        name: name.to_string(),
-                        detail,
-                        reads,
-                        writes: name.to_string(),
-                        origin: origin(t.location),
-                    });
-                }
-                Node::Flow(i) => {
-                    let Some(f) = self.plan.flows.get(*i) else {
-                        continue;
-                    };
-                    let (kind, detail) = match &f.kind {
-                        FlowKind::Changes => {
-                            let seq = match &f.sequence_by {
-                                SequenceBy::Expr(e) => e.clone(),
-                                SequenceBy::Struct(parts) => format!(
-                                    "STRUCT({})",
-                                    parts
-                                        .iter()
-                                        .map(|(_, e)| e.as_str())
-                                        .collect::<Vec<_>>()
-                                        .join(", ")
-                                ),
-                            };
-                            (
-                                "auto_cdc",
-                                format!(
-                                    "AUTO CDC flow, {}, keys ({}), sequence by {seq}{}",
-                                    f.stored_as,
-                                    keys(&f.keys),
-                                    if f.delete_when.is_some() {
-                                        ", deletes"
-                                    } else {
-                                        ""
-                                    }
-                                ),
-                            )
-                        }
-                        FlowKind::Snapshot { version_by } => (
-                            "snapshot",
-                            format!(
-                                "AUTO CDC FROM SNAPSHOT flow, {}, keys ({}), {}",
-                                f.stored_as,
-                                keys(&f.keys),
-                                match version_by {
-                                    Some(v) => format!("version by {v}"),
-                                    None => "versioned by run time".to_string(),
-                                }
-                            ),
-                        ),
-                    };
-                    steps.push(PlanStep {
-                        kind,
-                        name: f.name.clone(),
-                        detail,
-                        reads: vec![f.source.to_string()],
-                        writes: f.target.to_string(),
-                        origin: origin(f.location),
-                    });
-                }
-                Node::Append(i) => {
-                    let Some(f) = self.plan.appends.get(*i) else {
-                        continue;
-                    };
-                    let (detail, reads) = match &f.query.source {
-                        QuerySource::ReadFiles(rf) => (
-                            format!(
-                                "append flow from read_files ({})",
-                                format!("{:?}", rf.format).to_ascii_lowercase()
-                            ),
-                            vec![format!("files {}", rf.path)],
-                        ),
-                        QuerySource::ReadDatabase(rd) => (
-                            "append flow from read_database".to_string(),
-                            vec![database_label(rd)],
-                        ),
-                        QuerySource::Table(src) => {
-                            ("append flow from STREAM".to_string(), vec![src.to_string()])
-                        }
-                    };
-                    steps.push(PlanStep {
-                        kind: "append",
-                        name: f.name.clone(),
-                        detail,
-                        reads,
-                        writes: f.target.to_string(),
-                        origin: origin(f.location),
-                    });
-                }
-                Node::MaterializedView(name) => {
-                    let Some(m) = self.plan.materialized.get(name) else {
-                        continue;
-                    };
-                    steps.push(PlanStep {
-                        kind: "materialized_view",
-                        name: name.to_string(),
-                        detail: "materialized view".to_string(),
-                        reads: self
-                            .plan
-                            .reads(node)
-                            .iter()
-                            .map(ToString::to_string)
-                            .collect(),
-                        writes: name.to_string(),
-                        origin: origin(m.location),
-                    });
-                }
-                Node::PointInTime(i) => {
-                    let Some(p) = self.plan.pits.get(*i) else {
-                        continue;
-                    };
-                    steps.push(PlanStep {
-                        kind: "point_in_time",
-                        name: p.name.to_string(),
-                        detail: format!("point-in-time table, keys ({})", keys(&p.keys)),
-                        reads: p.sources.iter().map(ToString::to_string).collect(),
-                        writes: p.name.to_string(),
-                        origin: origin(p.location),
-                    });
-                }
-            }
         }
-        steps
+    }
+}
+
+/// What a streaming query (of a `what`: a streaming table, an append flow) reads, in words
+/// and as the plan's reads.
+fn describe_source(what: &str, source: &QuerySource) -> (String, Vec<String>) {
+    match source {
+        QuerySource::ReadFiles(rf) => (
+            format!(
+                "{what} from read_files ({})",
+                format!("{:?}", rf.format).to_ascii_lowercase()
+            ),
+            vec![format!("files {}", rf.path)],
+        ),
+        QuerySource::ReadDatabase(rd) => (
+            format!("{what} from read_database"),
+            vec![database_label(rd)],
+        ),
+        QuerySource::Table(src) => (format!("{what} from STREAM"), vec![src.to_string()]),
+    }
+}
+
+/// An AUTO CDC flow's kind of step and what it does, in words.
+fn describe_flow(f: &CdcFlow) -> (&'static str, String) {
+    let keys = f.keys.join(", ");
+    match &f.kind {
+        FlowKind::Changes => {
+            let seq = match &f.sequence_by {
+                SequenceBy::Expr(e) => e.clone(),
+                SequenceBy::Struct(parts) => format!(
+                    "STRUCT({})",
+                    parts
+                        .iter()
+                        .map(|(_, e)| e.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            };
+            (
+                "auto_cdc",
+                format!(
+                    "AUTO CDC flow, {}, keys ({}), sequence by {seq}{}",
+                    f.stored_as,
+                    keys,
+                    if f.delete_when.is_some() {
+                        ", deletes"
+                    } else {
+                        ""
+                    }
+                ),
+            )
+        }
+        FlowKind::Snapshot { version_by } => (
+            "snapshot",
+            format!(
+                "AUTO CDC FROM SNAPSHOT flow, {}, keys ({}), {}",
+                f.stored_as,
+                keys,
+                match version_by {
+                    Some(v) => format!("version by {v}"),
+                    None => "versioned by run time".to_string(),
+                }
+            ),
+        ),
     }
 }
 

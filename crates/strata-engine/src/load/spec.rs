@@ -399,7 +399,33 @@ fn stored_as(entry: &TableEntry) -> Result<String, String> {
 /// The Lakeflow SQL of one table entry. Names are backtick-quoted and option values are
 /// string literals; `sequence_by`, `delete_when`, `truncate_when` and
 /// `snapshot_version_by` are SQL expressions and are copied as written.
+///
+/// ```text
+///  check_entry ─▶ source_sql ─▶ target_sql ─▶ flow_sql
+///  (the entry's    (the raw table  (the target   (the AUTO CDC flow
+///   keys agree)     it reads)       table)        into it)
+/// ```
 pub(crate) fn table_sql(entry: &TableEntry) -> Result<String, String> {
+    let checked = check_entry(entry)?;
+    let mut sql = String::new();
+    let source = source_sql(entry, checked.name, &mut sql)?;
+    target_sql(entry, checked.name, &mut sql);
+    flow_sql(entry, &checked, &source, &mut sql)?;
+    Ok(sql)
+}
+
+/// What a table entry's keys say, once checked to agree.
+struct Checked<'a> {
+    /// The table's name, trimmed.
+    name: &'a str,
+    /// The flow reads snapshots.
+    snapshot: bool,
+    /// What the flow is `STORED AS`.
+    mode: String,
+}
+
+/// Checks that a table entry's keys name a table and agree with each other.
+fn check_entry(entry: &TableEntry) -> Result<Checked<'_>, String> {
     let name = entry.name.trim();
     if name.is_empty() {
         return Err("name: must not be empty".into());
@@ -437,10 +463,17 @@ pub(crate) fn table_sql(entry: &TableEntry) -> Result<String, String> {
     if entry.track_history_on.is_some() && entry.track_history_except.is_some() {
         return Err("give track_history_on or track_history_except, not both".into());
     }
+    Ok(Checked {
+        name,
+        snapshot,
+        mode,
+    })
+}
 
-    let mut sql = String::new();
-    let cdc = entry.source.database.is_some() && entry.source.cdc;
-    let source = match (&entry.source.path, &entry.source.table) {
+/// Writes the raw streaming table a file or database source lands in to `sql`, and returns
+/// the table the flow reads (that one, or `source.table`).
+fn source_sql(entry: &TableEntry, name: &str, sql: &mut String) -> Result<String, String> {
+    Ok(match (&entry.source.path, &entry.source.table) {
         _ if entry.source.database.is_some() => {
             let raw = format!("{name}_raw");
             let _ = write!(
@@ -480,8 +513,11 @@ pub(crate) fn table_sql(entry: &TableEntry) -> Result<String, String> {
             table_ident(table)
         }
         _ => return Err("source: give either path (files) or table (a streaming table)".into()),
-    };
+    })
+}
 
+/// Writes the target streaming table, with its properties, to `sql`.
+fn target_sql(entry: &TableEntry, name: &str, sql: &mut String) {
     let _ = write!(sql, "CREATE OR REFRESH STREAMING TABLE {}", ident(name));
     if !entry.table_properties.is_empty() {
         let props: Vec<String> = entry
@@ -492,7 +528,17 @@ pub(crate) fn table_sql(entry: &TableEntry) -> Result<String, String> {
         let _ = write!(sql, "\nTBLPROPERTIES ({})", props.join(", "));
     }
     sql.push_str(";\n\n");
+}
 
+/// Writes the AUTO CDC flow from `source` into the target to `sql`.
+fn flow_sql(
+    entry: &TableEntry,
+    checked: &Checked<'_>,
+    source: &str,
+    sql: &mut String,
+) -> Result<(), String> {
+    let (name, snapshot, mode) = (checked.name, checked.snapshot, &checked.mode);
+    let cdc = entry.source.database.is_some() && entry.source.cdc;
     let _ = write!(
         sql,
         "CREATE FLOW {} AS AUTO CDC {}INTO {}\nFROM STREAM({source})\nKEYS ({})",
@@ -549,7 +595,7 @@ pub(crate) fn table_sql(entry: &TableEntry) -> Result<String, String> {
         let _ = write!(sql, "\nTRACK HISTORY ON * EXCEPT ({})", ident_list(cols));
     }
     sql.push_str(";\n");
-    Ok(sql)
+    Ok(())
 }
 
 /// `read_database('conn', table => ..., ...)` for a database source entry.

@@ -245,6 +245,14 @@ pub(crate) fn fold_batch(
 }
 
 /// [`fold_batch`] with the keys split into `parts` parts folded side by side.
+///
+/// ```text
+///  keys, sequences ─▶ split_ranges ─▶ sort_part ─▶ fold_part ─▶ gather_rows
+///  (comparable form)  (by key hash)   (per part,   (per part,   (the parts' value
+///                                      on threads)  on threads)  positions into columns)
+/// ```
+///
+/// The phases are called once per part: the per-event loops stay inside them.
 fn fold_batch_in(
     events: &RecordBatch,
     spec: &FoldSpec,
@@ -270,7 +278,6 @@ fn fold_batch_in(
         ([key], Ordered::Int(_)) => Ordered::of(key, Some(&is_truncate))?,
         _ => Ordered::Rows(crate::util::arrow::rows(&key_cols)?),
     };
-    let same_key = |a: u32, b: u32| keys.eq(a, b);
 
     let watermark = strata_core::truncate_watermark(&model, 0..events.num_rows() as u32);
     step("keys and sequences in comparable form");
@@ -292,30 +299,10 @@ fn fold_batch_in(
             SortBy::Rows(crate::util::arrow::rows(&sort_cols)?)
         }
     };
-    let sort_part = |mut order: Vec<u32>| -> Result<Vec<u32>> {
-        match &sort_by {
-            // Already in key order (events sorted by `columns_in_key_order`): nothing to do.
-            SortBy::Ints(k)
-                if order
-                    .windows(2)
-                    .all(|w| k[w[0] as usize] <= k[w[1] as usize]) => {}
-            SortBy::Ints(k) => {
-                // By key only, keeping arrival order within a key (a stable radix sort):
-                // `order_events` then sorts each key's few events by sequence, which for
-                // events that mostly arrive in sequence order is a check, not a sort.
-                order = sorted_by_int_key(k, &order)?;
-            }
-            SortBy::Rows(rows) => order.sort_unstable_by(|&a, &b| {
-                rows.row(a as usize)
-                    .cmp(&rows.row(b as usize))
-                    .then(a.cmp(&b))
-            }),
-        }
-        Ok(order)
-    };
-    let partitions = crate::util::threads::on_threads(partitions, "sort", sort_part)?
-        .into_iter()
-        .collect::<Result<Vec<_>>>()?;
+    let partitions =
+        crate::util::threads::on_threads(partitions, "sort", |order| sort_part(&sort_by, order))?
+            .into_iter()
+            .collect::<Result<Vec<_>>>()?;
     drop(sort_by);
     step("sorted");
     let lanes = if spec.options.ignore_null_updates {
@@ -323,52 +310,102 @@ fn fold_batch_in(
     } else {
         1
     };
-    let fold_part = |order: Vec<u32>| -> Result<Folded> {
-        let mut out = Folded {
-            value_idx: vec![Vec::new(); lanes],
-            ..Default::default()
-        };
-        let mut group: Vec<u32> = Vec::new();
-        let mut i = 0;
-        while i < order.len() {
-            out.groups += 1;
-            let mut j = i + 1;
-            while j < order.len() && same_key(order[i], order[j]) {
-                j += 1;
-            }
-            group.clear();
-            group.extend_from_slice(&order[i..j]);
-            strata_core::drop_truncated(&model, &mut group, watermark);
-            strata_core::order_events(&model, &mut group).map_err(|tie| {
-                EngineError::BadInput(format!(
-                    "flow {}: two different upserts for key ({}) at the same sequence value {}; \
-                     make the sequence unique per key or remove one of them",
-                    spec.flow,
-                    describe_key(events, &spec.keys, tie.first as usize),
-                    render(events.column(spec.n_out), tie.first as usize),
-                ))
-            })?;
-            let value_idx = &mut out.value_idx;
-            let mut push = |values: &Values| {
-                for (c, idx) in value_idx.iter_mut().enumerate() {
-                    idx.push(values.source(c));
-                }
-            };
-            if spec.scd2 {
-                for v in strata_core::fold_scd2(&model, &group, spec.options) {
-                    push(&v.values);
-                    out.starts.push(v.start);
-                    out.ends.push(v.end);
-                }
-            } else if let Some(values) = strata_core::fold_scd1(&model, &group, spec.options) {
-                push(&values);
-            }
-            i = j;
-        }
-        Ok(out)
-    };
-    let folded = crate::util::threads::on_threads(partitions, "fold", fold_part)?;
+    let folded = crate::util::threads::on_threads(partitions, "fold", |order| {
+        fold_part(&model, &keys, watermark, lanes, order)
+    })?;
     step("folded the parts");
+    let (rows, groups) = gather_rows(events, spec, target, parts, lanes, folded)?;
+    step("gathered the output columns");
+    Ok((rows, groups))
+}
+
+/// One part's events (`order`) sorted into key order.
+fn sort_part(sort_by: &SortBy<'_>, mut order: Vec<u32>) -> Result<Vec<u32>> {
+    match sort_by {
+        // Already in key order (events sorted by `columns_in_key_order`): nothing to do.
+        SortBy::Ints(k)
+            if order
+                .windows(2)
+                .all(|w| k[w[0] as usize] <= k[w[1] as usize]) => {}
+        SortBy::Ints(k) => {
+            // By key only, keeping arrival order within a key (a stable radix sort):
+            // `order_events` then sorts each key's few events by sequence, which for
+            // events that mostly arrive in sequence order is a check, not a sort.
+            order = sorted_by_int_key(k, &order)?;
+        }
+        SortBy::Rows(rows) => order.sort_unstable_by(|&a, &b| {
+            rows.row(a as usize)
+                .cmp(&rows.row(b as usize))
+                .then(a.cmp(&b))
+        }),
+    }
+    Ok(order)
+}
+
+/// Folds one part's events (`order`, in key order) key by key: truncated events dropped
+/// (`watermark`), each key's events ordered by sequence, then its versions.
+fn fold_part(
+    model: &ArrowModel<'_>,
+    keys: &Ordered,
+    watermark: Option<u32>,
+    lanes: usize,
+    order: Vec<u32>,
+) -> Result<Folded> {
+    let (events, spec) = (model.batch, model.spec);
+    let mut out = Folded {
+        value_idx: vec![Vec::new(); lanes],
+        ..Default::default()
+    };
+    let mut group: Vec<u32> = Vec::new();
+    let mut i = 0;
+    while i < order.len() {
+        out.groups += 1;
+        let mut j = i + 1;
+        while j < order.len() && keys.eq(order[i], order[j]) {
+            j += 1;
+        }
+        group.clear();
+        group.extend_from_slice(&order[i..j]);
+        strata_core::drop_truncated(model, &mut group, watermark);
+        strata_core::order_events(model, &mut group).map_err(|tie| {
+            EngineError::BadInput(format!(
+                "flow {}: two different upserts for key ({}) at the same sequence value {}; \
+                 make the sequence unique per key or remove one of them",
+                spec.flow,
+                describe_key(events, &spec.keys, tie.first as usize),
+                render(events.column(spec.n_out), tie.first as usize),
+            ))
+        })?;
+        let value_idx = &mut out.value_idx;
+        let mut push = |values: &Values| {
+            for (c, idx) in value_idx.iter_mut().enumerate() {
+                idx.push(values.source(c));
+            }
+        };
+        if spec.scd2 {
+            for v in strata_core::fold_scd2(model, &group, spec.options) {
+                push(&v.values);
+                out.starts.push(v.start);
+                out.ends.push(v.end);
+            }
+        } else if let Some(values) = strata_core::fold_scd1(model, &group, spec.options) {
+            push(&values);
+        }
+        i = j;
+    }
+    Ok(out)
+}
+
+/// The target rows of the folded parts (their values taken from `events`, `parts` columns
+/// at a time), and how many keys they hold.
+fn gather_rows(
+    events: &RecordBatch,
+    spec: &FoldSpec,
+    target: &SchemaRef,
+    parts: usize,
+    lanes: usize,
+    folded: Vec<Result<Folded>>,
+) -> Result<(RecordBatch, usize)> {
     let mut value_idx: Vec<Vec<u32>> = vec![Vec::new(); lanes];
     let mut starts: Vec<u32> = Vec::new();
     let mut ends: Vec<Option<u32>> = Vec::new();
@@ -394,7 +431,6 @@ fn fold_batch_in(
         jobs.push((seq, UInt32Array::from(ends)));
     }
     let columns = gather(jobs, parts)?;
-    step("gathered the output columns");
     let rows = RecordBatch::try_new(target.clone(), columns).context(|| {
         format!(
             "flow {}: folded rows do not match the target schema",

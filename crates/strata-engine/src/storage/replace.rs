@@ -78,6 +78,13 @@ impl std::fmt::Display for Replaced {
 /// holds for those keys (they become the change feed's `delete` rows). Returns `None`, having
 /// done nothing, for a partitioned table, one with column mapping or deletion vectors stored
 /// in files, or one that is not in a local folder.
+///
+/// ```text
+///  Layout::of ─▶ Shared::of ─▶ mark_replaced (deletion-vector tables)
+///  (where and     (the replaced   or find_touched ─▶ rewrite_touched ─▶ change file, commit
+///   how to write)  keys)          (files holding     (without them; the
+///                                  one of them)       new rows go with the first)
+/// ```
 pub(crate) async fn replace_keys(
     table: &DeltaTable,
     keys: &[String],
@@ -88,67 +95,174 @@ pub(crate) async fn replace_keys(
     let table_name = table.table_url().to_string();
     let steps = crate::util::steps::Steps::new(&table_name, "replace: ");
     let snapshot = table.snapshot().context(|| "reading table state".into())?;
-    // Files are read as plain parquet with logical column names, dropping the rows their
-    // inline deletion vectors delete: a partitioned table, column mapping, or deletion
-    // vectors stored in files (a table another engine wrote) go through delta-rs.
-    let config = snapshot.metadata().configuration();
-    let mapped = config
-        .get("delta.columnMapping.mode")
-        .is_some_and(|m| m != "none");
-    let marking = config
-        .get(crate::storage::dv::PROPERTY)
-        .is_some_and(|v| v.eq_ignore_ascii_case("true"));
-    // The rows each file's (inline) deletion vector already deletes, by path.
-    let mut deleted: ahash::AHashMap<String, RoaringTreemap> = ahash::AHashMap::new();
-    for f in snapshot.log_data().iter() {
-        if let Some(d) = f.deletion_vector_descriptor() {
-            match crate::storage::dv::read_inline(&d)? {
-                Some(rows) => deleted.insert(f.path().to_string(), rows),
-                None => return Ok(None),
-            };
-        }
-    }
-    if !snapshot.metadata().partition_columns().is_empty() || mapped {
+    let Some(mut layout) = Layout::of(table, snapshot)? else {
         return Ok(None);
-    }
-    let schema = crate::storage::table::table_schema(table)?;
-    let Ok(root) = table.table_url().to_file_path() else {
-        return Ok(None); // not a local table
     };
-    let key_at = keys
+    let schema = layout.schema.clone();
+    let files: Vec<(String, deltalake::kernel::Remove)> = snapshot
+        .log_data()
         .iter()
-        .map(|k| {
-            schema
-                .index_of(k)
-                .map_err(|_| EngineError::Internal(format!("table has no key column {k}")))
-        })
-        .collect::<Result<Vec<usize>>>()?;
-    let converter = RowConverter::new(
-        key_at
-            .iter()
-            .map(|&i| SortField::new(schema.field(i).data_type().clone()))
-            .collect(),
-    )
-    .context(|| "row format".into())?;
-    // The keys whose rows go: those of the old rows, and (should the table hold rows the
-    // caller did not know of) those of the new rows.
-    let mut gone = ahash::AHashSet::<Box<[u8]>>::with_capacity(old_rows.num_rows());
-    for batch in [old_rows, &new_rows] {
-        let cols: Vec<ArrayRef> = key_at
-            .iter()
-            .map(|&i| cast_to(batch.column(i), schema.field(i).data_type()))
-            .collect::<Result<_>>()?;
-        let rows = converter
-            .convert_columns(&cols)
-            .context(|| "row format".into())?;
-        gone.extend(rows.iter().map(|r| r.data().to_vec().into_boxed_slice()));
+        .map(|f| (f.path().to_string(), f.remove_action(true)))
+        .collect();
+    let shared = Arc::new(Shared::of(schema.clone(), keys, old_rows, &new_rows)?);
+    crate::util::steps::step!(debug, steps, "collected the replaced keys");
+    if layout.marking {
+        let marked = mark_replaced(table, &shared, &layout, snapshot, old_rows, new_rows).await?;
+        crate::util::steps::step!(
+            debug,
+            steps,
+            "marked the replaced rows in deletion vectors, wrote the new rows and the change file"
+        );
+        let n = marked.vectors.len();
+        let mut actions: Vec<Action> = marked.vectors.into_iter().flatten().collect();
+        actions.extend(marked.adds.into_iter().map(Action::Add));
+        let what = format!(
+            "the rows of {} key(s) ({}) replaced, old rows marked deleted",
+            shared.gone.len(),
+            keys.join(", ")
+        );
+        commit_replacement(table, marked.cdc, actions, SaveMode::Append, what, commit).await?;
+        crate::util::steps::step!(debug, steps, "committed");
+        return Ok(Some(Replaced {
+            files_read: files.len(),
+            files_rewritten: 0,
+            files_marked: n,
+        }));
     }
-    // A single integer key is also kept as plain integers: files are then checked without
-    // converting their keys to the row format.
-    let gone_ints = match key_at.as_slice() {
+
+    let touched = find_touched(&shared, &layout.root, &files).await?;
+    crate::util::steps::step!(debug, steps, "found the files holding replaced keys");
+    let new_rows = arrow::cast_batch(&new_rows, &schema)?;
+    let mut actions = rewrite_touched(table, &shared, &mut layout, &touched, &new_rows).await?;
+    actions.extend(touched.iter().map(|(_, r)| Action::Remove(r.clone())));
+    let what = format!(
+        "the rows of {} key(s) ({}) replaced",
+        shared.gone.len(),
+        keys.join(", ")
+    );
+    crate::util::steps::step!(debug, steps, "rewrote them");
+    let cdc = write_change_file(table, &layout.root, &schema, old_rows, &new_rows).await?;
+    commit_replacement(table, cdc, actions, SaveMode::Overwrite, what, commit).await?;
+    crate::util::steps::step!(debug, steps, "wrote the change file and committed");
+    Ok(Some(Replaced {
+        files_read: files.len(),
+        files_rewritten: touched.len(),
+        files_marked: 0,
+    }))
+}
+
+/// Where and how a replacement writes a table.
+struct Layout {
+    /// The table's folder.
+    root: PathBuf,
+    schema: SchemaRef,
+    /// The table has deletion vectors: replaced rows are marked, not rewritten.
+    marking: bool,
+    /// The rows each file's (inline) deletion vector already deletes, by path.
+    deleted: ahash::AHashMap<String, RoaringTreemap>,
+}
+
+impl Layout {
+    /// The table's layout, or `None` when a replacement here cannot write it (delta-rs
+    /// does).
+    fn of(
+        table: &DeltaTable,
+        snapshot: &deltalake::table::state::DeltaTableState,
+    ) -> Result<Option<Layout>> {
+        // Files are read as plain parquet with logical column names, dropping the rows their
+        // inline deletion vectors delete: a partitioned table, column mapping, or deletion
+        // vectors stored in files (a table another engine wrote) go through delta-rs.
+        let config = snapshot.metadata().configuration();
+        let mapped = config
+            .get("delta.columnMapping.mode")
+            .is_some_and(|m| m != "none");
+        let marking = config
+            .get(crate::storage::dv::PROPERTY)
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let mut deleted: ahash::AHashMap<String, RoaringTreemap> = ahash::AHashMap::new();
+        for f in snapshot.log_data().iter() {
+            if let Some(d) = f.deletion_vector_descriptor() {
+                match crate::storage::dv::read_inline(&d)? {
+                    Some(rows) => deleted.insert(f.path().to_string(), rows),
+                    None => return Ok(None),
+                };
+            }
+        }
+        if !snapshot.metadata().partition_columns().is_empty() || mapped {
+            return Ok(None);
+        }
+        let schema = crate::storage::table::table_schema(table)?;
+        let Ok(root) = table.table_url().to_file_path() else {
+            return Ok(None); // not a local table
+        };
+        Ok(Some(Layout {
+            root,
+            schema,
+            marking,
+            deleted,
+        }))
+    }
+}
+
+impl Shared {
+    /// The keys (columns `keys` of `schema`) whose rows go: those of the old rows, and
+    /// (should the table hold rows the caller did not know of) those of the new rows.
+    fn of(
+        schema: SchemaRef,
+        keys: &[String],
+        old_rows: &RecordBatch,
+        new_rows: &RecordBatch,
+    ) -> Result<Shared> {
+        let key_at = keys
+            .iter()
+            .map(|k| {
+                schema
+                    .index_of(k)
+                    .map_err(|_| EngineError::Internal(format!("table has no key column {k}")))
+            })
+            .collect::<Result<Vec<usize>>>()?;
+        let converter = RowConverter::new(
+            key_at
+                .iter()
+                .map(|&i| SortField::new(schema.field(i).data_type().clone()))
+                .collect(),
+        )
+        .context(|| "row format".into())?;
+        let mut gone = ahash::AHashSet::<Box<[u8]>>::with_capacity(old_rows.num_rows());
+        for batch in [old_rows, new_rows] {
+            let cols: Vec<ArrayRef> = key_at
+                .iter()
+                .map(|&i| cast_to(batch.column(i), schema.field(i).data_type()))
+                .collect::<Result<_>>()?;
+            let rows = converter
+                .convert_columns(&cols)
+                .context(|| "row format".into())?;
+            gone.extend(rows.iter().map(|r| r.data().to_vec().into_boxed_slice()));
+        }
+        let gone_ints = gone_ints(&schema, &key_at, gone.len(), old_rows, new_rows)?;
+        Ok(Shared {
+            schema,
+            key_at,
+            converter,
+            gone,
+            gone_ints,
+        })
+    }
+}
+
+/// A single integer key is also kept as plain integers: files are then checked without
+/// converting their keys to the row format. `None` for other keys.
+fn gone_ints(
+    schema: &Schema,
+    key_at: &[usize],
+    n_gone: usize,
+    old_rows: &RecordBatch,
+    new_rows: &RecordBatch,
+) -> Result<Option<crate::util::keyset::KeySet>> {
+    Ok(match key_at {
         [k] if arrow::fits_i64(schema.field(*k).data_type()) => {
-            let mut ints: Vec<i64> = Vec::with_capacity(gone.len());
-            for batch in [old_rows, &new_rows] {
+            let mut ints: Vec<i64> = Vec::with_capacity(n_gone);
+            for batch in [old_rows, new_rows] {
                 let col = int64(batch.column(*k))?;
                 if col.null_count() > 0 {
                     return Err(EngineError::Internal(
@@ -162,63 +276,57 @@ pub(crate) async fn replace_keys(
             Some(crate::util::keyset::KeySet::new(&ints))
         }
         _ => None,
-    };
-    let files: Vec<(String, deltalake::kernel::Remove)> = snapshot
-        .log_data()
-        .iter()
-        .map(|f| (f.path().to_string(), f.remove_action(true)))
-        .collect();
-    let shared = Arc::new(Shared {
-        schema: schema.clone(),
-        key_at,
-        converter,
-        gone,
-        gone_ints,
-    });
-    crate::util::steps::step!(debug, steps, "collected the replaced keys");
-    if marking {
-        // Three independent pieces of work, side by side: the vectors (a read of the
-        // target's key columns, one file per core), the file of new rows, the change file.
-        let new_rows = arrow::cast_batch(&new_rows, &schema)?;
-        let rows_file = {
-            let (table, rows) = (table.clone(), new_rows.clone());
-            tokio::spawn(async move {
-                match rows.num_rows() {
-                    0 => Ok(Vec::new()),
-                    _ => crate::storage::write::write_files(&table, vec![rows]).await,
-                }
-            })
-        };
-        let (marked, cdc) = tokio::try_join!(
-            mark_deleted(table, &shared, &root, snapshot, &deleted),
-            write_change_file(table, &root, &schema, old_rows, &new_rows),
-        )?;
-        let adds = rows_file
-            .await
-            .map_err(|e| EngineError::Internal(format!("a writing task failed: {e}")))??;
-        crate::util::steps::step!(
-            debug,
-            steps,
-            "marked the replaced rows in deletion vectors, wrote the new rows and the change file"
-        );
-        let n = marked.len();
-        let mut actions: Vec<Action> = marked.into_iter().flatten().collect();
-        actions.extend(adds.into_iter().map(Action::Add));
-        let what = format!(
-            "the rows of {} key(s) ({}) replaced, old rows marked deleted",
-            shared.gone.len(),
-            keys.join(", ")
-        );
-        commit_replacement(table, cdc, actions, SaveMode::Append, what, commit).await?;
-        crate::util::steps::step!(debug, steps, "committed");
-        return Ok(Some(Replaced {
-            files_read: files.len(),
-            files_rewritten: 0,
-            files_marked: n,
-        }));
-    }
+    })
+}
 
-    // Which files hold a replaced key: key columns only, one file per core at a time.
+/// What marking the replaced rows wrote.
+struct Marked {
+    /// Each file's deletion-vector actions.
+    vectors: Vec<Vec<Action>>,
+    /// The file of new rows.
+    adds: Vec<deltalake::kernel::Add>,
+    /// The change file.
+    cdc: AddCDCFile,
+}
+
+/// Marks the replaced rows in deletion vectors and writes the new rows and the change file.
+async fn mark_replaced(
+    table: &DeltaTable,
+    shared: &Arc<Shared>,
+    layout: &Layout,
+    snapshot: &deltalake::table::state::DeltaTableState,
+    old_rows: &RecordBatch,
+    new_rows: RecordBatch,
+) -> Result<Marked> {
+    // Three independent pieces of work, side by side: the vectors (a read of the
+    // target's key columns, one file per core), the file of new rows, the change file.
+    let (root, schema) = (&layout.root, &layout.schema);
+    let new_rows = arrow::cast_batch(&new_rows, schema)?;
+    let rows_file = {
+        let (table, rows) = (table.clone(), new_rows.clone());
+        tokio::spawn(async move {
+            match rows.num_rows() {
+                0 => Ok(Vec::new()),
+                _ => crate::storage::write::write_files(&table, vec![rows]).await,
+            }
+        })
+    };
+    let (vectors, cdc) = tokio::try_join!(
+        mark_deleted(table, shared, root, snapshot, &layout.deleted),
+        write_change_file(table, root, schema, old_rows, &new_rows),
+    )?;
+    let adds = rows_file
+        .await
+        .map_err(|e| EngineError::Internal(format!("a writing task failed: {e}")))??;
+    Ok(Marked { vectors, adds, cdc })
+}
+
+/// Which files hold a replaced key: key columns only, one file per core at a time.
+async fn find_touched(
+    shared: &Arc<Shared>,
+    root: &Path,
+    files: &[(String, deltalake::kernel::Remove)],
+) -> Result<Vec<(String, deltalake::kernel::Remove)>> {
     let lanes = crate::util::threads::parallelism();
     let mut touched = Vec::new();
     for chunk in files.chunks(lanes) {
@@ -238,19 +346,31 @@ pub(crate) async fn replace_keys(
             }
         }
     }
+    Ok(touched)
+}
 
-    crate::util::steps::step!(debug, steps, "found the files holding replaced keys");
-    // Rewrite the files that hold one, one file per core at a time (each writer holds its
-    // file's encoded parquet until it is flushed); the new rows go with the first.
-    let new_rows = arrow::cast_batch(&new_rows, &schema)?;
+/// Rewrites the files that hold a replaced key, one file per core at a time (each writer
+/// holds its file's encoded parquet until it is flushed); the new rows go with the first.
+/// Returns the add actions.
+async fn rewrite_touched(
+    table: &DeltaTable,
+    shared: &Arc<Shared>,
+    layout: &mut Layout,
+    touched: &[(String, deltalake::kernel::Remove)],
+    new_rows: &RecordBatch,
+) -> Result<Vec<Action>> {
+    let lanes = crate::util::threads::parallelism();
     let mut pending = Some(new_rows.clone());
     let mut actions: Vec<Action> = Vec::new();
     for chunk in touched.chunks(lanes) {
         let writers: Vec<_> = chunk
             .iter()
             .map(|(path, _)| {
-                let (shared, file, table) = (shared.clone(), root.join(path), table.clone());
-                let (extra, gone) = (pending.take(), deleted.remove(path).unwrap_or_default());
+                let (shared, file, table) = (shared.clone(), layout.root.join(path), table.clone());
+                let (extra, gone) = (
+                    pending.take(),
+                    layout.deleted.remove(path).unwrap_or_default(),
+                );
                 tokio::spawn(async move { shared.rewrite(&file, &table, extra, gone).await })
             })
             .collect();
@@ -265,21 +385,7 @@ pub(crate) async fn replace_keys(
         let adds = crate::storage::write::write_files(table, vec![rows]).await?;
         actions.extend(adds.into_iter().map(Action::Add));
     }
-    actions.extend(touched.iter().map(|(_, r)| Action::Remove(r.clone())));
-    let what = format!(
-        "the rows of {} key(s) ({}) replaced",
-        shared.gone.len(),
-        keys.join(", ")
-    );
-    crate::util::steps::step!(debug, steps, "rewrote them");
-    let cdc = write_change_file(table, &root, &schema, old_rows, &new_rows).await?;
-    commit_replacement(table, cdc, actions, SaveMode::Overwrite, what, commit).await?;
-    crate::util::steps::step!(debug, steps, "wrote the change file and committed");
-    Ok(Some(Replaced {
-        files_read: files.len(),
-        files_rewritten: touched.len(),
-        files_marked: 0,
-    }))
+    Ok(actions)
 }
 
 /// The commit-info entry telling what a replacement replaced.

@@ -72,11 +72,67 @@ fn select_columns(
 
 /// Checks `flow` against the schema of its source and derives the event-store and target
 /// schemas. Nothing is read or written.
+///
+/// ```text
+///  output_columns ─▶ event_sql ─▶ plan_events ─▶ schemas ─▶ FlowSetup
+///  (COLUMNS, KEYS,   (the SELECT   (planned over   (event store, fold
+///   TRACK HISTORY)    of events)    an empty        and target, with
+///                                   source)         the timeline)
+/// ```
 pub(crate) async fn prepare_flow(
     flow: &CdcFlow,
     source: &SchemaRef,
     target_properties: &std::collections::BTreeMap<String, String>,
 ) -> Result<FlowSetup> {
+    let Output {
+        out_cols,
+        tracked_names,
+    } = output_columns(flow, source)?;
+    let sql = event_sql(flow, &out_cols);
+    let planned = plan_events(flow, source, &sql, out_cols.len()).await?;
+    let schemas = schemas(flow, &planned, &out_cols, target_properties)?;
+
+    let index = |name: &String| out_cols.iter().position(|c| c == name).unwrap_or(0);
+    let spec = FoldSpec {
+        n_out: out_cols.len(),
+        keys: flow.keys.iter().map(index).collect(),
+        tracked: tracked_names.iter().map(index).collect(),
+        scd2: flow.stored_as == ScdType::Type2,
+        options: FoldOptions {
+            ignore_null_updates: flow.ignore_null_updates,
+        },
+        flow: flow.name.clone(),
+    };
+    Ok(FlowSetup {
+        flow: flow.clone(),
+        select_sql: sql.select_sql,
+        out_cols,
+        key_names: flow.keys.clone(),
+        event_schema: schemas.event,
+        fold_schema: schemas.fold,
+        target_schema: schemas.target,
+        timeline: schemas.timeline,
+        spec,
+        source_feed: false,
+        tombstone_secs: match (&flow.kind, flow.stored_as) {
+            (FlowKind::Snapshot { .. }, _) | (_, ScdType::Type2 | ScdType::Snapshots) => None,
+            _ => Some(
+                crate::eventstore::tombstones::threshold(target_properties)
+                    .map_err(|e| flow_err(flow, format!("{}: {e}", flow.target)))?,
+            ),
+        },
+    })
+}
+
+/// The columns a flow writes and those whose changes it tracks.
+struct Output {
+    out_cols: Vec<String>,
+    tracked_names: Vec<String>,
+}
+
+/// The flow's output columns (`COLUMNS`) among the source's, its keys among them, no
+/// reserved name, and the tracked ones (`TRACK HISTORY ON`).
+fn output_columns(flow: &CdcFlow, source: &SchemaRef) -> Result<Output> {
     let available: Vec<String> = source.fields().iter().map(|f| f.name().clone()).collect();
     let out_cols = select_columns(flow, "COLUMNS", &flow.columns, &available)?;
     for k in &flow.keys {
@@ -117,7 +173,24 @@ pub(crate) async fn prepare_flow(
         None => out_cols.clone(),
         Some(sel) => select_columns(flow, "TRACK HISTORY ON", sel, &out_cols)?,
     };
+    Ok(Output {
+        out_cols,
+        tracked_names,
+    })
+}
 
+/// The SQL that turns source rows into events.
+#[derive(Debug)]
+struct EventSql {
+    /// The `SEQUENCE BY` expression.
+    seq_sql: String,
+    /// The output columns, the sequence and the operation, over the source placeholder.
+    select_sql: String,
+}
+
+/// The flow's event SELECT: its output columns, `SEQUENCE BY` and the operation its
+/// `APPLY AS TRUNCATE/DELETE WHEN` conditions give.
+fn event_sql(flow: &CdcFlow, out_cols: &[String]) -> EventSql {
     let seq_sql = match &flow.sequence_by {
         SequenceBy::Expr(e) => e.clone(),
         SequenceBy::Struct(fields) => format!(
@@ -156,9 +229,29 @@ pub(crate) async fn prepare_flow(
         quote_ident(OP_COL),
         strata_sql::SOURCE_PLACEHOLDER,
     );
+    EventSql {
+        seq_sql,
+        select_sql,
+    }
+}
 
-    // Plan the SELECT over an empty source: unknown columns in expressions, conditions that
-    // are not boolean and unorderable sequences are errors before anything runs.
+/// The event SELECT as planned.
+struct Planned {
+    /// The output columns' planned fields (then the sequence and the operation).
+    planned: Schema,
+    /// The type of the sequence (a snapshot flow's version).
+    seq_type: DataType,
+}
+
+/// Plans the event SELECT over an empty source: unknown columns in expressions, conditions
+/// that are not boolean and unorderable sequences are errors before anything runs.
+async fn plan_events(
+    flow: &CdcFlow,
+    source: &SchemaRef,
+    sql: &EventSql,
+    n_out: usize,
+) -> Result<Planned> {
+    let seq_sql = &sql.seq_sql;
     let ctx = crate::storage::session::new_session();
     let empty = RecordBatch::new_empty(source.clone());
     ctx.register_batch(strata_sql::SOURCE_PLACEHOLDER, empty)
@@ -185,11 +278,11 @@ pub(crate) async fn prepare_flow(
         }
     }
     let df = ctx
-        .sql(&select_sql)
+        .sql(&sql.select_sql)
         .await
         .map_err(|e| flow_err(flow, format!("SEQUENCE BY {seq_sql}: {e}")))?;
     let planned: Schema = df.schema().as_arrow().clone();
-    let mut seq_type = planned.field(out_cols.len()).data_type().clone();
+    let mut seq_type = planned.field(n_out).data_type().clone();
     if matches!(flow.kind, FlowKind::Snapshot { version_by: None }) {
         // Table mode: the version is the run's start time, as a Delta TIMESTAMP.
         seq_type = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
@@ -208,10 +301,28 @@ pub(crate) async fn prepare_flow(
             format!("SEQUENCE BY {seq_sql}: values of type {seq_type} cannot be ordered"),
         ));
     }
+    Ok(Planned { planned, seq_type })
+}
 
+/// The schemas a flow stores, and its target's timeline.
+struct Schemas {
+    event: SchemaRef,
+    fold: SchemaRef,
+    target: SchemaRef,
+    timeline: Timeline,
+}
+
+/// The event-store, fold and target schemas of the planned output; with history, the
+/// timeline from the target's properties, whose columns no output column may be named as.
+fn schemas(
+    flow: &CdcFlow,
+    planned: &Planned,
+    out_cols: &[String],
+    target_properties: &std::collections::BTreeMap<String, String>,
+) -> Result<Schemas> {
     // View types (DataFusion's in-memory string layout) are stored as plain strings.
-    let seq_type = arrow::storage_type(&seq_type);
-    let mut fields: Vec<Field> = planned.fields()[..out_cols.len()]
+    let seq_type = arrow::storage_type(&planned.seq_type);
+    let mut fields: Vec<Field> = planned.planned.fields()[..out_cols.len()]
         .iter()
         .map(|f| Field::new(f.name(), arrow::storage_type(f.data_type()), true))
         .collect();
@@ -244,36 +355,11 @@ pub(crate) async fn prepare_flow(
     fields.push(Field::new(SEQ_COL, seq_type, true));
     fields.push(Field::new(OP_COL, DataType::Int8, false));
     fields.push(Field::new(RUN_COL, DataType::Int64, false));
-
-    let index = |name: &String| out_cols.iter().position(|c| c == name).unwrap_or(0);
-    let spec = FoldSpec {
-        n_out: out_cols.len(),
-        keys: flow.keys.iter().map(index).collect(),
-        tracked: tracked_names.iter().map(index).collect(),
-        scd2: flow.stored_as == ScdType::Type2,
-        options: FoldOptions {
-            ignore_null_updates: flow.ignore_null_updates,
-        },
-        flow: flow.name.clone(),
-    };
-    Ok(FlowSetup {
-        flow: flow.clone(),
-        select_sql,
-        out_cols,
-        key_names: flow.keys.clone(),
-        event_schema: Arc::new(Schema::new(fields)),
-        fold_schema: Arc::new(Schema::new(fold_fields)),
-        target_schema: Arc::new(Schema::new(target_fields)),
+    Ok(Schemas {
+        event: Arc::new(Schema::new(fields)),
+        fold: Arc::new(Schema::new(fold_fields)),
+        target: Arc::new(Schema::new(target_fields)),
         timeline,
-        spec,
-        source_feed: false,
-        tombstone_secs: match (&flow.kind, flow.stored_as) {
-            (FlowKind::Snapshot { .. }, _) | (_, ScdType::Type2 | ScdType::Snapshots) => None,
-            _ => Some(
-                crate::eventstore::tombstones::threshold(target_properties)
-                    .map_err(|e| flow_err(flow, format!("{}: {e}", flow.target)))?,
-            ),
-        },
     })
 }
 
@@ -374,109 +460,11 @@ pub(crate) async fn check_existing(wh: &Warehouse, setup: &FlowSetup) -> Result<
         crate::storage::table::open_delta(&wh.event_store_path(&flow.target)).await?
     {
         let schema = crate::storage::table::table_schema(&store)?;
-        let mut key_and_seq: Vec<usize> = setup.spec.keys.clone();
-        key_and_seq.push(setup.spec.n_out);
-        for i in key_and_seq {
-            let want = setup.event_schema.field(i);
-            let ok = schema
-                .field_with_name(want.name())
-                .map(|f| arrow::same_type(f.data_type(), want.data_type()))
-                .unwrap_or(false);
-            if !ok {
-                return Err(flow_err(
-                    flow,
-                    format!(
-                        "the key columns or the SEQUENCE BY type changed since the flow last ran \
-                         (`{}` is now {}); a full refresh of {} is needed",
-                        if i == setup.spec.n_out {
-                            "SEQUENCE BY"
-                        } else {
-                            want.name()
-                        },
-                        want.data_type(),
-                        flow.target
-                    ),
-                ));
-            }
-        }
-        if added_columns(&schema, &setup.event_schema).is_none() {
-            let n = setup.out_cols.len();
-            let names = |s: &Schema, n: usize| -> Vec<String> {
-                s.fields()
-                    .iter()
-                    .take(n)
-                    .map(|f| f.name().clone())
-                    .collect()
-            };
-            let stored_n = schema.fields().len().saturating_sub(3);
-            let (now, before) = (names(&setup.event_schema, n), names(&schema, stored_n));
-            let gone: Vec<String> = before
-                .iter()
-                .filter(|c| !now.contains(c))
-                .map(|c| format!("`{c}`"))
-                .collect();
-            let advice = if gone.is_empty() {
-                format!(
-                    "a column changed its type or its place; columns can only be added (at \
-                     any place, earlier rows then read NULL), so a full refresh of {} is needed",
-                    flow.target
-                )
-            } else {
-                format!(
-                    "the flow no longer produces {}; columns can only be added, so list the \
-                     dropped columns again or run --full-refresh {}",
-                    gone.join(", "),
-                    flow.target
-                )
-            };
-            return Err(flow_err(
-                flow,
-                format!(
-                    "the output columns changed since the flow last ran (now {}; the target has {}); \
-                     {advice}",
-                    now.join(", "),
-                    before.join(", "),
-                ),
-            ));
-        }
+        check_store_schema(setup, &schema)?;
     }
     if let Some(target) = wh.open_table(&flow.target).await? {
         let config = crate::storage::table::table_properties(&target)?;
-        let mode = scd_type_property(flow.stored_as);
-        if let Some(recorded) = config.get("strata.scdType").filter(|m| **m != mode) {
-            let name = |m: &str| match m {
-                "1" => "SCD TYPE 1".to_string(),
-                "2" => "SCD TYPE 2".to_string(),
-                "snapshots" => "SNAPSHOTS".to_string(),
-                other => other.to_string(),
-            };
-            return Err(flow_err(
-                flow,
-                format!(
-                    "{} is stored as {} but the flow now says STORED AS {}; switching the \
-                     history mode needs a rebuild of {} from its source (remove the table and \
-                     its state under _strata, then run again)",
-                    flow.target,
-                    name(recorded),
-                    flow.stored_as,
-                    flow.target
-                ),
-            ));
-        }
-        let recorded = config.get("strata.keys").cloned();
-        if let Some(recorded) = recorded {
-            if recorded != setup.key_names.join(",") {
-                return Err(flow_err(
-                    flow,
-                    format!(
-                        "KEYS changed from ({recorded}) to ({}) since the flow last ran; \
-                         a full refresh of {} is needed",
-                        setup.key_names.join(", "),
-                        flow.target
-                    ),
-                ));
-            }
-        }
+        check_target_properties(setup, &config)?;
         let schema = crate::storage::table::table_schema(&target)?;
         if added_columns(&schema, &setup.target_schema).is_none() {
             return Err(flow_err(
@@ -486,6 +474,129 @@ pub(crate) async fn check_existing(wh: &Warehouse, setup: &FlowSetup) -> Result<
                     flow.target,
                     arrow::describe_fields(&schema),
                     arrow::describe_fields(&setup.target_schema)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks the event store's schema against the flow's: the same key and sequence types,
+/// and output columns changed only by additions.
+fn check_store_schema(setup: &FlowSetup, schema: &Schema) -> Result<()> {
+    let flow = &setup.flow;
+    let mut key_and_seq: Vec<usize> = setup.spec.keys.clone();
+    key_and_seq.push(setup.spec.n_out);
+    for i in key_and_seq {
+        let want = setup.event_schema.field(i);
+        let ok = schema
+            .field_with_name(want.name())
+            .map(|f| arrow::same_type(f.data_type(), want.data_type()))
+            .unwrap_or(false);
+        if !ok {
+            return Err(flow_err(
+                flow,
+                format!(
+                    "the key columns or the SEQUENCE BY type changed since the flow last ran \
+                     (`{}` is now {}); a full refresh of {} is needed",
+                    if i == setup.spec.n_out {
+                        "SEQUENCE BY"
+                    } else {
+                        want.name()
+                    },
+                    want.data_type(),
+                    flow.target
+                ),
+            ));
+        }
+    }
+    if added_columns(schema, &setup.event_schema).is_none() {
+        return Err(columns_changed(setup, schema));
+    }
+    Ok(())
+}
+
+/// The error for output columns that changed other than by additions since the event store
+/// (`schema`) was written, with advice on dropped columns.
+fn columns_changed(setup: &FlowSetup, schema: &Schema) -> EngineError {
+    let flow = &setup.flow;
+    let n = setup.out_cols.len();
+    let names = |s: &Schema, n: usize| -> Vec<String> {
+        s.fields()
+            .iter()
+            .take(n)
+            .map(|f| f.name().clone())
+            .collect()
+    };
+    let stored_n = schema.fields().len().saturating_sub(3);
+    let (now, before) = (names(&setup.event_schema, n), names(schema, stored_n));
+    let gone: Vec<String> = before
+        .iter()
+        .filter(|c| !now.contains(c))
+        .map(|c| format!("`{c}`"))
+        .collect();
+    let advice = if gone.is_empty() {
+        format!(
+            "a column changed its type or its place; columns can only be added (at \
+             any place, earlier rows then read NULL), so a full refresh of {} is needed",
+            flow.target
+        )
+    } else {
+        format!(
+            "the flow no longer produces {}; columns can only be added, so list the \
+             dropped columns again or run --full-refresh {}",
+            gone.join(", "),
+            flow.target
+        )
+    };
+    flow_err(
+        flow,
+        format!(
+            "the output columns changed since the flow last ran (now {}; the target has {}); \
+             {advice}",
+            now.join(", "),
+            before.join(", "),
+        ),
+    )
+}
+
+/// Checks the history mode and keys an existing target recorded in its properties.
+fn check_target_properties(
+    setup: &FlowSetup,
+    config: &std::collections::HashMap<String, String>,
+) -> Result<()> {
+    let flow = &setup.flow;
+    let mode = scd_type_property(flow.stored_as);
+    if let Some(recorded) = config.get("strata.scdType").filter(|m| **m != mode) {
+        let name = |m: &str| match m {
+            "1" => "SCD TYPE 1".to_string(),
+            "2" => "SCD TYPE 2".to_string(),
+            "snapshots" => "SNAPSHOTS".to_string(),
+            other => other.to_string(),
+        };
+        return Err(flow_err(
+            flow,
+            format!(
+                "{} is stored as {} but the flow now says STORED AS {}; switching the \
+                 history mode needs a rebuild of {} from its source (remove the table and \
+                 its state under _strata, then run again)",
+                flow.target,
+                name(recorded),
+                flow.stored_as,
+                flow.target
+            ),
+        ));
+    }
+    let recorded = config.get("strata.keys").cloned();
+    if let Some(recorded) = recorded {
+        if recorded != setup.key_names.join(",") {
+            return Err(flow_err(
+                flow,
+                format!(
+                    "KEYS changed from ({recorded}) to ({}) since the flow last ran; \
+                     a full refresh of {} is needed",
+                    setup.key_names.join(", "),
+                    flow.target
                 ),
             ));
         }
@@ -505,6 +616,53 @@ mod tests {
                 .map(|(n, t, null)| Field::new(*n, t.clone(), *null))
                 .collect::<Vec<_>>(),
         )
+    }
+
+    fn flow(sql: &str) -> CdcFlow {
+        let statements = strata_sql::parse_pipeline(sql).expect("parses").statements;
+        statements
+            .into_iter()
+            .find_map(|s| match s {
+                strata_sql::Statement::Flow(f) => Some(f),
+                _ => None,
+            })
+            .expect("a flow")
+    }
+
+    /// The event SELECT: the output columns, the sequence, and the operation the
+    /// conditions give (truncates before deletes).
+    #[test]
+    fn event_sql_selects_columns_sequence_and_operation() {
+        let f = flow(
+            "CREATE FLOW f AS AUTO CDC INTO t FROM STREAM(s) KEYS (id) \
+             APPLY AS DELETE WHEN op = 'D' APPLY AS TRUNCATE WHEN op = 'T' \
+             SEQUENCE BY ts STORED AS SCD TYPE 1;",
+        );
+        let sql = event_sql(&f, &["id".to_string(), "name".to_string()]);
+        let SequenceBy::Expr(seq) = &f.sequence_by else {
+            panic!("a plain sequence")
+        };
+        let (Some(delete), Some(truncate)) = (&f.delete_when, &f.truncate_when) else {
+            panic!("both conditions")
+        };
+        assert_eq!(&sql.seq_sql, seq);
+        assert_eq!(
+            sql.select_sql,
+            format!(
+                "SELECT {}, {}, {seq} AS {}, CAST(CASE WHEN ({truncate}) THEN 2 WHEN ({delete}) \
+                 THEN 1 ELSE 0 END AS TINYINT) AS {} FROM {}",
+                quote_ident("id"),
+                quote_ident("name"),
+                quote_ident(SEQ_COL),
+                quote_ident(OP_COL),
+                strata_sql::SOURCE_PLACEHOLDER
+            )
+        );
+        let plain =
+            flow("CREATE FLOW f AS AUTO CDC INTO t FROM STREAM(s) KEYS (id) SEQUENCE BY ts;");
+        assert!(event_sql(&plain, &["id".to_string()])
+            .select_sql
+            .contains("CAST(0 AS TINYINT)"));
     }
 
     /// Only nullable columns added anywhere, with every old column kept in order and type,

@@ -42,6 +42,7 @@ use crate::util::sql::quote_ident;
 use ahash::{AHashMap, AHashSet};
 use deltalake::arrow::array::RecordBatch;
 use deltalake::arrow::compute::concat_batches;
+use deltalake::arrow::row::Rows;
 use deltalake::datafusion::common::Column;
 use deltalake::datafusion::prelude::{col, lit, Expr, SessionContext};
 use deltalake::datafusion::scalar::ScalarValue;
@@ -210,6 +211,12 @@ async fn state_at(ctx: &SessionContext, setup: &FlowSetup, v: &ScalarValue) -> R
 /// from the whole store, which is the common case of a snapshot newer than all before it.
 /// In that case, with one integer key, `digest_at` (the digest directory and the store
 /// version) says where the digest of that state may already be (`eventstore/digest.rs`).
+///
+/// ```text
+///  Delivery::group ─▶ stored_versions ─▶ per version: place ─▶ by_digest, else by_diff
+///  (the versions      (those applied       (its neighbours    (upserts, deletes,   ─▶ finish
+///   delivered)         before)              p and n)           marker, pins)
+/// ```
 pub(crate) async fn to_events(
     ctx: &SessionContext,
     setup: &FlowSetup,
@@ -220,30 +227,8 @@ pub(crate) async fn to_events(
     run: i64,
 ) -> Result<SnapshotEvents> {
     let steps = crate::util::steps::Steps::new(&setup.flow.name, "snapshot: ");
-    let step = |what: &str| crate::util::steps::step!(debug, steps, what);
-    // One version (the common case): its rows stay in the pieces they came in. Several: the
-    // rows are put in one batch and grouped.
-    let one = one_version(setup, rows)?;
-    let whole = match &one {
-        Some(_) => None,
-        None => Some(match rows {
-            [b] => b.clone(),
-            _ => {
-                let schema = rows
-                    .first()
-                    .map_or_else(|| setup.event_schema.clone(), |b| b.schema());
-                concat_batches(&schema, rows).context(|| "snapshot rows".into())?
-            }
-        }),
-    };
-    let versions = match (&one, &whole) {
-        (Some(v), _) => Versions {
-            groups: vec![(v.clone(), Vec::new())],
-        },
-        (None, Some(w)) => group_versions(setup, w)?,
-        (None, None) => Versions { groups: Vec::new() },
-    };
-    let mut applied: Vec<ScalarValue> = Vec::new();
+    let delivery = Delivery::group(setup, rows)?;
+    let mut stored: Vec<ScalarValue> = Vec::new();
     if has_store {
         register_effective(
             ctx,
@@ -253,31 +238,100 @@ pub(crate) async fn to_events(
             None,
         )
         .await?;
-        applied = stored_versions(ctx).await?;
+        stored = stored_versions(ctx).await?;
     }
-    step("grouped the versions and listed the stored ones");
-    let stored: Vec<ScalarValue> = applied.clone();
-    let pending: Vec<ScalarValue> = versions.groups.iter().map(|g| g.0.clone()).collect();
-    let empty = RecordBatch::new_empty(data_schema(setup));
-    let mut parts: Vec<RecordBatch> = Vec::new();
-    let mut markers: Vec<RecordBatch> = Vec::new();
-    let mut superseded: Vec<RecordBatch> = Vec::new();
-    let mut notes = Vec::new();
-    let mut last: Option<(ScalarValue, Snap)> = None;
-    let mut current_state: Option<RecordBatch> = None;
-    // Keys given a pin at a version earlier in this run: their state there is already
-    // restored as it was (a later version's state before it is no longer the old one).
-    let mut pinned: Vec<(ScalarValue, AHashSet<Vec<u8>>)> = Vec::new();
-    // One key column: a version newer than all before it is diffed by digest.
-    let digest_key = match setup.spec.keys.as_slice() {
-        [k] => Some(*k),
-        _ => None,
+    crate::util::steps::step!(
+        debug,
+        steps,
+        "grouped the versions and listed the stored ones"
+    );
+    let pending: Vec<ScalarValue> = delivery
+        .versions
+        .groups
+        .iter()
+        .map(|g| g.0.clone())
+        .collect();
+    let mut applying = Applying::new(run, &steps, stored.clone());
+    let mut states = States {
+        ctx,
+        setup,
+        current,
+        stored,
+        current_state: None,
+        empty: RecordBatch::new_empty(data_schema(setup)),
     };
-    let fingerprint = digest_fingerprint(setup);
-    let mut last_digest: Option<(ScalarValue, digest::Digest)> = None;
+    let digests = Digests {
+        // One key column: a version newer than all before it is diffed by digest.
+        key: match setup.spec.keys.as_slice() {
+            [k] => Some(*k),
+            _ => None,
+        },
+        fingerprint: digest_fingerprint(setup),
+        at: digest_at,
+    };
+    for (v, idx) in &delivery.versions.groups {
+        let snap = delivery.snap(setup, rows, idx)?;
+        let place = applying.place(&states.stored, v);
+        let from_file = applying.digest_file(&states, &digests, &place);
+        let (by_digest, saved) = match (digests.key, place.newest()) {
+            (Some(k), true) => hash_snapshot(setup, &snap, k, from_file)?,
+            _ => (None, None),
+        };
+        match by_digest {
+            Some((k, sd)) => {
+                applying
+                    .by_digest(&mut states, v, &place, snap, k, sd, saved)
+                    .await?
+            }
+            None => {
+                applying.last_digest = None;
+                applying
+                    .by_diff(&mut states, v, &place, snap, &pending)
+                    .await?
+            }
+        }
+    }
+    applying.finish(setup)
+}
 
-    for (v, idx) in &versions.groups {
-        let snap = match &whole {
+/// The snapshot rows of one run, grouped by version.
+struct Delivery {
+    /// With several versions, the rows in one batch (one version: they stay in the pieces
+    /// they came in).
+    whole: Option<RecordBatch>,
+    versions: Versions,
+}
+
+impl Delivery {
+    fn group(setup: &FlowSetup, rows: &[RecordBatch]) -> Result<Delivery> {
+        // One version (the common case): its rows stay in the pieces they came in. Several:
+        // the rows are put in one batch and grouped.
+        let one = one_version(setup, rows)?;
+        let whole = match &one {
+            Some(_) => None,
+            None => Some(match rows {
+                [b] => b.clone(),
+                _ => {
+                    let schema = rows
+                        .first()
+                        .map_or_else(|| setup.event_schema.clone(), |b| b.schema());
+                    concat_batches(&schema, rows).context(|| "snapshot rows".into())?
+                }
+            }),
+        };
+        let versions = match (&one, &whole) {
+            (Some(v), _) => Versions {
+                groups: vec![(v.clone(), Vec::new())],
+            },
+            (None, Some(w)) => group_versions(setup, w)?,
+            (None, None) => Versions { groups: Vec::new() },
+        };
+        Ok(Delivery { whole, versions })
+    }
+
+    /// The data rows of one version (`idx`: its rows in `whole`).
+    fn snap(&self, setup: &FlowSetup, rows: &[RecordBatch], idx: &[u32]) -> Result<Snap> {
+        Ok(match &self.whole {
             None => Snap::new(
                 data_schema(setup),
                 rows.iter()
@@ -288,210 +342,414 @@ pub(crate) async fn to_events(
                 data_schema(setup),
                 vec![data_only(setup, &take_rows(w, idx)?)?],
             ),
-        };
-        let p = applied.iter().rev().find(|a| *a < v).cloned();
-        let n = applied.iter().find(|a| *a > v).cloned();
-        let redelivery = stored.contains(v);
+        })
+    }
+}
 
-        let latest_stored = stored.last();
-        let mut state = async |at: &ScalarValue| -> Result<RecordBatch> {
-            match current {
-                Some(t) if Some(at) == latest_stored => {
-                    if current_state.is_none() {
-                        current_state = Some(target_state(setup, t).await?);
-                    }
-                    Ok(current_state.clone().unwrap_or_else(|| empty.clone()))
+/// Where the states before the versions come from: the target (the state at the latest
+/// stored version, when in step) or the fold of the stored events.
+struct States<'a> {
+    ctx: &'a SessionContext,
+    setup: &'a FlowSetup,
+    current: Option<&'a DeltaTable>,
+    /// The versions applied before this run, ascending.
+    stored: Vec<ScalarValue>,
+    /// The target's rows, once read.
+    current_state: Option<RecordBatch>,
+    empty: RecordBatch,
+}
+
+impl States<'_> {
+    /// The state at stored version `at`.
+    async fn at(&mut self, at: &ScalarValue) -> Result<RecordBatch> {
+        match self.current {
+            Some(t) if Some(at) == self.stored.last() => {
+                if self.current_state.is_none() {
+                    self.current_state = Some(target_state(self.setup, t).await?);
                 }
-                _ => state_at(ctx, setup, at).await,
+                Ok(self
+                    .current_state
+                    .clone()
+                    .unwrap_or_else(|| self.empty.clone()))
             }
-        };
-        let newest = n.is_none() && !redelivery;
-        // The state before `v` from the digest file: the latest stored version, not
-        // re-derived earlier in this run.
-        let p_in_run = |lv: &ScalarValue| p.as_ref() == Some(lv);
-        let (dir, at) = digest_at;
-        let from_file = match (current, &fingerprint) {
+            _ => state_at(self.ctx, self.setup, at).await,
+        }
+    }
+}
+
+/// How versions are diffed by digest: the one key column, the digests' fingerprint, and
+/// where the digest of the latest stored state may be (its directory, its store version).
+struct Digests<'a> {
+    key: Option<usize>,
+    fingerprint: Option<String>,
+    at: (&'a std::path::Path, i64),
+}
+
+/// Where a delivered version falls among the applied ones.
+struct Place {
+    /// The applied version before it.
+    p: Option<ScalarValue>,
+    /// The applied version after it.
+    n: Option<ScalarValue>,
+    /// It was applied before this run.
+    redelivery: bool,
+}
+
+impl Place {
+    /// Newer than every version applied.
+    fn newest(&self) -> bool {
+        self.n.is_none() && !self.redelivery
+    }
+}
+
+/// What applying the versions so far produced, and what the next ones need of it.
+struct Applying<'a> {
+    run: i64,
+    steps: &'a crate::util::steps::Steps<'a>,
+    /// Every version applied, stored or by this run, ascending.
+    applied: Vec<ScalarValue>,
+    parts: Vec<RecordBatch>,
+    markers: Vec<RecordBatch>,
+    superseded: Vec<RecordBatch>,
+    notes: Vec<String>,
+    /// The version applied last in this run, and its rows.
+    last: Option<(ScalarValue, Snap)>,
+    /// Keys given a pin at a version earlier in this run: their state there is already
+    /// restored as it was (a later version's state before it is no longer the old one).
+    pinned: Vec<(ScalarValue, AHashSet<Vec<u8>>)>,
+    /// The digest of the version applied last, when it was diffed by digest.
+    last_digest: Option<(ScalarValue, digest::Digest)>,
+}
+
+impl<'a> Applying<'a> {
+    /// Nothing applied yet by this run; `stored`: the versions applied before.
+    fn new(run: i64, steps: &'a crate::util::steps::Steps<'a>, stored: Vec<ScalarValue>) -> Self {
+        Applying {
+            run,
+            steps,
+            applied: stored,
+            parts: Vec::new(),
+            markers: Vec::new(),
+            superseded: Vec::new(),
+            notes: Vec::new(),
+            last: None,
+            pinned: Vec::new(),
+            last_digest: None,
+        }
+    }
+
+    fn step(&self, what: &str) {
+        crate::util::steps::step!(debug, self.steps, what);
+    }
+
+    /// Where `v` falls among the applied versions.
+    fn place(&self, stored: &[ScalarValue], v: &ScalarValue) -> Place {
+        Place {
+            p: self.applied.iter().rev().find(|a| *a < v).cloned(),
+            n: self.applied.iter().find(|a| *a > v).cloned(),
+            redelivery: stored.contains(v),
+        }
+    }
+
+    /// Where the digest of the state before the version may be read: the latest stored
+    /// version's, when that is the state before it and was not derived earlier in this run.
+    fn digest_file<'d>(
+        &self,
+        states: &States<'_>,
+        digests: &'d Digests<'_>,
+        place: &Place,
+    ) -> Option<(&'d std::path::Path, i64, &'d str)> {
+        let p_in_run = |lv: &ScalarValue| place.p.as_ref() == Some(lv);
+        let (dir, at) = digests.at;
+        match (states.current, &digests.fingerprint) {
             (Some(_), Some(fp))
-                if p.is_some()
-                    && p.as_ref() == latest_stored
-                    && !last_digest.as_ref().is_some_and(|(lv, _)| p_in_run(lv))
-                    && !last.as_ref().is_some_and(|(lv, _)| p_in_run(lv)) =>
+                if place.p.is_some()
+                    && place.p.as_ref() == states.stored.last()
+                    && !self
+                        .last_digest
+                        .as_ref()
+                        .is_some_and(|(lv, _)| p_in_run(lv))
+                    && !self.last.as_ref().is_some_and(|(lv, _)| p_in_run(lv)) =>
             {
-                Some((dir, at, fp))
+                Some((dir, at, fp.as_str()))
             }
             _ => None,
-        };
-        let (by_digest, saved) = match (digest_key, newest) {
-            (Some(k), true) => std::thread::scope(|scope| {
-                // Read the file while the snapshot is hashed.
-                // Its own clock: the step after the join shows the longer of the two.
-                let loading = from_file.map(|(dir, at, fp)| {
-                    scope.spawn(move || {
-                        let clock = crate::util::steps::Steps::new(&setup.flow.name, "snapshot: ");
-                        let d = digest::load(dir, at, fp);
-                        crate::util::steps::step!(debug, clock, "loaded the state digest");
-                        d
-                    })
-                });
-                let hashed = digest::of_pieces(&snap.pieces, k);
-                let saved = loading.and_then(|h| h.join().ok()).flatten();
-                hashed.map(|d| (d.map(|d| (k, d)), saved))
-            })?,
-            _ => (None, None),
-        };
-        if let Some((k, sd)) = by_digest {
-            step("hashed the snapshot's rows and sorted its keys");
-            let old = match &p {
-                None => digest::Digest::empty(snap.schema.field(k).data_type()),
-                Some(p) => match (last_digest.take(), &last, saved) {
-                    // The version before was applied earlier in this run.
-                    (Some((lv, d)), _, _) if &lv == p => d,
-                    (_, Some((lv, ls)), _) if lv == p => digest_of_state(ls.batch()?, k)?,
-                    (_, _, Some(d)) => d,
-                    _ => digest_of_state(&state(p).await?, k)?,
-                },
-            };
-            step("read the state digest before the version");
-            let d = digest::diff(&sd, &old).map_err(|i| match snap.take(&[i]) {
-                Ok(row) => appears_twice(setup, &row, 0, v),
-                Err(e) => e,
-            })?;
-            step("diffed by digest");
-            parts.push(snap.events(setup, &d.upserts, v, 0, run)?);
-            parts.push(delete_events(setup, k, old.keys_at(&d.deletes)?, v, run)?);
-            markers.push(marker(setup, v, run)?);
-            let pos = applied.partition_point(|a| a < v);
-            applied.insert(pos, v.clone());
-            last_digest = Some((v.clone(), sd.digest));
-            last = Some((v.clone(), snap));
-            continue;
         }
-        last_digest = None;
-        let state_p = match &p {
-            None => empty.clone(),
-            Some(p) => match &last {
-                Some((lv, ls)) if lv == p => ls.batch()?.clone(),
-                _ => state(p).await?,
+    }
+
+    /// Applies version `v` by digest (`sd`, the snapshot's; key column `k`; `saved`, the
+    /// state digest read from its file).
+    #[allow(clippy::too_many_arguments)]
+    async fn by_digest(
+        &mut self,
+        states: &mut States<'_>,
+        v: &ScalarValue,
+        place: &Place,
+        snap: Snap,
+        k: usize,
+        sd: digest::SnapshotDigest,
+        saved: Option<digest::Digest>,
+    ) -> Result<()> {
+        let setup = states.setup;
+        self.step("hashed the snapshot's rows and sorted its keys");
+        let old = match &place.p {
+            None => digest::Digest::empty(snap.schema.field(k).data_type()),
+            Some(p) => match (self.last_digest.take(), &self.last, saved) {
+                // The version before was applied earlier in this run.
+                (Some((lv, d)), _, _) if &lv == p => d,
+                (_, Some((lv, ls)), _) if lv == p => digest_of_state(ls.batch()?, k)?,
+                (_, _, Some(d)) => d,
+                _ => digest_of_state(&states.at(p).await?, k)?,
             },
         };
-        let old_state_v = if redelivery {
-            state(v).await?
+        self.step("read the state digest before the version");
+        let d = digest::diff(&sd, &old).map_err(|i| match snap.take(&[i]) {
+            Ok(row) => appears_twice(setup, &row, 0, v),
+            Err(e) => e,
+        })?;
+        self.step("diffed by digest");
+        let run = self.run;
+        self.parts.push(snap.events(setup, &d.upserts, v, 0, run)?);
+        self.parts
+            .push(delete_events(setup, k, old.keys_at(&d.deletes)?, v, run)?);
+        self.markers.push(marker(setup, v, run)?);
+        let pos = self.applied.partition_point(|a| a < v);
+        self.applied.insert(pos, v.clone());
+        self.last_digest = Some((v.clone(), sd.digest));
+        self.last = Some((v.clone(), snap));
+        Ok(())
+    }
+
+    /// Applies version `v` by diffing its rows against the state before it, superseding
+    /// a redelivery's earlier events and pinning the next version's state for a late one.
+    async fn by_diff(
+        &mut self,
+        states: &mut States<'_>,
+        v: &ScalarValue,
+        place: &Place,
+        snap: Snap,
+        pending: &[ScalarValue],
+    ) -> Result<()> {
+        let (setup, run) = (states.setup, self.run);
+        let state_p = match &place.p {
+            None => states.empty.clone(),
+            Some(p) => match &self.last {
+                Some((lv, ls)) if lv == p => ls.batch()?.clone(),
+                _ => states.at(p).await?,
+            },
+        };
+        let old_state_v = if place.redelivery {
+            states.at(v).await?
         } else {
             state_p.clone()
         };
 
-        step("read the state before the version");
+        self.step("read the state before the version");
         let snap = snap.batch()?.clone();
         let d = diff(setup, &snap, &state_p, v)?;
-        step("diffed");
-        parts.push(make_events(setup, &snap, &d.upserts, v, 0, run)?);
-        parts.push(make_events(setup, &state_p, &d.deletes, v, 1, run)?);
-        markers.push(marker(setup, v, run)?);
+        self.step("diffed");
+        self.parts
+            .push(make_events(setup, &snap, &d.upserts, v, 0, run)?);
+        self.parts
+            .push(make_events(setup, &state_p, &d.deletes, v, 1, run)?);
+        self.markers.push(marker(setup, v, run)?);
 
-        let changed = if redelivery {
+        let changed = if place.redelivery {
             diff(setup, &snap, &old_state_v, v)?
         } else {
             d.clone()
         };
         let n_changed = changed.upserts.len() + changed.deletes.len();
-        if redelivery {
-            superseded.push(stored_events(ctx, setup, col(SEQ_COL).eq(lit(v.clone()))).await?);
-            notes.push(format!(
+        if place.redelivery {
+            self.superseded
+                .push(stored_events(states.ctx, setup, col(SEQ_COL).eq(lit(v.clone()))).await?);
+            self.notes.push(format!(
                 "snapshot version {} redelivered: it replaces the earlier delivery ({} key(s) differ)",
                 render_version(v),
                 n_changed
             ));
         }
-        if let Some(n) = &n {
-            if !redelivery {
-                notes.push(format!(
-                    "snapshot version {} arrived after version {} was applied: placed into history{}",
-                    render_version(v),
-                    render_version(n),
-                    match &p {
-                        Some(p) => format!(" between versions {} and {}", render_version(p), render_version(n)),
-                        None => " before it".to_string(),
-                    }
-                ));
+        if let Some(n) = &place.n {
+            if !place.redelivery {
+                self.notes.push(late_note(v, place.p.as_ref(), n));
             }
             // Pins keep the state at `n` as it was for the keys `v` changed, unless `n` is
             // itself delivered again later in this run (then it is re-derived from `v`).
             if n_changed > 0 && !pending.contains(n) {
-                let mut at_n = key_set(
-                    setup,
-                    &stored_events(ctx, setup, col(SEQ_COL).eq(lit(n.clone()))).await?,
-                )?;
-                if let Some((_, keys)) = pinned.iter().find(|(at, _)| at == n) {
-                    at_n.extend(keys.iter().cloned());
-                }
-                let (sk, ok) = (setup.key_rows(&snap)?, setup.key_rows(&old_state_v)?);
-                let old_keys: AHashMap<&[u8], u32> = (0..old_state_v.num_rows())
-                    .map(|i| (ok.row(i).data(), i as u32))
-                    .collect();
-                let mut pin_upserts: Vec<u32> = Vec::new();
-                let mut pin_deletes: Vec<u32> = Vec::new();
-                for &i in &changed.upserts {
-                    let k = sk.row(i as usize).data();
-                    if at_n.contains(k) {
-                        continue;
-                    }
-                    if let Some(&j) = old_keys.get(k) {
-                        // Changed value: restore the old one at n.
-                        pin_upserts.push(j);
-                    } else {
-                        pin_deletes.push(i);
-                    }
-                }
-                for &j in &changed.deletes {
-                    if !at_n.contains(ok.row(j as usize).data()) {
-                        pin_upserts.push(j);
-                    }
-                }
-                let now_pinned = pin_upserts
-                    .iter()
-                    .map(|&j| ok.row(j as usize).data().to_vec())
-                    .chain(
-                        pin_deletes
-                            .iter()
-                            .map(|&i| sk.row(i as usize).data().to_vec()),
-                    );
-                match pinned.iter_mut().find(|(at, _)| at == n) {
-                    Some((_, keys)) => keys.extend(now_pinned),
-                    None => pinned.push((n.clone(), now_pinned.collect())),
-                }
-                parts.push(make_events(setup, &old_state_v, &pin_upserts, n, 0, run)?);
-                parts.push(make_events(setup, &snap, &pin_deletes, n, 1, run)?);
+                self.pin(states, n, &snap, &old_state_v, &changed).await?;
             }
         }
-        if !applied.contains(v) {
-            let pos = applied.partition_point(|a| a < v);
-            applied.insert(pos, v.clone());
+        if !self.applied.contains(v) {
+            let pos = self.applied.partition_point(|a| a < v);
+            self.applied.insert(pos, v.clone());
         }
-        last = Some((v.clone(), Snap::new(data_schema(setup), vec![snap])));
+        self.last = Some((v.clone(), Snap::new(data_schema(setup), vec![snap])));
+        Ok(())
     }
 
-    let events =
-        concat_batches(&setup.event_schema, &parts).context(|| "snapshot events".into())?;
-    let markers =
-        concat_batches(&setup.event_schema, &markers).context(|| "snapshot markers".into())?;
-    let superseded = match superseded.is_empty() {
-        true => None,
-        false => Some(
-            concat_batches(&setup.event_schema, &superseded)
-                .context(|| "superseded events".into())?,
-        ),
-    };
-    // The digest describes the state after the run when its version is the newest applied.
-    let state_digest = last_digest
-        .filter(|(v, _)| applied.last() == Some(v))
-        .map(|(_, d)| d);
-    Ok(SnapshotEvents {
-        events,
-        markers,
-        superseded,
-        notes,
-        state_digest,
+    /// Pins at `n` the keys a late (or redelivered) version changed (`changed`: `snap` against
+    /// `old_state_v`, the state at the version before), unless they have an event at `n` or
+    /// were pinned there earlier in this run.
+    async fn pin(
+        &mut self,
+        states: &States<'_>,
+        n: &ScalarValue,
+        snap: &RecordBatch,
+        old_state_v: &RecordBatch,
+        changed: &crate::semantics::snapshot::Diff,
+    ) -> Result<()> {
+        let (setup, run) = (states.setup, self.run);
+        let mut at_n = key_set(
+            setup,
+            &stored_events(states.ctx, setup, col(SEQ_COL).eq(lit(n.clone()))).await?,
+        )?;
+        if let Some((_, keys)) = self.pinned.iter().find(|(at, _)| at == n) {
+            at_n.extend(keys.iter().cloned());
+        }
+        let (sk, ok) = (setup.key_rows(snap)?, setup.key_rows(old_state_v)?);
+        let pins = pins(changed, &sk, &ok, &at_n);
+        let now_pinned = pins
+            .upserts
+            .iter()
+            .map(|&j| ok.row(j as usize).data().to_vec())
+            .chain(
+                pins.deletes
+                    .iter()
+                    .map(|&i| sk.row(i as usize).data().to_vec()),
+            );
+        match self.pinned.iter_mut().find(|(at, _)| at == n) {
+            Some((_, keys)) => keys.extend(now_pinned),
+            None => self.pinned.push((n.clone(), now_pinned.collect())),
+        }
+        self.parts
+            .push(make_events(setup, old_state_v, &pins.upserts, n, 0, run)?);
+        self.parts
+            .push(make_events(setup, snap, &pins.deletes, n, 1, run)?);
+        Ok(())
+    }
+
+    /// The events, markers, superseded events and notes of the run.
+    fn finish(self, setup: &FlowSetup) -> Result<SnapshotEvents> {
+        let events = concat_batches(&setup.event_schema, &self.parts)
+            .context(|| "snapshot events".into())?;
+        let markers = concat_batches(&setup.event_schema, &self.markers)
+            .context(|| "snapshot markers".into())?;
+        let superseded = match self.superseded.is_empty() {
+            true => None,
+            false => Some(
+                concat_batches(&setup.event_schema, &self.superseded)
+                    .context(|| "superseded events".into())?,
+            ),
+        };
+        // The digest describes the state after the run when its version is the newest
+        // applied.
+        let applied = self.applied;
+        let state_digest = self
+            .last_digest
+            .filter(|(v, _)| applied.last() == Some(v))
+            .map(|(_, d)| d);
+        Ok(SnapshotEvents {
+            events,
+            markers,
+            superseded,
+            notes: self.notes,
+            state_digest,
+        })
+    }
+}
+
+/// The digest of a snapshot's rows by key column `k` (`None` when the key is not
+/// integer-like), and the state digest read from `from_file` (on a thread of its own while
+/// the snapshot is hashed).
+#[allow(clippy::type_complexity)]
+fn hash_snapshot(
+    setup: &FlowSetup,
+    snap: &Snap,
+    k: usize,
+    from_file: Option<(&std::path::Path, i64, &str)>,
+) -> Result<(
+    Option<(usize, digest::SnapshotDigest)>,
+    Option<digest::Digest>,
+)> {
+    std::thread::scope(|scope| {
+        // Read the file while the snapshot is hashed.
+        // Its own clock: the step after the join shows the longer of the two.
+        let loading = from_file.map(|(dir, at, fp)| {
+            scope.spawn(move || {
+                let clock = crate::util::steps::Steps::new(&setup.flow.name, "snapshot: ");
+                let d = digest::load(dir, at, fp);
+                crate::util::steps::step!(debug, clock, "loaded the state digest");
+                d
+            })
+        });
+        let hashed = digest::of_pieces(&snap.pieces, k);
+        let saved = loading.and_then(|h| h.join().ok()).flatten();
+        hashed.map(|d| (d.map(|d| (k, d)), saved))
     })
+}
+
+/// The note on a version `v` that arrived after version `n` was applied (`p`: the one
+/// before it).
+fn late_note(v: &ScalarValue, p: Option<&ScalarValue>, n: &ScalarValue) -> String {
+    format!(
+        "snapshot version {} arrived after version {} was applied: placed into history{}",
+        render_version(v),
+        render_version(n),
+        match p {
+            Some(p) => format!(
+                " between versions {} and {}",
+                render_version(p),
+                render_version(n)
+            ),
+            None => " before it".to_string(),
+        }
+    )
+}
+
+/// The pins of a late version at the next applied one.
+#[derive(Debug, PartialEq)]
+struct Pins {
+    /// Rows of the old state whose values are restored.
+    upserts: Vec<u32>,
+    /// Rows of the snapshot whose keys are deleted again.
+    deletes: Vec<u32>,
+}
+
+/// The pins for the keys of `changed` (snapshot rows with keys `sk` against the old state's
+/// rows with keys `ok`) that have no event at the next version (`at_n`): a changed value
+/// restores the old one, a new key is deleted, a deleted key comes back.
+fn pins(
+    changed: &crate::semantics::snapshot::Diff,
+    sk: &Rows,
+    ok: &Rows,
+    at_n: &AHashSet<Vec<u8>>,
+) -> Pins {
+    let old_keys: AHashMap<&[u8], u32> = (0..ok.num_rows())
+        .map(|i| (ok.row(i).data(), i as u32))
+        .collect();
+    let mut pin_upserts: Vec<u32> = Vec::new();
+    let mut pin_deletes: Vec<u32> = Vec::new();
+    for &i in &changed.upserts {
+        let k = sk.row(i as usize).data();
+        if at_n.contains(k) {
+            continue;
+        }
+        if let Some(&j) = old_keys.get(k) {
+            // Changed value: restore the old one at n.
+            pin_upserts.push(j);
+        } else {
+            pin_deletes.push(i);
+        }
+    }
+    for &j in &changed.deletes {
+        if !at_n.contains(ok.row(j as usize).data()) {
+            pin_upserts.push(j);
+        }
+    }
+    Pins {
+        upserts: pin_upserts,
+        deletes: pin_deletes,
+    }
 }
 
 /// The current rows of the target (open versions for SCD type 2) as data columns.
@@ -538,4 +796,52 @@ async fn target_state(setup: &FlowSetup, target: &DeltaTable) -> Result<RecordBa
     // every batch at once.
     let columns = arrow::concat_columns(cast, schema.fields().len())?;
     RecordBatch::try_new(schema, columns).context(|| "reading the target".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::semantics::snapshot::Diff;
+    use deltalake::arrow::array::{ArrayRef, Int64Array};
+    use deltalake::arrow::datatypes::DataType;
+    use deltalake::arrow::row::{RowConverter, SortField};
+    use std::sync::Arc;
+
+    fn rows(keys: &[i64]) -> Rows {
+        let converter = RowConverter::new(vec![SortField::new(DataType::Int64)]).unwrap();
+        let col: ArrayRef = Arc::new(Int64Array::from(keys.to_vec()));
+        converter.convert_columns(&[col]).unwrap()
+    }
+
+    /// A late version's changed keys are pinned at the next version unless that version has
+    /// an event for them: a changed value restores the old row, a new key is deleted again,
+    /// a deleted key comes back.
+    #[test]
+    fn pins_keep_the_next_version_as_it_was() {
+        // The snapshot: 1 changed, 2 new, 3 changed but with an event at the next version.
+        let sk = rows(&[1, 2, 3]);
+        // The state before: 4 deleted by the snapshot, 5 too but with an event at the next.
+        let ok = rows(&[3, 1, 4, 5]);
+        let changed = Diff {
+            upserts: vec![0, 1, 2],
+            deletes: vec![2, 3],
+        };
+        let at_n: AHashSet<Vec<u8>> = [sk.row(2).data().to_vec(), ok.row(3).data().to_vec()]
+            .into_iter()
+            .collect();
+        assert_eq!(
+            pins(&changed, &sk, &ok, &at_n),
+            Pins {
+                upserts: vec![1, 2],
+                deletes: vec![1],
+            }
+        );
+        assert_eq!(
+            pins(&changed, &sk, &ok, &AHashSet::new()),
+            Pins {
+                upserts: vec![1, 0, 2, 3],
+                deletes: vec![1],
+            }
+        );
+    }
 }

@@ -262,6 +262,13 @@ fn json_text(v: &Value, t: &DataType) -> std::result::Result<Option<String>, ()>
 
 /// Reads one file into `schema` (the input columns, the rescued column among them): values
 /// that do not fit are rescued; with `keep_extra`, so are fields outside the schema.
+///
+/// ```text
+///  file_records ─▶ per column: field_texts ─▶ cast_column ─▶ rescue_extra ─▶ rescued_column
+///  (names, rows)   (text per row, misfits)    (misfits and     (fields outside  (the rescued
+///                                              failed casts     the schema)      values as
+///                                              rescued)                          JSON)
+/// ```
 pub(crate) fn read(
     path: &Path,
     relative: &str,
@@ -270,8 +277,40 @@ pub(crate) fn read(
     rescued: &str,
     keep_extra: bool,
 ) -> Result<RecordBatch> {
-    // Per row: the values as (text for casting | does not fit, original JSON value).
-    let (names, rows): (Vec<String>, Vec<Record>) = match spec.format {
+    let (names, rows) = file_records(path, spec)?;
+    let n = rows.len();
+    let mut rescue: Vec<Record> = vec![Vec::new(); n];
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
+    let is_csv = spec.format == FileFormat::Csv;
+    for field in schema.fields() {
+        if field.name() == rescued {
+            columns.push(new_null_array(&DataType::Utf8, n));
+            continue;
+        }
+        let (texts, misfit) = field_texts(field, &rows, is_csv);
+        columns.push(cast_column(
+            path,
+            field,
+            &rows,
+            texts,
+            &misfit,
+            &mut rescue,
+        )?);
+    }
+    if keep_extra {
+        rescue_extra(&names, schema, &rows, &mut rescue);
+    }
+    if let Ok(at) = schema.index_of(rescued) {
+        columns[at] = Arc::new(rescued_column(rescue, relative));
+    }
+    RecordBatch::try_new(schema.clone(), columns)
+        .map_err(|e| EngineError::BadInput(format!("file {}: {e}", path.display())))
+}
+
+/// A file's field names, in order of first appearance, and its rows: per row, the values as
+/// (text for casting | does not fit, original JSON value).
+fn file_records(path: &Path, spec: &ReadFiles) -> Result<(Vec<String>, Vec<Record>)> {
+    Ok(match spec.format {
         FileFormat::Json => {
             let records = json_records(path)?;
             let mut names: Vec<String> = Vec::new();
@@ -286,112 +325,122 @@ pub(crate) fn read(
             (names, rows)
         }
         _ => csv_rows(path, spec)?,
-    };
+    })
+}
+
+/// Each row's value of `field` as text to cast (`None` for a missing value or one that
+/// does not fit), and which rows' values do not fit its type.
+fn field_texts(field: &Field, rows: &[Record], is_csv: bool) -> (Vec<Option<String>>, Vec<bool>) {
     let n = rows.len();
-    let mut rescue: Vec<Vec<(String, Value)>> = vec![Vec::new(); n];
-    let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
-    let is_csv = spec.format == FileFormat::Csv;
-    for field in schema.fields() {
-        if field.name() == rescued {
-            columns.push(new_null_array(&DataType::Utf8, n));
-            continue;
+    let mut texts: Vec<Option<String>> = Vec::with_capacity(n);
+    let mut misfit = vec![false; n];
+    for (i, row) in rows.iter().enumerate() {
+        let value = row
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(field.name()))
+            .map(|(_, v)| v);
+        match value {
+            None => texts.push(None),
+            Some(v) if is_csv => {
+                let t = v.as_str().unwrap_or_default();
+                let strict_bool = field.data_type() == &DataType::Boolean
+                    && !t.eq_ignore_ascii_case("true")
+                    && !t.eq_ignore_ascii_case("false");
+                if strict_bool {
+                    texts.push(None);
+                    misfit[i] = true;
+                } else {
+                    texts.push(Some(t.to_string()));
+                }
+            }
+            Some(v) => match json_text(v, field.data_type()) {
+                Ok(t) => texts.push(t),
+                Err(()) => {
+                    texts.push(None);
+                    misfit[i] = true;
+                }
+            },
         }
-        let mut texts: Vec<Option<String>> = Vec::with_capacity(n);
-        let mut misfit = vec![false; n];
-        for (i, row) in rows.iter().enumerate() {
-            let value = row
+    }
+    (texts, misfit)
+}
+
+/// `texts` cast to `field`'s type; the original values of the rows that did not fit or
+/// whose cast failed are added to `rescue` (and are NULL in the column).
+fn cast_column(
+    path: &Path,
+    field: &Field,
+    rows: &[Record],
+    texts: Vec<Option<String>>,
+    misfit: &[bool],
+    rescue: &mut [Record],
+) -> Result<ArrayRef> {
+    let raw = StringArray::from(texts);
+    let cast =
+        cast_with_options(&raw, field.data_type(), &CastOptions::default()).map_err(|e| {
+            EngineError::BadInput(format!(
+                "file {}: column {}: {e}",
+                path.display(),
+                field.name()
+            ))
+        })?;
+    for i in 0..rows.len() {
+        if misfit[i] || (raw.is_valid(i) && cast.is_null(i)) {
+            let original = rows[i]
                 .iter()
                 .find(|(k, _)| k.eq_ignore_ascii_case(field.name()))
-                .map(|(_, v)| v);
-            match value {
-                None => texts.push(None),
-                Some(v) if is_csv => {
-                    let t = v.as_str().unwrap_or_default();
-                    let strict_bool = field.data_type() == &DataType::Boolean
-                        && !t.eq_ignore_ascii_case("true")
-                        && !t.eq_ignore_ascii_case("false");
-                    if strict_bool {
-                        texts.push(None);
-                        misfit[i] = true;
-                    } else {
-                        texts.push(Some(t.to_string()));
-                    }
-                }
-                Some(v) => match json_text(v, field.data_type()) {
-                    Ok(t) => texts.push(t),
-                    Err(()) => {
-                        texts.push(None);
-                        misfit[i] = true;
-                    }
-                },
-            }
+                .map(|(_, v)| v.clone())
+                .unwrap_or(Value::Null);
+            rescue[i].push((field.name().clone(), original));
         }
-        let raw = StringArray::from(texts);
-        let cast =
-            cast_with_options(&raw, field.data_type(), &CastOptions::default()).map_err(|e| {
-                EngineError::BadInput(format!(
-                    "file {}: column {}: {e}",
-                    path.display(),
-                    field.name()
-                ))
-            })?;
-        for i in 0..n {
-            if misfit[i] || (raw.is_valid(i) && cast.is_null(i)) {
-                let original = rows[i]
-                    .iter()
-                    .find(|(k, _)| k.eq_ignore_ascii_case(field.name()))
-                    .map(|(_, v)| v.clone())
-                    .unwrap_or(Value::Null);
-                rescue[i].push((field.name().clone(), original));
-            }
-        }
-        let cast = if misfit.iter().any(|&m| m) {
-            let keep: deltalake::arrow::array::BooleanArray =
-                misfit.iter().map(|m| Some(!m)).collect();
-            deltalake::arrow::compute::nullif(
-                &cast,
-                &deltalake::arrow::compute::not(&keep).context(|| "rescue".into())?,
-            )
-            .context(|| "rescue".into())?
-        } else {
-            cast
-        };
-        columns.push(cast);
     }
-    if keep_extra {
-        for name in &names {
-            if schema
-                .fields()
-                .iter()
-                .any(|f| f.name().eq_ignore_ascii_case(name))
-            {
-                continue;
-            }
-            for (i, row) in rows.iter().enumerate() {
-                if let Some((_, v)) = row.iter().find(|(k, _)| k == name) {
-                    if !v.is_null() {
-                        rescue[i].push((name.clone(), v.clone()));
-                    }
+    Ok(if misfit.iter().any(|&m| m) {
+        let keep: deltalake::arrow::array::BooleanArray = misfit.iter().map(|m| Some(!m)).collect();
+        deltalake::arrow::compute::nullif(
+            &cast,
+            &deltalake::arrow::compute::not(&keep).context(|| "rescue".into())?,
+        )
+        .context(|| "rescue".into())?
+    } else {
+        cast
+    })
+}
+
+/// Adds each row's non-NULL values of the fields outside `schema` (`names`: the file's) to
+/// `rescue`.
+fn rescue_extra(names: &[String], schema: &SchemaRef, rows: &[Record], rescue: &mut [Record]) {
+    for name in names {
+        if schema
+            .fields()
+            .iter()
+            .any(|f| f.name().eq_ignore_ascii_case(name))
+        {
+            continue;
+        }
+        for (i, row) in rows.iter().enumerate() {
+            if let Some((_, v)) = row.iter().find(|(k, _)| k == name) {
+                if !v.is_null() {
+                    rescue[i].push((name.clone(), v.clone()));
                 }
             }
         }
     }
-    if let Ok(at) = schema.index_of(rescued) {
-        let values: StringArray = rescue
-            .into_iter()
-            .map(|mut m| {
-                if m.is_empty() {
-                    None
-                } else {
-                    m.push(("_file_path".into(), Value::String(relative.to_string())));
-                    Some(object_text(&m))
-                }
-            })
-            .collect();
-        columns[at] = Arc::new(values);
-    }
-    RecordBatch::try_new(schema.clone(), columns)
-        .map_err(|e| EngineError::BadInput(format!("file {}: {e}", path.display())))
+}
+
+/// The rescued-data column: each row's rescued values with the file's path (`relative`) as
+/// a JSON object, NULL for a row with none.
+fn rescued_column(rescue: Vec<Record>, relative: &str) -> StringArray {
+    rescue
+        .into_iter()
+        .map(|mut m| {
+            if m.is_empty() {
+                None
+            } else {
+                m.push(("_file_path".into(), Value::String(relative.to_string())));
+                Some(object_text(&m))
+            }
+        })
+        .collect()
 }
 
 /// A CSV file's header names and its rows as (name, text value) pairs; empty cells are

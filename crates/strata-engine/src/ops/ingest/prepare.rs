@@ -15,10 +15,12 @@ use crate::storage::feed;
 use crate::storage::warehouse::Warehouse;
 use crate::util::arrow;
 use deltalake::arrow::array::RecordBatch;
+use deltalake::arrow::datatypes::DataType;
 use deltalake::arrow::datatypes::Field;
 use deltalake::arrow::datatypes::Schema;
 use deltalake::arrow::datatypes::SchemaRef;
 use deltalake::datafusion::prelude::SessionContext;
+use deltalake::DeltaTable;
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -26,6 +28,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use strata_sql::PipelinePlan;
 use strata_sql::QuerySource;
+use strata_sql::ReadFiles;
 use strata_sql::SourceQuery;
 use strata_sql::StreamingTable;
 use strata_sql::TableName;
@@ -71,29 +74,21 @@ pub(crate) struct PipelineContext<'a> {
 /// its row schema. `Err(why)` when it cannot be known yet (no files, no `schema =>`, no
 /// table, a joined table with no columns yet): the table and its flows wait for input.
 /// `known` holds the schemas of the datasets prepared before.
+///
+/// ```text
+///  query_of ─▶ planning_for ─▶ input_of ─▶ plan_query ─▶ append_schema / table_schema
+///  (the flow's   (a session with  (the source   (the query's    (the table's columns:
+///   or table's    the joined       and its       columns over    declared, existing,
+///   query)        tables' shapes)  columns)      the input)      evolved or fresh)
+/// ```
 pub(crate) async fn prepare_ingest(
     pipeline: &PipelineContext<'_>,
     table: &StreamingTable,
     append: Option<&strata_sql::AppendFlow>,
     known: &BTreeMap<TableName, SchemaRef>,
 ) -> Result<std::result::Result<IngestSetup, String>> {
-    let PipelineContext {
-        wh,
-        plan,
-        dir: pipeline_dir,
-        feeds,
-    } = *pipeline;
-    const NO_INPUT: &str = "no input files yet and no schema => to plan with";
-    let query: &SourceQuery = match (append, &table.query) {
-        (Some(f), _) => &f.query,
-        (None, Some(q)) => q,
-        (None, None) => {
-            return Err(EngineError::Internal(format!(
-                "{} has no query",
-                table.name
-            )))
-        }
-    };
+    let wh = pipeline.wh;
+    let query = query_of(table, append)?;
     let mut setup = IngestSetup {
         table: table.clone(),
         append_flow: append.map(|f| f.name.clone()),
@@ -103,143 +98,17 @@ pub(crate) async fn prepare_ingest(
         evolve: false,
         downstream: Vec::new(),
         joins: (!query.reads.is_empty()).then(|| Joins {
-            views: plan.views.clone(),
-            schema: plan.default_schema.clone(),
+            views: pipeline.plan.views.clone(),
+            schema: pipeline.plan.default_schema.clone(),
         }),
     };
-    let planning = match &setup.joins {
-        None => Planning {
-            ctx: crate::storage::session::new_session(),
-            joins: None,
-        },
-        Some(j) => {
-            let mut shapes = Shapes::new();
-            for t in plan.joined_tables(query) {
-                let columns = match known.get(&t) {
-                    Some(s) => s.clone(),
-                    None => match wh.open_table(&t).await? {
-                        Some(existing) => crate::storage::table::table_schema(&existing)?,
-                        None => return Ok(Err(format!("it joins {t}, which has no columns yet"))),
-                    },
-                };
-                shapes.insert(t, columns);
-            }
-            let ctx = crate::sql::session::shape_session(&j.schema, &shapes)?;
-            crate::sql::views::register_views(wh, &ctx, &j.views, &j.schema, Some(&shapes)).await?;
-            Planning {
-                ctx,
-                joins: Some((j, shapes)),
-            }
-        }
+    let planning = match planning_for(pipeline, query, setup.joins.as_ref(), known).await? {
+        Ok(planning) => planning,
+        Err(why) => return Ok(Err(why)),
     };
     let existing_table = wh.open_table(&table.name).await?;
-    let (source, input_schema) = match &query.source {
-        QuerySource::ReadFiles(spec) => {
-            let dir = pipeline_dir.join(crate::storage::warehouse::local_path(
-                Path::new(&spec.path),
-                "read_files path",
-            )?);
-            if !dir.exists() {
-                return Err(setup.err(format!("read_files path {} does not exist", dir.display())));
-            }
-            for key in spec.other_options.keys() {
-                if !matches!(
-                    key.as_str(),
-                    "multiline" | "inferschema" | "encoding" | "rescueddatacolumn"
-                ) {
-                    return Err(setup.err(format!("read_files option `{key}` is not supported")));
-                }
-            }
-            let mode = autoload::mode(spec).map_err(|e| setup.err(e))?;
-            let mut input = None;
-            let mut pending = None;
-            let schema = match &mode {
-                autoload::Mode::Declared => match &spec.schema {
-                    // Debezium's declared columns are the table's; the change columns follow.
-                    Some(cols) if spec.format == strata_sql::FileFormat::Debezium => {
-                        let mut fields: Vec<Field> = arrow_schema(cols)
-                            .fields()
-                            .iter()
-                            .map(|f| f.as_ref().clone())
-                            .collect();
-                        fields.extend(strata_sources::change_meta_fields());
-                        Some(Arc::new(Schema::new(fields)))
-                    }
-                    Some(cols) => Some(arrow_schema(cols)),
-                    None => match list_files(&dir)?.first() {
-                        Some(first) => {
-                            let ctx = crate::storage::session::file_session();
-                            let df = read_file(&ctx, &input_root(&dir).join(first), spec).await?;
-                            Some(Arc::new(df.schema().as_arrow().clone()))
-                        }
-                        None => None,
-                    },
-                },
-                autoload::Mode::Autoload { rescued, inferred } => {
-                    let columns = if *inferred {
-                        let (taken, previous) = match &existing_table {
-                            Some(t) => {
-                                let taken = setup.taken(wh, t).await?;
-                                (taken.files, taken.columns)
-                            }
-                            None => (BTreeSet::new(), Vec::new()),
-                        };
-                        let new: Vec<String> = list_files(&dir)?
-                            .into_iter()
-                            .filter(|f| !taken.contains(f))
-                            .collect();
-                        let root = input_root(&dir);
-                        let paths: Vec<PathBuf> = new.iter().map(|f| root.join(f)).collect();
-                        let inferred = autoload::infer(&paths, spec)?;
-                        // The run takes exactly the files the columns were inferred from; a
-                        // file arriving later waits for the next run (and its inference).
-                        pending = Some(new);
-                        (!(previous.is_empty() && inferred.is_empty()))
-                            .then(|| autoload::merge(&previous, &inferred, rescued))
-                    } else {
-                        let declared: Vec<(String, deltalake::arrow::datatypes::DataType)> = spec
-                            .schema
-                            .iter()
-                            .flatten()
-                            .map(|c| (c.name.clone(), c.data_type.clone()))
-                            .collect();
-                        Some(autoload::merge(&declared, &[], rescued))
-                    };
-                    let schema = columns.as_deref().map(autoload::schema_of);
-                    input = columns;
-                    schema
-                }
-            };
-            let schema = match schema {
-                Some(s) if autoload::wants_metadata(&query.sql) => {
-                    let mut fields: Vec<Field> =
-                        s.fields().iter().map(|f| f.as_ref().clone()).collect();
-                    fields.push(Field::new("_metadata", autoload::metadata_type(), true));
-                    Some(Arc::new(Schema::new(fields)))
-                }
-                other => other,
-            };
-            (
-                Source::Files {
-                    dir,
-                    spec: spec.clone(),
-                    mode,
-                    input,
-                    pending,
-                },
-                schema,
-            )
-        }
-        QuerySource::ReadDatabase(rd) => {
-            let (source, schema) = super::database::prepare_source(plan, rd, &setup).await?;
-            (source, Some(schema))
-        }
-        QuerySource::Table(t) if feeds.contains(t) => (
-            Source::Feed(t.clone()),
-            known.get(t).map(|s| feed::feed_schema(s)),
-        ),
-        QuerySource::Table(t) => (Source::Table(t.clone()), known.get(t).cloned()),
-    };
+    let (source, input_schema) =
+        input_of(pipeline, query, &setup, existing_table.as_ref(), known).await?;
     setup.source = source;
     let existing = match &existing_table {
         Some(t) => Some(crate::storage::table::table_schema(t)?),
@@ -247,69 +116,329 @@ pub(crate) async fn prepare_ingest(
     };
     let planned = match input_schema {
         Some(input) => {
-            let planned = planning
-                .plan(&query.sql, input.clone())
-                .await
-                .map_err(|e| setup.err(e))?;
-            // `_metadata` is not part of `*`: unless the query names it bare, it is left out.
-            if planned.index_of("_metadata").is_ok() && !autoload::names_metadata(&query.sql) {
-                setup.query_sql = format!(
-                    "SELECT * EXCLUDE (\"_metadata\") FROM ({}) AS __strata_query",
-                    query.sql
-                );
-                Some(
-                    planning
-                        .plan(&setup.query_sql, input)
-                        .await
-                        .map_err(|e| setup.err(e))?,
-                )
-            } else {
-                Some(planned)
+            let (planned, rewritten) = plan_query(&planning, query, &setup, input).await?;
+            if let Some(sql) = rewritten {
+                setup.query_sql = sql;
             }
+            Some(planned)
         }
         None => None,
     };
-    let fresh = |p: &SchemaRef| -> SchemaRef {
-        Arc::new(Schema::new(
-            p.fields()
-                .iter()
-                .map(|f| Field::new(f.name(), arrow::storage_type(f.data_type()), true))
-                .collect::<Vec<_>>(),
-        ))
+    let schema = match append {
+        Some(_) => append_schema(&setup, table, planned, existing, known)?,
+        None => table_schema(&setup, table, planned, existing)?,
     };
-    if append.is_some() {
-        // Columns match by name; the table's columns come from its declaration, the table
-        // itself, an earlier writer of this run, or else this flow.
-        let target = table
-            .columns
-            .as_ref()
-            .map(|c| arrow_schema(c))
-            .or(existing)
-            .or_else(|| known.get(&table.name).cloned());
-        let schema = match (target, &planned) {
-            (Some(t), Some(p)) => {
-                for f in p.fields() {
-                    if t.fields()
-                        .iter()
-                        .all(|g| !g.name().eq_ignore_ascii_case(f.name()))
-                    {
-                        return Err(setup.err(format!(
-                            "the query produces column {}, which {} does not have ({})",
-                            f.name(),
-                            table.name,
-                            arrow::describe_fields(&t)
-                        )));
-                    }
-                }
-                t
-            }
-            (Some(t), None) => t,
-            (None, Some(p)) => fresh(p),
-            (None, None) => return Ok(Err(NO_INPUT.to_string())),
-        };
-        setup.schema = schema;
-        return Ok(Ok(setup));
+    let Some(RowSchema { schema, evolve }) = schema else {
+        return Ok(Err(NO_INPUT.to_string()));
+    };
+    setup.evolve = evolve;
+    setup.schema = schema;
+    Ok(Ok(setup))
+}
+
+/// Why a table with no input files and no declared columns waits.
+const NO_INPUT: &str = "no input files yet and no schema => to plan with";
+
+/// The append flow's query, else the table's.
+fn query_of<'a>(
+    table: &'a StreamingTable,
+    append: Option<&'a strata_sql::AppendFlow>,
+) -> Result<&'a SourceQuery> {
+    match (append, &table.query) {
+        (Some(f), _) => Ok(&f.query),
+        (None, Some(q)) => Ok(q),
+        (None, None) => Err(EngineError::Internal(format!(
+            "{} has no query",
+            table.name
+        ))),
     }
+}
+
+/// Where the query is planned: with `joins`, a session over the shapes of the tables it
+/// joins (this run's schema of a table prepared before, else the warehouse's) and the
+/// pipeline's views; `Err(why)` when a joined table has no columns yet.
+async fn planning_for<'a>(
+    pipeline: &PipelineContext<'_>,
+    query: &SourceQuery,
+    joins: Option<&'a Joins>,
+    known: &BTreeMap<TableName, SchemaRef>,
+) -> Result<std::result::Result<Planning<'a>, String>> {
+    let wh = pipeline.wh;
+    let Some(j) = joins else {
+        return Ok(Ok(Planning {
+            ctx: crate::storage::session::new_session(),
+            joins: None,
+        }));
+    };
+    let mut shapes = Shapes::new();
+    for t in pipeline.plan.joined_tables(query) {
+        let columns = match known.get(&t) {
+            Some(s) => s.clone(),
+            None => match wh.open_table(&t).await? {
+                Some(existing) => crate::storage::table::table_schema(&existing)?,
+                None => return Ok(Err(format!("it joins {t}, which has no columns yet"))),
+            },
+        };
+        shapes.insert(t, columns);
+    }
+    let ctx = crate::sql::session::shape_session(&j.schema, &shapes)?;
+    crate::sql::views::register_views(wh, &ctx, &j.views, &j.schema, Some(&shapes)).await?;
+    Ok(Ok(Planning {
+        ctx,
+        joins: Some((j, shapes)),
+    }))
+}
+
+/// The query's source and the columns of its input (`None` when they cannot be known yet).
+async fn input_of(
+    pipeline: &PipelineContext<'_>,
+    query: &SourceQuery,
+    setup: &IngestSetup,
+    existing_table: Option<&DeltaTable>,
+    known: &BTreeMap<TableName, SchemaRef>,
+) -> Result<(Source, Option<SchemaRef>)> {
+    Ok(match &query.source {
+        QuerySource::ReadFiles(spec) => {
+            files_input(pipeline, query, spec, setup, existing_table).await?
+        }
+        QuerySource::ReadDatabase(rd) => {
+            let (source, schema) =
+                super::database::prepare_source(pipeline.plan, rd, setup).await?;
+            (source, Some(schema))
+        }
+        QuerySource::Table(t) if pipeline.feeds.contains(t) => (
+            Source::Feed(t.clone()),
+            known.get(t).map(|s| feed::feed_schema(s)),
+        ),
+        QuerySource::Table(t) => (Source::Table(t.clone()), known.get(t).cloned()),
+    })
+}
+
+/// A `read_files` source: its folder and options checked, and its columns (declared, read
+/// from the first file, or inferred by Auto Loader), with `_metadata` when the query reads
+/// it.
+async fn files_input(
+    pipeline: &PipelineContext<'_>,
+    query: &SourceQuery,
+    spec: &ReadFiles,
+    setup: &IngestSetup,
+    existing_table: Option<&DeltaTable>,
+) -> Result<(Source, Option<SchemaRef>)> {
+    let dir = pipeline.dir.join(crate::storage::warehouse::local_path(
+        Path::new(&spec.path),
+        "read_files path",
+    )?);
+    if !dir.exists() {
+        return Err(setup.err(format!("read_files path {} does not exist", dir.display())));
+    }
+    for key in spec.other_options.keys() {
+        if !matches!(
+            key.as_str(),
+            "multiline" | "inferschema" | "encoding" | "rescueddatacolumn"
+        ) {
+            return Err(setup.err(format!("read_files option `{key}` is not supported")));
+        }
+    }
+    let mode = autoload::mode(spec).map_err(|e| setup.err(e))?;
+    let mut input = None;
+    let mut pending = None;
+    let schema = match &mode {
+        autoload::Mode::Declared => declared_schema(spec, &dir).await?,
+        autoload::Mode::Autoload { rescued, inferred } => {
+            let columns = match *inferred {
+                true => {
+                    let (columns, new) =
+                        inferred_columns(pipeline.wh, spec, setup, existing_table, &dir, rescued)
+                            .await?;
+                    // The run takes exactly the files the columns were inferred from; a
+                    // file arriving later waits for the next run (and its inference).
+                    pending = Some(new);
+                    columns
+                }
+                false => {
+                    let declared: Vec<(String, DataType)> = spec
+                        .schema
+                        .iter()
+                        .flatten()
+                        .map(|c| (c.name.clone(), c.data_type.clone()))
+                        .collect();
+                    Some(autoload::merge(&declared, &[], rescued))
+                }
+            };
+            let schema = columns.as_deref().map(autoload::schema_of);
+            input = columns;
+            schema
+        }
+    };
+    let schema = match schema {
+        Some(s) if autoload::wants_metadata(&query.sql) => {
+            let mut fields: Vec<Field> = s.fields().iter().map(|f| f.as_ref().clone()).collect();
+            fields.push(Field::new("_metadata", autoload::metadata_type(), true));
+            Some(Arc::new(Schema::new(fields)))
+        }
+        other => other,
+    };
+    Ok((
+        Source::Files {
+            dir,
+            spec: spec.clone(),
+            mode,
+            input,
+            pending,
+        },
+        schema,
+    ))
+}
+
+/// The columns of `read_files` input without Auto Loader: those declared (Debezium's
+/// followed by the change columns), else the first file's.
+async fn declared_schema(spec: &ReadFiles, dir: &Path) -> Result<Option<SchemaRef>> {
+    Ok(match &spec.schema {
+        // Debezium's declared columns are the table's; the change columns follow.
+        Some(cols) if spec.format == strata_sql::FileFormat::Debezium => {
+            let mut fields: Vec<Field> = arrow_schema(cols)
+                .fields()
+                .iter()
+                .map(|f| f.as_ref().clone())
+                .collect();
+            fields.extend(strata_sources::change_meta_fields());
+            Some(Arc::new(Schema::new(fields)))
+        }
+        Some(cols) => Some(arrow_schema(cols)),
+        None => match list_files(dir)?.first() {
+            Some(first) => {
+                let ctx = crate::storage::session::file_session();
+                let df = read_file(&ctx, &input_root(dir).join(first), spec).await?;
+                Some(Arc::new(df.schema().as_arrow().clone()))
+            }
+            None => None,
+        },
+    })
+}
+
+/// Auto Loader's inferred columns: those the table took before merged with those of the
+/// files not taken yet (`None` when there are neither), and those files.
+async fn inferred_columns(
+    wh: &Warehouse,
+    spec: &ReadFiles,
+    setup: &IngestSetup,
+    existing_table: Option<&DeltaTable>,
+    dir: &Path,
+    rescued: &str,
+) -> Result<(Option<Vec<(String, DataType)>>, Vec<String>)> {
+    let (taken, previous) = match existing_table {
+        Some(t) => {
+            let taken = setup.taken(wh, t).await?;
+            (taken.files, taken.columns)
+        }
+        None => (BTreeSet::new(), Vec::new()),
+    };
+    let new: Vec<String> = list_files(dir)?
+        .into_iter()
+        .filter(|f| !taken.contains(f))
+        .collect();
+    let root = input_root(dir);
+    let paths: Vec<PathBuf> = new.iter().map(|f| root.join(f)).collect();
+    let inferred = autoload::infer(&paths, spec)?;
+    let columns = (!(previous.is_empty() && inferred.is_empty()))
+        .then(|| autoload::merge(&previous, &inferred, rescued));
+    Ok((columns, new))
+}
+
+/// The query's columns over `input`, and the query rewritten when it must leave out
+/// `_metadata`.
+async fn plan_query(
+    planning: &Planning<'_>,
+    query: &SourceQuery,
+    setup: &IngestSetup,
+    input: SchemaRef,
+) -> Result<(SchemaRef, Option<String>)> {
+    let planned = planning
+        .plan(&query.sql, input.clone())
+        .await
+        .map_err(|e| setup.err(e))?;
+    // `_metadata` is not part of `*`: unless the query names it bare, it is left out.
+    if planned.index_of("_metadata").is_ok() && !autoload::names_metadata(&query.sql) {
+        let sql = format!(
+            "SELECT * EXCLUDE (\"_metadata\") FROM ({}) AS __strata_query",
+            query.sql
+        );
+        let planned = planning.plan(&sql, input).await.map_err(|e| setup.err(e))?;
+        Ok((planned, Some(sql)))
+    } else {
+        Ok((planned, None))
+    }
+}
+
+/// A new table's columns from the query's: all nullable, in their storage types.
+fn fresh(p: &SchemaRef) -> SchemaRef {
+    Arc::new(Schema::new(
+        p.fields()
+            .iter()
+            .map(|f| Field::new(f.name(), arrow::storage_type(f.data_type()), true))
+            .collect::<Vec<_>>(),
+    ))
+}
+
+/// The rows a table stores.
+struct RowSchema {
+    schema: SchemaRef,
+    /// The table gains the input's new columns (schema evolution).
+    evolve: bool,
+}
+
+/// The table schema an append flow writes (it never evolves the table); `None` when it
+/// cannot be known yet.
+fn append_schema(
+    setup: &IngestSetup,
+    table: &StreamingTable,
+    planned: Option<SchemaRef>,
+    existing: Option<SchemaRef>,
+    known: &BTreeMap<TableName, SchemaRef>,
+) -> Result<Option<RowSchema>> {
+    // Columns match by name; the table's columns come from its declaration, the table
+    // itself, an earlier writer of this run, or else this flow.
+    let target = table
+        .columns
+        .as_ref()
+        .map(|c| arrow_schema(c))
+        .or(existing)
+        .or_else(|| known.get(&table.name).cloned());
+    let schema = match (target, &planned) {
+        (Some(t), Some(p)) => {
+            for f in p.fields() {
+                if t.fields()
+                    .iter()
+                    .all(|g| !g.name().eq_ignore_ascii_case(f.name()))
+                {
+                    return Err(setup.err(format!(
+                        "the query produces column {}, which {} does not have ({})",
+                        f.name(),
+                        table.name,
+                        arrow::describe_fields(&t)
+                    )));
+                }
+            }
+            t
+        }
+        (Some(t), None) => t,
+        (None, Some(p)) => fresh(p),
+        (None, None) => return Ok(None),
+    };
+    Ok(Some(RowSchema {
+        schema,
+        evolve: false,
+    }))
+}
+
+/// A streaming table's schema, evolved when its input gained columns; `None` when it cannot
+/// be known yet.
+fn table_schema(
+    setup: &IngestSetup,
+    table: &StreamingTable,
+    planned: Option<SchemaRef>,
+    existing: Option<SchemaRef>,
+) -> Result<Option<RowSchema>> {
     let schema = match (planned, existing, &table.columns) {
         (_, _, Some(cols)) => arrow_schema(cols),
         (Some(p), Some(e), None) => {
@@ -337,9 +466,10 @@ pub(crate) async fn prepare_ingest(
                         true,
                     ));
                 }
-                setup.evolve = true;
-                setup.schema = Arc::new(Schema::new(fields));
-                return Ok(Ok(setup));
+                return Ok(Some(RowSchema {
+                    schema: Arc::new(Schema::new(fields)),
+                    evolve: true,
+                }));
             }
             if !prefix || p.fields().len() != e.fields().len() {
                 return Err(setup.err(format!(
@@ -352,8 +482,10 @@ pub(crate) async fn prepare_ingest(
         }
         (Some(p), None, None) => fresh(&p),
         (None, Some(e), None) => e,
-        (None, None, None) => return Ok(Err(NO_INPUT.to_string())),
+        (None, None, None) => return Ok(None),
     };
-    setup.schema = schema;
-    Ok(Ok(setup))
+    Ok(Some(RowSchema {
+        schema,
+        evolve: false,
+    }))
 }
