@@ -24,3 +24,10 @@ python3 run.py incremental --small --deletion-vectors --batches 3 --check-every-
 python3 run.py snapshot --small --deletion-vectors \
   --strata "$STRATA_BIN" --workdir "$work/dv" --json "$work/dv-snapshot.json"
 python3 pit_bench.py --small --strata "$STRATA_BIN" --workdir "$work/pit"
+# 4. `db_bench.py --small --check-only`: strata's database sources on a real PostgreSQL (the
+#    STRATA_TEST_PG_* server of with-services.sh, else one it starts itself): a 50k-row
+#    watermark load (and DuckDB's postgres extension copying the same table), then a 20k-row
+#    CDC copy and 20k changes in one run into an SCD2 target; every value compared with the
+#    source. Correctness only: no timings are printed.
+python3 db_bench.py --small --check-only --strata "$STRATA_BIN" --workdir "$work/db" \
+  --json "$work/db.json"

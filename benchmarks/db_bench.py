@@ -1,0 +1,921 @@
+#!/usr/bin/env python3
+"""strata's database sources against DuckDB's postgres extension, on the same PostgreSQL data.
+
+    python3 benchmarks/db_bench.py --small             # ~1 minute: 50k-row bulk, 20k-row CDC + 20k changes
+    python3 benchmarks/db_bench.py                     # 10M-row bulk; CDC: 1M rows, then 1M changes
+    python3 benchmarks/db_bench.py --rounds 3 --strata path/to/strata --json results.json
+    python3 benchmarks/db_bench.py --small --check-only   # correctness only (debug builds, CI)
+
+Two parts, both against a real PostgreSQL (14 or newer, wal_level=logical):
+
+1. bulk: a table of N rows (10 columns: bigint, int, numeric(12,2), text, text with NULLs, bool,
+   date, timestamptz, uuid, jsonb) is generated inside PostgreSQL with generate_series. strata
+   loads it by watermark (`read_database(..., watermark => 'updated_at, id')`, a first run:
+   every row) into a fresh Delta table; DuckDB (in its own process) ATTACHes the database with
+   its postgres extension and copies the same table to one Parquet file. Both are timed
+   (wall clock) with their peak RSS (/usr/bin/time -v); both results are checked against the
+   source (row count, sum of ids, sum of amounts). `--rounds R` repeats strata then DuckDB R
+   times and reports every round's ratio and the median.
+2. cdc: a table of K rows is copied by strata's log-based CDC source (first run: the slot's
+   snapshot) into an SCD type 2 target through AUTO CDC; then M changes (70% updates, 15%
+   deletes, 15% inserts, in transactions of --txn-size) are made in PostgreSQL, and ONE
+   strata run applies them. Reported: changes/s of that run end to end, the replication
+   slot's lag in bytes before and after it, peak RSS. Checked: the target's open rows equal
+   the PostgreSQL table (count, sum of ids, and every row's values compared through DuckDB),
+   the change table holds M changes, the target holds K + updates + inserts versions, and
+   `strata validate` accepts its timeline. DuckDB has no log-based CDC: this part measures
+   strata alone.
+
+PostgreSQL: the STRATA_TEST_PG_HOST/PORT/USER/PASSWORD/DATABASE variables name the server (as
+scripts/services/with-services.sh exports them). Without them, a throwaway server is started
+with scripts/services/postgres.sh in a temp dir and stopped at the end. The benchmark works in
+its own schema `strata_bench` (dropped and recreated), with its own slot and publication
+(dropped at the end, so no WAL is kept).
+
+The exit status is 1 if strata or DuckDB fails or any check fails, 0 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR))
+from _venv import ensure_venv  # noqa: E402
+
+REPO_DIR = BENCH_DIR.parent
+PG_SCRIPT = REPO_DIR / "scripts" / "services" / "postgres.sh"
+GNU_TIME = "/usr/bin/time"
+SCHEMA = "strata_bench"
+BULK_TABLE = f"{SCHEMA}.orders"
+CDC_TABLE = f"{SCHEMA}.cust"
+SLOT = "strata_bench_slot"
+PUBLICATION = "strata_bench_pub"
+PW_ENV = "STRATA_BENCH_PG_PW"  # the variable the pipelines' CONNECTION reads its password from
+
+FULL = dict(rows=10_000_000, cdc_rows=1_000_000, changes=1_000_000)
+SMALL = dict(rows=50_000, cdc_rows=20_000, changes=20_000)
+# Shares of a transaction's changes (the rest are updates).
+DELETE_SHARE = 0.15
+INSERT_SHARE = 0.15
+
+FAILURES: list[str] = []
+CHECK_ONLY = False  # --check-only: timings are not printed (debug builds, CI)
+
+
+def log(msg: str = "") -> None:
+    print(msg, flush=True)
+
+
+def fail(msg: str) -> None:
+    FAILURES.append(msg)
+    log(f"  FAILED: {msg}")
+
+
+def fmt_int(n) -> str:
+    return "n/a" if n is None else f"{n:,}"
+
+
+def fmt_s(s) -> str:
+    if CHECK_ONLY:
+        return "-"
+    return "n/a" if s is None else f"{s:.2f} s"
+
+
+def fmt_rate(n, s) -> str:
+    if CHECK_ONLY:
+        return "-"
+    return "n/a" if not s or n is None else f"{n / s:,.0f}/s"
+
+
+def fmt_mem(kib) -> str:
+    if CHECK_ONLY:
+        return "-"
+    if kib is None:
+        return "n/a"
+    return f"{kib / 1024 / 1024:.2f} GiB" if kib >= 1024 * 1024 else f"{kib / 1024:.0f} MiB"
+
+
+def fmt_bytes(b) -> str:
+    if b is None:
+        return "n/a"
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(b) >= size:
+            return f"{b / size:.2f} {unit}"
+    return f"{b} B"
+
+
+def tail(path: Path, n: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+# --------------------------------------------------------------------------- running processes
+
+def timed(cmd: list[str], stdout_path: Path, stderr_path: Path, env: dict | None = None) -> dict:
+    """Run CMD as a child process; return {rc, seconds, maxrss_kib, user_s, sys_s}. Wall clock
+    from here; peak RSS and CPU times from GNU time (/usr/bin/time -v) when it exists, else
+    from getrusage(RUSAGE_CHILDREN) in a fresh Python wrapper process (as run.py does)."""
+    res = {"rc": None, "seconds": None, "maxrss_kib": None, "user_s": None, "sys_s": None}
+    with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
+        if os.path.exists(GNU_TIME):
+            tfile = stderr_path.with_suffix(".time")
+            t0 = time.perf_counter()
+            rc = subprocess.call([GNU_TIME, "-v", "-o", str(tfile), *cmd], stdout=out, stderr=err,
+                                 env=env)
+            res["seconds"] = time.perf_counter() - t0
+            try:
+                for line in tfile.read_text().splitlines():
+                    key, _, val = line.strip().rpartition(": ")
+                    if key == "Maximum resident set size (kbytes)":
+                        res["maxrss_kib"] = int(val)
+                    elif key == "User time (seconds)":
+                        res["user_s"] = float(val)
+                    elif key == "System time (seconds)":
+                        res["sys_s"] = float(val)
+            except (OSError, ValueError):
+                pass
+        else:
+            wrapper = ("import json, resource, subprocess, sys\n"
+                       "rc = subprocess.call(sys.argv[2:])\n"
+                       "u = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+                       "open(sys.argv[1], 'w').write(json.dumps([u.ru_maxrss, u.ru_utime, u.ru_stime]))\n"
+                       "sys.exit(rc)\n")
+            rfile = stderr_path.with_suffix(".rss")
+            t0 = time.perf_counter()
+            rc = subprocess.call([sys.executable, "-c", wrapper, str(rfile), *cmd],
+                                 stdout=out, stderr=err, env=env)
+            res["seconds"] = time.perf_counter() - t0
+            try:
+                res["maxrss_kib"], res["user_s"], res["sys_s"] = json.loads(rfile.read_text())
+            except (OSError, ValueError):
+                pass
+    res["rc"] = rc
+    return res
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+class Postgres:
+    """The server the benchmark reads: the STRATA_TEST_PG_* variables, else a throwaway one
+    started with scripts/services/postgres.sh (stopped by close())."""
+
+    def __init__(self):
+        self.own_dir: str | None = None
+        need = ["STRATA_TEST_PG_HOST", "STRATA_TEST_PG_PORT", "STRATA_TEST_PG_USER",
+                "STRATA_TEST_PG_PASSWORD", "STRATA_TEST_PG_DATABASE"]
+        if not all(os.environ.get(k) for k in need):
+            self._start_own()
+        self.host = os.environ["STRATA_TEST_PG_HOST"]
+        self.port = os.environ["STRATA_TEST_PG_PORT"]
+        self.user = os.environ["STRATA_TEST_PG_USER"]
+        self.password = os.environ["STRATA_TEST_PG_PASSWORD"]
+        self.database = os.environ["STRATA_TEST_PG_DATABASE"]
+        self.psql_bin = shutil.which("psql") or "/usr/bin/psql"
+        self.env = dict(os.environ, PGHOST=self.host, PGPORT=self.port, PGUSER=self.user,
+                        PGPASSWORD=self.password, PGDATABASE=self.database)
+
+    def _start_own(self) -> None:
+        # Unix socket paths must stay short: a dir directly under /tmp.
+        self.own_dir = tempfile.mkdtemp(prefix="strata-dbb.", dir="/tmp")
+        os.chmod(self.own_dir, 0o711)
+        log(f"no STRATA_TEST_PG_* variables: starting a throwaway PostgreSQL in {self.own_dir}")
+        log(f"$ {PG_SCRIPT} start {self.own_dir}")
+        r = subprocess.run([str(PG_SCRIPT), "start", self.own_dir], capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.stderr.write(r.stderr)
+            shutil.rmtree(self.own_dir, ignore_errors=True)
+            raise SystemExit("could not start PostgreSQL with scripts/services/postgres.sh "
+                             "(or run under scripts/services/with-services.sh)")
+        for line in r.stdout.splitlines():
+            if line.startswith("export ") and "=" in line:
+                k, v = line[len("export "):].split("=", 1)
+                os.environ[k] = v
+
+    def close(self) -> None:
+        if self.own_dir:
+            subprocess.run([str(PG_SCRIPT), "stop", self.own_dir], capture_output=True)
+            shutil.rmtree(self.own_dir, ignore_errors=True)
+            self.own_dir = None
+
+    def dsn(self) -> str:
+        return (f"host={self.host} port={self.port} dbname={self.database} user={self.user} "
+                f"password={self.password}")
+
+    def psql(self, sql: str, quiet_notices: bool = True) -> str:
+        """Run SQL (one or more statements, autocommit) and return the unaligned output."""
+        cmd = [self.psql_bin, "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-f", "-"]
+        pre = "SET client_min_messages = warning;\n" if quiet_notices else ""
+        r = subprocess.run(cmd, input=pre + sql, capture_output=True, text=True, env=self.env)
+        if r.returncode != 0:
+            raise RuntimeError(f"psql failed (exit {r.returncode}):\n{r.stderr.strip()}\nSQL:\n{sql[:2000]}")
+        return r.stdout.strip()
+
+    def one(self, sql: str) -> list[str]:
+        out = self.psql(sql)
+        return out.splitlines()[-1].split("|") if out else []
+
+    def version(self) -> str:
+        return self.psql("SELECT current_setting('server_version')")
+
+    def slot_lag(self) -> int | None:
+        out = self.psql(f"SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint "
+                        f"FROM pg_replication_slots WHERE slot_name = '{SLOT}'")
+        return int(out) if out else None
+
+    def drop_slot(self) -> None:
+        self.psql(f"SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                  f"WHERE slot_name = '{SLOT}' AND NOT active;\n"
+                  f"DROP PUBLICATION IF EXISTS {PUBLICATION};")
+
+    def reset_schema(self) -> None:
+        self.drop_slot()
+        self.psql(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE; CREATE SCHEMA {SCHEMA};")
+
+
+# --------------------------------------------------------------------------- data
+
+COLUMNS_DDL = """(
+  id          bigint PRIMARY KEY,
+  customer_id integer NOT NULL,
+  amount      numeric(12,2) NOT NULL,
+  status      text NOT NULL,
+  note        text,
+  paid        boolean NOT NULL,
+  order_date  date NOT NULL,
+  updated_at  timestamptz NOT NULL,
+  ref         uuid NOT NULL,
+  attrs       jsonb
+)"""
+COLUMN_NAMES = ["id", "customer_id", "amount", "status", "note", "paid", "order_date",
+                "updated_at", "ref", "attrs"]
+# One row from the bigint g (and a version v, which changes the values of an update).
+ROW_SELECT = """
+  g,
+  ((g * 7919) % 100000)::int,
+  (((g * 104729 + ({v})) % 10000000) / 100.0)::numeric(12,2),
+  (ARRAY['new','paid','shipped','delivered','returned'])[1 + ((g + ({v})) % 5)::int],
+  CASE WHEN g % 10 = 0 THEN NULL ELSE 'order ' || g || ' note ' || ({v}) END,
+  (g + ({v})) % 3 <> 0,
+  date '2020-01-01' + (g % 2000)::int,
+  timestamptz '2024-01-01 00:00:00+00' + g * interval '1 second' + ({v}) * interval '1 millisecond',
+  md5(g::text)::uuid,
+  jsonb_build_object('channel', (ARRAY['web','app','store'])[1 + (g % 3)::int],
+                     'items', 1 + (g + ({v})) % 9, 'v', ({v}))
+"""
+
+
+def create_table(pg: Postgres, table: str, rows: int) -> dict:
+    t0 = time.perf_counter()
+    pg.psql(f"""
+CREATE TABLE {table} {COLUMNS_DDL};
+INSERT INTO {table} SELECT {ROW_SELECT.format(v=0)} FROM generate_series(1, {rows}::bigint) g;
+CREATE INDEX ON {table} (updated_at, id);
+VACUUM (FREEZE, ANALYZE) {table};
+""")
+    secs = time.perf_counter() - t0
+    size = int(pg.psql(f"SELECT pg_total_relation_size('{table}')"))
+    heap = int(pg.psql(f"SELECT pg_relation_size('{table}')"))
+    return {"rows": rows, "seconds": secs, "total_bytes": size, "heap_bytes": heap}
+
+
+def table_sums(pg: Postgres, table: str) -> dict:
+    n, s_id, s_amount = pg.one(f"SELECT count(*), coalesce(sum(id), 0), coalesce(sum(amount), 0) "
+                               f"FROM {table}")
+    return {"rows": int(n), "sum_id": int(s_id), "sum_amount": money(s_amount)}
+
+
+# --------------------------------------------------------------------------- strata
+
+class Strata:
+    def __init__(self, binary: str, pg: Postgres):
+        self.bin = binary
+        self.env = dict(os.environ, **{PW_ENV: pg.password})
+        self.pg = pg
+
+    def check(self) -> None:
+        for i in range(30):  # a debug binary being relinked by a concurrent build comes back
+            if os.path.isfile(self.bin) and os.access(self.bin, os.X_OK):
+                return
+            if i == 0:
+                log(f"waiting for {self.bin} to appear ...")
+            time.sleep(10)
+        raise SystemExit(f"strata binary not found or not executable: {self.bin}\n"
+                         "build it with: cargo build --release --workspace   "
+                         "(or pass --strata / set STRATA_BIN)")
+
+    def version(self) -> str:
+        try:
+            r = subprocess.run([self.bin, "--version"], capture_output=True, text=True, timeout=30)
+            return (r.stdout or r.stderr).strip().splitlines()[0] if r.returncode == 0 else "?"
+        except Exception:  # noqa: BLE001
+            return "?"
+
+    def connection_sql(self) -> str:
+        pg = self.pg
+        return (f"CREATE CONNECTION bench TYPE postgresql OPTIONS (host '{pg.host}', "
+                f"port '{pg.port}', database '{pg.database}', user '{pg.user}', "
+                f"password_env '{PW_ENV}');\n")
+
+    def run(self, wl: Path, label: str) -> dict:
+        cmd = [self.bin, "run", str(wl / "pipeline.sql"), "--warehouse", str(wl / "warehouse")]
+        log(f"$ {PW_ENV}=... {shlex.join(cmd)}")
+        logs = wl / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        r = timed(cmd, logs / f"{label}.stdout", logs / f"{label}.stderr", env=self.env)
+        r["cmd"] = shlex.join(cmd)
+        r["stdout"] = tail(logs / f"{label}.stdout", 20)
+        r["stderr_tail"] = tail(logs / f"{label}.stderr", 20)
+        log(f"  -> exit {r['rc']}, {fmt_s(r['seconds'])}, peak RSS {fmt_mem(r['maxrss_kib'])}")
+        for line in r["stdout"].splitlines()[-6:]:
+            log(f"     | {line}")
+        if r["rc"] != 0:
+            fail(f"strata run failed ({label}): exit {r['rc']}\n$ {r['cmd']}\n"
+                 f"{tail(logs / f'{label}.stderr')}")
+        return r
+
+    def query(self, wl: Path, sql: str, out: Path | None = None) -> list[dict] | None:
+        """`strata query --format csv SQL`: the rows as dicts of strings (None on failure), or
+        with OUT, the CSV written there (returns [] on success)."""
+        import csv
+        import io
+
+        cmd = [self.bin, "query", "--warehouse", str(wl / "warehouse"), "--format", "csv", sql]
+        log(f"$ {shlex.join(cmd)}" + (f" > {out}" if out else ""))
+        if out is not None:
+            with open(out, "wb") as fo:
+                r = subprocess.run(cmd, stdout=fo, stderr=subprocess.PIPE, env=self.env)
+            err = r.stderr.decode(errors="replace")
+        else:
+            r = subprocess.run(cmd, capture_output=True, env=self.env)
+            err = r.stderr.decode(errors="replace")
+        if r.returncode != 0:
+            fail(f"strata query failed: exit {r.returncode}\n$ {shlex.join(cmd)}\n{err.strip()}")
+            return None
+        if out is not None:
+            return []
+        return list(csv.DictReader(io.StringIO(r.stdout.decode())))
+
+    def validate(self, wl: Path, table: str) -> bool:
+        cmd = [self.bin, "validate", table, "--warehouse", str(wl / "warehouse")]
+        log(f"$ {shlex.join(cmd)}")
+        r = subprocess.run(cmd, capture_output=True, text=True, env=self.env)
+        out = (r.stdout + r.stderr).strip().splitlines()
+        log(f"  -> exit {r.returncode}: " + (" / ".join(out[-2:]) if out else ""))
+        if r.returncode != 0:
+            fail(f"strata validate {table} failed: exit {r.returncode}\n" + "\n".join(out[-20:]))
+        return r.returncode == 0
+
+
+# --------------------------------------------------------------------------- DuckDB
+
+def packaged_postgres_extension() -> Path | None:
+    """The postgres_scanner extension file of the duckdb-ext-postgres wheel, if installed."""
+    import glob
+
+    import duckdb
+
+    for site in sys.path:
+        hits = glob.glob(os.path.join(site, "duckdb_ext", "extensions", f"v{duckdb.__version__}",
+                                      "*", "postgres_scanner.duckdb_extension"))
+        if hits:
+            return Path(hits[0])
+    return None
+
+
+def install_duckdb_postgres(ext_dir: Path) -> str:
+    """INSTALL the postgres extension into EXT_DIR once (from the pinned wheel, else from
+    DuckDB's repository); the benchmark's child processes only LOAD it from there."""
+    import duckdb
+
+    ext_dir.mkdir(parents=True, exist_ok=True)
+    con = duckdb.connect()
+    con.execute(f"SET extension_directory = '{ext_dir}'")
+    attempts = []
+    packaged = packaged_postgres_extension()
+    if packaged is not None:
+        attempts.append((f"INSTALL '{packaged}'", "the duckdb-ext-postgres wheel"))
+    attempts.append(("INSTALL postgres_scanner", "DuckDB's extension repository"))
+    errors = []
+    for install, source in attempts:
+        try:
+            con.execute(install)
+            con.execute("LOAD postgres_scanner")
+            return source
+        except duckdb.Error as e:
+            errors.append(f"{install}: {str(e).splitlines()[0]}")
+    raise SystemExit("DuckDB's postgres extension could not be installed: " + "; ".join(errors))
+
+
+def run_duckdb(wl: Path, pg: Postgres, label: str, ext_dir: Path, threads: int | None,
+               pages_per_task: int | None) -> dict:
+    out = wl / "duckdb" / f"{label}.parquet"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.exists():
+        out.unlink()
+    spec = wl / "logs" / f"{label}.duckdb.json"
+    spec.parent.mkdir(parents=True, exist_ok=True)
+    spec.write_text(json.dumps({"dsn": pg.dsn(), "table": BULK_TABLE, "out": str(out),
+                                "ext_dir": str(ext_dir), "threads": threads,
+                                "pages_per_task": pages_per_task}))
+    cmd = [sys.executable, str(Path(__file__).resolve()), "_duckdb", str(spec)]
+    log(f"$ {shlex.join(cmd)}   # ATTACH (TYPE postgres); COPY (SELECT * FROM pg.{BULK_TABLE}) "
+        f"TO {out.name}")
+    r = timed(cmd, wl / "logs" / f"{label}.duckdb.stdout", wl / "logs" / f"{label}.duckdb.stderr")
+    r["cmd"] = shlex.join(cmd)
+    if r["rc"] != 0:
+        fail(f"DuckDB failed ({label}): exit {r['rc']}\n{tail(wl / 'logs' / f'{label}.duckdb.stderr')}")
+        return r
+    inner = json.loads((wl / "logs" / f"{label}.duckdb.stdout").read_text().strip().splitlines()[-1])
+    r.update(inner)
+    r["parquet_bytes"] = out.stat().st_size
+    log(f"  -> ATTACH + COPY {fmt_s(r['copy_seconds'])} ({fmt_s(r['seconds'])} process), "
+        f"peak RSS {fmt_mem(r['maxrss_kib'])}, {fmt_int(r['rows'])} rows")
+    out.unlink()  # 10M rows are ~1 GB; the counts above are what is kept
+    return r
+
+
+def _duckdb_child(spec_path: str) -> None:
+    import duckdb
+
+    spec = json.loads(Path(spec_path).read_text())
+    con = duckdb.connect()
+    con.execute(f"SET extension_directory = '{spec['ext_dir']}'")
+    con.execute("LOAD postgres_scanner")
+    if spec.get("threads"):
+        con.execute(f"SET threads = {int(spec['threads'])}")
+    if spec.get("pages_per_task"):
+        con.execute(f"SET pg_pages_per_task = {int(spec['pages_per_task'])}")
+    # The order of a table scan means nothing here: let every thread write its row groups as
+    # they come (DuckDB's advice for large COPY ... TO).
+    con.execute("SET preserve_insertion_order = false")
+    settings = dict(con.execute(
+        "SELECT name, value FROM duckdb_settings() WHERE name IN ('threads', 'pg_pages_per_task', "
+        "'pg_use_binary_copy', 'pg_use_ctid_scan', 'pg_connection_limit', "
+        "'preserve_insertion_order')").fetchall())
+    dsn = spec["dsn"].replace("'", "''")
+    t0 = time.perf_counter()
+    con.execute(f"ATTACH '{dsn}' AS pg (TYPE postgres, READ_ONLY)")
+    con.execute(f"COPY (SELECT * FROM pg.{spec['table']}) TO '{spec['out']}' (FORMAT parquet)")
+    secs = time.perf_counter() - t0
+    n, s_id, s_amount = con.execute(
+        f"SELECT count(*), coalesce(sum(id), 0), coalesce(sum(amount), 0) "
+        f"FROM read_parquet('{spec['out']}')").fetchone()
+    print(json.dumps({"copy_seconds": secs, "rows": n, "sum_id": int(s_id),
+                      "sum_amount": str(s_amount), "duckdb_version": duckdb.__version__,
+                      "settings": settings}))
+
+
+# --------------------------------------------------------------------------- checks
+
+def money(x) -> str:
+    """A sum of numeric(12,2) values, as text with two decimals, whoever computed it."""
+    from decimal import Decimal
+
+    return str(Decimal(str(x or 0)).quantize(Decimal("0.01")))
+
+
+def check_sums(what: str, got: dict | None, want: dict) -> bool:
+    if got is None:
+        fail(f"{what}: no result to check")
+        return False
+    bad = [k for k in ("rows", "sum_id", "sum_amount") if str(got.get(k)) != str(want[k])]
+    if bad:
+        fail(f"{what}: " + ", ".join(f"{k} {got.get(k)} != source's {want[k]}" for k in bad))
+        return False
+    log(f"  ok: {what}: {fmt_int(got['rows'])} rows, sum(id) and sum(amount) equal the source's")
+    return True
+
+
+def strata_sums(strata: Strata, wl: Path, table: str, where: str = "") -> dict | None:
+    rows = strata.query(wl, f"SELECT count(*) AS n, sum(id) AS s_id, sum(amount) AS s_amount "
+                            f"FROM {table} {where}")
+    if not rows:
+        return None
+    r = rows[0]
+    return {"rows": int(r["n"]), "sum_id": int(r["s_id"] or 0), "sum_amount": money(r["s_amount"])}
+
+
+def compare_rows(strata: Strata, wl: Path, pg: Postgres, ext_dir: Path, target: str,
+                 source: str, where: str) -> dict:
+    """Every value of strata's open rows against the PostgreSQL table, through DuckDB: the
+    strata side exported with `strata query --format csv`, read with the source's types; the
+    PostgreSQL side read by DuckDB's postgres extension. Returns counts, sums, an
+    order-independent hash of all values on each side and the rows missing on either side."""
+    import duckdb
+
+    csv_path = wl / f"{target}.open.csv"
+    cols = ", ".join(COLUMN_NAMES)
+    if strata.query(wl, f"SELECT {cols} FROM {target} {where}", out=csv_path) is None:
+        return {"ok": False}
+    con = duckdb.connect()
+    con.execute(f"SET extension_directory = '{ext_dir}'")
+    con.execute("LOAD postgres_scanner")
+    con.execute("SET TimeZone = 'UTC'")
+    dsn = pg.dsn().replace("'", "''")
+    con.execute(f"ATTACH '{dsn}' AS pg (TYPE postgres, READ_ONLY)")
+    types = ("{'id': 'BIGINT', 'customer_id': 'INTEGER', 'amount': 'DECIMAL(12,2)', "
+             "'status': 'VARCHAR', 'note': 'VARCHAR', 'paid': 'BOOLEAN', 'order_date': 'DATE', "
+             "'updated_at': 'TIMESTAMPTZ', 'ref': 'UUID', 'attrs': 'VARCHAR'}")
+    con.execute(f"CREATE TEMP TABLE s AS SELECT * FROM read_csv('{csv_path}', header = true, "
+                f"columns = {types})")
+    con.execute(f"CREATE TEMP TABLE p AS SELECT {cols.replace('attrs', 'attrs::VARCHAR AS attrs')} "
+                f"FROM pg.{source}")
+    norm = ("id, customer_id, amount::VARCHAR AS amount, status, note, paid, "
+            "order_date::VARCHAR AS order_date, epoch_us(updated_at) AS updated_us, "
+            "ref::VARCHAR AS ref, attrs")
+    hcols = ", ".join(c if c != "updated_at" else "updated_us" for c in COLUMN_NAMES)
+    agg = f"SELECT count(*), coalesce(sum(id), 0), coalesce(sum(hash({hcols})::HUGEINT), 0) FROM (SELECT {norm} FROM {{}}) t"
+    sn, sid, shash = con.execute(agg.format("s")).fetchone()
+    pn, pid, phash = con.execute(agg.format("p")).fetchone()
+    only_s = con.execute(f"SELECT count(*) FROM (SELECT {norm} FROM s EXCEPT ALL SELECT {norm} FROM p)").fetchone()[0]
+    only_p = con.execute(f"SELECT count(*) FROM (SELECT {norm} FROM p EXCEPT ALL SELECT {norm} FROM s)").fetchone()[0]
+    example = None
+    if only_s or only_p:
+        example = con.execute(
+            f"(SELECT 'strata' AS side, * FROM (SELECT {norm} FROM s EXCEPT ALL SELECT {norm} FROM p) LIMIT 3) "
+            f"UNION ALL (SELECT 'postgres', * FROM (SELECT {norm} FROM p EXCEPT ALL SELECT {norm} FROM s) LIMIT 3)"
+        ).fetchall()
+    con.close()
+    csv_path.unlink()
+    return {"ok": only_s == 0 and only_p == 0 and sn == pn and sid == pid and shash == phash,
+            "strata_rows": sn, "source_rows": pn, "strata_sum_id": int(sid), "source_sum_id": int(pid),
+            "strata_hash": str(shash), "source_hash": str(phash),
+            "only_in_strata": only_s, "only_in_source": only_p,
+            "example": [list(map(str, r)) for r in example] if example else None}
+
+
+# --------------------------------------------------------------------------- bulk
+
+BULK_PIPELINE = """\
+CREATE STREAMING TABLE orders_raw
+AS SELECT * FROM STREAM read_database('bench', table => '{table}', watermark => 'updated_at, id');
+"""
+
+
+def bench_bulk(a, pg: Postgres, strata: Strata, ext_dir: Path) -> dict:
+    wl = a.workdir / "bulk"
+    shutil.rmtree(wl, ignore_errors=True)
+    wl.mkdir(parents=True)
+    rows = a.rows
+    log(f"\n=== bulk: {rows:,} rows, strata watermark load vs DuckDB ATTACH + COPY TO parquet ===")
+    log(f"generating {BULK_TABLE} in PostgreSQL (generate_series, index on (updated_at, id), VACUUM FREEZE)")
+    gen = create_table(pg, BULK_TABLE, rows)
+    log(f"  -> {fmt_s(gen['seconds'])}; table {fmt_bytes(gen['heap_bytes'])}, "
+        f"with indexes {fmt_bytes(gen['total_bytes'])}")
+    want = table_sums(pg, BULK_TABLE)
+    (wl / "pipeline.sql").write_text(strata.connection_sql() + BULK_PIPELINE.format(table=BULK_TABLE))
+    rounds = []
+    for i in range(1, a.rounds + 1):
+        if a.rounds > 1:
+            log(f"--- round {i} of {a.rounds}")
+        shutil.rmtree(wl / "warehouse", ignore_errors=True)
+        s = strata.run(wl, f"bulk-{i}")
+        if s["rc"] == 0:
+            s["check"] = strata_sums(strata, wl, "orders_raw")
+            check_sums(f"strata orders_raw (round {i})", s["check"], want)
+            s["delta_bytes"] = dir_bytes(wl / "warehouse")
+        d = run_duckdb(wl, pg, f"bulk-{i}", ext_dir, a.threads, a.pages_per_task)
+        if d["rc"] == 0:
+            d["sum_amount"] = money(d["sum_amount"])
+            check_sums(f"DuckDB parquet (round {i})", d, want)
+        rounds.append({"strata": s, "duckdb": d})
+    compare = None
+    if a.full_compare and rounds and rounds[-1]["strata"]["rc"] == 0:
+        log("comparing every value of strata's table with the source (through DuckDB)")
+        compare = compare_rows(strata, wl, pg, ext_dir, "orders_raw", BULK_TABLE, "")
+        report_compare("bulk: orders_raw vs the source table", compare)
+    return {"workload": "bulk", "rows": rows, "generate": gen, "source": want, "rounds": rounds,
+            "compare": compare}
+
+
+def report_compare(what: str, c: dict) -> None:
+    if not c or "strata_rows" not in c:
+        fail(f"{what}: comparison not done")
+        return
+    if c["ok"]:
+        log(f"  ok: {what}: {c['strata_rows']:,} rows, every value equal (EXCEPT ALL both ways "
+            f"empty; sum(id) and value hash equal)")
+    else:
+        fail(f"{what}: rows {c['strata_rows']} vs {c['source_rows']}, sum(id) {c['strata_sum_id']} vs "
+             f"{c['source_sum_id']}, hash {c['strata_hash']} vs {c['source_hash']}, "
+             f"{c['only_in_strata']} row(s) only in strata, {c['only_in_source']} only in the source; "
+             f"e.g. {c['example']}")
+
+
+# --------------------------------------------------------------------------- cdc
+
+CDC_PIPELINE = """\
+CREATE STREAMING TABLE cust_changes
+AS SELECT * FROM STREAM read_database('bench', table => '{table}', mode => 'cdc',
+  slot => '{slot}', publication => '{publication}');
+CREATE STREAMING TABLE cust;
+CREATE FLOW cust_flow AS AUTO CDC INTO cust
+FROM STREAM(cust_changes)
+KEYS (id)
+APPLY AS DELETE WHEN _change_type = 'delete'
+SEQUENCE BY STRUCT(_commit_lsn, _change_seq)
+COLUMNS * EXCEPT (_change_type, _commit_lsn, _change_seq, _commit_timestamp, _unchanged_cols)
+STORED AS SCD TYPE 2;
+"""
+
+
+def change_plan(k: int, m: int, txn: int) -> dict:
+    """How the M changes are made: M // TXN transactions, each UPDATE-ing `upd` distinct live
+    rows (never deleted ones), DELETE-ing `dele` rows from the low ids up, INSERT-ing `ins` new
+    ids above K."""
+    import math
+
+    txns = max(1, m // txn)
+    dele = round(txn * DELETE_SHARE)
+    ins = round(txn * INSERT_SHARE)
+    upd = txn - dele - ins
+    deleted = txns * dele
+    live = k - deleted  # ids deleted+1 .. k are never deleted: the updates pick from them
+    if live < upd:
+        raise SystemExit(f"--changes {m} deletes {deleted} of {k} rows, leaving fewer than the "
+                         f"{upd} updates of a transaction; use more --cdc-rows or fewer --changes")
+    stride = 1_000_003
+    while math.gcd(stride, live) != 1:
+        stride += 2
+    return {"transactions": txns, "txn_size": txn, "updates_per_txn": upd,
+            "deletes_per_txn": dele, "inserts_per_txn": ins, "updates": txns * upd,
+            "deletes": deleted, "inserts": txns * ins, "changes": txns * txn,
+            "live": live, "stride": stride}
+
+
+def make_changes(pg: Postgres, k: int, plan: dict) -> float:
+    p = plan
+    sql = f"""
+DO $$
+BEGIN
+  FOR b IN 0..{p['transactions'] - 1} LOOP
+    UPDATE {CDC_TABLE} t SET
+      amount = t.amount + 1,
+      status = (ARRAY['new','paid','shipped','delivered','returned'])[1 + ((t.id + b + 1) % 5)::int],
+      note = 'updated in ' || b,
+      paid = NOT t.paid,
+      updated_at = clock_timestamp(),
+      attrs = jsonb_set(t.attrs, '{{v}}', to_jsonb(b + 1))
+    WHERE t.id IN (SELECT {p['deletes'] + 1} + ((b * {p['updates_per_txn']} + j) * {p['stride']}) % {p['live']}
+                   FROM generate_series(0::bigint, {p['updates_per_txn'] - 1}) j);
+    DELETE FROM {CDC_TABLE} WHERE id BETWEEN b * {p['deletes_per_txn']} + 1 AND (b + 1) * {p['deletes_per_txn']};
+    INSERT INTO {CDC_TABLE}
+      SELECT {ROW_SELECT.format(v='b + 1')}
+      FROM generate_series(({k} + b * {p['inserts_per_txn']} + 1)::bigint,
+                           ({k} + (b + 1) * {p['inserts_per_txn']})::bigint) g;
+    COMMIT;
+  END LOOP;
+END $$;
+"""
+    t0 = time.perf_counter()
+    pg.psql(sql)
+    return time.perf_counter() - t0
+
+
+def bench_cdc(a, pg: Postgres, strata: Strata, ext_dir: Path) -> dict:
+    wl = a.workdir / "cdc"
+    shutil.rmtree(wl, ignore_errors=True)
+    wl.mkdir(parents=True)
+    k = a.cdc_rows
+    plan = change_plan(k, a.changes, a.txn_size)
+    log(f"\n=== cdc: {k:,} rows copied, then {plan['changes']:,} changes "
+        f"({plan['updates']:,} updates, {plan['deletes']:,} deletes, {plan['inserts']:,} inserts "
+        f"in {plan['transactions']:,} transactions) applied by one run into an SCD2 target ===")
+    pg.drop_slot()
+    log(f"generating {CDC_TABLE} in PostgreSQL")
+    gen = create_table(pg, CDC_TABLE, k)
+    log(f"  -> {fmt_s(gen['seconds'])}; table {fmt_bytes(gen['heap_bytes'])}")
+    (wl / "pipeline.sql").write_text(strata.connection_sql() + CDC_PIPELINE.format(
+        table=CDC_TABLE, slot=SLOT, publication=PUBLICATION))
+    res: dict = {"workload": "cdc", "rows": k, "plan": plan, "generate": gen}
+
+    log("run 1: the slot's snapshot copy")
+    first = strata.run(wl, "cdc-1")
+    res["first_run"] = first
+    if first["rc"] != 0:
+        return res
+    res["lag_after_first"] = pg.slot_lag()
+    got = strata_sums(strata, wl, "cust", "WHERE __END_AT IS NULL")
+    check_sums("strata cust after the snapshot copy", got, table_sums(pg, CDC_TABLE))
+
+    log(f"making {plan['changes']:,} changes in PostgreSQL (one DO block, COMMIT every {a.txn_size})")
+    res["changes_seconds"] = make_changes(pg, k, plan)
+    log(f"  -> {fmt_s(res['changes_seconds'])}")
+    res["lag_before"] = pg.slot_lag()
+    log(f"slot {SLOT} lag before the run: {fmt_bytes(res['lag_before'])}")
+
+    log("run 2: every change since the snapshot")
+    second = strata.run(wl, "cdc-2")
+    res["second_run"] = second
+    res["lag_after"] = pg.slot_lag()
+    log(f"slot {SLOT} lag after the run: {fmt_bytes(res['lag_after'])}")
+    if second["rc"] != 0:
+        return res
+
+    want = table_sums(pg, CDC_TABLE)
+    res["source"] = want
+    check_sums("strata cust open rows (__END_AT IS NULL) after the changes",
+               strata_sums(strata, wl, "cust", "WHERE __END_AT IS NULL"), want)
+    rows = strata.query(wl, "SELECT count(*) AS n FROM cust_changes WHERE _change_type <> 'snapshot'")
+    n_changes = int(rows[0]["n"]) if rows else None
+    res["change_rows"] = n_changes
+    if n_changes != plan["changes"]:
+        fail(f"cust_changes holds {n_changes} change rows, {plan['changes']} were made")
+    else:
+        log(f"  ok: cust_changes holds the {n_changes:,} changes made")
+    rows = strata.query(wl, "SELECT count(*) AS n FROM cust")
+    versions = int(rows[0]["n"]) if rows else None
+    res["target_versions"] = versions
+    want_versions = k + plan["updates"] + plan["inserts"]
+    if versions != want_versions:
+        fail(f"cust holds {versions} versions; {k} + {plan['updates']} updates + "
+             f"{plan['inserts']} inserts = {want_versions} expected")
+    else:
+        log(f"  ok: cust holds {versions:,} versions (rows + updates + inserts)")
+    strata.validate(wl, "cust")
+    log("comparing every value of the open rows with the PostgreSQL table (through DuckDB)")
+    res["compare"] = compare_rows(strata, wl, pg, ext_dir, "cust", CDC_TABLE, "WHERE __END_AT IS NULL")
+    report_compare("cdc: cust open rows vs the source table", res["compare"])
+    res["delta_bytes"] = dir_bytes(wl / "warehouse")
+    return res
+
+
+# --------------------------------------------------------------------------- report
+
+def report(results: list[dict], strata: Strata, meta: dict) -> None:
+    log("\n" + "=" * 78)
+    log(f"strata: {strata.version()} ({strata.bin})")
+    log(f"PostgreSQL {meta['postgres']}, DuckDB {meta['duckdb']} + postgres extension "
+        f"({meta['duckdb_ext_source']}); {meta['cpus']} cores; load average at start "
+        f"{meta['loadavg_start']}")
+    if CHECK_ONLY:
+        log("timings and memory not shown (--check-only: a correctness check, e.g. on a debug build)")
+    for r in results:
+        if r["workload"] == "bulk":
+            log(f"\nbulk: {r['rows']:,} rows ({fmt_bytes(r['generate']['heap_bytes'])} in PostgreSQL)")
+            if CHECK_ONLY:
+                continue  # the checks were printed as they ran
+            log(f"  {'round':<6} {'strata':>10} {'rows/s':>12} {'RSS':>9}   {'duckdb':>10} "
+                f"{'rows/s':>12} {'RSS':>9}   {'ratio':>6}")
+            ratios = []
+            for i, rd in enumerate(r["rounds"], 1):
+                s, d = rd["strata"], rd["duckdb"]
+                ok = s.get("rc") == 0 and d.get("rc") == 0
+                ratio = s["seconds"] / d["copy_seconds"] if ok else None
+                if ratio:
+                    ratios.append(ratio)
+                log(f"  {i:<6} {fmt_s(s['seconds']):>10} {fmt_rate(r['rows'], s['seconds']):>12} "
+                    f"{fmt_mem(s['maxrss_kib']):>9}   {fmt_s(d.get('copy_seconds')):>10} "
+                    f"{fmt_rate(r['rows'], d.get('copy_seconds')):>12} {fmt_mem(d['maxrss_kib']):>9}   "
+                    + ("-" if CHECK_ONLY or ratio is None else f"{ratio:.2f}x").rjust(6))
+            if ratios and not CHECK_ONLY:
+                r["median_ratio"] = statistics.median(ratios)
+                log(f"  median ratio strata / duckdb over {len(ratios)} round(s): "
+                    f"{r['median_ratio']:.2f}x (strata: process wall clock; DuckDB: ATTACH + COPY "
+                    f"inside its process)")
+        else:
+            p = r["plan"]
+            log(f"\ncdc: {r['rows']:,} rows, then {p['changes']:,} changes (DuckDB has no "
+                f"log-based CDC: strata alone)")
+            f, s = r.get("first_run"), r.get("second_run")
+            if CHECK_ONLY:
+                log(f"  slot lag before / after run 2: {fmt_bytes(r.get('lag_before'))} / "
+                    f"{fmt_bytes(r.get('lag_after'))}")
+                continue
+            if f:
+                log(f"  run 1 (snapshot copy):   {fmt_s(f['seconds']):>10}  "
+                    f"{fmt_rate(r['rows'], f['seconds']):>12} rows  peak RSS {fmt_mem(f['maxrss_kib'])}")
+            if s:
+                log(f"  run 2 (the changes):     {fmt_s(s['seconds']):>10}  "
+                    f"{fmt_rate(p['changes'], s['seconds']):>12} changes  peak RSS {fmt_mem(s['maxrss_kib'])}")
+                log(f"  slot lag before / after run 2: {fmt_bytes(r.get('lag_before'))} / "
+                    f"{fmt_bytes(r.get('lag_after'))}")
+            if "changes_seconds" in r:
+                log(f"  (PostgreSQL made the changes in {fmt_s(r['changes_seconds'])})")
+    log("=" * 78)
+
+
+def default_strata() -> str:
+    if os.environ.get("STRATA_BIN"):
+        return os.environ["STRATA_BIN"]
+    target = Path(os.environ.get("CARGO_TARGET_DIR") or REPO_DIR / "target")
+    return str(target / "release" / "strata")
+
+
+def main(argv=None) -> int:
+    global CHECK_ONLY
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("parts", nargs="*", metavar="bulk|cdc", help="which parts to run (default: both)")
+    ap.add_argument("--small", action="store_true",
+                    help=f"small sizes: {SMALL['rows']:,}-row bulk, {SMALL['cdc_rows']:,}-row CDC "
+                         f"table and {SMALL['changes']:,} changes")
+    ap.add_argument("--strata", default=default_strata(),
+                    help="strata binary (default: $STRATA_BIN, else $CARGO_TARGET_DIR (or target/)"
+                         "/release/strata)")
+    ap.add_argument("--rows", type=int, help=f"bulk: rows of the table (default {FULL['rows']:,})")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="bulk: rounds of strata then DuckDB; the report gives each round's ratio "
+                         "and their median (default 1)")
+    ap.add_argument("--cdc-rows", type=int, help=f"cdc: rows copied first (default {FULL['cdc_rows']:,})")
+    ap.add_argument("--changes", type=int,
+                    help=f"cdc: changes made after the copy (default {FULL['changes']:,}; "
+                         "rounded down to whole transactions)")
+    ap.add_argument("--txn-size", type=int, default=1000, help="cdc: changes per transaction (default 1000)")
+    ap.add_argument("--threads", type=int, help="DuckDB threads (default: all cores)")
+    ap.add_argument("--pages-per-task", type=int,
+                    help="DuckDB's pg_pages_per_task (default: the extension's, 1000)")
+    ap.add_argument("--full-compare", dest="full_compare", action="store_true", default=None,
+                    help="bulk: also compare every value of strata's table with the source "
+                         "(default with --small; CDC always compares every value)")
+    ap.add_argument("--no-full-compare", dest="full_compare", action="store_false")
+    ap.add_argument("--check-only", action="store_true",
+                    help="report correctness only, no timings (for debug builds and CI)")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the benchmark schema in PostgreSQL (the slot is dropped anyway)")
+    ap.add_argument("--workdir", type=Path, default=BENCH_DIR / "data" / "db")
+    ap.add_argument("--json", type=Path, help="write all measurements here (default: "
+                                               "WORKDIR/results-<time>.json)")
+    a = ap.parse_args(argv)
+    CHECK_ONLY = a.check_only
+    preset = SMALL if a.small else FULL
+    for k, v in preset.items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    if a.full_compare is None:
+        a.full_compare = a.small
+    parts = a.parts or ["bulk", "cdc"]
+    if set(parts) - {"bulk", "cdc"}:
+        ap.error(f"unknown part(s) {sorted(set(parts) - {'bulk', 'cdc'})}: choose from bulk, cdc")
+    a.workdir.mkdir(parents=True, exist_ok=True)
+    a.workdir = a.workdir.resolve()
+    log(f"$ {shlex.join([sys.executable, *sys.argv])}")
+
+    import duckdb
+
+    pg = Postgres()
+    try:
+        strata = Strata(a.strata, pg)
+        strata.check()
+        ext_dir = a.workdir / "duckdb_extensions"
+        meta = {
+            "strata": strata.version(), "strata_bin": strata.bin, "postgres": pg.version(),
+            "duckdb": duckdb.__version__, "duckdb_ext_source": install_duckdb_postgres(ext_dir),
+            "cpus": os.cpu_count(), "machine": platform.platform(),
+            "loadavg_start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv,
+            "check_only": CHECK_ONLY,
+        }
+        log(f"strata {meta['strata']}; PostgreSQL {meta['postgres']} on {pg.host}:{pg.port}; "
+            f"DuckDB {meta['duckdb']} (postgres extension from {meta['duckdb_ext_source']})")
+        pg.reset_schema()
+        results = []
+        try:
+            if "bulk" in parts:
+                results.append(bench_bulk(a, pg, strata, ext_dir))
+            if "cdc" in parts:
+                results.append(bench_cdc(a, pg, strata, ext_dir))
+        finally:
+            pg.drop_slot()  # a slot left behind keeps WAL forever
+            if not a.keep:
+                pg.psql(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+        meta["loadavg_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+        report(results, strata, meta)
+    finally:
+        pg.close()
+    out_json = a.json or (a.workdir / f"results-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    out_json.write_text(json.dumps({"meta": meta, "results": results, "failures": FAILURES},
+                                   indent=2, default=str))
+    log(f"measurements written to {out_json}")
+    if FAILURES:
+        log(f"\n{len(FAILURES)} FAILURE(S):")
+        for f in FAILURES:
+            log("- " + f)
+        return 1
+    log("all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "_duckdb":
+        _duckdb_child(sys.argv[2])
+        sys.exit(0)
+    ensure_venv()
+    sys.exit(main())
