@@ -99,6 +99,12 @@ def fmt_rate(n, s) -> str:
     return "n/a" if not s or n is None else f"{n / s:,.0f}/s"
 
 
+def fmt_cpu(r: dict) -> str:
+    if CHECK_ONLY or r.get("user_s") is None or r.get("sys_s") is None:
+        return "-" if CHECK_ONLY else "n/a"
+    return f"{r['user_s'] + r['sys_s']:.1f} s"
+
+
 def fmt_mem(kib) -> str:
     if CHECK_ONLY:
         return "-"
@@ -773,8 +779,8 @@ def report(results: list[dict], strata: Strata, meta: dict) -> None:
             log(f"\nbulk: {r['rows']:,} rows ({fmt_bytes(r['generate']['heap_bytes'])} in PostgreSQL)")
             if CHECK_ONLY:
                 continue  # the checks were printed as they ran
-            log(f"  {'round':<6} {'strata':>10} {'rows/s':>12} {'RSS':>9}   {'duckdb':>10} "
-                f"{'rows/s':>12} {'RSS':>9}   {'ratio':>6}")
+            log(f"  {'round':<6} {'strata':>10} {'rows/s':>12} {'CPU':>8} {'RSS':>9}   {'duckdb':>10} "
+                f"{'rows/s':>12} {'CPU':>8} {'RSS':>9}   {'ratio':>6}")
             ratios = []
             for i, rd in enumerate(r["rounds"], 1):
                 s, d = rd["strata"], rd["duckdb"]
@@ -783,14 +789,16 @@ def report(results: list[dict], strata: Strata, meta: dict) -> None:
                 if ratio:
                     ratios.append(ratio)
                 log(f"  {i:<6} {fmt_s(s['seconds']):>10} {fmt_rate(r['rows'], s['seconds']):>12} "
-                    f"{fmt_mem(s['maxrss_kib']):>9}   {fmt_s(d.get('copy_seconds')):>10} "
-                    f"{fmt_rate(r['rows'], d.get('copy_seconds')):>12} {fmt_mem(d['maxrss_kib']):>9}   "
+                    f"{fmt_cpu(s):>8} {fmt_mem(s['maxrss_kib']):>9}   {fmt_s(d.get('copy_seconds')):>10} "
+                    f"{fmt_rate(r['rows'], d.get('copy_seconds')):>12} {fmt_cpu(d):>8} "
+                    f"{fmt_mem(d['maxrss_kib']):>9}   "
                     + ("-" if CHECK_ONLY or ratio is None else f"{ratio:.2f}x").rjust(6))
             if ratios and not CHECK_ONLY:
                 r["median_ratio"] = statistics.median(ratios)
                 log(f"  median ratio strata / duckdb over {len(ratios)} round(s): "
                     f"{r['median_ratio']:.2f}x (strata: process wall clock; DuckDB: ATTACH + COPY "
-                    f"inside its process)")
+                    f"inside its process; CPU: user + system of the whole process, not counting "
+                    f"the PostgreSQL backends serving it)")
         else:
             p = r["plan"]
             log(f"\ncdc: {r['rows']:,} rows, then {p['changes']:,} changes (DuckDB has no "
@@ -802,10 +810,12 @@ def report(results: list[dict], strata: Strata, meta: dict) -> None:
                 continue
             if f:
                 log(f"  run 1 (snapshot copy):   {fmt_s(f['seconds']):>10}  "
-                    f"{fmt_rate(r['rows'], f['seconds']):>12} rows  peak RSS {fmt_mem(f['maxrss_kib'])}")
+                    f"{fmt_rate(r['rows'], f['seconds']):>12} rows     CPU {fmt_cpu(f):>8}  "
+                    f"peak RSS {fmt_mem(f['maxrss_kib'])}")
             if s:
                 log(f"  run 2 (the changes):     {fmt_s(s['seconds']):>10}  "
-                    f"{fmt_rate(p['changes'], s['seconds']):>12} changes  peak RSS {fmt_mem(s['maxrss_kib'])}")
+                    f"{fmt_rate(p['changes'], s['seconds']):>12} changes  CPU {fmt_cpu(s):>8}  "
+                    f"peak RSS {fmt_mem(s['maxrss_kib'])}")
                 log(f"  slot lag before / after run 2: {fmt_bytes(r.get('lag_before'))} / "
                     f"{fmt_bytes(r.get('lag_after'))}")
             if "changes_seconds" in r:
