@@ -96,29 +96,15 @@ pub async fn validate_with(
         )));
     }
     let timeline = Timeline::from_properties(&config)?;
-    let ctx = new_session();
-    register_table(&ctx, "t", &table, None).await?;
-    let k = keys
-        .iter()
-        .map(|c| quote_ident(c))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let k = quoted_list(&keys);
     let sql = format!(
         "SELECT {k}, {}, {} FROM t",
         quote_ident(&timeline.valid_from),
         quote_ident(&timeline.valid_to)
     );
-    let batches = ctx
-        .sql(&sql)
-        .await
-        .context(|| "validate".into())?
-        .collect()
-        .await
-        .context(|| "validate".into())?;
-    let Some(first) = batches.first() else {
+    let Some(batch) = timeline_rows(&table, &sql).await? else {
         return Ok(Vec::new());
     };
-    let batch = concat_batches(&first.schema(), &batches).context(|| "validate".into())?;
     if mode == "snapshots" {
         return check_snapshots(&batch, &keys);
     }
@@ -163,13 +149,7 @@ async fn validate_external(
             )));
         }
     }
-    let ctx = new_session();
-    register_table(&ctx, "t", table, None).await?;
-    let k = keys
-        .iter()
-        .map(|c| quote_ident(c))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let k = quoted_list(&keys);
     // The open-end marker (if any) reads as NULL, as the check expects of an open row.
     let to_expr = match &options.open_end {
         None => quote_ident(&to),
@@ -183,16 +163,37 @@ async fn validate_external(
         "SELECT {k}, {} AS __from, {to_expr} AS __to FROM t",
         quote_ident(&from)
     );
+    let Some(batch) = timeline_rows(table, &sql).await? else {
+        return Ok(Vec::new());
+    };
+    check_timelines(&batch, &keys)
+}
+
+/// `names` as a comma-separated list of quoted identifiers.
+fn quoted_list(names: &[String]) -> String {
+    names
+        .iter()
+        .map(|c| quote_ident(c))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The rows `sql` selects from `table` (registered as `t`) in one batch; `None` when there
+/// are none. Both validations read their key and timeline columns this way.
+async fn timeline_rows(table: &deltalake::DeltaTable, sql: &str) -> Result<Option<RecordBatch>> {
+    let ctx = new_session();
+    register_table(&ctx, "t", table, None).await?;
     let batches = ctx
-        .sql(&sql)
+        .sql(sql)
         .await
         .context(|| "validate".into())?
         .collect()
         .await
         .context(|| "validate".into())?;
     let Some(first) = batches.first() else {
-        return Ok(Vec::new());
+        return Ok(None);
     };
-    let batch = concat_batches(&first.schema(), &batches).context(|| "validate".into())?;
-    check_timelines(&batch, &keys)
+    concat_batches(&first.schema(), &batches)
+        .map(Some)
+        .context(|| "validate".into())
 }
