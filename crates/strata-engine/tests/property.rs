@@ -424,6 +424,19 @@ fn case() -> impl Strategy<Value = Case> {
                         }
                         (EventKind::Upsert, _) => {}
                     }
+                    // Two ties on one delete or truncate put two upserts at its sequence;
+                    // delivered before it, different ones conflict. Outside `Conflicting`
+                    // cases a later one copies the first's values (regression:
+                    // `one_flow_commits_before_another_fails`).
+                    if !conflicting && e.kind == EventKind::Upsert {
+                        if let Some(first) = events.iter().find(|x| {
+                            x.event.kind == EventKind::Upsert
+                                && x.event.key == e.key
+                                && x.event.seq == e.seq
+                        }) {
+                            e.values = first.event.values.clone();
+                        }
+                    }
                     events.push(Ev { flow, event: e });
                 }
                 // A deterministic shuffle for arrival order.
@@ -1119,4 +1132,120 @@ fn parallel_paths_equal_the_reference() {
         "the child ran other tests than both properties:\n{stdout}"
     );
     eprintln!("with STRATA_PARALLEL_MIN_ROWS=1 ({secs} s per property):\n{stderr}");
+}
+
+/// Regression (a case the engine property drew with two flows): flows commit one by one, so
+/// when two flows into one target bring two different upserts at one key and sequence, the
+/// flow that runs first commits and the other fails naming the tie. The target then holds
+/// exactly the first flow's events, folded; once the delete that settles the tie arrives,
+/// later runs converge to the reference over every event.
+#[test]
+fn one_flow_commits_before_another_fails() {
+    let ev = |flow: usize, seq: i64, kind: EventKind, values: [Option<&str>; 2]| Ev {
+        flow,
+        event: RefEvent {
+            key: 0,
+            seq,
+            kind,
+            values: values.iter().map(|v| v.map(String::from)).collect(),
+        },
+    };
+    let (a, up, del) = (Some("a"), EventKind::Upsert, EventKind::Delete);
+    let c = Case {
+        shape: Shape {
+            scd2: true,
+            ignore_nulls: false,
+            track_city: true,
+            deletion_vectors: false,
+            expire: false,
+            keys: Keys::Text,
+            two_flows: true,
+            partitioned: false,
+            ties: Ties::Settled,
+        },
+        batches: vec![
+            vec![
+                ev(0, 51, up, [None, a]),
+                ev(0, 31, del, [a, a]),
+                ev(1, 51, up, [a, a]),
+            ],
+            vec![ev(0, 51, del, [a, a])],
+        ],
+        replay: None,
+    };
+    let result = block_on(async {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let pipeline_path = dir.path().join("pipeline.sql");
+        std::fs::write(&pipeline_path, pipeline(&c)).map_err(|e| e.to_string())?;
+        let wh = Warehouse::open(dir.path().join("wh")).map_err(|e| e.to_string())?;
+        let deliver = |i: usize| -> Result<(), String> {
+            for f in 0..2 {
+                let folder = dir.path().join(flow_names(f).1);
+                std::fs::create_dir_all(&folder).map_err(|e| e.to_string())?;
+                let text: String = c.batches[i]
+                    .iter()
+                    .filter(|e| e.flow == f)
+                    .map(|e| json_line(c.shape.keys, &e.event) + "\n")
+                    .collect();
+                std::fs::write(folder.join(format!("{i:04}.json")), text)
+                    .map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        };
+        deliver(0)?;
+        let Err(e) = strata_engine::run_pipeline_file(&pipeline_path, &wh).await else {
+            return Err("run 0 succeeded over two different upserts at (a, 51)".into());
+        };
+        let message = strata_engine::chain(&e);
+        if !message.contains("two different upserts for key (id=a) at the same sequence value 51")
+        {
+            return Err(format!("run 0 failed for another reason: {message}"));
+        }
+        // The target holds one flow's events: which one ran first is the scheduler's choice.
+        let one_flow = |f: usize| {
+            let only = Case {
+                batches: vec![c.batches[0]
+                    .iter()
+                    .filter(|e| e.flow == f)
+                    .cloned()
+                    .collect()],
+                ..c.clone()
+            };
+            expected(&only, 0).expect("one flow has no tie")
+        };
+        let got = actual(&wh, &c.shape).await?;
+        if got != one_flow(0) && got != one_flow(1) {
+            return Err(format!(
+                "after the failed run the target is neither flow's events alone:\n{}",
+                got.join("\n")
+            ));
+        }
+        deliver(1)?;
+        // The flow that failed may meet the tie once more before the other flow commits
+        // the delete that settles it; within two runs both have.
+        for _ in 0..2 {
+            if strata_engine::run_pipeline_file(&pipeline_path, &wh)
+                .await
+                .is_ok()
+            {
+                break;
+            }
+        }
+        strata_engine::run_pipeline_file(&pipeline_path, &wh)
+            .await
+            .map_err(|e| strata_engine::chain(&e))?;
+        let want = expected(&c, 1).map_err(|t| format!("ties left: {t:?}"))?;
+        let got = actual(&wh, &c.shape).await?;
+        if got != want {
+            return Err(format!(
+                "expected:\n{}\ngot:\n{}",
+                want.join("\n"),
+                got.join("\n")
+            ));
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
 }
