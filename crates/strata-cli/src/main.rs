@@ -131,22 +131,35 @@ struct WarehouseArg {
     /// Warehouse folder [default: $STRATA_WAREHOUSE, else ./warehouse]
     #[arg(long, value_name = "DIR")]
     warehouse: Option<PathBuf>,
+    /// The warehouse's catalog name in three-part names (`prod.gold.orders`) [default: a
+    /// pipeline spec's `catalog`, else main; `main` and `strata` are always accepted]
+    #[arg(long, value_name = "NAME")]
+    catalog: Option<String>,
 }
 
 impl WarehouseArg {
     fn open(&self) -> strata_engine::Result<Warehouse> {
-        self.open_or(None)
+        self.open_or(None, None)
     }
 
-    /// `--warehouse`, else a pipeline spec's `warehouse`, else the environment's.
-    fn open_or(&self, spec: Option<PathBuf>) -> strata_engine::Result<Warehouse> {
+    /// `--warehouse`, else a pipeline spec's `warehouse`, else the environment's; named
+    /// `--catalog`, else as the spec says.
+    fn open_or(
+        &self,
+        spec: Option<PathBuf>,
+        spec_catalog: Option<String>,
+    ) -> strata_engine::Result<Warehouse> {
         let dir = self
             .warehouse
             .clone()
             .or(spec)
             .or_else(|| std::env::var_os("STRATA_WAREHOUSE").map(PathBuf::from))
             .unwrap_or_else(|| PathBuf::from("warehouse"));
-        Warehouse::open(dir)
+        let wh = Warehouse::open(dir)?;
+        Ok(match self.catalog.clone().or(spec_catalog) {
+            Some(c) => wh.with_catalog(&c),
+            None => wh,
+        })
     }
 }
 
@@ -283,7 +296,7 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
             // A spec may name its warehouse; --warehouse wins.
             let wh = if strata_engine::is_spec(&pipeline) {
                 let loaded = strata_engine::load_pipeline(&pipeline, &configuration)?;
-                warehouse.open_or(loaded.warehouse)?
+                warehouse.open_or(loaded.warehouse, loaded.catalog)?
             } else {
                 warehouse.open()?
             };
@@ -333,6 +346,7 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
                 &loaded.sources,
                 &loaded.configuration,
                 &loaded.schema,
+                loaded.catalog.as_deref().unwrap_or("main"),
             )?;
             print_plan(&pipeline, &loaded, &planned.steps(), format)?;
             Ok(ExitCode::SUCCESS)

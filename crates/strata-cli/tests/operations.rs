@@ -302,3 +302,80 @@ COLUMNS * EXCEPT (seq) STORED AS SCD TYPE 2;
         assert!(p.ok(&["validate", "t"]).contains("t: ok"));
     }
 }
+
+/// The warehouse as a named catalog: `--catalog prod` (or a spec's `catalog: prod`) makes
+/// `prod.schema.table` name its tables in pipelines and queries, `main` and `strata` still
+/// answer, another catalog is refused by name; `USE CATALOG` / `USE SCHEMA` set the schema
+/// of unqualified names; `SHOW TABLES` and `DESCRIBE TABLE EXTENDED` answer with
+/// Databricks' columns, the table comment and column comments among them.
+#[test]
+fn a_named_catalog_use_show_tables_and_describe_extended() {
+    let p = Project::new(
+        "CREATE OR REFRESH STREAMING TABLE prod.bronze.events (id BIGINT COMMENT 'event id', \
+         kind STRING) COMMENT 'raw events' AS SELECT * FROM STREAM \
+         read_files('data', format => 'json', schema => 'id BIGINT, kind STRING');\n\
+         CREATE OR REFRESH MATERIALIZED VIEW gold.kinds AS \
+         SELECT kind, count(*) AS n FROM prod.bronze.events GROUP BY kind;\n",
+    );
+    std::fs::create_dir_all(p.path("data")).unwrap();
+    p.file(
+        "data/001.json",
+        "{\"id\": 1, \"kind\": \"a\"}\n{\"id\": 2, \"kind\": \"a\"}\n",
+    );
+    // Without the catalog's name, `prod` is not this warehouse.
+    let refused = p.strata(&["run", "pipeline.sql"]);
+    assert_eq!(
+        refused.status.code(),
+        Some(2),
+        "{}",
+        common::stderr(&refused)
+    );
+    assert!(
+        common::stderr(&refused).contains("catalog prod is not this warehouse"),
+        "{}",
+        common::stderr(&refused)
+    );
+    p.ok(&["run", "pipeline.sql", "--catalog", "prod"]);
+    let q = |sql: &str| p.ok(&["query", "--catalog", "prod", "--format", "csv", sql]);
+    assert_eq!(q("SELECT n FROM prod.gold.kinds"), "n\n2\n");
+    assert_eq!(q("SELECT count(*) AS c FROM main.bronze.events"), "c\n2\n");
+    assert_eq!(
+        q("USE CATALOG prod; USE SCHEMA gold; SELECT kind FROM kinds"),
+        "kind\na\n"
+    );
+    assert_eq!(q("USE bronze; SELECT count(*) AS c FROM events"), "c\n2\n");
+    let other = p.strata(&["query", "--catalog", "prod", "USE CATALOG dev; SELECT 1"]);
+    assert!(!other.status.success());
+    assert!(
+        common::stderr(&other).contains("catalog dev is not this warehouse"),
+        "{}",
+        common::stderr(&other)
+    );
+    assert_eq!(
+        q("SHOW TABLES IN bronze"),
+        "database,tableName,isTemporary\nbronze,events,false\n"
+    );
+    let described = q("DESCRIBE TABLE EXTENDED bronze.events");
+    for line in [
+        "col_name,data_type,comment",
+        "id,BIGINT,event id",
+        "kind,STRING,",
+        "# Detailed Table Information,,",
+        "Catalog,prod,",
+        "Database,bronze,",
+        "Comment,raw events,",
+        "Provider,delta,",
+    ] {
+        assert!(
+            described.lines().any(|l| l == line),
+            "{line:?} in\n{described}"
+        );
+    }
+    // A spec names its catalog itself.
+    p.file(
+        "spec.yaml",
+        "name: shop\ncatalog: prod\nlibraries: [pipeline.sql]\n",
+    );
+    // (Without it the run is refused, as above.)
+    p.ok(&["run", "spec.yaml"]);
+}

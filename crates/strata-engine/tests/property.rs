@@ -1197,8 +1197,7 @@ fn one_flow_commits_before_another_fails() {
             return Err("run 0 succeeded over two different upserts at (a, 51)".into());
         };
         let message = strata_engine::chain(&e);
-        if !message.contains("two different upserts for key (id=a) at the same sequence value 51")
-        {
+        if !message.contains("two different upserts for key (id=a) at the same sequence value 51") {
             return Err(format!("run 0 failed for another reason: {message}"));
         }
         // The target holds one flow's events: which one ran first is the scheduler's choice.

@@ -213,12 +213,29 @@ pub enum Spine {
     Query(String),
 }
 
-/// A declared column: `name TYPE [NOT NULL] [COMMENT '...']`.
+/// A declared column: `name TYPE [NOT NULL] [GENERATED ALWAYS AS (expr)] [COMMENT '...']`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ColumnDef {
     pub name: String,
     pub data_type: DataType,
     pub nullable: bool,
+    pub comment: Option<String>,
+    /// `GENERATED ALWAYS AS (expr)`: the SQL of the expression, over the table's other
+    /// columns (dataset column lists only).
+    pub generated: Option<String>,
+}
+
+impl ColumnDef {
+    /// A nullable column with no comment, not generated.
+    pub fn new(name: impl Into<String>, data_type: DataType) -> Self {
+        ColumnDef {
+            name: name.into(),
+            data_type,
+            nullable: true,
+            comment: None,
+            generated: None,
+        }
+    }
 }
 
 /// `CREATE [OR REFRESH] STREAMING TABLE name [(cols)] [COMMENT '...'] [TBLPROPERTIES (...)]

@@ -120,23 +120,30 @@ pub(crate) fn parse_table_elements(
                 return Err(c.error_at(at, format!("column '{name}' is declared twice")));
             }
             let data_type = parse_type(c)?;
-            let mut nullable = true;
+            let mut column = ColumnDef::new(name, data_type);
             loop {
                 if c.eat_keyword("NOT") {
                     c.expect_keyword("NULL")?;
-                    nullable = false;
+                    column.nullable = false;
                 } else if c.eat_keyword("COMMENT") {
-                    // Column comments are documentation only; the engine has no use for them.
-                    c.string("a comment string")?;
+                    column.comment = Some(c.string("a comment string")?);
+                } else if c.peek_keyword("GENERATED") {
+                    let at = c.loc();
+                    if !constraints {
+                        return Err(c.error_at(at, "GENERATED columns are not allowed here"));
+                    }
+                    c.next();
+                    c.expect_keyword("ALWAYS")?;
+                    c.expect_keyword("AS")?;
+                    column.generated = Some(match c.sql(|p| p.parse_expr())? {
+                        sqlparser::ast::Expr::Nested(inner) => inner.to_string(),
+                        other => other.to_string(),
+                    });
                 } else {
                     break;
                 }
             }
-            columns.push(ColumnDef {
-                name,
-                data_type,
-                nullable,
-            });
+            columns.push(column);
         }
         if !c.eat_token(&Token::Comma) {
             return Ok((columns, expectations));

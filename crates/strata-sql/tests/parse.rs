@@ -26,11 +26,7 @@ fn loc(line: u64, column: u64) -> Location {
 }
 
 fn col(name: &str, data_type: DataType) -> ColumnDef {
-    ColumnDef {
-        name: name.to_string(),
-        data_type,
-        nullable: true,
-    }
+    ColumnDef::new(name, data_type)
 }
 
 fn parse(text: &str) -> Pipeline {
@@ -306,9 +302,9 @@ fn streaming_table_clauses() {
         t.columns,
         Some(vec![
             ColumnDef {
-                name: "id".into(),
-                data_type: DataType::Int64,
-                nullable: false
+                nullable: false,
+                comment: Some("key".into()),
+                ..col("id", DataType::Int64)
             },
             col("amount", DataType::Decimal128(10, 2)),
         ])

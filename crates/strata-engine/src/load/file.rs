@@ -9,6 +9,7 @@ use strata_sql::PipelinePlan;
 pub fn plan_file(
     path: &Path,
     configuration: &BTreeMap<String, String>,
+    catalog: &str,
 ) -> Result<(PipelinePlan, PathBuf)> {
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path).context(|| format!("cannot read {file}"))?;
@@ -17,6 +18,7 @@ pub fn plan_file(
         source: Box::new(source),
     };
     let text = strata_sql::substitute(&text, configuration).map_err(pipeline_error)?;
+    let text = crate::load::sources::in_catalog(text, catalog)?;
     let pipeline_dir = std::fs::canonicalize(path)
         .context(|| format!("cannot resolve {file}"))?
         .parent()

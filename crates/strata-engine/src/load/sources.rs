@@ -120,6 +120,7 @@ pub fn plan_sources(
     sources: &[PipelineSource],
     configuration: &BTreeMap<String, String>,
     schema: &str,
+    catalog: &str,
 ) -> Result<PlannedPipeline> {
     let mut map = SourceMap::default();
     let mut statements: Vec<Statement> = Vec::new();
@@ -133,6 +134,7 @@ pub fn plan_sources(
             SourceKind::Generated => EngineError::Spec(format!("{}: generated SQL {e}", s.name)),
         };
         let text = strata_sql::substitute(&s.text, configuration).map_err(local)?;
+        let text = in_catalog(text, catalog)?;
         map.starts.push((offset + 1, s.name.clone(), s.kind));
         let padded = format!("{}{text}", "\n".repeat(offset as usize));
         let parsed = strata_sql::parse_pipeline_in(&padded, schema).map_err(|e| map.error(e))?;
@@ -145,6 +147,20 @@ pub fn plan_sources(
     })
     .map_err(|e| map.error(e))?;
     Ok(PlannedPipeline { plan, map })
+}
+
+/// `text` with three-part names in catalog `catalog` (the warehouse's name, when it is not
+/// one the parser knows: `main`, `strata`) naming the warehouse as the parser knows it.
+pub(crate) fn in_catalog(text: String, catalog: &str) -> Result<String> {
+    if strata_sql::TableName::CATALOGS
+        .iter()
+        .any(|c| c.eq_ignore_ascii_case(catalog))
+    {
+        return Ok(text);
+    }
+    let renamed =
+        crate::util::sql::rename_catalog(&text, &[catalog], strata_sql::TableName::CATALOGS[1])?;
+    Ok(renamed.unwrap_or(text))
 }
 
 /// One node of a plan, for `strata plan`.
@@ -338,6 +354,7 @@ mod tests {
             sources,
             &BTreeMap::new(),
             strata_sql::TableName::DEFAULT_SCHEMA,
+            "main",
         )
     }
 

@@ -38,6 +38,9 @@ struct Spec {
     warehouse: Option<String>,
     #[serde(default)]
     schema: Option<String>,
+    /// The catalog name the warehouse answers to in three-part names (`main` by default).
+    #[serde(default)]
+    catalog: Option<String>,
     #[serde(default)]
     configuration: BTreeMap<String, Scalar>,
     #[serde(default)]
@@ -237,6 +240,8 @@ pub struct LoadedPipeline {
     pub configuration: BTreeMap<String, String>,
     /// The schema of unqualified table names (the spec's `schema`, else `default`).
     pub schema: String,
+    /// The spec's `catalog`: the warehouse's name in three-part names.
+    pub catalog: Option<String>,
 }
 
 /// Whether `path` names a YAML spec (`.yaml` / `.yml`) rather than a SQL file.
@@ -271,6 +276,7 @@ pub fn load_pipeline(
             }],
             configuration: configuration.clone(),
             schema: strata_sql::TableName::DEFAULT_SCHEMA.to_string(),
+            catalog: None,
         });
     }
     let spec: Spec =
@@ -288,6 +294,13 @@ pub fn load_pipeline(
         Some(s) => s.clone(),
         None => strata_sql::TableName::DEFAULT_SCHEMA.to_string(),
     };
+    if let Some(c) = &spec.catalog {
+        if c.trim().is_empty() || c.contains('.') || c.contains(char::is_whitespace) {
+            return Err(spec_err(format!(
+                "catalog: `{c}` is not a catalog name (one identifier)"
+            )));
+        }
+    }
     let mut conf: BTreeMap<String, String> = spec
         .configuration
         .iter()
@@ -345,6 +358,7 @@ pub fn load_pipeline(
         sources,
         configuration: conf,
         schema,
+        catalog: spec.catalog,
     })
 }
 

@@ -57,10 +57,15 @@ pub async fn run_pipeline(path: &Path, wh: &Warehouse, options: &RunOptions) -> 
             &loaded.sources,
             &loaded.configuration,
             &loaded.schema,
+            // The warehouse's own name when the caller set one, else the spec's.
+            match (&loaded.catalog, wh.catalog()) {
+                (Some(spec), c) if c == strata_sql::TableName::CATALOGS[0] => spec,
+                (_, c) => c,
+            },
         )?;
         return run_planned(planned, path, loaded.dir, wh, options).await;
     }
-    let (plan, pipeline_dir) = plan_file(path, &options.configuration)?;
+    let (plan, pipeline_dir) = plan_file(path, &options.configuration, wh.catalog())?;
     run_plan(plan, path, pipeline_dir, wh, options).await
 }
 

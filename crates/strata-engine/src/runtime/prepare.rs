@@ -159,12 +159,11 @@ async fn prepare_flow_node(
         true => crate::storage::feed::feed_schema(source),
         false => source.clone(),
     };
-    let props = plan
-        .tables
-        .get(&f.target)
-        .map(|t| t.properties.clone())
-        .unwrap_or_default();
-    let mut setup = crate::ops::cdc::prepare_flow(f, &source, &props).await?;
+    let target = plan.tables.get(&f.target);
+    let props = target.map(|t| t.properties.clone()).unwrap_or_default();
+    let declared = target.and_then(|t| t.columns.as_deref());
+    let mut setup = crate::ops::cdc::prepare_flow(f, &source, &props, declared).await?;
+    setup.target_comment = target.and_then(|t| t.comment.clone());
     setup.source_feed = feed;
     crate::ops::cdc::check_existing(wh, &setup).await?;
     if let Some(prev) = schemas.get(&f.target) {

@@ -35,6 +35,8 @@ pub(crate) struct FlowSetup {
     /// How long a delete's tombstone is kept, in seconds (`eventstore/tombstones.rs`): change-event
     /// flows into SCD type 1 targets; `None` for the others, which keep them all.
     pub tombstone_secs: Option<u64>,
+    /// The target's `COMMENT`, written into its Delta metadata when it is created.
+    pub target_comment: Option<String>,
 }
 
 impl FlowSetup {

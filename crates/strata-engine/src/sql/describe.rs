@@ -1,6 +1,7 @@
-//! `DESCRIBE HISTORY t` and `DESCRIBE DETAIL t` in `strata query`, with Databricks' column
-//! names: a table's commits (newest first) and a one-row summary of its current state.
-//! (`DESCRIBE t` and `SHOW TABLES` are DataFusion's own.)
+//! `DESCRIBE [TABLE] [EXTENDED] t`, `DESCRIBE HISTORY t`, `DESCRIBE DETAIL t` and `SHOW
+//! TABLES [IN schema]` in `strata query`, with Databricks' column names: a table's columns
+//! (with their comments, and with `EXTENDED` its details), its commits (newest first), a
+//! one-row summary of its current state, the warehouse's tables.
 
 use crate::error::{Context, EngineError, Result};
 use crate::storage::warehouse::Warehouse;
@@ -14,25 +15,52 @@ use futures::StreamExt;
 use std::sync::Arc;
 use strata_sql::TableName;
 
-/// Which DESCRIBE a query is.
+/// Which DESCRIBE (or SHOW TABLES) a query is.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Describe {
+    Table {
+        name: TableName,
+        extended: bool,
+    },
     History(TableName),
     Detail(TableName),
+    /// `SHOW TABLES [IN|FROM schema]`: `None` for every schema.
+    ShowTables(Option<String>),
 }
 
-/// `DESCRIBE [TABLE] HISTORY|DETAIL name [;]` as a [`Describe`]; `None` for any other query
-/// (pure: no I/O).
-pub(crate) fn describe_of(sql: &str, schema: &str) -> Result<Option<Describe>> {
-    let upper = sql.trim_start().to_ascii_uppercase();
-    if !upper.starts_with("DESCRIBE") && !upper.starts_with("DESC ") {
-        return Ok(None);
-    }
-    let tokens: Vec<Token> = crate::util::sql::tokens_of(sql)?
+/// The words and names of a query, without its `;`.
+fn words(sql: &str) -> Result<Vec<Token>> {
+    Ok(crate::util::sql::tokens_of(sql)?
         .into_iter()
         .map(|t| t.token)
         .filter(|t| *t != Token::SemiColon)
-        .collect();
+        .collect())
+}
+
+/// `a.b.c` from `tokens` (alternating words and periods), or `None`.
+fn dotted(tokens: &[Token]) -> Option<Vec<String>> {
+    let mut parts = Vec::new();
+    for (n, t) in tokens.iter().enumerate() {
+        match (n % 2, t) {
+            (0, Token::Word(w)) => parts.push(w.value.clone()),
+            (1, Token::Period) => {}
+            _ => return None,
+        }
+    }
+    (!parts.is_empty() && tokens.len() % 2 == 1).then_some(parts)
+}
+
+/// `DESCRIBE ...` or `SHOW TABLES ...` as a [`Describe`]; `None` for any other query
+/// (pure: no I/O). `schema` is the schema of unqualified names.
+pub(crate) fn describe_of(sql: &str, schema: &str) -> Result<Option<Describe>> {
+    let upper = sql.trim_start().to_ascii_uppercase();
+    if upper.starts_with("SHOW") {
+        return show_tables_of(sql);
+    }
+    if !upper.starts_with("DESCRIBE") && !upper.starts_with("DESC ") {
+        return Ok(None);
+    }
+    let tokens = words(sql)?;
     let word = |i: usize| match tokens.get(i) {
         Some(Token::Word(w)) => Some(w.value.to_ascii_uppercase()),
         _ => None,
@@ -42,33 +70,64 @@ pub(crate) fn describe_of(sql: &str, schema: &str) -> Result<Option<Describe>> {
         i += 1;
     }
     let kind = match word(i).as_deref() {
-        Some("HISTORY") => "HISTORY",
-        Some("DETAIL") => "DETAIL",
-        _ => return Ok(None),
-    };
-    let mut parts = Vec::new();
-    for (n, t) in tokens[i + 1..].iter().enumerate() {
-        match (n % 2, t) {
-            (0, Token::Word(w)) => parts.push(w.value.clone()),
-            (1, Token::Period) => {}
-            _ => {
-                return Err(EngineError::plan(format!(
-                    "query: DESCRIBE {kind} takes a table name, found {t}"
-                )))
-            }
+        Some(k @ ("HISTORY" | "DETAIL" | "EXTENDED")) if tokens.len() > i + 1 => {
+            i += 1;
+            k.to_string()
         }
-    }
-    let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
-    if parts.is_empty() {
+        _ => "TABLE".to_string(),
+    };
+    let Some(parts) = dotted(&tokens[i..]) else {
+        if kind == "TABLE" {
+            // Not a table name: DataFusion's own DESCRIBE (of a query) answers.
+            return Ok(None);
+        }
         return Err(EngineError::plan(format!(
             "query: DESCRIBE {kind} takes a table name"
         )));
-    }
+    };
+    let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
     let name = TableName::from_parts(&parts, schema).map_err(EngineError::NotFound)?;
-    Ok(Some(match kind {
+    Ok(Some(match kind.as_str() {
         "HISTORY" => Describe::History(name),
-        _ => Describe::Detail(name),
+        "DETAIL" => Describe::Detail(name),
+        k => Describe::Table {
+            name,
+            extended: k == "EXTENDED",
+        },
     }))
+}
+
+/// `SHOW TABLES [IN|FROM [catalog.]schema]`.
+fn show_tables_of(sql: &str) -> Result<Option<Describe>> {
+    let tokens = words(sql)?;
+    let word = |i: usize| match tokens.get(i) {
+        Some(Token::Word(w)) => Some(w.value.to_ascii_uppercase()),
+        _ => None,
+    };
+    if word(1).as_deref() != Some("TABLES") {
+        return Ok(None);
+    }
+    if tokens.len() == 2 {
+        return Ok(Some(Describe::ShowTables(None)));
+    }
+    let in_schema = matches!(word(2).as_deref(), Some("IN" | "FROM"));
+    match dotted(&tokens[3.min(tokens.len())..]) {
+        Some(parts) if in_schema && parts.len() <= 2 => {
+            if parts.len() == 2
+                && !TableName::CATALOGS
+                    .iter()
+                    .any(|c| c.eq_ignore_ascii_case(&parts[0]))
+            {
+                return Err(EngineError::NotFound(format!(
+                    "catalog {} is not this warehouse; its catalog is called {}",
+                    parts[0],
+                    TableName::CATALOGS.join(" or ")
+                )));
+            }
+            Ok(Some(Describe::ShowTables(parts.last().cloned())))
+        }
+        _ => Ok(None),
+    }
 }
 
 /// The rows of `describe`.
@@ -77,7 +136,11 @@ pub(crate) async fn run_describe(
     describe: &Describe,
 ) -> Result<(SchemaRef, Vec<RecordBatch>)> {
     let name = match describe {
-        Describe::History(n) | Describe::Detail(n) => n,
+        Describe::History(n) | Describe::Detail(n) | Describe::Table { name: n, .. } => n,
+        Describe::ShowTables(schema) => {
+            let batch = show_tables(wh, schema.as_deref())?;
+            return Ok((batch.schema(), vec![batch]));
+        }
     };
     let table = wh.open_table(name).await?.ok_or_else(|| {
         EngineError::NotFound(format!("no table {name} in {}", wh.root().display()))
@@ -85,8 +148,129 @@ pub(crate) async fn run_describe(
     let batch = match describe {
         Describe::History(_) => history(&table).await?,
         Describe::Detail(_) => detail(&table, name).await?,
+        Describe::Table { extended, .. } => columns(&table, name, *extended, wh.catalog())?,
+        Describe::ShowTables(_) => unreachable!("answered above"),
     };
     Ok((batch.schema(), vec![batch]))
+}
+
+/// `SHOW TABLES`: `database`, `tableName`, `isTemporary`, as Databricks.
+fn show_tables(wh: &Warehouse, schema: Option<&str>) -> Result<RecordBatch> {
+    let tables: Vec<TableName> = wh
+        .list_tables()?
+        .into_iter()
+        .filter(|t| schema.is_none_or(|s| t.schema.eq_ignore_ascii_case(s)))
+        .collect();
+    let fields = vec![
+        Field::new("database", DataType::Utf8, false),
+        Field::new("tableName", DataType::Utf8, false),
+        Field::new("isTemporary", DataType::Boolean, false),
+    ];
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(StringArray::from_iter_values(
+            tables.iter().map(|t| t.schema.as_str()),
+        )),
+        Arc::new(StringArray::from_iter_values(
+            tables.iter().map(|t| t.name.as_str()),
+        )),
+        Arc::new(BooleanArray::from(vec![false; tables.len()])),
+    ];
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
+        .map_err(|e| EngineError::Internal(format!("SHOW TABLES: {e}")))
+}
+
+/// `DESCRIBE [EXTENDED] t`: `col_name`, `data_type` (Spark's spelling), `comment`, one row
+/// per column; with `EXTENDED`, then the partition columns and the table's details, in
+/// Databricks' layout (a blank row, then `# ...` headings).
+fn columns(
+    table: &DeltaTable,
+    name: &TableName,
+    extended: bool,
+    catalog: &str,
+) -> Result<RecordBatch> {
+    let state = table.snapshot().context(|| "reading table state".into())?;
+    let meta = state.metadata();
+    let schema = crate::storage::table::table_schema(table)?;
+    let mut rows: Vec<(String, String, Option<String>)> = schema
+        .fields()
+        .iter()
+        .map(|f| {
+            let mut t = crate::semantics::declared::spark_name(f.data_type());
+            if !f.is_nullable() {
+                t.push_str(" NOT NULL");
+            }
+            let comment = f
+                .metadata()
+                .get(crate::semantics::declared::COMMENT_KEY)
+                .cloned();
+            (f.name().clone(), t, comment)
+        })
+        .collect();
+    let blank = || (String::new(), String::new(), None);
+    let partitions = meta.partition_columns();
+    if !partitions.is_empty() {
+        rows.push(blank());
+        rows.push(("# Partition Information".into(), String::new(), None));
+        rows.push((
+            "# col_name".into(),
+            "data_type".into(),
+            Some("comment".into()),
+        ));
+        for p in partitions {
+            if let Some(r) = rows.iter().find(|r| &r.0 == p).cloned() {
+                rows.push(r);
+            }
+        }
+    }
+    if extended {
+        let generated: Vec<String> = schema
+            .fields()
+            .iter()
+            .filter_map(|f| {
+                f.metadata()
+                    .get(crate::semantics::declared::GENERATION_KEY)
+                    .map(|e| format!("{} = {e}", f.name()))
+            })
+            .collect();
+        let properties = meta
+            .configuration()
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        rows.push(blank());
+        rows.push(("# Detailed Table Information".into(), String::new(), None));
+        for (k, v) in [
+            ("Catalog", Some(catalog.to_string())),
+            ("Database", Some(name.schema.clone())),
+            ("Table", Some(name.name.clone())),
+            ("Type", Some("MANAGED".to_string())),
+            ("Location", Some(table.table_url().to_string())),
+            ("Provider", Some("delta".to_string())),
+            ("Comment", meta.description().map(str::to_string)),
+            (
+                "Generated Columns",
+                (!generated.is_empty()).then(|| generated.join(", ")),
+            ),
+            ("Table Properties", Some(format!("[{properties}]"))),
+        ] {
+            if let Some(v) = v {
+                rows.push((k.to_string(), v, None));
+            }
+        }
+    }
+    let fields = vec![
+        Field::new("col_name", DataType::Utf8, false),
+        Field::new("data_type", DataType::Utf8, false),
+        Field::new("comment", DataType::Utf8, true),
+    ];
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(StringArray::from_iter_values(rows.iter().map(|r| &r.0))),
+        Arc::new(StringArray::from_iter_values(rows.iter().map(|r| &r.1))),
+        Arc::new(StringArray::from_iter(rows.iter().map(|r| r.2.as_deref()))),
+    ];
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
+        .map_err(|e| EngineError::Internal(format!("DESCRIBE: {e}")))
 }
 
 fn text(v: Option<&serde_json::Value>) -> Option<String> {
@@ -229,9 +413,47 @@ mod tests {
             describe_of("describe table detail main.default.users;", "default").unwrap(),
             Some(Describe::Detail(users))
         );
-        assert_eq!(describe_of("DESCRIBE users", "default").unwrap(), None);
         assert_eq!(describe_of("SELECT 1", "default").unwrap(), None);
-        assert!(describe_of("DESCRIBE HISTORY", "default").is_err());
         assert!(describe_of("DESCRIBE HISTORY a b", "default").is_err());
+    }
+
+    #[test]
+    fn describe_table_extended_and_show_tables_are_recognised() {
+        let users = TableName::new(Some("default"), "users");
+        let table = |extended| Describe::Table {
+            name: users.clone(),
+            extended,
+        };
+        assert_eq!(
+            describe_of("DESCRIBE users", "default").unwrap(),
+            Some(table(false))
+        );
+        assert_eq!(
+            describe_of("DESC TABLE main.default.users", "default").unwrap(),
+            Some(table(false))
+        );
+        assert_eq!(
+            describe_of("DESCRIBE TABLE EXTENDED users;", "default").unwrap(),
+            Some(table(true))
+        );
+        // A table named like a keyword is still a table.
+        assert_eq!(
+            describe_of("DESCRIBE history", "default").unwrap(),
+            Some(Describe::Table {
+                name: TableName::new(Some("default"), "history"),
+                extended: false
+            })
+        );
+        assert_eq!(describe_of("DESCRIBE SELECT 1", "default").unwrap(), None);
+        assert_eq!(
+            describe_of("SHOW TABLES", "default").unwrap(),
+            Some(Describe::ShowTables(None))
+        );
+        assert_eq!(
+            describe_of("show tables in main.gold", "default").unwrap(),
+            Some(Describe::ShowTables(Some("gold".into())))
+        );
+        assert!(describe_of("SHOW TABLES IN other.gold", "default").is_err());
+        assert_eq!(describe_of("SHOW COLUMNS FROM t", "default").unwrap(), None);
     }
 }

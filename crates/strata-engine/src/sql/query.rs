@@ -5,7 +5,7 @@ use crate::semantics::integrity::Violation;
 use crate::semantics::integrity::{check_snapshots, check_timelines};
 use crate::semantics::timeline::Timeline;
 use crate::sql::session::rewrite;
-use crate::sql::session::warehouse_session;
+use crate::sql::session::warehouse_session_in;
 use crate::storage::session::new_session;
 use crate::storage::session::register_table;
 use crate::storage::warehouse::Warehouse;
@@ -18,11 +18,20 @@ use strata_sql::TableName;
 
 /// Runs `sql` over every table of `wh`.
 pub async fn query(wh: &Warehouse, sql: &str) -> Result<(SchemaRef, Vec<RecordBatch>)> {
-    if let Some(d) = crate::sql::describe::describe_of(sql, TableName::DEFAULT_SCHEMA)? {
+    let (schema, sql) = crate::sql::catalog::leading_use(sql, wh.catalog())?;
+    let schema = schema.as_deref().unwrap_or(TableName::DEFAULT_SCHEMA);
+    if sql.trim().is_empty() {
+        return Err(EngineError::plan(
+            "query: nothing to run after USE (give the query after it, in the same text)",
+        ));
+    }
+    let sql =
+        crate::sql::catalog::rewrite_catalog(sql, wh.catalog())?.unwrap_or_else(|| sql.to_string());
+    if let Some(d) = crate::sql::describe::describe_of(&sql, schema)? {
         return crate::sql::describe::run_describe(wh, &d).await;
     }
-    let ctx = warehouse_session(wh).await?;
-    let sql = rewrite(wh, &ctx, sql, TableName::DEFAULT_SCHEMA).await?;
+    let ctx = warehouse_session_in(wh, schema).await?;
+    let sql = rewrite(wh, &ctx, &sql, schema).await?;
     let df = ctx
         .sql(&sql)
         .await

@@ -12,13 +12,8 @@ use deltalake::datafusion::prelude::SessionContext;
 use std::sync::Arc;
 use strata_sql::TableName;
 
-/// A session where every table of `wh` is registered as `schema.name` (and `name` for the
-/// default schema).
-pub(crate) async fn warehouse_session(wh: &Warehouse) -> Result<SessionContext> {
-    warehouse_session_in(wh, TableName::DEFAULT_SCHEMA).await
-}
-
-/// [`warehouse_session`] whose unqualified table names are in `schema`.
+/// A session where every table of `wh` is registered as `schema.name`, unqualified table
+/// names being in `schema`.
 pub(crate) async fn warehouse_session_in(wh: &Warehouse, schema: &str) -> Result<SessionContext> {
     let ctx = crate::storage::session::new_session_in(schema);
     let tables = wh.list_tables()?;
@@ -63,7 +58,8 @@ pub(crate) async fn rewrite(
     sql: &str,
     schema: &str,
 ) -> Result<String> {
-    let sql = crate::sql::catalog::rewrite_catalog(sql)?.unwrap_or_else(|| sql.to_string());
+    let sql =
+        crate::sql::catalog::rewrite_catalog(sql, wh.catalog())?.unwrap_or_else(|| sql.to_string());
     let sql = crate::sql::time_travel::rewrite_time_travel(wh, ctx, &sql, schema)
         .await?
         .unwrap_or(sql);
@@ -85,7 +81,8 @@ pub(crate) fn rewrite_shape(
     schema: &str,
     shapes: &Shapes,
 ) -> Result<String> {
-    let sql = crate::sql::catalog::rewrite_catalog(sql)?.unwrap_or_else(|| sql.to_string());
+    let sql = crate::sql::catalog::rewrite_catalog(sql, TableName::CATALOGS[0])?
+        .unwrap_or_else(|| sql.to_string());
     let sql = crate::sql::as_of::shape_as_of(&sql)?.unwrap_or(sql);
     Ok(crate::sql::table_changes::shape_table_changes(ctx, &sql, schema, shapes)?.unwrap_or(sql))
 }

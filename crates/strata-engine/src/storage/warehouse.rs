@@ -47,6 +47,8 @@ pub(crate) fn local_path(path: &Path, what: &str) -> Result<PathBuf> {
 #[derive(Debug, Clone)]
 pub struct Warehouse {
     root: PathBuf,
+    /// The catalog name the warehouse answers to in three-part names (`main` unless set).
+    catalog: String,
     /// The event log as this process last committed to it (see `event_log::append`), so
     /// that a run's records do not each open it again.
     event_log: Arc<Mutex<Option<DeltaTable>>>,
@@ -65,8 +67,21 @@ impl Warehouse {
             .context(|| format!("cannot open warehouse folder {}", root.display()))?;
         Ok(Warehouse {
             root,
+            catalog: strata_sql::TableName::CATALOGS[0].to_string(),
             event_log: Arc::default(),
         })
+    }
+
+    /// The warehouse answering to catalog name `catalog` in three-part names (besides
+    /// `strata`, and `main`, Unity Catalog's default).
+    pub fn with_catalog(mut self, catalog: &str) -> Self {
+        self.catalog = catalog.to_string();
+        self
+    }
+
+    /// The catalog name of the warehouse in three-part names.
+    pub fn catalog(&self) -> &str {
+        &self.catalog
     }
 
     /// Takes the event log handle this process last committed with, if any.

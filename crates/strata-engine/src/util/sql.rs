@@ -115,3 +115,42 @@ pub(crate) fn tokens_of(
         .filter(|t| !matches!(t.token, Token::Whitespace(_)))
         .collect())
 }
+
+/// `sql` with every three-part name whose catalog is one of `aliases` (any case) naming
+/// catalog `to` instead, rewritten on its tokens (strings and comments untouched); `None`
+/// when there is none.
+pub(crate) fn rename_catalog(sql: &str, aliases: &[&str], to: &str) -> Result<Option<String>> {
+    use deltalake::datafusion::sql::sqlparser::tokenizer::Token;
+    let lower = sql.to_ascii_lowercase();
+    if !aliases
+        .iter()
+        .any(|a| lower.contains(&format!("{}.", a.to_ascii_lowercase())))
+    {
+        return Ok(None);
+    }
+    let tokens = tokens_of(sql)?;
+    let offsets = LineOffsets::new(sql);
+    let token = |i: usize| tokens.get(i).map(|t| &t.token);
+    let is_word = |i: usize| matches!(token(i), Some(Token::Word(_)));
+    let mut out = String::with_capacity(sql.len());
+    let mut done = 0;
+    for (i, t) in tokens.iter().enumerate() {
+        let Token::Word(w) = &t.token else { continue };
+        let starts_name = i == 0 || token(i - 1) != Some(&Token::Period);
+        if starts_name
+            && aliases.iter().any(|a| w.value.eq_ignore_ascii_case(a))
+            && token(i + 1) == Some(&Token::Period)
+            && is_word(i + 2)
+            && token(i + 3) == Some(&Token::Period)
+            && is_word(i + 4)
+        {
+            let (start, end) = (offsets.at(t.span.start), offsets.at(t.span.end));
+            out.push_str(&sql[done..start]);
+            out.push_str(to);
+            done = end;
+        }
+    }
+    let changed = done > 0;
+    out.push_str(&sql[done..]);
+    Ok(changed.then_some(out))
+}

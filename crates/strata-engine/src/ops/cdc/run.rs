@@ -590,6 +590,7 @@ async fn fold(
         };
         let (rows, keys) = setup.fold_to_target(&events)?;
         drop(events);
+        check_not_null(&setup, &rows)?;
         if setup.flow.stored_as == ScdType::Type2 {
             check_integrity(&setup, &rows)?;
         }
@@ -597,6 +598,43 @@ async fn fold(
     })
     .await
     .map_err(|e| EngineError::Internal(format!("the fold's worker failed: {e}")))?
+}
+
+/// The target's declared `NOT NULL` columns hold a value in every row about to be written:
+/// checked before the events are committed, so a NULL never reaches the event store.
+fn check_not_null(setup: &FlowSetup, rows: &RecordBatch) -> Result<()> {
+    for field in setup
+        .target_schema
+        .fields()
+        .iter()
+        .filter(|f| !f.is_nullable())
+    {
+        let Ok(i) = rows.schema().index_of(field.name()) else {
+            continue;
+        };
+        let column = rows.column(i);
+        if column.null_count() == 0 {
+            continue;
+        }
+        let row = (0..rows.num_rows())
+            .find(|&r| column.is_null(r))
+            .unwrap_or(0);
+        let keys: Vec<usize> = setup
+            .key_names
+            .iter()
+            .filter_map(|k| rows.schema().index_of(k).ok())
+            .collect();
+        return Err(EngineError::BadInput(format!(
+            "flow {}: column `{}` of {} is declared NOT NULL, but key ({}) would get NULL \
+             ({} row(s) in all); nothing was written",
+            setup.flow.name,
+            field.name(),
+            setup.flow.target,
+            crate::semantics::fold::describe_key(rows, &keys, row),
+            column.null_count()
+        )));
+    }
+    Ok(())
 }
 
 /// The built-in SCD2 integrity check on rows about to be written.

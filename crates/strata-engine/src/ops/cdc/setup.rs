@@ -3,6 +3,7 @@
 //! and the properties a new target gets.
 
 use crate::error::{Context, EngineError, Result};
+use crate::semantics::declared;
 use crate::semantics::flow::FlowSetup;
 use crate::semantics::fold::END_COL;
 use crate::semantics::fold::OP_COL;
@@ -22,6 +23,7 @@ use deltalake::arrow::datatypes::TimeUnit;
 use std::sync::Arc;
 use strata_core::FoldOptions;
 use strata_sql::CdcFlow;
+use strata_sql::ColumnDef;
 use strata_sql::ColumnSelection;
 use strata_sql::FlowKind;
 use strata_sql::ScdType;
@@ -83,14 +85,29 @@ pub(crate) async fn prepare_flow(
     flow: &CdcFlow,
     source: &SchemaRef,
     target_properties: &std::collections::BTreeMap<String, String>,
+    declared: Option<&[ColumnDef]>,
 ) -> Result<FlowSetup> {
+    let output = output_columns(flow, source)?;
     let Output {
         out_cols,
         tracked_names,
-    } = output_columns(flow, source)?;
-    let sql = event_sql(flow, &out_cols);
-    let planned = plan_events(flow, source, &sql, out_cols.len()).await?;
-    let schemas = schemas(flow, &planned, &out_cols, target_properties)?;
+        exprs,
+    } = match declared {
+        Some(d) => conform_output(flow, source, output, d, target_properties)?,
+        None => output,
+    };
+    let mut sql = event_sql(flow, &exprs, None);
+    let mut planned = plan_events(flow, source, &sql, out_cols.len()).await?;
+    if let Some(d) = declared.filter(|_| flow.stored_as.has_timeline()) {
+        if let Some(cast) = timeline_cast(flow, &planned, d, target_properties)? {
+            sql = event_sql(flow, &exprs, Some(&cast));
+            planned = plan_events(flow, source, &sql, out_cols.len()).await?;
+        }
+    }
+    let mut schemas = schemas(flow, &planned, &out_cols, target_properties)?;
+    if let Some(d) = declared {
+        schemas.target = with_declared_fields(&schemas.target, d);
+    }
 
     let index = |name: &String| out_cols.iter().position(|c| c == name).unwrap_or(0);
     let spec = FoldSpec {
@@ -114,6 +131,7 @@ pub(crate) async fn prepare_flow(
         timeline: schemas.timeline,
         spec,
         source_feed: false,
+        target_comment: None,
         tombstone_secs: match (&flow.kind, flow.stored_as) {
             (FlowKind::Snapshot { .. }, _) | (_, ScdType::Type2 | ScdType::Snapshots) => None,
             _ => Some(
@@ -128,13 +146,151 @@ pub(crate) async fn prepare_flow(
 struct Output {
     out_cols: Vec<String>,
     tracked_names: Vec<String>,
+    /// The SQL of each output column, aliased to its name.
+    exprs: Vec<String>,
+}
+
+/// The flow's output made to match its target's declared columns (in their order, widened
+/// to their types, with the generated columns computed), or an error naming the column.
+fn conform_output(
+    flow: &CdcFlow,
+    source: &SchemaRef,
+    output: Output,
+    declared: &[ColumnDef],
+    target_properties: &std::collections::BTreeMap<String, String>,
+) -> Result<Output> {
+    let produced: Vec<(String, DataType)> = output
+        .out_cols
+        .iter()
+        .map(|c| {
+            let t = source
+                .field_with_name(c)
+                .map(|f| arrow::storage_type(f.data_type()))
+                .unwrap_or(DataType::Null);
+            (c.clone(), t)
+        })
+        .collect();
+    let timeline = match flow.stored_as.has_timeline() {
+        true => Timeline::from_properties(target_properties)
+            .map_err(|e| flow_err(flow, format!("target {}: {e}", flow.target)))?
+            .column_names(),
+        false => Vec::new(),
+    };
+    let conformed = declared::conform(
+        &produced,
+        declared,
+        &timeline,
+        &format!("flow {}", flow.name),
+        &flow.target.to_string(),
+    )
+    .map_err(|e| flow_err(flow, e))?;
+    let mut out_cols = Vec::new();
+    let mut exprs = Vec::new();
+    for (name, cast) in &conformed.columns {
+        exprs.push(match cast {
+            Some(t) => format!(
+                "{} AS {}",
+                cast_sql(&quote_ident(name), t),
+                quote_ident(name)
+            ),
+            None => quote_ident(name),
+        });
+        out_cols.push(name.clone());
+    }
+    for (name, expr, t) in &conformed.generated {
+        exprs.push(format!(
+            "{} AS {}",
+            cast_sql(&format!("({expr})"), t),
+            quote_ident(name)
+        ));
+        out_cols.push(name.clone());
+    }
+    // A generated column follows the columns it is computed from: it is not tracked itself.
+    let tracked_names = match &flow.track_history {
+        None => out_cols
+            .iter()
+            .filter(|c| !conformed.generated.iter().any(|(g, _, _)| g == *c))
+            .cloned()
+            .collect(),
+        Some(sel) => select_columns(flow, "TRACK HISTORY ON", sel, &out_cols)?,
+    };
+    Ok(Output {
+        out_cols,
+        tracked_names,
+        exprs,
+    })
+}
+
+/// `sql` cast to Arrow type `t` (DataFusion's `arrow_cast`, which reads Arrow's spelling).
+fn cast_sql(sql: &str, t: &DataType) -> String {
+    format!(
+        "arrow_cast({sql}, {})",
+        crate::util::sql::quote_str(&t.to_string())
+    )
+}
+
+/// The type the sequence is cast to so that the target's declared timeline columns match
+/// it, or an error naming the column and both types.
+fn timeline_cast(
+    flow: &CdcFlow,
+    planned: &Planned,
+    declared: &[ColumnDef],
+    target_properties: &std::collections::BTreeMap<String, String>,
+) -> Result<Option<DataType>> {
+    let seq_type = arrow::storage_type(&planned.seq_type);
+    let t = Timeline::from_properties(target_properties)
+        .map_err(|e| flow_err(flow, format!("target {}: {e}", flow.target)))?;
+    let sequence = match &flow.sequence_by {
+        SequenceBy::Expr(e) => e.clone(),
+        SequenceBy::Struct(fields) => format!(
+            "STRUCT({})",
+            fields
+                .iter()
+                .map(|(n, _)| n.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    declared::conform_timeline(
+        &t.fields(&seq_type),
+        declared,
+        &sequence,
+        &seq_type,
+        &flow.target.to_string(),
+    )
+    .map_err(|e| flow_err(flow, e))
+}
+
+/// The target's fields with the nullability, comments and generation expressions of its
+/// declared columns.
+fn with_declared_fields(target: &SchemaRef, declared: &[ColumnDef]) -> SchemaRef {
+    let fields: Vec<Field> = target
+        .fields()
+        .iter()
+        .map(|f| {
+            match declared
+                .iter()
+                .find(|d| d.name.eq_ignore_ascii_case(f.name()))
+            {
+                Some(d) => declared::declared_field(d)
+                    .with_name(f.name())
+                    .with_data_type(f.data_type().clone()),
+                None => f.as_ref().clone(),
+            }
+        })
+        .collect();
+    Arc::new(Schema::new(fields))
 }
 
 /// The flow's output columns (`COLUMNS`) among the source's, its keys among them, no
 /// reserved name, and the tracked ones (`TRACK HISTORY ON`).
 fn output_columns(flow: &CdcFlow, source: &SchemaRef) -> Result<Output> {
     let available: Vec<String> = source.fields().iter().map(|f| f.name().clone()).collect();
-    let out_cols = select_columns(flow, "COLUMNS", &flow.columns, &available)?;
+    let mut out_cols = select_columns(flow, "COLUMNS", &flow.columns, &available)?;
+    if !matches!(flow.columns, ColumnSelection::Only(_)) {
+        // Auto Loader's rescued data stays in the streaming table unless a flow names it.
+        out_cols.retain(|c| c != declared::RESCUED_COLUMN);
+    }
     for k in &flow.keys {
         if !available.contains(k) {
             return Err(flow_err(
@@ -174,6 +330,7 @@ fn output_columns(flow: &CdcFlow, source: &SchemaRef) -> Result<Output> {
         Some(sel) => select_columns(flow, "TRACK HISTORY ON", sel, &out_cols)?,
     };
     Ok(Output {
+        exprs: out_cols.iter().map(|c| quote_ident(c)).collect(),
         out_cols,
         tracked_names,
     })
@@ -190,7 +347,7 @@ struct EventSql {
 
 /// The flow's event SELECT: its output columns, `SEQUENCE BY` and the operation its
 /// `APPLY AS TRUNCATE/DELETE WHEN` conditions give.
-fn event_sql(flow: &CdcFlow, out_cols: &[String]) -> EventSql {
+fn event_sql(flow: &CdcFlow, exprs: &[String], seq_cast: Option<&DataType>) -> EventSql {
     let seq_sql = match &flow.sequence_by {
         SequenceBy::Expr(e) => e.clone(),
         SequenceBy::Struct(fields) => format!(
@@ -219,12 +376,12 @@ fn event_sql(flow: &CdcFlow, out_cols: &[String]) -> EventSql {
         format!("CAST(CASE {whens}ELSE 0 END AS TINYINT)")
     };
     let select_sql = format!(
-        "SELECT {}, {seq_sql} AS {}, {op_sql} AS {} FROM {}",
-        out_cols
-            .iter()
-            .map(|c| quote_ident(c))
-            .collect::<Vec<_>>()
-            .join(", "),
+        "SELECT {}, {} AS {}, {op_sql} AS {} FROM {}",
+        exprs.join(", "),
+        match seq_cast {
+            Some(t) => cast_sql(&seq_sql, t),
+            None => seq_sql.clone(),
+        },
         quote_ident(SEQ_COL),
         quote_ident(OP_COL),
         strata_sql::SOURCE_PLACEHOLDER,
@@ -638,7 +795,7 @@ mod tests {
              APPLY AS DELETE WHEN op = 'D' APPLY AS TRUNCATE WHEN op = 'T' \
              SEQUENCE BY ts STORED AS SCD TYPE 1;",
         );
-        let sql = event_sql(&f, &["id".to_string(), "name".to_string()]);
+        let sql = event_sql(&f, &[quote_ident("id"), quote_ident("name")], None);
         let SequenceBy::Expr(seq) = &f.sequence_by else {
             panic!("a plain sequence")
         };
@@ -660,7 +817,7 @@ mod tests {
         );
         let plain =
             flow("CREATE FLOW f AS AUTO CDC INTO t FROM STREAM(s) KEYS (id) SEQUENCE BY ts;");
-        assert!(event_sql(&plain, &["id".to_string()])
+        assert!(event_sql(&plain, &[quote_ident("id")], None)
             .select_sql
             .contains("CAST(0 AS TINYINT)"));
     }

@@ -238,7 +238,7 @@ async fn commit_versions(
                 &f.target.name,
                 &setup.target_schema,
                 super::setup::target_configuration(setup, target_properties),
-                None,
+                setup.target_comment.as_deref(),
                 setup.timeline.partition_columns(),
             )
             .await?

@@ -103,7 +103,7 @@ async fn write_first_rows(
                 &flow.target.name,
                 &setup.target_schema,
                 target_configuration(setup, target_properties),
-                None,
+                setup.target_comment.as_deref(),
                 setup.timeline.partition_columns(),
             )
             .await?

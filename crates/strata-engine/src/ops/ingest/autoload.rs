@@ -24,7 +24,7 @@ use std::sync::Arc;
 use strata_sql::{FileFormat, ReadFiles};
 
 /// The name of the rescued-data column when the schema is inferred.
-pub(crate) const RESCUED: &str = "_rescued_data";
+pub(crate) const RESCUED: &str = crate::semantics::declared::RESCUED_COLUMN;
 
 /// How `read_files` reads: with its declared schema as it always did, or Auto Loader style.
 #[derive(Debug, Clone, PartialEq)]

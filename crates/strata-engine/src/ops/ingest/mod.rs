@@ -28,7 +28,7 @@ use crate::sql::expect::ExpectationCount;
 use crate::storage::commit::AppId;
 use crate::storage::ledger;
 use crate::storage::warehouse::Warehouse;
-use deltalake::arrow::datatypes::{Field, Schema, SchemaRef};
+use deltalake::arrow::datatypes::{Schema, SchemaRef};
 use deltalake::DeltaTable;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -165,7 +165,7 @@ impl IngestSetup {
 fn arrow_schema(cols: &[strata_sql::ColumnDef]) -> SchemaRef {
     Arc::new(Schema::new(
         cols.iter()
-            .map(|c| Field::new(&c.name, c.data_type.clone(), c.nullable))
+            .map(crate::semantics::declared::declared_field)
             .collect::<Vec<_>>(),
     ))
 }

@@ -88,6 +88,21 @@ pub(crate) async fn prepare_ingest(
     known: &BTreeMap<TableName, SchemaRef>,
 ) -> Result<std::result::Result<IngestSetup, String>> {
     let wh = pipeline.wh;
+    if let Some(g) = table
+        .columns
+        .iter()
+        .flatten()
+        .find(|c| c.generated.is_some())
+    {
+        return Err(super::table_err(
+            &table.name,
+            format!(
+                "column `{}` is GENERATED: generated columns are computed on AUTO CDC targets; \
+                 on a streaming table with a query, compute it in the query",
+                g.name
+            ),
+        ));
+    }
     let query = query_of(table, append)?;
     let mut setup = IngestSetup {
         table: table.clone(),
