@@ -145,6 +145,8 @@ def _stage_snapshots(decl: Any, root: str) -> str:
     where the flow's staging table reads it; returns the staging folder."""
     info = decl.snapshot
     folder = Path(root) / "_strata" / "python_snapshots" / info["flow"]
+    # The staging table reads this folder: it exists (empty, the table waits) from the start.
+    folder.mkdir(parents=True, exist_ok=True)
     staged = _staged_versions(folder)
     seq = staged[-1][0] if staged else 0
     latest = max((v for _, v in staged), default=None)
