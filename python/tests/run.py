@@ -43,7 +43,7 @@ def main() -> int:
                     ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     shutil.copy2(lib, pkg / "_native.abi3.so")
     env = dict(os.environ, PYTHONPATH=str(stage), STRATA_REPO=str(ROOT))
-    return subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+    return subprocess.call([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
                             str(HERE), *args], env=env)
 
 

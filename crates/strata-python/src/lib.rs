@@ -18,12 +18,12 @@
 //! place: `pipeline.py:12 (@dp.table users): ...`, `flow users_flow: ...`) and a `kind`
 //! (`pipeline`, `conflict`, `storage`, `internal`) matching the CLI's exit codes 2-5.
 
+use deltalake::arrow::array::TimestampMicrosecondArray;
 use deltalake::arrow::array::{ArrayRef, Date32Array, Int64Array, RecordBatch, RecordBatchReader};
 use deltalake::arrow::compute::cast;
 use deltalake::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use deltalake::arrow::error::ArrowError;
 use deltalake::arrow::ffi_stream::{ArrowArrayStreamReader, FFI_ArrowArrayStream};
-use deltalake::arrow::array::TimestampMicrosecondArray;
 use deltalake::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use deltalake::parquet::arrow::ArrowWriter;
 use pyo3::create_exception;
@@ -65,7 +65,9 @@ fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
         .enable_all()
         .thread_stack_size(64 << 20)
         .build()
-        .map_err(|e| StrataError::new_err((format!("cannot start the runtime: {e}"), "internal")))?;
+        .map_err(|e| {
+            StrataError::new_err((format!("cannot start the runtime: {e}"), "internal"))
+        })?;
     Ok(RUNTIME.get_or_init(|| rt))
 }
 
@@ -315,9 +317,9 @@ fn import_stream(data: &Bound<'_, PyAny>) -> PyResult<(SchemaRef, Vec<RecordBatc
         )));
     }
     let capsule = data.call_method0("__arrow_c_stream__")?;
-    let capsule = capsule.cast::<PyCapsule>().map_err(|_| {
-        user_error("__arrow_c_stream__() did not return a PyCapsule".to_string())
-    })?;
+    let capsule = capsule
+        .cast::<PyCapsule>()
+        .map_err(|_| user_error("__arrow_c_stream__() did not return a PyCapsule".to_string()))?;
     let ptr = capsule.pointer_checked(Some(STREAM_CAPSULE))?;
     // SAFETY: the capsule is named "arrow_array_stream", so by the Arrow PyCapsule
     // interface it points to an FFI_ArrowArrayStream; `from_raw` moves the stream out and
@@ -373,13 +375,24 @@ fn stage_snapshot(
     let mut fields: Vec<Field> = schema
         .fields()
         .iter()
-        .map(|f| f.as_ref().clone().with_data_type(staged_type(f.data_type())))
+        .map(|f| {
+            f.as_ref()
+                .clone()
+                .with_data_type(staged_type(f.data_type()))
+        })
         .collect();
     fields.push(Field::new(&version_column, version_type.clone(), false));
     let staged = Arc::new(Schema::new(fields));
     py.detach(|| {
         check_same_columns(&dir, &staged)?;
-        write_snapshot(&dir, &file_name, &staged, &batches, &version_type, version.1)
+        write_snapshot(
+            &dir,
+            &file_name,
+            &staged,
+            &batches,
+            &version_type,
+            version.1,
+        )
     })
 }
 
