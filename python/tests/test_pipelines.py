@@ -443,3 +443,32 @@ def test_query_hands_over_arrow_buffers_without_copying(tmp_path):
     assert pa.total_allocated_bytes() - before < 1 << 20
     assert t.nbytes >= 16 * n
     assert t.column("w")[n - 1].as_py() == 2 * n
+
+
+MUSIC_TABLES = ["bronze_users", "bronze_artists", "bronze_tracks", "bronze_streams",
+                "silver_users", "silver_tracks", "silver_streams", "dim_user", "dim_track",
+                "dim_artist", "fact_stream", "plan_hours_by_month", "plan_hours_by_month_naive",
+                "genre_hours_by_month"]
+
+
+def test_music_streaming_in_python_equals_sql(example, tmp_path):
+    import shutil
+
+    d = example("music_streaming")
+    reports = {}
+    for lang in ("sql", "py"):
+        for batch in ("batch1", "batch2"):
+            shutil.copytree(d / "data" / batch, d / "incoming", dirs_exist_ok=True)
+            reports[lang, batch] = strata.run(d / f"pipeline.{lang}",
+                                              warehouse=tmp_path / lang, progress=False)
+        shutil.rmtree(d / "incoming")
+    for t in MUSIC_TABLES:
+        a = strata.query(f"SELECT * FROM {t}", warehouse=tmp_path / "sql")
+        b = strata.query(f"SELECT * FROM {t}", warehouse=tmp_path / "py")
+        assert a.schema == b.schema, t
+        assert len(a) > 0, t
+        assert rows(a) == rows(b), t
+    for batch in ("batch1", "batch2"):
+        exp = lambda r: sorted((i["table"], e["name"], e["action"], e["failed"])  # noqa: E731
+                               for i in r["ingests"] for e in i["expectations"])
+        assert exp(reports["sql", batch]) == exp(reports["py", batch])
