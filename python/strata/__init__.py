@@ -31,12 +31,9 @@ __all__ = ["run", "query", "as_of", "events", "plan", "StrataError", "pipelines"
 __version__ = _native.__version__
 
 
-class StrataError(_native.StrataError):  # type: ignore[misc,valid-type]
-    pass
-
-
-# One class for every error of strata: the engine raises _native.StrataError itself.
-StrataError = _native.StrataError  # type: ignore[misc]  # noqa: F811
+# One class for every error of strata, raised by the engine and by this package alike:
+# StrataError(message, kind).
+StrataError = _native.StrataError
 pipelines.StrataError = StrataError  # type: ignore[attr-defined]
 
 
@@ -294,12 +291,6 @@ class _Stream:
         return capsule
 
 
-def _sql_literal(value: Any) -> str:
-    if isinstance(value, str):
-        return pipelines._literal(value)
-    return pipelines._literal(value)
-
-
 def as_of(table: str, value: Any, warehouse: Optional[Union[str, "os.PathLike[str]"]] = None):
     """The rows of a historised table valid at ``value`` (a date, datetime, number, or SQL
     text such as ``"DATE '2024-02-15'"``), as a pyarrow.Table."""
@@ -308,7 +299,7 @@ def as_of(table: str, value: Any, warehouse: Optional[Union[str, "os.PathLike[st
     elif isinstance(value, str):
         v = f"TIMESTAMP '{value}'" if len(value) > 10 else f"DATE '{value}'"
     else:
-        v = _sql_literal(value)
+        v = pipelines._literal(value)
     return query(f"SELECT * FROM as_of({pipelines._literal(table)}, {v})", warehouse)
 
 

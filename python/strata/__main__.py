@@ -42,13 +42,19 @@ def main(argv: Optional[List[str]] = None) -> int:
             refresh = [t for a in args.full_refresh for t in a.split(",") if t] or True
         pipeline = args.pipeline[0] if len(args.pipeline) == 1 else args.pipeline
         report = strata.run(pipeline, warehouse=args.warehouse, conf=conf, select=args.select,
-                            full_refresh=refresh or False, progress=False)
+                            full_refresh=refresh or False, progress=progress)
     except strata.StrataError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT.get(e.kind, 2)
     for line in summary(report):
         print(line)
     return 0
+
+
+def progress(event: str, node: str, detail: str, elapsed: float) -> None:
+    """A plain line per dataset on stderr, as the CLI logs without a terminal."""
+    if event == "finished":
+        print(f"{node}: {detail} ({elapsed:.1f} s)", file=sys.stderr, flush=True)
 
 
 def summary(report: dict) -> List[str]:

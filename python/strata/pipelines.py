@@ -276,7 +276,6 @@ class Pipeline:
 
     def __init__(self) -> None:
         self.decls: List[_Decl] = []
-        self._token: List[Pipeline] = []
 
     def __enter__(self) -> "Pipeline":
         _stack.append(self)
