@@ -2,7 +2,8 @@
 # Runs everything CI runs: formatting, clippy with warnings denied, and every test (unit,
 # golden scenarios, property tests, CLI tests on the real binary, the database sources
 # against a real PostgreSQL and MariaDB, the benchmark harness's own checks, the check that
-# other Delta readers see what strata wrote). One debug build serves all of them.
+# other Delta readers see what strata wrote, the Python package's pytest suite). One debug
+# build serves all of them.
 #
 # The servers the tests need are started by this script itself, in a temp dir on free ports
 # (scripts/services/with-services.sh: PostgreSQL from the image, MariaDB from Debian's
@@ -36,6 +37,13 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "cargo test"
 cargo test --workspace --locked
+
+# The Python package's native module is the workspace's cdylib from this same debug build:
+# `maturin develop` would run cargo on crates/strata-python alone, whose feature set differs
+# (regex-automata, tracing-subscriber) and would rebuild DataFusion and deltalake a second time.
+step "Python package: cargo build --workspace (the cdylib), then its pytest suite"
+cargo build --workspace --locked
+python3 python/tests/run.py
 
 step "examples/postgres_shop (its own PostgreSQL, two runs, the history it keeps)"
 examples/postgres_shop/run.sh > /dev/null

@@ -10,6 +10,7 @@
 mod events;
 mod graph;
 mod progress;
+mod python;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use deltalake::arrow::array::RecordBatch;
@@ -213,6 +214,39 @@ fn no_transparent_huge_pages() {}
 fn main() -> ExitCode {
     no_transparent_huge_pages();
     let cli = Cli::parse();
+    if let Command::Run {
+        pipeline,
+        warehouse,
+        conf,
+        select,
+        full_refresh,
+        continuous,
+        ..
+    } = &cli.command
+    {
+        if python::is_python(pipeline) {
+            if *continuous {
+                eprintln!("error: --continuous is not available for Python pipelines yet");
+                return ExitCode::from(2);
+            }
+            let mut args: Vec<std::ffi::OsString> = vec![pipeline.into()];
+            if let Some(w) = &warehouse.warehouse {
+                args.extend(["--warehouse".into(), w.into()]);
+            }
+            for (k, v) in conf {
+                args.extend(["--conf".into(), format!("{k}={v}").into()]);
+            }
+            if let Some(s) = select {
+                let s = format!("{}{}", s.name, if s.downstream { "+" } else { "" });
+                args.extend(["--select".into(), s.into()]);
+            }
+            if let Some(tables) = full_refresh {
+                args.push("--full-refresh".into());
+                args.extend(tables.iter().map(Into::into));
+            }
+            return python::delegate(args);
+        }
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         // The Delta kernel logs expected conditions (a table that does not exist yet) as
         // errors, and delta-rs warns of every commit another writer beat; strata reports

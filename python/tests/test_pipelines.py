@@ -1,0 +1,474 @@
+"""The Python API against the real engine: real Delta tables in temp dirs."""
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+import strata
+from strata import pipelines as dp
+from strata.pipelines import col, expr
+
+from conftest import REPO, rows
+
+USERS_EXPECTED = [
+    (123, "Isabel", "Chihuahua", 5, 6),
+    (123, "Isabel", "Monterrey", 1, 5),
+    (124, "Raul", "Oaxaca", 1, None),
+    (125, "Mercedes", "Guadalajara", 6, None),
+    (125, "Mercedes", "Mexicali", 5, 6),
+    (125, "Mercedes", "Tijuana", 2, 5),
+    (126, "Lily", "Cancun", 2, None),
+]
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def jsonl(path: Path, records) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+# ------------------------------------------------------------------------------------------
+# The documentation's users example: Python equals SQL
+# ------------------------------------------------------------------------------------------
+
+def test_users_example_in_python_equals_sql(example, tmp_path):
+    d = example("users")
+    report = strata.run(d / "pipeline.py", warehouse=tmp_path / "py", progress=False)
+    strata.run(d / "pipeline.sql", warehouse=tmp_path / "sql", progress=False)
+    q = "SELECT * FROM users"
+    got = strata.query(q, warehouse=tmp_path / "py")
+    assert rows(got) == rows(strata.query(q, warehouse=tmp_path / "sql"))
+    assert rows(got) == sorted(USERS_EXPECTED, key=lambda r: tuple(str(v) for v in r))
+    assert got.column_names == ["userId", "name", "city", "__START_AT", "__END_AT"]
+    # The report is the CLI's, as data.
+    assert [f["flow"] for f in report["flows"]] == ["users_flow"]
+    assert report["flows"][0]["events"] == 8
+    assert report["ingests"][0]["table"] == "default.users_cdc"
+    # A second run finds nothing new.
+    again = strata.run(d / "pipeline.py", warehouse=tmp_path / "py", progress=False)
+    assert again["ingests"][0]["rows"] == 0 or again["ingests"][0]["skipped"]
+
+
+def test_cli_runs_a_python_pipeline(example, tmp_path):
+    binary = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target")) / "debug" / "strata"
+    if not binary.exists():
+        pytest.skip(f"{binary} not built")
+    d = example("users")
+    env = dict(os.environ, STRATA_PYTHON=sys.executable)
+    out = subprocess.run([str(binary), "run", str(d / "pipeline.py"), "--warehouse",
+                          str(tmp_path / "wh")], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "flow users_flow: 8 event(s)" in out.stdout
+    assert len(strata.query("SELECT * FROM users", warehouse=tmp_path / "wh")) == 7
+    # A pipeline error exits 2 with the engine's message naming the Python place.
+    bad = write(tmp_path / "bad.py", """\
+        from strata import pipelines as dp
+        dp.create_streaming_table("t")
+        dp.create_auto_cdc_flow(target="t", source="nowhere", keys=["id"], sequence_by="seq")
+    """)
+    out = subprocess.run([str(binary), "run", str(bad), "--warehouse", str(tmp_path / "wh")],
+                         env=env, capture_output=True, text=True)
+    assert out.returncode == 2, out.stderr
+    assert "bad.py:3 (create_auto_cdc_flow t_flow)" in out.stderr
+    # Without the package: a clear error.
+    env["STRATA_PYTHON"] = "/nonexistent/python3"
+    out = subprocess.run([str(binary), "run", str(d / "pipeline.py")], env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "STRATA_PYTHON" in out.stderr
+
+
+# ------------------------------------------------------------------------------------------
+# Every declaration and argument, run by the engine
+# ------------------------------------------------------------------------------------------
+
+CDC_SCHEMA = "id INT, name STRING, city STRING, op STRING, seq INT"
+
+
+def cdc_data(tmp_path):
+    jsonl(tmp_path / "data/cdc/001.json", [
+        {"id": 1, "name": "a", "city": "x", "op": "UPSERT", "seq": 1},
+        {"id": 2, "name": "b", "city": "y", "op": "UPSERT", "seq": 1},
+        {"id": 1, "name": None, "city": "z", "op": "UPSERT", "seq": 2},
+        {"id": 3, "name": "c", "city": "w", "op": "UPSERT", "seq": 1},
+        {"id": 3, "name": "c", "city": "w", "op": "DELETE", "seq": 3},
+        {"id": None, "name": "bad", "city": "w", "op": "UPSERT", "seq": 9},
+    ])
+
+
+RICH_SQL = """\
+CREATE OR REFRESH STREAMING TABLE events (
+  CONSTRAINT has_id EXPECT (id IS NOT NULL) ON VIOLATION DROP ROW,
+  CONSTRAINT known_op EXPECT (op IN ('UPSERT', 'DELETE'))
+)
+COMMENT 'raw'
+AS SELECT * FROM STREAM read_files('data/cdc', format => 'json', schema => '{schema}');
+
+CREATE OR REFRESH STREAMING TABLE scd1 TBLPROPERTIES ('delta.enableDeletionVectors' = 'false');
+CREATE FLOW scd1_flow AS AUTO CDC INTO scd1 FROM STREAM(events) KEYS (id)
+IGNORE NULL UPDATES APPLY AS DELETE WHEN op = 'DELETE' APPLY AS TRUNCATE WHEN op = 'TRUNCATE'
+SEQUENCE BY seq COLUMNS id, name, city STORED AS SCD TYPE 1;
+
+CREATE OR REFRESH STREAMING TABLE scd2;
+CREATE FLOW scd2_flow AS AUTO CDC INTO scd2 FROM STREAM(events) KEYS (id)
+APPLY AS DELETE WHEN op = 'DELETE' SEQUENCE BY seq COLUMNS * EXCEPT (op, seq)
+STORED AS SCD TYPE 2 TRACK HISTORY ON * EXCEPT (name);
+
+CREATE OR REFRESH STREAMING TABLE scd2_city;
+CREATE FLOW city_flow AS AUTO CDC INTO scd2_city FROM STREAM(events) KEYS (id)
+SEQUENCE BY seq COLUMNS * EXCEPT (op, seq) STORED AS SCD TYPE 2 TRACK HISTORY ON city;
+
+CREATE OR REFRESH STREAMING TABLE all_events;
+CREATE FLOW copy_a AS INSERT INTO all_events BY NAME SELECT id, op FROM STREAM(events);
+CREATE FLOW copy_b AS INSERT INTO all_events BY NAME SELECT id, op FROM STREAM(events) WHERE seq > 1;
+
+CREATE TEMPORARY VIEW current_cities AS SELECT city FROM scd1;
+CREATE OR REFRESH MATERIALIZED VIEW city_counts (
+  CONSTRAINT some EXPECT (n > 0)
+) AS SELECT city, count(*) AS n FROM current_cities GROUP BY city;
+"""
+
+RICH_PY = """\
+from strata import pipelines as dp
+from strata.pipelines import col, expr
+
+@dp.table(comment="raw")
+@dp.expect_or_drop("has_id", "id IS NOT NULL")
+@dp.expect("known_op", col("op").isin("UPSERT", "DELETE"))
+def events():
+    return dp.read_files("data/cdc", format="json", schema="{schema}")
+
+dp.create_streaming_table("scd1", table_properties={{"delta.enableDeletionVectors": "false"}})
+dp.create_auto_cdc_flow(target="scd1", source="events", keys=["id"], sequence_by="seq",
+                        ignore_null_updates=True, apply_as_deletes=expr("op = 'DELETE'"),
+                        apply_as_truncates="op = 'TRUNCATE'", column_list=["id", "name", col("city")],
+                        stored_as_scd_type=1)
+
+dp.create_streaming_table("scd2")
+dp.create_auto_cdc_flow(target="scd2", source="events", keys=[col("id")], sequence_by=col("seq"),
+                        apply_as_deletes=col("op") == "DELETE", except_column_list=["op", "seq"],
+                        stored_as_scd_type=2, track_history_except_column_list=["name"])
+
+dp.create_streaming_table("scd2_city")
+dp.create_auto_cdc_flow(target="scd2_city", source="events", keys=["id"], sequence_by="seq",
+                        except_column_list=["op", "seq"], stored_as_scd_type="2",
+                        track_history_column_list=["city"], name="city_flow")
+
+dp.create_streaming_table("all_events")
+
+@dp.append_flow(target="all_events")
+def copy_a():
+    return dp.stream("events").select("id", "op")
+
+@dp.append_flow(target="all_events", name="copy_b")
+def second():
+    return "SELECT id, op FROM STREAM(events) WHERE seq > 1"
+
+@dp.view
+def current_cities():
+    return dp.table_ref("scd1").select("city")
+
+@dp.materialized_view
+@dp.expect_all({{"some": "n > 0"}})
+def city_counts():
+    return "SELECT city, count(*) AS n FROM current_cities GROUP BY city"
+"""
+
+RICH_TABLES = ["events", "scd1", "scd2", "scd2_city", "all_events", "city_counts"]
+
+
+def test_every_declaration_python_equals_sql(tmp_path):
+    cdc_data(tmp_path)
+    write(tmp_path / "p.sql", RICH_SQL.format(schema=CDC_SCHEMA))
+    write(tmp_path / "p.py", RICH_PY.format(schema=CDC_SCHEMA))
+    r_sql = strata.run(tmp_path / "p.sql", warehouse=tmp_path / "a", progress=False)
+    r_py = strata.run(tmp_path / "p.py", warehouse=tmp_path / "b", progress=False)
+    for t in RICH_TABLES:
+        a = strata.query(f"SELECT * FROM {t}", warehouse=tmp_path / "a")
+        b = strata.query(f"SELECT * FROM {t}", warehouse=tmp_path / "b")
+        assert a.schema == b.schema, t
+        assert rows(a) == rows(b), t
+        assert len(a) > 0, t
+    assert r_py["ingests"][0]["rows_dropped"] == 1
+    exps = {e["name"]: e for e in r_py["ingests"][0]["expectations"]}
+    assert exps["has_id"]["action"] == "drop" and exps["has_id"]["failed"] == 1
+    assert exps["known_op"]["action"] == "warn"
+    assert sorted(f["flow"] for f in r_py["flows"]) == sorted(f["flow"] for f in r_sql["flows"])
+    # What each argument did, in the rows.
+    scd1 = {r["id"]: r for r in strata.query("SELECT * FROM scd1", warehouse=tmp_path / "b")
+            .to_pylist()}
+    assert scd1[1]["name"] == "a"  # ignore_null_updates kept the name
+    assert 3 not in scd1  # apply_as_deletes
+    assert list(strata.query("SELECT * FROM scd1", warehouse=tmp_path / "b").column_names) == \
+        ["id", "name", "city"]  # column_list
+    city = strata.query("SELECT * FROM scd2_city WHERE id = 1", warehouse=tmp_path / "b")
+    assert len(city) == 2  # the city changed: two versions
+
+
+def test_rendered_sql_of_each_call():
+    with dp.Pipeline() as p:
+        dp.create_streaming_table("t", comment="c", schema="id INT, v STRING",
+                                  table_properties={"a": "b"},
+                                  expect_all={"e1": "id > 0"}, expect_all_or_drop={"e2": "v <> ''"},
+                                  expect_all_or_fail={"e3": col("id").isNotNull()})
+        dp.create_auto_cdc_from_snapshot_flow(target="h", source="snap", keys=["id"],
+                                              stored_as_scd_type=2,
+                                              track_history_column_list=["v"])
+    sql = [d.sql for d in p.decls]
+    assert sql[0] == ("CREATE OR REFRESH STREAMING TABLE t (\n  id INT, v STRING, "
+                      "CONSTRAINT e1 EXPECT (id > 0), CONSTRAINT e2 EXPECT (v <> '') ON VIOLATION "
+                      "DROP ROW, CONSTRAINT e3 EXPECT ((id IS NOT NULL)) ON VIOLATION FAIL UPDATE\n)"
+                      "\nCOMMENT 'c'\nTBLPROPERTIES ('a' = 'b')")
+    assert sql[1] == ("CREATE FLOW h_flow AS AUTO CDC FROM SNAPSHOT INTO h\nFROM snap\nKEYS (id)\n"
+                      "STORED AS SCD TYPE 2\nTRACK HISTORY ON v")
+    assert p.decls[0].origin.startswith("test_pipelines.py:")
+    # The relation API.
+    rel = dp.stream("src").where(col("a") > 1).with_column("b", col("a") * 2).select("*", "c")
+    assert rel.sql == "SELECT *, c FROM STREAM(src) WHERE ((a > 1))"
+    rel = dp.table_ref("my table").withColumn("d", dt.date(2024, 1, 2)).filter("x = 'y'")
+    assert rel.sql == "SELECT *, DATE '2024-01-02' AS d FROM `my table` WHERE (x = 'y')"
+    assert dp.struct("a", col("b")).sql == "STRUCT(a, b)"
+
+
+def test_legacy_names_and_snapshot_table_mode(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data/001.csv").write_text("id,v\n1,a\n2,b\n")
+    write(tmp_path / "p.py", """\
+        import strata.pipelines as dlt
+
+        @dlt.table
+        def raw():
+            return dlt.read_files("data", format="csv", header=True, schema="id INT, v STRING")
+
+        @dlt.materialized_view
+        def n_raw():
+            return "SELECT count(*) AS n FROM raw"
+
+        dlt.create_target_table("hist")
+        dlt.apply_changes_from_snapshot(target="hist", source="raw", keys=["id"],
+                                        stored_as_scd_type=2)
+    """)
+    strata.run(tmp_path / "p.py", warehouse=tmp_path / "wh", progress=False)
+    got = strata.query("SELECT id, v, __END_AT FROM hist", warehouse=tmp_path / "wh")
+    assert rows(got) == [(1, "a", None), (2, "b", None)]
+
+
+def test_python_and_sql_in_one_pipeline(tmp_path):
+    cdc_data(tmp_path)
+    write(tmp_path / "bronze.sql", f"""\
+        CREATE OR REFRESH STREAMING TABLE events
+        AS SELECT * FROM STREAM read_files('data/cdc', format => 'json', schema => '{CDC_SCHEMA}')
+        WHERE id IS NOT NULL;
+    """)
+    write(tmp_path / "silver.py", """\
+        from strata import pipelines as dp
+        dp.create_streaming_table("users")
+        dp.create_auto_cdc_flow(target="users", source="events", keys=["id"], sequence_by="seq",
+                                apply_as_deletes="op = 'DELETE'", except_column_list=["op", "seq"])
+    """)
+    write(tmp_path / "gold.sql", """\
+        CREATE OR REFRESH MATERIALIZED VIEW n_users AS SELECT count(*) AS n FROM users;
+    """)
+    report = strata.run([tmp_path / "bronze.sql", tmp_path / "silver.py", tmp_path / "gold.sql"],
+                        warehouse=tmp_path / "wh", progress=False)
+    assert strata.query("SELECT n FROM n_users", warehouse=tmp_path / "wh").to_pylist() == \
+        [{"n": 2}]
+    assert report["views"][0]["table"] == "default.n_users"
+    # An error in a SQL file of the mix names the file, line and column.
+    write(tmp_path / "gold.sql", "CREATE OR REFRESH MATERIALIZED VIEW n AS SELEC 1;\n")
+    with pytest.raises(strata.StrataError, match=r"gold.sql:1:\d+"):
+        strata.run([tmp_path / "bronze.sql", tmp_path / "silver.py", tmp_path / "gold.sql"],
+                   warehouse=tmp_path / "wh", progress=False)
+
+
+def test_notebook_style_default_pipeline_progress_and_refresh(tmp_path, capsys):
+    cdc_data(tmp_path)
+    os.chdir(tmp_path)
+    dp.current().clear()
+    try:
+        @dp.table(name="ev")
+        def anything():
+            return dp.read_files("data/cdc", format="json", schema=CDC_SCHEMA).where("id IS NOT NULL")
+
+        seen = []
+        strata.run(warehouse="wh", progress=lambda *a: seen.append(a))
+        assert ("started", "table default.ev", "", 0.0) in seen
+        assert any(e[0] == "finished" and e[1] == "table default.ev" for e in seen)
+        strata.run(warehouse="wh", full_refresh=True)
+        out = capsys.readouterr().out
+        assert "table default.ev: 1 file(s), 5 row(s) appended" in out  # a plain line per dataset
+        assert len(strata.query("SELECT * FROM ev", warehouse="wh")) == 5
+        r = strata.run(warehouse="wh", full_refresh=["ev"], progress=False)
+        assert r["set_aside"] and r["set_aside"][0][0] == "default.ev"
+        r = strata.run(warehouse="wh", select="ev", progress=False)
+        assert r["ingests"][0]["rows"] == 0
+    finally:
+        dp.current().clear()
+
+
+# ------------------------------------------------------------------------------------------
+# Errors
+# ------------------------------------------------------------------------------------------
+
+def test_unknown_argument_and_wrong_types():
+    with dp.Pipeline():
+        with pytest.raises(TypeError, match="unexpected keyword argument 'keyz'"):
+            dp.create_auto_cdc_flow(target="t", source="s", keyz=["id"], sequence_by="seq")
+        with pytest.raises(TypeError):
+            @dp.table(nme="x")
+            def x():
+                return "SELECT 1"
+        with pytest.raises(strata.StrataError, match="keys: expected a list of column names"):
+            dp.create_auto_cdc_flow(target="t", source="s", keys="id", sequence_by="seq")
+        with pytest.raises(strata.StrataError, match="stored_as_scd_type must be 1 or 2"):
+            dp.create_auto_cdc_flow(target="t", source="s", keys=["id"], sequence_by="seq",
+                                    stored_as_scd_type=3)
+        with pytest.raises(strata.StrataError, match="ignore_null_updates must be True or False"):
+            dp.create_auto_cdc_flow(target="t", source="s", keys=["id"], sequence_by="seq",
+                                    ignore_null_updates="yes")
+        with pytest.raises(strata.StrataError, match="column_list or except_column_list"):
+            dp.create_auto_cdc_flow(target="t", source="s", keys=["id"], sequence_by="seq",
+                                    column_list=["a"], except_column_list=["b"])
+        with pytest.raises(strata.StrataError, match="partition_cols is not supported"):
+            dp.create_streaming_table("t", partition_cols=["a"])
+        with pytest.raises(strata.StrataError, match="once=True"):
+            dp.create_auto_cdc_flow(target="t", source="s", keys=["id"], sequence_by="s",
+                                    once=True)
+        with pytest.raises(strata.StrataError, match="must return SQL text or a relation"):
+            @dp.materialized_view
+            def y():
+                return 42
+        with pytest.raises(strata.StrataError, match="truth value"):
+            bool(col("a") == 1)
+        with pytest.raises(strata.StrataError, match="schema must be a DDL string"):
+            dp.create_streaming_table("u", schema=["id"])
+
+
+def test_engine_errors_name_the_python_place(tmp_path):
+    cdc_data(tmp_path)
+    p = write(tmp_path / "p.py", f"""\
+        from strata import pipelines as dp
+
+        @dp.table
+        def events():
+            return dp.read_files("data/cdc", format="json", schema="{CDC_SCHEMA}")
+
+        dp.create_streaming_table("t")
+        dp.create_auto_cdc_flow(target="t", source="events", keys=["userId"], sequence_by="seq")
+    """)
+    with pytest.raises(strata.StrataError) as e:
+        strata.run(p, warehouse=tmp_path / "wh", progress=False)
+    assert "p.py:8 (create_auto_cdc_flow t_flow)" in str(e.value)
+    assert "userId" in str(e.value)
+    assert e.value.kind == "pipeline"
+    # A rejected batch: the engine's message, nothing written.
+    p = write(tmp_path / "q.py", f"""\
+        from strata import pipelines as dp
+
+        @dp.table
+        @dp.expect_or_fail("has_id", "id IS NOT NULL")
+        def events():
+            return dp.read_files("data/cdc", format="json", schema="{CDC_SCHEMA}")
+    """)
+    with pytest.raises(strata.StrataError, match="has_id"):
+        strata.run(p, warehouse=tmp_path / "wh2", progress=False)
+    # A SQL error in SQL text returned by a function names the declaration.
+    p = write(tmp_path / "r.py", """\
+        from strata import pipelines as dp
+
+        @dp.materialized_view
+        def mv():
+            return "SELECT FROM WHERE"
+    """)
+    with pytest.raises(strata.StrataError, match=r"r.py:3 \(@dp.materialized_view mv\)"):
+        strata.run(p, warehouse=tmp_path / "wh3", progress=False)
+    with pytest.raises(strata.StrataError, match="no such file"):
+        strata.run(tmp_path / "missing.py", warehouse=tmp_path / "wh3")
+    with pytest.raises(strata.StrataError, match="already declared"):
+        with dp.Pipeline():
+            dp.create_streaming_table("dup")
+            dp.create_streaming_table("dup")
+
+
+# ------------------------------------------------------------------------------------------
+# Reading: query, as_of, events
+# ------------------------------------------------------------------------------------------
+
+def test_query_as_of_events(example, tmp_path):
+    import pandas as pd
+    import polars as pl
+
+    d = example("users")
+    strata.run(d / "pipeline.py", warehouse=tmp_path / "wh", progress=False)
+    wh = tmp_path / "wh"
+    t = strata.query("SELECT * FROM users ORDER BY userId, __START_AT", warehouse=wh)
+    assert isinstance(t, pa.Table)
+    df = t.to_pandas()
+    assert isinstance(df, pd.DataFrame) and len(df) == 7
+    assert pl.from_arrow(t).shape == (7, 5)
+    assert pl.DataFrame(strata.query_stream("SELECT 1 AS one", warehouse=wh)).to_dicts() == \
+        [{"one": 1}]
+    at = strata.as_of("users", 5, warehouse=wh)
+    assert rows(at.select(["userId", "city"])) == [
+        (123, "Chihuahua"), (124, "Raul") if False else (124, "Oaxaca"),
+        (125, "Mexicali"), (126, "Cancun")]
+    ev = strata.events(warehouse=wh)
+    assert set(ev.column("status").to_pylist()) == {"COMPLETED"}
+    assert "users_flow" in ev.column("flow").to_pylist()
+    assert len(strata.events(warehouse=wh, flow="users_flow")) == 1
+    with pytest.raises(strata.StrataError) as e:
+        strata.query("SELECT * FROM no_such_table", warehouse=wh)
+    assert "no_such_table" in str(e.value)
+
+
+def test_query_hands_over_arrow_buffers_without_copying(tmp_path):
+    n = 5_000_000
+    before = pa.total_allocated_bytes()
+    t = strata.query(f"SELECT value AS v, value * 2 AS w FROM generate_series(1, {n})",
+                     warehouse=tmp_path / "wh")
+    assert len(t) == n
+    # pyarrow's allocator allocated nothing for 80 MB of values: the buffers are the
+    # engine's, imported through the C stream interface.
+    assert pa.total_allocated_bytes() - before < 1 << 20
+    assert t.nbytes >= 16 * n
+    assert t.column("w")[n - 1].as_py() == 2 * n
+
+
+MUSIC_TABLES = ["bronze_users", "bronze_artists", "bronze_tracks", "bronze_streams",
+                "silver_users", "silver_tracks", "silver_streams", "dim_user", "dim_track",
+                "dim_artist", "fact_stream", "plan_hours_by_month", "plan_hours_by_month_naive",
+                "genre_hours_by_month"]
+
+
+def test_music_streaming_in_python_equals_sql(example, tmp_path):
+    import shutil
+
+    d = example("music_streaming")
+    reports = {}
+    for lang in ("sql", "py"):
+        for batch in ("batch1", "batch2"):
+            shutil.copytree(d / "data" / batch, d / "incoming", dirs_exist_ok=True)
+            reports[lang, batch] = strata.run(d / f"pipeline.{lang}",
+                                              warehouse=tmp_path / lang, progress=False)
+        shutil.rmtree(d / "incoming")
+    for t in MUSIC_TABLES:
+        a = strata.query(f"SELECT * FROM {t}", warehouse=tmp_path / "sql")
+        b = strata.query(f"SELECT * FROM {t}", warehouse=tmp_path / "py")
+        assert a.schema == b.schema, t
+        assert len(a) > 0, t
+        assert rows(a) == rows(b), t
+    for batch in ("batch1", "batch2"):
+        exp = lambda r: sorted((i["table"], e["name"], e["action"], e["failed"])  # noqa: E731
+                               for i in r["ingests"] for e in i["expectations"])
+        assert exp(reports["sql", batch]) == exp(reports["py", batch])
