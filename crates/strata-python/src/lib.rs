@@ -223,7 +223,8 @@ fn run_sources(
         .collect();
     let report = block_on(py, async move {
         let wh = Warehouse::open(&wh_dir)?;
-        let planned = strata_engine::plan_sources(&sources, &options.configuration, "default")?;
+        let planned =
+            strata_engine::plan_sources(&sources, &options.configuration, "default", wh.catalog())?;
         strata_engine::run_planned(planned, &path, dir, &wh, &options).await
     })?;
     report_dict(py, &report)
@@ -248,7 +249,7 @@ fn plan_sources(
             },
         })
         .collect();
-    let planned = strata_engine::plan_sources(&sources, &conf, "default").map_err(to_py)?;
+    let planned = strata_engine::plan_sources(&sources, &conf, "default", "main").map_err(to_py)?;
     let out = PyList::empty(py);
     for s in planned.steps() {
         let d = PyDict::new(py);
