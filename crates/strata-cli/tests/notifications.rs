@@ -435,6 +435,19 @@ fn a_run_is_e_mailed_over_smtp_without_the_password_showing_anywhere() {
         }),
         "the password is in the warehouse"
     );
+
+    // A run that finds nothing new completes too, and tells no one.
+    let again = run_spec(&p);
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert!(
+        sessions.recv_timeout(Duration::from_millis(500)).is_err(),
+        "a run with nothing new sent e-mail"
+    );
+    let last = events(&p).pop().expect("records");
+    assert_eq!(
+        (&last["kind"], &last["status"]),
+        (&"update".into(), &"COMPLETED".into())
+    );
 }
 
 #[test]

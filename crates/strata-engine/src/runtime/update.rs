@@ -99,12 +99,15 @@ impl<'a> Update<'a> {
                     if let Err(e) = event_log::append(self.wh, std::slice::from_ref(&r)).await {
                         return Some(Err(e));
                     }
-                    let outcome = Outcome {
-                        failed: false,
-                        fatal: false,
-                        flow_failed: false,
-                    };
-                    notify::notify(self.wh, self.settings, &self.name, &r, outcome).await;
+                    // A run that found nothing new (most cycles of --continuous) tells no one.
+                    if ended.iter().any(|e| e.status == Status::Completed) {
+                        let outcome = Outcome {
+                            failed: false,
+                            fatal: false,
+                            flow_failed: false,
+                        };
+                        notify::notify(self.wh, self.settings, &self.name, &r, outcome).await;
+                    }
                 }
                 return Some(Ok(report));
             }
