@@ -13,7 +13,9 @@ fn quote(s: &str) -> String {
 }
 
 /// The records of the last `last` runs (only `flow`'s records, if given), oldest run first;
-/// `None` when nothing was recorded yet.
+/// `None` when nothing was recorded yet. A run's records come in the order things happened:
+/// datasets and flows as they started, the run's own (`update`: a retry, the outcome;
+/// `notification`) as they ended.
 pub async fn records(
     wh: &Warehouse,
     last: usize,
@@ -33,7 +35,9 @@ pub async fn records(
            e.rows_deleted, e.versions_opened, e.versions_closed, e.rows_dropped, \
            e.message, e.error, e.expectations \
          FROM event_log e JOIN runs r ON e.run_id = r.run_id {} \
-         ORDER BY r.run_start, e.started_at, e.ended_at",
+         ORDER BY r.run_start, \
+           CASE WHEN e.kind IN ('update', 'notification') THEN e.ended_at ELSE e.started_at END, \
+           e.ended_at",
         flow.map(|f| format!("WHERE e.flow = {}", quote(f)))
             .unwrap_or_default()
     );
@@ -67,6 +71,27 @@ pub async fn show(wh: &Warehouse, last: usize, flow: Option<&str>) -> Result<(),
                 current_run = run;
             }
             shown += 1;
+            let kind = cell.get("kind", i);
+            if kind == "update" || kind == "notification" {
+                // The run as a whole: its retries and outcome, an undelivered notification.
+                let flow = cell.get("flow", i);
+                let at = if flow.is_empty() {
+                    String::new()
+                } else {
+                    format!(" at {flow} -> {}", cell.get("dataset", i))
+                };
+                writeln!(
+                    out,
+                    "  {:<9} {kind}{at}: {}",
+                    cell.get("status", i),
+                    cell.get("message", i)
+                )?;
+                let error = cell.get("error", i);
+                if error != "NULL" {
+                    writeln!(out, "            error: {error}")?;
+                }
+                continue;
+            }
             let mut counts = vec![format!("read {}", cell.get("rows_read", i))];
             for (col, label) in [
                 ("rows_written", "written"),

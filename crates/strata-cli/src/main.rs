@@ -69,6 +69,11 @@ enum Command {
         /// The pause between runs in continuous mode, e.g. `500ms`, `5s`, `1m`.
         #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
         interval: Duration,
+        /// Try a run that failed transiently (a lost connection, a storage error) up to N
+        /// more times, never one that failed on its data or pipeline; the same as `--conf
+        /// pipelines.numUpdateRetryAttempts=N` [default: the pipeline's, else 0].
+        #[arg(long, value_name = "N")]
+        retries: Option<u32>,
     },
     /// Show the event log: what each run did, dataset by dataset.
     Events {
@@ -324,9 +329,13 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
             full_refresh,
             continuous,
             interval,
+            retries,
         } => {
-            let configuration: std::collections::BTreeMap<String, String> =
+            let mut configuration: std::collections::BTreeMap<String, String> =
                 conf.into_iter().collect();
+            if let Some(n) = retries {
+                configuration.insert("pipelines.numUpdateRetryAttempts".into(), n.to_string());
+            }
             // A spec may name its warehouse; --warehouse wins.
             let wh = if strata_engine::is_spec(&pipeline) {
                 let loaded = strata_engine::load_pipeline(&pipeline, &configuration)?;

@@ -261,6 +261,147 @@ impl EngineError {
     }
 }
 
+impl EngineError {
+    /// Whether another attempt of the whole run may succeed without anyone changing the
+    /// pipeline or its input: the environment failed (a connection refused, reset or timed
+    /// out, a database that did not answer, an object store's error, a full disk, another
+    /// writer committing first). A data or pipeline error (a NULL key, a conflicting tie, a
+    /// failed expectation, a schema or plan error, a missing file or table, a password
+    /// refused) is not: another attempt would meet it again. Unknown failures of the layers
+    /// below count as permanent, so that a retry is only spent where it can help.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            EngineError::Pipeline { .. }
+            | EngineError::Spec(_)
+            | EngineError::Plan { .. }
+            | EngineError::BadInput(_)
+            | EngineError::NotFound(_)
+            | EngineError::Internal(_) => false,
+            EngineError::Conflict { .. } => true,
+            EngineError::Io { source, .. } => transient_kind(source.kind()),
+            EngineError::Delta { source, .. } => transient_cause(source.as_ref()),
+            EngineError::DataFusion { source, .. } => transient_cause(source.as_ref()),
+            EngineError::Source { source, .. } => transient_source(source),
+        }
+    }
+}
+
+/// I/O failures that can pass on their own: the network, a busy or full device. A missing
+/// file, a permission, malformed data are not.
+fn transient_kind(kind: std::io::ErrorKind) -> bool {
+    use std::io::ErrorKind as K;
+    matches!(
+        kind,
+        K::ConnectionRefused
+            | K::ConnectionReset
+            | K::ConnectionAborted
+            | K::NotConnected
+            | K::AddrInUse
+            | K::AddrNotAvailable
+            | K::BrokenPipe
+            | K::TimedOut
+            | K::Interrupted
+            | K::WouldBlock
+            | K::HostUnreachable
+            | K::NetworkUnreachable
+            | K::NetworkDown
+            | K::ResourceBusy
+            | K::StorageFull
+            | K::QuotaExceeded
+            | K::StaleNetworkFileHandle
+    )
+}
+
+/// Whether the first I/O or object-store error in `e`'s chain of causes is transient.
+fn transient_cause(e: &(dyn std::error::Error + 'static)) -> bool {
+    use deltalake::ObjectStoreError as O;
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return transient_kind(io.kind());
+        }
+        // One of ours wrapped by a layer below (a table provider's error inside DataFusion).
+        if let Some(engine) = err.downcast_ref::<EngineError>() {
+            return engine.is_transient();
+        }
+        if let Some(source) = err.downcast_ref::<strata_sources::SourceError>() {
+            return transient_source(source);
+        }
+        if let Some(store) = err.downcast_ref::<O>() {
+            return match store {
+                // A local or remote store's own failure: decided by its I/O cause when it
+                // has one (a local file system), else an HTTP store's error after its own
+                // retries (a 5xx, a timeout): transient.
+                O::Generic { source, .. } => {
+                    source_chain_io(source.as_ref()).is_none_or(transient_kind)
+                }
+                O::JoinError { .. } => true,
+                _ => false,
+            };
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// The kind of the first I/O error in `e`'s chain.
+fn source_chain_io(e: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind> {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return Some(io.kind());
+        }
+        cur = err.source();
+    }
+    None
+}
+
+/// A database source: no connection (refused, timed out, dropped) or a replication stream
+/// that broke is transient; a refused password, a database, table or column that does not
+/// exist, a type or value strata cannot read are not.
+fn transient_source(e: &strata_sources::SourceError) -> bool {
+    use strata_sources::SourceError as S;
+    let dropped = |detail: &str| {
+        let d = detail.to_ascii_lowercase();
+        [
+            "connection refused",
+            "connection reset",
+            "connection closed",
+            "broken pipe",
+            "timed out",
+            "timeout",
+            "no answer within",
+            "server closed the connection",
+            "terminating connection",
+            "unexpected eof",
+            "i/o error",
+            "io error",
+        ]
+        .iter()
+        .any(|m| d.contains(m))
+    };
+    match e {
+        S::Connect { detail, .. } => {
+            let d = detail.to_ascii_lowercase();
+            let refused_login = [
+                "password",
+                "authentication",
+                "access denied",
+                "does not exist",
+                "pg_hba.conf",
+                "unknown database",
+            ]
+            .iter()
+            .any(|m| d.contains(m));
+            !refused_login
+        }
+        S::Query { detail, .. } => dropped(detail),
+        S::Replication { .. } => true,
+        S::Io { source, .. } => transient_kind(source.kind()),
+        _ => false,
+    }
+}
+
 impl<T> Context<T> for std::result::Result<T, DataFusionError> {
     fn context(self, context: impl FnOnce() -> String) -> Result<T> {
         self.map_err(|source| EngineError::DataFusion {
@@ -312,4 +453,97 @@ pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
         cur = s.source();
     }
     parts.join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Error as IoError, ErrorKind};
+
+    fn io(kind: ErrorKind) -> EngineError {
+        EngineError::Io {
+            context: "reading".into(),
+            source: IoError::new(kind, "x"),
+        }
+    }
+
+    fn connect(detail: &str) -> EngineError {
+        EngineError::Source {
+            context: "table orders_raw".into(),
+            source: Box::new(strata_sources::SourceError::Connect {
+                connection: "shop".into(),
+                kind: "PostgreSQL",
+                host: "db".into(),
+                port: 5432,
+                user: "etl".into(),
+                detail: detail.into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn data_and_pipeline_errors_are_never_transient() {
+        for e in [
+            EngineError::BadInput("flow f: conflicting tie at key (1) and sequence 3".into()),
+            EngineError::BadInput("flow f: NULL key".into()),
+            EngineError::plan("unknown column x"),
+            EngineError::Spec("spec.yaml: name: must not be empty".into()),
+            EngineError::NotFound("table t".into()),
+            EngineError::Internal("bug".into()),
+            EngineError::DataFusion {
+                context: "expectation".into(),
+                source: Box::new(DataFusionError::Execution(
+                    "expectation valid_id failed".into(),
+                )),
+            },
+            io(ErrorKind::NotFound),
+            io(ErrorKind::PermissionDenied),
+            io(ErrorKind::InvalidData),
+            connect("password authentication failed for user \"etl\""),
+            connect("database \"shop\" does not exist"),
+        ] {
+            assert!(!e.is_transient(), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_environment_failing_is_transient() {
+        let store = |source: IoError| EngineError::Delta {
+            context: "commit".into(),
+            source: Box::new(DeltaTableError::ObjectStore {
+                source: deltalake::ObjectStoreError::Generic {
+                    store: "LocalFileSystem",
+                    source: Box::new(source),
+                },
+            }),
+        };
+        for e in [
+            io(ErrorKind::ConnectionRefused),
+            io(ErrorKind::TimedOut),
+            io(ErrorKind::StorageFull),
+            store(IoError::new(ErrorKind::ConnectionReset, "reset")),
+            EngineError::DataFusion {
+                context: "reading".into(),
+                source: Box::new(DataFusionError::IoError(IoError::new(
+                    ErrorKind::BrokenPipe,
+                    "pipe",
+                ))),
+            },
+            EngineError::DataFusion {
+                context: "reading".into(),
+                source: Box::new(DataFusionError::External(Box::new(connect(
+                    "error connecting to server: Connection refused (os error 111)",
+                )))),
+            },
+            connect("error connecting to server: Connection refused (os error 111)"),
+            connect("no answer within 10 s"),
+            EngineError::Conflict {
+                context: "t".into(),
+                source: Box::new(DeltaTableError::VersionAlreadyExists(3)),
+            },
+        ] {
+            assert!(e.is_transient(), "{e}");
+        }
+        assert!(!store(IoError::new(ErrorKind::PermissionDenied, "denied")).is_transient());
+    }
 }

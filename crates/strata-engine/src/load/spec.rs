@@ -11,6 +11,9 @@
 //!     keys: [id]
 //!     sequence_by: ts
 //!     stored_as: SCD TYPE 2
+//! notifications:                  # who is told of a run's outcome (load/settings.rs)
+//!   - { email_recipients: [oncall@example.com], alerts: [on-update-failure] }
+//! smtp: { host: mail.example.com, from: strata@example.com }
 //! ```
 //!
 //! Each entry of `tables` becomes Lakeflow SQL ([`table_sql`]): a streaming table
@@ -23,6 +26,7 @@
 //! (name)`. The YAML reader is `serde_norway` (see the workspace manifest for why).
 
 use crate::error::{Context, EngineError, Result};
+use crate::load::settings::{Notification, Smtp, UpdateSettings};
 use crate::load::sources::{PipelineSource, SourceKind};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -50,6 +54,11 @@ struct Spec {
     connections: BTreeMap<String, ConnectionEntry>,
     #[serde(default)]
     tables: Vec<TableEntry>,
+    /// Who is told of a run's outcome, and the server that sends the e-mail.
+    #[serde(default)]
+    notifications: Vec<Notification>,
+    #[serde(default)]
+    smtp: Option<Smtp>,
 }
 
 /// `shop: { type: postgresql, host: db, port: 5432, database: shop, user: etl,
@@ -242,6 +251,8 @@ pub struct LoadedPipeline {
     pub schema: String,
     /// The spec's `catalog`: the warehouse's name in three-part names.
     pub catalog: Option<String>,
+    /// Retries and notifications (the spec's and the configuration's).
+    pub(crate) settings: UpdateSettings,
 }
 
 /// Whether `path` names a YAML spec (`.yaml` / `.yml`) rather than a SQL file.
@@ -277,6 +288,8 @@ pub fn load_pipeline(
             configuration: configuration.clone(),
             schema: strata_sql::TableName::DEFAULT_SCHEMA.to_string(),
             catalog: None,
+            settings: UpdateSettings::resolve(Vec::new(), None, configuration)
+                .map_err(|m| EngineError::plan(format!("configuration: {m}")))?,
         });
     }
     let spec: Spec =
@@ -307,6 +320,8 @@ pub fn load_pipeline(
         .map(|(k, v)| (k.clone(), v.text()))
         .collect();
     conf.extend(configuration.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let settings =
+        UpdateSettings::resolve(spec.notifications, spec.smtp, &conf).map_err(spec_err)?;
 
     // Paths in the spec are relative to it; messages name them as reachable from here.
     let shown_dir = path.parent().unwrap_or(Path::new(""));
@@ -359,6 +374,7 @@ pub fn load_pipeline(
         configuration: conf,
         schema,
         catalog: spec.catalog,
+        settings,
     })
 }
 

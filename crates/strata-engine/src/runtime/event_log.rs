@@ -28,6 +28,11 @@ pub enum Status {
     /// Nothing new to do.
     Skipped,
     Failed,
+    /// A run (kind `update`) failed transiently and starts again.
+    Retrying,
+    /// Something went wrong that does not change the run's outcome (kind `notification`:
+    /// a notification that could not be delivered).
+    Warning,
 }
 
 impl Status {
@@ -36,6 +41,8 @@ impl Status {
             Status::Completed => "COMPLETED",
             Status::Skipped => "SKIPPED",
             Status::Failed => "FAILED",
+            Status::Retrying => "RETRYING",
+            Status::Warning => "WARNING",
         }
     }
 }
@@ -50,7 +57,9 @@ pub struct EventRecord {
     /// The flow's name; for a streaming table's own query, a materialized view or a
     /// point-in-time table, the table's name.
     pub flow: String,
-    /// `ingest`, `append`, `cdc`, `snapshot`, `materialized_view`, `point_in_time`.
+    /// `ingest`, `append`, `cdc`, `snapshot`, `materialized_view`, `point_in_time`; for the
+    /// run as a whole (retries, its outcome) `update`; `notification` for a notification
+    /// that could not be delivered.
     pub kind: &'static str,
     pub status: Status,
     pub started_at: chrono::DateTime<chrono::Utc>,

@@ -2,16 +2,19 @@
 //! will meet (`prepare.rs`), then run each node once, in dependency order, recording each
 //! in the event log (`scheduler.rs`, `node.rs`, `event_log.rs`); `--select` and
 //! `--full-refresh` in `select.rs` and `full_refresh.rs`; retries after a lost race in
-//! `retry.rs`.
+//! `retry.rs`; a run's attempts after a transient failure, and the notifications of how it
+//! ended, in `update.rs` and `notify/`.
 
 pub(crate) mod event_log;
 mod full_refresh;
 mod node;
+mod notify;
 pub(crate) mod options;
 mod prepare;
 mod retry;
 mod scheduler;
 mod select;
+mod update;
 
 pub use options::{Progress, ProgressFn, RunOptions, RunReport, Selection};
 
@@ -23,6 +26,7 @@ use crate::runtime::full_refresh::{check_reset_allowed, set_aside};
 use crate::runtime::prepare::prepare_all;
 use crate::runtime::scheduler::{run_nodes, Run};
 use crate::runtime::select::{refresh_set, select};
+use crate::runtime::update::{new_run_id, Ended, Update};
 use crate::storage::warehouse::Warehouse;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -49,11 +53,40 @@ pub async fn run_pipeline_file_with(
 }
 
 /// Runs the pipeline in `path` (a SQL file, or a YAML spec: see [`crate::load_pipeline`])
-/// with `options`.
+/// with `options`, trying it again after a transient failure and telling whom the pipeline
+/// names how it ended (`update.rs`).
 pub async fn run_pipeline(path: &Path, wh: &Warehouse, options: &RunOptions) -> Result<RunReport> {
+    let loaded = crate::load::spec::load_pipeline(path, &options.configuration)?;
+    let name = loaded.name.clone().unwrap_or_else(|| {
+        path.file_name().map_or_else(
+            || path.display().to_string(),
+            |f| f.to_string_lossy().into(),
+        )
+    });
+    let pipeline = path.display().to_string();
+    let mut update = Update::new(wh, pipeline, name, &loaded.settings, options);
+    loop {
+        let ended = Ended::default();
+        let options = update.options();
+        let outcome = attempt(&loaded, path, wh, options, update.run_id(), &ended).await;
+        let ended = ended.into_inner().unwrap_or_default();
+        if let Some(result) = update.after(outcome, ended).await {
+            return result;
+        }
+    }
+}
+
+/// One attempt of a run: the pipeline planned (with `options`' configuration) and run.
+async fn attempt(
+    loaded: &crate::load::spec::LoadedPipeline,
+    path: &Path,
+    wh: &Warehouse,
+    options: &RunOptions,
+    run_id: &str,
+    ended: &Ended,
+) -> Result<RunReport> {
     if crate::load::spec::is_spec(path) {
-        let loaded = crate::load::spec::load_pipeline(path, &options.configuration)?;
-        let planned = crate::load::sources::plan_sources(
+        let PlannedPipeline { plan, map } = crate::load::sources::plan_sources(
             &loaded.sources,
             &loaded.configuration,
             &loaded.schema,
@@ -63,10 +96,12 @@ pub async fn run_pipeline(path: &Path, wh: &Warehouse, options: &RunOptions) -> 
                 (_, c) => c,
             },
         )?;
-        return run_planned(planned, path, loaded.dir, wh, options).await;
+        return run_plan(plan, path, loaded.dir.clone(), wh, options, run_id, ended)
+            .await
+            .map_err(|e| e.locate(|line| map.text_of(line)));
     }
     let (plan, pipeline_dir) = plan_file(path, &options.configuration, wh.catalog())?;
-    run_plan(plan, path, pipeline_dir, wh, options).await
+    run_plan(plan, path, pipeline_dir, wh, options, run_id, ended).await
 }
 
 /// Runs a planned pipeline read from `path`; relative paths resolve against `pipeline_dir`.
@@ -78,9 +113,11 @@ pub(crate) async fn run_plan(
     pipeline_dir: PathBuf,
     wh: &Warehouse,
     options: &RunOptions,
+    run_id: &str,
+    ended: &Ended,
 ) -> Result<RunReport> {
     let selected = select(&plan, options.select.as_ref())?;
-    let run_id = new_run_id();
+    let run_id = run_id.to_string();
     let mut report = RunReport {
         run_id: run_id.clone(),
         ..Default::default()
@@ -98,23 +135,14 @@ pub(crate) async fn run_plan(
         run_id: &run_id,
         pipeline: path.display().to_string(),
         handoff: Handoff::default(),
+        ended,
     };
     run_nodes(&run, &selected, &mut report).await?;
     Ok(report)
 }
 
-/// A run's id: its start time (UTC, microseconds) and the process id, so that runs of
-/// several processes never share one.
-fn new_run_id() -> String {
-    format!(
-        "{}-{:08x}",
-        chrono::Utc::now().format("%Y%m%dT%H%M%S%.6fZ"),
-        std::process::id()
-    )
-}
-
 /// Runs a planned pipeline read from `path` (the event log names it) with `options`;
-/// relative paths resolve against `dir`.
+/// relative paths resolve against `dir`. One attempt: no retries, no notifications.
 pub async fn run_planned(
     planned: PlannedPipeline,
     path: &Path,
@@ -123,8 +151,16 @@ pub async fn run_planned(
     options: &RunOptions,
 ) -> Result<RunReport> {
     let PlannedPipeline { plan, map } = planned;
-    run_plan(plan, path, dir, wh, options)
-        .await
-        // Checks against schemas name a statement's line; say which text it is in.
-        .map_err(|e| e.locate(|line| map.text_of(line)))
+    run_plan(
+        plan,
+        path,
+        dir,
+        wh,
+        options,
+        &new_run_id(),
+        &Ended::default(),
+    )
+    .await
+    // Checks against schemas name a statement's line; say which text it is in.
+    .map_err(|e| e.locate(|line| map.text_of(line)))
 }

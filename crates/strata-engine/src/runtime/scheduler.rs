@@ -29,6 +29,8 @@ pub(crate) struct Run<'a> {
     /// Checked events kept for a reader in this run; dropped with the run (a reader that
     /// does not come in this run reads the files next time).
     pub(crate) handoff: Handoff,
+    /// Each node's record as it ends (for the run's outcome and its notifications).
+    pub(crate) ended: &'a crate::runtime::update::Ended,
 }
 
 /// A node that ended: its index, description, duration, record and outcome.
@@ -83,6 +85,9 @@ pub(crate) async fn run_nodes(
             }
         }
         event_log::append(run.wh, std::slice::from_ref(&record)).await?;
+        if let Ok(mut ended) = run.ended.lock() {
+            ended.push(record.clone());
+        }
         if let Some(progress) = &run.options.progress {
             (progress.0)(Progress::Finished {
                 node: describe,

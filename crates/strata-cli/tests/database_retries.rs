@@ -1,0 +1,170 @@
+//! A run retried after a real transient failure: the pipeline reads the test PostgreSQL
+//! (`scripts/services/with-services.sh` starts it) through a local port where nothing
+//! listens at first, so the first attempt's connection is refused; once strata says it will
+//! try again, the test opens that port as a TCP proxy to the real server, and the second
+//! attempt loads the rows.
+
+mod common;
+
+use common::Project;
+use std::io::{BufRead, BufReader};
+use std::net::{TcpListener, TcpStream};
+use std::process::Stdio;
+
+fn var(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!(
+            "{name} is not set: run the tests under scripts/services/with-services.sh \
+             (the README's test command does)"
+        )
+    })
+}
+
+/// Runs `sql` on the test PostgreSQL.
+fn pg(sql: &str) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let (client, conn) =
+            tokio_postgres::connect(&var("STRATA_TEST_PG_URL"), tokio_postgres::NoTls)
+                .await
+                .expect("connect to the test PostgreSQL");
+        let task = tokio::spawn(conn);
+        client.batch_execute(sql).await.expect("seed PostgreSQL");
+        drop(client);
+        let _ = task.await;
+    });
+}
+
+/// Forwards every connection `listener` accepts to `target`, both ways.
+fn proxy(listener: TcpListener, target: String) {
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(client) = conn else { return };
+            let Ok(server) = TcpStream::connect(&target) else {
+                continue;
+            };
+            let (mut c2, mut s2) = (
+                client.try_clone().expect("clone"),
+                server.try_clone().expect("clone"),
+            );
+            let (mut c1, mut s1) = (client, server);
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut c1, &mut s1);
+                let _ = s1.shutdown(std::net::Shutdown::Write);
+            });
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut s2, &mut c2);
+                let _ = c2.shutdown(std::net::Shutdown::Write);
+            });
+        }
+    });
+}
+
+#[test]
+fn a_refused_database_connection_is_retried_and_the_run_succeeds() {
+    let table = format!(
+        "retry_orders_{}_{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .subsec_nanos()
+    );
+    pg(&format!(
+        "CREATE TABLE {table} (id int PRIMARY KEY, status text, updated_at timestamptz NOT NULL);
+         INSERT INTO {table} VALUES (1, 'new', '2024-01-01 10:00:00+00'),
+                                    (2, 'new', '2024-01-01 11:00:00+00');"
+    ));
+    // A port nothing listens on yet.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let p = Project::new(&format!(
+        "CREATE CONNECTION shop TYPE postgresql OPTIONS (host '127.0.0.1', port '{port}', \
+         database '{}', user '{}', password_env 'SHOP_PW');
+CREATE STREAMING TABLE orders_raw AS SELECT * FROM STREAM read_database('shop', \
+         table => 'public.{table}', watermark => 'updated_at');
+",
+        var("STRATA_TEST_PG_DATABASE"),
+        var("STRATA_TEST_PG_USER"),
+    ));
+    let mut child = p
+        .command(&[
+            "run",
+            "pipeline.sql",
+            "--retries",
+            "2",
+            "--conf",
+            "strata.updateRetryBackoff=1s",
+        ])
+        .env("SHOP_PW", var("STRATA_TEST_PG_PASSWORD"))
+        .env_remove("PGPASSWORD")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("strata starts");
+    // Wait for strata to say it will try again, then open the port.
+    let mut said = String::new();
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    for line in lines.by_ref() {
+        let line = line.expect("stderr line");
+        said.push_str(&line);
+        said.push('\n');
+        if line.contains("trying again") {
+            let listener = TcpListener::bind(("127.0.0.1", port)).expect("the port is still free");
+            proxy(
+                listener,
+                format!(
+                    "{}:{}",
+                    var("STRATA_TEST_PG_HOST"),
+                    var("STRATA_TEST_PG_PORT")
+                ),
+            );
+            break;
+        }
+    }
+    for line in lines {
+        said.push_str(&line.expect("stderr line"));
+        said.push('\n');
+    }
+    let status = child.wait().expect("strata ends");
+    assert!(status.success(), "the retried run failed: {said}");
+    assert!(
+        said.contains("attempt 1 of 3 failed with a transient error"),
+        "{said}"
+    );
+
+    assert_eq!(p.csv("SELECT count(*) AS n FROM orders_raw"), "n\n2\n");
+    let log: Vec<serde_json::Value> = p
+        .ok(&["events", "--format", "json"])
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON"))
+        .collect();
+    let kinds: Vec<(&str, &str)> = log
+        .iter()
+        .map(|e| (e["kind"].as_str().unwrap(), e["status"].as_str().unwrap()))
+        .collect();
+    // One run: the retry, the ingestion that then worked, the outcome.
+    assert!(log.iter().all(|e| e["run_id"] == log[0]["run_id"]));
+    assert_eq!(
+        kinds,
+        [
+            ("update", "RETRYING"),
+            ("ingest", "COMPLETED"),
+            ("update", "COMPLETED")
+        ],
+        "{log:#?}"
+    );
+    let retry = &log[0];
+    assert_eq!(
+        retry["message"],
+        "attempt 1 of 3 failed with a transient error; trying again in 1 s"
+    );
+    let error = retry["error"].as_str().unwrap().to_ascii_lowercase();
+    assert!(error.contains("connection refused"), "{error}");
+    assert_eq!(log[2]["message"], "run completed (attempt 2 of 3)");
+}
