@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 pub(crate) const PREFIX: &str = "strata.scd.";
-const KEYS: [&str; 8] = [
+const KEYS: [&str; 9] = [
     "convention",
     "validfrom",
     "validto",
@@ -38,6 +38,7 @@ const KEYS: [&str; 8] = [
     "updatedat",
     "openend",
     "partitionby",
+    "hashcolumn",
 ];
 pub(crate) const PRESETS: [&str; 3] = ["databricks", "dbt", "kimball"];
 

@@ -87,7 +87,7 @@ pub(crate) async fn prepare_flow(
     target_properties: &std::collections::BTreeMap<String, String>,
     declared: Option<&[ColumnDef]>,
 ) -> Result<FlowSetup> {
-    let output = output_columns(flow, source)?;
+    let output = with_hash_column(flow, output_columns(flow, source)?, target_properties)?;
     let Output {
         out_cols,
         tracked_names,
@@ -163,13 +163,22 @@ fn conform_output(
         .out_cols
         .iter()
         .map(|c| {
+            // A column not in the source is the hash column, a string.
             let t = source
                 .field_with_name(c)
                 .map(|f| arrow::storage_type(f.data_type()))
-                .unwrap_or(DataType::Null);
+                .unwrap_or(DataType::Utf8);
             (c.clone(), t)
         })
         .collect();
+    let expr_of = |name: &str| {
+        output
+            .out_cols
+            .iter()
+            .position(|c| c == name)
+            .and_then(|i| output.exprs.get(i).cloned())
+            .unwrap_or_else(|| quote_ident(name))
+    };
     let timeline = match flow.stored_as.has_timeline() {
         true => Timeline::from_properties(target_properties)
             .map_err(|e| flow_err(flow, format!("target {}: {e}", flow.target)))?
@@ -187,13 +196,15 @@ fn conform_output(
     let mut out_cols = Vec::new();
     let mut exprs = Vec::new();
     for (name, cast) in &conformed.columns {
+        let expr = expr_of(name);
         exprs.push(match cast {
-            Some(t) => format!(
-                "{} AS {}",
-                cast_sql(&quote_ident(name), t),
-                quote_ident(name)
-            ),
-            None => quote_ident(name),
+            Some(t) => {
+                // The column's SQL without its alias, cast, then aliased again.
+                let alias = format!(" AS {}", quote_ident(name));
+                let bare = expr.strip_suffix(&alias).unwrap_or(&expr);
+                format!("{}{alias}", cast_sql(bare, t))
+            }
+            None => expr,
         });
         out_cols.push(name.clone());
     }
@@ -205,20 +216,62 @@ fn conform_output(
         ));
         out_cols.push(name.clone());
     }
-    // A generated column follows the columns it is computed from: it is not tracked itself.
-    let tracked_names = match &flow.track_history {
-        None => out_cols
-            .iter()
-            .filter(|c| !conformed.generated.iter().any(|(g, _, _)| g == *c))
-            .cloned()
-            .collect(),
-        Some(sel) => select_columns(flow, "TRACK HISTORY ON", sel, &out_cols)?,
-    };
+    // Generated columns (and the hash column) follow the columns they are computed from:
+    // they are not tracked themselves.
     Ok(Output {
         out_cols,
-        tracked_names,
+        tracked_names: output.tracked_names,
         exprs,
     })
+}
+
+/// The target property naming the column that holds a hash of each row's tracked values.
+pub(crate) const HASH_COLUMN_PROPERTY: &str = "strata.scd.hashColumn";
+
+/// With `strata.scd.hashColumn = 'name'` on the target, the output gains column `name`: the
+/// MD5 (hex) of the row's tracked values other than the keys, each cast to a string (NULL as
+/// the character U+0000), joined with U+001F. It is not tracked itself.
+fn with_hash_column(
+    flow: &CdcFlow,
+    mut output: Output,
+    target_properties: &std::collections::BTreeMap<String, String>,
+) -> Result<Output> {
+    let Some(name) = target_properties
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(HASH_COLUMN_PROPERTY))
+        .map(|(_, v)| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+    else {
+        return Ok(output);
+    };
+    if output
+        .out_cols
+        .iter()
+        .any(|c| c.eq_ignore_ascii_case(&name))
+    {
+        return Err(flow_err(
+            flow,
+            format!(
+                "{HASH_COLUMN_PROPERTY} = '{name}' names a column the flow already writes; \
+                 choose another name or leave it out with COLUMNS * EXCEPT ({name})"
+            ),
+        ));
+    }
+    let parts: Vec<String> = output
+        .tracked_names
+        .iter()
+        .filter(|c| !flow.keys.contains(c))
+        .map(|c| format!("coalesce(CAST({} AS VARCHAR), chr(0))", quote_ident(c)))
+        .collect();
+    let hashed = match parts.is_empty() {
+        true => "''".to_string(),
+        false => format!("concat_ws(chr(31), {})", parts.join(", ")),
+    };
+    output
+        .exprs
+        .push(format!("md5({hashed}) AS {}", quote_ident(&name)));
+    output.out_cols.push(name);
+    Ok(output)
 }
 
 /// `sql` cast to Arrow type `t` (DataFusion's `arrow_cast`, which reads Arrow's spelling).
