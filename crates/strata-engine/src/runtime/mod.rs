@@ -2,7 +2,7 @@
 //! will meet (`prepare.rs`), then run each node once, in dependency order, recording each
 //! in the event log (`scheduler.rs`, `node.rs`, `event_log.rs`); `--select` and
 //! `--full-refresh` in `select.rs` and `full_refresh.rs`; retries after a lost race in
-//! `retry.rs`.
+//! `retry.rs`; `strata optimize` and `strata vacuum` in `upkeep.rs`.
 
 pub(crate) mod event_log;
 mod full_refresh;
@@ -12,6 +12,7 @@ mod prepare;
 mod retry;
 mod scheduler;
 mod select;
+pub(crate) mod upkeep;
 
 pub use options::{Progress, ProgressFn, RunOptions, RunReport, Selection};
 
