@@ -525,6 +525,11 @@ fn print_plan(
 /// The run's outcome on stdout, node by node. `quiet` leaves out what found nothing new
 /// (continuous mode, where most runs find nothing).
 fn print_report(report: &RunReport, quiet: bool) -> std::io::Result<()> {
+    print_run_report(report, quiet)?;
+    upkeep::print_auto_optimized(&report.optimized)
+}
+
+fn print_run_report(report: &RunReport, quiet: bool) -> std::io::Result<()> {
     let mut out = std::io::stdout().lock();
     for (table, moved) in &report.set_aside {
         writeln!(

@@ -145,3 +145,16 @@ pub async fn vacuum(args: VacuumArgs) -> Result<ExitCode, BoxError> {
 fn mib(bytes: u64) -> String {
     format!("{:.2} MiB", bytes as f64 / (1 << 20) as f64)
 }
+
+/// The tables a run optimized after it, by their `pipelines.autoOptimize.minFiles`.
+pub fn print_auto_optimized(optimized: &[strata_engine::Optimized]) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    for t in optimized {
+        writeln!(
+            out,
+            "optimized {}: {} file(s) -> {} file(s) (pipelines.autoOptimize.minFiles)",
+            t.table, t.files_before, t.files_after
+        )?;
+    }
+    Ok(())
+}

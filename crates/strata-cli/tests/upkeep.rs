@@ -391,3 +391,38 @@ fn optimizes_between_runs_and_killed_ones_change_no_result() {
     let out = p.ok(&["validate", "history"]);
     assert!(out.contains("history: ok"), "{out}");
 }
+
+/// `pipelines.autoOptimize.minFiles`: a run optimizes a table it wrote once the table has
+/// that many files, and the readers downstream take nothing from it.
+#[test]
+fn a_run_optimizes_a_table_past_its_min_files() {
+    let p = Project::new(
+        r#"
+CREATE OR REFRESH STREAMING TABLE bronze
+TBLPROPERTIES ('pipelines.autoOptimize.minFiles' = '3')
+AS SELECT * FROM STREAM read_files('data/cdc', format => 'json',
+  schema => 'eid BIGINT, id BIGINT, name STRING, op STRING, seq BIGINT');
+CREATE OR REFRESH STREAMING TABLE silver AS SELECT * FROM STREAM(bronze);
+"#,
+    );
+    let (mut rng, mut next) = (Rng(0x99), 0u64);
+    for i in 0..2 {
+        write_batch(&p, &format!("{i:03}"), 5, &mut rng, &mut next);
+        let out = p.ok(&["run", "pipeline.sql"]);
+        assert!(!out.contains("optimized"), "{out}");
+    }
+    write_batch(&p, "002", 5, &mut rng, &mut next);
+    let out = p.ok(&["run", "pipeline.sql"]);
+    assert!(
+        out.contains("optimized default.bronze: 3 file(s) -> 1 file(s)"),
+        "{out}"
+    );
+    assert!(!out.contains("optimized default.silver"), "{out}");
+    assert_eq!(files_of(&p, "bronze"), 1);
+    write_batch(&p, "003", 5, &mut rng, &mut next);
+    p.ok(&["run", "pipeline.sql"]);
+    assert_eq!(
+        p.csv("SELECT count(*) AS n, count(DISTINCT eid) AS d FROM silver"),
+        "n,d\n20,20\n"
+    );
+}

@@ -96,6 +96,8 @@ pub(crate) async fn run_plan(
         handoff: Handoff::default(),
     };
     run_nodes(&run, &selected, &mut report).await?;
+    let written: Vec<_> = selected.iter().filter_map(|n| plan.writes(n)).collect();
+    report.optimized = upkeep::auto_optimize(wh, &written).await;
     Ok(report)
 }
 

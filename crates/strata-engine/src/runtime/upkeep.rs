@@ -146,6 +146,60 @@ async fn optimize_one(
     Ok(report)
 }
 
+/// The table property that makes a run optimize a table it wrote once the table has at
+/// least this many files.
+pub const MIN_FILES_PROPERTY: &str = "pipelines.autoOptimize.minFiles";
+
+/// Optimizes each of `tables` (written by a run that just ended) whose
+/// `pipelines.autoOptimize.minFiles` its file count has reached. A failure (another writer
+/// committed first, say) is logged and leaves the table for the next run: the run itself
+/// succeeded.
+pub(crate) async fn auto_optimize(wh: &Warehouse, tables: &[TableName]) -> Vec<Optimized> {
+    let mut out = Vec::new();
+    let mut seen = BTreeSet::new();
+    for t in tables {
+        if !seen.insert(t.clone()) {
+            continue;
+        }
+        match auto_optimize_one(wh, t).await {
+            Ok(Some(report)) => out.push(report),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(
+                "{t}: not optimized after the run ({MIN_FILES_PROPERTY}): {}",
+                crate::error::chain(&e)
+            ),
+        }
+    }
+    out
+}
+
+async fn auto_optimize_one(wh: &Warehouse, name: &TableName) -> Result<Option<Optimized>> {
+    let Some(table) = wh.open_table(name).await? else {
+        return Ok(None);
+    };
+    let properties = table_properties(&table)?;
+    let Some(min) = property(&properties, MIN_FILES_PROPERTY) else {
+        return Ok(None);
+    };
+    let min: usize = min.trim().parse().map_err(|_| {
+        EngineError::plan(format!(
+            "{name}: {MIN_FILES_PROPERTY} must be a number of files, got '{min}'"
+        ))
+    })?;
+    if file_stats(&table)?.0 < min.max(2) {
+        return Ok(None);
+    }
+    let target = Target {
+        label: name.to_string(),
+        name: Some(name.clone()),
+        path: wh.table_path(name),
+        named: false,
+    };
+    let run = PendingCommit::of_run(&upkeep_run_id("optimize")).keeping_log();
+    let report = optimize_one(&target, &OptimizeOptions::default(), &run).await?;
+    Ok((report.skipped.is_none() && report.files_removed > 0).then_some(report))
+}
+
 /// The Z-order columns must be columns of the table and not its partition columns.
 fn check_columns(table: &DeltaTable, label: &str, columns: &[String]) -> Result<()> {
     let schema = crate::storage::table::table_schema(table)?;
