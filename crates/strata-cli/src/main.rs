@@ -1,4 +1,5 @@
-//! The `strata` command: run pipelines, query and validate warehouses.
+//! The `strata` command: run pipelines, query and validate warehouses, and keep their
+//! tables in shape (`optimize`, `vacuum`).
 //!
 //! Exit codes: 0 success; 1 `validate` found violations; 2 the pipeline, the input or the
 //! request is wrong (a bad pipeline, a rejected batch, an unknown table); 3 another writer
@@ -11,6 +12,7 @@ mod events;
 mod graph;
 mod progress;
 mod python;
+mod upkeep;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use deltalake::arrow::array::RecordBatch;
@@ -110,6 +112,11 @@ enum Command {
         #[arg(long, value_enum, default_value_t = Format::Table)]
         format: Format,
     },
+    /// Compact small files (bin-packing, or Z-order), one commit per table; rows unchanged.
+    Optimize(upkeep::OptimizeArgs),
+    /// Remove files no version inside the retention window references (default 7 days),
+    /// keeping what the pipelines' readers have not read yet.
+    Vacuum(upkeep::VacuumArgs),
     /// Check an SCD type 2 table's timeline; exit 1 if it is broken.
     Validate {
         /// The table: `name`, `schema.name` or `catalog.schema.name` in the warehouse, or
@@ -259,7 +266,7 @@ fn main() -> ExitCode {
         let level = if cli.verbose { "info" } else { "warn" };
         tracing_subscriber::EnvFilter::new(format!(
             "{level},buoyant_kernel=off,deltalake_core::operations::merge=error,\
-             deltalake_core::kernel::transaction=error"
+             deltalake_core::kernel::transaction=error,deltalake_core::operations::vacuum=error"
         ))
     });
     tracing_subscriber::fmt()
@@ -404,6 +411,8 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
             write_batches(&schema, &batches, format)?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Optimize(args) => upkeep::optimize(args).await,
+        Command::Vacuum(args) => upkeep::vacuum(args).await,
         Command::Validate {
             table,
             warehouse,
@@ -573,6 +582,11 @@ fn print_plan(
 /// The run's outcome on stdout, node by node. `quiet` leaves out what found nothing new
 /// (continuous mode, where most runs find nothing).
 fn print_report(report: &RunReport, quiet: bool) -> std::io::Result<()> {
+    print_run_report(report, quiet)?;
+    upkeep::print_auto_optimized(&report.optimized)
+}
+
+fn print_run_report(report: &RunReport, quiet: bool) -> std::io::Result<()> {
     let mut out = std::io::stdout().lock();
     for (table, moved) in &report.set_aside {
         writeln!(

@@ -22,7 +22,8 @@
 //!
 //! ```text
 //!   runtime     the scheduler, node preparation, retries, the event log, full refresh,
-//!               a run's attempts after a transient failure and its notifications
+//!               a run's attempts after a transient failure and its notifications,
+//!               upkeep (optimize, vacuum)
 //!   ops         one folder per dataset kind: ingest, cdc, mview, pit
 //!   sql         sessions over a warehouse, as_of, table_changes, views, expectations, query
 //!   eventstore  an AUTO CDC target's events: evaluation, page reads, digest, tombstones
@@ -59,6 +60,10 @@ pub use ops::ingest::IngestReport;
 pub use ops::mview::MvReport;
 pub use ops::pit::PitReport;
 pub use runtime::event_log::{EventRecord, Status, EVENT_LOG_TABLE};
+pub use runtime::upkeep::{
+    optimize, vacuum, OptimizeOptions, Optimized, VacuumOptions, VacuumReport, Vacuumed,
+    DEFAULT_RETAIN_HOURS,
+};
 pub use runtime::{
     run_pipeline, run_pipeline_file, run_pipeline_file_with, run_planned, Progress, ProgressFn,
     RunOptions, RunReport, Selection,

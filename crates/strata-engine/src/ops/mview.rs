@@ -49,7 +49,9 @@ async fn input_versions(
     for t in reads {
         match wh.open_table(t).await? {
             Some(table) => {
-                out.insert(t.to_string(), crate::storage::table::version_of(&table));
+                // Upkeep (OPTIMIZE, VACUUM) changes no row: no reason to compute again.
+                let version = crate::storage::changes::data_version(&table).await?;
+                out.insert(t.to_string(), version);
             }
             None => return Ok(Err(t.clone())),
         }
@@ -57,11 +59,19 @@ async fn input_versions(
     Ok(Ok(out))
 }
 
-/// What the latest refresh of `table` was computed from.
+/// What the latest refresh of `table` was computed from (its latest commit that is not
+/// upkeep: an OPTIMIZE or VACUUM of the view records no inputs).
 async fn last_inputs(table: &deltalake::DeltaTable) -> Result<Option<serde_json::Value>> {
-    let mut history = table.history(Some(1));
-    if let Some(info) = history.next().await {
+    let mut history = table.history(None);
+    while let Some(info) = history.next().await {
         let info = info.context(|| "reading table history".into())?;
+        if info
+            .operation
+            .as_deref()
+            .is_some_and(crate::storage::changes::is_upkeep_operation)
+        {
+            continue;
+        }
         return Ok(info.info.get(INPUTS_KEY).cloned());
     }
     Ok(None)

@@ -3,7 +3,7 @@
 //! in the event log (`scheduler.rs`, `node.rs`, `event_log.rs`); `--select` and
 //! `--full-refresh` in `select.rs` and `full_refresh.rs`; retries after a lost race in
 //! `retry.rs`; a run's attempts after a transient failure, and the notifications of how it
-//! ended, in `update.rs` and `notify/`.
+//! ended, in `update.rs` and `notify/`; `strata optimize` and `strata vacuum` in `upkeep.rs`.
 
 pub(crate) mod event_log;
 mod full_refresh;
@@ -15,6 +15,7 @@ mod retry;
 mod scheduler;
 mod select;
 mod update;
+pub(crate) mod upkeep;
 
 pub use options::{Progress, ProgressFn, RunOptions, RunReport, Selection};
 
@@ -138,6 +139,8 @@ pub(crate) async fn run_plan(
         ended,
     };
     run_nodes(&run, &selected, &mut report).await?;
+    let written: Vec<_> = selected.iter().filter_map(|n| plan.writes(n)).collect();
+    report.optimized = upkeep::auto_optimize(wh, &written).await;
     Ok(report)
 }
 

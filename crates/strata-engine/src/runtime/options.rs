@@ -24,6 +24,9 @@ pub struct RunReport {
     pub set_aside: Vec<(TableName, PathBuf)>,
     /// The run was asked to stop ([`RunOptions::stop`]) before all its nodes ran.
     pub stopped: bool,
+    /// Tables the run wrote that passed their `pipelines.autoOptimize.minFiles` and were
+    /// optimized after it.
+    pub optimized: Vec<crate::runtime::upkeep::Optimized>,
 }
 
 /// How to run a pipeline beyond its text.

@@ -87,6 +87,19 @@ pub(crate) async fn read_feed(
     sort_by_version(&feed)
 }
 
+/// The inserted rows of `feed` (as [`read_feed`] returns it), without the feed's columns:
+/// the rows an append-only table gained.
+pub(crate) fn inserted_rows(feed: &RecordBatch) -> Result<RecordBatch> {
+    let types = change_types(feed)?;
+    let keep: deltalake::arrow::array::BooleanArray = (0..feed.num_rows())
+        .map(|i| Some(types.value(i) == "insert"))
+        .collect();
+    let rows = filter_record_batch(feed, &keep).context(|| "change feed".into())?;
+    let n = rows.num_columns().saturating_sub(3);
+    rows.project(&(0..n).collect::<Vec<_>>())
+        .context(|| "change feed".into())
+}
+
 /// `batch`'s columns in `schema`'s order, found by name and cast.
 fn by_name(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
     let columns = schema

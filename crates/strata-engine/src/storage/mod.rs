@@ -3,9 +3,11 @@
 //! with its positions ([`commit`]), DataFusion sessions over them
 //! ([`session`]), the change data feed ([`feed`]), replacing keys' rows in place
 //! ([`replace`], with deletion vectors in [`dv`]), the record of input files taken
-//! ([`ledger`]) and Parquet files taken into a table as they are ([`adopt`]).
+//! ([`ledger`]), Parquet files taken into a table as they are ([`adopt`]) and what a table's
+//! commits changed, told apart from upkeep such as OPTIMIZE ([`changes`]).
 
 pub(crate) mod adopt;
+pub(crate) mod changes;
 pub(crate) mod commit;
 pub(crate) mod dv;
 pub(crate) mod feed;

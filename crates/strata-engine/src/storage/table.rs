@@ -128,24 +128,6 @@ pub(crate) fn table_files(table: &DeltaTable) -> Result<HashSet<String>> {
         .collect())
 }
 
-/// Files added to the append-only `source` after version `from`.
-pub(crate) async fn new_files(source: &DeltaTable, from: Option<i64>) -> Result<Vec<String>> {
-    let now = table_files(source)?;
-    let old = match from {
-        None => HashSet::new(),
-        Some(v) => {
-            let mut old = source.clone();
-            old.load_version(v as u64)
-                .await
-                .context(|| format!("loading source version {v}"))?;
-            table_files(&old)?
-        }
-    };
-    let mut files: Vec<String> = now.difference(&old).cloned().collect();
-    files.sort();
-    Ok(files)
-}
-
 /// The table's version as Delta's signed transaction versions count it, -1 if none.
 pub(crate) fn version_of(table: &DeltaTable) -> i64 {
     table.version().map_or(-1, |v| v as i64)

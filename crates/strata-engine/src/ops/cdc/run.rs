@@ -28,7 +28,7 @@ use crate::semantics::fold::{OP_COL, RUN_COL, SEQ_COL};
 use crate::semantics::integrity::check_rows;
 use crate::storage::commit::{position, AppId, PendingCommit};
 use crate::storage::session::register_table;
-use crate::storage::table::{new_files, version_of};
+use crate::storage::table::version_of;
 use crate::util::sql::quote_ident;
 use crate::util::steps::{step, Steps};
 use deltalake::arrow::array::RecordBatch;
@@ -184,12 +184,15 @@ struct Positions {
     target: Option<DeltaTable>,
     /// The event-store version the target reflects, -1 for none.
     applied: i64,
+    /// What the source's commits after `from` changed; `None` when it has none.
+    changes: Option<crate::storage::changes::Changes>,
 }
 
 impl Positions {
-    /// Source rows were added since the flow last read.
+    /// Source rows were added since the flow last read (upkeep commits add none).
     fn has_new_input(&self) -> bool {
         self.from.is_none_or(|f| f < self.source_version)
+            && self.changes.as_ref().is_some_and(|c| !c.only_upkeep)
     }
 
     /// The target reflects the latest stored version (no earlier run is pending).
@@ -231,8 +234,14 @@ async fn open_positions(scope: &Scope<'_>, setup: &FlowSetup) -> Result<Option<P
         Some(t) => position(t, AppId::Events).await?.unwrap_or(-1),
         None => -1,
     };
+    let source_version = version_of(&source);
+    let changes = match from.is_none_or(|f| f < source_version) {
+        true => Some(crate::storage::changes::changes_since(&source, from).await?),
+        false => None,
+    };
     Ok(Some(Positions {
-        source_version: version_of(&source),
+        changes,
+        source_version,
         source,
         from,
         store_version: store.as_ref().map_or(-1, version_of),
@@ -455,11 +464,20 @@ async fn source_events(
         ctx.register_batch(strata_sql::SOURCE_PLACEHOLDER, feed)
             .context(|| "registering the change feed".into())?;
     } else {
-        let files = match setup.table_mode() {
-            true => None,
-            false => Some(new_files(&pos.source, pos.from).await?),
-        };
-        register_table(ctx, strata_sql::SOURCE_PLACEHOLDER, &pos.source, files).await?;
+        match (setup.table_mode(), &pos.changes) {
+            (false, Some(changes)) => {
+                crate::storage::changes::register_new_rows(
+                    ctx,
+                    strata_sql::SOURCE_PLACEHOLDER,
+                    &pos.source,
+                    pos.from,
+                    pos.source_version,
+                    changes,
+                )
+                .await?
+            }
+            _ => register_table(ctx, strata_sql::SOURCE_PLACEHOLDER, &pos.source, None).await?,
+        }
     }
     let pieces = evaluate_events(ctx, setup).await?;
     let _ = ctx.deregister_table(strata_sql::SOURCE_PLACEHOLDER);

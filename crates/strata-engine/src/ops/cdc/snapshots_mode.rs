@@ -46,6 +46,14 @@ pub(crate) async fn run_snapshots_mode(
         report.skipped = Some("no new input".to_string());
         return Ok(report);
     }
+    if from.is_some()
+        && crate::storage::changes::changes_since(&source, from)
+            .await?
+            .only_upkeep
+    {
+        report.skipped = Some("no new input (only upkeep commits such as OPTIMIZE)".to_string());
+        return Ok(report);
+    }
     let ctx = crate::storage::session::new_session();
     let rows = read_deliveries(&ctx, setup, &source, from).await?;
     let versions = group_versions(setup, &rows)?;
@@ -71,11 +79,22 @@ async fn read_deliveries(
     source: &DeltaTable,
     from: Option<i64>,
 ) -> Result<RecordBatch> {
-    let files = match setup.table_mode() {
-        true => None,
-        false => Some(crate::storage::table::new_files(source, from).await?),
-    };
-    register_table(ctx, strata_sql::SOURCE_PLACEHOLDER, source, files).await?;
+    match setup.table_mode() {
+        true => register_table(ctx, strata_sql::SOURCE_PLACEHOLDER, source, None).await?,
+        false => {
+            let changes = crate::storage::changes::changes_since(source, from).await?;
+            let until = crate::storage::table::version_of(source);
+            crate::storage::changes::register_new_rows(
+                ctx,
+                strata_sql::SOURCE_PLACEHOLDER,
+                source,
+                from,
+                until,
+                &changes,
+            )
+            .await?
+        }
+    }
     let rows = crate::eventstore::evaluate::events_from(ctx, setup, 0).await?;
     let place = format!("the rows of {}", setup.flow.source);
     crate::semantics::events::validate_events(setup, std::slice::from_ref(&rows), &place)?;

@@ -447,15 +447,26 @@ async fn take_table(
         report.skipped = Some("no new input".into());
         return Ok(None);
     }
+    let changes = crate::storage::changes::changes_since(&source, from).await?;
+    if changes.only_upkeep {
+        report.skipped = Some("no new input (only upkeep commits such as OPTIMIZE)".into());
+        return Ok(None);
+    }
     let ctx = crate::storage::session::new_session();
     let df = if matches!(setup.source, Source::Feed(_)) {
         let feed = feed::read_feed(&source, from, Some(version), false).await?;
         ctx.read_batch(feed)
             .context(|| "reading the change feed".into())?
     } else {
-        let files = crate::storage::table::new_files(&source, from).await?;
-        crate::storage::session::register_table(&ctx, "__strata_input", &source, Some(files))
-            .await?;
+        crate::storage::changes::register_new_rows(
+            &ctx,
+            "__strata_input",
+            &source,
+            from,
+            version,
+            &changes,
+        )
+        .await?;
         ctx.table("__strata_input")
             .await
             .context(|| "reading source".into())?
