@@ -274,18 +274,12 @@ async fn open_sources(
                 pit.name
             )));
         }
-        let (column, suffix) = match &timeline.surrogate_key {
-            Some(sk) => (sk.clone(), "sk"),
-            None => (timeline.valid_from.clone(), "start"),
-        };
-        let pit_source = PitSource {
-            reference: format!("{}.{}", quote_ident(&name.schema), quote_ident(&name.name)),
-            valid_from: timeline.valid_from.clone(),
-            valid_to: timeline.valid_to.clone(),
-            snapshots: config.get("strata.scdType").map(String::as_str) == Some("snapshots"),
-            column,
-            out_name: format!("{}_{suffix}", name.name),
-        };
+        let pit_source = crate::semantics::pit::pit_source(
+            format!("{}.{}", quote_ident(&name.schema), quote_ident(&name.name)),
+            &name.name,
+            &timeline,
+            config.get("strata.scdType").map(String::as_str) == Some("snapshots"),
+        );
         sources.push(Source {
             name: name.clone(),
             table,
@@ -294,6 +288,26 @@ async fn open_sources(
         });
     }
     Ok(Ok(sources))
+}
+
+/// A new PIT table's properties: the user's, then its keys and sources for `validate`.
+fn pit_configuration(pit: &PitTable) -> Vec<(String, Option<String>)> {
+    let mut conf = crate::storage::table::table_configuration(&pit.properties);
+    conf.push((
+        crate::semantics::pit::KEYS_PROPERTY.to_string(),
+        Some(pit.keys.join(",")),
+    ));
+    conf.push((
+        crate::semantics::pit::SOURCES_PROPERTY.to_string(),
+        Some(
+            pit.sources
+                .iter()
+                .map(|t| t.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
+    ));
+    conf
 }
 
 /// Which as-of values the refresh computes: the spine's new ones, and every one the
@@ -438,7 +452,7 @@ async fn commit_rows(
                 &scope.wh.table_path(&pit.name),
                 &pit.name.name,
                 out_schema,
-                crate::storage::table::table_configuration(&pit.properties),
+                pit_configuration(pit),
                 None,
                 Vec::new(),
             )

@@ -90,6 +90,34 @@ pub(crate) struct PitSource {
     pub(crate) out_name: String,
 }
 
+/// Table properties of a point-in-time table, written when it is created: its keys and the
+/// historised tables it reads (`schema.name`, comma-separated), so that `validate` can
+/// compute its rows again.
+pub(crate) const KEYS_PROPERTY: &str = "strata.pit.keys";
+pub(crate) const SOURCES_PROPERTY: &str = "strata.pit.sources";
+
+/// How a PIT table reads historised table `name` (addressed as `reference` in a session),
+/// whose timeline is `timeline`: by its surrogate key if it has one, else by its start.
+pub(crate) fn pit_source(
+    reference: String,
+    name: &str,
+    timeline: &crate::semantics::timeline::Timeline,
+    snapshots: bool,
+) -> PitSource {
+    let (column, suffix) = match &timeline.surrogate_key {
+        Some(sk) => (sk.clone(), "sk"),
+        None => (timeline.valid_from.clone(), "start"),
+    };
+    PitSource {
+        reference,
+        valid_from: timeline.valid_from.clone(),
+        valid_to: timeline.valid_to.clone(),
+        snapshots,
+        column,
+        out_name: format!("{name}_{suffix}"),
+    }
+}
+
 /// The query computing the PIT rows of the as-of values in table `__strata_spine` (one
 /// column, `as_of`): per source, each key's version valid at each as-of value (for a
 /// `SNAPSHOTS` table, the latest snapshot at or before it); with several sources, their
@@ -168,9 +196,97 @@ pub(crate) fn pit_sql(keys: &[String], sources: &[PitSource]) -> String {
     format!("WITH {} {select} FROM {from}", ctes.join(", "))
 }
 
+/// A PIT row as `validate` reports it: its as-of value and keys (`as_of=3, id=1`) and the
+/// versions it points at (`customers_start=1, plans_start=2`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct PitRow {
+    pub(crate) key: String,
+    pub(crate) points_at: String,
+}
+
+/// The violations of a PIT table whose rows, computed again from its sources, differ:
+/// `unexpected` rows are in the table but not in the recomputation, `missing` the other way
+/// round, `duplicated` (as-of value and keys, count) appear more than once.
+pub(crate) fn pit_violations(
+    unexpected: &[PitRow],
+    missing: &[PitRow],
+    duplicated: &[(String, i64)],
+) -> Vec<crate::semantics::integrity::Violation> {
+    use crate::semantics::integrity::Violation;
+    let mut out: Vec<Violation> = Vec::new();
+    for u in unexpected {
+        let problem = match missing.iter().find(|m| m.key == u.key) {
+            Some(m) => format!(
+                "points at {}, but the versions valid at its as-of value are {}",
+                u.points_at, m.points_at
+            ),
+            None => format!(
+                "points at {}, but no version of its key is valid at its as-of value",
+                u.points_at
+            ),
+        };
+        out.push(Violation {
+            key: u.key.clone(),
+            problem,
+        });
+    }
+    for m in missing
+        .iter()
+        .filter(|m| !unexpected.iter().any(|u| u.key == m.key))
+    {
+        out.push(Violation {
+            key: m.key.clone(),
+            problem: format!(
+                "has no row, but {} are valid at its as-of value",
+                m.points_at
+            ),
+        });
+    }
+    for (key, n) in duplicated {
+        out.push(Violation {
+            key: key.clone(),
+            problem: format!("{n} rows for one as-of value and key"),
+        });
+    }
+    out.sort_by(|a, b| (&a.key, &a.problem).cmp(&(&b.key, &b.problem)));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pit_violations_pair_a_wrong_row_with_the_right_versions() {
+        let row = |k: &str, p: &str| PitRow {
+            key: k.into(),
+            points_at: p.into(),
+        };
+        let v = pit_violations(
+            &[
+                row("as_of=3, id=1", "c_start=5"),
+                row("as_of=9, id=4", "c_start=1"),
+            ],
+            &[
+                row("as_of=3, id=1", "c_start=1"),
+                row("as_of=4, id=2", "c_start=3"),
+            ],
+            &[("as_of=5, id=1".into(), 2)],
+        );
+        let text: Vec<String> = v
+            .iter()
+            .map(|v| format!("{}: {}", v.key, v.problem))
+            .collect();
+        assert_eq!(
+            text,
+            vec![
+                "as_of=3, id=1: points at c_start=5, but the versions valid at its as-of value are c_start=1",
+                "as_of=4, id=2: has no row, but c_start=3 are valid at its as-of value",
+                "as_of=5, id=1: 2 rows for one as-of value and key",
+                "as_of=9, id=4: points at c_start=1, but no version of its key is valid at its as-of value",
+            ]
+        );
+    }
 
     fn days(v: &[i32]) -> Vec<ScalarValue> {
         v.iter().map(|d| ScalarValue::Date32(Some(*d))).collect()

@@ -88,6 +88,9 @@ pub async fn validate_with(
     if options.keys.is_some() {
         return validate_external(&table, &table_name, options).await;
     }
+    if config.contains_key(crate::semantics::pit::SOURCES_PROPERTY) {
+        return crate::sql::pit_check::validate_pit(wh, &table, &table_name, &config).await;
+    }
     let keys: Vec<String> = config
         .get("strata.keys")
         .map(|k| k.split(',').map(str::to_string).collect())
