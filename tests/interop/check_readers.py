@@ -597,8 +597,7 @@ def plain(v) -> str:
 def check_run(strata: Strata, warehouse: Path, run: int, readers: list, duck: DuckDBReader,
               failures: list[str]) -> None:
     listed = strata.query("SHOW TABLES")
-    tables = sorted(f"{t['table_schema']}.{t['table_name']}" for t in listed
-                    if t["table_schema"] != "information_schema")
+    tables = sorted(f"{t['database']}.{t['tableName']}" for t in listed)
     for missing in sorted(EXPECTED_TABLES - set(tables)):
         failures.append(f"run {run}: {missing}: not listed by strata (SHOW TABLES)")
         print(f"  {missing:<26} MISSING from strata's SHOW TABLES")

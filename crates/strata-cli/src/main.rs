@@ -88,8 +88,8 @@ enum Command {
         #[arg(long, value_name = "NAME")]
         flow: Option<String>,
         /// `text`: one block per run; `json`: JSON Lines, one record per line.
-        #[arg(long, value_enum, default_value_t = EventsFormat::Text)]
-        format: EventsFormat,
+        #[arg(long, value_enum, default_value_t = TextOrJson::Text)]
+        format: TextOrJson,
     },
     /// Print a pipeline's dataset graph in execution order; runs nothing.
     Plan {
@@ -136,6 +136,9 @@ enum Command {
         /// The value that marks an open end when it is not NULL (e.g. 9999-12-31).
         #[arg(long)]
         open_end: Option<String>,
+        /// Output format: plain text, or one JSON object (table, ok, violations, deleted).
+        #[arg(long, value_enum, default_value_t = TextOrJson::Text)]
+        format: TextOrJson,
     },
 }
 
@@ -189,10 +192,11 @@ enum PlanFormat {
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum EventsFormat {
-    /// One block per run, one line per dataset or flow.
+enum TextOrJson {
+    /// For people (events: one block per run, one line per dataset or flow).
     Text,
-    /// JSON Lines: one event-log record per line.
+    /// For machines (events: JSON Lines, one event-log record per line; validate: one
+    /// object).
     Json,
 }
 
@@ -374,8 +378,8 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
             let wh = warehouse.open()?;
             let last = last.unwrap_or(if flow.is_some() { 10 } else { 1 });
             match format {
-                EventsFormat::Text => events::show(&wh, last, flow.as_deref()).await?,
-                EventsFormat::Json => {
+                TextOrJson::Text => events::show(&wh, last, flow.as_deref()).await?,
+                TextOrJson::Json => {
                     if let Some((schema, batches)) =
                         events::records(&wh, last, flow.as_deref()).await?
                     {
@@ -420,6 +424,7 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
             valid_from,
             valid_to,
             open_end,
+            format,
         } => {
             let wh = warehouse.open()?;
             let options = strata_engine::ValidateOptions {
@@ -428,19 +433,52 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
                 valid_to,
                 open_end,
             };
-            let violations = strata_engine::validate_with(&wh, &table, &options).await?;
-            let mut out = std::io::stdout().lock();
-            for v in &violations {
-                writeln!(out, "{table}: key ({}): {}", v.key, v.problem)?;
-            }
-            if violations.is_empty() {
-                writeln!(out, "{table}: ok")?;
-                Ok(ExitCode::SUCCESS)
-            } else {
-                writeln!(out, "{table}: {} violation(s)", violations.len())?;
-                Ok(ExitCode::from(1))
-            }
+            let report = strata_engine::validate_report(&wh, &table, &options).await?;
+            print_validation(&table, &report, format)?;
+            Ok(match report.violations.is_empty() {
+                true => ExitCode::SUCCESS,
+                false => ExitCode::from(1),
+            })
         }
+    }
+}
+
+/// What `strata validate` found, as text (one line per violation, then the keys deletes
+/// explain, then a summary) or as one JSON object.
+fn print_validation(
+    table: &str,
+    report: &strata_engine::ValidationReport,
+    format: TextOrJson,
+) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    if format == TextOrJson::Json {
+        let item = |v: &strata_engine::Violation| serde_json::json!({"key": v.key, "problem": v.problem, "ends_at": v.ends_at});
+        let json = serde_json::json!({
+            "table": table,
+            "ok": report.violations.is_empty(),
+            "violations": report.violations.iter().map(item).collect::<Vec<_>>(),
+            "deleted": report.deleted.iter().map(item).collect::<Vec<_>>(),
+        });
+        return writeln!(out, "{json}");
+    }
+    for v in &report.violations {
+        writeln!(out, "{table}: key ({}): {}", v.key, v.problem)?;
+    }
+    for v in &report.deleted {
+        let at = v.ends_at.as_deref().unwrap_or("?");
+        writeln!(
+            out,
+            "{table}: key ({}): deleted at {at} (not a violation)",
+            v.key
+        )?;
+    }
+    let deleted = match report.deleted.len() {
+        0 => String::new(),
+        n => format!("; {n} gap(s) or closed key(s) explained by deletes"),
+    };
+    match report.violations.len() {
+        0 => writeln!(out, "{table}: ok{deleted}"),
+        n => writeln!(out, "{table}: {n} violation(s){deleted}"),
     }
 }
 

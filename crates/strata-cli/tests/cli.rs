@@ -1198,3 +1198,89 @@ fn validate_checks_a_dbt_snapshot_table_by_path() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("--keys"), "{}", stderr(&out));
 }
+
+/// `validate` looks for gaps between a key's versions and keys with no open version, and
+/// tells those a delete explains (from the target's event store) from violations; the keys it
+/// finds with other than one open version are the ones the usual SQL check finds. `--format
+/// json` gives one object. A table strata did not write has no deletes to explain a gap.
+#[test]
+fn validate_tells_deletes_from_gaps_and_speaks_json() {
+    let p = Project::new(
+        "CREATE OR REFRESH STREAMING TABLE cdc AS SELECT * FROM STREAM read_files('data/cdc', \
+         format => 'csv', header => true, schema => 'id INT, name STRING, op STRING, seq INT');\n\
+         CREATE OR REFRESH STREAMING TABLE users;\n\
+         CREATE FLOW f AS AUTO CDC INTO users FROM STREAM(cdc) KEYS (id) \
+         APPLY AS DELETE WHEN op = 'D' SEQUENCE BY seq COLUMNS * EXCEPT (op, seq) \
+         STORED AS SCD TYPE 2;\n\
+         CREATE OR REFRESH STREAMING TABLE snap AS SELECT * FROM STREAM read_files('data/snap', \
+         format => 'csv', header => true, schema => 'id INT, valid_from INT, valid_to INT');\n",
+    );
+    std::fs::create_dir_all(p.path("data/cdc")).unwrap();
+    std::fs::create_dir_all(p.path("data/snap")).unwrap();
+    // Key 1 deleted at 4 and back at 6 (a gap), key 2 deleted at 3, key 3 open.
+    p.file(
+        "data/cdc/001.csv",
+        "id,name,op,seq\n1,a,U,1\n1,,D,4\n1,b,U,6\n2,c,U,1\n2,,D,3\n3,d,U,2\n",
+    );
+    // The same shape in a table strata did not write.
+    p.file(
+        "data/snap/001.csv",
+        "id,valid_from,valid_to\n1,1,4\n1,6,\n2,1,3\n3,2,\n",
+    );
+    p.ok(&["run", "pipeline.sql"]);
+    let out = p.ok(&["validate", "users"]);
+    assert!(
+        out.contains("users: key (id=1): deleted at 4 (not a violation)")
+            && out.contains("users: key (id=2): deleted at 3 (not a violation)")
+            && out.ends_with("users: ok; 2 gap(s) or closed key(s) explained by deletes\n"),
+        "{out}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&p.ok(&["validate", "users", "--format", "json"])).unwrap();
+    assert_eq!(json["ok"], true, "{json}");
+    assert_eq!(
+        json["violations"].as_array().map(Vec::len),
+        Some(0),
+        "{json}"
+    );
+    let deleted: Vec<&str> = json["deleted"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(deleted, vec!["id=1", "id=2"], "{json}");
+    // The usual SQL check (keys whose number of open versions is not 1) finds key 2, the
+    // key validate finds without an open version.
+    assert_eq!(
+        p.csv("SELECT id FROM users GROUP BY id HAVING sum(CASE WHEN __END_AT IS NULL THEN 1 ELSE 0 END) <> 1"),
+        "id\n2\n"
+    );
+    assert!(json["deleted"][1]["problem"]
+        .as_str()
+        .unwrap()
+        .starts_with("has no open version"));
+    // Outside strata, nothing says why key 1 has a gap and key 2 closed: both are reported.
+    let path = p.path("warehouse/default/snap").display().to_string();
+    let out = p.strata(&[
+        "validate",
+        &path,
+        "--keys",
+        "id",
+        "--valid-from",
+        "valid_from",
+        "--valid-to",
+        "valid_to",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let said = stdout(&out);
+    assert!(
+        said.contains("key (id=1): gap: the version starting at 1 ends at 4, the next starts at 6"),
+        "{said}"
+    );
+    assert!(
+        said.contains("key (id=2): has no open version (its last version ends at 3)"),
+        "{said}"
+    );
+    assert!(!said.contains("id=3"), "{said}");
+}

@@ -70,6 +70,8 @@ pub use runtime::{
 };
 pub use semantics::integrity::Violation;
 pub use sql::expect::ExpectationCount;
-pub use sql::query::{query, validate, validate_with, ValidateOptions};
+pub use sql::query::{
+    query, validate, validate_report, validate_with, ValidateOptions, ValidationReport,
+};
 pub use storage::session::new_session;
 pub use storage::warehouse::Warehouse;

@@ -19,6 +19,9 @@ pub struct Violation {
     /// `userId=123`
     pub key: String,
     pub problem: String,
+    /// For a gap after a version or a key with no open version: where that version ends,
+    /// as displayed (a delete at that sequence value explains it).
+    pub ends_at: Option<String>,
 }
 
 /// The SCD2 integrity check on rows about to be written (keys in `keys`, the convention's
@@ -47,7 +50,7 @@ pub(crate) fn check_rows(
         cols,
     )
     .context(|| "integrity check".into())?;
-    check_timelines(&batch, keys)
+    check_timelines(&batch, keys, Findings::Ignored)
 }
 
 /// A `SNAPSHOTS` table: at most one row per key in each version.
@@ -72,15 +75,29 @@ pub(crate) fn check_snapshots(batch: &RecordBatch, keys: &[String]) -> Result<Ve
                     .collect::<Vec<_>>()
                     .join(", "),
                 problem: format!("appears twice in version {}", fmts[n].value(w[0])),
+                ends_at: None,
             });
         }
     }
     Ok(out)
 }
 
+/// Whether [`check_timelines`] also reports gaps between a key's versions and keys with no
+/// open version: a table may hold them (a delete closes a key's version), so only
+/// `validate` looks for them, to tell them from the deletes it knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Findings {
+    Reported,
+    Ignored,
+}
+
 /// The checks of [`validate`] over `keys..., __START_AT, __END_AT` rows, done here rather than
 /// in SQL so that every sequence type (structs included) compares as `ORDER BY` would.
-pub(crate) fn check_timelines(batch: &RecordBatch, keys: &[String]) -> Result<Vec<Violation>> {
+pub(crate) fn check_timelines(
+    batch: &RecordBatch,
+    keys: &[String],
+    findings: Findings,
+) -> Result<Vec<Violation>> {
     let n = keys.len();
     let (start, end) = (batch.column(n), batch.column(n + 1));
     // Integers where the types allow (8 bytes a value), else Arrow's row format.
@@ -145,6 +162,15 @@ pub(crate) fn check_timelines(batch: &RecordBatch, keys: &[String]) -> Result<Ve
             out.push(Violation {
                 key: describe(group[0]),
                 problem: format!("has {open} open versions"),
+                ends_at: None,
+            });
+        }
+        if let (Findings::Reported, 0, Some(&last)) = (findings, open, group.last()) {
+            let at = end_fmt.value(last as usize).to_string();
+            out.push(Violation {
+                key: describe(last),
+                problem: format!("has no open version (its last version ends at {at})"),
+                ends_at: Some(at),
             });
         }
         for (pos, &r) in group.iter().enumerate() {
@@ -157,6 +183,7 @@ pub(crate) fn check_timelines(batch: &RecordBatch, keys: &[String]) -> Result<Ve
                         start_fmt.value(r as usize),
                         end_fmt.value(r as usize)
                     ),
+                    ends_at: None,
                 });
             }
             if let Some(&next) = group.get(pos + 1) {
@@ -168,6 +195,20 @@ pub(crate) fn check_timelines(batch: &RecordBatch, keys: &[String]) -> Result<Ve
                             start_fmt.value(r as usize),
                             start_fmt.value(next as usize)
                         ),
+                        ends_at: None,
+                    });
+                } else if findings == Findings::Reported
+                    && bounds.start_vs_end(next, r) == Ordering::Greater
+                {
+                    let at = end_fmt.value(r as usize).to_string();
+                    out.push(Violation {
+                        key: describe(r),
+                        problem: format!(
+                            "gap: the version starting at {} ends at {at}, the next starts at {}",
+                            start_fmt.value(r as usize),
+                            start_fmt.value(next as usize)
+                        ),
+                        ends_at: Some(at),
                     });
                 }
             }
@@ -226,5 +267,20 @@ mod tests {
         assert!(check_rows(&scattered_good, &keys, &timeline)
             .unwrap()
             .is_empty());
+        // Gaps and keys with no open version are findings of validate only.
+        let gapped = batch(vec![1, 1, 2], vec![1, 7, 1], vec![Some(5), None, Some(3)]);
+        assert!(check_rows(&gapped, &keys, &timeline).unwrap().is_empty());
+        let v = check_timelines(&gapped, &keys, Findings::Reported).unwrap();
+        let found: Vec<(&str, Option<&str>)> = v
+            .iter()
+            .map(|v| (v.key.as_str(), v.ends_at.as_deref()))
+            .collect();
+        assert_eq!(
+            found,
+            vec![("id=1", Some("5")), ("id=2", Some("3"))],
+            "{v:?}"
+        );
+        assert!(v[0].problem.starts_with("gap: "), "{v:?}");
+        assert!(v[1].problem.starts_with("has no open version"), "{v:?}");
     }
 }

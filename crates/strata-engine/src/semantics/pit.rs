@@ -228,6 +228,7 @@ pub(crate) fn pit_violations(
         out.push(Violation {
             key: u.key.clone(),
             problem,
+            ends_at: None,
         });
     }
     for m in missing
@@ -240,12 +241,14 @@ pub(crate) fn pit_violations(
                 "has no row, but {} are valid at its as-of value",
                 m.points_at
             ),
+            ends_at: None,
         });
     }
     for (key, n) in duplicated {
         out.push(Violation {
             key: key.clone(),
             problem: format!("{n} rows for one as-of value and key"),
+            ends_at: None,
         });
     }
     out.sort_by(|a, b| (&a.key, &a.problem).cmp(&(&b.key, &b.problem)));

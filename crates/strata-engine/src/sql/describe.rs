@@ -156,8 +156,14 @@ pub(crate) async fn run_describe(
 
 /// `SHOW TABLES`: `database`, `tableName`, `isTemporary`, as Databricks.
 fn show_tables(wh: &Warehouse, schema: Option<&str>) -> Result<RecordBatch> {
-    let tables: Vec<TableName> = wh
-        .list_tables()?
+    let mut tables = wh.list_tables()?;
+    // The event log, which queries read as `event_log`, is listed like a table.
+    let log = TableName::new(None, crate::storage::warehouse::EVENT_LOG_TABLE);
+    if !tables.contains(&log) && wh.event_log_path().join("_delta_log").is_dir() {
+        tables.push(log);
+        tables.sort();
+    }
+    let tables: Vec<TableName> = tables
         .into_iter()
         .filter(|t| schema.is_none_or(|s| t.schema.eq_ignore_ascii_case(s)))
         .collect();

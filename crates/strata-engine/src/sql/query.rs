@@ -2,7 +2,7 @@
 
 use crate::error::{Context, EngineError, Result};
 use crate::semantics::integrity::Violation;
-use crate::semantics::integrity::{check_snapshots, check_timelines};
+use crate::semantics::integrity::{check_snapshots, check_timelines, Findings};
 use crate::semantics::timeline::Timeline;
 use crate::sql::session::rewrite;
 use crate::sql::session::warehouse_session_in;
@@ -70,6 +70,28 @@ pub async fn validate_with(
     name: &str,
     options: &ValidateOptions,
 ) -> Result<Vec<Violation>> {
+    Ok(validate_report(wh, name, options).await?.violations)
+}
+
+/// What `validate` found: the violations, and the keys whose gap or missing open version a
+/// delete strata applied explains (not violations; for a table strata did not write, such
+/// keys are among the violations, as nothing says why they closed).
+#[derive(Debug, Clone, Default)]
+pub struct ValidationReport {
+    pub violations: Vec<Violation>,
+    pub deleted: Vec<Violation>,
+}
+
+/// [`validate_with`], with the keys that deletes explain.
+pub async fn validate_report(
+    wh: &Warehouse,
+    name: &str,
+    options: &ValidateOptions,
+) -> Result<ValidationReport> {
+    let found = |violations| ValidationReport {
+        violations,
+        deleted: Vec::new(),
+    };
     let path = std::path::Path::new(name);
     let (table_name, table) = if path.join("_delta_log").is_dir() {
         let table = crate::storage::table::open_delta(path)
@@ -86,10 +108,14 @@ pub async fn validate_with(
     };
     let config = crate::storage::table::table_properties(&table)?;
     if options.keys.is_some() {
-        return validate_external(&table, &table_name, options).await;
+        return Ok(found(
+            validate_external(&table, &table_name, options).await?,
+        ));
     }
     if config.contains_key(crate::semantics::pit::SOURCES_PROPERTY) {
-        return crate::sql::pit_check::validate_pit(wh, &table, &table_name, &config).await;
+        return Ok(found(
+            crate::sql::pit_check::validate_pit(wh, &table, &table_name, &config).await?,
+        ));
     }
     let keys: Vec<String> = config
         .get("strata.keys")
@@ -115,17 +141,73 @@ pub async fn validate_with(
         quote_ident(&timeline.valid_to)
     );
     let Some(batch) = timeline_rows(&table, &sql).await? else {
-        return Ok(Vec::new());
+        return Ok(found(Vec::new()));
     };
     if mode == "snapshots" {
-        return check_snapshots(&batch, &keys);
+        return Ok(found(check_snapshots(&batch, &keys)?));
     }
     // The convention's open-end marker means "open", like NULL.
     let mut cols = batch.columns().to_vec();
     let n = keys.len();
     cols[n + 1] = timeline.open_as_null(&cols[n + 1])?;
     let batch = RecordBatch::try_new(batch.schema(), cols).context(|| "validate".into())?;
-    check_timelines(&batch, &keys)
+    let all = check_timelines(&batch, &keys, Findings::Reported)?;
+    // A table at a path has no event store here to say which keys were deleted.
+    let deletes = match TableName::parse(&table_name, TableName::DEFAULT_SCHEMA) {
+        Ok(t) if !path.join("_delta_log").is_dir() => known_deletes(wh, &t, &keys).await?,
+        _ => Default::default(),
+    };
+    let (deleted, violations): (Vec<Violation>, Vec<Violation>) = all.into_iter().partition(|v| {
+        v.ends_at
+            .as_ref()
+            .is_some_and(|at| deletes.contains(&(v.key.clone(), at.clone())))
+    });
+    Ok(ValidationReport {
+        violations,
+        deleted,
+    })
+}
+
+/// The (key, sequence value) of every delete in the event store of target `name`, displayed
+/// as the integrity check displays keys and timeline values.
+async fn known_deletes(
+    wh: &Warehouse,
+    name: &TableName,
+    keys: &[String],
+) -> Result<std::collections::HashSet<(String, String)>> {
+    use crate::semantics::fold::{OP_COL, SEQ_COL};
+    use deltalake::arrow::util::display::{ArrayFormatter, FormatOptions};
+    let mut out = std::collections::HashSet::new();
+    let Some(store) = crate::storage::table::open_delta(&wh.event_store_path(name)).await? else {
+        return Ok(out);
+    };
+    let sql = format!(
+        "SELECT {}, {} FROM t WHERE {} = 1",
+        quoted_list(keys),
+        quote_ident(SEQ_COL),
+        quote_ident(OP_COL)
+    );
+    let Some(batch) = timeline_rows(&store, &sql).await? else {
+        return Ok(out);
+    };
+    let options = FormatOptions::default().with_null("NULL");
+    let fmts = batch
+        .columns()
+        .iter()
+        .map(|c| ArrayFormatter::try_new(c.as_ref(), &options))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .context(|| "validate: reading deletes".into())?;
+    let n = keys.len();
+    for r in 0..batch.num_rows() {
+        let key = keys
+            .iter()
+            .enumerate()
+            .map(|(c, k)| format!("{k}={}", fmts[c].value(r)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        out.insert((key, fmts[n].value(r).to_string()));
+    }
+    Ok(out)
 }
 
 /// [`validate_with`] for a table without strata's properties: its columns as `options` name
@@ -178,7 +260,7 @@ async fn validate_external(
     let Some(batch) = timeline_rows(table, &sql).await? else {
         return Ok(Vec::new());
     };
-    check_timelines(&batch, &keys)
+    check_timelines(&batch, &keys, Findings::Reported)
 }
 
 /// `names` as a comma-separated list of quoted identifiers.
