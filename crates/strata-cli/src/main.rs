@@ -69,7 +69,7 @@ enum Command {
         #[arg(long)]
         continuous: bool,
         /// The pause between runs in continuous mode, e.g. `500ms`, `5s`, `1m`.
-        #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+        #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_interval)]
         interval: Duration,
         /// Try a run that failed transiently (a lost connection, a storage error) up to N
         /// more times, never one that failed on its data or pipeline; the same as `--conf
@@ -536,31 +536,12 @@ fn humanize(d: Duration) -> String {
     }
 }
 
-/// `500ms`, `5s`, `2m`, `1h`, or a bare number of seconds.
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(s.len());
-    let (number, unit) = s.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("expected a duration such as 500ms, 5s or 1m, got '{s}'"))?;
-    let seconds = match unit.trim() {
-        "ms" => value / 1000.0,
-        "" | "s" => value,
-        "m" | "min" => value * 60.0,
-        "h" => value * 3600.0,
-        other => {
-            return Err(format!(
-                "unknown duration unit '{other}' (use ms, s, m or h)"
-            ))
-        }
-    };
-    if !seconds.is_finite() || seconds <= 0.0 {
-        return Err(format!("the interval must be positive, got '{s}'"));
+/// `--interval`: a duration ([`strata_engine::parse_duration`]) above zero.
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    match strata_engine::parse_duration(s)? {
+        d if d.is_zero() => Err(format!("the interval must be positive, got '{}'", s.trim())),
+        d => Ok(d),
     }
-    Ok(Duration::from_secs_f64(seconds))
 }
 
 fn parse_conf(s: &str) -> Result<(String, String), String> {

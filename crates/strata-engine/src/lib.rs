@@ -53,6 +53,7 @@ mod util;
 
 pub use error::{chain, EngineError, Result};
 pub use load::file::plan_file;
+pub use load::settings::parse_duration;
 pub use load::sources::{plan_sources, PipelineSource, PlanStep, PlannedPipeline, SourceKind};
 pub use load::spec::{is_spec, load_pipeline, LoadedPipeline};
 pub use ops::cdc::FlowReport;

@@ -478,91 +478,11 @@ fn write_snapshot(
     Ok(rows)
 }
 
-/// The run report as a dict of lists of dicts (the CLI's output, as data).
+/// The run report as a dict of lists of dicts (the CLI's output, as data): the engine's
+/// JSON form of it, read by Python's `json`.
 fn report_dict(py: Python<'_>, r: &RunReport) -> PyResult<Py<PyAny>> {
-    let expectations = |list: &[strata_engine::ExpectationCount]| -> PyResult<Bound<'_, PyList>> {
-        let out = PyList::empty(py);
-        for e in list {
-            let d = PyDict::new(py);
-            d.set_item("name", &e.name)?;
-            d.set_item("action", e.action.as_str())?;
-            d.set_item("passed", e.passed)?;
-            d.set_item("failed", e.failed)?;
-            out.append(d)?;
-        }
-        Ok(out)
-    };
-    let ingests = PyList::empty(py);
-    for i in &r.ingests {
-        let d = PyDict::new(py);
-        d.set_item("table", &i.table)?;
-        d.set_item("flow", &i.flow)?;
-        d.set_item("append", i.append)?;
-        d.set_item("files", &i.files)?;
-        d.set_item("rows_read", i.rows_read)?;
-        d.set_item("rows", i.rows)?;
-        d.set_item("rows_dropped", i.rows_dropped)?;
-        d.set_item("expectations", expectations(&i.expectations)?)?;
-        d.set_item("skipped", &i.skipped)?;
-        d.set_item("watermark", &i.watermark)?;
-        ingests.append(d)?;
-    }
-    let flows = PyList::empty(py);
-    for f in &r.flows {
-        let d = PyDict::new(py);
-        d.set_item("flow", &f.flow)?;
-        d.set_item("events", f.events)?;
-        d.set_item("keys_touched", f.keys_touched)?;
-        d.set_item("keys_changed", f.keys_changed)?;
-        d.set_item("rows_inserted", f.rows_inserted)?;
-        d.set_item("rows_deleted", f.rows_deleted)?;
-        d.set_item("keys_upserted", f.keys_upserted)?;
-        d.set_item("keys_deleted", f.keys_deleted)?;
-        d.set_item("rows_written", f.rows_written)?;
-        d.set_item("versions_opened", f.versions_opened)?;
-        d.set_item("versions_closed", f.versions_closed)?;
-        d.set_item("notes", &f.notes)?;
-        d.set_item("recovered", f.recovered)?;
-        d.set_item("skipped", &f.skipped)?;
-        flows.append(d)?;
-    }
-    let views = PyList::empty(py);
-    for v in &r.views {
-        let d = PyDict::new(py);
-        d.set_item("table", &v.table)?;
-        d.set_item("rows_read", v.rows_read)?;
-        d.set_item("rows", v.rows)?;
-        d.set_item("rows_dropped", v.rows_dropped)?;
-        d.set_item("expectations", expectations(&v.expectations)?)?;
-        d.set_item("skipped", &v.skipped)?;
-        views.append(d)?;
-    }
-    let pits = PyList::empty(py);
-    for p in &r.pits {
-        let d = PyDict::new(py);
-        d.set_item("table", &p.table)?;
-        d.set_item("computed", p.computed)?;
-        d.set_item("recomputed", p.recomputed)?;
-        d.set_item("removed", p.removed)?;
-        d.set_item("rows", p.rows)?;
-        d.set_item("skipped", &p.skipped)?;
-        pits.append(d)?;
-    }
-    let out = PyDict::new(py);
-    out.set_item("run_id", &r.run_id)?;
-    out.set_item("ingests", ingests)?;
-    out.set_item("flows", flows)?;
-    out.set_item("views", views)?;
-    out.set_item("pits", pits)?;
-    out.set_item("waiting", &r.waiting)?;
-    let set_aside: Vec<(String, String)> = r
-        .set_aside
-        .iter()
-        .map(|(t, p)| (t.to_string(), p.display().to_string()))
-        .collect();
-    out.set_item("set_aside", set_aside)?;
-    out.set_item("stopped", r.stopped)?;
-    Ok(out.into_any().unbind())
+    let text = r.to_json().to_string();
+    Ok(py.import("json")?.call_method1("loads", (text,))?.unbind())
 }
 
 #[pymodule]

@@ -355,24 +355,29 @@ impl UpdateSettings {
     }
 }
 
-/// `500ms`, `10s`, `2m`, `1h`, or a bare number of seconds.
-fn parse_duration(s: &str) -> Result<Duration, String> {
+/// `500ms`, `10s`, `2m`, `1h`, or a bare number of seconds (0 or more).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
     let split = s
         .find(|c: char| !c.is_ascii_digit() && c != '.')
         .unwrap_or(s.len());
     let (number, unit) = s.split_at(split);
     let value: f64 = number
         .parse()
-        .map_err(|_| format!("expected a duration such as 500ms, 10s or 1m, got `{s}`"))?;
+        .map_err(|_| format!("expected a duration such as 500ms, 10s or 1m, got '{s}'"))?;
     let seconds = match unit.trim() {
         "ms" => value / 1000.0,
         "" | "s" => value,
         "m" | "min" => value * 60.0,
         "h" => value * 3600.0,
-        other => return Err(format!("unknown unit `{other}` (use ms, s, m or h)")),
+        other => {
+            return Err(format!(
+                "unknown duration unit '{other}' (use ms, s, m or h)"
+            ))
+        }
     };
     if !seconds.is_finite() || seconds < 0.0 {
-        return Err(format!("expected a duration of 0 or more, got `{s}`"));
+        return Err(format!("expected a duration of 0 or more, got '{s}'"));
     }
     Ok(Duration::from_secs_f64(seconds))
 }

@@ -27,7 +27,7 @@ use strata_sql::{MaterializedView, TableName, View};
 const INPUTS_KEY: &str = "strata.inputs";
 
 /// What one refresh did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct MvReport {
     pub table: String,
     /// Rows the query produced.

@@ -37,7 +37,7 @@ use std::sync::Arc;
 use strata_sql::{PitTable, Spine, TableName};
 
 /// What one refresh of a point-in-time table did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct PitReport {
     pub table: String,
     /// As-of values computed (new ones and ones invalidated by changed history).

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use strata_sql::TableName;
 
 /// What a run did, node by node, in execution order.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct RunReport {
     /// The id of the run's records in the event log.
     pub run_id: String,
@@ -21,12 +21,33 @@ pub struct RunReport {
     /// and no `schema =>`, or a joined table with no columns yet), with the reason.
     pub waiting: Vec<String>,
     /// Tables a full refresh set aside, and where their old content now is.
+    #[serde(serialize_with = "named_paths")]
     pub set_aside: Vec<(TableName, PathBuf)>,
     /// The run was asked to stop ([`RunOptions::stop`]) before all its nodes ran.
     pub stopped: bool,
     /// Tables the run wrote that passed their `pipelines.autoOptimize.minFiles` and were
     /// optimized after it.
     pub optimized: Vec<crate::runtime::upkeep::Optimized>,
+}
+
+impl RunReport {
+    /// The report as JSON: one object with a list per kind of dataset, field names as here.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or_default()
+    }
+}
+
+/// `(table, path)` pairs as `[["schema.table", "path"], ...]`.
+fn named_paths<S: serde::Serializer>(
+    pairs: &[(TableName, PathBuf)],
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    use serde::ser::SerializeSeq;
+    let mut seq = s.serialize_seq(Some(pairs.len()))?;
+    for (t, p) in pairs {
+        seq.serialize_element(&(t.to_string(), p.display().to_string()))?;
+    }
+    seq.end()
 }
 
 /// How to run a pipeline beyond its text.

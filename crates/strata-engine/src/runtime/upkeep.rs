@@ -56,7 +56,7 @@ pub struct OptimizeOptions {
 }
 
 /// One table's optimize.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Optimized {
     pub table: String,
     pub files_before: usize,

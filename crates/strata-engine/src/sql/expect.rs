@@ -13,12 +13,21 @@ use deltalake::arrow::util::display::{ArrayFormatter, FormatOptions};
 use strata_sql::{ExpectAction, Expectation};
 
 /// How many rows passed and failed one expectation (in one run of one dataset).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ExpectationCount {
     pub name: String,
+    #[serde(serialize_with = "action_name")]
     pub action: ExpectAction,
     pub passed: usize,
     pub failed: usize,
+}
+
+/// An expectation's action as the event log writes it (`warn`, `drop`, `fail`).
+fn action_name<S: serde::Serializer>(
+    a: &ExpectAction,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(a.as_str())
 }
 
 /// Adds `more` to `totals` (same expectations, same order; `totals` empty at first).

@@ -33,7 +33,7 @@ pub(crate) use run::run_flow;
 pub(crate) use setup::{check_existing, prepare_flow};
 
 /// What one run of a flow did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct FlowReport {
     pub flow: String,
     /// Source Delta version range read, `(from, to]`.

@@ -41,7 +41,7 @@ const FILES_KEY: &str = "strata.files";
 const KEEP_LOG_PROPERTY: &str = "delta.enableExpiredLogCleanup";
 
 /// What one ingestion run did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct IngestReport {
     pub table: String,
     /// The table's own name for its query, the flow's name for an append flow.
