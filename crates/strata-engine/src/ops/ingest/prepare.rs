@@ -455,7 +455,24 @@ fn table_schema(
     existing: Option<SchemaRef>,
 ) -> Result<Option<RowSchema>> {
     let schema = match (planned, existing, &table.columns) {
-        (_, _, Some(cols)) => arrow_schema(cols),
+        (Some(p), _, Some(cols)) => {
+            // The declaration is the table's schema: the query's columns must match it.
+            let produced: Vec<(String, DataType)> = p
+                .fields()
+                .iter()
+                .map(|f| (f.name().clone(), arrow::storage_type(f.data_type())))
+                .collect();
+            crate::semantics::declared::conform(
+                &produced,
+                cols,
+                &[],
+                "the query",
+                &table.name.to_string(),
+            )
+            .map_err(|e| setup.err(e))?;
+            arrow_schema(cols)
+        }
+        (None, _, Some(cols)) => arrow_schema(cols),
         (Some(p), Some(e), None) => {
             let prefix = p
                 .fields()
