@@ -16,6 +16,19 @@ pub(crate) fn parallel_min_rows() -> usize {
     })
 }
 
+/// Runs CPU-bound `work` (a fold, a comparison, hashing a snapshot) on tokio's blocking
+/// pool rather than on the async scheduler, so that datasets the scheduler runs side by side
+/// keep going while it runs. `what` names it if the worker dies.
+pub(crate) async fn off_scheduler<T, F>(what: &str, work: F) -> Result<T>
+where
+    F: FnOnce() -> Result<T> + Send + 'static,
+    T: Send + 'static,
+{
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| EngineError::Internal(format!("{what}: the worker failed: {e}")))?
+}
+
 /// Threads for work over `rows` rows: one below [`parallel_min_rows`], else one per core.
 pub(crate) fn threads_for(rows: usize) -> usize {
     if rows < parallel_min_rows() {

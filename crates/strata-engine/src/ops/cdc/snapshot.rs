@@ -28,6 +28,7 @@ use crate::semantics::snapshot::data_only;
 use crate::semantics::snapshot::data_schema;
 use crate::semantics::snapshot::delete_events;
 use crate::semantics::snapshot::diff;
+use crate::util::threads::off_scheduler;
 use crate::semantics::snapshot::group_versions;
 use crate::semantics::snapshot::key_set;
 use crate::semantics::snapshot::make_events;
@@ -273,9 +274,17 @@ pub(crate) async fn to_events(
         let snap = delivery.snap(setup, rows, idx)?;
         let place = applying.place(&states.stored, v);
         let from_file = applying.digest_file(&states, &digests, &place);
-        let (by_digest, saved) = match (digests.key, place.newest()) {
-            (Some(k), true) => hash_snapshot(setup, &snap, k, from_file)?,
-            _ => (None, None),
+        let ((by_digest, saved), snap) = match (digests.key, place.newest()) {
+            (Some(k), true) => {
+                let from_file = from_file.map(|(d, at, fp)| (d.to_path_buf(), at, fp.to_string()));
+                let flow = setup.flow.name.clone();
+                off_scheduler("hashing a snapshot", move || {
+                    let file = from_file.as_ref().map(|(d, at, fp)| (d.as_path(), *at, fp.as_str()));
+                    Ok((hash_snapshot(&flow, &snap, k, file)?, snap))
+                })
+                .await?
+            }
+            _ => ((None, None), snap),
         };
         match by_digest {
             Some((k, sd)) => {
@@ -503,7 +512,12 @@ impl<'a> Applying<'a> {
             },
         };
         self.step("read the state digest before the version");
-        let d = digest::diff(&sd, &old).map_err(|i| match snap.take(&[i]) {
+        let (d, sd, old) = off_scheduler("diffing by digest", move || {
+            let d = digest::diff(&sd, &old);
+            Ok((d, sd, old))
+        })
+        .await?;
+        let d = d.map_err(|i| match snap.take(&[i]) {
             Ok(row) => appears_twice(setup, &row, 0, v),
             Err(e) => e,
         })?;
@@ -546,7 +560,11 @@ impl<'a> Applying<'a> {
 
         self.step("read the state before the version");
         let snap = snap.batch()?.clone();
-        let d = diff(setup, &snap, &state_p, v)?;
+        let diff_off = |old: &RecordBatch| {
+            let (s, new, old, v) = (setup.clone(), snap.clone(), old.clone(), v.clone());
+            off_scheduler("diffing a snapshot", move || diff(&s, &new, &old, &v))
+        };
+        let d = diff_off(&state_p).await?;
         self.step("diffed");
         self.parts
             .push(make_events(setup, &snap, &d.upserts, v, 0, run)?);
@@ -555,7 +573,7 @@ impl<'a> Applying<'a> {
         self.markers.push(marker(setup, v, run)?);
 
         let changed = if place.redelivery {
-            diff(setup, &snap, &old_state_v, v)?
+            diff_off(&old_state_v).await?
         } else {
             d.clone()
         };
@@ -663,7 +681,7 @@ impl<'a> Applying<'a> {
 /// the snapshot is hashed).
 #[allow(clippy::type_complexity)]
 fn hash_snapshot(
-    setup: &FlowSetup,
+    flow: &str,
     snap: &Snap,
     k: usize,
     from_file: Option<(&std::path::Path, i64, &str)>,
@@ -676,7 +694,7 @@ fn hash_snapshot(
         // Its own clock: the step after the join shows the longer of the two.
         let loading = from_file.map(|(dir, at, fp)| {
             scope.spawn(move || {
-                let clock = crate::util::steps::Steps::new(&setup.flow.name, "snapshot: ");
+                let clock = crate::util::steps::Steps::new(flow, "snapshot: ");
                 let d = digest::load(dir, at, fp);
                 crate::util::steps::step!(debug, clock, "loaded the state digest");
                 d

@@ -10,6 +10,7 @@ use crate::eventstore::read::read_slice;
 use crate::ops::cdc::FlowReport;
 use crate::ops::Scope;
 use crate::semantics::compare::{compare, count_first_rows, ChangeSet};
+use crate::util::threads::off_scheduler;
 use crate::semantics::events::Touched;
 use crate::semantics::flow::FlowSetup;
 use crate::storage::commit::PendingCommit;
@@ -57,7 +58,10 @@ pub(crate) async fn write_target(
     };
     let steps = Steps::new(&setup.flow.name, "");
     let current = match &write.stored_only {
-        Some(stored) => setup.fold_to_target(stored)?.0,
+        Some(stored) => {
+            let (s, stored) = (setup.clone(), stored.clone());
+            off_scheduler("fold", move || Ok(s.fold_to_target(&stored)?.0)).await?
+        }
         None => {
             register_table(ctx, "__strata_target", &target, None).await?;
             let (schema, touched) = (&setup.target_schema, write.touched);
@@ -69,7 +73,10 @@ pub(crate) async fn write_target(
         "writing the rows of {} key(s)",
         report.keys_touched
     ));
-    let change = compare(setup, &current, &write.rows)?;
+    let change = {
+        let (s, now, new) = (setup.clone(), current.clone(), write.rows.clone());
+        off_scheduler("compare", move || compare(&s, &now, &new)).await?
+    };
     step!(debug, steps, "compared them with the new rows");
     report.count(&change.counts);
     report.keys_changed = change.keys;
