@@ -695,7 +695,7 @@ fn error_display_has_location_and_snippet() {
     let err = parse_pipeline("CREATE STREAMING TABLE t\n  FOO").unwrap_err();
     assert_eq!(
         err.to_string(),
-        "2:3: expected a column list, COMMENT, TBLPROPERTIES, AS or end of statement, found 'FOO'\n  FOO\n  ^"
+        "2:3: expected a column list, COMMENT, PARTITIONED BY, CLUSTER BY, TBLPROPERTIES, AS or end of statement, found 'FOO'\n  FOO\n  ^"
     );
 }
 
