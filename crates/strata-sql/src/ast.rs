@@ -152,6 +152,11 @@ pub struct MaterializedView {
     pub expectations: Vec<Expectation>,
     pub comment: Option<String>,
     pub properties: BTreeMap<String, String>,
+    /// `PARTITIONED BY (cols)`: the Delta partition columns the table is created with.
+    pub partitioned_by: Vec<String>,
+    /// `CLUSTER BY (cols)`: the table's clustering columns, which `strata optimize` orders
+    /// its files by (the planner records them as `pipelines.autoOptimize.zOrderCols`).
+    pub cluster_by: Vec<String>,
     pub query: BatchQuery,
     pub location: Location,
 }
@@ -249,6 +254,11 @@ pub struct StreamingTable {
     pub comment: Option<String>,
     /// `TBLPROPERTIES ('k' = 'v', ...)`, keys as written.
     pub properties: BTreeMap<String, String>,
+    /// `PARTITIONED BY (cols)`: the Delta partition columns the table is created with.
+    pub partitioned_by: Vec<String>,
+    /// `CLUSTER BY (cols)`: the table's clustering columns, which `strata optimize` orders
+    /// its files by (the planner records them as `pipelines.autoOptimize.zOrderCols`).
+    pub cluster_by: Vec<String>,
     /// `None` for a table that only receives flows (an AUTO CDC target).
     pub query: Option<SourceQuery>,
     pub location: Location,
@@ -275,6 +285,32 @@ pub enum QuerySource {
     ReadFiles(ReadFiles),
     ReadDatabase(ReadDatabase),
     Table(TableName),
+    /// `STREAM table_changes('t' | 'path', startingVersion => 0, ...)`: the change data
+    /// feed of any Delta table, every change kept (a change-history table).
+    Changes(TableChanges),
+}
+
+/// `STREAM table_changes('orders', startingVersion => 0)` (or `startingTimestamp =>
+/// '2024-01-01 00:00:00'`, or a start as the second argument, as Databricks'
+/// `table_changes`): the change data feed of a Delta table, read incrementally. Option
+/// names are lower-cased; the engine checks their values.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TableChanges {
+    pub source: ChangeSource,
+    /// Every option, lower-cased key (`startingversion`, `startingtimestamp`,
+    /// `onmissingversions`, ...), value as text. A second positional argument is
+    /// `startingversion` when it is a number, else `startingtimestamp`.
+    pub options: BTreeMap<String, String>,
+    pub location: Location,
+}
+
+/// What a change-history table reads: a table of the warehouse (declared in the pipeline
+/// or not), or a Delta table at a path (written by another tool).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChangeSource {
+    Table(TableName),
+    /// As written: relative paths are resolved by the engine against the pipeline file.
+    Path(String),
 }
 
 /// `read_database('connection', table => 'public.orders', watermark => 'updated_at, id',

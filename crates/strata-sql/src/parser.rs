@@ -227,6 +227,8 @@ fn streaming_table(c: &mut Cursor, at: Location) -> Result<StreamingTable> {
         expectations: head.expectations,
         comment: head.comment,
         properties: head.properties.unwrap_or_default(),
+        partitioned_by: head.partitioned_by.unwrap_or_default(),
+        cluster_by: head.cluster_by.unwrap_or_default(),
         query,
         location: at,
     })
@@ -240,6 +242,8 @@ struct DatasetHead {
     expectations: Vec<Expectation>,
     comment: Option<String>,
     properties: Option<BTreeMap<String, String>>,
+    partitioned_by: Option<Vec<String>>,
+    cluster_by: Option<Vec<String>>,
 }
 
 impl DatasetHead {
@@ -248,10 +252,12 @@ impl DatasetHead {
             && self.expectations.is_empty()
             && self.comment.is_none()
             && self.properties.is_none()
+            && self.partitioned_by.is_none()
+            && self.cluster_by.is_none()
         {
-            "a column list, COMMENT, TBLPROPERTIES, AS or end of statement"
+            "a column list, COMMENT, PARTITIONED BY, CLUSTER BY, TBLPROPERTIES, AS or end of statement"
         } else {
-            "COMMENT, TBLPROPERTIES, AS or end of statement"
+            "COMMENT, PARTITIONED BY, CLUSTER BY, TBLPROPERTIES, AS or end of statement"
         }
     }
 }
@@ -269,11 +275,21 @@ fn dataset_head(c: &mut Cursor) -> Result<DatasetHead> {
     };
     let mut comment = None;
     let mut properties = None;
+    let mut partitioned_by = None;
+    let mut cluster_by = None;
     loop {
         let clause_at = c.loc();
         if c.eat_keyword("COMMENT") {
             let text = c.string("a comment string")?;
             once(c, &mut comment, text, "COMMENT", clause_at)?;
+        } else if c.eat_keyword("PARTITIONED") {
+            c.expect_keyword("BY")?;
+            let cols = maybe_parenthesized_list(c)?;
+            once(c, &mut partitioned_by, cols, "PARTITIONED BY", clause_at)?;
+        } else if c.eat_keyword("CLUSTER") {
+            c.expect_keyword("BY")?;
+            let cols = maybe_parenthesized_list(c)?;
+            once(c, &mut cluster_by, cols, "CLUSTER BY", clause_at)?;
         } else if c.eat_keyword("TBLPROPERTIES") {
             let props = tblproperties(c)?;
             once(c, &mut properties, props, "TBLPROPERTIES", clause_at)?;
@@ -287,6 +303,8 @@ fn dataset_head(c: &mut Cursor) -> Result<DatasetHead> {
         expectations,
         comment,
         properties,
+        partitioned_by,
+        cluster_by,
     })
 }
 
@@ -297,9 +315,9 @@ fn materialized_view(c: &mut Cursor, at: Location) -> Result<MaterializedView> {
     let head = dataset_head(c)?;
     if !c.eat_keyword("AS") {
         return Err(c.expected(if head.what_next().starts_with("a column") {
-            "a column list, COMMENT, TBLPROPERTIES or AS"
+            "a column list, COMMENT, PARTITIONED BY, CLUSTER BY, TBLPROPERTIES or AS"
         } else {
-            "COMMENT, TBLPROPERTIES or AS"
+            "COMMENT, PARTITIONED BY, CLUSTER BY, TBLPROPERTIES or AS"
         }));
     }
     let query = batch_query(c, "a materialized view")?;
@@ -309,6 +327,8 @@ fn materialized_view(c: &mut Cursor, at: Location) -> Result<MaterializedView> {
         expectations: head.expectations,
         comment: head.comment,
         properties: head.properties.unwrap_or_default(),
+        partitioned_by: head.partitioned_by.unwrap_or_default(),
+        cluster_by: head.cluster_by.unwrap_or_default(),
         query,
         location: at,
     })
@@ -538,6 +558,10 @@ fn source_query(c: &mut Cursor) -> Result<SourceQuery> {
             }
             (Some(args), Some("read_database")) => {
                 QuerySource::ReadDatabase(read_database(c.src, args, at)?)
+            }
+            // Unmarked, `table_changes(...)` is a batch read joined with the stream.
+            (Some(args), Some("table_changes")) if marked => {
+                QuerySource::Changes(table_changes(c.src, args, at)?)
             }
             (args, _) => match args {
                 Some(_) if marked => {
@@ -964,6 +988,80 @@ fn read_database(src: &Source, args: &TableFunctionArgs, at: Location) -> Result
     };
     Ok(ReadDatabase {
         connection,
+        options,
+        location: at,
+    })
+}
+
+/// `table_changes('orders' | 'path/to/table', [start,] name => value, ...)` after `STREAM`:
+/// the source (a name, or a path when it holds a `/`), then a start and options.
+fn table_changes(src: &Source, args: &TableFunctionArgs, at: Location) -> Result<TableChanges> {
+    let usage = "STREAM table_changes takes a table name or path, then options: \
+                 table_changes('orders', startingVersion => 0)";
+    let mut source = None;
+    let mut options = BTreeMap::new();
+    for arg in &args.args {
+        let (key, key_at, value) = match arg {
+            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => {
+                let arg_at = expr_location(e, at);
+                match (&source, e) {
+                    (None, Expr::Value(v)) => match &v.value {
+                        Value::SingleQuotedString(s) => {
+                            source = Some((s.clone(), arg_at));
+                            continue;
+                        }
+                        _ => return Err(src.error(arg_at, usage)),
+                    },
+                    (None, _) => return Err(src.error(arg_at, usage)),
+                    (Some(_), Expr::Value(v)) if matches!(v.value, Value::Number(..)) => {
+                        ("startingversion".to_string(), arg_at, literal_text(e))
+                    }
+                    (Some(_), _) => ("startingtimestamp".to_string(), arg_at, literal_text(e)),
+                }
+            }
+            FunctionArg::Named { name, arg, .. }
+            | FunctionArg::ExprNamed {
+                name: Expr::Identifier(name),
+                arg,
+                ..
+            } => {
+                let value = match arg {
+                    FunctionArgExpr::Expr(expr) => literal_text(expr),
+                    _ => None,
+                };
+                (
+                    name.value.to_ascii_lowercase(),
+                    location(name.span.start),
+                    value,
+                )
+            }
+            other => {
+                return Err(src.error(at, format!("unsupported table_changes argument '{other}'")));
+            }
+        };
+        let Some(value) = value else {
+            return Err(src.error(key_at, format!("option '{key}' must be a literal")));
+        };
+        if options.insert(key.clone(), value).is_some() {
+            return Err(src.error(key_at, format!("option '{key}' is given twice")));
+        }
+    }
+    let Some((written, source_at)) = source else {
+        return Err(src.error(at, usage));
+    };
+    let source = if written.contains('/') || written.contains('\\') {
+        ChangeSource::Path(written)
+    } else {
+        ChangeSource::Table(
+            resolve_table_name(
+                &written.split('.').map(str::to_string).collect::<Vec<_>>(),
+                src.schema(),
+            )
+            .map_err(|m| src.error(source_at, m))?,
+        )
+    };
+    Ok(TableChanges {
+        source,
         options,
         location: at,
     })

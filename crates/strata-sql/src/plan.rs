@@ -97,7 +97,13 @@ impl PipelinePlan {
     fn source_query_reads(&self, q: &SourceQuery) -> Vec<TableName> {
         let mut out = match &q.source {
             QuerySource::Table(src) => vec![src.clone()],
-            QuerySource::ReadFiles(_) | QuerySource::ReadDatabase(_) => Vec::new(),
+            QuerySource::Changes(TableChanges {
+                source: ChangeSource::Table(src),
+                ..
+            }) => vec![src.clone()],
+            QuerySource::ReadFiles(_) | QuerySource::ReadDatabase(_) | QuerySource::Changes(_) => {
+                Vec::new()
+            }
         };
         for t in self.joined_tables(q) {
             if !out.contains(&t) {
@@ -201,8 +207,14 @@ pub fn plan_pipeline(pipeline: Pipeline) -> Result<PipelinePlan> {
                 stmt_of.push((Node::PointInTime(pits.len()), i));
                 pits.push(p)
             }
-            Statement::StreamingTable(t) => {
+            Statement::StreamingTable(mut t) => {
                 declare(&t.name, t.location)?;
+                clustering(
+                    &mut t.properties,
+                    &t.partitioned_by,
+                    &t.cluster_by,
+                    t.location,
+                )?;
                 stmt_of.push((Node::Ingest(t.name.clone()), i));
                 tables.insert(t.name.clone(), t);
             }
@@ -216,8 +228,14 @@ pub fn plan_pipeline(pipeline: Pipeline) -> Result<PipelinePlan> {
                 stmt_of.push((Node::Append(appends.len()), i));
                 appends.push(f);
             }
-            Statement::MaterializedView(m) => {
+            Statement::MaterializedView(mut m) => {
                 declare(&m.name, m.location)?;
+                clustering(
+                    &mut m.properties,
+                    &m.partitioned_by,
+                    &m.cluster_by,
+                    m.location,
+                )?;
                 stmt_of.push((Node::MaterializedView(m.name.clone()), i));
                 materialized.insert(m.name.clone(), m);
             }
@@ -324,6 +342,19 @@ pub fn plan_pipeline(pipeline: Pipeline) -> Result<PipelinePlan> {
     let joins_itself =
         |q: &SourceQuery, table: &TableName| expand_views(&q.reads, &views).contains(table);
     for t in tables.values() {
+        if let Some(QuerySource::Changes(TableChanges {
+            source: ChangeSource::Table(src),
+            location,
+            ..
+        })) = t.query.as_ref().map(|q| &q.source)
+        {
+            if *src == t.name {
+                return Err(plan_error(
+                    *location,
+                    format!("streaming table {} reads its own changes", t.name),
+                ));
+            }
+        }
         if t.query.as_ref().is_some_and(|q| joins_itself(q, &t.name)) {
             return Err(plan_error(
                 t.location,
@@ -410,6 +441,44 @@ pub fn plan_pipeline(pipeline: Pipeline) -> Result<PipelinePlan> {
 
 /// `STREAM(src)` must name a streaming table of the pipeline (an append-only table or the
 /// target of AUTO CDC flows, whose change feed is read).
+/// The property `strata optimize` reads its Z-order columns from.
+pub const ZORDER_PROPERTY: &str = "pipelines.autoOptimize.zOrderCols";
+
+/// Records `CLUSTER BY (cols)` as the table's Z-order columns
+/// (`pipelines.autoOptimize.zOrderCols`), refusing it next to `PARTITIONED BY` (as
+/// Databricks does) or next to a different value of that property.
+fn clustering(
+    properties: &mut BTreeMap<String, String>,
+    partitioned_by: &[String],
+    cluster_by: &[String],
+    at: Location,
+) -> Result<()> {
+    if cluster_by.is_empty() {
+        return Ok(());
+    }
+    if !partitioned_by.is_empty() {
+        return Err(plan_error(
+            at,
+            "PARTITIONED BY and CLUSTER BY cannot be used together; choose one",
+        ));
+    }
+    let cols = cluster_by.join(",");
+    match properties.get(ZORDER_PROPERTY) {
+        Some(v) if v.replace(' ', "") != cols => Err(plan_error(
+            at,
+            format!(
+                "CLUSTER BY ({}) and TBLPROPERTIES '{ZORDER_PROPERTY}' = '{v}' disagree; \
+                 CLUSTER BY sets that property, keep one of them",
+                cluster_by.join(", ")
+            ),
+        )),
+        _ => {
+            properties.insert(ZORDER_PROPERTY.to_string(), cols);
+            Ok(())
+        }
+    }
+}
+
 fn check_stream_source(
     src: &TableName,
     reader: &str,

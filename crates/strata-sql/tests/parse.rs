@@ -101,6 +101,8 @@ fn documented_example_parses_exactly() {
                 columns: None,
                 comment: None,
                 properties: BTreeMap::new(),
+                partitioned_by: Vec::new(),
+                cluster_by: Vec::new(),
                 query: Some(SourceQuery {
                     sql: "SELECT * FROM __strata_source".to_string(),
                     source: QuerySource::ReadFiles(ReadFiles {
@@ -128,6 +130,8 @@ fn documented_example_parses_exactly() {
                 columns: None,
                 comment: None,
                 properties: BTreeMap::new(),
+                partitioned_by: Vec::new(),
+                cluster_by: Vec::new(),
                 query: None,
                 location: loc(5, 1),
             }),
@@ -691,7 +695,7 @@ fn error_display_has_location_and_snippet() {
     let err = parse_pipeline("CREATE STREAMING TABLE t\n  FOO").unwrap_err();
     assert_eq!(
         err.to_string(),
-        "2:3: expected a column list, COMMENT, TBLPROPERTIES, AS or end of statement, found 'FOO'\n  FOO\n  ^"
+        "2:3: expected a column list, COMMENT, PARTITIONED BY, CLUSTER BY, TBLPROPERTIES, AS or end of statement, found 'FOO'\n  FOO\n  ^"
     );
 }
 
@@ -951,4 +955,67 @@ fn three_part_names_in_the_warehouse_catalog_and_curly_quotes() {
     // Inside a string they are just text.
     let t = only_table("CREATE STREAMING TABLE t AS SELECT 'it\u{2019}s' AS s FROM STREAM(src)");
     assert!(t.query.unwrap().sql.contains('\u{2019}'));
+}
+
+/// `STREAM table_changes(...)` is a streaming source: a name or a path, a start given by
+/// name or as the second argument, options lower-cased; `PARTITIONED BY` / `CLUSTER BY`
+/// land on the dataset, and `CLUSTER BY` is recorded as the Z-order columns.
+#[test]
+fn table_changes_sources_and_table_layout_clauses() {
+    let t = only_table(
+        "CREATE OR REFRESH STREAMING TABLE h PARTITIONED BY (d) AS SELECT *, \
+         CAST(_commit_timestamp AS DATE) AS d FROM STREAM table_changes('gold.orders', \
+         startingVersion => 3, onMissingVersions => 'snapshot')",
+    );
+    assert_eq!(t.partitioned_by, vec!["d".to_string()]);
+    let Some(QuerySource::Changes(tc)) = t.query.map(|q| q.source) else {
+        panic!("not a table_changes source");
+    };
+    assert_eq!(
+        tc.source,
+        ChangeSource::Table(TableName::new(Some("gold"), "orders"))
+    );
+    assert_eq!(
+        tc.options.get("startingversion").map(String::as_str),
+        Some("3")
+    );
+    assert_eq!(
+        tc.options.get("onmissingversions").map(String::as_str),
+        Some("snapshot")
+    );
+    let t = only_table(
+        "CREATE STREAMING TABLE h CLUSTER BY (a, b) AS SELECT * FROM STREAM \
+         table_changes('../lake/orders', '2024-01-01')",
+    );
+    assert_eq!(t.cluster_by, vec!["a".to_string(), "b".to_string()]);
+    let Some(QuerySource::Changes(tc)) = t.query.map(|q| q.source) else {
+        panic!("not a table_changes source");
+    };
+    assert_eq!(tc.source, ChangeSource::Path("../lake/orders".into()));
+    assert_eq!(
+        tc.options.get("startingtimestamp").map(String::as_str),
+        Some("2024-01-01")
+    );
+    let plan = strata_sql::plan_pipeline(
+        parse_pipeline(
+            "CREATE STREAMING TABLE h CLUSTER BY (a) AS SELECT * FROM STREAM \
+             table_changes('o', startingVersion => 0)",
+        )
+        .expect("parse"),
+    )
+    .expect("plan");
+    let h = plan.tables.values().next().expect("table");
+    assert_eq!(
+        h.properties
+            .get("pipelines.autoOptimize.zOrderCols")
+            .map(String::as_str),
+        Some("a")
+    );
+    let both = strata_sql::plan_pipeline(
+        parse_pipeline(
+            "CREATE MATERIALIZED VIEW m PARTITIONED BY (a) CLUSTER BY (b) AS SELECT 1 AS a, 2 AS b",
+        )
+        .expect("parse"),
+    );
+    assert!(both.is_err());
 }

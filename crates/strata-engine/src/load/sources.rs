@@ -286,6 +286,13 @@ fn describe_source(what: &str, source: &QuerySource) -> (String, Vec<String>) {
             vec![database_label(rd)],
         ),
         QuerySource::Table(src) => (format!("{what} from STREAM"), vec![src.to_string()]),
+        QuerySource::Changes(tc) => (
+            format!("{what} from STREAM table_changes"),
+            vec![match &tc.source {
+                strata_sql::ChangeSource::Table(t) => t.to_string(),
+                strata_sql::ChangeSource::Path(p) => format!("table {p}"),
+            }],
+        ),
     }
 }
 

@@ -172,13 +172,15 @@ pub(crate) async fn refresh(
     let handle = match existing {
         Some(t) => t,
         None => {
+            crate::storage::table::check_partition_columns(&schema, &mv.partitioned_by)
+                .map_err(|e| EngineError::plan(format!("materialized view {name}: {e}")))?;
             crate::storage::table::create_delta(
                 &wh.table_path(name),
                 &name.name,
                 &schema,
                 crate::storage::table::table_configuration(&mv.properties),
                 mv.comment.as_deref(),
-                Vec::new(),
+                mv.partitioned_by.clone(),
             )
             .await?
         }

@@ -16,6 +16,7 @@ pub(crate) async fn check_reset_allowed(
 ) -> Result<()> {
     const KEY: &str = "pipelines.reset.allowed";
     let mut refused = Vec::new();
+    let mut history = Vec::new();
     for t in tables {
         let declared = plan
             .tables
@@ -33,6 +34,22 @@ pub(crate) async fn check_reset_allowed(
         let stored = crate::storage::table::table_properties(&table)?
             .get(KEY)
             .cloned();
+        // A change-history table holds what its source may no longer have: it is reset
+        // only when its declaration says so explicitly.
+        let is_history = plan.tables.get(t).is_some_and(|d| {
+            matches!(
+                d.query.as_ref().map(|q| &q.source),
+                Some(strata_sql::QuerySource::Changes(_))
+            )
+        });
+        if is_history
+            && !declared
+                .as_deref()
+                .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+        {
+            history.push(t.to_string());
+            continue;
+        }
         let guarded = [declared, stored]
             .iter()
             .flatten()
@@ -40,6 +57,15 @@ pub(crate) async fn check_reset_allowed(
         if guarded {
             refused.push(t.to_string());
         }
+    }
+    if !history.is_empty() {
+        return Err(EngineError::plan(format!(
+            "full refresh refused: {} {} a change-history table, which keeps changes its \
+             source may no longer hold; nothing was changed. To rebuild it anyway, declare \
+             TBLPROPERTIES ('{KEY}' = 'true') on it",
+            history.join(", "),
+            if history.len() == 1 { "is" } else { "are" }
+        )));
     }
     if refused.is_empty() {
         return Ok(());

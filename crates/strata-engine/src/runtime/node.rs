@@ -55,7 +55,12 @@ pub(crate) async fn run_node(
             record.rows_dropped = r.rows_dropped;
             record.expectations = r.expectations.clone();
             skipped_or(record, &r.skipped, || {
-                format!("{} file(s), {} row(s) appended", r.files.len(), r.rows)
+                let mut m = format!("{} file(s), {} row(s) appended", r.files.len(), r.rows);
+                for n in &r.notes {
+                    m.push_str("; ");
+                    m.push_str(n);
+                }
+                m
             });
             NodeOutput::Ingest(r)
         }

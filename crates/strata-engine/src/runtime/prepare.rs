@@ -164,6 +164,7 @@ async fn prepare_flow_node(
     let declared = target.and_then(|t| t.columns.as_deref());
     let mut setup = crate::ops::cdc::prepare_flow(f, &source, &props, declared).await?;
     setup.target_comment = target.and_then(|t| t.comment.clone());
+    setup.target_partitions = target.map(|t| t.partitioned_by.clone()).unwrap_or_default();
     setup.source_feed = feed;
     crate::ops::cdc::check_existing(wh, &setup).await?;
     if let Some(prev) = schemas.get(&f.target) {

@@ -533,6 +533,15 @@ async fn readers_of(wh: &Warehouse, plan: &PipelinePlan, pipeline: &str) -> Resu
             let at = position_in(&wh.table_path(name), AppId::Source(source)).await?;
             out.push(reader(format!("streaming table {name}"), source, at));
         }
+        if let Some(QuerySource::Changes(strata_sql::TableChanges {
+            source: strata_sql::ChangeSource::Table(source),
+            ..
+        })) = table.query.as_ref().map(|q| &q.source)
+        {
+            let label = source.to_string();
+            let at = position_in(&wh.table_path(name), AppId::History(&label)).await?;
+            out.push(reader(format!("change-history table {name}"), source, at));
+        }
     }
     for append in &plan.appends {
         if let QuerySource::Table(source) = &append.query.source {

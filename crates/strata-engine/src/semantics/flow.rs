@@ -37,6 +37,8 @@ pub(crate) struct FlowSetup {
     pub tombstone_secs: Option<u64>,
     /// The target's `COMMENT`, written into its Delta metadata when it is created.
     pub target_comment: Option<String>,
+    /// The target's declared `PARTITIONED BY` columns.
+    pub target_partitions: Vec<String>,
 }
 
 impl FlowSetup {

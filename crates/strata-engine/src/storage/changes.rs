@@ -299,7 +299,7 @@ pub(crate) async fn unread_since(table: &DeltaTable, from: i64) -> Result<Unread
 }
 
 /// `path` with `%XX` escapes decoded (Delta's log spells paths as URIs).
-fn percent_decoded(path: &str) -> String {
+pub(crate) fn percent_decoded(path: &str) -> String {
     if !path.contains('%') {
         return path.to_string();
     }

@@ -34,6 +34,9 @@ pub(crate) enum AppId<'a> {
     /// `strata-database` for a streaming table's own query, `strata-database:<flow>` for an
     /// append flow (the watermark itself is in the commit info).
     Database(Option<&'a str>),
+    /// A change-history table's position in the change feed of its source (a table name
+    /// or a path, as written): `strata-history:<source>`.
+    History(&'a str),
     /// A point-in-time table's position in one historised table:
     /// `strata-pit:<pit table>:<table>`.
     Pit {
@@ -53,6 +56,7 @@ impl fmt::Display for AppId<'_> {
             AppId::Files(Some(flow)) => write!(f, "strata-files:{flow}"),
             AppId::Database(None) => f.write_str("strata-database"),
             AppId::Database(Some(flow)) => write!(f, "strata-database:{flow}"),
+            AppId::History(source) => write!(f, "strata-history:{source}"),
             AppId::Pit { pit, source } => write!(f, "strata-pit:{pit}:{source}"),
         }
     }

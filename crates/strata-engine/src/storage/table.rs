@@ -106,6 +106,30 @@ pub(crate) async fn create_delta(
     }
 }
 
+/// Checks that `partitions` (from `PARTITIONED BY`) are columns of `schema`, named as it
+/// names them, each once.
+pub(crate) fn check_partition_columns(
+    schema: &Schema,
+    partitions: &[String],
+) -> std::result::Result<(), String> {
+    for (i, p) in partitions.iter().enumerate() {
+        if schema.field_with_name(p).is_err() {
+            let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+            return Err(format!(
+                "PARTITIONED BY names column {p}, which the table does not have (its columns: {})",
+                names.join(", ")
+            ));
+        }
+        if partitions[..i].contains(p) {
+            return Err(format!("PARTITIONED BY names column {p} twice"));
+        }
+    }
+    if partitions.len() == schema.fields().len() && !partitions.is_empty() {
+        return Err("PARTITIONED BY names every column; a table needs a column to store".into());
+    }
+    Ok(())
+}
+
 /// The commit file of a table's version 0.
 const FIRST_COMMIT: &str = "00000000000000000000.json";
 

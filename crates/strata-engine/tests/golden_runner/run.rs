@@ -10,6 +10,37 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use strata_engine::Warehouse;
 
+/// Log cleanup and VACUUM of change files, for real: a checkpoint at the latest version, the
+/// commit files before it removed (with `log`), and every file under `_change_data/`.
+async fn expire(table: &Path, log: bool) -> Result<(), String> {
+    let url = url::Url::from_directory_path(table)
+        .map_err(|_| format!("{} is not a directory path", table.display()))?;
+    let t = deltalake::open_table(url)
+        .await
+        .map_err(|e| format!("opening {}: {e}", table.display()))?;
+    let latest = t.version().unwrap_or(0);
+    if log {
+        deltalake::checkpoints::create_checkpoint(&t, None)
+            .await
+            .map_err(|e| format!("checkpoint of {}: {e}", table.display()))?;
+        for entry in std::fs::read_dir(table.join("_delta_log")).map_err(|e| e.to_string())? {
+            let p = entry.map_err(|e| e.to_string())?.path();
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            let version = name
+                .strip_suffix(".json")
+                .and_then(|v| v.parse::<u64>().ok());
+            if version.is_some_and(|v| v < latest) {
+                std::fs::remove_file(&p).map_err(|e| e.to_string())?;
+            }
+        }
+    }
+    let changes = table.join("_change_data");
+    if changes.exists() {
+        std::fs::remove_dir_all(&changes).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
 /// Replace the file's lines `start..end` (0-based) with `lines`.
 pub struct Edit {
     pub start: usize,
@@ -39,6 +70,7 @@ pub async fn run(scenario: &Scenario, display: &str, complete: bool) -> Result<V
                 }
                 std::fs::write(&p, content).map_err(|e| at(e.to_string()))?;
             }
+            Step::Expire { path, log } => expire(&dir.path().join(path), *log).await.map_err(at)?,
             Step::Run(run) => {
                 let before = match run.error {
                     Some(_) => Some(warehouse_files(&wh_root).map_err(at)?),

@@ -25,6 +25,14 @@ pub enum Step {
         content: String,
     },
     Run(Run),
+    /// `expire PATH [changes]`: what log cleanup and VACUUM do to the Delta table at PATH
+    /// (relative to the temp dir): a checkpoint at its latest version, the commit files
+    /// before it deleted, and its change files (`_change_data/`) deleted; with `changes`,
+    /// only the change files.
+    Expire {
+        path: String,
+        log: bool,
+    },
     /// `query [rowsort] SQL`: the expected output is a header line, then the rows.
     Query {
         sql: String,
@@ -144,6 +152,18 @@ fn parse_block(lines: &[String], start: usize, end: usize, complete: bool) -> Re
                 content: body.join("\n") + "\n",
             })
         }
+        "expire" => {
+            no_body("expire")?;
+            let (path, log) = match rest.split_once(' ') {
+                None if !rest.is_empty() => (rest, true),
+                Some((p, "changes")) => (p, false),
+                _ => return Err("`expire` takes a table path, then optionally `changes`".into()),
+            };
+            Ok(Step::Expire {
+                path: path.to_string(),
+                log,
+            })
+        }
         "run" => {
             no_body("run")?;
             let raw = &lines[start];
@@ -192,7 +212,7 @@ fn parse_block(lines: &[String], start: usize, end: usize, complete: bool) -> Re
             })
         }
         other => Err(format!(
-            "unknown directive `{other}` (pipeline, file, run, query, validate)"
+            "unknown directive `{other}` (pipeline, file, run, expire, query, validate)"
         )),
     }
 }

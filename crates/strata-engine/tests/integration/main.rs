@@ -13,6 +13,7 @@ mod compression;
 mod deletion_vectors;
 mod event_log;
 mod file_arrival;
+mod history;
 mod large_batch;
 mod log_retention;
 mod parquet_input;

@@ -132,6 +132,7 @@ pub(crate) async fn prepare_flow(
         spec,
         source_feed: false,
         target_comment: None,
+        target_partitions: Vec::new(),
         tombstone_secs: match (&flow.kind, flow.stored_as) {
             (FlowKind::Snapshot { .. }, _) | (_, ScdType::Type2 | ScdType::Snapshots) => None,
             _ => Some(
@@ -606,6 +607,25 @@ pub(crate) fn deletion_vectors_by_default(
 ) -> bool {
     !crate::storage::table::sets_property(user, crate::storage::dv::PROPERTY)
         && !setup.timeline.partition_by_start
+        && setup.target_partitions.is_empty()
+}
+
+/// The Delta partition columns of the flow's target: those declared (`PARTITIONED BY`),
+/// then the start column when `strata.scd.partitionBy = start`; checked against its schema.
+pub(crate) fn target_partition_columns(setup: &FlowSetup) -> Result<Vec<String>> {
+    let mut cols = setup.target_partitions.clone();
+    for c in setup.timeline.partition_columns() {
+        if !cols.contains(&c) {
+            cols.push(c);
+        }
+    }
+    crate::storage::table::check_partition_columns(&setup.target_schema, &cols).map_err(|e| {
+        EngineError::plan(format!(
+            "flow {} (into {}): {e}",
+            setup.flow.name, setup.flow.target
+        ))
+    })?;
+    Ok(cols)
 }
 
 /// Table properties every AUTO CDC target carries.

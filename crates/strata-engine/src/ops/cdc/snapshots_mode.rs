@@ -258,7 +258,7 @@ async fn commit_versions(
                 &setup.target_schema,
                 super::setup::target_configuration(setup, target_properties),
                 setup.target_comment.as_deref(),
-                setup.timeline.partition_columns(),
+                super::setup::target_partition_columns(setup)?,
             )
             .await?
         }

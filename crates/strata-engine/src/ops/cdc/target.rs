@@ -111,7 +111,7 @@ async fn write_first_rows(
                 &setup.target_schema,
                 target_configuration(setup, target_properties),
                 setup.target_comment.as_deref(),
-                setup.timeline.partition_columns(),
+                super::setup::target_partition_columns(setup)?,
             )
             .await?
         }

@@ -16,6 +16,7 @@
 pub(crate) mod autoload;
 mod database;
 mod files;
+mod history;
 mod prepare;
 mod run;
 
@@ -57,6 +58,8 @@ pub struct IngestReport {
     pub skipped: Option<String>,
     /// A database source: the watermark the table reached in this run.
     pub watermark: Option<String>,
+    /// What the run reports besides its counts (a change-history table's gap).
+    pub notes: Vec<String>,
 }
 
 /// A streaming table's query or an append flow, checked against its input's schema.
@@ -113,6 +116,9 @@ pub(crate) enum Source {
     Table(TableName),
     /// An AUTO CDC target: its change data feed since the last read.
     Feed(TableName),
+    /// `STREAM table_changes(...)`: any Delta table's change data feed, every change kept
+    /// (a change-history table, `history.rs`).
+    Changes(history::ChangesSpec),
 }
 
 impl IngestSetup {

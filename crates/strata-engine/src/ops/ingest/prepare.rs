@@ -226,6 +226,11 @@ async fn input_of(
             known.get(t).map(|s| feed::feed_schema(s)),
         ),
         QuerySource::Table(t) => (Source::Table(t.clone()), known.get(t).cloned()),
+        QuerySource::Changes(tc) => {
+            let spec = super::history::spec_of(tc, pipeline.dir).map_err(|e| setup.err(e))?;
+            let schema = super::history::input_schema(pipeline.wh, &spec, known).await?;
+            (Source::Changes(spec), schema)
+        }
     })
 }
 
@@ -454,6 +459,13 @@ fn table_schema(
     planned: Option<SchemaRef>,
     existing: Option<SchemaRef>,
 ) -> Result<Option<RowSchema>> {
+    if let (Source::Changes(_), Some(p), Some(e), None) =
+        (&setup.source, &planned, &existing, &table.columns)
+    {
+        // A change-history table gains columns by name, after the feed's own.
+        let (schema, evolve) = super::history::evolved_schema(setup, p, e)?;
+        return Ok(Some(RowSchema { schema, evolve }));
+    }
     let schema = match (planned, existing, &table.columns) {
         (Some(p), _, Some(cols)) => {
             // The declaration is the table's schema: the query's columns must match it.

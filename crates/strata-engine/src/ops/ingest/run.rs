@@ -92,7 +92,7 @@ async fn apply_query(
     let cast = batches
         .iter()
         .map(|b| {
-            if setup.append_flow.is_some() {
+            if setup.append_flow.is_some() || matches!(setup.source, Source::Changes(_)) {
                 arrow::align_by_name(b, &setup.schema)
             } else {
                 arrow::cast_batch(b, &setup.schema)
@@ -240,6 +240,9 @@ pub(crate) async fn run_ingest(scope: &Scope<'_>, setup: &IngestSetup) -> Result
         }
         Source::Table(source) | Source::Feed(source) => {
             take_table(scope, setup, source, existing.as_ref(), &mut report).await?
+        }
+        Source::Changes(_) => {
+            super::history::take_changes(scope, setup, existing.as_ref(), &mut report).await?
         }
     };
     if let Some(mut taken) = taken {
@@ -549,18 +552,41 @@ async fn commit_rows(
 async fn create_table(scope: &Scope<'_>, setup: &IngestSetup) -> Result<DeltaTable> {
     let properties = &setup.table.properties;
     let mut configuration = crate::storage::table::table_configuration(properties);
-    let keeps_files = matches!(setup.source, Source::Files { .. } | Source::Database { .. });
-    if keeps_files && !crate::storage::table::sets_property(properties, KEEP_LOG_PROPERTY) {
+    // A change-history table's log also records the source's table id next to its
+    // position: kept like the record of files taken.
+    let keeps_log = matches!(
+        setup.source,
+        Source::Files { .. } | Source::Database { .. } | Source::Changes(_)
+    );
+    if keeps_log && !crate::storage::table::sets_property(properties, KEEP_LOG_PROPERTY) {
         configuration.push((KEEP_LOG_PROPERTY.to_string(), Some("false".to_string())));
     }
+    if matches!(setup.source, Source::Changes(_)) {
+        match properties.get(APPEND_ONLY_PROPERTY) {
+            Some(v) if !v.eq_ignore_ascii_case("true") => {
+                return Err(setup.err(format!(
+                    "'{APPEND_ONLY_PROPERTY}' = '{v}': a change-history table is append-only; \
+                     leave the property out"
+                )))
+            }
+            Some(_) => {}
+            None => configuration.push((APPEND_ONLY_PROPERTY.to_string(), Some("true".into()))),
+        }
+    }
     let name = &setup.table.name;
+    let partitions = &setup.table.partitioned_by;
+    crate::storage::table::check_partition_columns(&setup.schema, partitions)
+        .map_err(|e| setup.err(e))?;
     crate::storage::table::create_delta(
         &scope.wh.table_path(name),
         &name.name,
         &setup.schema,
         configuration,
         setup.table.comment.as_deref(),
-        Vec::new(),
+        partitions.clone(),
     )
     .await
 }
+
+/// Delta's switch refusing every commit that removes or changes rows.
+const APPEND_ONLY_PROPERTY: &str = "delta.appendOnly";
