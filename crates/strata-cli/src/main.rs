@@ -591,8 +591,7 @@ fn print_run_report(report: &RunReport, quiet: bool) -> std::io::Result<()> {
     for (table, moved) in &report.set_aside {
         writeln!(
             out,
-            "full refresh: {table} rebuilt from its sources; its previous content is kept in {}",
-            moved.display()
+            "full refresh: {table} rebuilt from its sources; its previous content is kept in {moved}",
         )?;
     }
     for i in &report.ingests {

@@ -71,5 +71,6 @@ pub use runtime::{
 pub use semantics::integrity::Violation;
 pub use sql::expect::ExpectationCount;
 pub use sql::query::{query, validate, validate_with, ValidateOptions};
+pub use storage::location::Location;
 pub use storage::session::new_session;
 pub use storage::warehouse::Warehouse;

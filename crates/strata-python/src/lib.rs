@@ -268,7 +268,7 @@ fn plan_sources(
 #[pyfunction]
 fn warehouse_root(warehouse: String) -> PyResult<String> {
     let wh = Warehouse::open(&warehouse).map_err(to_py)?;
-    Ok(wh.root().display().to_string())
+    Ok(wh.root().to_string())
 }
 
 /// Runs `sql` over the warehouse; returns a PyCapsule holding an Arrow C stream of the
@@ -558,7 +558,7 @@ fn report_dict(py: Python<'_>, r: &RunReport) -> PyResult<Py<PyAny>> {
     let set_aside: Vec<(String, String)> = r
         .set_aside
         .iter()
-        .map(|(t, p)| (t.to_string(), p.display().to_string()))
+        .map(|(t, p)| (t.to_string(), p.to_string()))
         .collect();
     out.set_item("set_aside", set_aside)?;
     out.set_item("stopped", r.stopped)?;

@@ -173,7 +173,7 @@ pub(crate) async fn refresh(
         Some(t) => t,
         None => {
             crate::storage::table::create_delta(
-                &wh.table_path(name),
+                &wh.table_location(name),
                 &name.name,
                 &schema,
                 crate::storage::table::table_configuration(&mv.properties),

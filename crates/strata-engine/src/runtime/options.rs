@@ -5,7 +5,6 @@ use crate::ops::ingest::IngestReport;
 use crate::ops::mview::MvReport;
 use crate::ops::pit::PitReport;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use strata_sql::TableName;
 
 /// What a run did, node by node, in execution order.
@@ -21,7 +20,7 @@ pub struct RunReport {
     /// and no `schema =>`, or a joined table with no columns yet), with the reason.
     pub waiting: Vec<String>,
     /// Tables a full refresh set aside, and where their old content now is.
-    pub set_aside: Vec<(TableName, PathBuf)>,
+    pub set_aside: Vec<(TableName, crate::storage::location::Location)>,
     /// The run was asked to stop ([`RunOptions::stop`]) before all its nodes ran.
     pub stopped: bool,
     /// Tables the run wrote that passed their `pipelines.autoOptimize.minFiles` and were

@@ -138,13 +138,14 @@ pub(crate) async fn run_describe(
     let name = match describe {
         Describe::History(n) | Describe::Detail(n) | Describe::Table { name: n, .. } => n,
         Describe::ShowTables(schema) => {
-            let batch = show_tables(wh, schema.as_deref())?;
+            let batch = show_tables(wh, schema.as_deref()).await?;
             return Ok((batch.schema(), vec![batch]));
         }
     };
-    let table = wh.open_table(name).await?.ok_or_else(|| {
-        EngineError::NotFound(format!("no table {name} in {}", wh.root().display()))
-    })?;
+    let table = wh
+        .open_table(name)
+        .await?
+        .ok_or_else(|| EngineError::NotFound(format!("no table {name} in {}", wh.root())))?;
     let batch = match describe {
         Describe::History(_) => history(&table).await?,
         Describe::Detail(_) => detail(&table, name).await?,
@@ -155,9 +156,10 @@ pub(crate) async fn run_describe(
 }
 
 /// `SHOW TABLES`: `database`, `tableName`, `isTemporary`, as Databricks.
-fn show_tables(wh: &Warehouse, schema: Option<&str>) -> Result<RecordBatch> {
+async fn show_tables(wh: &Warehouse, schema: Option<&str>) -> Result<RecordBatch> {
     let tables: Vec<TableName> = wh
-        .list_tables()?
+        .list_tables()
+        .await?
         .into_iter()
         .filter(|t| schema.is_none_or(|s| t.schema.eq_ignore_ascii_case(s)))
         .collect();

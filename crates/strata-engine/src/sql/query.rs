@@ -70,9 +70,14 @@ pub async fn validate_with(
     name: &str,
     options: &ValidateOptions,
 ) -> Result<Vec<Violation>> {
-    let path = std::path::Path::new(name);
-    let (table_name, table) = if path.join("_delta_log").is_dir() {
-        let table = crate::storage::table::open_delta(path)
+    let at = crate::storage::location::Location::parse(name, "table").ok();
+    let is_path = match &at {
+        Some(l @ crate::storage::location::Location::Object(_)) => l.has_delta_log().await?,
+        Some(l) => l.local().is_some_and(|p| p.join("_delta_log").is_dir()),
+        None => false,
+    };
+    let (table_name, table) = if let Some(path) = at.filter(|_| is_path) {
+        let table = crate::storage::table::open_delta(&path)
             .await?
             .ok_or_else(|| EngineError::NotFound(format!("no Delta table at {name}")))?;
         (name.to_string(), table)
@@ -80,7 +85,7 @@ pub async fn validate_with(
         let table_name =
             TableName::parse(name, TableName::DEFAULT_SCHEMA).map_err(EngineError::NotFound)?;
         let table = wh.open_table(&table_name).await?.ok_or_else(|| {
-            EngineError::NotFound(format!("no table {table_name} in {}", wh.root().display()))
+            EngineError::NotFound(format!("no table {table_name} in {}", wh.root()))
         })?;
         (table_name.to_string(), table)
     };

@@ -35,10 +35,11 @@ pub(crate) struct Taken {
 }
 
 /// The record of `table` under commit-info keys `files_key` and `schema_key`, using and
-/// refreshing the cache in `cache_dir` (see the module docs).
+/// refreshing the cache in `cache_dir` (see the module docs; `None`: no cache, the warehouse
+/// being on object storage).
 pub(crate) async fn read(
     table: &DeltaTable,
-    cache_dir: &Path,
+    cache_dir: Option<&Path>,
     files_key: &str,
     schema_key: &str,
 ) -> Result<Taken> {
@@ -51,8 +52,8 @@ pub(crate) async fn read(
         .metadata()
         .id()
         .to_string();
-    let dir = cache_dir.join(files_key);
-    let cached = load(&dir, &table_id, version);
+    let dir = cache_dir.map(|d| d.join(files_key));
+    let cached = dir.as_deref().and_then(|d| load(d, &table_id, version));
     let (mut files, mut columns, from) = match cached {
         Some(c) => (c.files, c.columns, c.version),
         None => (BTreeSet::new(), None, -1),
@@ -82,7 +83,7 @@ pub(crate) async fn read(
             files,
             columns,
         };
-        if let Err(e) = save(&dir, &cache) {
+        if let Some(Err(e)) = dir.as_deref().map(|d| save(d, &cache)) {
             tracing::warn!("the record of files taken was not cached: {e}");
         }
         files = cache.files;

@@ -222,7 +222,7 @@ pub(crate) async fn to_events(
     setup: &FlowSetup,
     has_store: bool,
     current: Option<&DeltaTable>,
-    digest_at: (&std::path::Path, i64),
+    digest_at: (Option<&std::path::Path>, i64),
     rows: &[RecordBatch],
     run: i64,
 ) -> Result<SnapshotEvents> {
@@ -382,7 +382,7 @@ impl States<'_> {
 struct Digests<'a> {
     key: Option<usize>,
     fingerprint: Option<String>,
-    at: (&'a std::path::Path, i64),
+    at: (Option<&'a std::path::Path>, i64),
 }
 
 /// Where a delivered version falls among the applied ones.
@@ -461,6 +461,7 @@ impl<'a> Applying<'a> {
     ) -> Option<(&'d std::path::Path, i64, &'d str)> {
         let p_in_run = |lv: &ScalarValue| place.p.as_ref() == Some(lv);
         let (dir, at) = digests.at;
+        let dir = dir?;
         match (states.current, &digests.fingerprint) {
             (Some(_), Some(fp))
                 if place.p.is_some()

@@ -99,7 +99,7 @@ async fn write_first_rows(
         Some(t) => t,
         None => {
             crate::storage::table::create_delta(
-                &scope.wh.table_path(&flow.target),
+                &scope.wh.table_location(&flow.target),
                 &flow.target.name,
                 &setup.target_schema,
                 target_configuration(setup, target_properties),

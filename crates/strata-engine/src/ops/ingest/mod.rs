@@ -135,7 +135,13 @@ impl IngestSetup {
     /// through the cache of `storage/ledger.rs`.
     async fn taken(&self, wh: &Warehouse, table: &DeltaTable) -> Result<ledger::Taken> {
         let cache = wh.taken_cache_path(&self.table.name);
-        ledger::read(table, &cache, &self.files_key(), &self.schema_key()).await
+        ledger::read(
+            table,
+            cache.as_deref(),
+            &self.files_key(),
+            &self.schema_key(),
+        )
+        .await
     }
 
     /// The commit-info key recording the inferred input columns.

@@ -527,12 +527,11 @@ async fn commit_rows(
         .ok()
         .map(|s| (s.log_data().num_files() > 0).then(|| crate::storage::table::version_of(&table)));
     let steps = Steps::new(setup.flow_name(), "ingest: ");
-    let table_dir = scope.wh.table_path(name);
-    let adds = taken
-        .reused
-        .iter()
-        .map(|f| adopt::copy_in(f, &table_dir))
-        .collect::<Result<Vec<_>>>()?;
+    let table_dir = scope.wh.table_location(name);
+    let mut adds = Vec::with_capacity(taken.reused.len());
+    for f in &taken.reused {
+        adds.push(adopt::copy_in(f, &table_dir).await?);
+    }
     if !adds.is_empty() {
         step!(debug, steps, "copied the reused parquet files in");
     }
@@ -555,7 +554,7 @@ async fn create_table(scope: &Scope<'_>, setup: &IngestSetup) -> Result<DeltaTab
     }
     let name = &setup.table.name;
     crate::storage::table::create_delta(
-        &scope.wh.table_path(name),
+        &scope.wh.table_location(name),
         &name.name,
         &setup.schema,
         configuration,
