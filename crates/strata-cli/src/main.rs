@@ -141,7 +141,8 @@ enum Command {
 
 #[derive(clap::Args, Debug)]
 struct WarehouseArg {
-    /// Warehouse folder [default: $STRATA_WAREHOUSE, else ./warehouse]
+    /// Warehouse folder or object store URL (s3://, gs://, abfss://; settings from AWS_*,
+    /// GOOGLE_*, AZURE_*) [default: $STRATA_WAREHOUSE, else ./warehouse]
     #[arg(long, value_name = "DIR")]
     warehouse: Option<PathBuf>,
     /// The warehouse's catalog name in three-part names (`prod.gold.orders`) [default: a

@@ -172,7 +172,7 @@ impl Location {
                 let store =
                     store_for(u).context(|| format!("cannot open object store for {self}"))?;
                 let path = StorePath::from_url_path(u.path())
-                    .map_err(DeltaTableError::from)
+                    .map_err(|e| store_error(e.into()))
                     .context(|| format!("not an object store path: {self}"))?;
                 Ok(Some((store, path)))
             }
@@ -208,8 +208,7 @@ impl Location {
                 match store.head(&path).await {
                     Ok(_) => Ok(true),
                     Err(object_store::Error::NotFound { .. }) => Ok(false),
-                    Err(e) => Err(DeltaTableError::from(e))
-                        .context(|| format!("cannot read {self}/{file}")),
+                    Err(e) => Err(store_error(e)).context(|| format!("cannot read {self}/{file}")),
                 }
             }
         }
@@ -234,9 +233,7 @@ impl Location {
                 match got {
                     Ok(b) => Ok(Some(b)),
                     Err(object_store::Error::NotFound { .. }) => Ok(None),
-                    Err(e) => {
-                        Err(DeltaTableError::from(e)).context(|| format!("reading {self}/{file}"))
-                    }
+                    Err(e) => Err(store_error(e)).context(|| format!("reading {self}/{file}")),
                 }
             }
         }
@@ -254,7 +251,7 @@ impl Location {
                 store
                     .put(&prefix.clone().join(file), bytes.into())
                     .await
-                    .map_err(DeltaTableError::from)
+                    .map_err(store_error)
                     .context(|| format!("writing {self}/{file}"))?;
                 Ok(())
             }
@@ -269,7 +266,7 @@ impl Location {
             .list(Some(&prefix))
             .try_next()
             .await
-            .map_err(DeltaTableError::from)
+            .map_err(store_error)
             .context(|| format!("cannot list {self}"))?;
         Ok(first.is_some())
     }
@@ -296,7 +293,7 @@ impl Location {
                 let listing = store
                     .list_with_delimiter(Some(&prefix))
                     .await
-                    .map_err(DeltaTableError::from)
+                    .map_err(store_error)
                     .context(|| format!("cannot list {self}"))?;
                 listing
                     .common_prefixes
@@ -351,7 +348,7 @@ impl Location {
                     .list(Some(&from))
                     .try_collect()
                     .await
-                    .map_err(DeltaTableError::from)
+                    .map_err(store_error)
                     .context(|| format!("cannot list {self}"))?;
                 for o in &objects {
                     let rest = o.location.prefix_match(&from).into_iter().flatten();
@@ -359,7 +356,7 @@ impl Location {
                     store
                         .rename(&o.location, &target)
                         .await
-                        .map_err(DeltaTableError::from)
+                        .map_err(store_error)
                         .context(|| format!("cannot move {} to {target}", o.location))?;
                 }
                 Ok(!objects.is_empty())
@@ -385,13 +382,13 @@ impl Location {
                     .list(Some(&prefix))
                     .try_collect()
                     .await
-                    .map_err(DeltaTableError::from)
+                    .map_err(store_error)
                     .context(|| format!("cannot list {self}"))?;
                 for o in objects {
                     match store.delete(&o.location).await {
                         Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
                         Err(e) => {
-                            return Err(DeltaTableError::from(e))
+                            return Err(store_error(e))
                                 .context(|| format!("cannot remove {}", o.location))
                         }
                     }
@@ -400,6 +397,20 @@ impl Location {
             }
         }
     }
+}
+
+/// An object store's error as one line, with a hint when the store refused the
+/// credentials (the message carries the store's answer, never a secret).
+fn store_error(e: object_store::Error) -> std::io::Error {
+    let text = e.to_string();
+    let mut line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if line.contains("403 Forbidden") || line.contains("401 Unauthorized") {
+        line.push_str(
+            " (the object store refused the credentials: check AWS_ACCESS_KEY_ID and \
+             AWS_SECRET_ACCESS_KEY, or the AZURE_* / GOOGLE_* settings, and their permissions)",
+        );
+    }
+    std::io::Error::other(line)
 }
 
 /// The store (at its root: bucket or container) for an object URL, built once per bucket
