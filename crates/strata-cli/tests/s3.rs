@@ -77,6 +77,30 @@ impl S3 {
     }
 }
 
+impl S3 {
+    /// Writes `text` as the object `key` of the test bucket.
+    fn put(&self, key: &str, text: &str) {
+        use deltalake::logstore::object_store::{
+            aws::AmazonS3Builder, path::Path, ObjectStoreExt, PutPayload,
+        };
+        let store = AmazonS3Builder::new()
+            .with_bucket_name(&self.bucket)
+            .with_endpoint(&self.endpoint)
+            .with_allow_http(true)
+            .with_region(&self.region)
+            .with_access_key_id(&self.key_id)
+            .with_secret_access_key(&self.secret)
+            .build()
+            .expect("an S3 client");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        rt.block_on(store.put(&Path::from(key), PutPayload::from(text.to_string())))
+            .expect("put");
+    }
+}
+
 /// A project whose commands reach the warehouse `url` on the test server with `secret`.
 struct OnS3<'a> {
     p: Project,
@@ -320,4 +344,51 @@ fn refused_credentials_fail_clearly_without_printing_a_secret() {
     };
     let tables = right.csv("SHOW TABLES");
     assert!(!tables.contains("users"), "nothing was written: {tables}");
+}
+
+/// `read_files` from an object-store prefix and from a local folder in one pipeline, on an
+/// S3 warehouse: the same rows as local input, each file taken once across runs.
+#[test]
+fn read_files_takes_input_from_s3_like_local_input() {
+    let s3 = S3::from_env();
+    let url = s3.warehouse("input");
+    let input = format!("{}/input/cdc", url.trim_end_matches("/wh"));
+    let key_of = |name: &str| {
+        let rest = input
+            .strip_prefix(&format!("s3://{}/", s3.bucket))
+            .expect("in bucket");
+        format!("{rest}/{name}")
+    };
+    let pipeline = format!(
+        "{PIPELINE}\nCREATE OR REFRESH STREAMING TABLE remote_cdc AS SELECT * FROM STREAM \
+         read_files('{input}', format => 'json', schema => 'userId INT, name STRING, city \
+         STRING, operation STRING, sequenceNum INT');\n\
+         CREATE OR REFRESH STREAMING TABLE remote_users;\n\
+         CREATE FLOW remote_flow AS AUTO CDC INTO remote_users FROM STREAM(remote_cdc) \
+         KEYS (userId) APPLY AS DELETE WHEN operation = \"DELETE\" SEQUENCE BY sequenceNum \
+         COLUMNS * EXCEPT (operation, sequenceNum) STORED AS SCD TYPE 2;\n"
+    );
+    let w = OnS3 {
+        p: Project::new(&pipeline),
+        url,
+        secret: s3.secret.clone(),
+        s3: &s3,
+    };
+    for (n, batch) in [BATCH1, BATCH2].iter().enumerate() {
+        let name = format!("{n:03}.json");
+        w.p.file(&format!("data/cdc/{name}"), batch);
+        s3.put(&key_of(&name), batch);
+        // Hidden files are not input, as on local disk.
+        s3.put(&key_of(&format!("_tmp_{name}")), "not json");
+        let out = w.ok(&["run", "pipeline.sql"]);
+        assert!(out.contains("table default.remote_cdc: ingested"), "{out}");
+    }
+    let again = w.ok(&["run", "pipeline.sql"]);
+    assert!(again.contains("no new files"), "{again}");
+    assert_eq!(
+        w.csv("SELECT * EXCEPT (__START_AT) FROM remote_users ORDER BY userId, __END_AT"),
+        w.csv("SELECT * EXCEPT (__START_AT) FROM users ORDER BY userId, __END_AT")
+    );
+    assert_eq!(w.csv("SELECT count(*) AS n FROM remote_cdc").trim(), "n\n8");
+    assert!(w.ok(&["validate", "remote_users"]).contains("ok"));
 }

@@ -258,6 +258,38 @@ impl Location {
         }
     }
 
+    /// Every object below this object-store location, by its path relative to it
+    /// (`a/b.json`), sorted; names with a part starting with `.` or `_` are left out, as
+    /// Spark does. Empty for a local location (list those with `std::fs`).
+    pub(crate) async fn list_files(&self) -> Result<Vec<String>> {
+        let Some((store, prefix)) = self.store()? else {
+            return Ok(Vec::new());
+        };
+        let objects: Vec<_> = store
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(store_error)
+            .context(|| format!("cannot list {self}"))?;
+        let mut out: Vec<String> = objects
+            .iter()
+            .filter_map(|o| {
+                let parts: Vec<String> = o
+                    .location
+                    .prefix_match(&prefix)?
+                    .map(|p| p.as_ref().to_string())
+                    .collect();
+                let visible = !parts.is_empty()
+                    && parts
+                        .iter()
+                        .all(|p| !p.starts_with('.') && !p.starts_with('_'));
+                visible.then(|| parts.join("/"))
+            })
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+
     async fn has_objects(&self) -> Result<bool> {
         let Some((store, prefix)) = self.store()? else {
             return Ok(false);

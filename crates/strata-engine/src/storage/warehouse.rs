@@ -7,7 +7,7 @@
 //!
 //! Folders starting with `_` or `.` at the top level are strata's own and are not tables.
 
-use crate::error::{Context, EngineError, Result};
+use crate::error::{Context, Result};
 use crate::storage::location::Location;
 use crate::storage::table::open_delta;
 use deltalake::DeltaTable;
@@ -17,22 +17,6 @@ use strata_sql::TableName;
 
 /// The name `strata query` knows the event log by.
 pub const EVENT_LOG_TABLE: &str = "event_log";
-
-/// `path` as a local folder: itself, or the path of a `file://` URL. A URL of another
-/// scheme is an error naming it (used where object storage is not read yet).
-pub(crate) fn local_path(path: &Path, what: &str) -> Result<PathBuf> {
-    match Location::parse(&path.to_string_lossy(), what)? {
-        Location::Local(_) if !path.to_string_lossy().contains("://") => Ok(path.to_path_buf()),
-        Location::Local(p) => Ok(p),
-        Location::Object(u) => Err(EngineError::NotFound(format!(
-            "{what} {}: {}:// is object storage, which strata reads here from a local or \
-             mounted file system only (object storage is not supported here yet); give a \
-             folder, or mount the bucket and give its path",
-            u.as_str().trim_end_matches('/'),
-            u.scheme()
-        ))),
-    }
-}
 
 /// A folder of Delta tables, on a local file system or in an object store.
 #[derive(Debug, Clone)]
@@ -159,34 +143,5 @@ impl Warehouse {
     /// Opens an existing table; `None` if there is no Delta table at its location.
     pub async fn open_table(&self, name: &TableName) -> Result<Option<DeltaTable>> {
         open_delta(&self.table_location(name)).await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn file_urls_are_folders_and_object_storage_is_refused_by_name() {
-        assert_eq!(
-            local_path(Path::new("wh"), "w").unwrap(),
-            PathBuf::from("wh")
-        );
-        assert_eq!(
-            local_path(Path::new("file:///tmp/wh"), "w").unwrap(),
-            PathBuf::from("/tmp/wh")
-        );
-        let e = local_path(Path::new("s3://lake/wh"), "warehouse")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("s3://lake/wh") && e.contains("not supported"),
-            "{e}"
-        );
-        assert!(local_path(Path::new("abfss://c@a.dfs.core.windows.net/wh"), "w").is_err());
-        assert_eq!(
-            local_path(Path::new("odd dir://x"), "w").unwrap(),
-            PathBuf::from("odd dir://x")
-        );
     }
 }

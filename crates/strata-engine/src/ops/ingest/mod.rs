@@ -31,7 +31,6 @@ use crate::storage::warehouse::Warehouse;
 use deltalake::arrow::datatypes::{Schema, SchemaRef};
 use deltalake::DeltaTable;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use strata_sql::{ReadFiles, StreamingTable, TableName};
 
@@ -92,7 +91,7 @@ pub(crate) struct Joins {
 #[derive(Debug, Clone)]
 pub(crate) enum Source {
     Files {
-        dir: PathBuf,
+        dir: files::InputDir,
         spec: ReadFiles,
         mode: autoload::Mode,
         /// Auto Loader mode: the input columns of this run (inferred and recorded, or

@@ -3,8 +3,6 @@
 
 use crate::error::{Context, EngineError, Result};
 use crate::ops::ingest::autoload;
-use crate::ops::ingest::files::input_root;
-use crate::ops::ingest::files::list_files;
 use crate::ops::ingest::files::read_file;
 use crate::ops::ingest::IngestReport;
 use crate::ops::ingest::IngestSetup;
@@ -303,9 +301,8 @@ async fn take_files(
         commit: files_commit(scope, setup, existing, &new).await?,
         after_commit: None,
     };
-    let root = input_root(dir);
     for (n, file) in new.iter().enumerate() {
-        let path = root.join(file);
+        let path = dir.file(file).await?;
         let place = format!("file {}", path.display());
         let df = read_input_file(setup, &path, file).await?;
         let (rows, unchanged) =
@@ -338,7 +335,7 @@ async fn take_files(
 async fn files_to_take(
     scope: &Scope<'_>,
     setup: &IngestSetup,
-    dir: &std::path::Path,
+    dir: &super::files::InputDir,
     pending: Option<&[String]>,
     existing: Option<&DeltaTable>,
 ) -> Result<Vec<String>> {
@@ -349,7 +346,9 @@ async fn files_to_take(
         Some(t) => setup.taken(scope.wh, t).await?.files,
         None => BTreeSet::new(),
     };
-    Ok(list_files(dir)?
+    Ok(dir
+        .list()
+        .await?
         .into_iter()
         .filter(|f| !taken.contains(f))
         .collect())
