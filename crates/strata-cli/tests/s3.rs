@@ -154,6 +154,48 @@ impl OnS3<'_> {
     }
 }
 
+/// The test server honours conditional put, which strata's commits rely on: a second
+/// create of one key is refused (else the drill below would prove nothing).
+#[test]
+fn the_test_server_refuses_a_second_create_of_one_key() {
+    use deltalake::logstore::object_store::{
+        aws::AmazonS3Builder, path::Path, Error, ObjectStore, PutMode, PutOptions,
+    };
+    let s3 = S3::from_env();
+    let store = AmazonS3Builder::new()
+        .with_bucket_name(&s3.bucket)
+        .with_endpoint(&s3.endpoint)
+        .with_allow_http(true)
+        .with_region(&s3.region)
+        .with_access_key_id(&s3.key_id)
+        .with_secret_access_key(&s3.secret)
+        .build()
+        .expect("an S3 client");
+    let key = s3
+        .warehouse("create")
+        .replace(&format!("s3://{}/", s3.bucket), "");
+    let path = Path::from(format!("{key}/00000000000000000000.json"));
+    let create = || PutOptions {
+        mode: PutMode::Create,
+        ..Default::default()
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    rt.block_on(async {
+        store
+            .put_opts(&path, "first".into(), create())
+            .await
+            .expect("the first create");
+        let second = store.put_opts(&path, "second".into(), create()).await;
+        assert!(
+            matches!(second, Err(Error::AlreadyExists { .. })),
+            "{second:?}"
+        );
+    });
+}
+
 /// Everything a user does with a warehouse, on S3: runs (ingestion from local files, AUTO
 /// CDC SCD2, a materialized view), `query`, `validate`, `events`, a re-run that finds
 /// nothing new, a full refresh; the same rows as the same runs on local disk, and the

@@ -78,16 +78,13 @@ pub(crate) async fn set_aside(
         // Caches derived from the old table and event store (the state digest, the record of
         // files taken) go: they are checked against what they were made for, but the rebuilt
         // table should not even meet them.
-        let caches = [
-            crate::eventstore::digest::dir_for(&wh.event_store_location(t)),
-            wh.taken_cache_path(t),
-        ];
-        for cache in caches.into_iter().flatten() {
+        if let Some(cache) = crate::eventstore::digest::dir_for(&wh.event_store_location(t)) {
             if cache.exists() {
                 std::fs::remove_dir_all(&cache)
                     .context(|| format!("cannot remove {}", cache.display()))?;
             }
         }
+        wh.taken_cache_location(t).remove_all().await?;
         if moved {
             out.push((t.clone(), base.join(&t.schema).join(&t.name)));
         }

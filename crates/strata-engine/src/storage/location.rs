@@ -396,6 +396,28 @@ impl Location {
         }
     }
 
+    /// Removes the file `file` below this location; none there is not an error.
+    pub(crate) async fn remove_file(&self, file: &str) -> Result<()> {
+        match self {
+            Location::Local(p) => match std::fs::remove_file(p.join(file)) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(e).context(|| format!("cannot remove {}", p.join(file).display())),
+            },
+            Location::Object(_) => {
+                let Some((store, prefix)) = self.store()? else {
+                    return Ok(());
+                };
+                match store.delete(&prefix.clone().join(file)).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                    Err(e) => {
+                        Err(store_error(e)).context(|| format!("cannot remove {self}/{file}"))
+                    }
+                }
+            }
+        }
+    }
+
     /// Removes everything below this location; nothing there is not an error.
     pub(crate) async fn remove_all(&self) -> Result<()> {
         match self {

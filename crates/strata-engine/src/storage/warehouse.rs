@@ -11,7 +11,7 @@ use crate::error::{Context, Result};
 use crate::storage::location::Location;
 use crate::storage::table::open_delta;
 use deltalake::DeltaTable;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use strata_sql::TableName;
 
@@ -115,13 +115,9 @@ impl Warehouse {
     }
 
     /// The cached record of the input files the streaming table `name` has taken
-    /// (`storage/ledger.rs`): a local folder, kept for local warehouses only (on object
-    /// storage the record is read from the table's commits each time).
-    pub fn taken_cache_path(&self, name: &TableName) -> Option<PathBuf> {
-        self.state_location(name)
-            .join("taken")
-            .local()
-            .map(Path::to_path_buf)
+    /// (`storage/ledger.rs`).
+    pub fn taken_cache_location(&self, name: &TableName) -> Location {
+        self.state_location(name).join("taken")
     }
 
     /// Every table of the warehouse, sorted. Folders starting with `_` or `.` are

@@ -133,14 +133,8 @@ impl IngestSetup {
     /// What this ingestion has taken into `table` so far: its commit log's record, read
     /// through the cache of `storage/ledger.rs`.
     async fn taken(&self, wh: &Warehouse, table: &DeltaTable) -> Result<ledger::Taken> {
-        let cache = wh.taken_cache_path(&self.table.name);
-        ledger::read(
-            table,
-            cache.as_deref(),
-            &self.files_key(),
-            &self.schema_key(),
-        )
-        .await
+        let cache = wh.taken_cache_location(&self.table.name);
+        ledger::read(table, &cache, &self.files_key(), &self.schema_key()).await
     }
 
     /// The commit-info key recording the inferred input columns.
