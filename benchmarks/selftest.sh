@@ -31,3 +31,7 @@ python3 pit_bench.py --small --strata "$STRATA_BIN" --workdir "$work/pit"
 #    source. Correctness only: no timings are printed.
 python3 db_bench.py --small --check-only --strata "$STRATA_BIN" --workdir "$work/db" \
   --json "$work/db.json"
+# 5. `objstore_bench.py --small`: the same pipeline with its warehouse on local disk and on
+#    an S3-compatible server (moto, started on a free port by scripts/services/s3.sh); the
+#    rows must be the same on both. Correctness only here: debug timings mean nothing.
+python3 objstore_bench.py --small --strata "$STRATA_BIN" > /dev/null

@@ -7,13 +7,15 @@
 #
 # The servers the tests need are started by this script itself, in a temp dir on free ports
 # (scripts/services/with-services.sh: PostgreSQL from the image, MariaDB from Debian's
-# packages, installed when missing), and stopped when it ends.
+# packages, installed when missing, and moto as an S3-compatible server for object-storage
+# warehouses, from PyPI into scripts/services/s3/.venv), and stopped when it ends.
 #
 # A persistent CARGO_TARGET_DIR outside the clone makes reruns on the same machine fast.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ -z "${STRATA_TEST_PG_URL:-}" ] || [ -z "${STRATA_TEST_MYSQL_URL:-}" ]; then
+if [ -z "${STRATA_TEST_PG_URL:-}" ] || [ -z "${STRATA_TEST_MYSQL_URL:-}" ] ||
+  [ -z "${STRATA_TEST_S3_ENDPOINT:-}" ]; then
   exec scripts/services/with-services.sh "$0" "$@"
 fi
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/strata-target}"

@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
-# Run a command with a throwaway PostgreSQL and MariaDB:
+# Run a command with a throwaway PostgreSQL, MariaDB and S3-compatible server (moto):
 #
 #   scripts/services/with-services.sh CMD [ARGS...]
 #   e.g. scripts/services/with-services.sh cargo test --workspace
 #
 # Starts both servers (in parallel) in a fresh temporary directory, exports their connection
 # facts (PGHOST PGPORT PGUSER PGPASSWORD PGDATABASE STRATA_TEST_PG_* STRATA_TEST_PG_URL,
-# STRATA_TEST_MYSQL_* STRATA_TEST_MYSQL_URL; see postgres.sh and mariadb.sh), runs CMD, then
-# stops both and removes the directory, whatever happens (also on Ctrl-C). Exits with CMD's
-# exit code; if a server fails to start, prints why and exits 1 without running CMD.
+# STRATA_TEST_MYSQL_* STRATA_TEST_MYSQL_URL, STRATA_TEST_S3_*; see postgres.sh, mariadb.sh and
+# s3.sh), runs CMD, then stops them and removes the directory, whatever happens (also on
+# Ctrl-C). Exits with CMD's exit code; if a server fails to start, prints why and exits 1
+# without running CMD.
 #
-# STRATA_SERVICES="postgres" (or "mariadb") starts only those; the default is both.
+# STRATA_SERVICES="postgres" (or "mariadb s3", ...) starts only those; the default is all three.
 # STRATA_SERVICES_KEEP=1 keeps the temporary directory (logs, data) for a post-mortem.
 set -euo pipefail
 
 ME="with-services.sh"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-SERVICES="${STRATA_SERVICES:-postgres mariadb}"
+SERVICES="${STRATA_SERVICES:-postgres mariadb s3}"
 
 note() { printf '%s: %s\n' "$ME" "$*" >&2; }
 
@@ -27,8 +28,8 @@ fi
 
 for s in $SERVICES; do
   case "$s" in
-    postgres | mariadb) ;;
-    *) note "error: unknown service '$s' in STRATA_SERVICES (known: postgres mariadb)"; exit 2 ;;
+    postgres | mariadb | s3) ;;
+    *) note "error: unknown service '$s' in STRATA_SERVICES (known: postgres mariadb s3)"; exit 2 ;;
   esac
 done
 
@@ -80,6 +81,7 @@ if [ -n "$failed" ]; then
     case "$s" in
       postgres) log="$WORK/pg/postgres.log" ;;
       mariadb) log="$WORK/mariadb/mariadb.log" ;;
+      s3) log="$WORK/s3/moto.log" ;;
     esac
     note "error: $s failed to start; its messages and the tail of its log ($log) are above"
   done

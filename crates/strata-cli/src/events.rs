@@ -21,7 +21,7 @@ pub async fn records(
     last: usize,
     flow: Option<&str>,
 ) -> Result<Option<(deltalake::arrow::datatypes::SchemaRef, Vec<RecordBatch>)>, BoxError> {
-    if !wh.root().join("_strata").join("event_log").exists() {
+    if !wh.root().join("_strata").join("event_log").exists().await? {
         return Ok(None);
     }
     let filter = flow
@@ -49,7 +49,7 @@ pub async fn show(wh: &Warehouse, last: usize, flow: Option<&str>) -> Result<(),
     let Some((_, batches)) = records(wh, last, flow).await? else {
         println!(
             "no runs recorded yet in {} (the event log is written by `strata run`)",
-            wh.root().display()
+            wh.root()
         );
         return Ok(());
     };

@@ -144,7 +144,8 @@ enum Command {
 
 #[derive(clap::Args, Debug)]
 struct WarehouseArg {
-    /// Warehouse folder [default: $STRATA_WAREHOUSE, else ./warehouse]
+    /// Warehouse folder or object store URL (s3://, gs://, abfss://; settings from AWS_*,
+    /// GOOGLE_*, AZURE_*) [default: $STRATA_WAREHOUSE, else ./warehouse]
     #[arg(long, value_name = "DIR")]
     warehouse: Option<PathBuf>,
     /// The warehouse's catalog name in three-part names (`prod.gold.orders`) [default: a
@@ -610,8 +611,7 @@ fn print_run_report(report: &RunReport, quiet: bool) -> std::io::Result<()> {
     for (table, moved) in &report.set_aside {
         writeln!(
             out,
-            "full refresh: {table} rebuilt from its sources; its previous content is kept in {}",
-            moved.display()
+            "full refresh: {table} rebuilt from its sources; its previous content is kept in {moved}",
         )?;
     }
     for i in &report.ingests {

@@ -137,7 +137,7 @@ pub async fn vacuum(args: VacuumArgs) -> Result<ExitCode, BoxError> {
         writeln!(out, "event_log: {verb} {n} record(s)")?;
     }
     for d in &report.set_aside {
-        writeln!(out, "set aside: {verb} {}", d.display())?;
+        writeln!(out, "set aside: {verb} {d}")?;
     }
     Ok(ExitCode::SUCCESS)
 }

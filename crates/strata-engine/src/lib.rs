@@ -28,8 +28,9 @@
 //!   sql         sessions over a warehouse, as_of, table_changes, views, expectations, query
 //!   eventstore  an AUTO CDC target's events: evaluation, page reads, digest, tombstones
 //!   sources     database connections, watermark reads' options, positions and overlap
-//!   storage     the warehouse, Delta tables, writes and commits, the change feed, key
-//!               replacement and deletion vectors, the ledger of files taken
+//!   storage     the warehouse and where things live (a local folder or an object store
+//!               prefix: `location.rs`), Delta tables, writes and commits, the change feed,
+//!               key replacement and deletion vectors, the ledger of files taken
 //!   load        pipeline texts and YAML specs into plans
 //!   semantics   pure functions: the fold, flows, events, timelines, comparisons,
 //!               snapshot diffs, the SCD2 integrity check
@@ -74,5 +75,6 @@ pub use sql::expect::ExpectationCount;
 pub use sql::query::{
     query, validate, validate_report, validate_with, ValidateOptions, ValidationReport,
 };
+pub use storage::location::Location;
 pub use storage::session::new_session;
 pub use storage::warehouse::Warehouse;

@@ -268,7 +268,7 @@ fn plan_sources(
 #[pyfunction]
 fn warehouse_root(warehouse: String) -> PyResult<String> {
     let wh = Warehouse::open(&warehouse).map_err(to_py)?;
-    Ok(wh.root().display().to_string())
+    Ok(wh.root().to_string())
 }
 
 /// Runs `sql` over the warehouse; returns a PyCapsule holding an Arrow C stream of the

@@ -23,6 +23,7 @@
 //! It serves flows with one integer-like key, like the page-index store read (`eventstore/pages.rs`).
 
 use crate::error::{Context, EngineError, Result};
+use crate::storage::location::Location;
 use deltalake::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, UInt32Array, UInt64Array};
 use deltalake::arrow::buffer::ScalarBuffer;
 use deltalake::arrow::compute;
@@ -513,9 +514,11 @@ impl Drop for Writer {
     }
 }
 
-/// Where a flow's target keeps its digest, given its event store's directory.
-pub(crate) fn dir_for(store_path: &Path) -> PathBuf {
-    store_path.with_file_name("state")
+/// Where a flow's target keeps its digest, given its event store's location: a local
+/// folder beside it, for local warehouses only (on object storage the state is read from
+/// the target each run).
+pub(crate) fn dir_for(store_path: &Location) -> Option<PathBuf> {
+    Some(store_path.local()?.with_file_name("state"))
 }
 
 #[cfg(test)]

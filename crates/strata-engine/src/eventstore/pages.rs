@@ -42,7 +42,7 @@ pub(crate) const STORE_PAGE_ROWS: usize = 512;
 /// Creates an empty event store at `path` with the layout the page-index read relies on
 /// (LZ4_RAW, [`STORE_PAGE_ROWS`]-row pages).
 pub(crate) async fn create_store(
-    path: &std::path::Path,
+    path: &crate::storage::location::Location,
     schema: &deltalake::arrow::datatypes::Schema,
 ) -> Result<deltalake::DeltaTable> {
     use crate::storage::write::{COMPRESSION_PROPERTY, PAGE_ROWS_PROPERTY};
@@ -90,14 +90,20 @@ pub(crate) fn int_keys(keys: &RecordBatch) -> Option<Vec<i64>> {
 
 /// The rows of the event store `table` (at `root`) whose column `key` holds one of `keys`
 /// (sorted), in the layout `schema` (columns the older files lack are NULL). `None` when
-/// the store has files this path cannot read exactly (deletion vectors).
+/// the store has files this path cannot read exactly (deletion vectors) or is not on a
+/// local file system.
 pub(crate) async fn read_keys(
     table: &DeltaTable,
-    root: &Path,
+    root: &crate::storage::location::Location,
     key: &str,
     keys: Vec<i64>,
     schema: &SchemaRef,
 ) -> Result<Option<RecordBatch>> {
+    // The page-index read works on local files; a store elsewhere is read by the query
+    // engine instead.
+    let Some(root) = root.local() else {
+        return Ok(None);
+    };
     let state = table
         .snapshot()
         .context(|| "reading the event store's state".into())?;

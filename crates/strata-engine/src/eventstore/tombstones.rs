@@ -24,6 +24,7 @@
 //! commit.
 
 use crate::error::{Context, EngineError, Result};
+use crate::storage::location::Location;
 use crate::util::arrow;
 use deltalake::arrow::array::{Array, BooleanArray, Int64Array, Int8Array, RecordBatch};
 use deltalake::arrow::compute::filter_record_batch;
@@ -58,15 +59,49 @@ pub(crate) fn threshold(properties: &BTreeMap<String, String>) -> Result<u64> {
 /// [`commit_time`]), read from their commit files once each; `None` for a version whose
 /// commit file is gone.
 pub(crate) struct CommitTimes {
-    log: PathBuf,
+    /// The local `_delta_log` folder, read as versions are asked for; `None` when the
+    /// times were all read up front (an object store).
+    log: Option<PathBuf>,
     known: HashMap<i64, Option<i64>>,
 }
 
 impl CommitTimes {
+    /// The commit times of the event store at `store` for the runs of `events` (stored
+    /// events: run column at `n_out + 2`): read as asked for from a local folder, read up
+    /// front (one request per distinct run) from an object store.
+    pub(crate) async fn of_runs(
+        store: &Location,
+        events: &RecordBatch,
+        n_out: usize,
+    ) -> Result<Self> {
+        if let Some(dir) = store.local() {
+            return Ok(Self::new(dir.to_path_buf()));
+        }
+        let runs = events
+            .column(n_out + 2)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .ok_or_else(|| EngineError::Internal("event runs".into()))?;
+        let versions: std::collections::BTreeSet<i64> = runs.iter().flatten().collect();
+        let log = store.join("_delta_log");
+        let mut known = HashMap::new();
+        for v in versions {
+            let name = format!("{v:020}.json");
+            let time = match log.read_file(&name).await? {
+                Some(bytes) => Some(commit_time(&String::from_utf8_lossy(&bytes)).ok_or_else(
+                    || EngineError::Internal(format!("{log}/{name}: no commitInfo timestamp")),
+                )?),
+                None => None,
+            };
+            known.insert(v, time);
+        }
+        Ok(CommitTimes { log: None, known })
+    }
+
     /// The versions of the Delta table at `table_dir`.
     pub(crate) fn new(table_dir: PathBuf) -> Self {
         CommitTimes {
-            log: table_dir.join("_delta_log"),
+            log: Some(table_dir.join("_delta_log")),
             known: HashMap::new(),
         }
     }
@@ -75,7 +110,10 @@ impl CommitTimes {
         if let Some(t) = self.known.get(&version) {
             return Ok(*t);
         }
-        let path = self.log.join(format!("{version:020}.json"));
+        let Some(log) = &self.log else {
+            return Ok(None);
+        };
+        let path = log.join(format!("{version:020}.json"));
         let time = match std::fs::read_to_string(&path) {
             Ok(text) => Some(commit_time(&text).ok_or_else(|| {
                 EngineError::Internal(format!("{}: no commitInfo timestamp", path.display()))

@@ -175,7 +175,7 @@ pub(crate) async fn refresh(
             crate::storage::table::check_partition_columns(&schema, &mv.partitioned_by)
                 .map_err(|e| EngineError::plan(format!("materialized view {name}: {e}")))?;
             crate::storage::table::create_delta(
-                &wh.table_path(name),
+                &wh.table_location(name),
                 &name.name,
                 &schema,
                 crate::storage::table::table_configuration(&mv.properties),

@@ -449,7 +449,7 @@ async fn commit_rows(
         Some(t) => (t, false),
         None => (
             crate::storage::table::create_delta(
-                &scope.wh.table_path(&pit.name),
+                &scope.wh.table_location(&pit.name),
                 &pit.name.name,
                 out_schema,
                 pit_configuration(pit),

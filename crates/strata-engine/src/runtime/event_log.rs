@@ -239,12 +239,14 @@ pub(crate) async fn append(wh: &Warehouse, records: &[EventRecord]) -> Result<()
     }
     let steps = crate::util::steps::Steps::new("event_log", "event log: ");
     let batch = to_batch(records)?;
-    let path = wh.event_log_path();
+    let path = wh.event_log_location();
     // The kept handle only while its log is still there (someone may have removed the event
     // log between two runs of a long-lived process: then it is opened or created afresh).
-    let kept = wh
-        .take_event_log()
-        .filter(|_| path.join("_delta_log").is_dir());
+    let kept = wh.take_event_log();
+    let kept = match kept {
+        Some(t) if path.has_delta_log().await? => Some(t),
+        _ => None,
+    };
     let table = match kept {
         Some(t) => t,
         None => match crate::storage::table::open_delta(&path).await? {
@@ -276,7 +278,7 @@ pub(crate) async fn append(wh: &Warehouse, records: &[EventRecord]) -> Result<()
         .with_save_mode(SaveMode::Append)
         .await
         .map_err(|e| EngineError::Delta {
-            context: format!("writing the event log at {}", path.display()),
+            context: format!("writing the event log at {path}"),
             source: Box::new(e),
         })?;
     crate::util::steps::step!(debug, steps, "appended");

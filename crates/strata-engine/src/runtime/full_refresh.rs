@@ -2,8 +2,8 @@
 //! tables aside so the run rebuilds them from their sources.
 
 use crate::error::{Context, EngineError, Result};
+use crate::storage::location::Location;
 use crate::storage::warehouse::Warehouse;
-use std::path::PathBuf;
 use strata_sql::PipelinePlan;
 use strata_sql::TableName;
 
@@ -82,46 +82,35 @@ pub(crate) async fn check_reset_allowed(
 /// Moves each table (and its event store) out of the way, into
 /// `<warehouse>/_strata/full_refresh/<run>/`, so the run rebuilds it from its sources and
 /// the old content stays on disk until the user deletes it.
-pub(crate) fn set_aside(
+pub(crate) async fn set_aside(
     wh: &Warehouse,
     tables: &[TableName],
     run_id: &str,
-) -> Result<Vec<(TableName, PathBuf)>> {
-    let base = wh.root().join("_strata").join("full_refresh").join(run_id);
+) -> Result<Vec<(TableName, Location)>> {
+    let base = wh.state_root().join("full_refresh").join(run_id);
     let mut out = Vec::new();
     for t in tables {
         let moves = [
-            (wh.table_path(t), base.join(&t.schema).join(&t.name)),
+            (wh.table_location(t), base.join(&t.schema).join(&t.name)),
             (
-                wh.event_store_path(t),
+                wh.event_store_location(t),
                 base.join("events").join(&t.schema).join(&t.name),
             ),
         ];
         let mut moved = false;
         for (from, to) in moves {
-            if !from.exists() {
-                continue;
-            }
-            if let Some(parent) = to.parent() {
-                std::fs::create_dir_all(parent)
-                    .context(|| format!("cannot create {}", parent.display()))?;
-            }
-            std::fs::rename(&from, &to)
-                .context(|| format!("cannot move {} to {}", from.display(), to.display()))?;
-            moved = true;
+            moved |= from.move_to(&to).await?;
         }
         // Caches derived from the old table and event store (the state digest, the record of
         // files taken) go: they are checked against what they were made for, but the rebuilt
         // table should not even meet them.
-        for cache in [
-            crate::eventstore::digest::dir_for(&wh.event_store_path(t)),
-            wh.taken_cache_path(t),
-        ] {
+        if let Some(cache) = crate::eventstore::digest::dir_for(&wh.event_store_location(t)) {
             if cache.exists() {
                 std::fs::remove_dir_all(&cache)
                     .context(|| format!("cannot remove {}", cache.display()))?;
             }
         }
+        wh.taken_cache_location(t).remove_all().await?;
         if moved {
             out.push((t.clone(), base.join(&t.schema).join(&t.name)));
         }

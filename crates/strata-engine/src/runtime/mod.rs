@@ -126,7 +126,7 @@ pub(crate) async fn run_plan(
     if let Some(names) = &options.full_refresh {
         let tables = refresh_set(&plan, names)?;
         check_reset_allowed(wh, &plan, &tables).await?;
-        report.set_aside = set_aside(wh, &tables, &run_id)?;
+        report.set_aside = set_aside(wh, &tables, &run_id).await?;
     }
     let prepared = prepare_all(wh, &plan, &pipeline_dir).await?;
     let run = Run {

@@ -5,7 +5,6 @@ use crate::ops::ingest::IngestReport;
 use crate::ops::mview::MvReport;
 use crate::ops::pit::PitReport;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use strata_sql::TableName;
 
 /// What a run did, node by node, in execution order.
@@ -22,7 +21,7 @@ pub struct RunReport {
     pub waiting: Vec<String>,
     /// Tables a full refresh set aside, and where their old content now is.
     #[serde(serialize_with = "named_paths")]
-    pub set_aside: Vec<(TableName, PathBuf)>,
+    pub set_aside: Vec<(TableName, crate::storage::location::Location)>,
     /// The run was asked to stop ([`RunOptions::stop`]) before all its nodes ran.
     pub stopped: bool,
     /// Tables the run wrote that passed their `pipelines.autoOptimize.minFiles` and were
@@ -37,15 +36,15 @@ impl RunReport {
     }
 }
 
-/// `(table, path)` pairs as `[["schema.table", "path"], ...]`.
+/// `(table, location)` pairs as `[["schema.table", "location"], ...]`.
 fn named_paths<S: serde::Serializer>(
-    pairs: &[(TableName, PathBuf)],
+    pairs: &[(TableName, crate::storage::location::Location)],
     s: S,
 ) -> std::result::Result<S::Ok, S::Error> {
     use serde::ser::SerializeSeq;
     let mut seq = s.serialize_seq(Some(pairs.len()))?;
-    for (t, p) in pairs {
-        seq.serialize_element(&(t.to_string(), p.display().to_string()))?;
+    for (t, at) in pairs {
+        seq.serialize_element(&(t.to_string(), at.to_string()))?;
     }
     seq.end()
 }

@@ -124,17 +124,12 @@ impl<'a> Update<'a> {
             );
             // The tables a full refresh set aside stay aside; the next attempt rebuilds
             // what this one did not, as a plain run.
-            let aside = self
-                .wh
-                .root()
-                .join("_strata")
-                .join("full_refresh")
-                .join(&self.run_id);
-            if self.options.full_refresh.is_some() && aside.exists() {
+            let aside = self.wh.state_root().join("full_refresh").join(&self.run_id);
+            if self.options.full_refresh.is_some() && aside.exists().await.unwrap_or(false) {
                 self.options.full_refresh = None;
                 m.push_str(&format!(
                     " (the tables the full refresh set aside are in {})",
-                    aside.display()
+                    aside
                 ));
             }
             r.message = Some(m.clone());

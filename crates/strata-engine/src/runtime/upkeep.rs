@@ -19,6 +19,7 @@
 
 use crate::error::{Context, EngineError, Result};
 use crate::storage::commit::{position, AppId, PendingCommit};
+use crate::storage::location::Location;
 use crate::storage::table::{open_delta, table_properties};
 use crate::storage::warehouse::{Warehouse, EVENT_LOG_TABLE};
 use deltalake::operations::optimize::OptimizeType;
@@ -80,7 +81,7 @@ pub struct Optimized {
 pub async fn optimize(wh: &Warehouse, options: &OptimizeOptions) -> Result<Vec<Optimized>> {
     let run = PendingCommit::of_run(&upkeep_run_id("optimize")).keeping_log();
     let mut out = Vec::new();
-    for target in targets(wh, &options.tables, false)? {
+    for target in targets(wh, &options.tables, false).await? {
         out.push(optimize_one(&target, options, &run).await?);
     }
     Ok(out)
@@ -192,7 +193,7 @@ async fn auto_optimize_one(wh: &Warehouse, name: &TableName) -> Result<Option<Op
     let target = Target {
         label: name.to_string(),
         name: Some(name.clone()),
-        path: wh.table_path(name),
+        path: wh.table_location(name),
         named: false,
     };
     let run = PendingCommit::of_run(&upkeep_run_id("optimize")).keeping_log();
@@ -283,7 +284,7 @@ pub struct VacuumReport {
     /// Event-log records deleted (or that would be).
     pub event_log_records: Option<usize>,
     /// Set-aside folders deleted (or that would be).
-    pub set_aside: Vec<PathBuf>,
+    pub set_aside: Vec<Location>,
     /// The pipelines whose readers were protected.
     pub pipelines: Vec<String>,
 }
@@ -291,7 +292,7 @@ pub struct VacuumReport {
 /// Vacuums the tables `options` names (every table, the event log and the event stores
 /// when none), keeping what pending readers still need.
 pub async fn vacuum(wh: &Warehouse, options: &VacuumOptions) -> Result<VacuumReport> {
-    let targets = targets(wh, &options.tables, true)?;
+    let targets = targets(wh, &options.tables, true).await?;
     check_retention(options, &targets)?;
     let (pipelines, readers) = pipeline_readers(wh, options).await?;
     let mut report = VacuumReport {
@@ -303,7 +304,7 @@ pub async fn vacuum(wh: &Warehouse, options: &VacuumOptions) -> Result<VacuumRep
         report.event_log_records = Some(trim_event_log(wh, days, options.dry_run).await?);
     }
     if options.set_aside {
-        report.set_aside = remove_set_aside(wh, options)?;
+        report.set_aside = remove_set_aside(wh, options).await?;
     }
     let run = PendingCommit::of_run(&upkeep_run_id("vacuum")).keeping_log();
     for target in &targets {
@@ -409,7 +410,10 @@ async fn vacuum_one(
     let (_, metrics) = builder
         .await
         .context(|| format!("vacuuming {}", target.label))?;
-    let root = target.path.to_string_lossy().to_string();
+    let root = match &target.path {
+        Location::Local(p) => p.to_string_lossy().to_string(),
+        Location::Object(u) => u.path().trim_matches('/').to_string(),
+    };
     report.files = metrics
         .files_deleted
         .into_iter()
@@ -491,7 +495,7 @@ fn plan_any(
 
 /// Every distinct pipeline the event log records.
 async fn logged_pipelines(wh: &Warehouse) -> Result<Vec<PathBuf>> {
-    let Some(log) = open_delta(&wh.event_log_path()).await? else {
+    let Some(log) = open_delta(&wh.event_log_location()).await? else {
         return Ok(Vec::new());
     };
     let ctx = crate::storage::session::new_session();
@@ -530,7 +534,7 @@ async fn readers_of(wh: &Warehouse, plan: &PipelinePlan, pipeline: &str) -> Resu
     };
     for (name, table) in &plan.tables {
         if let Some(QuerySource::Table(source)) = table.query.as_ref().map(|q| &q.source) {
-            let at = position_in(&wh.table_path(name), AppId::Source(source)).await?;
+            let at = position_in(&wh.table_location(name), AppId::Source(source)).await?;
             out.push(reader(format!("streaming table {name}"), source, at));
         }
         if let Some(QuerySource::Changes(strata_sql::TableChanges {
@@ -539,21 +543,24 @@ async fn readers_of(wh: &Warehouse, plan: &PipelinePlan, pipeline: &str) -> Resu
         })) = table.query.as_ref().map(|q| &q.source)
         {
             let label = source.to_string();
-            let at = position_in(&wh.table_path(name), AppId::History(&label)).await?;
+            let at = position_in(&wh.table_location(name), AppId::History(&label)).await?;
             out.push(reader(format!("change-history table {name}"), source, at));
         }
     }
     for append in &plan.appends {
         if let QuerySource::Table(source) = &append.query.source {
-            let at =
-                position_in(&wh.table_path(&append.target), AppId::Append(&append.name)).await?;
+            let at = position_in(
+                &wh.table_location(&append.target),
+                AppId::Append(&append.name),
+            )
+            .await?;
             out.push(reader(format!("append flow {}", append.name), source, at));
         }
     }
     for flow in &plan.flows {
         let holder = match flow.stored_as {
-            ScdType::Snapshots => wh.table_path(&flow.target),
-            _ => wh.event_store_path(&flow.target),
+            ScdType::Snapshots => wh.table_location(&flow.target),
+            _ => wh.event_store_location(&flow.target),
         };
         let at = position_in(&holder, AppId::Flow(&flow.name)).await?;
         out.push(reader(format!("flow {}", flow.name), &flow.source, at));
@@ -564,7 +571,7 @@ async fn readers_of(wh: &Warehouse, plan: &PipelinePlan, pipeline: &str) -> Resu
                 pit: &pit.name,
                 source,
             };
-            let at = position_in(&wh.table_path(&pit.name), id).await?;
+            let at = position_in(&wh.table_location(&pit.name), id).await?;
             out.push(reader(
                 format!("point-in-time table {}", pit.name),
                 source,
@@ -575,7 +582,7 @@ async fn readers_of(wh: &Warehouse, plan: &PipelinePlan, pipeline: &str) -> Resu
     Ok(out)
 }
 
-async fn position_in(path: &Path, id: AppId<'_>) -> Result<Option<i64>> {
+async fn position_in(path: &Location, id: AppId<'_>) -> Result<Option<i64>> {
     match open_delta(path).await? {
         Some(t) => position(&t, id).await,
         None => Ok(None),
@@ -585,7 +592,7 @@ async fn position_in(path: &Path, id: AppId<'_>) -> Result<Option<i64>> {
 /// Deletes the event-log records that started more than `days` days ago (in a dry run,
 /// counts them); returns how many.
 async fn trim_event_log(wh: &Warehouse, days: u32, dry_run: bool) -> Result<usize> {
-    let Some(log) = open_delta(&wh.event_log_path()).await? else {
+    let Some(log) = open_delta(&wh.event_log_location()).await? else {
         return Ok(0);
     };
     let cutoff = chrono::Utc::now() - chrono::Duration::days(i64::from(days));
@@ -622,47 +629,39 @@ async fn trim_event_log(wh: &Warehouse, days: u32, dry_run: bool) -> Result<usiz
 
 /// Deletes (in a dry run, lists) the folders of `_strata/full_refresh/` set aside before
 /// the retention window.
-fn remove_set_aside(wh: &Warehouse, options: &VacuumOptions) -> Result<Vec<PathBuf>> {
-    let base = wh.root().join("_strata").join("full_refresh");
-    if !base.is_dir() {
-        return Ok(Vec::new());
-    }
+async fn remove_set_aside(wh: &Warehouse, options: &VacuumOptions) -> Result<Vec<Location>> {
+    let base = wh.state_root().join("full_refresh");
     let cutoff = chrono::Utc::now()
         - chrono::Duration::milliseconds((options.retain_hours * 3_600_000.0) as i64);
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(&base)
-        .context(|| format!("cannot list {}", base.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_dir())
-        .collect();
-    entries.sort();
     let mut out = Vec::new();
-    for dir in entries {
-        let Some(at) = set_aside_at(&dir) else {
-            continue;
+    for name in base.list_dirs().await? {
+        let dir = base.join(&name);
+        let at = match set_aside_at(&name) {
+            Some(at) => at,
+            None => match dir.modified().await {
+                Some(m) => chrono::DateTime::<chrono::Utc>::from(m),
+                None => continue,
+            },
         };
         if at >= cutoff {
             continue;
         }
         if !options.dry_run {
-            std::fs::remove_dir_all(&dir).context(|| format!("cannot remove {}", dir.display()))?;
+            dir.remove_all().await?;
         }
         out.push(dir);
     }
     Ok(out)
 }
 
-/// When a full refresh set `dir` aside: the start of the run its name is the id of
-/// (`20261130T101500.123456Z-...`), else the folder's modification time.
-fn set_aside_at(dir: &Path) -> Option<chrono::DateTime<chrono::Utc>> {
-    let name = dir.file_name()?.to_str()?;
+/// When a full refresh set the folder `name` aside: the start of the run its name is the
+/// id of (`20261130T101500.123456Z-...`); `None` for another name (then the folder's
+/// modification time tells).
+fn set_aside_at(name: &str) -> Option<chrono::DateTime<chrono::Utc>> {
     let stamp = name.split('-').next().unwrap_or(name);
     chrono::NaiveDateTime::parse_from_str(stamp, "%Y%m%dT%H%M%S%.fZ")
         .ok()
         .map(|t| t.and_utc())
-        .or_else(|| {
-            let modified = std::fs::metadata(dir).ok()?.modified().ok()?;
-            Some(chrono::DateTime::<chrono::Utc>::from(modified))
-        })
 }
 
 /// A table upkeep works on.
@@ -672,23 +671,28 @@ struct Target {
     label: String,
     /// The table's name when readers may read it by position.
     name: Option<TableName>,
-    path: PathBuf,
+    path: Location,
     /// Named by the user (rather than found by listing the warehouse).
     named: bool,
 }
 
 /// The tables `names` names, or every table of the warehouse and the event log (and, with
 /// `stores`, the event stores) when it is empty.
-fn targets(wh: &Warehouse, names: &[String], stores: bool) -> Result<Vec<Target>> {
+async fn targets(wh: &Warehouse, names: &[String], stores: bool) -> Result<Vec<Target>> {
     let event_log = Target {
         label: EVENT_LOG_TABLE.to_string(),
         name: None,
-        path: wh.event_log_path(),
+        path: wh.event_log_location(),
         named: !names.is_empty(),
     };
     let mut out = Vec::new();
     let listed: Vec<(TableName, bool)> = match names.is_empty() {
-        true => wh.list_tables()?.into_iter().map(|t| (t, false)).collect(),
+        true => wh
+            .list_tables()
+            .await?
+            .into_iter()
+            .map(|t| (t, false))
+            .collect(),
         false => {
             let mut named = Vec::new();
             for n in names {
@@ -698,10 +702,10 @@ fn targets(wh: &Warehouse, names: &[String], stores: bool) -> Result<Vec<Target>
                 }
                 let t = TableName::parse(n, TableName::DEFAULT_SCHEMA)
                     .map_err(EngineError::NotFound)?;
-                if !wh.table_path(&t).join("_delta_log").is_dir() {
+                if !wh.table_location(&t).has_delta_log().await? {
                     return Err(EngineError::NotFound(format!(
                         "no table {t} in {}",
-                        wh.root().display()
+                        wh.root()
                     )));
                 }
                 named.push((t, true));
@@ -713,11 +717,11 @@ fn targets(wh: &Warehouse, names: &[String], stores: bool) -> Result<Vec<Target>
         out.push(Target {
             label: t.to_string(),
             name: Some(t.clone()),
-            path: wh.table_path(&t),
+            path: wh.table_location(&t),
             named,
         });
-        let store = wh.event_store_path(&t);
-        if stores && store.join("_delta_log").is_dir() {
+        let store = wh.event_store_location(&t);
+        if stores && store.has_delta_log().await? {
             out.push(Target {
                 label: format!("{t} (event store)"),
                 name: None,
@@ -726,7 +730,7 @@ fn targets(wh: &Warehouse, names: &[String], stores: bool) -> Result<Vec<Target>
             });
         }
     }
-    if names.is_empty() && event_log.path.join("_delta_log").is_dir() {
+    if names.is_empty() && event_log.path.has_delta_log().await? {
         out.push(event_log);
     }
     Ok(out)
@@ -775,7 +779,7 @@ mod tests {
 
     #[test]
     fn set_aside_folders_are_dated_by_their_run_id() {
-        let at = set_aside_at(Path::new("/x/20261130T101500.123456Z-0000abcd")).unwrap();
+        let at = set_aside_at("20261130T101500.123456Z-0000abcd").unwrap();
         assert_eq!(at.to_rfc3339(), "2026-11-30T10:15:00.123456+00:00");
     }
 

@@ -138,13 +138,14 @@ pub(crate) async fn run_describe(
     let name = match describe {
         Describe::History(n) | Describe::Detail(n) | Describe::Table { name: n, .. } => n,
         Describe::ShowTables(schema) => {
-            let batch = show_tables(wh, schema.as_deref())?;
+            let batch = show_tables(wh, schema.as_deref()).await?;
             return Ok((batch.schema(), vec![batch]));
         }
     };
-    let table = wh.open_table(name).await?.ok_or_else(|| {
-        EngineError::NotFound(format!("no table {name} in {}", wh.root().display()))
-    })?;
+    let table = wh
+        .open_table(name)
+        .await?
+        .ok_or_else(|| EngineError::NotFound(format!("no table {name} in {}", wh.root())))?;
     let batch = match describe {
         Describe::History(_) => history(&table).await?,
         Describe::Detail(_) => detail(&table, name).await?,
@@ -155,11 +156,15 @@ pub(crate) async fn run_describe(
 }
 
 /// `SHOW TABLES`: `database`, `tableName`, `isTemporary`, as Databricks.
-fn show_tables(wh: &Warehouse, schema: Option<&str>) -> Result<RecordBatch> {
-    let mut tables = wh.list_tables()?;
+async fn show_tables(wh: &Warehouse, schema: Option<&str>) -> Result<RecordBatch> {
+    let mut tables = wh.list_tables().await?;
     // The event log, which queries read as `event_log`, is listed like a table.
     let log = TableName::new(None, crate::storage::warehouse::EVENT_LOG_TABLE);
-    if !tables.contains(&log) && wh.event_log_path().join("_delta_log").is_dir() {
+    if !tables.contains(&log)
+        && crate::storage::table::open_delta(&wh.event_log_location())
+            .await?
+            .is_some()
+    {
         tables.push(log);
         tables.sort();
     }

@@ -92,9 +92,14 @@ pub async fn validate_report(
         violations,
         deleted: Vec::new(),
     };
-    let path = std::path::Path::new(name);
-    let (table_name, table) = if path.join("_delta_log").is_dir() {
-        let table = crate::storage::table::open_delta(path)
+    let at = crate::storage::location::Location::parse(name, "table").ok();
+    let is_path = match &at {
+        Some(l @ crate::storage::location::Location::Object(_)) => l.has_delta_log().await?,
+        Some(l) => l.local().is_some_and(|p| p.join("_delta_log").is_dir()),
+        None => false,
+    };
+    let (table_name, table) = if let Some(path) = at.filter(|_| is_path) {
+        let table = crate::storage::table::open_delta(&path)
             .await?
             .ok_or_else(|| EngineError::NotFound(format!("no Delta table at {name}")))?;
         (name.to_string(), table)
@@ -102,7 +107,7 @@ pub async fn validate_report(
         let table_name =
             TableName::parse(name, TableName::DEFAULT_SCHEMA).map_err(EngineError::NotFound)?;
         let table = wh.open_table(&table_name).await?.ok_or_else(|| {
-            EngineError::NotFound(format!("no table {table_name} in {}", wh.root().display()))
+            EngineError::NotFound(format!("no table {table_name} in {}", wh.root()))
         })?;
         (table_name.to_string(), table)
     };
@@ -154,7 +159,7 @@ pub async fn validate_report(
     let all = check_timelines(&batch, &keys, Findings::Reported)?;
     // A table at a path has no event store here to say which keys were deleted.
     let deletes = match TableName::parse(&table_name, TableName::DEFAULT_SCHEMA) {
-        Ok(t) if !path.join("_delta_log").is_dir() => known_deletes(wh, &t, &keys).await?,
+        Ok(t) if !is_path => known_deletes(wh, &t, &keys).await?,
         _ => Default::default(),
     };
     let (deleted, violations): (Vec<Violation>, Vec<Violation>) = all.into_iter().partition(|v| {
@@ -178,7 +183,8 @@ async fn known_deletes(
     use crate::semantics::fold::{OP_COL, SEQ_COL};
     use deltalake::arrow::util::display::{ArrayFormatter, FormatOptions};
     let mut out = std::collections::HashSet::new();
-    let Some(store) = crate::storage::table::open_delta(&wh.event_store_path(name)).await? else {
+    let Some(store) = crate::storage::table::open_delta(&wh.event_store_location(name)).await?
+    else {
         return Ok(out);
     };
     let sql = format!(

@@ -16,10 +16,10 @@ use strata_sql::TableName;
 /// names being in `schema`.
 pub(crate) async fn warehouse_session_in(wh: &Warehouse, schema: &str) -> Result<SessionContext> {
     let ctx = crate::storage::session::new_session_in(schema);
-    let tables = wh.list_tables()?;
+    let tables = wh.list_tables().await?;
     let log = TableName::new(None, crate::storage::warehouse::EVENT_LOG_TABLE);
     if !tables.contains(&log) {
-        if let Some(t) = crate::storage::table::open_delta(&wh.event_log_path()).await? {
+        if let Some(t) = crate::storage::table::open_delta(&wh.event_log_location()).await? {
             register_table(&ctx, crate::storage::warehouse::EVENT_LOG_TABLE, &t, None).await?;
         }
     }

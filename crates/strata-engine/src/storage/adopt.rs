@@ -15,6 +15,7 @@
 //! `strata.ingest.reuseFiles = false` turns this off.
 
 use crate::error::{Context, Result};
+use crate::storage::location::Location;
 use deltalake::arrow::array::{Array, ArrayRef, AsArray};
 use deltalake::arrow::compute;
 use deltalake::arrow::datatypes::Schema;
@@ -104,15 +105,18 @@ pub(crate) fn inspect(source: &Path, schema: &Schema) -> Result<Option<Reusable>
 /// Copies `file` into the table folder `table_dir` under a new name and returns its `add`
 /// action; nothing is committed (a crash before the commit leaves an unreferenced file,
 /// as any Delta writer does).
-pub(crate) fn copy_in(file: &Reusable, table_dir: &Path) -> Result<Add> {
+pub(crate) async fn copy_in(file: &Reusable, table_dir: &Location) -> Result<Add> {
     let name = format!("part-00000-{}-c000.parquet", uuid::Uuid::new_v4());
-    let size = std::fs::copy(&file.source, table_dir.join(&name)).context(|| {
-        format!(
-            "copying {} into {}",
-            file.source.display(),
-            table_dir.display()
-        )
-    })?;
+    let what = || format!("copying {} into {table_dir}", file.source.display());
+    let size = match table_dir {
+        Location::Local(dir) => std::fs::copy(&file.source, dir.join(&name)).context(what)?,
+        Location::Object(_) => {
+            let bytes = std::fs::read(&file.source).context(what)?;
+            let size = bytes.len() as u64;
+            table_dir.write_file(&name, bytes.into()).await?;
+            size
+        }
+    };
     Ok(Add {
         path: name,
         partition_values: HashMap::new(),

@@ -16,6 +16,7 @@
 //! table's version is ignored, and the commits are read instead.
 
 use crate::error::{Context, Result};
+use crate::storage::location::Location;
 use deltalake::arrow::datatypes::DataType;
 use deltalake::DeltaTable;
 use futures::StreamExt;
@@ -35,10 +36,11 @@ pub(crate) struct Taken {
 }
 
 /// The record of `table` under commit-info keys `files_key` and `schema_key`, using and
-/// refreshing the cache in `cache_dir` (see the module docs).
+/// refreshing the cache in `cache_dir` (see the module docs; on object storage the cache is
+/// an object, written in one put, so it too is whole or absent).
 pub(crate) async fn read(
     table: &DeltaTable,
-    cache_dir: &Path,
+    cache_dir: &Location,
     files_key: &str,
     schema_key: &str,
 ) -> Result<Taken> {
@@ -52,7 +54,10 @@ pub(crate) async fn read(
         .id()
         .to_string();
     let dir = cache_dir.join(files_key);
-    let cached = load(&dir, &table_id, version);
+    let cached = match dir.local() {
+        Some(d) => load(d, &table_id, version),
+        None => load_object(&dir, &table_id, version).await,
+    };
     let (mut files, mut columns, from) = match cached {
         Some(c) => (c.files, c.columns, c.version),
         None => (BTreeSet::new(), None, -1),
@@ -82,7 +87,11 @@ pub(crate) async fn read(
             files,
             columns,
         };
-        if let Err(e) = save(&dir, &cache) {
+        let saved = match dir.local() {
+            Some(d) => save(d, &cache).map_err(|e| e.to_string()),
+            None => save_object(&dir, &cache).await,
+        };
+        if let Err(e) = saved {
             tracing::warn!("the record of files taken was not cached: {e}");
         }
         files = cache.files;
@@ -95,6 +104,48 @@ pub(crate) async fn read(
             .and_then(columns_from_json)
             .unwrap_or_default(),
     })
+}
+
+/// [`load`] from an object store.
+async fn load_object(dir: &Location, table_id: &str, version: i64) -> Option<Cache> {
+    let mut versions: Vec<i64> = dir
+        .list_files()
+        .await
+        .ok()?
+        .iter()
+        .filter_map(|name| name.strip_suffix(".json")?.parse::<i64>().ok())
+        .filter(|v| *v <= version)
+        .collect();
+    versions.sort_unstable();
+    for v in versions.into_iter().rev() {
+        let name = format!("{v:020}.json");
+        let parsed = match dir.read_file(&name).await {
+            Ok(Some(bytes)) => parse_text(&String::from_utf8_lossy(&bytes), table_id, v),
+            Ok(None) => continue,
+            Err(e) => Err(e.to_string()),
+        };
+        match parsed {
+            Ok(Some(c)) => return Some(c),
+            Ok(None) => {}
+            Err(e) => tracing::warn!("ignoring the cached record {dir}/{name}: {e}"),
+        }
+    }
+    None
+}
+
+/// [`save`] to an object store: one put (whole or absent), then the older caches go.
+async fn save_object(dir: &Location, cache: &Cache) -> std::result::Result<(), String> {
+    let name = format!("{:020}.json", cache.version);
+    let body = serde_json::to_vec(&body_of(cache)).map_err(|e| e.to_string())?;
+    dir.write_file(&name, body.into())
+        .await
+        .map_err(|e| e.to_string())?;
+    for old in dir.list_files().await.map_err(|e| e.to_string())? {
+        if old != name {
+            dir.remove_file(&old).await.map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
 }
 
 /// One cache file's content.
@@ -136,7 +187,15 @@ fn load(dir: &Path, table_id: &str, version: i64) -> Option<Cache> {
 
 fn parse(path: &Path, table_id: &str, version: i64) -> std::result::Result<Option<Cache>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
-    let v: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+    parse_text(&text, table_id, version)
+}
+
+fn parse_text(
+    text: &str,
+    table_id: &str,
+    version: i64,
+) -> std::result::Result<Option<Cache>, String> {
+    let v: Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
     if v.get("table_id").and_then(Value::as_str) != Some(table_id)
         || v.get("version").and_then(Value::as_i64) != Some(version)
     {
@@ -165,12 +224,7 @@ fn parse(path: &Path, table_id: &str, version: i64) -> std::result::Result<Optio
 /// Writes `cache` (temporary name, then renamed) and removes the older caches in `dir`.
 fn save(dir: &Path, cache: &Cache) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
-    let body = json!({
-        "table_id": cache.table_id,
-        "version": cache.version,
-        "files": cache.files,
-        "columns": cache.columns,
-    });
+    let body = body_of(cache);
     let target = file_of(dir, cache.version);
     let tmp = dir.join(format!(".{:020}.tmp", cache.version));
     std::fs::write(&tmp, serde_json::to_vec(&body)?)?;
@@ -182,6 +236,15 @@ fn save(dir: &Path, cache: &Cache) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+fn body_of(cache: &Cache) -> Value {
+    json!({
+        "table_id": cache.table_id,
+        "version": cache.version,
+        "files": cache.files,
+        "columns": cache.columns,
+    })
 }
 
 /// The commit-info key under which an ingestion records its inferred input columns.

@@ -1,4 +1,5 @@
-//! Tables on storage: where they live ([`warehouse`]), opening and creating one and what it
+//! Tables on storage: where they live ([`warehouse`]; a local folder or an object store
+//! prefix, [`location`]), opening and creating one and what it
 //! records ([`table`]), writing ([`write`]), a commit as a value
 //! with its positions ([`commit`]), DataFusion sessions over them
 //! ([`session`]), the change data feed ([`feed`]), replacing keys' rows in place
@@ -12,6 +13,7 @@ pub(crate) mod commit;
 pub(crate) mod dv;
 pub(crate) mod feed;
 pub(crate) mod ledger;
+pub(crate) mod location;
 pub(crate) mod replace;
 pub(crate) mod session;
 pub(crate) mod table;

@@ -2,6 +2,7 @@
 //! of a version, and the application transactions it records.
 
 use crate::error::{Context, EngineError, Result};
+use crate::storage::location::Location;
 use deltalake::arrow::datatypes::Schema;
 use deltalake::arrow::datatypes::SchemaRef;
 use deltalake::kernel::engine::arrow_conversion::TryIntoKernel;
@@ -10,23 +11,16 @@ use deltalake::DeltaTable;
 use deltalake::DeltaTableBuilder;
 use std::collections::HashMap;
 use std::collections::HashSet;
-use std::path::Path;
-
-pub(crate) fn table_url(path: &Path) -> Result<url::Url> {
-    std::fs::create_dir_all(path).context(|| format!("cannot create {}", path.display()))?;
-    url::Url::from_directory_path(path)
-        .map_err(|_| EngineError::Internal(format!("not an absolute path: {}", path.display())))
-}
 
 /// Opens the Delta table at `path`, `None` if there is none yet.
-pub(crate) async fn open_delta(path: &Path) -> Result<Option<DeltaTable>> {
-    if !path.join("_delta_log").is_dir() {
+pub(crate) async fn open_delta(path: &Location) -> Result<Option<DeltaTable>> {
+    if !path.has_delta_log().await? {
         return Ok(None);
     }
-    let url = table_url(path)?;
+    let url = path.table_url()?;
     let table = deltalake::open_table(url)
         .await
-        .context(|| format!("cannot open Delta table {}", path.display()))?;
+        .context(|| format!("cannot open Delta table {path}"))?;
     Ok(Some(table))
 }
 
@@ -68,17 +62,17 @@ pub(crate) fn sets_property(
 /// Creates an empty Delta table at `path`. Properties outside Delta's own (`strata.*`,
 /// `pipelines.*`) are kept as written.
 pub(crate) async fn create_delta(
-    path: &Path,
+    path: &Location,
     name: &str,
     schema: &Schema,
     configuration: Vec<(String, Option<String>)>,
     comment: Option<&str>,
     partition_columns: Vec<String>,
 ) -> Result<DeltaTable> {
-    let url = table_url(path)?;
+    let url = path.table_url()?;
     let handle = DeltaTableBuilder::from_url(url)
         .and_then(|b| b.build())
-        .context(|| format!("cannot open {}", path.display()))?;
+        .context(|| format!("cannot open {path}"))?;
     let st: StructType = schema
         .try_into_kernel()
         .map_err(|e| EngineError::Internal(format!("schema not representable in Delta: {e}")))?;
@@ -96,13 +90,19 @@ pub(crate) async fn create_delta(
         Ok(table) => Ok(table),
         // Another writer created the table at the same moment: a lost race, which the
         // dataset's run settles by starting again on the table as it now is.
-        Err(source) if path.join("_delta_log").join(FIRST_COMMIT).exists() => {
+        Err(source)
+            if path
+                .join("_delta_log")
+                .has_file(FIRST_COMMIT)
+                .await
+                .unwrap_or(false) =>
+        {
             Err(EngineError::Conflict {
-                context: format!("creating Delta table {}", path.display()),
+                context: format!("creating Delta table {path}"),
                 source: Box::new(source),
             })
         }
-        Err(e) => Err(e).context(|| format!("cannot create Delta table {}", path.display())),
+        Err(e) => Err(e).context(|| format!("cannot create Delta table {path}")),
     }
 }
 

@@ -27,6 +27,7 @@ use crate::semantics::flow::FlowSetup;
 use crate::semantics::fold::{OP_COL, RUN_COL, SEQ_COL};
 use crate::semantics::integrity::check_rows;
 use crate::storage::commit::{position, AppId, PendingCommit};
+use crate::storage::location::Location;
 use crate::storage::session::register_table;
 use crate::storage::table::version_of;
 use crate::util::sql::quote_ident;
@@ -36,7 +37,6 @@ use deltalake::arrow::compute::concat_batches;
 use deltalake::datafusion::prelude::SessionContext;
 use deltalake::DeltaTable;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use strata_sql::ScdType;
 
 /// Runs `setup` once over all source rows it has not seen, after bringing an existing
@@ -137,7 +137,8 @@ async fn run_flow_once(
     step!(info, steps, "committed the events");
     // Written on a thread of its own while the target is written; joined when the run ends.
     let _digest_writer = input.state_digest.and_then(|d| {
-        snapshot::write_digest(setup, digest::dir_for(&pos.store_path), store_version, d)
+        let dir = digest::dir_for(&pos.store_path)?;
+        snapshot::write_digest(setup, dir, store_version, d)
     });
     let write = TargetWrite {
         rows: folded.rows,
@@ -178,7 +179,7 @@ struct Positions {
     /// first run.
     from: Option<i64>,
     store: Option<DeltaTable>,
-    store_path: PathBuf,
+    store_path: Location,
     /// The event store's version, -1 when there is none.
     store_version: i64,
     target: Option<DeltaTable>,
@@ -223,7 +224,7 @@ async fn open_positions(scope: &Scope<'_>, setup: &FlowSetup) -> Result<Option<P
     let Some(source) = wh.open_table(&flow.source).await? else {
         return Ok(None);
     };
-    let store_path = wh.event_store_path(&flow.target);
+    let store_path = wh.event_store_location(&flow.target);
     let store = crate::storage::table::open_delta(&store_path).await?;
     let from = match &store {
         Some(s) => position(s, AppId::Flow(&flow.name)).await?,
@@ -419,7 +420,10 @@ async fn new_events(
         setup,
         pos.store.is_some(),
         current,
-        (&digest::dir_for(&pos.store_path), pos.store_version),
+        (
+            digest::dir_for(&pos.store_path).as_deref(),
+            pos.store_version,
+        ),
         &pieces,
         pos.run(),
     )
@@ -524,7 +528,7 @@ async fn read_stored(
         setup.spec.n_out,
         secs,
         input.decided_at,
-        &mut tombstones::CommitTimes::new(pos.store_path.clone()),
+        &mut tombstones::CommitTimes::of_runs(&pos.store_path, &slice, setup.spec.n_out).await?,
     )?;
     if forgotten > 0 {
         report.notes.push(format!(

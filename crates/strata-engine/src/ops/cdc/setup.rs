@@ -687,7 +687,7 @@ pub(crate) fn added_columns(before: &Schema, now: &Schema) -> Option<Vec<String>
 pub(crate) async fn check_existing(wh: &Warehouse, setup: &FlowSetup) -> Result<()> {
     let flow = &setup.flow;
     if let Some(store) =
-        crate::storage::table::open_delta(&wh.event_store_path(&flow.target)).await?
+        crate::storage::table::open_delta(&wh.event_store_location(&flow.target)).await?
     {
         let schema = crate::storage::table::table_schema(&store)?;
         check_store_schema(setup, &schema)?;

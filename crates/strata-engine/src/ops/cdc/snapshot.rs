@@ -28,7 +28,6 @@ use crate::semantics::snapshot::data_only;
 use crate::semantics::snapshot::data_schema;
 use crate::semantics::snapshot::delete_events;
 use crate::semantics::snapshot::diff;
-use crate::util::threads::off_scheduler;
 use crate::semantics::snapshot::group_versions;
 use crate::semantics::snapshot::key_set;
 use crate::semantics::snapshot::make_events;
@@ -40,6 +39,7 @@ use crate::semantics::snapshot::OP_MARKER;
 use crate::semantics::snapshot::{marker, Versions};
 use crate::util::arrow;
 use crate::util::sql::quote_ident;
+use crate::util::threads::off_scheduler;
 use ahash::{AHashMap, AHashSet};
 use deltalake::arrow::array::RecordBatch;
 use deltalake::arrow::compute::concat_batches;
@@ -223,7 +223,7 @@ pub(crate) async fn to_events(
     setup: &FlowSetup,
     has_store: bool,
     current: Option<&DeltaTable>,
-    digest_at: (&std::path::Path, i64),
+    digest_at: (Option<&std::path::Path>, i64),
     rows: &[RecordBatch],
     run: i64,
 ) -> Result<SnapshotEvents> {
@@ -279,7 +279,9 @@ pub(crate) async fn to_events(
                 let from_file = from_file.map(|(d, at, fp)| (d.to_path_buf(), at, fp.to_string()));
                 let flow = setup.flow.name.clone();
                 off_scheduler("hashing a snapshot", move || {
-                    let file = from_file.as_ref().map(|(d, at, fp)| (d.as_path(), *at, fp.as_str()));
+                    let file = from_file
+                        .as_ref()
+                        .map(|(d, at, fp)| (d.as_path(), *at, fp.as_str()));
                     Ok((hash_snapshot(&flow, &snap, k, file)?, snap))
                 })
                 .await?
@@ -391,7 +393,7 @@ impl States<'_> {
 struct Digests<'a> {
     key: Option<usize>,
     fingerprint: Option<String>,
-    at: (&'a std::path::Path, i64),
+    at: (Option<&'a std::path::Path>, i64),
 }
 
 /// Where a delivered version falls among the applied ones.
@@ -470,6 +472,7 @@ impl<'a> Applying<'a> {
     ) -> Option<(&'d std::path::Path, i64, &'d str)> {
         let p_in_run = |lv: &ScalarValue| place.p.as_ref() == Some(lv);
         let (dir, at) = digests.at;
+        let dir = dir?;
         match (states.current, &digests.fingerprint) {
             (Some(_), Some(fp))
                 if place.p.is_some()

@@ -253,7 +253,7 @@ async fn commit_versions(
         Some(t) => t,
         None => {
             crate::storage::table::create_delta(
-                &scope.wh.table_path(&f.target),
+                &scope.wh.table_location(&f.target),
                 &f.target.name,
                 &setup.target_schema,
                 super::setup::target_configuration(setup, target_properties),

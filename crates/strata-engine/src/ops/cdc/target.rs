@@ -10,13 +10,13 @@ use crate::eventstore::read::read_slice;
 use crate::ops::cdc::FlowReport;
 use crate::ops::Scope;
 use crate::semantics::compare::{compare, count_first_rows, ChangeSet};
-use crate::util::threads::off_scheduler;
 use crate::semantics::events::Touched;
 use crate::semantics::flow::FlowSetup;
 use crate::storage::commit::PendingCommit;
 use crate::storage::session::register_table;
 use crate::storage::table::table_files;
 use crate::util::steps::{step, Steps};
+use crate::util::threads::off_scheduler;
 use deltalake::arrow::array::{RecordBatch, StringArray, UInt32Array};
 use deltalake::arrow::compute::{self, concat_batches};
 use deltalake::arrow::datatypes::{DataType, Field, Schema};
@@ -106,7 +106,7 @@ async fn write_first_rows(
         Some(t) => t,
         None => {
             crate::storage::table::create_delta(
-                &scope.wh.table_path(&flow.target),
+                &scope.wh.table_location(&flow.target),
                 &flow.target.name,
                 &setup.target_schema,
                 target_configuration(setup, target_properties),

@@ -2,6 +2,7 @@
 
 use crate::error::{Context, EngineError, Result};
 use crate::ops::ingest::arrow_schema;
+use crate::storage::location::Location;
 use deltalake::arrow::array::RecordBatch;
 use deltalake::arrow::datatypes::{Schema, SchemaRef};
 use deltalake::datafusion::prelude::CsvReadOptions;
@@ -14,6 +15,85 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use strata_sql::FileFormat;
 use strata_sql::ReadFiles;
+
+/// A `read_files` folder: a local one, or an object-store prefix whose files are copied
+/// into a local staging folder (removed with the last clone of this value) as they are read,
+/// so that every reader of input files (DataFusion's, Auto Loader's, Debezium's, Parquet
+/// adoption) works on local files alike.
+#[derive(Debug, Clone)]
+pub(crate) struct InputDir {
+    /// The folder (or file) to read; for object storage, the staging folder.
+    local: PathBuf,
+    remote: Option<(Location, Arc<tempfile::TempDir>)>,
+}
+
+impl InputDir {
+    /// The input at `location` (a local path is taken as it is, relative to the current
+    /// folder unless absolute).
+    pub(crate) fn new(location: Location) -> Result<InputDir> {
+        match location {
+            Location::Local(local) => Ok(InputDir {
+                local,
+                remote: None,
+            }),
+            remote => {
+                let staging = tempfile::Builder::new()
+                    .prefix("strata-input-")
+                    .tempdir()
+                    .context(|| format!("cannot create a staging folder for {remote}"))?;
+                Ok(InputDir {
+                    local: staging.path().to_path_buf(),
+                    remote: Some((remote, Arc::new(staging))),
+                })
+            }
+        }
+    }
+
+    /// Whether the input exists (a local path; anything below an object prefix).
+    pub(crate) async fn exists(&self) -> Result<bool> {
+        match &self.remote {
+            None => Ok(self.local.exists()),
+            Some((remote, _)) => remote.exists().await,
+        }
+    }
+
+    /// Every input file, relative names, sorted (see [`list_files`]).
+    pub(crate) async fn list(&self) -> Result<Vec<String>> {
+        match &self.remote {
+            None => list_files(&self.local),
+            Some((remote, _)) => remote.list_files().await,
+        }
+    }
+
+    /// The local path of input file `name` (as [`InputDir::list`] names it), copied from
+    /// the object store first when the input is there.
+    pub(crate) async fn file(&self, name: &str) -> Result<PathBuf> {
+        let path = input_root(&self.local).join(name);
+        let Some((remote, _)) = &self.remote else {
+            return Ok(path);
+        };
+        if !path.exists() {
+            let bytes = remote
+                .read_file(name)
+                .await?
+                .ok_or_else(|| EngineError::BadInput(format!("file {remote}/{name} is gone")))?;
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent)
+                    .context(|| format!("cannot create {}", parent.display()))?;
+            }
+            std::fs::write(&path, &bytes).context(|| format!("cannot write {}", path.display()))?;
+        }
+        Ok(path)
+    }
+
+    /// Where the input is, as the user named it.
+    pub(crate) fn display(&self) -> String {
+        match &self.remote {
+            None => self.local.display().to_string(),
+            Some((remote, _)) => remote.to_string(),
+        }
+    }
+}
 
 /// Every input file under `dir` (or `dir` itself if it is a file), relative names, sorted.
 /// Names starting with `.` or `_` are skipped, as Spark does.

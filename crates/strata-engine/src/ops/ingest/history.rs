@@ -30,6 +30,7 @@ use crate::ops::Scope;
 use crate::storage::changes::read_commit;
 use crate::storage::commit::{position, AppId, PendingCommit};
 use crate::storage::feed;
+use crate::storage::location::Location;
 use crate::storage::warehouse::Warehouse;
 use chrono::{DateTime, NaiveDate, NaiveDateTime, Utc};
 use deltalake::arrow::array::TimestampMicrosecondArray;
@@ -38,7 +39,7 @@ use deltalake::arrow::datatypes::SchemaRef;
 use deltalake::kernel::Action;
 use deltalake::DeltaTable;
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use strata_sql::{ChangeSource, TableChanges, TableName};
 
@@ -60,7 +61,7 @@ pub(crate) struct ChangesSpec {
 #[derive(Debug, Clone)]
 pub(crate) enum ChangesAt {
     Table(TableName),
-    Path(PathBuf),
+    Path(Location),
 }
 
 /// Where the first run starts.
@@ -90,9 +91,11 @@ pub(crate) fn spec_of(tc: &TableChanges, dir: &Path) -> std::result::Result<Chan
     let (label, at) = match &tc.source {
         ChangeSource::Table(t) => (t.to_string(), ChangesAt::Table(t.clone())),
         ChangeSource::Path(p) => {
-            let path = crate::storage::warehouse::local_path(Path::new(p), "table_changes path")
-                .map_err(|e| e.to_string())?;
-            (p.clone(), ChangesAt::Path(dir.join(path)))
+            let at = match Location::parse(p, "table_changes path").map_err(|e| e.to_string())? {
+                Location::Local(path) => Location::Local(dir.join(path)),
+                object => object,
+            };
+            (p.clone(), ChangesAt::Path(at))
         }
     };
     let mut start = Start::Latest;

@@ -32,7 +32,6 @@ use crate::storage::warehouse::Warehouse;
 use deltalake::arrow::datatypes::{Schema, SchemaRef};
 use deltalake::DeltaTable;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use strata_sql::{ReadFiles, StreamingTable, TableName};
 
@@ -95,7 +94,7 @@ pub(crate) struct Joins {
 #[derive(Debug, Clone)]
 pub(crate) enum Source {
     Files {
-        dir: PathBuf,
+        dir: files::InputDir,
         spec: ReadFiles,
         mode: autoload::Mode,
         /// Auto Loader mode: the input columns of this run (inferred and recorded, or
@@ -140,7 +139,7 @@ impl IngestSetup {
     /// What this ingestion has taken into `table` so far: its commit log's record, read
     /// through the cache of `storage/ledger.rs`.
     async fn taken(&self, wh: &Warehouse, table: &DeltaTable) -> Result<ledger::Taken> {
-        let cache = wh.taken_cache_path(&self.table.name);
+        let cache = wh.taken_cache_location(&self.table.name);
         ledger::read(table, &cache, &self.files_key(), &self.schema_key()).await
     }
 

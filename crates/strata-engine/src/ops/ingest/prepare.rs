@@ -4,14 +4,14 @@
 use crate::error::{Context, EngineError, Result};
 use crate::ops::ingest::arrow_schema;
 use crate::ops::ingest::autoload;
-use crate::ops::ingest::files::input_root;
-use crate::ops::ingest::files::list_files;
 use crate::ops::ingest::files::read_file;
+use crate::ops::ingest::files::InputDir;
 use crate::ops::ingest::IngestSetup;
 use crate::ops::ingest::Joins;
 use crate::ops::ingest::Source;
 use crate::sql::shapes::Shapes;
 use crate::storage::feed;
+use crate::storage::location::Location;
 use crate::storage::warehouse::Warehouse;
 use crate::util::arrow;
 use deltalake::arrow::array::RecordBatch;
@@ -244,11 +244,11 @@ async fn files_input(
     setup: &IngestSetup,
     existing_table: Option<&DeltaTable>,
 ) -> Result<(Source, Option<SchemaRef>)> {
-    let dir = pipeline.dir.join(crate::storage::warehouse::local_path(
-        Path::new(&spec.path),
-        "read_files path",
-    )?);
-    if !dir.exists() {
+    let dir = match Location::parse(&spec.path, "read_files path")? {
+        Location::Local(p) => InputDir::new(Location::Local(pipeline.dir.join(p)))?,
+        remote => InputDir::new(remote)?,
+    };
+    if !dir.exists().await? {
         return Err(setup.err(format!("read_files path {} does not exist", dir.display())));
     }
     for key in spec.other_options.keys() {
@@ -312,7 +312,7 @@ async fn files_input(
 
 /// The columns of `read_files` input without Auto Loader: those declared (Debezium's
 /// followed by the change columns), else the first file's.
-async fn declared_schema(spec: &ReadFiles, dir: &Path) -> Result<Option<SchemaRef>> {
+async fn declared_schema(spec: &ReadFiles, dir: &InputDir) -> Result<Option<SchemaRef>> {
     Ok(match &spec.schema {
         // Debezium's declared columns are the table's; the change columns follow.
         Some(cols) if spec.format == strata_sql::FileFormat::Debezium => {
@@ -325,10 +325,10 @@ async fn declared_schema(spec: &ReadFiles, dir: &Path) -> Result<Option<SchemaRe
             Some(Arc::new(Schema::new(fields)))
         }
         Some(cols) => Some(arrow_schema(cols)),
-        None => match list_files(dir)?.first() {
+        None => match dir.list().await?.first() {
             Some(first) => {
                 let ctx = crate::storage::session::file_session();
-                let df = read_file(&ctx, &input_root(dir).join(first), spec).await?;
+                let df = read_file(&ctx, &dir.file(first).await?, spec).await?;
                 Some(Arc::new(df.schema().as_arrow().clone()))
             }
             None => None,
@@ -343,7 +343,7 @@ async fn inferred_columns(
     spec: &ReadFiles,
     setup: &IngestSetup,
     existing_table: Option<&DeltaTable>,
-    dir: &Path,
+    dir: &InputDir,
     rescued: &str,
 ) -> Result<(Option<Vec<(String, DataType)>>, Vec<String>)> {
     let (taken, previous) = match existing_table {
@@ -353,12 +353,16 @@ async fn inferred_columns(
         }
         None => (BTreeSet::new(), Vec::new()),
     };
-    let new: Vec<String> = list_files(dir)?
+    let new: Vec<String> = dir
+        .list()
+        .await?
         .into_iter()
         .filter(|f| !taken.contains(f))
         .collect();
-    let root = input_root(dir);
-    let paths: Vec<PathBuf> = new.iter().map(|f| root.join(f)).collect();
+    let mut paths: Vec<PathBuf> = Vec::with_capacity(new.len());
+    for f in &new {
+        paths.push(dir.file(f).await?);
+    }
     let inferred = autoload::infer(&paths, spec)?;
     let columns = (!(previous.is_empty() && inferred.is_empty()))
         .then(|| autoload::merge(&previous, &inferred, rescued));

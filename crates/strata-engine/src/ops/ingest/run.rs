@@ -3,8 +3,6 @@
 
 use crate::error::{Context, EngineError, Result};
 use crate::ops::ingest::autoload;
-use crate::ops::ingest::files::input_root;
-use crate::ops::ingest::files::list_files;
 use crate::ops::ingest::files::read_file;
 use crate::ops::ingest::IngestReport;
 use crate::ops::ingest::IngestSetup;
@@ -306,9 +304,8 @@ async fn take_files(
         commit: files_commit(scope, setup, existing, &new).await?,
         after_commit: None,
     };
-    let root = input_root(dir);
     for (n, file) in new.iter().enumerate() {
-        let path = root.join(file);
+        let path = dir.file(file).await?;
         let place = format!("file {}", path.display());
         let df = read_input_file(setup, &path, file).await?;
         let (rows, unchanged) =
@@ -341,7 +338,7 @@ async fn take_files(
 async fn files_to_take(
     scope: &Scope<'_>,
     setup: &IngestSetup,
-    dir: &std::path::Path,
+    dir: &super::files::InputDir,
     pending: Option<&[String]>,
     existing: Option<&DeltaTable>,
 ) -> Result<Vec<String>> {
@@ -352,7 +349,9 @@ async fn files_to_take(
         Some(t) => setup.taken(scope.wh, t).await?.files,
         None => BTreeSet::new(),
     };
-    Ok(list_files(dir)?
+    Ok(dir
+        .list()
+        .await?
         .into_iter()
         .filter(|f| !taken.contains(f))
         .collect())
@@ -530,12 +529,11 @@ async fn commit_rows(
         .ok()
         .map(|s| (s.log_data().num_files() > 0).then(|| crate::storage::table::version_of(&table)));
     let steps = Steps::new(setup.flow_name(), "ingest: ");
-    let table_dir = scope.wh.table_path(name);
-    let adds = taken
-        .reused
-        .iter()
-        .map(|f| adopt::copy_in(f, &table_dir))
-        .collect::<Result<Vec<_>>>()?;
+    let table_dir = scope.wh.table_location(name);
+    let mut adds = Vec::with_capacity(taken.reused.len());
+    for f in &taken.reused {
+        adds.push(adopt::copy_in(f, &table_dir).await?);
+    }
     if !adds.is_empty() {
         step!(debug, steps, "copied the reused parquet files in");
     }
@@ -578,7 +576,7 @@ async fn create_table(scope: &Scope<'_>, setup: &IngestSetup) -> Result<DeltaTab
     crate::storage::table::check_partition_columns(&setup.schema, partitions)
         .map_err(|e| setup.err(e))?;
     crate::storage::table::create_delta(
-        &scope.wh.table_path(name),
+        &scope.wh.table_location(name),
         &name.name,
         &setup.schema,
         configuration,
