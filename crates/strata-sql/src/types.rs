@@ -250,6 +250,10 @@ fn parse_any_type(c: &mut Cursor, pending: &mut usize) -> Result<DataType> {
         }
         "STRUCT" => {
             c.next();
+            // `STRUCT<>` is one token, `<>`.
+            if c.eat_token(&Token::Neq) {
+                return Ok(DataType::Struct(Fields::empty()));
+            }
             c.expect_token(&Token::Lt)?;
             let mut fields: Vec<Field> = Vec::new();
             if !c.eat_token(&Token::Gt) {
