@@ -584,6 +584,46 @@ STORED AS SCD TYPE 2;
 }
 
 #[test]
+fn an_unchanged_toasted_value_strata_cannot_find_is_an_error_naming_the_fix() {
+    let server = Server::from_env("STRATA_TEST_PG");
+    let table = unique("notes");
+    let slot = unique("strata_slot");
+    pg(
+        &server,
+        &format!(
+            "CREATE TABLE {table} (id int PRIMARY KEY, body text, n int);
+             ALTER TABLE {table} ALTER COLUMN body SET STORAGE EXTERNAL;
+             INSERT INTO {table} VALUES (1, repeat('a', 5000), 0);"
+        ),
+    );
+    // The change table keeps no change order: the key's last row cannot be told.
+    let p = Project::new(&format!(
+        "{}CREATE STREAMING TABLE notes_changes AS SELECT id, body, n, _change_type FROM STREAM \
+         read_database('shop', table => 'public.{table}', mode => 'cdc', slot => '{slot}', \
+         publication => '{slot}');
+",
+        server.connection("postgresql")
+    ));
+    run_ok(&p, &server.password);
+    pg(&server, &format!("UPDATE {table} SET n = 1 WHERE id = 1;"));
+    let out = run(&p, &server.password);
+    let err = stderr(&out);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("public.{table}"))
+            && err.contains("column body")
+            && err.contains("REPLICA IDENTITY FULL")
+            && err.contains("_commit_lsn"),
+        "{err}"
+    );
+    assert_eq!(p.csv("SELECT count(*) AS n FROM notes_changes"), "n\n1\n");
+    pg(
+        &server,
+        &format!("SELECT pg_drop_replication_slot('{slot}')"),
+    );
+}
+
+#[test]
 fn yaml_spec_turns_three_lines_per_table_into_history() {
     let server = Server::from_env("STRATA_TEST_PG");
     let cust = unique("ycust");
