@@ -572,7 +572,7 @@ def compare_rows(strata: Strata, wl: Path, pg: Postgres, ext_dir: Path, target: 
 
 BULK_PIPELINE = """\
 CREATE STREAMING TABLE orders_raw
-AS SELECT * FROM STREAM read_database('bench', table => '{table}', watermark => 'updated_at, id');
+AS SELECT * FROM STREAM read_database('bench', table => '{table}', watermark => 'updated_at, id'{options});
 """
 
 
@@ -587,7 +587,9 @@ def bench_bulk(a, pg: Postgres, strata: Strata, ext_dir: Path) -> dict:
     log(f"  -> {fmt_s(gen['seconds'])}; table {fmt_bytes(gen['heap_bytes'])}, "
         f"with indexes {fmt_bytes(gen['total_bytes'])}")
     want = table_sums(pg, BULK_TABLE)
-    (wl / "pipeline.sql").write_text(strata.connection_sql() + BULK_PIPELINE.format(table=BULK_TABLE))
+    (wl / "pipeline.sql").write_text(strata.connection_sql() + BULK_PIPELINE.format(
+        table=BULK_TABLE,
+        options=f", chunk_bytes => '{a.chunk_bytes}'" if a.chunk_bytes else ""))
     rounds = []
     for i in range(1, a.rounds + 1):
         if a.rounds > 1:
@@ -841,6 +843,9 @@ def main(argv=None) -> int:
                     help="strata binary (default: $STRATA_BIN, else $CARGO_TARGET_DIR (or target/)"
                          "/release/strata)")
     ap.add_argument("--rows", type=int, help=f"bulk: rows of the table (default {FULL['rows']:,})")
+    ap.add_argument("--chunk-bytes",
+                    help="bulk: strata's chunk_bytes option (default: strata's, 128MB); '1000GB' "
+                         "commits the whole load at once, as before chunked commits")
     ap.add_argument("--rounds", type=int, default=1,
                     help="bulk: rounds of strata then DuckDB; the report gives each round's ratio "
                          "and their median (default 1)")

@@ -1283,4 +1283,29 @@ fn validate_tells_deletes_from_gaps_and_speaks_json() {
         "{said}"
     );
     assert!(!said.contains("id=3"), "{said}");
+
+/// Nested types in a `schema =>` DDL string: JSON arrays, objects and maps read into Arrow
+/// lists, structs and maps, with field access in the query.
+#[test]
+fn nested_types_in_a_schema_string_read_nested_json() {
+    let p = Project::new(
+        "CREATE STREAMING TABLE raw AS SELECT id, tags, addr.city AS city, attrs FROM STREAM \
+         read_files('in', format => 'json', schema => 'id BIGINT, tags ARRAY<STRING>, \
+         addr STRUCT<city: STRING, zip INT>, attrs MAP<STRING, STRING>');\n",
+    );
+    std::fs::create_dir_all(p.path("in")).expect("input folder");
+    p.file(
+        "in/a.json",
+        "{\"id\":1,\"tags\":[\"a\",\"b\"],\"addr\":{\"city\":\"Oslo\",\"zip\":123},\"attrs\":{\"k\":\"v\"}}\n\
+         {\"id\":2,\"tags\":[],\"addr\":{\"city\":\"Rome\",\"zip\":null},\"attrs\":{}}\n",
+    );
+    let out = p.run();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        p.csv(
+            "SELECT id, cardinality(tags) AS n, tags[1] AS first, city, attrs['k'] AS k \
+             FROM raw ORDER BY id"
+        ),
+        "id,n,first,city,k\n1,2,a,Oslo,v\n2,0,,Rome,\n"
+    );
 }

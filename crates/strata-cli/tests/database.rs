@@ -231,6 +231,92 @@ SEQUENCE BY updated_at STORED AS SCD TYPE 2;
     assert!(found.is_empty(), "the password is in {found:?}");
 }
 
+/// Per commit of a table's log that recorded a watermark: the smallest and largest value of
+/// `column` among the files it added (from their statistics) and the watermark's value.
+fn chunks_of(table_dir: &Path, column: &str) -> Vec<(i64, i64, i64)> {
+    let mut logs: Vec<_> = std::fs::read_dir(table_dir.join("_delta_log"))
+        .expect("log")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    logs.sort();
+    let mut out = Vec::new();
+    for log in logs {
+        let text = std::fs::read_to_string(&log).expect("commit");
+        let (mut lo, mut hi, mut mark) = (i64::MAX, i64::MIN, None);
+        for line in text.lines() {
+            let action: serde_json::Value = serde_json::from_str(line).expect("action");
+            if let Some(w) = action["commitInfo"]["strata.watermark"].as_str() {
+                let w: serde_json::Value = serde_json::from_str(w).expect("watermark");
+                mark = w["values"][0]["value"].as_i64();
+            }
+            if let Some(stats) = action["add"]["stats"].as_str() {
+                let stats: serde_json::Value = serde_json::from_str(stats).expect("stats");
+                lo = lo.min(stats["minValues"][column].as_i64().expect("min"));
+                hi = hi.max(stats["maxValues"][column].as_i64().expect("max"));
+            }
+        }
+        if let Some(mark) = mark {
+            out.push((lo, hi, mark));
+        }
+    }
+    out
+}
+
+#[test]
+fn a_large_watermark_load_commits_in_chunks_that_never_split_a_watermark() {
+    let server = Server::from_env("STRATA_TEST_PG");
+    let table = unique("bulk");
+    // 5,000 rows, seven to a watermark value: a chunk may end only between two values.
+    pg(
+        &server,
+        &format!(
+            "CREATE TABLE {table} (id bigint PRIMARY KEY, grp bigint NOT NULL, pad text);
+             INSERT INTO {table} SELECT i, i / 7, repeat('x', 20) FROM generate_series(1, 5000) i;"
+        ),
+    );
+    let p = Project::new(&format!(
+        "{}CREATE STREAMING TABLE bulk_raw AS SELECT * FROM STREAM read_database('shop', \
+         table => 'public.{table}', watermark => 'grp', batch_rows => 100, chunk_rows => 250);
+",
+        server.connection("postgresql")
+    ));
+    run_ok(&p, &server.password);
+    assert_eq!(
+        p.csv("SELECT count(*) AS n, count(DISTINCT id) AS ids FROM bulk_raw"),
+        "n,ids\n5000,5000\n"
+    );
+    let dir = p.path("warehouse/default/bulk_raw");
+    let chunks = chunks_of(&dir, "grp");
+    assert!(chunks.len() >= 15, "{} chunk(s): {chunks:?}", chunks.len());
+    let mut previous = i64::MIN;
+    for (lo, hi, mark) in &chunks {
+        assert!(
+            *lo > previous && hi == mark,
+            "a chunk split a watermark: {chunks:?}"
+        );
+        previous = *mark;
+    }
+    assert_eq!(previous, 5000 / 7);
+    // The next run reads after the last chunk's watermark, again in chunks; then nothing.
+    pg(
+        &server,
+        &format!(
+            "INSERT INTO {table} SELECT i, 1000 + i / 7, 'y' FROM generate_series(5001, 5600) i;"
+        ),
+    );
+    run_ok(&p, &server.password);
+    assert_eq!(
+        p.csv("SELECT count(*) AS n, count(DISTINCT id) AS ids FROM bulk_raw"),
+        "n,ids\n5600,5600\n"
+    );
+    assert!(chunks_of(&dir, "grp").len() > chunks.len() + 1);
+    let before = commits(&dir);
+    run_ok(&p, &server.password);
+    assert_eq!(commits(&dir), before, "a run with nothing new committed");
+}
+
 #[test]
 fn mysql_overlap_window_catches_a_late_row_without_doubling_the_rows_read_again() {
     let server = Server::from_env("STRATA_TEST_MYSQL");
@@ -433,6 +519,104 @@ STORED AS SCD TYPE 2;
     let before = commits(&dir);
     run_ok(&p, &server.password);
     assert_eq!(commits(&dir), before);
+    pg(
+        &server,
+        &format!("SELECT pg_drop_replication_slot('{slot}')"),
+    );
+}
+
+#[test]
+fn unchanged_toasted_values_are_taken_from_the_keys_last_row() {
+    let server = Server::from_env("STRATA_TEST_PG");
+    let table = unique("docs");
+    let slot = unique("strata_slot");
+    // body is stored out of line, uncompressed (EXTERNAL): an update of n alone does not
+    // send it under REPLICA IDENTITY DEFAULT.
+    pg(
+        &server,
+        &format!(
+            "CREATE TABLE {table} (id int PRIMARY KEY, body text, n int);
+             ALTER TABLE {table} ALTER COLUMN body SET STORAGE EXTERNAL;
+             INSERT INTO {table} VALUES (1, repeat('a', 5000), 0), (2, repeat('b', 6000), 0);"
+        ),
+    );
+    let p = Project::new(&format!(
+        "{}CREATE STREAMING TABLE docs_changes AS SELECT * FROM STREAM read_database('shop', \
+         table => 'public.{table}', mode => 'cdc', slot => '{slot}', publication => '{slot}');
+CREATE STREAMING TABLE docs;
+CREATE FLOW docs_flow AS AUTO CDC INTO docs FROM STREAM(docs_changes) KEYS (id)
+APPLY AS DELETE WHEN _change_type = 'delete'
+SEQUENCE BY STRUCT(_commit_lsn, _change_seq)
+COLUMNS * EXCEPT (_change_type, _commit_lsn, _change_seq, _commit_timestamp, _unchanged_cols)
+STORED AS SCD TYPE 2;
+",
+        server.connection("postgresql")
+    ));
+    run_ok(&p, &server.password);
+    // Key 1: its last value is in the streaming table. Key 3: inserted then updated in
+    // the same run. Key 2: updated twice in one run, the value from the table both times.
+    pg(
+        &server,
+        &format!(
+            "UPDATE {table} SET n = 1 WHERE id = 1;
+             INSERT INTO {table} VALUES (3, repeat('c', 7000), 0);
+             UPDATE {table} SET n = 1 WHERE id = 3;
+             UPDATE {table} SET n = 1 WHERE id = 2;
+             UPDATE {table} SET n = 2 WHERE id = 2;"
+        ),
+    );
+    run_ok(&p, &server.password);
+    assert_eq!(
+        p.csv(
+            "SELECT id, n, length(body) AS len, substr(body, 1, 1) AS c, _unchanged_cols IS NULL AS sent \
+             FROM docs_changes WHERE _change_type = 'update' ORDER BY _commit_lsn, _change_seq"
+        ),
+        "id,n,len,c,sent\n1,1,5000,a,true\n3,1,7000,c,true\n2,1,6000,b,true\n2,2,6000,b,true\n"
+    );
+    assert_eq!(
+        p.csv("SELECT id, n, length(body) AS len FROM docs WHERE __END_AT IS NULL ORDER BY id"),
+        "id,n,len\n1,1,5000\n2,2,6000\n3,1,7000\n"
+    );
+    pg(
+        &server,
+        &format!("SELECT pg_drop_replication_slot('{slot}')"),
+    );
+}
+
+#[test]
+fn an_unchanged_toasted_value_strata_cannot_find_is_an_error_naming_the_fix() {
+    let server = Server::from_env("STRATA_TEST_PG");
+    let table = unique("notes");
+    let slot = unique("strata_slot");
+    pg(
+        &server,
+        &format!(
+            "CREATE TABLE {table} (id int PRIMARY KEY, body text, n int);
+             ALTER TABLE {table} ALTER COLUMN body SET STORAGE EXTERNAL;
+             INSERT INTO {table} VALUES (1, repeat('a', 5000), 0);"
+        ),
+    );
+    // The change table keeps no change order: the key's last row cannot be told.
+    let p = Project::new(&format!(
+        "{}CREATE STREAMING TABLE notes_changes AS SELECT id, body, n, _change_type FROM STREAM \
+         read_database('shop', table => 'public.{table}', mode => 'cdc', slot => '{slot}', \
+         publication => '{slot}');
+",
+        server.connection("postgresql")
+    ));
+    run_ok(&p, &server.password);
+    pg(&server, &format!("UPDATE {table} SET n = 1 WHERE id = 1;"));
+    let out = run(&p, &server.password);
+    let err = stderr(&out);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("public.{table}"))
+            && err.contains("column body")
+            && err.contains("REPLICA IDENTITY FULL")
+            && err.contains("_commit_lsn"),
+        "{err}"
+    );
+    assert_eq!(p.csv("SELECT count(*) AS n FROM notes_changes"), "n\n1\n");
     pg(
         &server,
         &format!("SELECT pg_drop_replication_slot('{slot}')"),

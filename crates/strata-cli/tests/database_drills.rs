@@ -312,3 +312,51 @@ SEQUENCE BY updated_at COLUMNS id, v STORED AS SCD TYPE 1;
     );
     assert_eq!(dups, "n\n0\n", "seed {seed}: a row was loaded twice");
 }
+
+#[test]
+fn killed_chunked_loads_take_every_row_once() {
+    let server = Server::from_env();
+    let seed = seed();
+    eprintln!("drill seed {seed} (STRATA_DRILL_SEED={seed} replays it)");
+    let table = format!("drill_chunks_{}", std::process::id());
+    // Three rows to a watermark value, committed 1,000 rows at a time: kills land between
+    // chunks and inside them.
+    pg(
+        &server.config,
+        &format!(
+            "CREATE TABLE {table} (id bigint PRIMARY KEY, grp bigint NOT NULL, pad text);
+             INSERT INTO {table} SELECT i, i / 3, repeat('p', 40) FROM generate_series(1, 30000) i;"
+        ),
+    );
+    let p = Project::new(&format!(
+        "{}CREATE STREAMING TABLE bulk_raw AS SELECT * FROM STREAM read_database('shop', \
+         table => 'public.{table}', watermark => 'grp', batch_rows => 250, chunk_rows => 1000);
+",
+        server.connection
+    ));
+    let mut rng = Rng(seed);
+    let mut total = 30000;
+    let mut partial = Vec::new();
+    for round in 0..rounds() {
+        run_and_kill(&p, &server.password, &mut rng, 1);
+        if p.path("warehouse/default/bulk_raw/_delta_log").exists() {
+            partial.push(p.csv("SELECT count(*) AS n FROM bulk_raw"));
+        }
+        // New rows arrive between runs, above every watermark loaded.
+        let from = total + 1;
+        total += 500 * (round + 1);
+        pg(
+            &server.config,
+            &format!(
+                "INSERT INTO {table} SELECT i, i, 'n' FROM generate_series({from}, {total}) i;"
+            ),
+        );
+    }
+    eprintln!("rows after each killed run: {partial:?}");
+    run_clean(&p, &server.password);
+    assert_eq!(
+        p.csv("SELECT count(*) AS n, count(DISTINCT id) AS ids, max(id) AS top FROM bulk_raw"),
+        format!("n,ids,top\n{total},{total},{total}\n"),
+        "seed {seed}: rows lost or loaded twice"
+    );
+}

@@ -8,8 +8,9 @@
 use crate::ast::{ColumnDef, ExpectAction, Expectation, Location};
 use crate::error::Result;
 use crate::lex::{self, location, Cursor, End, Source};
-use arrow_schema::{DataType, TimeUnit};
+use arrow_schema::{DataType, Field, Fields, TimeUnit};
 use sqlparser::tokenizer::{Location as SpLocation, Span, Token};
+use std::sync::Arc;
 
 /// Parses a DDL column list such as `userId INT, name STRING, ts TIMESTAMP`.
 pub fn parse_ddl_schema(ddl: &str) -> Result<Vec<ColumnDef>> {
@@ -181,8 +182,116 @@ fn parse_expectation(c: &mut Cursor, at: crate::ast::Location) -> Result<Expecta
     })
 }
 
-/// One Spark type name, with its `(n)` / `(p, s)` arguments where it takes them.
+/// One Spark type name, with its `(n)` / `(p, s)` arguments where it takes them, or a
+/// nested type: `ARRAY<T>`, `MAP<K, V>`, `STRUCT<name: T [NOT NULL] [COMMENT '...'], ...>`.
 fn parse_type(c: &mut Cursor) -> Result<DataType> {
+    let mut pending = 0;
+    let t = parse_any_type(c, &mut pending)?;
+    if pending > 0 {
+        return Err(c.expected("a column type"));
+    }
+    Ok(t)
+}
+
+/// Ends a nested type's `<...>`. `>>` closes two: `pending` counts the `>` it closed
+/// ahead (the tokenizer reads `ARRAY<ARRAY<INT>>` as a shift).
+fn close_angle(c: &mut Cursor, pending: &mut usize) -> Result<()> {
+    if *pending > 0 {
+        *pending -= 1;
+        return Ok(());
+    }
+    if c.eat_token(&Token::Gt) {
+        return Ok(());
+    }
+    if c.eat_token(&Token::ShiftRight) {
+        *pending += 1;
+        return Ok(());
+    }
+    Err(c.expected("'>'"))
+}
+
+/// A nested type's element: the next type, unless a `>>` already closed its list.
+fn parse_any_type(c: &mut Cursor, pending: &mut usize) -> Result<DataType> {
+    if *pending > 0 {
+        return Err(c.expected("a column type"));
+    }
+    let nested = match c.peek().map(|t| &t.token) {
+        Some(Token::Word(w)) if w.quote_style.is_none() => w.value.to_ascii_uppercase(),
+        _ => String::new(),
+    };
+    match nested.as_str() {
+        "ARRAY" => {
+            c.next();
+            c.expect_token(&Token::Lt)?;
+            let element = parse_any_type(c, pending)?;
+            close_angle(c, pending)?;
+            return Ok(DataType::List(Arc::new(Field::new(
+                "element", element, true,
+            ))));
+        }
+        "MAP" => {
+            c.next();
+            c.expect_token(&Token::Lt)?;
+            let key = parse_any_type(c, pending)?;
+            if *pending > 0 || !c.eat_token(&Token::Comma) {
+                return Err(c.expected("',' and the map's value type"));
+            }
+            let value = parse_any_type(c, pending)?;
+            close_angle(c, pending)?;
+            let entries = Field::new(
+                "key_value",
+                DataType::Struct(Fields::from(vec![
+                    Field::new("key", key, false),
+                    Field::new("value", value, true),
+                ])),
+                false,
+            );
+            return Ok(DataType::Map(Arc::new(entries), false));
+        }
+        "STRUCT" => {
+            c.next();
+            // `STRUCT<>` is one token, `<>`.
+            if c.eat_token(&Token::Neq) {
+                return Ok(DataType::Struct(Fields::empty()));
+            }
+            c.expect_token(&Token::Lt)?;
+            let mut fields: Vec<Field> = Vec::new();
+            if !c.eat_token(&Token::Gt) {
+                loop {
+                    let (name, name_at) = c.ident("a field name")?;
+                    if fields.iter().any(|f| f.name().eq_ignore_ascii_case(&name)) {
+                        return Err(
+                            c.error_at(name_at, format!("field '{name}' is declared twice"))
+                        );
+                    }
+                    c.eat_token(&Token::Colon);
+                    let t = parse_any_type(c, pending)?;
+                    let mut nullable = true;
+                    if *pending == 0 {
+                        if c.eat_keyword("NOT") {
+                            c.expect_keyword("NULL")?;
+                            nullable = false;
+                        }
+                        if c.eat_keyword("COMMENT") {
+                            c.string("a comment string")?;
+                        }
+                    }
+                    fields.push(Field::new(name, t, nullable));
+                    if *pending > 0 || !c.eat_token(&Token::Comma) {
+                        break;
+                    }
+                }
+                close_angle(c, pending)?;
+            }
+            return Ok(DataType::Struct(Fields::from(fields)));
+        }
+        _ => {}
+    }
+    scalar_type(c)
+}
+
+/// One scalar Spark type name.
+fn scalar_type(c: &mut Cursor) -> Result<DataType> {
     let at = c.loc();
     let name = match c.peek().map(|t| &t.token) {
         Some(Token::Word(w)) if w.quote_style.is_none() => w.value.to_ascii_uppercase(),
@@ -313,6 +422,47 @@ mod tests {
         assert!(cols[..22].iter().all(|c| c.nullable));
         assert!(!cols[22].nullable);
         assert_eq!(cols[23].name, "x y");
+    }
+
+    #[test]
+    fn nested_types_map_to_arrow() {
+        let cols = parse_ddl_schema(
+            "a ARRAY<INT>, b MAP<STRING, BIGINT>, c STRUCT<id: INT NOT NULL, tags ARRAY<STRING>>, \
+             d ARRAY<ARRAY<INT>>, e MAP<STRING, STRUCT<x: DOUBLE>>, f STRUCT<>",
+        )
+        .unwrap();
+        let list = |t: DataType| DataType::List(Arc::new(Field::new("element", t, true)));
+        assert_eq!(cols[0].data_type, list(DataType::Int32));
+        let DataType::Map(entries, false) = &cols[1].data_type else {
+            panic!("{:?}", cols[1].data_type);
+        };
+        let DataType::Struct(kv) = entries.data_type() else {
+            panic!("{entries:?}");
+        };
+        assert_eq!(
+            (kv[0].data_type(), kv[1].data_type()),
+            (&DataType::Utf8, &DataType::Int64)
+        );
+        assert_eq!(
+            cols[2].data_type,
+            DataType::Struct(Fields::from(vec![
+                Field::new("id", DataType::Int32, false),
+                Field::new("tags", list(DataType::Utf8), true),
+            ]))
+        );
+        assert_eq!(cols[3].data_type, list(list(DataType::Int32)));
+        assert!(matches!(cols[4].data_type, DataType::Map(..)));
+        assert_eq!(cols[5].data_type, DataType::Struct(Fields::empty()));
+        for bad in [
+            "a ARRAY<INT",
+            "a ARRAY<>",
+            "a MAP<INT>",
+            "a STRUCT<x INT, x INT>",
+            "a ARRAY<INT>>",
+            "a ARRAY<ARRAY<INT>>>",
+        ] {
+            assert!(parse_ddl_schema(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

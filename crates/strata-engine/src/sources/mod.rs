@@ -7,4 +7,5 @@
 pub(crate) mod connection;
 pub(crate) mod overlap;
 pub(crate) mod read;
+pub(crate) mod toast;
 pub(crate) mod watermark;

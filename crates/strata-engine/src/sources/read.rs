@@ -7,7 +7,7 @@ use strata_sources::{
 use strata_sql::ReadDatabase;
 
 /// The options `read_database` takes in each mode.
-const WATERMARK_OPTIONS: [&str; 7] = [
+const WATERMARK_OPTIONS: [&str; 9] = [
     "mode",
     "table",
     "query",
@@ -15,6 +15,8 @@ const WATERMARK_OPTIONS: [&str; 7] = [
     "overlap",
     "exclude",
     "batch_rows",
+    "chunk_rows",
+    "chunk_bytes",
 ];
 const CDC_OPTIONS: [&str; 6] = [
     "mode",
@@ -35,6 +37,34 @@ pub(crate) struct DatabaseRead {
     pub(crate) mode: ReadMode,
 }
 
+/// The default size of a watermark load's commit: 128 MiB of rows as Arrow holds them.
+pub(crate) const DEFAULT_CHUNK_BYTES: usize = 128 << 20;
+
+/// When a watermark load commits what it has read so far (`chunk_rows`, `chunk_bytes`):
+/// once the rows it holds reach either limit, at the next change of the watermark, so
+/// that rows sharing one watermark value are always in one commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ChunkSize {
+    pub(crate) rows: Option<usize>,
+    pub(crate) bytes: usize,
+}
+
+impl Default for ChunkSize {
+    fn default() -> Self {
+        ChunkSize {
+            rows: None,
+            bytes: DEFAULT_CHUNK_BYTES,
+        }
+    }
+}
+
+impl ChunkSize {
+    /// Whether a chunk holding `rows` rows of `bytes` bytes is full.
+    pub(crate) fn full(&self, rows: usize, bytes: usize) -> bool {
+        bytes >= self.bytes || self.rows.is_some_and(|r| rows >= r)
+    }
+}
+
 /// How new rows are found.
 #[derive(Debug, Clone)]
 pub(crate) enum ReadMode {
@@ -43,6 +73,7 @@ pub(crate) enum ReadMode {
     Watermark {
         columns: Vec<String>,
         overlap: Option<Overlap>,
+        chunk: ChunkSize,
     },
     /// `mode => 'cdc'` (PostgreSQL): the table's changes through a logical replication
     /// slot and publication; the first run copies the table through the slot's snapshot.
@@ -176,8 +207,48 @@ pub(crate) fn database_read(rd: &ReadDatabase, hint: &str) -> Result<DatabaseRea
         mode: ReadMode::Watermark {
             columns: watermark,
             overlap: get("overlap").map(parse_overlap).transpose()?,
+            chunk: ChunkSize {
+                rows: get("chunk_rows")
+                    .map(|n| positive(n, "chunk_rows", "rows"))
+                    .transpose()?,
+                bytes: get("chunk_bytes")
+                    .map(parse_bytes)
+                    .transpose()?
+                    .unwrap_or(DEFAULT_CHUNK_BYTES),
+            },
         },
     })
+}
+
+/// `'1000'` → 1000; anything else is an error naming `option`.
+fn positive(text: &str, option: &str, unit: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!(
+            "{option} '{text}' is not a positive number of {unit}"
+        )),
+    }
+}
+
+/// `'67108864'`, `'64MB'`, `'1 GB'`, `'512 KiB'` → bytes (KB/MB/GB and KiB/MiB/GiB both
+/// count in 1024s).
+pub(crate) fn parse_bytes(text: &str) -> Result<usize, String> {
+    let bad = || format!("chunk_bytes '{text}' is not a size such as '128MB' or '1GB'");
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let n = t[..split].parse::<usize>().map_err(|_| bad())?;
+    let unit = t[split..].trim().to_ascii_lowercase();
+    let scale: usize = match unit.trim_end_matches("ib").trim_end_matches('b') {
+        "" => 1,
+        "k" => 1 << 10,
+        "m" => 1 << 20,
+        "g" => 1 << 30,
+        _ => return Err(bad()),
+    };
+    match n.checked_mul(scale) {
+        Some(b) if b > 0 => Ok(b),
+        _ => Err(bad()),
+    }
 }
 
 /// `'a, b'` → `["a", "b"]`.
@@ -255,9 +326,15 @@ mod tests {
             "orders_raw",
         )
         .unwrap();
-        let ReadMode::Watermark { columns, overlap } = &r.mode else {
+        let ReadMode::Watermark {
+            columns,
+            overlap,
+            chunk,
+        } = &r.mode
+        else {
             panic!("not a watermark read");
         };
+        assert_eq!(chunk, &ChunkSize::default());
         assert_eq!(columns, &["updated_at", "id"]);
         assert_eq!(r.exclude, ["blob"]);
         assert_eq!(overlap, &Some(Overlap::Duration(Duration::from_secs(600))));
@@ -281,6 +358,40 @@ mod tests {
         assert!(e(&[("mode", "cdc")]).contains("table =>"));
         assert!(e(&[("mode", "cdc"), ("table", "t"), ("watermark", "w")]).contains("cdc mode"));
         assert!(e(&[("mode", "log")]).contains("'log'"));
+    }
+
+    #[test]
+    fn chunk_sizes_are_rows_or_bytes() {
+        let chunk = |o: &[(&str, &str)]| {
+            let mut all = vec![("table", "t"), ("watermark", "w")];
+            all.extend_from_slice(o);
+            match database_read(&rd(&all), "t").map(|r| r.mode) {
+                Ok(ReadMode::Watermark { chunk, .. }) => Ok(chunk),
+                Ok(_) => panic!("not a watermark read"),
+                Err(e) => Err(e),
+            }
+        };
+        assert_eq!(
+            chunk(&[("chunk_rows", "1000")]).unwrap(),
+            ChunkSize {
+                rows: Some(1000),
+                bytes: DEFAULT_CHUNK_BYTES
+            }
+        );
+        assert_eq!(chunk(&[("chunk_bytes", "64MB")]).unwrap().bytes, 64 << 20);
+        assert_eq!(chunk(&[("chunk_bytes", "1 GiB")]).unwrap().bytes, 1 << 30);
+        assert_eq!(chunk(&[("chunk_bytes", "4096")]).unwrap().bytes, 4096);
+        assert!(chunk(&[("chunk_bytes", "lots")])
+            .unwrap_err()
+            .contains("chunk_bytes"));
+        assert!(chunk(&[("chunk_rows", "0")])
+            .unwrap_err()
+            .contains("chunk_rows"));
+        let c = ChunkSize {
+            rows: Some(10),
+            bytes: 100,
+        };
+        assert!(!c.full(9, 99) && c.full(10, 0) && c.full(0, 100));
     }
 
     #[test]

@@ -264,6 +264,39 @@ impl PgCdc {
         self.r.query_error(what, pg_error_text(&e))
     }
 
+    /// How the server identifies `table`'s rows in its change log: the replica identity
+    /// (`'d'` default, `'f'` full, `'i'` index, `'n'` nothing) and the columns of the key
+    /// it uses (the primary key, or the replica identity index; empty when there is none).
+    /// An update that leaves a TOASTed value unchanged omits it unless the identity is full.
+    pub async fn identity(&self, table: &TableRef) -> Result<(char, Vec<String>)> {
+        let what = format!("the replica identity of table {table}");
+        let row = self
+            .client
+            .query_one(
+                "SELECT c.oid, c.relreplident::text FROM pg_catalog.pg_class c \
+                 WHERE c.oid = $1::text::regclass",
+                &[&table.pg_sql()],
+            )
+            .await
+            .map_err(|e| self.q_err(&what, e))?;
+        let oid: u32 = row.get(0);
+        let identity: String = row.get(1);
+        let identity = identity.chars().next().unwrap_or('d');
+        let rows = self
+            .client
+            .query(
+                "SELECT a.attname::text FROM pg_catalog.pg_index i \
+                 JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n) ON true \
+                 JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum \
+                 WHERE i.indrelid = $1 AND CASE WHEN $2::text = 'i' THEN i.indisreplident ELSE i.indisprimary END \
+                 ORDER BY k.n",
+                &[&oid, &identity.to_string()],
+            )
+            .await
+            .map_err(|e| self.q_err(&what, e))?;
+        Ok((identity, rows.iter().map(|r| r.get(0)).collect()))
+    }
+
     /// The slot's state, or `None` if it does not exist.
     pub async fn slot_status(&self) -> Result<Option<SlotStatus>> {
         let rows = self

@@ -4,9 +4,11 @@
 //! through PostgreSQL logical replication.
 //!
 //! A watermark run: read the watermark the table recorded last (`sources/watermark.rs`),
-//! read the rows above it in batches (every row on the first run; with an overlap window,
-//! from a point before it, dropping rows the table already holds), run each batch through
-//! the query and the checks, and commit the rows with the new watermark in one Delta commit.
+//! read the rows above it in batches from a cursor (every row on the first run; with an
+//! overlap window, from a point before it, dropping rows the table already holds), run each
+//! batch through the query and the checks, and commit the rows with the watermark of the
+//! last one in one Delta commit per chunk (`chunk_bytes`, `chunk_rows`): memory holds one
+//! chunk, and a chunk ends only where the watermark changes.
 //!
 //! A CDC run: read the LSN the table recorded last; without one (first run, full refresh),
 //! create the slot and copy the table through its exported snapshot (rows with
@@ -22,12 +24,16 @@ use crate::ops::ingest::{IngestReport, IngestSetup, Source};
 use crate::ops::Scope;
 use crate::sources::connection::{connection_spec, process_env};
 use crate::sources::overlap::{self, Seen};
+#[cfg(doc)]
+use crate::sources::read::ChunkSize;
 use crate::sources::read::{database_read, DatabaseRead, ReadMode};
+use crate::sources::toast;
 use crate::sources::watermark;
 use crate::storage::commit::{position, AppId, PendingCommit};
 use crate::util::arrow::align_by_name;
 use deltalake::arrow::array::RecordBatch;
 use deltalake::arrow::datatypes::{Schema, SchemaRef};
+use deltalake::arrow::row::{OwnedRow, RowConverter, SortField};
 use deltalake::datafusion::prelude::DataFrame;
 use deltalake::DeltaTable;
 use std::collections::HashMap;
@@ -106,8 +112,11 @@ pub(super) async fn take_database(
     }
 }
 
-/// The rows above the table's watermark, read, run through the query and checked; `None`
-/// (the report says why) when the database has nothing new.
+/// The rows above the table's watermark, read, run through the query, checked and
+/// committed in chunks ([`ChunkSize`]): each chunk is one Delta commit carrying the
+/// watermark of its last row, cut only where the watermark changes, so a crash between
+/// chunks resumes after the last one committed. The last chunk is returned for the
+/// ordinary commit; `None` (the report says why) when the database has nothing new.
 async fn take_watermark(
     scope: &Scope<'_>,
     setup: &IngestSetup,
@@ -117,6 +126,9 @@ async fn take_watermark(
     let (Source::Database { spec, read, input }, Some(watermark_read)) =
         (&setup.source, read_of(setup))
     else {
+        return Err(EngineError::Internal("not a watermark source".into()));
+    };
+    let ReadMode::Watermark { chunk: size, .. } = read.mode else {
         return Err(EngineError::Internal("not a watermark source".into()));
     };
     let key = watermark::key(setup.append_flow.as_deref());
@@ -137,42 +149,225 @@ async fn take_watermark(
         .await
         .context(|| setup.err(&place).to_string())?;
     let mut reader = database
-        .read_watermark(&watermark_read.lower_bound(bound))
+        .read_watermark(&watermark_read.clone().lower_bound(bound))
         .await
         .context(|| setup.err(&place).to_string())?;
     let mut running = Running::new(scope.wh, setup).await?;
     running.seen = seen;
     let ctx = crate::storage::session::new_session();
-    let mut parts = Vec::new();
-    let mut events = HashMap::new();
-    while let Some(batch) = reader
+    let columns = watermark_read.watermark_columns.clone();
+    let mut boundary = Boundary::new(&columns);
+    let mut chunk = Chunk::default();
+    // The table as the last chunk committed it (`None`: no chunk committed yet).
+    let mut base: Option<DeltaTable> = None;
+    // The position the table holds: stored, then each chunk's.
+    let mut held = stored.as_ref().map(Watermark::to_json);
+    // The chunk is full: it is committed with this watermark (its last row's) at the
+    // first row whose watermark differs.
+    let mut closing: Option<Watermark> = None;
+    while let Some(mut batch) = reader
         .next_batch()
         .await
         .context(|| setup.err(&place).to_string())?
     {
-        let df = ctx
-            .read_batch(align_by_name(&batch, input)?)
-            .context(|| "reading database rows".into())?;
-        let (rows, _) = checked_rows(setup, &running, df, &place, report, &mut events).await?;
-        parts.extend(rows);
+        if let Some(reached) = closing.take() {
+            let same = boundary.leading_equal(&batch)?;
+            if same > 0 {
+                let head = batch.slice(0, same);
+                chunk
+                    .add(setup, &running, &ctx, input, head, &place, report)
+                    .await?;
+            }
+            if same == batch.num_rows() {
+                closing = Some(reached);
+                continue;
+            }
+            batch = batch.slice(same, batch.num_rows() - same);
+            let table = match &base {
+                Some(t) => Some(t),
+                None => existing,
+            };
+            let json = reached.to_json();
+            report.watermark = Some(describe_watermark(&reached));
+            let commit = position_commit(scope, setup, table, key.clone(), json.clone()).await?;
+            let taken = std::mem::take(&mut chunk).into_taken(commit);
+            let version =
+                super::run::commit_rows(scope, setup, table.cloned(), taken, report).await?;
+            base = Some(table_at(scope, setup, version).await?);
+            held = Some(json);
+            (scope.update)(format!(
+                "{} row(s) read, committed up to {}",
+                reader.rows_read(),
+                describe_watermark(&reached)
+            ));
+        }
+        boundary.remember_last(&batch)?;
+        chunk
+            .add(setup, &running, &ctx, input, batch, &place, report)
+            .await?;
+        if size.full(chunk.rows, chunk.bytes) {
+            closing = reader.max_watermark().cloned();
+        }
         (scope.update)(format!("{} row(s) read", reader.rows_read()));
     }
     let reached = reader.max_watermark().cloned();
-    let moved = reached.as_ref().map(Watermark::to_json) != stored.as_ref().map(Watermark::to_json);
-    let has_rows = parts.iter().any(|b: &RecordBatch| b.num_rows() > 0);
+    let moved = reached.as_ref().map(Watermark::to_json) != held;
+    let has_rows = chunk.parts.iter().any(|b: &RecordBatch| b.num_rows() > 0);
     let Some(reached) = reached.filter(|_| moved || has_rows) else {
-        report.skipped = Some("no new rows".into());
+        if base.is_none() {
+            report.skipped = Some("no new rows".into());
+        }
         return Ok(None);
     };
     report.watermark = Some(describe_watermark(&reached));
-    let commit = position_commit(scope, setup, existing, key, reached.to_json()).await?;
+    let table = match &base {
+        Some(t) => Some(t),
+        None => existing,
+    };
+    let commit = position_commit(scope, setup, table, key, reached.to_json()).await?;
     Ok(Some(Taken {
-        parts,
+        parts: chunk.parts,
         reused: Vec::new(),
-        events,
+        events: chunk.events,
         commit,
         after_commit: None,
+        base,
     }))
+}
+
+/// The rows of a watermark load not committed yet, checked.
+#[derive(Default)]
+struct Chunk {
+    parts: Vec<RecordBatch>,
+    events: HashMap<String, Vec<RecordBatch>>,
+    rows: usize,
+    /// The Arrow memory the rows hold.
+    bytes: usize,
+}
+
+impl Chunk {
+    /// Runs `batch` (as read from the database) through the query and the checks.
+    #[allow(clippy::too_many_arguments)]
+    async fn add(
+        &mut self,
+        setup: &IngestSetup,
+        running: &Running,
+        ctx: &deltalake::datafusion::prelude::SessionContext,
+        input: &SchemaRef,
+        batch: RecordBatch,
+        place: &str,
+        report: &mut IngestReport,
+    ) -> Result<()> {
+        let df = ctx
+            .read_batch(align_by_name(&batch, input)?)
+            .context(|| "reading database rows".into())?;
+        let (rows, _) = checked_rows(setup, running, df, place, report, &mut self.events).await?;
+        self.rows += rows.iter().map(RecordBatch::num_rows).sum::<usize>();
+        self.bytes += rows
+            .iter()
+            .map(RecordBatch::get_array_memory_size)
+            .sum::<usize>();
+        self.parts.extend(rows);
+        Ok(())
+    }
+
+    /// The chunk as a commit of its own. The downstream flows' events are dropped: they
+    /// read what a run appended in more than one commit from the table.
+    fn into_taken(self, commit: PendingCommit) -> Taken {
+        Taken {
+            parts: self.parts,
+            reused: Vec::new(),
+            events: HashMap::new(),
+            commit,
+            after_commit: None,
+            base: None,
+        }
+    }
+}
+
+/// The table as of `version`, the one this run's chunk just committed: the next chunk
+/// builds on it, so that another writer's commit of the same position since conflicts.
+async fn table_at(scope: &Scope<'_>, setup: &IngestSetup, version: i64) -> Result<DeltaTable> {
+    let mut table = scope
+        .wh
+        .open_table(&setup.table.name)
+        .await?
+        .ok_or_else(|| EngineError::Internal("a committed chunk's table is gone".into()))?;
+    let at = u64::try_from(version)
+        .map_err(|_| EngineError::Internal(format!("a commit at version {version}")))?;
+    table.load_version(at as _).await.context(|| {
+        format!(
+            "streaming table {}: reading version {version}",
+            setup.table.name
+        )
+    })?;
+    Ok(table)
+}
+
+/// Where rows of equal watermark end: the watermark columns of the last row read, in
+/// Arrow's row format, compared with the first rows of the next batch (rows come in
+/// watermark order, so rows of one watermark are contiguous).
+struct Boundary {
+    columns: Vec<String>,
+    converter: Option<RowConverter>,
+    last: Option<OwnedRow>,
+}
+
+impl Boundary {
+    fn new(columns: &[String]) -> Boundary {
+        Boundary {
+            columns: columns.to_vec(),
+            converter: None,
+            last: None,
+        }
+    }
+
+    /// The watermark columns of `batch` as rows.
+    fn rows(&mut self, batch: &RecordBatch) -> Result<deltalake::arrow::row::Rows> {
+        let arrays = self
+            .columns
+            .iter()
+            .map(|c| {
+                batch.column_by_name(c).cloned().ok_or_else(|| {
+                    EngineError::Internal(format!("watermark column {c} is not in the rows read"))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if self.converter.is_none() {
+            let fields = arrays
+                .iter()
+                .map(|a| SortField::new(a.data_type().clone()))
+                .collect();
+            self.converter =
+                Some(RowConverter::new(fields).context(|| "comparing watermark values".into())?);
+        }
+        let converter = self
+            .converter
+            .as_ref()
+            .ok_or_else(|| EngineError::Internal("no row converter".into()))?;
+        converter
+            .convert_columns(&arrays)
+            .context(|| "comparing watermark values".into())
+    }
+
+    /// Keeps the watermark of `batch`'s last row.
+    fn remember_last(&mut self, batch: &RecordBatch) -> Result<()> {
+        if batch.num_rows() == 0 {
+            return Ok(());
+        }
+        let last = batch.slice(batch.num_rows() - 1, 1);
+        self.last = Some(self.rows(&last)?.row(0).owned());
+        Ok(())
+    }
+
+    /// How many rows at the start of `batch` have the watermark of the last row read.
+    fn leading_equal(&mut self, batch: &RecordBatch) -> Result<usize> {
+        let Some(last) = self.last.clone() else {
+            return Ok(0);
+        };
+        let rows = self.rows(batch)?;
+        Ok(rows.iter().take_while(|r| *r == last.row()).count())
+    }
 }
 
 /// The commit of a database read that reached `reached` (a watermark's JSON, or an LSN),
@@ -264,11 +459,37 @@ async fn take_changes(
         .read_changes(after, ReadOptions::default())
         .await
         .context(fail)?;
+    let mut raw = Vec::new();
+    let mut read_rows = 0usize;
     while let Some(tb) = changes.next_batch().await.context(fail)? {
-        let df = take(tb.batch, &mut rows)?;
+        read_rows += tb.batch.num_rows();
+        raw.push(tb.batch);
+        (scope.update)(format!("{read_rows} change(s) read"));
+    }
+    // Updates that left a TOASTed value unchanged (REPLICA IDENTITY DEFAULT): the value
+    // the key last had, from this run's changes or the table.
+    if toast::has_unchanged(&raw) {
+        let table = read
+            .cdc_table()
+            .ok_or_else(|| EngineError::Internal("a CDC source without its table".into()))?;
+        let (_, key) = cdc.identity(table).await.context(fail)?;
+        let fill = toast::Toast {
+            source: table.to_string(),
+            key,
+            bronze: match (stored, existing) {
+                (None, _) => toast::Bronze::Snapshot(setup.schema.clone(), &parts),
+                (Some(_), Some(t)) => toast::Bronze::Table(t),
+                (Some(_), None) => toast::Bronze::Empty,
+            },
+        };
+        raw = toast::fill_unchanged(raw, &fill)
+            .await
+            .map_err(|e| setup.err(format!("{place}: {e}")))?;
+    }
+    for batch in raw {
+        let df = take(batch, &mut rows)?;
         let (kept, _) = checked_rows(setup, &running, df, &place, report, &mut events).await?;
         parts.extend(kept);
-        (scope.update)(format!("{rows} change(s) read"));
     }
     let resume = changes
         .summary()
@@ -286,6 +507,7 @@ async fn take_changes(
         events,
         commit,
         after_commit: Some(SlotAdvance { cdc, to: resume }),
+        base: None,
     }))
 }
 

@@ -404,6 +404,7 @@ pub(super) async fn take_changes(
         events,
         commit,
         after_commit: None,
+        base: None,
     }))
 }
 

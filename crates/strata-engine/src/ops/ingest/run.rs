@@ -245,6 +245,8 @@ pub(crate) async fn run_ingest(scope: &Scope<'_>, setup: &IngestSetup) -> Result
     };
     if let Some(mut taken) = taken {
         let after_commit = taken.after_commit.take();
+        // A take that committed chunks of its own builds on its last one.
+        let existing = taken.base.take().or(existing);
         commit_rows(scope, setup, existing, taken, &mut report).await?;
         if let Some(advance) = after_commit {
             advance.run().await;
@@ -265,6 +267,10 @@ pub(super) struct Taken {
     pub(super) commit: PendingCommit,
     /// What to do once the commit is in (a CDC source's slot is advanced).
     pub(super) after_commit: Option<super::database::SlotAdvance>,
+    /// The table as of the last chunk a take committed itself (a large watermark load),
+    /// which this commit builds on: a writer that recorded the same position since then
+    /// makes it conflict.
+    pub(super) base: Option<DeltaTable>,
 }
 
 /// The input files not taken yet, in file-name order, each read, run through the query and
@@ -303,6 +309,7 @@ async fn take_files(
         events: HashMap::new(),
         commit: files_commit(scope, setup, existing, &new).await?,
         after_commit: None,
+        base: None,
     };
     for (n, file) in new.iter().enumerate() {
         let path = dir.file(file).await?;
@@ -486,18 +493,20 @@ async fn take_table(
         events,
         commit: PendingCommit::of_run(scope.run_id).at(id, version),
         after_commit: None,
+        base: None,
     }))
 }
 
 /// Commits what was taken in one commit (creating the table on its first run, adding
-/// columns when its schema evolves), then hands the downstream flows' events over.
-async fn commit_rows(
+/// columns when its schema evolves), then hands the downstream flows' events over. Returns
+/// the version committed.
+pub(super) async fn commit_rows(
     scope: &Scope<'_>,
     setup: &IngestSetup,
     existing: Option<DeltaTable>,
     mut taken: Taken,
     report: &mut IngestReport,
-) -> Result<()> {
+) -> Result<i64> {
     let name = &setup.table.name;
     report.rows += taken.parts.iter().map(RecordBatch::num_rows).sum::<usize>();
     if taken.parts.is_empty() && taken.reused.is_empty() {
@@ -512,7 +521,7 @@ async fn commit_rows(
     };
     if setup.evolve {
         let props = crate::storage::write::writer_properties(&table);
-        table
+        let written = table
             .write(taken.parts)
             .with_writer_properties(props)
             .with_save_mode(SaveMode::Append)
@@ -520,7 +529,7 @@ async fn commit_rows(
             .with_schema_mode(deltalake::operations::write::SchemaMode::Merge)
             .await
             .context(|| format!("streaming table {name}: committing"))?;
-        return Ok(());
+        return Ok(written.version().map_or(-1, |v| v as i64));
     }
     // The version before, as a downstream flow's position counts it (`None`: no data files
     // yet); unknown when the table state cannot be read.
@@ -542,7 +551,7 @@ async fn commit_rows(
     if let (Some(before), true) = (before, after >= 0) {
         scope.handoff.keep(name, before, after, taken.events);
     }
-    Ok(())
+    Ok(after)
 }
 
 /// Creates the streaming table with its declared properties; one that takes files keeps
