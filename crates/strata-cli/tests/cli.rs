@@ -1283,6 +1283,7 @@ fn validate_tells_deletes_from_gaps_and_speaks_json() {
         "{said}"
     );
     assert!(!said.contains("id=3"), "{said}");
+}
 
 /// Nested types in a `schema =>` DDL string: JSON arrays, objects and maps read into Arrow
 /// lists, structs and maps, with field access in the query.

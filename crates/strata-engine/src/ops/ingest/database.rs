@@ -19,7 +19,8 @@
 //! leaves the table and its position as they were: the next run reads the same rows.
 
 use crate::error::{Context, EngineError, Result};
-use crate::ops::ingest::run::{checked_rows, Running, Taken};
+use crate::ops::ingest::commit::Taken;
+use crate::ops::ingest::rows::{checked_rows, Running};
 use crate::ops::ingest::{IngestReport, IngestSetup, Source};
 use crate::ops::Scope;
 use crate::sources::connection::{connection_spec, process_env};
@@ -192,7 +193,7 @@ async fn take_watermark(
             let commit = position_commit(scope, setup, table, key.clone(), json.clone()).await?;
             let taken = std::mem::take(&mut chunk).into_taken(commit);
             let version =
-                super::run::commit_rows(scope, setup, table.cloned(), taken, report).await?;
+                super::commit::commit_rows(scope, setup, table.cloned(), taken, report).await?;
             base = Some(table_at(scope, setup, version).await?);
             held = Some(json);
             (scope.update)(format!(
@@ -506,7 +507,9 @@ async fn take_changes(
         reused: Vec::new(),
         events,
         commit,
-        after_commit: Some(SlotAdvance { cdc, to: resume }),
+        after_commit: Some(Box::new(move || {
+            Box::pin(SlotAdvance { cdc, to: resume }.run())
+        })),
         base: None,
     }))
 }
@@ -522,13 +525,13 @@ fn cdc_config_of(setup: &IngestSetup) -> Option<strata_sources::CdcConfig> {
 /// What a CDC run does once its commit holds the LSN: let the server drop the WAL before
 /// it. Failing here loses nothing (the next run skips what the table recorded); the slot
 /// just keeps more WAL until a later run advances it.
-pub(super) struct SlotAdvance {
+struct SlotAdvance {
     cdc: PgCdc,
     to: Lsn,
 }
 
 impl SlotAdvance {
-    pub(super) async fn run(self) {
+    async fn run(self) {
         if let Err(e) = self.cdc.advance_slot(self.to).await {
             tracing::warn!("the replication slot was not advanced to {}: {e}", self.to);
         }

@@ -24,7 +24,8 @@
 //! there.
 
 use crate::error::{Context, EngineError, Result};
-use crate::ops::ingest::run::{checked_rows, Running, Taken};
+use crate::ops::ingest::commit::Taken;
+use crate::ops::ingest::rows::{checked_rows, Running};
 use crate::ops::ingest::{IngestReport, IngestSetup, Source};
 use crate::ops::Scope;
 use crate::storage::changes::read_commit;

@@ -14,10 +14,12 @@
 //! CDC target is read through its change data feed (`storage/feed.rs`).
 
 pub(crate) mod autoload;
+mod commit;
 mod database;
 mod files;
 mod history;
 mod prepare;
+mod rows;
 mod run;
 
 pub(crate) use prepare::{prepare_ingest, PipelineContext};
