@@ -275,6 +275,9 @@ struct Shape {
     /// SCD type 2 target partitioned by its start column (written through MERGE).
     partitioned: bool,
     ties: Ties,
+    /// `strata optimize` and `strata vacuum --retain 0` (protecting the pipeline's readers)
+    /// between runs: upkeep never changes what a run reads or writes.
+    upkeep: bool,
 }
 
 /// An event and the flow (source) it is delivered through.
@@ -312,13 +315,14 @@ fn shape() -> impl Strategy<Value = Shape> {
                 2 => Just(Ties::Settled),
                 2 => Just(Ties::Conflicting)
             ],
+            prop::bool::weighted(0.3),
         ),
     )
         .prop_map(
             |(
                 (scd2, ignore_nulls, track_city, deletion_vectors),
                 (expire, keys, two_flows),
-                (partitioned, ties),
+                (partitioned, ties, upkeep),
             )| {
                 // Expiry is timed per flow run: with two flows into the target and a
                 // threshold of 0, a delete one flow processed has expired by the time the
@@ -334,6 +338,7 @@ fn shape() -> impl Strategy<Value = Shape> {
                     keys,
                     two_flows,
                     partitioned: partitioned && scd2,
+                    upkeep,
                     ties: if ties == Ties::Conflicting && (two_flows || expire) {
                         Ties::Settled
                     } else {
@@ -679,6 +684,7 @@ async fn run_case(c: &Case) -> Result<(), String> {
         (s.partitioned, "partitioned"),
         (s.expire, "expiring tombstones"),
         (s.ties != Ties::None, "ties"),
+        (s.upkeep, "optimize and vacuum between runs"),
     ] {
         if on {
             t(what);
@@ -744,6 +750,16 @@ async fn run_case(c: &Case) -> Result<(), String> {
                 }
                 t("runs compared");
                 last_good = Some(got);
+                if s.upkeep {
+                    upkeep(&wh, &pipeline_path).await?;
+                    let after = actual(&wh, s).await?;
+                    if Some(&after) != last_good.as_ref() {
+                        return Err(format!(
+                            "run {i}: optimize and vacuum changed the target\n{}",
+                            context(i)
+                        ));
+                    }
+                }
             }
             Err(ties) => {
                 let message = match run {
@@ -788,6 +804,25 @@ async fn run_case(c: &Case) -> Result<(), String> {
             }
         }
     }
+    Ok(())
+}
+
+/// Every table compacted, then every file no version needs removed at once (the
+/// pipeline's readers protected), as `strata optimize` and `strata vacuum --retain 0
+/// --allow-short-retention --pipeline pipeline.sql` do.
+async fn upkeep(wh: &Warehouse, pipeline: &std::path::Path) -> Result<(), String> {
+    strata_engine::optimize(wh, &strata_engine::OptimizeOptions::default())
+        .await
+        .map_err(|e| format!("optimize: {}", strata_engine::chain(&e)))?;
+    let vacuum = strata_engine::VacuumOptions {
+        retain_hours: 0.0,
+        allow_short_retention: true,
+        pipelines: vec![pipeline.to_path_buf()],
+        ..Default::default()
+    };
+    strata_engine::vacuum(wh, &vacuum)
+        .await
+        .map_err(|e| format!("vacuum: {}", strata_engine::chain(&e)))?;
     Ok(())
 }
 
@@ -1162,6 +1197,7 @@ fn one_flow_commits_before_another_fails() {
             two_flows: true,
             partitioned: false,
             ties: Ties::Settled,
+            upkeep: false,
         },
         batches: vec![
             vec![
