@@ -76,6 +76,14 @@ enum Command {
         /// pipelines.numUpdateRetryAttempts=N` [default: the pipeline's, else 0].
         #[arg(long, value_name = "N")]
         retries: Option<u32>,
+        /// One run of this pipeline at a time on the warehouse: `fail` stops at once (exit 3)
+        /// when another run holds it, `wait` waits for that run to end (at most
+        /// --lock-timeout). Without it runs may overlap, safely.
+        #[arg(long, value_enum, value_name = "fail|wait")]
+        lock: Option<LockArg>,
+        /// How long `--lock wait` waits, e.g. `30m`.
+        #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_interval)]
+        lock_timeout: Duration,
     },
     /// Show the event log: what each run did, dataset by dataset.
     Events {
@@ -190,6 +198,14 @@ enum PlanFormat {
     Dot,
     /// A Mermaid flowchart (renders in GitHub and GitLab markdown).
     Mermaid,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum LockArg {
+    /// Stop at once when another run of the pipeline holds the lock.
+    Fail,
+    /// Wait for it to end.
+    Wait,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -321,7 +337,7 @@ fn exit_code(e: &(dyn std::error::Error + Send + Sync + 'static)) -> u8 {
     match e.downcast_ref::<E>() {
         // Another writer kept committing first: nothing of that dataset was written, and
         // running again later is the way out.
-        Some(E::Conflict { .. }) => 3,
+        Some(E::Conflict { .. } | E::Locked(_)) => 3,
         // Storage, or a query's execution, failed (a full disk, a lost connection):
         // retrying may help; the pipeline is not at fault.
         Some(E::Delta { .. } | E::DataFusion { .. } | E::Io { .. }) => 4,
@@ -342,6 +358,8 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
             continuous,
             interval,
             retries,
+            lock,
+            lock_timeout,
         } => {
             let mut configuration: std::collections::BTreeMap<String, String> =
                 conf.into_iter().collect();
@@ -362,6 +380,10 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
                 full_refresh,
                 progress: Some(progress::reporter()),
                 stop: Some(stop.clone()),
+                lock: lock.map(|l| match l {
+                    LockArg::Fail => strata_engine::LockMode::Fail,
+                    LockArg::Wait => strata_engine::LockMode::Wait(lock_timeout),
+                }),
             };
             if continuous {
                 return run_continuous(&pipeline, &wh, options, interval, stop).await;

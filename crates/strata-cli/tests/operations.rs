@@ -379,3 +379,75 @@ fn a_named_catalog_use_show_tables_and_describe_extended() {
     // (Without it the run is refused, as above.)
     p.ok(&["run", "spec.yaml"]);
 }
+
+/// `--lock`: one run of a pipeline at a time. A lock held by a live process (this test)
+/// refuses `--lock fail` at once (exit 3, naming the run holding it) and makes `--lock wait`
+/// wait, here until its timeout; a lock left by a process that is gone is taken over; the
+/// lock is removed when a run ends; without `--lock` runs do not look at it.
+#[test]
+fn lock_refuses_or_waits_for_a_running_pipeline() {
+    let p = Project::new(
+        "CREATE OR REFRESH STREAMING TABLE t AS SELECT * FROM STREAM \
+         read_files('data', format => 'json', schema => 'id INT');\n",
+    );
+    std::fs::create_dir_all(p.path("data")).unwrap();
+    p.file("data/001.json", "{\"id\": 1}\n");
+    let locks = p.path("warehouse/_strata/locks");
+    std::fs::create_dir_all(&locks).unwrap();
+    let lock = locks.join("pipeline_sql.json");
+    let held_by = |pid: u32| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        format!(
+            "{{\"run_id\":\"other-run\",\"host\":\"{}\",\"pid\":{pid},\"started\":{now}}}",
+            host.trim()
+        )
+    };
+    std::fs::write(&lock, held_by(std::process::id())).unwrap();
+    let refused = p.strata(&["run", "pipeline.sql", "--lock", "fail"]);
+    assert_eq!(
+        refused.status.code(),
+        Some(3),
+        "{}",
+        common::stderr(&refused)
+    );
+    assert!(
+        common::stderr(&refused)
+            .contains("pipeline pipeline.sql is already running on this warehouse (run other-run"),
+        "{}",
+        common::stderr(&refused)
+    );
+    let started = Instant::now();
+    let waited = p.strata(&[
+        "run",
+        "pipeline.sql",
+        "--lock",
+        "wait",
+        "--lock-timeout",
+        "2s",
+    ]);
+    assert_eq!(waited.status.code(), Some(3), "{}", common::stderr(&waited));
+    assert!(started.elapsed() >= Duration::from_secs(2));
+    assert!(
+        common::stderr(&waited).contains("is still running (run other-run"),
+        "{}",
+        common::stderr(&waited)
+    );
+    assert!(
+        !p.path("warehouse/default/t").exists(),
+        "refused runs wrote nothing"
+    );
+    // Left by a process that is gone: taken over, and removed when the run ends.
+    std::fs::write(&lock, held_by(u32::MAX - 7)).unwrap();
+    p.ok(&["run", "pipeline.sql", "--lock", "fail"]);
+    assert_eq!(p.csv("SELECT count(*) AS n FROM t"), "n\n1\n");
+    assert!(!lock.exists(), "the run removed its lock");
+    // Without --lock a run does not look at the lock.
+    std::fs::write(&lock, held_by(std::process::id())).unwrap();
+    p.file("data/002.json", "{\"id\": 2}\n");
+    p.ok(&["run", "pipeline.sql"]);
+    assert_eq!(p.csv("SELECT count(*) AS n FROM t"), "n\n2\n");
+}

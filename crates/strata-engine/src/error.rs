@@ -44,6 +44,9 @@ pub enum EngineError {
         #[source]
         source: Box<DeltaTableError>,
     },
+    /// Another run of the pipeline holds its lock (`strata run --lock`).
+    #[error("{0}")]
+    Locked(String),
     #[error("{context}: {source}")]
     Delta {
         context: String,
@@ -276,6 +279,7 @@ impl EngineError {
             | EngineError::Plan { .. }
             | EngineError::BadInput(_)
             | EngineError::NotFound(_)
+            | EngineError::Locked(_)
             | EngineError::Internal(_) => false,
             EngineError::Conflict { .. } => true,
             EngineError::Io { source, .. } => transient_kind(source.kind()),

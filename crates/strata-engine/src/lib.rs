@@ -62,6 +62,7 @@ pub use ops::ingest::IngestReport;
 pub use ops::mview::MvReport;
 pub use ops::pit::PitReport;
 pub use runtime::event_log::{EventRecord, Status, EVENT_LOG_TABLE};
+pub use runtime::lock::LockMode;
 pub use runtime::upkeep::{
     optimize, vacuum, OptimizeOptions, Optimized, VacuumOptions, VacuumReport, Vacuumed,
     DEFAULT_RETAIN_HOURS,

@@ -149,6 +149,7 @@ impl RunArgs {
             full_refresh: self.full_refresh.clone(),
             progress,
             stop: None,
+            lock: None,
         })
     }
 }

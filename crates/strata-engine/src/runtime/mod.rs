@@ -7,6 +7,7 @@
 
 pub(crate) mod event_log;
 mod full_refresh;
+pub(crate) mod lock;
 mod node;
 mod notify;
 pub(crate) mod options;
@@ -65,16 +66,24 @@ pub async fn run_pipeline(path: &Path, wh: &Warehouse, options: &RunOptions) -> 
         )
     });
     let pipeline = path.display().to_string();
-    let mut update = Update::new(wh, pipeline, name, &loaded.settings, options);
-    loop {
+    let mut update = Update::new(wh, pipeline, name.clone(), &loaded.settings, options);
+    let lock = match options.lock {
+        Some(mode) => Some(lock::acquire(wh, &name, update.run_id(), mode).await?),
+        None => None,
+    };
+    let result = loop {
         let ended = Ended::default();
         let options = update.options();
         let outcome = attempt(&loaded, path, wh, options, update.run_id(), &ended).await;
         let ended = ended.into_inner().unwrap_or_default();
         if let Some(result) = update.after(outcome, ended).await {
-            return result;
+            break result;
         }
+    };
+    if let Some(lock) = lock {
+        lock.release().await;
     }
+    result
 }
 
 /// One attempt of a run: the pipeline planned (with `options`' configuration) and run.

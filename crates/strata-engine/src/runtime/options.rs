@@ -62,6 +62,9 @@ pub struct RunOptions {
     pub full_refresh: Option<Vec<String>>,
     /// Called as each node starts and ends (progress display).
     pub progress: Option<ProgressFn>,
+    /// `--lock`: one run of this pipeline at a time on the warehouse (`runtime/lock.rs`);
+    /// `None`: runs may overlap (they stay correct through Delta's conditional commits).
+    pub lock: Option<crate::runtime::lock::LockMode>,
     /// When set (by a signal handler), the run stops before its next node: the node in
     /// flight finishes its commit, nothing after it starts. [`RunReport::stopped`] says so.
     pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,

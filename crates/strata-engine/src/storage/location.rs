@@ -258,6 +258,47 @@ impl Location {
         }
     }
 
+    /// Creates the file `file` below this location holding `bytes` only if there is none
+    /// (a local `create_new`, an object store's conditional put): `false` when one exists.
+    pub(crate) async fn create_file(&self, file: &str, bytes: bytes::Bytes) -> Result<bool> {
+        match self {
+            Location::Local(p) => {
+                use std::io::Write;
+                let path = p.join(file);
+                match std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&path)
+                {
+                    Ok(mut f) => {
+                        f.write_all(&bytes)
+                            .context(|| format!("writing {}", path.display()))?;
+                        Ok(true)
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+                    Err(e) => Err(e).context(|| format!("creating {}", path.display())),
+                }
+            }
+            Location::Object(_) => {
+                let Some((store, prefix)) = self.store()? else {
+                    return Ok(false);
+                };
+                let options = object_store::PutOptions {
+                    mode: object_store::PutMode::Create,
+                    ..Default::default()
+                };
+                match store
+                    .put_opts(&prefix.clone().join(file), bytes.into(), options)
+                    .await
+                {
+                    Ok(_) => Ok(true),
+                    Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+                    Err(e) => Err(store_error(e)).context(|| format!("creating {self}/{file}")),
+                }
+            }
+        }
+    }
+
     /// Every object below this object-store location, by its path relative to it
     /// (`a/b.json`), sorted; names with a part starting with `.` or `_` are left out, as
     /// Spark does. Empty for a local location (list those with `std::fs`).
