@@ -299,6 +299,20 @@ impl Location {
         }
     }
 
+    /// Every object below `prefix` in `store` (this location's).
+    async fn objects(
+        &self,
+        store: &Arc<dyn ObjectStore>,
+        prefix: &StorePath,
+    ) -> Result<Vec<object_store::ObjectMeta>> {
+        store
+            .list(Some(prefix))
+            .try_collect()
+            .await
+            .map_err(store_error)
+            .context(|| format!("cannot list {self}"))
+    }
+
     /// Every object below this object-store location, by its path relative to it
     /// (`a/b.json`), sorted; names with a part starting with `.` or `_` are left out, as
     /// Spark does. Empty for a local location (list those with `std::fs`).
@@ -306,12 +320,7 @@ impl Location {
         let Some((store, prefix)) = self.store()? else {
             return Ok(Vec::new());
         };
-        let objects: Vec<_> = store
-            .list(Some(&prefix))
-            .try_collect()
-            .await
-            .map_err(store_error)
-            .context(|| format!("cannot list {self}"))?;
+        let objects = self.objects(&store, &prefix).await?;
         let mut out: Vec<String> = objects
             .iter()
             .filter_map(|o| {
@@ -417,12 +426,7 @@ impl Location {
                         "moving {self} to {to}: both must be on one object store"
                     )));
                 };
-                let objects: Vec<_> = store
-                    .list(Some(&from))
-                    .try_collect()
-                    .await
-                    .map_err(store_error)
-                    .context(|| format!("cannot list {self}"))?;
+                let objects = self.objects(&store, &from).await?;
                 for o in &objects {
                     let rest = o.location.prefix_match(&from).into_iter().flatten();
                     let target = rest.fold(dest.clone(), |p, part| p.join(part));
@@ -473,12 +477,7 @@ impl Location {
                 let Some((store, prefix)) = self.store()? else {
                     return Ok(());
                 };
-                let objects: Vec<_> = store
-                    .list(Some(&prefix))
-                    .try_collect()
-                    .await
-                    .map_err(store_error)
-                    .context(|| format!("cannot list {self}"))?;
+                let objects = self.objects(&store, &prefix).await?;
                 for o in objects {
                     match store.delete(&o.location).await {
                         Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
