@@ -525,6 +525,55 @@ STORED AS SCD TYPE 2;
     );
 }
 
+/// The one-switch form: `AUTO CDC INTO t FROM STREAM read_database(..., mode => 'cdc')`
+/// declares the change table `t_changes` and the flow with the change log's defaults
+/// (sequence, deletes, change columns left out), giving the same history as writing them.
+#[test]
+fn one_switch_cdc_flow_declares_its_change_table_and_defaults() {
+    let server = Server::from_env("STRATA_TEST_PG");
+    let table = unique("acct");
+    let slot = unique("strata_slot");
+    pg(
+        &server,
+        &format!(
+            "CREATE TABLE {table} (id int PRIMARY KEY, plan text);
+             INSERT INTO {table} VALUES (1, 'free'), (2, 'pro');"
+        ),
+    );
+    let p = Project::new(&format!(
+        "{}CREATE STREAMING TABLE acct;
+CREATE FLOW acct_flow AS AUTO CDC INTO acct FROM STREAM read_database('shop',
+  table => 'public.{table}', mode => 'cdc', slot => '{slot}', publication => '{slot}')
+KEYS (id) STORED AS SCD TYPE 2;
+",
+        server.connection("postgresql")
+    ));
+    run_ok(&p, &server.password);
+    pg(
+        &server,
+        &format!("UPDATE {table} SET plan = 'pro' WHERE id = 1; DELETE FROM {table} WHERE id = 2;"),
+    );
+    run_ok(&p, &server.password);
+    assert_eq!(
+        p.csv("SELECT id, plan, __END_AT IS NULL AS open FROM acct ORDER BY id, __START_AT"),
+        "id,plan,open\n1,free,false\n1,pro,true\n2,pro,false\n"
+    );
+    assert_eq!(
+        p.csv(
+            "SELECT _change_type, count(*) AS n FROM acct_changes GROUP BY _change_type ORDER BY 1"
+        ),
+        "_change_type,n\ndelete,1\nsnapshot,2\nupdate,1\n"
+    );
+    // The change columns stay in the change table.
+    let columns = p.csv("SELECT column_name FROM information_schema.columns WHERE table_name = 'acct' ORDER BY ordinal_position");
+    assert_eq!(columns, "column_name\nid\nplan\n__START_AT\n__END_AT\n");
+    assert!(p.ok(&["validate", "acct"]).contains("acct: ok"));
+    pg(
+        &server,
+        &format!("SELECT pg_drop_replication_slot('{slot}')"),
+    );
+}
+
 #[test]
 fn unchanged_toasted_values_are_taken_from_the_keys_last_row() {
     let server = Server::from_env("STRATA_TEST_PG");

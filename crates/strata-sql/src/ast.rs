@@ -277,6 +277,16 @@ pub struct SourceQuery {
     pub reads: Vec<TableName>,
 }
 
+/// The columns a database change log (`read_database(..., mode => 'cdc')`) adds to a
+/// table's own: kept in the change table, left out of an AUTO CDC target.
+pub const CHANGE_COLUMNS: [&str; 5] = [
+    "_change_type",
+    "_commit_lsn",
+    "_change_seq",
+    "_commit_timestamp",
+    "_unchanged_cols",
+];
+
 /// The name the engine registers the new input rows under when it runs a [`SourceQuery`].
 pub const SOURCE_PLACEHOLDER: &str = "__strata_source";
 

@@ -69,15 +69,17 @@ fn parse_one(
         return Ok(());
     }
     let mut c = Cursor::new(src, tokens, end);
-    let statement = parse_statement(&mut c)?;
+    let statements = parse_statement(&mut c)?;
     if !c.at_end() {
         return Err(c.expected("end of statement"));
     }
-    out.push(statement);
+    out.extend(statements);
     Ok(())
 }
 
-fn parse_statement(c: &mut Cursor) -> Result<Statement> {
+/// One statement of the text, as the statements it declares: one, or two for an AUTO CDC
+/// flow straight from a database change log (its change table, then the flow).
+fn parse_statement(c: &mut Cursor) -> Result<Vec<Statement>> {
     let at = c.loc();
     if c.eat_keyword("CREATE") {
         if c.eat_keyword("OR") {
@@ -87,34 +89,34 @@ fn parse_statement(c: &mut Cursor) -> Result<Statement> {
             // `STREAMING LIVE TABLE` is the legacy DLT spelling of the same thing.
             c.eat_keyword("LIVE");
             c.expect_keyword("TABLE")?;
-            return streaming_table(c, at).map(Statement::StreamingTable);
+            return streaming_table(c, at).map(|t| vec![Statement::StreamingTable(t)]);
         }
         if c.eat_keyword("FLOW") {
             return flow(c, at);
         }
         if c.eat_keyword("CONNECTION") {
-            return connection(c, at).map(Statement::Connection);
+            return connection(c, at).map(|t| vec![Statement::Connection(t)]);
         }
         if c.eat_keyword("POINT") {
             c.expect_keyword("IN")?;
             c.expect_keyword("TIME")?;
             c.expect_keyword("TABLE")?;
-            return pit_table(c, at).map(Statement::PointInTime);
+            return pit_table(c, at).map(|t| vec![Statement::PointInTime(t)]);
         }
         if c.eat_keyword("MATERIALIZED") {
             c.expect_keyword("VIEW")?;
-            return materialized_view(c, at).map(Statement::MaterializedView);
+            return materialized_view(c, at).map(|t| vec![Statement::MaterializedView(t)]);
         }
         // `CREATE LIVE TABLE` is the legacy DLT spelling of a materialized view.
         if c.peek_keyword("LIVE") && c.peek_nth_keyword(1, "TABLE") {
             c.next();
             c.next();
-            return materialized_view(c, at).map(Statement::MaterializedView);
+            return materialized_view(c, at).map(|t| vec![Statement::MaterializedView(t)]);
         }
         if c.eat_keyword("TEMPORARY") || c.peek_keyword("VIEW") || c.peek_keyword("LIVE") {
             c.eat_keyword("LIVE");
             c.expect_keyword("VIEW")?;
-            return view(c, at).map(Statement::View);
+            return view(c, at).map(|t| vec![Statement::View(t)]);
         }
         return Err(c.expected(
             "STREAMING TABLE, MATERIALIZED VIEW, VIEW, FLOW, POINT IN TIME TABLE or CONNECTION",
@@ -125,7 +127,7 @@ fn parse_statement(c: &mut Cursor) -> Result<Statement> {
         c.expect_keyword("CHANGES")?;
         let snapshot = from_snapshot(c);
         c.expect_keyword("INTO")?;
-        return cdc_flow(c, None, at, snapshot).map(Statement::Flow);
+        return cdc_flow(c, None, at, snapshot).map(flow_statements);
     }
     Err(c.expected("CREATE or APPLY CHANGES"))
 }
@@ -1093,7 +1095,16 @@ fn literal_text(e: &Expr) -> Option<String> {
 // ---------------------------------------------------------------------------------------
 // CREATE FLOW ... AS AUTO CDC INTO / APPLY CHANGES INTO
 
-fn flow(c: &mut Cursor, at: Location) -> Result<Statement> {
+/// A parsed AUTO CDC flow as statements: its change table first, when it reads a database
+/// change log itself.
+fn flow_statements((flow, log): (CdcFlow, Option<StreamingTable>)) -> Vec<Statement> {
+    log.map(Statement::StreamingTable)
+        .into_iter()
+        .chain([Statement::Flow(flow)])
+        .collect()
+}
+
+fn flow(c: &mut Cursor, at: Location) -> Result<Vec<Statement>> {
     let (name, _) = c.ident("a flow name")?;
     c.expect_keyword("AS")?;
     let kind_at = c.loc();
@@ -1112,18 +1123,18 @@ fn flow(c: &mut Cursor, at: Location) -> Result<Statement> {
             ));
         }
         let query = source_query(c)?;
-        return Ok(Statement::AppendFlow(AppendFlow {
+        return Ok(vec![Statement::AppendFlow(AppendFlow {
             name,
             target,
             query,
             location: at,
-        }));
+        })]);
     } else {
         return Err(c.error_at(kind_at, "expected AUTO CDC or INSERT INTO after AS"));
     }
     let snapshot = from_snapshot(c);
     c.expect_keyword("INTO")?;
-    cdc_flow(c, Some(name), at, snapshot).map(Statement::Flow)
+    cdc_flow(c, Some(name), at, snapshot).map(flow_statements)
 }
 
 /// Eats `FROM SNAPSHOT` (between `AUTO CDC` and `INTO`), saying whether it was there.
@@ -1140,10 +1151,19 @@ fn from_snapshot(c: &mut Cursor) -> bool {
 pub const TABLE_MODE_VERSION_SQL: &str = "now()";
 
 /// Everything after `AUTO CDC INTO` / `APPLY CHANGES INTO`.
-fn cdc_flow(c: &mut Cursor, name: Option<String>, at: Location, snapshot: bool) -> Result<CdcFlow> {
+fn cdc_flow(
+    c: &mut Cursor,
+    name: Option<String>,
+    at: Location,
+    snapshot: bool,
+) -> Result<(CdcFlow, Option<StreamingTable>)> {
     let (target, _) = table_name(c, "a target table name")?;
     c.expect_keyword("FROM")?;
-    let source = stream_source(c)?;
+    let log = change_log(c, &target, at)?;
+    let source = match &log {
+        Some(t) => t.name.clone(),
+        None => stream_source(c)?,
+    };
     c.expect_keyword("KEYS")?;
     c.expect_token(&Token::LParen)?;
     // `KEYS ()` parses; the planner reports it, with the other contradictions of a flow.
@@ -1270,6 +1290,38 @@ fn cdc_flow(c: &mut Cursor, name: Option<String>, at: Location, snapshot: bool) 
             }));
         }
     }
+    if log.is_some() {
+        if snapshot {
+            return Err(c.error_at(
+                at,
+                "a database change log feeds AUTO CDC, not AUTO CDC FROM SNAPSHOT",
+            ));
+        }
+        // A change log orders its changes exactly, says which are deletes, and its own
+        // columns stay in the change table.
+        sequence_by.get_or_insert_with(|| {
+            SequenceBy::Struct(
+                ["_commit_lsn", "_change_seq"]
+                    .iter()
+                    .map(|c| (c.to_string(), c.to_string()))
+                    .collect(),
+            )
+        });
+        delete_when.get_or_insert_with(|| "_change_type = 'delete'".to_string());
+        let change_columns = CHANGE_COLUMNS.iter().map(|c| c.to_string());
+        columns = Some(match columns.take().unwrap_or_default() {
+            ColumnSelection::All => ColumnSelection::Except(change_columns.collect()),
+            ColumnSelection::Except(mut except) => {
+                except.extend(
+                    change_columns
+                        .filter(|c| !except.contains(c))
+                        .collect::<Vec<_>>(),
+                );
+                ColumnSelection::Except(except)
+            }
+            only => only,
+        });
+    }
     let (kind, sequence_by) = if snapshot {
         let seq = SequenceBy::Expr(
             version_by
@@ -1283,7 +1335,7 @@ fn cdc_flow(c: &mut Cursor, name: Option<String>, at: Location, snapshot: bool) 
         };
         (FlowKind::Changes, sequence_by)
     };
-    Ok(CdcFlow {
+    let flow = CdcFlow {
         name: name.unwrap_or_else(|| target.name.clone()),
         kind,
         target,
@@ -1297,7 +1349,86 @@ fn cdc_flow(c: &mut Cursor, name: Option<String>, at: Location, snapshot: bool) 
         stored_as: stored_as.unwrap_or_default(),
         track_history,
         location: at,
-    })
+    };
+    Ok((flow, log))
+}
+
+/// `FROM STREAM read_database('conn', table => ..., mode => 'cdc')` in an AUTO CDC flow:
+/// the one-switch form of a replicated table. The flow reads a change table `<target>_changes`
+/// that this declares (the database's changes, kept as they came), with the change log's
+/// defaults (see `cdc_flow`). `None` for any other source.
+fn change_log(c: &mut Cursor, target: &TableName, at: Location) -> Result<Option<StreamingTable>> {
+    let is_log = c.peek_keyword("STREAM")
+        && c.peek_nth(1)
+            .is_some_and(|t| is_keyword(&t.token, "read_database"))
+        && c.peek_nth(2).is_some_and(|t| t.token == Token::LParen);
+    if !is_log {
+        return Ok(None);
+    }
+    c.next();
+    let fn_at = c.loc();
+    // The call alone, up to its closing parenthesis: sqlparser would take `KEYS (id)` after
+    // it for an alias.
+    let mut depth = 0usize;
+    let len = c
+        .rest()
+        .iter()
+        .position(|t| {
+            match t.token {
+                Token::LParen => depth += 1,
+                Token::RParen => depth = depth.saturating_sub(1),
+                _ => return false,
+            }
+            depth == 0
+        })
+        .map_or(c.rest().len(), |i| i + 1);
+    let call = c.rest()[..len].to_vec();
+    let (factor, _) = run_sqlparser(c.src, call, &c.end, |p| p.parse_table_factor())?;
+    for _ in 0..len {
+        c.next();
+    }
+    let TableFactor::Table {
+        args: Some(args), ..
+    } = &factor
+    else {
+        return Err(c.error_at(fn_at, "expected read_database('connection', ...)"));
+    };
+    let read = read_database(c.src, args, fn_at)?;
+    if read
+        .options
+        .get("mode")
+        .map(|m| m.to_ascii_lowercase())
+        .as_deref()
+        != Some("cdc")
+    {
+        return Err(c.error_at(
+            fn_at,
+            "an AUTO CDC flow reads a database's change log: read_database(..., mode => 'cdc'); \
+             a watermark load has no deletes: load it into a streaming table and AUTO CDC from it",
+        ));
+    }
+    let name = TableName::new(Some(&target.schema), &format!("{}_changes", target.name));
+    Ok(Some(StreamingTable {
+        comment: Some(format!(
+            "the changes of {} from connection {}, as the database sent them",
+            read.options
+                .get("table")
+                .map_or("the table", String::as_str),
+            read.connection
+        )),
+        name,
+        columns: None,
+        expectations: Vec::new(),
+        properties: BTreeMap::new(),
+        partitioned_by: Vec::new(),
+        cluster_by: Vec::new(),
+        query: Some(SourceQuery {
+            sql: format!("SELECT * FROM {SOURCE_PLACEHOLDER}"),
+            source: QuerySource::ReadDatabase(read),
+            reads: Vec::new(),
+        }),
+        location: at,
+    }))
 }
 
 // ---------------------------------------------------------------------------------------

@@ -1019,3 +1019,37 @@ fn table_changes_sources_and_table_layout_clauses() {
     );
     assert!(both.is_err());
 }
+
+/// `AUTO CDC INTO t FROM STREAM read_database(..., mode => 'cdc')` declares `t_changes` and
+/// a flow from it with the change log's defaults; a watermark load there is refused.
+#[test]
+fn a_flow_straight_from_a_change_log_declares_its_change_table() {
+    let p = parse(
+        "CREATE FLOW f AS AUTO CDC INTO gold.acct FROM STREAM read_database('shop', \
+         table => 'public.acct', mode => 'cdc') KEYS (id) COLUMNS * EXCEPT (note) \
+         STORED AS SCD TYPE 2;",
+    );
+    let [Statement::StreamingTable(t), Statement::Flow(f)] = p.statements.as_slice() else {
+        panic!("{:?}", p.statements)
+    };
+    assert_eq!(t.name, TableName::new(Some("gold"), "acct_changes"));
+    assert!(matches!(
+        t.query.as_ref().map(|q| &q.source),
+        Some(QuerySource::ReadDatabase(r)) if r.connection == "shop"
+    ));
+    assert_eq!(f.source, t.name);
+    assert_eq!(f.delete_when.as_deref(), Some("_change_type = 'delete'"));
+    assert!(matches!(&f.sequence_by, SequenceBy::Struct(s) if s.len() == 2));
+    let ColumnSelection::Except(except) = &f.columns else {
+        panic!("{:?}", f.columns)
+    };
+    assert_eq!(except[0], "note");
+    assert!(CHANGE_COLUMNS.iter().all(|c| except.iter().any(|e| e == c)));
+    let e = parse_pipeline(
+        "CREATE FLOW f AS AUTO CDC INTO acct FROM STREAM read_database('shop', \
+         table => 'public.acct', watermark => 'id') KEYS (id) SEQUENCE BY id;",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("mode => 'cdc'"), "{e}");
+}

@@ -81,14 +81,7 @@ struct ConnectionEntry {
     options: BTreeMap<String, Scalar>,
 }
 
-/// The change columns a CDC source adds to a table's columns.
-const CHANGE_COLUMNS: [&str; 5] = [
-    "_change_type",
-    "_commit_lsn",
-    "_change_seq",
-    "_commit_timestamp",
-    "_unchanged_cols",
-];
+use strata_sql::CHANGE_COLUMNS;
 
 /// `CREATE CONNECTION name TYPE kind OPTIONS (...)` for a spec's connection.
 fn connection_sql(name: &str, c: &ConnectionEntry) -> Result<String, String> {
