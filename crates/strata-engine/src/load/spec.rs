@@ -206,6 +206,11 @@ struct SourceEntry {
     watermark: Option<Vec<String>>,
     #[serde(default)]
     overlap: Option<Scalar>,
+    /// A watermark load's commits: at most this many bytes / rows held before one.
+    #[serde(default)]
+    chunk_bytes: Option<Scalar>,
+    #[serde(default)]
+    chunk_rows: Option<Scalar>,
     #[serde(default)]
     exclude: Vec<String>,
     /// Read the table's change log (PostgreSQL) instead of a watermark.
@@ -655,9 +660,16 @@ fn read_database_call(source: &SourceEntry) -> Result<String, String> {
         }
     }
     if s.cdc {
-        if s.watermark.is_some() || s.overlap.is_some() {
+        let watermark_only = [
+            s.overlap.is_some(),
+            s.chunk_bytes.is_some(),
+            s.chunk_rows.is_some(),
+        ];
+        if s.watermark.is_some() || watermark_only.contains(&true) {
             return Err(
-                "source: watermark and overlap belong to watermark loads, not to cdc: true".into(),
+                "source: watermark, overlap, chunk_bytes and chunk_rows belong to watermark \
+                 loads, not to cdc: true"
+                    .into(),
             );
         }
         out.push_str(", mode => 'cdc'");
@@ -676,8 +688,14 @@ fn read_database_call(source: &SourceEntry) -> Result<String, String> {
             .filter(|w| !w.is_empty())
             .ok_or("source: a database source needs watermark: [column, ...] (or cdc: true)")?;
         let _ = write!(out, ", watermark => {}", string(&columns.join(", ")));
-        if let Some(o) = &s.overlap {
-            let _ = write!(out, ", overlap => {}", string(&o.text()));
+        for (k, v) in [
+            ("overlap", &s.overlap),
+            ("chunk_bytes", &s.chunk_bytes),
+            ("chunk_rows", &s.chunk_rows),
+        ] {
+            if let Some(v) = v {
+                let _ = write!(out, ", {k} => {}", string(&v.text()));
+            }
         }
     }
     if !s.exclude.is_empty() {
@@ -781,16 +799,25 @@ mod tests {
     fn database_sources_generate_read_database_and_cdc_defaults() {
         let e = entry(
             "name: orders\n\
-             source: { database: shop, table: public.orders, watermark: [updated_at, id], overlap: 600 }\n\
+             source: { database: shop, table: public.orders, watermark: [updated_at, id], overlap: 600, \
+             chunk_bytes: 64MB, chunk_rows: 100000 }\n\
              keys: [id]\nsequence_by: updated_at\n",
         );
         let sql = table_sql(&e).unwrap();
         assert!(
             sql.contains(
-                "read_database('shop', table => 'public.orders', watermark => 'updated_at, id', overlap => '600')"
+                "read_database('shop', table => 'public.orders', watermark => 'updated_at, id', \
+                 overlap => '600', chunk_bytes => '64MB', chunk_rows => '100000')"
             ),
             "{sql}"
         );
+        // Parsed as the engine will read them.
+        assert!(strata_sql::parse_pipeline(&sql).is_ok(), "{sql}");
+        let cdc_chunks = entry(
+            "name: c\nsource: { database: shop, table: t, cdc: true, chunk_rows: 10 }\nkeys: [id]\n",
+        );
+        let e = table_sql(&cdc_chunks).unwrap_err();
+        assert!(e.contains("chunk_rows belong to watermark loads"), "{e}");
         let e = entry(
             "name: customers\nsource: { database: shop, table: public.customers, cdc: true }\n\
              keys: [id]\nstored_as: SCD TYPE 2\nexcept_columns: [secret]\n",
