@@ -6,10 +6,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// Compact small files (bin-packing, or Z-order), one commit per table; rows unchanged.
+/// AUTO CDC targets' event stores are rewritten in key order, without the expired
+/// tombstones of SCD type 1 targets.
 #[derive(clap::Args, Debug)]
 pub struct OptimizeArgs {
-    /// Tables to optimize (`name`, `schema.name`, `event_log`) [default: every table of
-    /// the warehouse and the event log].
+    /// Tables to optimize (`name`, `schema.name`, `event_log`), each with its event store
+    /// [default: every table of the warehouse, its event store and the event log].
     tables: Vec<String>,
     #[command(flatten)]
     warehouse: WarehouseArg,
@@ -21,6 +23,13 @@ pub struct OptimizeArgs {
     /// else 100 MiB].
     #[arg(long, value_name = "MIB")]
     target_size_mib: Option<u64>,
+    /// A pipeline whose flows say what event stores may forget (repeatable) [default: the
+    /// pipelines the event log records].
+    #[arg(long = "pipeline", value_name = "FILE")]
+    pipelines: Vec<PathBuf>,
+    /// A configuration value for planning those pipelines, as for `run` (repeatable).
+    #[arg(long = "conf", value_name = "NAME=VALUE", value_parser = parse_conf)]
+    conf: Vec<(String, String)>,
 }
 
 /// Remove files no version inside the retention window references.
@@ -61,6 +70,8 @@ pub async fn optimize(args: OptimizeArgs) -> Result<ExitCode, BoxError> {
         tables: args.tables,
         zorder_by: args.zorder_by,
         target_size: args.target_size_mib.map(|m| m.saturating_mul(1 << 20)),
+        pipelines: args.pipelines,
+        configuration: args.conf.into_iter().collect(),
     };
     let report = strata_engine::optimize(&wh, &options).await?;
     let mut out = std::io::stdout().lock();
@@ -73,7 +84,7 @@ pub async fn optimize(args: OptimizeArgs) -> Result<ExitCode, BoxError> {
             true => String::new(),
             false => format!(", Z-ordered by {}", t.zorder_by.join(", ")),
         };
-        if t.files_removed == 0 {
+        if t.files_removed == 0 && t.skipped.is_none() && t.events.is_none() {
             writeln!(
                 out,
                 "{}: {} file(s), nothing to compact{how}",
@@ -81,9 +92,16 @@ pub async fn optimize(args: OptimizeArgs) -> Result<ExitCode, BoxError> {
             )?;
             continue;
         }
+        let events = match t.events {
+            Some((before, after)) => format!(
+                ", {before} -> {after} event(s), {} expired tombstone(s) forgotten",
+                t.tombstones_forgotten
+            ),
+            None => String::new(),
+        };
         writeln!(
             out,
-            "{}: {} file(s) ({}) -> {} file(s) ({}){how}, version {}, {:.2} s",
+            "{}: {} file(s) ({}) -> {} file(s) ({}){how}{events}, version {}, {:.2} s",
             t.table,
             t.files_before,
             mib(t.bytes_before),
@@ -92,6 +110,9 @@ pub async fn optimize(args: OptimizeArgs) -> Result<ExitCode, BoxError> {
             t.version,
             t.millis as f64 / 1000.0
         )?;
+        if let Some(note) = &t.note {
+            writeln!(out, "  {note}")?;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -343,6 +343,141 @@ fn vacuum_refuses_when_the_pipelines_readers_are_unknown() {
     );
 }
 
+/// An SCD1 target whose tombstones expire after a second, and an SCD2 one, from one bronze.
+const EXPIRING: &str = r#"
+CREATE OR REFRESH STREAMING TABLE bronze
+AS SELECT * FROM STREAM read_files('data/cdc', format => 'json',
+  schema => 'eid BIGINT, id BIGINT, name STRING, op STRING, seq BIGINT');
+CREATE OR REFRESH STREAMING TABLE current
+TBLPROPERTIES ('pipelines.cdc.tombstoneGCThresholdInSeconds' = '1');
+CREATE FLOW current_flow AS AUTO CDC INTO current FROM STREAM(bronze)
+KEYS (id) APPLY AS DELETE WHEN op = 'D' SEQUENCE BY seq
+COLUMNS * EXCEPT (eid, op) STORED AS SCD TYPE 1;
+CREATE OR REFRESH STREAMING TABLE history;
+CREATE FLOW history_flow AS AUTO CDC INTO history FROM STREAM(bronze)
+KEYS (id) APPLY AS DELETE WHEN op = 'D' SEQUENCE BY seq
+COLUMNS * EXCEPT (eid, op, seq) STORED AS SCD TYPE 2;
+"#;
+
+/// [`write_batch`] with every sequence value used once (late ones moved up to a free
+/// value), so that no two events of a key tie.
+fn write_untied_batch(p: &Project, name: &str, n: usize, rng: &mut Rng, used: &mut Vec<u64>) {
+    let mut text = String::new();
+    for _ in 0..n {
+        let eid = used.len() as u64 + 1;
+        let id = rng.below(20);
+        let op = if rng.below(6) == 0 { "D" } else { "U" };
+        let mut seq = match rng.below(4) {
+            0 => eid.saturating_sub(rng.below(10)) * 10 + 1,
+            _ => eid * 10,
+        };
+        while used.contains(&seq) {
+            seq += 1;
+        }
+        used.push(seq);
+        let name = ["ana", "bo", "cy", "di"][rng.below(4) as usize];
+        text.push_str(&format!(
+            "{{\"eid\": {eid}, \"id\": {id}, \"name\": \"{name}\", \"op\": \"{op}\", \"seq\": {seq}}}\n"
+        ));
+    }
+    p.file(&format!("data/cdc/{name}.json"), &text);
+}
+
+/// The numbers of an event store's line of `strata optimize`: events before and after,
+/// tombstones forgotten.
+fn store_line(out: &str, table: &str) -> (u64, u64, u64) {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(&format!("default.{table} (event store): ")))
+        .unwrap_or_else(|| panic!("no event-store line for {table}: {out}"));
+    // "..., X -> Y event(s), Z expired tombstone(s) forgotten, ..."
+    let words: Vec<&str> = line.split([' ', ',']).filter(|w| !w.is_empty()).collect();
+    let before = |word: &str, back: usize| {
+        let i = words.iter().position(|w| *w == word).expect(word);
+        words[i - back]
+            .parse::<u64>()
+            .unwrap_or_else(|_| panic!("{line}"))
+    };
+    (
+        before("event(s)", 3),
+        before("event(s)", 1),
+        before("expired", 1),
+    )
+}
+
+/// `strata optimize` rewrites the event stores: the SCD1 store without its expired
+/// tombstones and the events they hid, the SCD2 store whole; a twin warehouse never
+/// optimized, fed the same input at the same pace, keeps identical tables throughout,
+/// late events older than a forgotten delete included.
+#[test]
+fn event_store_compaction_forgets_expired_tombstones_and_changes_no_result() {
+    let compacted = Project::new(EXPIRING);
+    let twin = Project::new(EXPIRING);
+    let (mut rng, mut used) = (Rng(0x70b5), Vec::new());
+    let tables = ["bronze", "current", "history"];
+    let snapshot =
+        |p: &Project| -> Vec<Vec<String>> { tables.iter().map(|t| rows(p, t)).collect() };
+    for round in 0..4 {
+        for part in 0..2 {
+            let name = format!("{round:03}-{part}");
+            write_untied_batch(&compacted, &name, 40, &mut rng, &mut used);
+            std::fs::copy(
+                compacted.path(&format!("data/cdc/{name}.json")),
+                twin.path(&format!("data/cdc/{name}.json")),
+            )
+            .expect("copy");
+            for p in [&compacted, &twin] {
+                let out = p.run();
+                assert!(out.status.success(), "{}", stderr(&out));
+            }
+            // Every delete of the runs so far expires before the next step, on both sides.
+            std::thread::sleep(std::time::Duration::from_millis(1100));
+        }
+        let before = snapshot(&compacted);
+        assert_eq!(
+            before,
+            snapshot(&twin),
+            "round {round}: before the optimize"
+        );
+        let out = compacted.ok(&["optimize"]);
+        let (events_before, events_after, forgotten) = store_line(&out, "current");
+        assert!(
+            forgotten > 0 && events_after < events_before,
+            "round {round}: nothing forgotten: {out}"
+        );
+        let (h_before, h_after, h_forgotten) = store_line(&out, "history");
+        assert_eq!((h_after, h_forgotten), (h_before, 0), "{out}");
+        assert!(out.contains("tombstones kept: SCD type 2"), "{out}");
+        assert_eq!(
+            snapshot(&compacted),
+            before,
+            "round {round}: optimize changed rows"
+        );
+        // Right after, there is nothing left to do.
+        let again = compacted.ok(&["optimize", "current"]);
+        assert!(
+            again.contains(
+                "default.current (event store): skipped (one file and no expired tombstones)"
+            ),
+            "{again}"
+        );
+    }
+    // A run after the compactions, with new input: the same tables as the twin's.
+    write_untied_batch(&compacted, "last", 40, &mut rng, &mut used);
+    std::fs::copy(
+        compacted.path("data/cdc/last.json"),
+        twin.path("data/cdc/last.json"),
+    )
+    .expect("copy");
+    for p in [&compacted, &twin] {
+        let out = p.run();
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    assert_eq!(snapshot(&compacted), snapshot(&twin));
+    let out = compacted.ok(&["validate", "history"]);
+    assert!(out.contains("history: ok"), "{out}");
+}
+
 /// Rounds of new input with optimizes (some killed with SIGKILL part-way) between the
 /// runs: every table stays readable, and the targets equal one run over all the input.
 #[test]

@@ -807,11 +807,16 @@ async fn run_case(c: &Case) -> Result<(), String> {
     Ok(())
 }
 
-/// Every table compacted, then every file no version needs removed at once (the
-/// pipeline's readers protected), as `strata optimize` and `strata vacuum --retain 0
+/// Every table and event store compacted (expired tombstones forgotten by the pipeline's
+/// flows), then every file no version needs removed at once (the pipeline's readers
+/// protected), as `strata optimize --pipeline pipeline.sql` and `strata vacuum --retain 0
 /// --allow-short-retention --pipeline pipeline.sql` do.
 async fn upkeep(wh: &Warehouse, pipeline: &std::path::Path) -> Result<(), String> {
-    strata_engine::optimize(wh, &strata_engine::OptimizeOptions::default())
+    let optimize = strata_engine::OptimizeOptions {
+        pipelines: vec![pipeline.to_path_buf()],
+        ..Default::default()
+    };
+    strata_engine::optimize(wh, &optimize)
         .await
         .map_err(|e| format!("optimize: {}", strata_engine::chain(&e)))?;
     let vacuum = strata_engine::VacuumOptions {

@@ -514,6 +514,21 @@ impl Drop for Writer {
     }
 }
 
+/// Makes the digest of the state after store version `from`, when there is one, also the
+/// digest of the state after `to`: for store commits that change no event (a compaction).
+/// Returns whether there was one.
+pub(crate) fn carry_over(dir: &Path, from: i64, to: i64) -> Result<bool> {
+    let source = file_of(dir, from);
+    if !source.exists() {
+        return Ok(false);
+    }
+    let tmp = dir.join(format!(".digest-{to:020}.tmp"));
+    let what = || format!("copying {} to version {to}", source.display());
+    std::fs::copy(&source, &tmp).context(what)?;
+    std::fs::rename(&tmp, file_of(dir, to)).context(what)?;
+    Ok(true)
+}
+
 /// Where a flow's target keeps its digest, given its event store's location: a local
 /// folder beside it, for local warehouses only (on object storage the state is read from
 /// the target each run).

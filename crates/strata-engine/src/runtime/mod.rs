@@ -15,6 +15,7 @@ mod prepare;
 mod retry;
 mod scheduler;
 mod select;
+mod store_upkeep;
 mod update;
 pub(crate) mod upkeep;
 

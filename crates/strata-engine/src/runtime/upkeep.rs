@@ -3,7 +3,9 @@
 //! ```text
 //!   optimize   every table (or the ones named), the event log ─▶ deltalake's OPTIMIZE:
 //!              small files bin-packed to the target size (or Z-ordered), one commit per
-//!              table, dataChange = false: readers see the same rows (storage/changes.rs)
+//!              table, dataChange = false: readers see the same rows (storage/changes.rs);
+//!              the targets' event stores ─▶ rewritten in key order, expired tombstones
+//!              forgotten (runtime/store_upkeep.rs, eventstore/compact.rs)
 //!   vacuum     the tables, the event log, the event stores ─▶ deltalake's VACUUM (full):
 //!              files no version inside the retention window references, except those a
 //!              pending reader of a pipeline still reads; then, when asked, event-log
@@ -14,8 +16,7 @@
 //! flow, AUTO CDC flow and point-in-time table that reads a table by position (a version
 //! recorded in a Delta application transaction). It finds them by planning the pipelines
 //! (the ones named, else the ones the event log records) and reading their positions.
-//! Event stores are vacuumed but not optimized: their commits number the runs whose events
-//! they hold (`ops/cdc/run.rs`), which a compaction would shift.
+//! The pipelines' flows also say what an event-store compaction may forget.
 
 use crate::error::{Context, EngineError, Result};
 use crate::storage::commit::{position, AppId, PendingCommit};
@@ -54,6 +55,11 @@ pub struct OptimizeOptions {
     /// The file size to bin-pack to, in bytes (else the table's `delta.targetFileSize`,
     /// else deltalake's default, 100 MiB).
     pub target_size: Option<u64>,
+    /// The pipelines whose flows say what event stores may forget; empty: those the event
+    /// log records.
+    pub pipelines: Vec<PathBuf>,
+    /// Configuration values for planning `pipelines`.
+    pub configuration: BTreeMap<String, String>,
 }
 
 /// One table's optimize.
@@ -74,17 +80,73 @@ pub struct Optimized {
     pub millis: u128,
     /// Why the table was left alone.
     pub skipped: Option<String>,
+    /// An event store's events before and after its compaction.
+    pub events: Option<(usize, usize)>,
+    /// Expired deletes an event store's compaction forgot, with the events they hid.
+    pub tombstones_forgotten: usize,
+    /// What the reader should know (why an event store kept its tombstones).
+    pub note: Option<String>,
 }
 
 /// Optimizes the tables `options` names (every table and the event log when none), one
 /// atomic commit each with `dataChange = false`.
 pub async fn optimize(wh: &Warehouse, options: &OptimizeOptions) -> Result<Vec<Optimized>> {
     let run = PendingCommit::of_run(&upkeep_run_id("optimize")).keeping_log();
+    let targets = targets(wh, &options.tables, true).await?;
+    let plans = match targets.iter().any(|t| t.store_of.is_some()) {
+        true => pipeline_plans(wh, &options.pipelines, &options.configuration).await,
+        false => Ok(Vec::new()),
+    };
     let mut out = Vec::new();
-    for target in targets(wh, &options.tables, false).await? {
-        out.push(optimize_one(&target, options, &run).await?);
+    for target in targets {
+        out.push(match &target.store_of {
+            None => optimize_one(&target, options, &run).await?,
+            Some(of) => {
+                let forget = match &plans {
+                    Ok(plans) => super::store_upkeep::forget_rule(plans, of)?,
+                    Err(why) => super::store_upkeep::Forget::Nothing(why.clone()),
+                };
+                super::store_upkeep::optimize_store(
+                    of,
+                    &target.label,
+                    &target.path,
+                    wh,
+                    &forget,
+                    &run,
+                )
+                .await?
+            }
+        });
     }
     Ok(out)
+}
+
+/// The plans of `pipelines` (else of those the event log records); why not, when one
+/// cannot be planned.
+async fn pipeline_plans(
+    wh: &Warehouse,
+    pipelines: &[PathBuf],
+    configuration: &BTreeMap<String, String>,
+) -> std::result::Result<Vec<PipelinePlan>, String> {
+    let paths = match pipelines.is_empty() {
+        false => pipelines.to_vec(),
+        true => logged_pipelines(wh)
+            .await
+            .map_err(|e| format!("the event log cannot be read: {}", crate::error::chain(&e)))?,
+    };
+    let mut plans = Vec::new();
+    for path in paths {
+        let plan = plan_any(&path, configuration, wh.catalog()).map_err(|e| {
+            format!(
+                "pipeline {} cannot be planned ({}); name the pipelines with --pipeline FILE \
+                 (and their --conf values)",
+                path.display(),
+                crate::error::chain(&e)
+            )
+        })?;
+        plans.push(plan);
+    }
+    Ok(plans)
 }
 
 async fn optimize_one(
@@ -195,6 +257,7 @@ async fn auto_optimize_one(wh: &Warehouse, name: &TableName) -> Result<Option<Op
         name: Some(name.clone()),
         path: wh.table_location(name),
         named: false,
+        store_of: None,
     };
     let run = PendingCommit::of_run(&upkeep_run_id("optimize")).keeping_log();
     let report = optimize_one(&target, &OptimizeOptions::default(), &run).await?;
@@ -674,6 +737,8 @@ struct Target {
     path: Location,
     /// Named by the user (rather than found by listing the warehouse).
     named: bool,
+    /// The target whose event store this is.
+    store_of: Option<TableName>,
 }
 
 /// The tables `names` names, or every table of the warehouse and the event log (and, with
@@ -684,6 +749,7 @@ async fn targets(wh: &Warehouse, names: &[String], stores: bool) -> Result<Vec<T
         name: None,
         path: wh.event_log_location(),
         named: !names.is_empty(),
+        store_of: None,
     };
     let mut out = Vec::new();
     let listed: Vec<(TableName, bool)> = match names.is_empty() {
@@ -719,6 +785,7 @@ async fn targets(wh: &Warehouse, names: &[String], stores: bool) -> Result<Vec<T
             name: Some(t.clone()),
             path: wh.table_location(&t),
             named,
+            store_of: None,
         });
         let store = wh.event_store_location(&t);
         if stores && store.has_delta_log().await? {
@@ -727,6 +794,7 @@ async fn targets(wh: &Warehouse, names: &[String], stores: bool) -> Result<Vec<T
                 name: None,
                 path: store,
                 named,
+                store_of: Some(t.clone()),
             });
         }
     }
@@ -743,7 +811,7 @@ async fn open_target(target: &Target) -> Result<DeltaTable> {
 }
 
 /// The number of files of the table's latest version and their bytes.
-fn file_stats(table: &DeltaTable) -> Result<(usize, u64)> {
+pub(crate) fn file_stats(table: &DeltaTable) -> Result<(usize, u64)> {
     let snapshot = table.snapshot().context(|| "reading table state".into())?;
     let mut files = 0usize;
     let mut bytes = 0u64;

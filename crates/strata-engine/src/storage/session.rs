@@ -26,6 +26,19 @@ fn session_config(schema: &str) -> SessionConfig {
     config
 }
 
+/// [`new_session`] whose operators (sorts, joins) spill to disk once they hold `memory`
+/// bytes, for work over a whole table that need not fit in memory.
+pub(crate) fn spilling_session(memory: usize) -> Result<SessionContext> {
+    let runtime = deltalake::datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
+        .with_memory_limit(memory, 1.0)
+        .build_arc()
+        .context(|| "setting up a session".into())?;
+    Ok(SessionContext::new_with_config_rt(
+        session_config(TableName::DEFAULT_SCHEMA),
+        runtime,
+    ))
+}
+
 /// A session for reading input files: their strings decode straight into the string type
 /// tables store, instead of into string views that every row is then copied out of (for a
 /// 10M-row snapshot file, about a third less memory and time).

@@ -231,9 +231,14 @@ async fn open_positions(scope: &Scope<'_>, setup: &FlowSetup) -> Result<Option<P
         None => None,
     };
     let target = wh.open_table(&flow.target).await?;
+    let store_version = store.as_ref().map_or(-1, version_of);
     let applied = match &target {
         Some(t) => position(t, AppId::Events).await?.unwrap_or(-1),
         None => -1,
+    };
+    let applied = match (&store, applied < store_version) {
+        (Some(s), true) => in_step_through_upkeep(s, applied).await?,
+        _ => applied,
     };
     let source_version = version_of(&source);
     let changes = match from.is_none_or(|f| f < source_version) {
@@ -245,12 +250,22 @@ async fn open_positions(scope: &Scope<'_>, setup: &FlowSetup) -> Result<Option<P
         source_version,
         source,
         from,
-        store_version: store.as_ref().map_or(-1, version_of),
+        store_version,
         store,
         store_path,
         target,
         applied,
     }))
+}
+
+/// The event-store version a target that reflects `applied` reflects: the store's latest
+/// when every commit after `applied` is upkeep (a compaction or a vacuum of the store,
+/// which change no event), else `applied`.
+async fn in_step_through_upkeep(store: &DeltaTable, applied: i64) -> Result<i64> {
+    match crate::storage::changes::data_version(store).await? <= applied {
+        true => Ok(version_of(store)),
+        false => Ok(applied),
+    }
 }
 
 /// What a run adds to the event store, and the keys whose rows it derives again.

@@ -1,0 +1,481 @@
+//! Compaction of an event store (`strata optimize`).
+//!
+//! ```text
+//!   the store's files ──ORDER BY key, sequence, run (DataFusion, spilling to disk past
+//!        │              MEMORY_LIMIT)──▶ chunks cut between keys (KeyChunks)
+//!        ▼
+//!   expired SCD1 tombstones and the events they hid forgotten (tombstones.rs), when the
+//!        │              target's flows forget them
+//!        ▼
+//!   new files of at most FILE_ROWS events, each in key order in small pages (pages.rs)
+//!        ▼
+//!   one commit: the files read removed, the new ones added, dataChange = false (OPTIMIZE)
+//! ```
+//!
+//! What a run reads of the store stays what it was: the events it forgets are those every
+//! later run forgets anyway (an expired delete stays expired, and what it hid is fixed by
+//! when events were processed, which the events' run numbers and the store's commit files
+//! keep), so no target changes. Events keep their run numbers; the compaction's commit is
+//! an upkeep commit that no event names, and a flow treats a store whose newer commits are
+//! all upkeep as in step with its target (`ops/cdc/run.rs`). A run committing events while
+//! the compaction runs keeps them: the commit removes only the files it read. Being sorted
+//! as a whole, the new files cover disjoint key ranges, so a batch's keys touch few of them.
+
+use crate::error::{Context, EngineError, Result};
+use crate::eventstore::tombstones::{self, CommitTimes};
+use crate::storage::commit::PendingCommit;
+use crate::storage::location::Location;
+use crate::util::arrow;
+use crate::util::sql::quote_ident;
+use deltalake::arrow::array::RecordBatch;
+use deltalake::arrow::compute::concat_batches;
+use deltalake::arrow::datatypes::SchemaRef;
+use deltalake::kernel::Action;
+use deltalake::protocol::DeltaOperation;
+use deltalake::DeltaTable;
+use futures::StreamExt;
+
+/// Events per file the compaction writes (about 30-100 MiB of Parquet for typical rows).
+pub(crate) const FILE_ROWS: usize = 1_000_000;
+/// Events gathered before a chunk is cut (at a key boundary) and handed on.
+const CHUNK_ROWS: usize = 65_536;
+/// The memory the sort may hold before it spills to disk.
+const MEMORY_LIMIT: usize = 1 << 30;
+
+/// How a store is compacted.
+#[derive(Debug, Clone)]
+pub(crate) struct Rules {
+    /// The target's key columns.
+    pub(crate) keys: Vec<String>,
+    /// Forget deletes older than this many seconds and what they hid (SCD type 1 targets
+    /// fed by change flows, `tombstones.rs`); `None`: keep every event.
+    pub(crate) forget_after_secs: Option<u64>,
+}
+
+/// What a compaction did.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Compacted {
+    pub(crate) files_before: usize,
+    pub(crate) files_after: usize,
+    pub(crate) events_before: usize,
+    pub(crate) events_after: usize,
+    /// Expired deletes forgotten (the events they hid went with them).
+    pub(crate) tombstones_forgotten: usize,
+    /// The store's version after the commit.
+    pub(crate) version: i64,
+    /// Why nothing was done.
+    pub(crate) skipped: Option<String>,
+}
+
+/// Compacts the event store `store` (at `location`) by `rules`, `now` being the instant
+/// (milliseconds since the epoch) against which tombstones expire.
+pub(crate) async fn compact(
+    store: &DeltaTable,
+    location: &Location,
+    rules: &Rules,
+    now: i64,
+    commit: &PendingCommit,
+) -> Result<Compacted> {
+    let layout = Layout::of(store, rules)?;
+    let read = crate::storage::table::table_files(store)?;
+    let mut report = Compacted {
+        files_before: read.len(),
+        files_after: read.len(),
+        version: crate::storage::table::version_of(store),
+        ..Default::default()
+    };
+    let ctx = crate::storage::session::spilling_session(MEMORY_LIMIT)?;
+    crate::storage::session::register_table(&ctx, "__strata_store", store, None).await?;
+    if read.len() <= 1 && expired_deletes(&ctx, &layout, location, rules, now).await? == 0 {
+        report.skipped = Some(match read.len() {
+            0 => "no events".to_string(),
+            _ => "one file and no expired tombstones".to_string(),
+        });
+        return Ok(report);
+    }
+    let (adds, counts) = rewrite(&ctx, store, &layout, location, rules, now).await?;
+    report.events_before = counts.read;
+    report.events_after = counts.written;
+    report.tombstones_forgotten = counts.forgotten;
+    report.files_after = adds.len();
+    report.version = commit_rewrite(store, adds, commit).await?;
+    Ok(report)
+}
+
+/// Where the parts of an event sit in the store's schema.
+struct Layout {
+    schema: SchemaRef,
+    keys: Vec<usize>,
+    /// Output columns before the sequence, kind and run.
+    n_out: usize,
+}
+
+impl Layout {
+    fn of(store: &DeltaTable, rules: &Rules) -> Result<Layout> {
+        let schema = crate::storage::table::table_schema(store)?;
+        let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        use crate::semantics::fold::{OP_COL, RUN_COL, SEQ_COL};
+        if names.len() < 4 || names[names.len() - 3..] != [SEQ_COL, OP_COL, RUN_COL] {
+            return Err(EngineError::Internal(format!(
+                "{} is not an event store (its last columns are not {SEQ_COL}, {OP_COL}, \
+                 {RUN_COL})",
+                store.table_url()
+            )));
+        }
+        let keys = rules
+            .keys
+            .iter()
+            .map(|k| {
+                names.iter().position(|n| n == k).ok_or_else(|| {
+                    EngineError::Internal(format!(
+                        "{}: no key column {k} in the event store",
+                        store.table_url()
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if keys.is_empty() {
+            return Err(EngineError::Internal(format!(
+                "{}: no key columns known for the event store",
+                store.table_url()
+            )));
+        }
+        Ok(Layout {
+            n_out: names.len() - 3,
+            schema,
+            keys,
+        })
+    }
+
+    fn order_by(&self) -> String {
+        let mut cols: Vec<String> = self
+            .keys
+            .iter()
+            .map(|&k| quote_ident(self.schema.field(k).name()))
+            .collect();
+        for c in self.n_out..self.schema.fields().len() {
+            if c != self.n_out + 1 {
+                cols.push(quote_ident(self.schema.field(c).name()));
+            }
+        }
+        cols.join(", ")
+    }
+}
+
+/// How many stored deletes have expired by `now`.
+async fn expired_deletes(
+    ctx: &deltalake::datafusion::prelude::SessionContext,
+    layout: &Layout,
+    location: &Location,
+    rules: &Rules,
+    now: i64,
+) -> Result<usize> {
+    let Some(secs) = rules.forget_after_secs else {
+        return Ok(0);
+    };
+    let sql = format!(
+        "SELECT * FROM __strata_store WHERE {} = {}",
+        quote_ident(crate::semantics::fold::OP_COL),
+        strata_core::EventKind::Delete.code()
+    );
+    let deletes = crate::eventstore::read::collect_sql(ctx, &sql, &layout.schema).await?;
+    let mut times = CommitTimes::of_runs(location, &deletes, layout.n_out).await?;
+    let (_, n) =
+        tombstones::forget_expired(&deletes, &layout.keys, layout.n_out, secs, now, &mut times)?;
+    Ok(n)
+}
+
+#[derive(Default)]
+struct Counts {
+    read: usize,
+    written: usize,
+    forgotten: usize,
+}
+
+/// Reads every event in key order and writes what is kept as new files (not committed).
+async fn rewrite(
+    ctx: &deltalake::datafusion::prelude::SessionContext,
+    store: &DeltaTable,
+    layout: &Layout,
+    location: &Location,
+    rules: &Rules,
+    now: i64,
+) -> Result<(Vec<deltalake::kernel::Add>, Counts)> {
+    let sql = format!(
+        "SELECT * FROM __strata_store ORDER BY {}",
+        layout.order_by()
+    );
+    let mut stream = ctx
+        .sql(&sql)
+        .await
+        .context(|| format!("planning {sql}"))?
+        .execute_stream()
+        .await
+        .context(|| format!("running {sql}"))?;
+    let mut chunks = KeyChunks::new(layout.schema.clone(), layout.keys.clone(), CHUNK_ROWS);
+    let mut file = FileBuffer::default();
+    let mut adds = Vec::new();
+    let mut counts = Counts::default();
+    let mut times = location.local().map(|d| CommitTimes::new(d.to_path_buf()));
+    loop {
+        let next = stream.next().await;
+        let ready = match &next {
+            Some(batch) => {
+                let batch = batch.as_ref().map_err(|e| {
+                    EngineError::Internal(format!("reading {}: {e}", store.table_url()))
+                })?;
+                counts.read += batch.num_rows();
+                chunks.push(arrow::cast_batch(batch, &layout.schema)?)?
+            }
+            None => chunks.finish()?,
+        };
+        for chunk in ready {
+            let kept = match rules.forget_after_secs {
+                None => chunk,
+                Some(secs) => {
+                    let mut fetched;
+                    let times = match &mut times {
+                        Some(t) => t,
+                        None => {
+                            fetched = CommitTimes::of_runs(location, &chunk, layout.n_out).await?;
+                            &mut fetched
+                        }
+                    };
+                    let (kept, n) = tombstones::forget_expired(
+                        &chunk,
+                        &layout.keys,
+                        layout.n_out,
+                        secs,
+                        now,
+                        times,
+                    )?;
+                    counts.forgotten += n;
+                    kept
+                }
+            };
+            counts.written += kept.num_rows();
+            if let Some(full) = file.push(kept) {
+                adds.extend(write_file(store, full).await?);
+            }
+        }
+        if next.is_none() {
+            break;
+        }
+    }
+    if let Some(rest) = file.take() {
+        adds.extend(write_file(store, rest).await?);
+    }
+    Ok((adds, counts))
+}
+
+async fn write_file(
+    store: &DeltaTable,
+    batches: Vec<RecordBatch>,
+) -> Result<Vec<deltalake::kernel::Add>> {
+    let mut adds = crate::storage::write::write_files(store, batches).await?;
+    for a in &mut adds {
+        a.data_change = false;
+    }
+    Ok(adds)
+}
+
+/// Commits the new files in place of every file of the version the store was read at.
+async fn commit_rewrite(
+    store: &DeltaTable,
+    adds: Vec<deltalake::kernel::Add>,
+    commit: &PendingCommit,
+) -> Result<i64> {
+    let snapshot = store.snapshot().context(|| "reading table state".into())?;
+    let mut actions: Vec<Action> = snapshot
+        .log_data()
+        .iter()
+        .map(|f| Action::Remove(f.remove_action(false)))
+        .collect();
+    actions.extend(adds.into_iter().map(Action::Add));
+    let operation = DeltaOperation::Optimize {
+        predicate: None,
+        target_size: 0,
+    };
+    crate::storage::write::commit_actions(store, actions, operation, commit).await
+}
+
+/// Batches in key order cut into chunks that end between keys, so that every event of a
+/// key is in one chunk.
+struct KeyChunks {
+    schema: SchemaRef,
+    keys: Vec<usize>,
+    rows: usize,
+    pending: Vec<RecordBatch>,
+    pending_rows: usize,
+}
+
+impl KeyChunks {
+    fn new(schema: SchemaRef, keys: Vec<usize>, rows: usize) -> Self {
+        KeyChunks {
+            schema,
+            keys,
+            rows,
+            pending: Vec::new(),
+            pending_rows: 0,
+        }
+    }
+
+    /// Takes `batch`; returns the chunks now complete.
+    fn push(&mut self, batch: RecordBatch) -> Result<Vec<RecordBatch>> {
+        self.pending_rows += batch.num_rows();
+        self.pending.push(batch);
+        if self.pending_rows < self.rows {
+            return Ok(Vec::new());
+        }
+        let all = self.take_pending()?;
+        let cut = last_key_start(&all, &self.keys)?;
+        if cut == 0 {
+            // One key so far: wait for the next one.
+            self.pending_rows = all.num_rows();
+            self.pending.push(all);
+            return Ok(Vec::new());
+        }
+        let rest = all.slice(cut, all.num_rows() - cut);
+        self.pending_rows = rest.num_rows();
+        self.pending.push(rest);
+        Ok(vec![all.slice(0, cut)])
+    }
+
+    /// The last chunk, when events remain.
+    fn finish(&mut self) -> Result<Vec<RecordBatch>> {
+        let all = self.take_pending()?;
+        self.pending_rows = 0;
+        Ok(match all.num_rows() {
+            0 => Vec::new(),
+            _ => vec![all],
+        })
+    }
+
+    fn take_pending(&mut self) -> Result<RecordBatch> {
+        let batches = std::mem::take(&mut self.pending);
+        concat_batches(&self.schema, &batches).context(|| "gathering events".into())
+    }
+}
+
+/// The first row of the last key of `batch` (sorted by `keys`).
+fn last_key_start(batch: &RecordBatch, keys: &[usize]) -> Result<usize> {
+    let n = batch.num_rows();
+    if n == 0 {
+        return Ok(0);
+    }
+    let columns: Vec<_> = keys.iter().map(|&k| batch.column(k).clone()).collect();
+    let rows = arrow::rows(&columns)?;
+    let last = rows.row(n - 1);
+    let mut i = n - 1;
+    while i > 0 && rows.row(i - 1) == last {
+        i -= 1;
+    }
+    Ok(i)
+}
+
+/// The events of the file being filled, handed out once it holds [`FILE_ROWS`].
+#[derive(Default)]
+struct FileBuffer {
+    batches: Vec<RecordBatch>,
+    rows: usize,
+}
+
+impl FileBuffer {
+    fn push(&mut self, batch: RecordBatch) -> Option<Vec<RecordBatch>> {
+        if batch.num_rows() == 0 {
+            return None;
+        }
+        self.rows += batch.num_rows();
+        self.batches.push(batch);
+        match self.rows >= FILE_ROWS {
+            true => self.take(),
+            false => None,
+        }
+    }
+
+    fn take(&mut self) -> Option<Vec<RecordBatch>> {
+        self.rows = 0;
+        let batches = std::mem::take(&mut self.batches);
+        (!batches.is_empty()).then_some(batches)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deltalake::arrow::array::{Array, Int64Array};
+    use deltalake::arrow::datatypes::{DataType, Field, Schema};
+    use std::sync::Arc;
+
+    fn batch(keys: &[i64]) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, true)]));
+        RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(keys.to_vec()))])
+            .expect("batch")
+    }
+
+    fn keys_of(chunks: &[RecordBatch]) -> Vec<Vec<i64>> {
+        chunks
+            .iter()
+            .map(|c| {
+                let a = c
+                    .column(0)
+                    .as_any()
+                    .downcast_ref::<Int64Array>()
+                    .expect("ints");
+                (0..a.len()).map(|i| a.value(i)).collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn chunks_end_between_keys() {
+        let b = batch(&[1]);
+        let mut c = KeyChunks::new(b.schema(), vec![0], 4);
+        assert!(c.push(batch(&[1, 1, 2])).expect("push").is_empty());
+        // Four rows: cut before the last key (2), which may go on in the next batch.
+        assert_eq!(
+            keys_of(&c.push(batch(&[2, 2])).expect("push")),
+            [vec![1, 1]]
+        );
+        assert!(c.push(batch(&[2])).expect("push").is_empty());
+        assert_eq!(
+            keys_of(&c.push(batch(&[3, 4])).expect("push")),
+            [vec![2, 2, 2, 2, 3]]
+        );
+        assert_eq!(keys_of(&c.finish().expect("finish")), [vec![4]]);
+        assert!(c.finish().expect("again").is_empty());
+    }
+
+    #[test]
+    fn one_long_key_waits_for_the_next() {
+        let b = batch(&[1]);
+        let mut c = KeyChunks::new(b.schema(), vec![0], 2);
+        assert!(c.push(batch(&[7, 7, 7])).expect("push").is_empty());
+        assert!(c.push(batch(&[7])).expect("push").is_empty());
+        assert_eq!(
+            keys_of(&c.push(batch(&[8])).expect("push")),
+            [vec![7, 7, 7, 7]]
+        );
+        assert_eq!(keys_of(&c.finish().expect("finish")), [vec![8]]);
+    }
+
+    #[test]
+    fn null_keys_are_one_key() {
+        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, true)]));
+        let b = RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(Int64Array::from(vec![Some(1), None, None]))],
+        )
+        .expect("batch");
+        assert_eq!(last_key_start(&b, &[0]).expect("cut"), 1);
+    }
+
+    #[test]
+    fn a_file_is_handed_out_when_full() {
+        let mut f = FileBuffer::default();
+        assert!(f.push(batch(&[])).is_none());
+        assert!(f.push(batch(&[1, 2])).is_none());
+        assert!(f.take().is_some());
+        assert!(f.take().is_none());
+    }
+}

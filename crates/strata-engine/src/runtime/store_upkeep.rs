@@ -1,0 +1,203 @@
+//! `strata optimize` of an AUTO CDC target's event store: which events it may forget, by
+//! the pipelines that write the target, then the compaction itself (`eventstore/compact.rs`).
+//!
+//! ```text
+//!   the pipelines (named, else those the event log records) ─plan─▶ the flows into the
+//!   target ─forget_rule─▶ forget expired tombstones after N s, or keep every event (SCD2,
+//!   snapshot flows, no pipeline known) ─▶ compact ─▶ the digest carried over to the new
+//!   version (snapshot flows)
+//! ```
+
+use crate::error::Result;
+use crate::eventstore::compact::{self, Rules};
+use crate::storage::commit::PendingCommit;
+use crate::storage::location::Location;
+use crate::storage::table::{open_delta, table_properties};
+use crate::storage::warehouse::Warehouse;
+use std::time::Instant;
+use strata_sql::{FlowKind, PipelinePlan, ScdType, TableName};
+
+/// The table property listing an AUTO CDC target's key columns.
+const KEYS_PROPERTY: &str = "strata.keys";
+
+/// What may be forgotten of a target's event store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Forget {
+    /// Deletes older than this many seconds and what they hid (SCD type 1 change flows).
+    After(u64),
+    /// Every event is kept, for this reason.
+    Nothing(String),
+}
+
+/// What the flows of `plans` into `target` allow the compaction of its store to forget.
+pub(crate) fn forget_rule(plans: &[PipelinePlan], target: &TableName) -> Result<Forget> {
+    let flows: Vec<_> = plans
+        .iter()
+        .flat_map(|p| p.flows.iter().map(move |f| (p, f)))
+        .filter(|(_, f)| &f.target == target)
+        .collect();
+    let Some((plan, _)) = flows.first() else {
+        return Ok(Forget::Nothing(format!(
+            "no pipeline known writes {target}, so its tombstones' expiry is unknown (name \
+             the pipeline with --pipeline)"
+        )));
+    };
+    if flows
+        .iter()
+        .any(|(_, f)| matches!(f.kind, FlowKind::Snapshot { .. }))
+    {
+        return Ok(Forget::Nothing(
+            "a snapshot flow writes it: its deletes are kept".into(),
+        ));
+    }
+    if flows.iter().any(|(_, f)| f.stored_as != ScdType::Type1) {
+        return Ok(Forget::Nothing(
+            "SCD type 2: its deletes end versions of history and are kept".into(),
+        ));
+    }
+    let properties = plan
+        .tables
+        .get(target)
+        .map(|t| t.properties.clone())
+        .unwrap_or_default();
+    Ok(Forget::After(crate::eventstore::tombstones::threshold(
+        &properties,
+    )?))
+}
+
+/// One event store's compaction, reported as [`super::upkeep::Optimized`].
+pub(crate) async fn optimize_store(
+    target: &TableName,
+    label: &str,
+    path: &Location,
+    wh: &Warehouse,
+    forget: &Forget,
+    run: &PendingCommit,
+) -> Result<super::upkeep::Optimized> {
+    let started = Instant::now();
+    let store = open_delta(path)
+        .await?
+        .ok_or_else(|| crate::error::EngineError::NotFound(format!("no Delta table at {label}")))?;
+    let keys = key_columns(wh, target).await?;
+    let rules = Rules {
+        keys,
+        forget_after_secs: match forget {
+            Forget::After(secs) => Some(*secs),
+            Forget::Nothing(_) => None,
+        },
+    };
+    let (_, bytes_before) = super::upkeep::file_stats(&store)?;
+    let now = chrono::Utc::now().timestamp_millis();
+    let done = compact::compact(&store, path, &rules, now, run).await?;
+    if done.skipped.is_none() && done.tombstones_forgotten == 0 {
+        if let Some(dir) = crate::eventstore::digest::dir_for(path) {
+            let before = crate::storage::table::version_of(&store);
+            crate::eventstore::digest::carry_over(&dir, before, done.version)?;
+        }
+    }
+    let bytes_after = match done.skipped {
+        Some(_) => bytes_before,
+        None => match open_delta(path).await? {
+            Some(t) => super::upkeep::file_stats(&t)?.1,
+            None => 0,
+        },
+    };
+    Ok(super::upkeep::Optimized {
+        table: label.to_string(),
+        files_before: done.files_before,
+        files_after: done.files_after,
+        bytes_before,
+        bytes_after,
+        files_removed: match done.skipped {
+            Some(_) => 0,
+            None => done.files_before as u64,
+        },
+        files_added: match done.skipped {
+            Some(_) => 0,
+            None => done.files_after as u64,
+        },
+        zorder_by: Vec::new(),
+        version: done.version,
+        millis: started.elapsed().as_millis(),
+        skipped: done.skipped,
+        events: (done.events_before > 0).then_some((done.events_before, done.events_after)),
+        tombstones_forgotten: done.tombstones_forgotten,
+        note: match forget {
+            Forget::Nothing(why) => Some(format!("tombstones kept: {why}")),
+            Forget::After(_) => None,
+        },
+    })
+}
+
+/// The key columns `target` records (`strata.keys`).
+async fn key_columns(wh: &Warehouse, target: &TableName) -> Result<Vec<String>> {
+    let table = wh.open_table(target).await?.ok_or_else(|| {
+        crate::error::EngineError::NotFound(format!(
+            "{target} has an event store but no table: run its pipeline first"
+        ))
+    })?;
+    let properties = table_properties(&table)?;
+    let keys = properties.get(KEYS_PROPERTY).ok_or_else(|| {
+        crate::error::EngineError::Internal(format!(
+            "{target} does not record its key columns ({KEYS_PROPERTY})"
+        ))
+    })?;
+    Ok(keys
+        .split(',')
+        .map(|k| k.trim().to_string())
+        .filter(|k| !k.is_empty())
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(sql: &str) -> PipelinePlan {
+        strata_sql::plan_pipeline(strata_sql::parse_pipeline(sql).expect("parse")).expect("plan")
+    }
+
+    fn t(name: &str) -> TableName {
+        TableName::parse(name, TableName::DEFAULT_SCHEMA).expect("name")
+    }
+
+    const SOURCE: &str = "CREATE STREAMING TABLE src AS SELECT * FROM STREAM read_files('in', \
+                          format => 'json');\n";
+
+    #[test]
+    fn scd1_change_flows_forget_after_the_threshold() {
+        let p = plan(&format!(
+            "{SOURCE}CREATE STREAMING TABLE t TBLPROPERTIES \
+             ('pipelines.cdc.tombstoneGCThresholdInSeconds' = '60');\n\
+             CREATE FLOW f AS AUTO CDC INTO t FROM STREAM(src) KEYS (id) SEQUENCE BY seq \
+             STORED AS SCD TYPE 1;"
+        ));
+        assert_eq!(forget_rule(&[p], &t("t")).expect("rule"), Forget::After(60));
+        let p = plan(&format!(
+            "{SOURCE}CREATE STREAMING TABLE t;\nCREATE FLOW f AS AUTO CDC INTO t FROM \
+             STREAM(src) KEYS (id) SEQUENCE BY seq;"
+        ));
+        assert_eq!(
+            forget_rule(&[p], &t("t")).expect("rule"),
+            Forget::After(crate::eventstore::tombstones::DEFAULT_SECONDS)
+        );
+    }
+
+    #[test]
+    fn scd2_snapshot_and_unknown_targets_keep_everything() {
+        let p = plan(&format!(
+            "{SOURCE}CREATE STREAMING TABLE t;\nCREATE FLOW f AS AUTO CDC INTO t FROM \
+             STREAM(src) KEYS (id) SEQUENCE BY seq STORED AS SCD TYPE 2;"
+        ));
+        let rule = forget_rule(std::slice::from_ref(&p), &t("t")).expect("rule");
+        assert!(matches!(rule, Forget::Nothing(why) if why.contains("SCD type 2")));
+        let rule = forget_rule(&[p], &t("other")).expect("rule");
+        assert!(matches!(rule, Forget::Nothing(why) if why.contains("--pipeline")));
+        let p = plan(&format!(
+            "{SOURCE}CREATE STREAMING TABLE t;\nCREATE FLOW f AS AUTO CDC FROM SNAPSHOT \
+             INTO t FROM STREAM(src) KEYS (id) SNAPSHOT VERSION BY v STORED AS SCD TYPE 1;"
+        ));
+        let rule = forget_rule(&[p], &t("t")).expect("rule");
+        assert!(matches!(rule, Forget::Nothing(why) if why.contains("snapshot")));
+    }
+}
