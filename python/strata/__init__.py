@@ -304,12 +304,13 @@ def run(pipeline: PipelineArg = None, warehouse: Optional[Union[str, "os.PathLik
         ) -> Dict[str, Any]:
     """Runs a pipeline once over all input not yet processed, like ``strata run``.
 
-    ``pipeline``: a ``.py`` file (Lakeflow's Python API), a ``.sql`` file, a YAML spec, a list
-    of ``.py`` and ``.sql`` files run as one pipeline, a ``Pipeline``, or ``None`` for the
-    declarations made so far outside any file (a notebook). ``full_refresh``: True for every
-    table, or table names. ``select``: ``NAME`` or ``NAME+``. ``conf``: values for ``${name}``
-    in SQL texts. ``progress``: a line per dataset (True), nothing (False), or a function
-    ``f(event, node, detail, elapsed_seconds)``. Returns the run report as a dict."""
+    ``pipeline``: a ``.py`` file (Lakeflow's Python API), a ``.sql`` file, a YAML spec (its
+    ``.py`` libraries executed here), a list of ``.py`` and ``.sql`` files run as one
+    pipeline, a ``Pipeline``, or ``None`` for the declarations made so far outside any file
+    (a notebook). ``full_refresh``: True for every table, or table names. ``select``:
+    ``NAME`` or ``NAME+``. ``conf``: values for ``${name}`` in SQL texts. ``progress``: a
+    line per dataset (True), nothing (False), or a function ``f(event, node, detail,
+    elapsed_seconds)``. Returns the run report as a dict."""
     wh = _warehouse(warehouse)
     conf = {str(k): str(v) for k, v in (conf or {}).items()}
     refresh = _full_refresh(full_refresh)

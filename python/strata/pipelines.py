@@ -511,7 +511,8 @@ def table(query_function: Optional[Callable] = None, *, name: Optional[str] = No
           schema: Optional[str] = None, row_filter: Optional[str] = None,
           temporary: bool = False, private: bool = False):
     """``@dp.table``: a streaming table when the function reads a stream (``read_files``,
-    ``stream(...)``, ``STREAM`` in its SQL), else a materialized view, as in Lakeflow."""
+    ``stream(...)``, ``STREAM`` in its SQL), else a materialized view, as in Lakeflow; a
+    function returning Arrow data makes a materialized view of what it returns on each run."""
     return _dataset("table", "table", query_function, name=name, comment=comment,
                     spark_conf=spark_conf, table_properties=table_properties, path=path,
                     partition_cols=partition_cols, cluster_by=cluster_by, schema=schema,

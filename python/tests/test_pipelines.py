@@ -322,7 +322,7 @@ def test_partition_cols_and_cluster_by_reach_the_delta_tables(tmp_path):
     p = write(tmp_path / "p.py", PARTITIONED_PY.format(schema=CDC_SCHEMA))
     sql = strata.sql(p)
     assert "CREATE OR REFRESH STREAMING TABLE events\nPARTITIONED BY (city)\nAS SELECT" in sql
-    assert "CREATE OR REFRESH MATERIALIZED VIEW ops\nCOMMENT 'ops'\nPARTITIONED BY (op)\nAS" in sql
+    assert "MATERIALIZED VIEW ops\nCOMMENT 'ops'\nPARTITIONED BY (op)\nAS" in sql
     wh = tmp_path / "wh"
     strata.run(p, warehouse=wh, progress=False)
 
@@ -425,7 +425,8 @@ def test_yaml_spec_with_a_python_library_runs_from_python(tmp_path):
     """)
     with pytest.raises(strata.StrataError, match=r"silver.py:3 \(create_auto_cdc_flow t_flow\)"):
         strata.run(spec, warehouse=wh, progress=False)
-    write(tmp_path / "spec.yaml", SPEC_WITH_PYTHON.format().replace("py/silver.py", "py/gone.py"))
+    write(tmp_path / "spec.yaml",
+          SPEC_WITH_PYTHON.format().replace("py/silver.py", "py/gone.py"))
     with pytest.raises(strata.StrataError, match=r"spec.yaml: libraries\[1\]: cannot read "
                                                  r"\S*py/gone.py: no such file"):
         strata.run(spec, warehouse=wh, progress=False)
