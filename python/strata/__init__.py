@@ -85,6 +85,7 @@ def _full_refresh(full_refresh: Union[bool, Sequence[str], str, None]) -> Option
 def _load_python(path: Path) -> Pipeline:
     """Executes a pipeline file with its declarations going to a fresh Pipeline."""
     p = Pipeline()
+    p.runs_now = True
     with p:
         sys.path.insert(0, str(path.parent))
         try:
@@ -181,50 +182,120 @@ def _stage_snapshots(decl: Any, root: str) -> str:
     return str(folder)
 
 
-def _sources(pipeline: PipelineArg, root: Optional[str]) -> tuple:
-    """(texts, event-log path, base folder) of a pipeline given as files or a Pipeline."""
+def _stage_returned(decl: Any, warehouse: str, schema: str) -> None:
+    """Calls a dataset's function that returns Arrow data (unless it was just called, when
+    the file was read) and replaces the rows of the table its view reads with the result."""
+    info = decl.returned
+    fn = info["fn"]
+    name = getattr(fn, "__name__", repr(fn))
+    data, info["data"] = info["data"], None  # a later run calls the function again
+    if data is None:
+        try:
+            data = fn()
+        except Exception as e:
+            raise StrataError(f"{decl.origin}: {name}() raised {type(e).__name__}: {e}; "
+                              "nothing was run", "pipeline") from e
+    if not hasattr(data, "__arrow_c_stream__"):
+        raise StrataError(f"{decl.origin}: {name}() returned Arrow data when it was declared "
+                          f"and now {type(data).__name__}; a dataset's function returns Arrow "
+                          "data (a pyarrow Table, a pandas or Polars DataFrame) every time, or "
+                          "a query every time; nothing was run", "pipeline")
+    try:
+        _native.stage_table(warehouse, info["staging"], schema, data,
+                            f"rows returned by the Python function {name} ({decl.origin})")
+    except StrataError as e:
+        raise StrataError(f"{decl.origin}: the data {name}() returned: {e}; nothing was run",
+                          e.kind) from None
+
+
+def _snapshot_staging_table(decl: Any, folder: str) -> tuple:
+    """The streaming table reading the snapshots a snapshot flow's function returned."""
+    staging = decl.snapshot["staging"]
+    table = (f"CREATE OR REFRESH STREAMING TABLE {pipelines._ident(staging)}\n"
+             f"COMMENT 'snapshots returned by the Python source of flow {decl.snapshot['flow']}'"
+             f"\nAS SELECT * FROM STREAM read_files("
+             f"{pipelines._literal(folder)}, format => 'parquet')")
+    return (decl.origin.replace("(", "(staging table of ", 1), table, False)
+
+
+def _declared(pipeline: PipelineArg) -> tuple:
+    """(texts, Python declarations, event-log path, base folder) of a pipeline given as
+    files or a Pipeline."""
     texts: List[tuple] = []
-    snapshot_decls: List[Any] = []
+    decls: List[Any] = []
 
     def add(p: Pipeline) -> None:
         for d in p.decls:
             texts.append((d.origin, d.sql, False))
-            if d.snapshot is not None:
-                snapshot_decls.append(d)
+            decls.append(d)
 
     if isinstance(pipeline, Pipeline) or pipeline is None:
         add(pipeline or pipelines.current())
-        path, base = Path("<python>"), Path.cwd()
-    else:
-        paths = [Path(pipeline)] if isinstance(pipeline, (str, os.PathLike)) else \
-            [Path(p) for p in pipeline]
-        if not paths:
-            raise StrataError("no pipeline files given", "pipeline")
-        for p in paths:
-            if p.suffix == ".py":
-                if not p.is_file():
-                    raise StrataError(f"cannot read {p}: no such file", "pipeline")
-                add(_load_python(p.resolve()))
-            elif p.suffix in (".yaml", ".yml"):
-                raise StrataError(f"{p}: a YAML spec runs on its own (strata.run('{p}'))",
-                                  "pipeline")
-            else:
-                try:
-                    texts.append((str(p), p.read_text(), True))
-                except OSError as e:
-                    raise StrataError(f"cannot read {p}: {e}", "pipeline") from None
-        path, base = paths[0], paths[0].resolve().parent
+        return texts, decls, Path("<python>"), Path.cwd()
+    paths = [Path(pipeline)] if isinstance(pipeline, (str, os.PathLike)) else \
+        [Path(p) for p in pipeline]
+    if not paths:
+        raise StrataError("no pipeline files given", "pipeline")
+    for p in paths:
+        if p.suffix == ".py":
+            add(_load_python_file(p))
+        elif p.suffix in (".yaml", ".yml"):
+            raise StrataError(f"{p}: a YAML spec runs on its own (strata.run('{p}'))",
+                              "pipeline")
+        else:
+            try:
+                texts.append((str(p), p.read_text(), True))
+            except OSError as e:
+                raise StrataError(f"cannot read {p}: {e}", "pipeline") from None
+    return texts, decls, paths[0], paths[0].resolve().parent
+
+
+def _load_python_file(p: Path) -> Pipeline:
+    if not p.is_file():
+        raise StrataError(f"cannot read {p}: no such file", "pipeline")
+    return _load_python(p.resolve())
+
+
+def _python_inputs(decls: List[Any], warehouse: Optional[str], schema: str) -> List[tuple]:
+    """Runs the Python that feeds the pipeline before it runs (with a warehouse; without,
+    for plan and sql, nothing is called): each snapshot function until it returns None,
+    each dataset function returning Arrow data. Returns the texts of the staging tables."""
+    root = _native.warehouse_root(warehouse) if warehouse is not None else None
+    texts = []
+    for d in decls:
+        if d.returned is not None and warehouse is not None:
+            _stage_returned(d, warehouse, schema)
+        if d.snapshot is not None:
+            folder = _stage_snapshots(d, root) if root is not None else ""
+            texts.append(_snapshot_staging_table(d, folder))
+    return texts
+
+
+def _sources(pipeline: PipelineArg, warehouse: Optional[str]) -> tuple:
+    """(texts, event-log path, base folder) of a pipeline given as files or a Pipeline,
+    its Python inputs staged in ``warehouse`` (None: nothing is called)."""
+    texts, decls, path, base = _declared(pipeline)
     if not texts:
         raise StrataError("the pipeline declares nothing", "pipeline")
-    for d in snapshot_decls:
-        folder = _stage_snapshots(d, root) if root is not None else ""
-        staging = d.snapshot["staging"]
-        table = (f"CREATE OR REFRESH STREAMING TABLE {pipelines._ident(staging)}\n"
-                 f"COMMENT 'snapshots returned by the Python source of flow {d.snapshot['flow']}'"
-                 f"\nAS SELECT * FROM STREAM read_files("
-                 f"{pipelines._literal(folder)}, format => 'parquet')")
-        texts.append((d.origin.replace("(", "(staging table of ", 1), table, False))
+    texts += _python_inputs(decls, warehouse, "default")
     return texts, path, base
+
+
+def _run_spec(spec: Path, wh: str, conf: Dict[str, str], select: Optional[str],
+              refresh: Optional[List[str]], cb: Optional[Callable]) -> Dict[str, Any]:
+    """Runs a YAML spec; its ``.py`` libraries are executed here and their declarations
+    run with the spec's tables and SQL libraries as one pipeline."""
+    info = _native.load_spec(str(spec), conf)
+    if not info["python_libraries"]:
+        return _native.run_path(str(spec), wh, conf, select, refresh, cb)
+    texts: List[tuple] = []
+    decls: List[Any] = []
+    for lib in info["python_libraries"]:
+        for d in _load_python_file(Path(lib)).decls:
+            texts.append((d.origin, d.sql, False))
+            decls.append(d)
+    texts += _python_inputs(decls, wh, info["schema"])
+    return _native.run_path(str(spec), wh, conf, select, refresh, cb, texts)
 
 
 def run(pipeline: PipelineArg = None, warehouse: Optional[Union[str, "os.PathLike[str]"]] = None,
@@ -233,20 +304,22 @@ def run(pipeline: PipelineArg = None, warehouse: Optional[Union[str, "os.PathLik
         ) -> Dict[str, Any]:
     """Runs a pipeline once over all input not yet processed, like ``strata run``.
 
-    ``pipeline``: a ``.py`` file (Lakeflow's Python API), a ``.sql`` file, a YAML spec, a list
-    of ``.py`` and ``.sql`` files run as one pipeline, a ``Pipeline``, or ``None`` for the
-    declarations made so far outside any file (a notebook). ``full_refresh``: True for every
-    table, or table names. ``select``: ``NAME`` or ``NAME+``. ``conf``: values for ``${name}``
-    in SQL texts. ``progress``: a line per dataset (True), nothing (False), or a function
-    ``f(event, node, detail, elapsed_seconds)``. Returns the run report as a dict."""
+    ``pipeline``: a ``.py`` file (Lakeflow's Python API), a ``.sql`` file, a YAML spec (its
+    ``.py`` libraries executed here), a list of ``.py`` and ``.sql`` files run as one
+    pipeline, a ``Pipeline``, or ``None`` for the declarations made so far outside any file
+    (a notebook). ``full_refresh``: True for every table, or table names. ``select``:
+    ``NAME`` or ``NAME+``. ``conf``: values for ``${name}`` in SQL texts. ``progress``: a
+    line per dataset (True), nothing (False), or a function ``f(event, node, detail,
+    elapsed_seconds)``. Returns the run report as a dict."""
     wh = _warehouse(warehouse)
     conf = {str(k): str(v) for k, v in (conf or {}).items()}
     refresh = _full_refresh(full_refresh)
     cb = _progress(progress)
+    if isinstance(pipeline, (str, os.PathLike)) and Path(pipeline).suffix in (".yaml", ".yml"):
+        return _run_spec(Path(pipeline), wh, conf, select, refresh, cb)
     if isinstance(pipeline, (str, os.PathLike)) and Path(pipeline).suffix != ".py":
         return _native.run_path(os.fspath(pipeline), wh, conf, select, refresh, cb)
-    root = _native.warehouse_root(wh)
-    texts, path, base = _sources(pipeline, root)
+    texts, path, base = _sources(pipeline, wh)
     return _native.run_sources(texts, str(path), str(base), wh, conf, select, refresh, cb)
 
 

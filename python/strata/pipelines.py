@@ -11,8 +11,10 @@ semantics and the same checks. Errors name the Python file and line of the decla
 Where Lakeflow's functions return Spark DataFrames, a decorated function here returns SQL
 text (``"SELECT * FROM STREAM(users_cdc)"``) or a relation of the small API below
 (``read_files``, ``table``, ``stream``, ``.select``, ``.where``, ``.with_column``), which
-becomes SQL. ``create_auto_cdc_from_snapshot_flow(source=fn)`` takes a Python function
-returning Arrow data (pyarrow, pandas, Polars).
+becomes SQL. A ``@dp.table`` / ``@dp.materialized_view`` function may also return Arrow data
+(a pyarrow Table, a pandas or Polars DataFrame): the dataset is then a materialized view of
+what the function returns when the pipeline runs. ``create_auto_cdc_from_snapshot_flow(
+source=fn)`` takes a Python function returning snapshots as Arrow data.
 """
 
 from __future__ import annotations
@@ -265,9 +267,10 @@ class _Decl:
     """One declaration: its SQL, and where in Python it was made."""
 
     def __init__(self, kind: str, name: str, origin: str, sql: str = "",
-                 snapshot: Optional[dict] = None):
+                 snapshot: Optional[dict] = None, returned: Optional[dict] = None):
         self.kind, self.name, self.origin, self.sql = kind, name, origin, sql
         self.snapshot = snapshot  # a Python snapshot source: {fn, flow, keys, ...}
+        self.returned = returned  # a function returning Arrow data: {fn, staging, data}
 
 
 class Pipeline:
@@ -276,6 +279,10 @@ class Pipeline:
 
     def __init__(self) -> None:
         self.decls: List[_Decl] = []
+        # Whether the pipeline runs right after it is declared (a file strata.run executes),
+        # so that the data a function returned when declared is the run's: else each run
+        # calls the function again.
+        self.runs_now = False
 
     def __enter__(self) -> "Pipeline":
         _stack.append(self)
@@ -327,12 +334,8 @@ def _check_kwargs(fn_name: str, given: Dict[str, Any], allowed: Sequence[str]) -
 _NOT_YET = {
     "spark_conf": "Spark configuration does not apply to strata",
     "path": "tables live in the warehouse, at <warehouse>/<schema>/<table>",
-    "partition_cols": "PARTITIONED BY is not supported yet (historised tables take "
-                      "table_properties={'strata.scd.partitionBy': 'start'})",
-    "cluster_by": "CLUSTER BY is not supported yet",
     "row_filter": "row filters are not supported",
     "private": "private datasets are not supported yet",
-    "cluster_by_auto": "CLUSTER BY is not supported yet",
 }
 
 
@@ -351,6 +354,23 @@ def _props(table_properties: Optional[Dict[str, Any]], origin: str) -> str:
     items = ", ".join(f"{_literal(str(k))} = {_literal(str(v))}"
                       for k, v in table_properties.items())
     return f"\nTBLPROPERTIES ({items})"
+
+
+def _layout(partition_cols: Any, cluster_by: Any, origin: str) -> str:
+    """``PARTITIONED BY (cols)`` (Delta partition columns) or ``CLUSTER BY (cols)`` (the
+    columns ``strata optimize`` Z-orders the files by), as in Lakeflow not both."""
+    def given(v: Any) -> Any:  # an empty list is no list, as Lakeflow takes it
+        return None if isinstance(v, (list, tuple)) and not v else v
+
+    partitions = _names(given(partition_cols), f"{origin}: partition_cols")
+    clustering = _names(given(cluster_by), f"{origin}: cluster_by")
+    if partitions and clustering:
+        raise _error(f"{origin}: give partition_cols or cluster_by, not both")
+    if partitions:
+        return f"\nPARTITIONED BY ({', '.join(partitions)})"
+    if clustering:
+        return f"\nCLUSTER BY ({', '.join(clustering)})"
+    return ""
 
 
 def _comment(comment: Optional[str], origin: str) -> str:
@@ -389,8 +409,15 @@ def _expectations_of(expect_all=None, expect_all_or_drop=None, expect_all_or_fai
     return out
 
 
-def _query_of(fn: Callable, origin: str) -> Relation:
-    """Calls a decorated function: it returns SQL text or a Relation."""
+class _Returned:
+    """Arrow data a dataset's function returned (anything with ``__arrow_c_stream__``)."""
+
+    def __init__(self, data: Any):
+        self.data = data
+
+
+def _result_of(fn: Callable, origin: str) -> Union[Relation, _Returned]:
+    """Calls a decorated function: it returns SQL text, a Relation, or Arrow data."""
     if not callable(fn):
         raise _error(f"{origin}: expected a function, got {type(fn).__name__}")
     q = fn()
@@ -400,11 +427,34 @@ def _query_of(fn: Callable, origin: str) -> Relation:
         text = q.strip().rstrip(";").strip()
         return Relation("", streaming=bool(re.search(r"\bSTREAM\b", text, re.I)), text=text)
     if hasattr(q, "__arrow_c_stream__"):
-        raise _error(f"{origin}: the function returned Arrow data; a dataset's function returns "
-                     "SQL text or a relation (read_files, table_ref, stream); data produced in "
-                     "Python enters through create_auto_cdc_from_snapshot_flow(source=function)")
-    raise _error(f"{origin}: the function must return SQL text or a relation "
-                 f"(read_files, table_ref, stream), got {type(q).__name__}")
+        return _Returned(q)
+    raise _error(f"{origin}: the function must return SQL text, a relation "
+                 f"(read_files, table_ref, stream) or Arrow data (a pyarrow Table, a pandas or "
+                 f"Polars DataFrame), got {type(q).__name__}")
+
+
+def _query_of(fn: Callable, origin: str) -> Relation:
+    """Calls a flow's function: it returns SQL text or a Relation."""
+    q = _result_of(fn, origin)
+    if isinstance(q, _Returned):
+        raise _error(f"{origin}: the function returned Arrow data; a flow's function returns a "
+                     "stream (SQL text or a relation); data produced in Python is a dataset "
+                     "(@dp.table or @dp.materialized_view returning it) or a snapshot source "
+                     "(create_auto_cdc_from_snapshot_flow(source=function))")
+    return q
+
+
+#: The suffix of the table holding the rows a dataset's Python function returned.
+RETURNED_SUFFIX = "__python"
+
+
+def _returned(fn: Callable, ds: str, data: Any) -> tuple:
+    """(query, what to stage) of a dataset whose function returned Arrow data: the dataset
+    reads the table its rows are staged in before each run."""
+    staging = ds + RETURNED_SUFFIX  # beside the dataset, in its schema
+    keep = data if current().runs_now else None  # else the run calls the function again
+    return (Relation("", streaming=False, text=f"SELECT * FROM {_ident(staging)}"),
+            {"fn": fn, "staging": staging, "data": keep})
 
 
 def _pending_expectations(fn: Callable) -> List[tuple]:
@@ -420,9 +470,13 @@ def _dataset(kind: str, decorator: str, query_fn=None, *, name=None, comment=Non
             raise _error(f"@dp.{decorator} decorates a function, got {type(fn).__name__}")
         ds = name or fn.__name__
         origin = _origin(f"@dp.{decorator} {ds}", fn)
-        _refuse(origin, spark_conf=spark_conf, path=path, partition_cols=partition_cols,
-                cluster_by=cluster_by, row_filter=row_filter, private=private)
-        q = _query_of(fn, origin)
+        _refuse(origin, spark_conf=spark_conf, path=path, row_filter=row_filter,
+                private=private)
+        layout = _layout(partition_cols, cluster_by, origin)
+        q = _result_of(fn, origin)
+        returned = None
+        if isinstance(q, _Returned):
+            q, returned = _returned(fn, ds, q.data)
         exps = _pending_expectations(fn)
         effective = kind
         if kind == "table":
@@ -440,8 +494,9 @@ def _dataset(kind: str, decorator: str, query_fn=None, *, name=None, comment=Non
             head = ("CREATE OR REFRESH STREAMING TABLE" if effective == "streaming"
                     else "CREATE OR REFRESH MATERIALIZED VIEW")
             sql = (f"{head} {_ident(ds)}{_columns(schema, exps, origin)}"
-                   f"{_comment(comment, origin)}{_props(table_properties, origin)}\nAS {q.sql}")
-        current()._add(_Decl(effective, ds, origin, sql))
+                   f"{_comment(comment, origin)}{layout}{_props(table_properties, origin)}"
+                   f"\nAS {q.sql}")
+        current()._add(_Decl(effective, ds, origin, sql, returned=returned))
         return fn
 
     if query_fn is not None:
@@ -456,7 +511,8 @@ def table(query_function: Optional[Callable] = None, *, name: Optional[str] = No
           schema: Optional[str] = None, row_filter: Optional[str] = None,
           temporary: bool = False, private: bool = False):
     """``@dp.table``: a streaming table when the function reads a stream (``read_files``,
-    ``stream(...)``, ``STREAM`` in its SQL), else a materialized view, as in Lakeflow."""
+    ``stream(...)``, ``STREAM`` in its SQL), else a materialized view, as in Lakeflow; a
+    function returning Arrow data makes a materialized view of what it returns on each run."""
     return _dataset("table", "table", query_function, name=name, comment=comment,
                     spark_conf=spark_conf, table_properties=table_properties, path=path,
                     partition_cols=partition_cols, cluster_by=cluster_by, schema=schema,
@@ -500,11 +556,11 @@ def create_streaming_table(name: str, comment: Optional[str] = None,
     if not isinstance(name, str) or not name:
         raise _error(f"create_streaming_table: name must be a string, got {type(name).__name__}")
     origin = _origin(f"create_streaming_table {name}")
-    _refuse(origin, spark_conf=spark_conf, path=path, partition_cols=partition_cols,
-            cluster_by=cluster_by, row_filter=row_filter)
+    _refuse(origin, spark_conf=spark_conf, path=path, row_filter=row_filter)
+    layout = _layout(partition_cols, cluster_by, origin)
     exps = _expectations_of(expect_all, expect_all_or_drop, expect_all_or_fail, origin)
     sql = (f"CREATE OR REFRESH STREAMING TABLE {_ident(name)}{_columns(schema, exps, origin)}"
-           f"{_comment(comment, origin)}{_props(table_properties, origin)}")
+           f"{_comment(comment, origin)}{layout}{_props(table_properties, origin)}")
     current()._add(_Decl("streaming_target", name, origin, sql))
 
 
@@ -701,9 +757,7 @@ def create_auto_cdc_from_snapshot_flow(
     scd = _scd(stored_as_scd_type, origin, snapshot=True)
     history = _track_history(origin, track_history_column_list, track_history_except_column_list)
     if callable(source) and not isinstance(source, str):
-        staging = f"{target.split('.')[-1]}__snapshots"
-        if "." in target:
-            staging = target.rsplit(".", 1)[0] + "." + staging
+        staging = target + "__snapshots"
         columns = _columns_clause(origin, column_list, except_column_list,
                                   extra_except=[SNAPSHOT_VERSION_COLUMN])
         sql = (f"CREATE FLOW {_ident(flow)} AS AUTO CDC FROM SNAPSHOT INTO {_ident(target)}\n"

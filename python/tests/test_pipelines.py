@@ -292,6 +292,159 @@ def test_python_and_sql_in_one_pipeline(tmp_path):
                    warehouse=tmp_path / "wh", progress=False)
 
 
+PARTITIONED_PY = """\
+from strata import pipelines as dp
+from strata.pipelines import col
+
+@dp.table(partition_cols=["city"])
+def events():
+    return dp.read_files("data/cdc", format="json", schema="{schema}").where("id IS NOT NULL")
+
+@dp.materialized_view(cluster_by=["city", col("n")])
+def by_city():
+    return "SELECT city, count(*) AS n FROM events GROUP BY city"
+
+@dp.table(partition_cols=["op"], comment="ops")
+def ops():
+    return "SELECT op, count(*) AS n FROM events GROUP BY op"
+
+dp.create_streaming_table("users", partition_cols=["city"])
+dp.create_auto_cdc_flow(target="users", source="events", keys=["id"], sequence_by="seq",
+                        apply_as_deletes="op = 'DELETE'", except_column_list=["op", "seq"],
+                        stored_as_scd_type=2)
+"""
+
+
+def test_partition_cols_and_cluster_by_reach_the_delta_tables(tmp_path):
+    import deltalake
+
+    cdc_data(tmp_path)
+    p = write(tmp_path / "p.py", PARTITIONED_PY.format(schema=CDC_SCHEMA))
+    sql = strata.sql(p)
+    assert "CREATE OR REFRESH STREAMING TABLE events\nPARTITIONED BY (city)\nAS SELECT" in sql
+    assert "MATERIALIZED VIEW ops\nCOMMENT 'ops'\nPARTITIONED BY (op)\nAS" in sql
+    wh = tmp_path / "wh"
+    strata.run(p, warehouse=wh, progress=False)
+
+    def delta(name):
+        return deltalake.DeltaTable(str(wh / "default" / name))
+
+    assert delta("events").metadata().partition_columns == ["city"]
+    files = [u.split("/default/events/")[1] for u in delta("events").file_uris()]
+    assert files and all(f.startswith("city=") for f in files), files
+    assert delta("ops").metadata().partition_columns == ["op"]
+    assert delta("users").metadata().partition_columns == ["city"]
+    assert delta("by_city").metadata().partition_columns == []
+    assert delta("by_city").metadata().configuration[
+        "pipelines.autoOptimize.zOrderCols"] == "city,n"
+    # The rows are what they are without the clauses.
+    assert rows(strata.query("SELECT op, n FROM ops", warehouse=wh)) == [("DELETE", 1),
+                                                                         ("UPSERT", 4)]
+    assert len(strata.query("SELECT * FROM users WHERE __END_AT IS NULL", warehouse=wh)) == 2
+    # A partition column the table lacks is the engine's error, naming the declaration.
+    bad = write(tmp_path / "bad.py", """\
+        from strata import pipelines as dp
+
+        @dp.materialized_view(partition_cols=["nope"])
+        def mv():
+            return "SELECT 1 AS a, 2 AS b"
+    """)
+    with pytest.raises(strata.StrataError, match=r"nope"):
+        strata.run(bad, warehouse=tmp_path / "wh2", progress=False)
+
+
+SPEC_WITH_PYTHON = """\
+name: mixed
+schema: sales
+libraries:
+  - bronze.sql
+  - py/silver.py
+tables:
+  - name: products
+    source: {{ path: data/products, format: csv, header: true, schema: "sku STRING, price INT, seq INT" }}
+    keys: [sku]
+    sequence_by: seq
+"""
+
+SILVER_PY = """\
+import pyarrow as pa
+from strata import pipelines as dp
+
+dp.create_streaming_table("users")
+dp.create_auto_cdc_flow(target="users", source="events", keys=["id"], sequence_by="seq",
+                        apply_as_deletes="op = 'DELETE'", except_column_list=["op", "seq"])
+
+@dp.materialized_view
+def discounts():
+    return pa.table({{"sku": ["a", "b"], "pct": [10, {pct}]}})
+
+@dp.materialized_view
+def net_prices():
+    return ("SELECT p.sku, p.price * (100 - d.pct) / 100 AS net "
+            "FROM products p JOIN discounts d ON p.sku = d.sku")
+"""
+
+
+def spec_project(tmp_path, pct=20):
+    cdc_data(tmp_path)
+    write(tmp_path / "data/products/001.csv", "sku,price,seq\na,100,1\nb,200,1\n")
+    write(tmp_path / "bronze.sql", f"""\
+        CREATE OR REFRESH STREAMING TABLE events
+        AS SELECT * FROM STREAM read_files('data/cdc', format => 'json', schema => '{CDC_SCHEMA}')
+        WHERE id IS NOT NULL;
+    """)
+    write(tmp_path / "py/silver.py", SILVER_PY.format(pct=pct))
+    return write(tmp_path / "spec.yaml", SPEC_WITH_PYTHON.format())
+
+
+def test_yaml_spec_with_a_python_library_runs_from_python(tmp_path):
+    spec = spec_project(tmp_path)
+    wh = tmp_path / "wh"
+    report = strata.run(spec, warehouse=wh, progress=False)
+    assert sorted(f["flow"] for f in report["flows"]) == ["products_flow", "users_flow"]
+    # The Python library's datasets are in the spec's schema, with the SQL's and the tables'.
+    assert rows(strata.query("SELECT id, name FROM sales.users", warehouse=wh)) == \
+        [(1, None), (2, "b")]
+    assert rows(strata.query("SELECT sku, net FROM sales.net_prices", warehouse=wh)) == \
+        [("a", 90), ("b", 160)]
+    assert (wh / "sales" / "discounts__python").is_dir()
+    # The event log names the spec; python -m strata runs it too, with new Python data.
+    assert "spec.yaml" in strata.events(warehouse=wh).column("pipeline")[0].as_py()
+    write(tmp_path / "py/silver.py", SILVER_PY.format(pct=50))
+    out = subprocess.run([sys.executable, "-m", "strata", "run", str(spec), "--warehouse",
+                          str(wh)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "materialized view sales.net_prices: recomputed, 2 row(s)" in out.stdout
+    assert rows(strata.query("SELECT sku, net FROM sales.net_prices", warehouse=wh)) == \
+        [("a", 90), ("b", 100)]
+    # An error in the Python library names its file and line.
+    write(tmp_path / "py/silver.py", """\
+        from strata import pipelines as dp
+        dp.create_streaming_table("t")
+        dp.create_auto_cdc_flow(target="t", source="nowhere", keys=["id"], sequence_by="seq")
+    """)
+    with pytest.raises(strata.StrataError, match=r"silver.py:3 \(create_auto_cdc_flow t_flow\)"):
+        strata.run(spec, warehouse=wh, progress=False)
+    write(tmp_path / "spec.yaml",
+          SPEC_WITH_PYTHON.format().replace("py/silver.py", "py/gone.py"))
+    with pytest.raises(strata.StrataError, match=r"spec.yaml: libraries\[1\]: cannot read "
+                                                 r"\S*py/gone.py: no such file"):
+        strata.run(spec, warehouse=wh, progress=False)
+
+
+def test_cli_binary_refuses_a_spec_with_a_python_library(tmp_path):
+    binary = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target")) / "debug" / "strata"
+    if not binary.exists():
+        pytest.skip(f"{binary} not built")
+    spec = spec_project(tmp_path)
+    out = subprocess.run([str(binary), "run", str(spec), "--warehouse", str(tmp_path / "wh")],
+                         capture_output=True, text=True)
+    assert out.returncode == 2, out.stderr
+    assert "libraries[1]:" in out.stderr and "is a Python pipeline file" in out.stderr
+    assert f"python -m strata run {spec}" in out.stderr
+    assert not (tmp_path / "wh" / "sales").exists()
+
+
 def test_notebook_style_default_pipeline_progress_and_refresh(tmp_path, capsys):
     cdc_data(tmp_path)
     os.chdir(tmp_path)
@@ -340,12 +493,19 @@ def test_unknown_argument_and_wrong_types():
         with pytest.raises(strata.StrataError, match="column_list or except_column_list"):
             dp.create_auto_cdc_flow(target="t", source="s", keys=["id"], sequence_by="seq",
                                     column_list=["a"], except_column_list=["b"])
-        with pytest.raises(strata.StrataError, match="partition_cols is not supported"):
-            dp.create_streaming_table("t", partition_cols=["a"])
+        with pytest.raises(strata.StrataError, match="row_filter is not supported"):
+            dp.create_streaming_table("t", row_filter="ROW FILTER f ON (a)")
+        with pytest.raises(strata.StrataError, match="give partition_cols or cluster_by, not "
+                                                     "both"):
+            dp.create_streaming_table("t", partition_cols=["a"], cluster_by=["b"])
+        with pytest.raises(strata.StrataError, match=r"test_pipelines.py:\d+ \(create_streaming_"
+                                                     r"table t\): partition_cols: expected a "
+                                                     r"list of column names, got str"):
+            dp.create_streaming_table("t", partition_cols="a")
         with pytest.raises(strata.StrataError, match="once=True"):
             dp.create_auto_cdc_flow(target="t", source="s", keys=["id"], sequence_by="s",
                                     once=True)
-        with pytest.raises(strata.StrataError, match="must return SQL text or a relation"):
+        with pytest.raises(strata.StrataError, match="must return SQL text, a relation"):
             @dp.materialized_view
             def y():
                 return 42

@@ -910,6 +910,22 @@ fn yaml_spec_errors_name_file_entry_key_and_line() {
 }
 
 #[test]
+fn yaml_spec_with_a_python_library_says_to_run_it_with_python() {
+    // The binary runs no Python: a `.py` library is refused before anything runs (the file
+    // need not even exist), with the command that runs it.
+    let spec = SPEC.replace("  - sql/gold.sql\n", "  - sql/gold.sql\n  - py/silver.py\n");
+    let e = spec_error(&spec, GOLD);
+    assert!(
+        e.contains(
+            "error: spec.yaml: libraries[1]: py/silver.py is a Python pipeline file, which the \
+             strata binary does not run: run the spec with the strata Python package, \
+             `python -m strata run spec.yaml`"
+        ),
+        "{e}"
+    );
+}
+
+#[test]
 fn shop_example_runs_as_documented() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/shop");
     let p = Project::new("");

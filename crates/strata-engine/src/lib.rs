@@ -56,7 +56,7 @@ pub use error::{chain, EngineError, Result};
 pub use load::file::plan_file;
 pub use load::settings::parse_duration;
 pub use load::sources::{plan_sources, PipelineSource, PlanStep, PlannedPipeline, SourceKind};
-pub use load::spec::{is_spec, load_pipeline, LoadedPipeline};
+pub use load::spec::{is_spec, load_pipeline, load_pipeline_with_python, LoadedPipeline};
 pub use ops::cdc::FlowReport;
 pub use ops::ingest::IngestReport;
 pub use ops::mview::MvReport;
@@ -68,8 +68,8 @@ pub use runtime::upkeep::{
     DEFAULT_RETAIN_HOURS,
 };
 pub use runtime::{
-    run_pipeline, run_pipeline_file, run_pipeline_file_with, run_planned, Progress, ProgressFn,
-    RunOptions, RunReport, Selection,
+    run_pipeline, run_pipeline_file, run_pipeline_file_with, run_pipeline_with_python, run_planned,
+    Progress, ProgressFn, RunOptions, RunReport, Selection,
 };
 pub use semantics::integrity::Violation;
 pub use sql::expect::ExpectationCount;
@@ -78,4 +78,5 @@ pub use sql::query::{
 };
 pub use storage::location::Location;
 pub use storage::session::new_session;
+pub use storage::staged::replace_table_rows;
 pub use storage::warehouse::Warehouse;

@@ -12,6 +12,10 @@
 //!   _native.stage_snapshot ◀─ any object with __arrow_c_stream__ (pyarrow, pandas via
 //!                    pyarrow, Polars): one snapshot written as a Parquet file, with its
 //!                    version as a column, where the pipeline's snapshot flow reads it
+//!   _native.stage_table ◀─ the same, returned by a @dp.table function: the rows of a
+//!                    warehouse table replaced whole, which the dataset's view reads
+//!   _native.load_spec ─▶ a YAML spec's .py libraries, which Python executes; their SQL
+//!                    goes back to run_path(..., python=texts)
 //! ```
 //!
 //! Engine errors become `strata.StrataError` with the engine's message (which names the
@@ -155,9 +159,11 @@ impl RunArgs {
 }
 
 /// Runs the pipeline file `path` (SQL or a YAML spec) as `strata run` does; returns the
-/// run report as a dict.
+/// run report as a dict. `python`: the texts rendered from the spec's `.py` libraries
+/// (see [`run_sources`]), which Python executed; without it such a spec is an error.
 #[pyfunction]
-#[pyo3(signature = (path, warehouse, conf, select=None, full_refresh=None, progress=None))]
+#[pyo3(signature = (path, warehouse, conf, select=None, full_refresh=None, progress=None, python=None))]
+#[allow(clippy::too_many_arguments)]
 fn run_path(
     py: Python<'_>,
     path: PathBuf,
@@ -166,6 +172,7 @@ fn run_path(
     select: Option<String>,
     full_refresh: Option<Vec<String>>,
     progress: Option<Py<PyAny>>,
+    python: Option<Vec<(String, String, bool)>>,
 ) -> PyResult<Py<PyAny>> {
     let args = RunArgs {
         warehouse,
@@ -176,11 +183,51 @@ fn run_path(
     };
     let options = args.options()?;
     let wh_dir = args.warehouse.clone();
+    let python = python.map(pipeline_sources);
     let report = block_on(py, async move {
         let wh = Warehouse::open(&wh_dir)?;
-        strata_engine::run_pipeline(&path, &wh, &options).await
+        match python {
+            Some(python) => {
+                strata_engine::run_pipeline_with_python(&path, &wh, &options, python).await
+            }
+            None => strata_engine::run_pipeline(&path, &wh, &options).await,
+        }
     })?;
     report_dict(py, &report)
+}
+
+/// What Python passes as a pipeline's texts: `(name, text, is_file)` each.
+fn pipeline_sources(sources: Vec<(String, String, bool)>) -> Vec<PipelineSource> {
+    sources
+        .into_iter()
+        .map(|(name, text, is_file)| PipelineSource {
+            name,
+            text,
+            kind: if is_file {
+                SourceKind::File
+            } else {
+                SourceKind::Generated
+            },
+        })
+        .collect()
+}
+
+/// What Python needs of a YAML spec before running it: `{"python_libraries": [path, ...],
+/// "schema": ..., "dir": ...}` (the `.py` libraries, resolved; the schema of unqualified
+/// names; the folder relative paths resolve against).
+#[pyfunction]
+fn load_spec(py: Python<'_>, path: PathBuf, conf: BTreeMap<String, String>) -> PyResult<Py<PyAny>> {
+    let loaded = strata_engine::load_pipeline_with_python(&path, &conf).map_err(to_py)?;
+    let d = PyDict::new(py);
+    let libraries: Vec<String> = loaded
+        .python_libraries
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    d.set_item("python_libraries", libraries)?;
+    d.set_item("schema", loaded.schema)?;
+    d.set_item("dir", loaded.dir.display().to_string())?;
+    Ok(d.into_any().unbind())
 }
 
 /// Plans and runs a pipeline made of several texts: `(name, text, is_file)` each, a file
@@ -210,18 +257,7 @@ fn run_sources(
     };
     let options = args.options()?;
     let wh_dir = args.warehouse.clone();
-    let sources: Vec<PipelineSource> = sources
-        .into_iter()
-        .map(|(name, text, is_file)| PipelineSource {
-            name,
-            text,
-            kind: if is_file {
-                SourceKind::File
-            } else {
-                SourceKind::Generated
-            },
-        })
-        .collect();
+    let sources = pipeline_sources(sources);
     let report = block_on(py, async move {
         let wh = Warehouse::open(&wh_dir)?;
         let planned =
@@ -238,18 +274,7 @@ fn plan_sources(
     sources: Vec<(String, String, bool)>,
     conf: BTreeMap<String, String>,
 ) -> PyResult<Py<PyAny>> {
-    let sources: Vec<PipelineSource> = sources
-        .into_iter()
-        .map(|(name, text, is_file)| PipelineSource {
-            name,
-            text,
-            kind: if is_file {
-                SourceKind::File
-            } else {
-                SourceKind::Generated
-            },
-        })
-        .collect();
+    let sources = pipeline_sources(sources);
     let planned = strata_engine::plan_sources(&sources, &conf, "default", "main").map_err(to_py)?;
     let out = PyList::empty(py);
     for s in planned.steps() {
@@ -398,6 +423,27 @@ fn stage_snapshot(
     })
 }
 
+/// Replaces the rows of the warehouse table `table` (`t` or `schema.t`, unqualified in
+/// `schema`) with `data` (any object with `__arrow_c_stream__`): the result of a Python
+/// dataset function, which the pipeline's materialized view of that name reads. Returns the
+/// number of rows.
+#[pyfunction]
+fn stage_table(
+    py: Python<'_>,
+    warehouse: String,
+    table: String,
+    schema: String,
+    data: &Bound<'_, PyAny>,
+    comment: String,
+) -> PyResult<usize> {
+    let (arrow_schema, batches) = import_stream(data)?;
+    block_on(py, async move {
+        let wh = Warehouse::open(&warehouse)?;
+        strata_engine::replace_table_rows(&wh, &table, &schema, arrow_schema, batches, &comment)
+            .await
+    })
+}
+
 /// The columns of the first snapshot staged in `dir`, if any, must be `staged`'s.
 fn check_same_columns(dir: &Path, staged: &SchemaRef) -> PyResult<()> {
     let mut names: Vec<PathBuf> = match std::fs::read_dir(dir) {
@@ -495,6 +541,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(warehouse_root, m)?)?;
     m.add_function(wrap_pyfunction!(query, m)?)?;
     m.add_function(wrap_pyfunction!(stage_snapshot, m)?)?;
+    m.add_function(wrap_pyfunction!(stage_table, m)?)?;
+    m.add_function(wrap_pyfunction!(load_spec, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -251,6 +251,10 @@ pub struct LoadedPipeline {
     pub catalog: Option<String>,
     /// Retries and notifications (the spec's and the configuration's).
     pub(crate) settings: UpdateSettings,
+    /// The spec's `.py` libraries (Lakeflow's Python API), resolved against the spec's
+    /// folder, which only the Python package runs ([`load_pipeline_with_python`]); their
+    /// declarations join [`LoadedPipeline::sources`] as generated SQL.
+    pub python_libraries: Vec<PathBuf>,
 }
 
 /// Whether `path` names a YAML spec (`.yaml` / `.yml`) rather than a SQL file.
@@ -261,10 +265,30 @@ pub fn is_spec(path: &Path) -> bool {
 }
 
 /// Reads a pipeline: a YAML spec (its libraries and the SQL generated from its tables) or
-/// one SQL file. `configuration` overrides the spec's values.
+/// one SQL file. `configuration` overrides the spec's values. A spec listing a Python
+/// library is an error saying to run it with the Python package.
 pub fn load_pipeline(
     path: &Path,
     configuration: &BTreeMap<String, String>,
+) -> Result<LoadedPipeline> {
+    load(path, configuration, false)
+}
+
+/// [`load_pipeline`] keeping a spec's `.py` libraries aside in
+/// [`LoadedPipeline::python_libraries`], for the Python package to run them.
+pub fn load_pipeline_with_python(
+    path: &Path,
+    configuration: &BTreeMap<String, String>,
+) -> Result<LoadedPipeline> {
+    load(path, configuration, true)
+}
+
+/// Reads a pipeline; `python`: whether a spec's `.py` libraries are kept aside (else they
+/// are an error).
+fn load(
+    path: &Path,
+    configuration: &BTreeMap<String, String>,
+    python: bool,
 ) -> Result<LoadedPipeline> {
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path).context(|| format!("cannot read {file}"))?;
@@ -288,6 +312,7 @@ pub fn load_pipeline(
             catalog: None,
             settings: UpdateSettings::resolve(Vec::new(), None, configuration)
                 .map_err(|m| EngineError::plan(format!("configuration: {m}")))?,
+            python_libraries: Vec::new(),
         });
     }
     let spec: Spec =
@@ -348,9 +373,26 @@ pub fn load_pipeline(
             kind: SourceKind::Generated,
         });
     }
+    let mut python_libraries = Vec::new();
     for (i, lib) in spec.libraries.iter().enumerate() {
         let lib_path = shown_dir.join(lib);
         let name = lib_path.display().to_string();
+        if lib_path.extension().is_some_and(|e| e == "py") {
+            if !python {
+                return Err(spec_err(format!(
+                    "libraries[{i}]: {name} is a Python pipeline file, which the strata \
+                     binary does not run: run the spec with the strata Python package, \
+                     `python -m strata run {file}` (docs/python.md)"
+                )));
+            }
+            if !lib_path.is_file() {
+                return Err(spec_err(format!(
+                    "libraries[{i}]: cannot read {name}: no such file"
+                )));
+            }
+            python_libraries.push(dir.join(lib));
+            continue;
+        }
         let text = std::fs::read_to_string(&lib_path)
             .context(|| format!("{file}: libraries[{i}]: cannot read {name}"))?;
         sources.push(PipelineSource {
@@ -359,7 +401,7 @@ pub fn load_pipeline(
             kind: SourceKind::File,
         });
     }
-    if sources.is_empty() {
+    if sources.is_empty() && python_libraries.is_empty() {
         return Err(spec_err(
             "the spec has neither libraries nor tables: nothing to run".into(),
         ));
@@ -373,6 +415,7 @@ pub fn load_pipeline(
         schema,
         catalog: spec.catalog,
         settings,
+        python_libraries,
     })
 }
 
@@ -956,6 +999,34 @@ mod tests {
             let err = table_sql(&entry(yaml)).unwrap_err();
             assert!(err.contains(expected), "{yaml}: {err}");
         }
+    }
+
+    #[test]
+    fn python_libraries_are_kept_aside_or_refused() {
+        let dir = std::env::temp_dir().join(format!("strata-spec-py-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("py")).expect("mkdir");
+        std::fs::write(
+            dir.join("gold.sql"),
+            "CREATE TEMPORARY VIEW v AS SELECT 1 AS a;\n",
+        )
+        .expect("write");
+        std::fs::write(dir.join("py/silver.py"), "").expect("write");
+        let spec = dir.join("spec.yaml");
+        std::fs::write(&spec, "name: p\nlibraries: [gold.sql, py/silver.py]\n").expect("write");
+        let conf = BTreeMap::new();
+        let loaded = load_pipeline_with_python(&spec, &conf).expect("loads");
+        assert_eq!(loaded.sources.len(), 1, "the SQL library only");
+        assert_eq!(loaded.python_libraries, [loaded.dir.join("py/silver.py")]);
+        let err = load_pipeline(&spec, &conf).unwrap_err().to_string();
+        assert!(
+            err.contains("libraries[1]: ") && err.contains("silver.py is a Python pipeline file"),
+            "{err}"
+        );
+        assert!(err.contains("python -m strata run"), "{err}");
+        // Only Python libraries: something to run, from Python.
+        std::fs::write(&spec, "name: p\nlibraries: [py/silver.py]\n").expect("write");
+        assert!(load_pipeline_with_python(&spec, &conf).is_ok());
+        std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 
     #[test]

@@ -21,10 +21,10 @@ pub(crate) mod upkeep;
 
 pub use options::{Progress, ProgressFn, RunOptions, RunReport, Selection};
 
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use crate::eventstore::handoff::Handoff;
 use crate::load::file::plan_file;
-use crate::load::sources::PlannedPipeline;
+use crate::load::sources::{PipelineSource, PlannedPipeline};
 use crate::runtime::full_refresh::{check_reset_allowed, set_aside};
 use crate::runtime::prepare::prepare_all;
 use crate::runtime::scheduler::{run_nodes, Run};
@@ -60,6 +60,36 @@ pub async fn run_pipeline_file_with(
 /// names how it ended (`update.rs`).
 pub async fn run_pipeline(path: &Path, wh: &Warehouse, options: &RunOptions) -> Result<RunReport> {
     let loaded = crate::load::spec::load_pipeline(path, &options.configuration)?;
+    run_loaded(loaded, path, wh, options).await
+}
+
+/// [`run_pipeline`] of a YAML spec whose `.py` libraries the caller (the Python package)
+/// has executed: `python` holds the SQL their declarations render to, planned and run with
+/// the spec's tables and SQL libraries as one pipeline.
+pub async fn run_pipeline_with_python(
+    path: &Path,
+    wh: &Warehouse,
+    options: &RunOptions,
+    python: Vec<PipelineSource>,
+) -> Result<RunReport> {
+    if !crate::load::spec::is_spec(path) {
+        return Err(EngineError::Internal(format!(
+            "{}: Python libraries come with a YAML spec",
+            path.display()
+        )));
+    }
+    let mut loaded = crate::load::spec::load_pipeline_with_python(path, &options.configuration)?;
+    loaded.sources.extend(python);
+    run_loaded(loaded, path, wh, options).await
+}
+
+/// Runs a loaded pipeline: its attempts, the lock, the notifications.
+async fn run_loaded(
+    loaded: crate::load::spec::LoadedPipeline,
+    path: &Path,
+    wh: &Warehouse,
+    options: &RunOptions,
+) -> Result<RunReport> {
     let name = loaded.name.clone().unwrap_or_else(|| {
         path.file_name().map_or_else(
             || path.display().to_string(),

@@ -5,7 +5,8 @@
 //! ([`session`]), the change data feed ([`feed`]), replacing keys' rows in place
 //! ([`replace`], with deletion vectors in [`dv`]), the record of input files taken
 //! ([`ledger`]), Parquet files taken into a table as they are ([`adopt`]) and what a table's
-//! commits changed, told apart from upkeep such as OPTIMIZE ([`changes`]).
+//! commits changed, told apart from upkeep such as OPTIMIZE ([`changes`]), and tables whose
+//! rows a Python function produced, replaced whole before a run ([`staged`]).
 
 pub(crate) mod adopt;
 pub(crate) mod changes;
@@ -16,6 +17,7 @@ pub(crate) mod ledger;
 pub(crate) mod location;
 pub(crate) mod replace;
 pub(crate) mod session;
+pub(crate) mod staged;
 pub(crate) mod table;
 pub(crate) mod warehouse;
 pub(crate) mod write;
