@@ -44,3 +44,8 @@ python3 objstore_bench.py --small --strata "$STRATA_BIN" > /dev/null
 #    Delta logs. Correctness only: no timings are printed.
 python3 upkeep_bench.py --small --strata "$STRATA_BIN" --workdir "$work/upkeep" \
   --json "$work/upkeep.json"
+# 7. `python_run.py --small`: the bulk workload (20k events) run by the CLI and by
+#    `strata.run()` from Python (the debug build's native module beside the binary); both
+#    targets must hold the same rows. Correctness only: no timings are printed.
+python3 python_run.py --small --strata "$STRATA_BIN" \
+  --lib "$(dirname "$STRATA_BIN")/libstrata_python.so" --workdir "$work/pyrun"
