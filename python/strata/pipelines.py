@@ -570,17 +570,25 @@ create_target_table = create_streaming_table
 def append_flow(func: Optional[Callable] = None, *, target: Optional[str] = None,
                 name: Optional[str] = None, spark_conf: Optional[dict] = None,
                 once: bool = False, comment: Optional[str] = None):
-    """``@dp.append_flow(target=...)``: appends the new rows of the function's stream."""
+    """``@dp.append_flow(target=...)``: appends the new rows of the function's stream.
+
+    With ``once=True`` it is a one-time flow (a backfill, ``INSERT INTO ONCE``): the
+    function returns a batch query (``read_files`` reads every file under its path,
+    ``table_ref`` a whole table, or SQL text without ``STREAM``); it runs in the first
+    update after it is declared and again only after a full refresh of its target."""
     def register(fn: Callable) -> Callable:
         flow = name or fn.__name__
         origin = _origin(f"@dp.append_flow {flow}", fn)
         if not isinstance(target, str) or not target:
             raise _error(f"{origin}: target must be the name of a streaming table")
         _refuse(origin, spark_conf=spark_conf)
-        if once:
-            raise _error(f"{origin}: once=True (INSERT INTO ONCE flows) is not supported yet")
+        if not isinstance(once, bool):
+            raise _error(f"{origin}: once must be True or False")
         q = _query_of(fn, origin)
-        sql = f"CREATE FLOW {_ident(flow)}{_comment(comment, origin)} AS INSERT INTO " \
+        if once:
+            q = _batch_of(q, origin)
+        insert = "INSERT INTO ONCE" if once else "INSERT INTO"
+        sql = f"CREATE FLOW {_ident(flow)}{_comment(comment, origin)} AS {insert} " \
               f"{_ident(target)} BY NAME\n{q.sql}"
         current()._add(_Decl("flow", flow, origin, sql))
         return fn
@@ -588,6 +596,18 @@ def append_flow(func: Optional[Callable] = None, *, target: Optional[str] = None
     if func is not None:
         return register(func)
     return register
+
+
+def _batch_of(q: Relation, origin: str) -> Relation:
+    """The batch form of a once flow's query (Lakeflow's ``once=True`` takes a batch
+    DataFrame): ``read_files`` reads every file under its path; a stream is refused."""
+    if q.text is None and q.source.startswith("STREAM read_files("):
+        return Relation(q.source[len("STREAM "):], streaming=False,
+                        projection=list(q.projection), filters=list(q.filters))
+    if q.streaming:
+        raise _error(f"{origin}: a once=True flow reads in batch (spark.read, not readStream): "
+                     "return read_files(...), table_ref(...) or SQL text without STREAM")
+    return q
 
 
 def _expect_decorator(action: str, pairs: Callable[[], Dict[str, Any]], decorator: str):

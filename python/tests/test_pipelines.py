@@ -239,6 +239,13 @@ def test_rendered_sql_of_each_call():
     rel = dp.table_ref("my table").withColumn("d", dt.date(2024, 1, 2)).filter("x = 'y'")
     assert rel.sql == "SELECT *, DATE '2024-01-02' AS d FROM `my table` WHERE (x = 'y')"
     assert dp.struct("a", col("b")).sql == "STRUCT(a, b)"
+    # once=True: the batch form of read_files, INSERT INTO ONCE.
+    with dp.Pipeline() as p:
+        @dp.append_flow(target="t", once=True)
+        def backfill():
+            return dp.read_files("old", format="csv", header=True).select("id")
+    assert p.decls[0].sql == ("CREATE FLOW backfill AS INSERT INTO ONCE t BY NAME\n"
+                              "SELECT id FROM read_files('old', format => 'csv', header => TRUE)")
 
 
 def test_legacy_names_and_snapshot_table_mode(tmp_path):
@@ -470,6 +477,64 @@ def test_notebook_style_default_pipeline_progress_and_refresh(tmp_path, capsys):
         dp.current().clear()
 
 
+def test_once_flow_backfills_one_time(tmp_path):
+    """@dp.append_flow(once=True) is INSERT INTO ONCE: the backfill's files are appended in the
+    first run only (later files in its folder wait for a full refresh), while the live flow
+    keeps taking new files; a full refresh of the target runs the backfill again."""
+    jsonl(tmp_path / "data/live/001.json", [{"id": 10, "v": "live"}])
+    jsonl(tmp_path / "data/old/001.json", [{"id": 1, "v": "old"}, {"id": 2, "v": "old"}])
+    jsonl(tmp_path / "data/old/002.json", [{"id": 3, "v": "old"}])
+    jsonl(tmp_path / "data/legacy/001.json", [{"id": 102}])
+    p = write(tmp_path / "p.py", """\
+        from strata import pipelines as dp
+
+        dp.create_streaming_table("events")
+
+        @dp.append_flow(target="events")
+        def live():
+            return dp.read_files("data/live", format="json", schema="id INT, v STRING")
+
+        @dp.append_flow(target="events", once=True)
+        def backfill():
+            return dp.read_files("data/old", format="json", schema="id INT, v STRING") \\
+                .where("id > 1")
+
+        @dp.table
+        def legacy():
+            return dp.read_files("data/legacy", format="json", schema="id INT")
+
+        @dp.append_flow(target="events", once=True, name="from_table")
+        def seed():
+            return dp.table_ref("legacy").with_column("v", "seed")
+    """)
+    wh = tmp_path / "wh"
+    ids = lambda: sorted(r["id"] for r in strata.query("SELECT id FROM events", warehouse=wh)
+                         .to_pylist())
+    r = strata.run(p, warehouse=wh, progress=False)
+    assert ids() == [2, 3, 10, 102]
+    once = {i["flow"]: i for i in r["ingests"] if i["flow"] in ("backfill", "from_table")}
+    assert once["backfill"]["files"] == ["001.json", "002.json"]
+    assert once["backfill"]["rows"] == 2 and once["backfill"]["skipped"] is None
+    assert once["from_table"]["rows"] == 1
+    # New files for both flows: only the live one takes its new file.
+    jsonl(tmp_path / "data/live/002.json", [{"id": 11, "v": "live"}])
+    jsonl(tmp_path / "data/old/003.json", [{"id": 4, "v": "old"}])
+    jsonl(tmp_path / "data/legacy/002.json", [{"id": 103}])
+    r = strata.run(p, warehouse=wh, progress=False)
+    assert ids() == [2, 3, 10, 11, 102]
+    skipped = {i["flow"]: i["skipped"] for i in r["ingests"]}
+    assert skipped["backfill"].startswith("once flow already ran at version ")
+    assert "a full refresh of default.events runs it again" in skipped["backfill"]
+    assert skipped["from_table"].startswith("once flow already ran at version ")
+    # The version named is the commit that holds the backfill's rows.
+    version = int(skipped["backfill"].split("at version ")[1].split()[0])
+    hist = strata.query("DESCRIBE HISTORY events", warehouse=wh).to_pylist()
+    assert any(h["version"] == version for h in hist)
+    # A full refresh of the target runs the backfill again, over its folder as it is now.
+    strata.run(p, warehouse=wh, full_refresh=["events"], progress=False)
+    assert ids() == [2, 3, 4, 10, 11, 102, 103]
+
+
 # ------------------------------------------------------------------------------------------
 # Errors
 # ------------------------------------------------------------------------------------------
@@ -505,6 +570,14 @@ def test_unknown_argument_and_wrong_types():
         with pytest.raises(strata.StrataError, match="once=True"):
             dp.create_auto_cdc_flow(target="t", source="s", keys=["id"], sequence_by="s",
                                     once=True)
+        with pytest.raises(strata.StrataError, match="a once=True flow reads in batch"):
+            @dp.append_flow(target="t", once=True)
+            def from_stream():
+                return dp.stream("s")
+        with pytest.raises(strata.StrataError, match="a once=True flow reads in batch"):
+            @dp.append_flow(target="t", once=True)
+            def from_sql_stream():
+                return "SELECT * FROM STREAM(s)"
         with pytest.raises(strata.StrataError, match="must return SQL text, a relation"):
             @dp.materialized_view
             def y():

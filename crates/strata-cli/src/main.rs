@@ -646,10 +646,12 @@ fn print_run_report(report: &RunReport, quiet: bool) -> std::io::Result<()> {
             Some(_) if quiet => {}
             Some(why) => writeln!(out, "{what}: {why}")?,
             None => {
-                let from = if i.files.is_empty() {
-                    "from its source table".to_string()
-                } else {
+                let from = if !i.files.is_empty() {
                     format!("from {} file(s)", i.files.len())
+                } else if i.once {
+                    "once (a one-time flow)".to_string()
+                } else {
+                    "from its source table".to_string()
                 };
                 let dropped = if i.rows_dropped > 0 {
                     format!(", {} dropped by expectations", i.rows_dropped)
@@ -658,6 +660,9 @@ fn print_run_report(report: &RunReport, quiet: bool) -> std::io::Result<()> {
                 };
                 writeln!(out, "{what}: ingested {} row(s) {from}{dropped}", i.rows)?
             }
+        }
+        for note in &i.notes {
+            writeln!(out, "{what}: {note}")?;
         }
         for e in &i.expectations {
             if e.failed > 0 {

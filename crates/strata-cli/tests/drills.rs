@@ -148,3 +148,85 @@ fn runs_started_together_take_each_file_once_and_converge() {
     let v = p.ok(&["validate", "people_history"]);
     assert!(v.contains("ok"), "{v}");
 }
+
+const ONCE_PIPELINE: &str = r#"
+CREATE OR REFRESH STREAMING TABLE all_rows (id BIGINT, src STRING);
+CREATE FLOW live AS INSERT INTO all_rows BY NAME
+SELECT id, 'live' AS src FROM STREAM read_files('data/cdc', format => 'json', schema => 'id BIGINT');
+CREATE FLOW backfill AS INSERT INTO ONCE all_rows BY NAME
+SELECT id, 'old' AS src FROM read_files('data/old', format => 'json', schema => 'id BIGINT');
+"#;
+
+/// A once flow (`INSERT INTO ONCE`, a backfill over many files) under runs killed
+/// (SIGKILL) at random moments, then runs started together, then clean runs: its rows are
+/// in the table exactly once (a run killed before its commit left nothing, one killed after
+/// left the rows and the record together), and the live flow's files are taken once each.
+#[test]
+fn a_once_flow_appends_exactly_once_across_kills_and_runs_started_together() {
+    // Enough files that a run takes about a second: the kills land before, during and
+    // after its commit.
+    const OLD_FILES: u64 = 300;
+    const ROWS_PER_FILE: u64 = 100;
+    let rounds = env_usize("STRATA_DRILL_ROUNDS", 3);
+    let runs = env_usize("STRATA_DRILL_RUNS", 3);
+    let p = Project::new(ONCE_PIPELINE);
+    std::fs::create_dir_all(p.path("data/old")).expect("mkdir");
+    for f in 0..OLD_FILES {
+        let text: String = (0..ROWS_PER_FILE)
+            .map(|r| format!("{{\"id\": {}}}\n", f * ROWS_PER_FILE + r))
+            .collect();
+        p.file(&format!("data/old/{f:03}.json"), &text);
+    }
+    let mut rng = Rng(0x0dd_0bce_5eed_0002);
+    let mut live = 0u64;
+    for round in 0..rounds {
+        p.file(
+            &format!("data/cdc/{round:03}.json"),
+            &format!("{{\"id\": {}}}\n", 1_000_000 + round),
+        );
+        live += 1;
+        let mut child = p
+            .command(&["run", "pipeline.sql"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("strata starts");
+        std::thread::sleep(std::time::Duration::from_millis(30 + rng.below(1200)));
+        let _ = child.kill(); // SIGKILL
+        let _ = child.wait();
+    }
+    p.file("data/cdc/last.json", "{\"id\": 2000000}\n");
+    live += 1;
+    let children: Vec<Child> = (0..runs)
+        .map(|_| {
+            p.command(&["run", "pipeline.sql"])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("strata starts")
+        })
+        .collect();
+    for child in children {
+        let out = child.wait_with_output().expect("strata ends");
+        assert!(
+            out.status.success(),
+            "a run started together failed ({:?}): {}",
+            out.status.code(),
+            stderr(&out)
+        );
+    }
+    // Files that arrive in the backfill's folder later are not taken.
+    p.file("data/old/late.json", "{\"id\": 999999}\n");
+    let out = p.ok(&["run", "pipeline.sql"]);
+    assert!(out.contains("once flow already ran at version"), "{out}");
+    let old = OLD_FILES * ROWS_PER_FILE;
+    assert_eq!(
+        p.csv(
+            "SELECT src, count(*) AS n, count(DISTINCT id) AS d FROM all_rows \
+             GROUP BY src ORDER BY src"
+        )
+        .trim(),
+        format!("src,n,d\nlive,{live},{live}\nold,{old},{old}"),
+        "the backfill's rows exactly once, each live file once"
+    );
+}

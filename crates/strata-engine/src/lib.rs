@@ -9,7 +9,8 @@
 //!        │             one event-log record each
 //!        ▼
 //!   ops::ingest   read_files / read_database / STREAM(t) / append flows ─▶ streaming table
-//!                 (one commit: rows + the files, watermark or source version taken)
+//!                 (one commit: rows + the files, watermark or source version taken, or
+//!                 the record that a once flow ran)
 //!   ops::cdc      streaming table ─▶ event store ─fold─▶ target (AUTO CDC, from change
 //!                 events or from snapshots)
 //!   ops::mview    materialized views          ops::pit   point-in-time tables

@@ -181,11 +181,19 @@ pub struct BatchQuery {
 
 /// `CREATE FLOW name AS INSERT INTO target BY NAME SELECT ... FROM STREAM(source)`: appends
 /// the new rows of one streaming source to a streaming table, matching columns by name.
+///
+/// `INSERT INTO ONCE target` (or `INSERT ONCE INTO target`) is a one-time flow (a
+/// backfill): its query is a batch query, with `read_files(...)` (every file under the
+/// path) or [`QuerySource::Batch`] (tables only) as its source, and the engine runs it in
+/// the first update after it is declared and again only after a full refresh of its
+/// target.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AppendFlow {
     pub name: String,
     pub target: TableName,
     pub query: SourceQuery,
+    /// `INSERT INTO ONCE`: a one-time flow.
+    pub once: bool,
     pub location: Location,
 }
 
@@ -298,6 +306,9 @@ pub enum QuerySource {
     /// `STREAM table_changes('t' | 'path', startingVersion => 0, ...)`: the change data
     /// feed of any Delta table, every change kept (a change-history table).
     Changes(TableChanges),
+    /// No input of its own: the query reads tables in batch (only the query of a once
+    /// flow, `INSERT INTO ONCE t BY NAME SELECT * FROM backfill_table`, has it).
+    Batch,
 }
 
 /// `STREAM table_changes('orders', startingVersion => 0)` (or `startingTimestamp =>

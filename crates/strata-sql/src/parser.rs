@@ -522,6 +522,19 @@ fn tblproperties(c: &mut Cursor) -> Result<BTreeMap<String, String>> {
 
 /// The rest of the statement as a query reading from exactly one streaming source.
 fn source_query(c: &mut Cursor) -> Result<SourceQuery> {
+    query_with_source(c, false)
+}
+
+/// The rest of the statement as the batch query of a once flow (`INSERT INTO ONCE`): no
+/// `STREAM`; at most one `read_files(...)`, which becomes its source (every file under the
+/// path, read when the flow runs); without one, a query over tables
+/// ([`QuerySource::Batch`]).
+fn once_query(c: &mut Cursor) -> Result<SourceQuery> {
+    query_with_source(c, true)
+}
+
+/// [`source_query`], or with `once` [`once_query`].
+fn query_with_source(c: &mut Cursor, once: bool) -> Result<SourceQuery> {
     let query_at = c.loc();
     let (tokens, marks) = strip_stream(c.rest()).map_err(|at| {
         c.error_at(
@@ -529,6 +542,19 @@ fn source_query(c: &mut Cursor) -> Result<SourceQuery> {
             "STREAM(...) takes a table name or read_files(...), not a query",
         )
     })?;
+    if let (true, Some(first)) = (once, marks.first()) {
+        // At the STREAM word in front of the source.
+        let stream = c
+            .rest()
+            .iter()
+            .rfind(|t| is_keyword(&t.token, "STREAM") && t.span.start < *first)
+            .map_or(*first, |t| t.span.start);
+        return Err(c.error_at(
+            location(stream),
+            "a once flow (INSERT INTO ONCE) reads its input in batch, as Lakeflow requires: \
+             remove STREAM (SELECT ... FROM read_files(...) or FROM a table)",
+        ));
+    }
     c.skip_rest();
     let (mut query, _) = run_sqlparser(c.src, tokens, &c.end, |p| {
         let q = p.parse_query()?;
@@ -558,6 +584,13 @@ fn source_query(c: &mut Cursor) -> Result<SourceQuery> {
             (Some(args), Some("read_files")) => {
                 QuerySource::ReadFiles(read_files(c.src, args, at)?)
             }
+            (Some(_), Some("read_database")) if once => {
+                return Err(c.error_at(
+                    at,
+                    "a once flow cannot read read_database(...) yet; read the database into a \
+                     streaming table and insert from that table",
+                ));
+            }
             (Some(args), Some("read_database")) => {
                 QuerySource::ReadDatabase(read_database(c.src, args, at)?)
             }
@@ -585,7 +618,12 @@ fn source_query(c: &mut Cursor) -> Result<SourceQuery> {
         if found.is_some() {
             return Err(c.error_at(
                 at,
-                "a streaming table reads exactly one streaming source; this is a second one",
+                match once {
+                    true => "a once flow reads at most one read_files(...); this is a second one",
+                    false => {
+                        "a streaming table reads exactly one streaming source; this is a second one"
+                    }
+                },
             ));
         }
         found = Some((source, i));
@@ -596,12 +634,17 @@ fn source_query(c: &mut Cursor) -> Result<SourceQuery> {
             "STREAM may only name a source in the FROM clause of the query",
         ));
     }
-    let Some((source, index)) = found else {
-        return Err(c.error_at(
-            query_at,
-            "the query of a streaming table needs a streaming source in its FROM: \
-             STREAM read_files(...) or STREAM(table)",
-        ));
+    let (source, index) = match found {
+        Some(found) => found,
+        // A once flow without files reads tables in batch: it has no input of its own.
+        None if once => (QuerySource::Batch, usize::MAX),
+        None => {
+            return Err(c.error_at(
+                query_at,
+                "the query of a streaming table needs a streaming source in its FROM: \
+                 STREAM read_files(...) or STREAM(table)",
+            ))
+        }
     };
     if let Some(TableFactor::Table {
         name, args, alias, ..
@@ -1113,7 +1156,17 @@ fn flow(c: &mut Cursor, at: Location) -> Result<Vec<Statement>> {
     } else if c.eat_keyword("APPLY") {
         c.expect_keyword("CHANGES")?;
     } else if c.eat_keyword("INSERT") {
+        // `INSERT INTO ONCE target` (Lakeflow's SQL reference) or `INSERT ONCE INTO target`
+        // (its newer spelling): a one-time flow. A table called `once` stays a table name.
+        let mut once = eat_once(c);
         c.expect_keyword("INTO")?;
+        let again_at = c.loc();
+        if eat_once(c) {
+            if once {
+                return Err(c.error_at(again_at, "ONCE is written twice"));
+            }
+            once = true;
+        }
         let (target, _) = table_name(c, "a target table name")?;
         let by_at = c.loc();
         if !(c.eat_keyword("BY") && c.eat_keyword("NAME")) {
@@ -1122,11 +1175,15 @@ fn flow(c: &mut Cursor, at: Location) -> Result<Vec<Statement>> {
                 "an append flow matches columns by name: write INSERT INTO target BY NAME SELECT ...",
             ));
         }
-        let query = source_query(c)?;
+        let query = match once {
+            true => once_query(c)?,
+            false => source_query(c)?,
+        };
         return Ok(vec![Statement::AppendFlow(AppendFlow {
             name,
             target,
             query,
+            once,
             location: at,
         })]);
     } else {
@@ -1135,6 +1192,18 @@ fn flow(c: &mut Cursor, at: Location) -> Result<Vec<Statement>> {
     let snapshot = from_snapshot(c);
     c.expect_keyword("INTO")?;
     cdc_flow(c, Some(name), at, snapshot).map(flow_statements)
+}
+
+/// Eats the word `ONCE` of `INSERT [ONCE] INTO [ONCE] target`, unless it is the target's
+/// name (`INSERT INTO once BY NAME ...`, `INSERT INTO once.t ...`).
+fn eat_once(c: &mut Cursor) -> bool {
+    let names_a_table =
+        c.peek_nth_keyword(1, "BY") || c.peek_nth(1).is_some_and(|t| t.token == Token::Period);
+    if c.peek_keyword("ONCE") && !names_a_table {
+        c.next();
+        return true;
+    }
+    false
 }
 
 /// Eats `FROM SNAPSHOT` (between `AUTO CDC` and `INTO`), saying whether it was there.

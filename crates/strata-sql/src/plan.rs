@@ -101,9 +101,10 @@ impl PipelinePlan {
                 source: ChangeSource::Table(src),
                 ..
             }) => vec![src.clone()],
-            QuerySource::ReadFiles(_) | QuerySource::ReadDatabase(_) | QuerySource::Changes(_) => {
-                Vec::new()
-            }
+            QuerySource::ReadFiles(_)
+            | QuerySource::ReadDatabase(_)
+            | QuerySource::Changes(_)
+            | QuerySource::Batch => Vec::new(),
         };
         for t in self.joined_tables(q) {
             if !out.contains(&t) {

@@ -1053,3 +1053,87 @@ fn a_flow_straight_from_a_change_log_declares_its_change_table() {
     .to_string();
     assert!(e.contains("mode => 'cdc'"), "{e}");
 }
+
+/// `INSERT INTO ONCE` (and Lakeflow's newer `INSERT ONCE INTO`) is a one-time flow whose
+/// query is a batch query: `read_files(...)` without STREAM is its source, else it reads
+/// tables only; a table called `once` is still a table.
+#[test]
+fn once_flows() {
+    let p = parse(
+        "CREATE FLOW backfill AS INSERT INTO ONCE raw BY NAME\n\
+           SELECT id, amount FROM read_files('data/old', format => 'csv', header => true) f\n\
+           JOIN regions r ON r.id = f.region;\n\
+         CREATE FLOW seed AS INSERT ONCE INTO raw BY NAME SELECT * FROM old.orders\n\
+           UNION ALL SELECT * FROM table_changes('archive', 0);\n\
+         CREATE FLOW f AS INSERT INTO once BY NAME SELECT * FROM STREAM(s);\n\
+         CREATE FLOW g AS insert into once.t by name SELECT * FROM STREAM(s)",
+    );
+    let [Statement::AppendFlow(backfill), Statement::AppendFlow(seed), Statement::AppendFlow(f), Statement::AppendFlow(g)] =
+        p.statements.as_slice()
+    else {
+        panic!("unexpected statements {:?}", p.statements);
+    };
+    let t = |s: Option<&str>, n: &str| TableName::new(s, n);
+    assert!(backfill.once && seed.once);
+    assert_eq!(backfill.target, t(None, "raw"));
+    let QuerySource::ReadFiles(rf) = &backfill.query.source else {
+        panic!("{:?}", backfill.query.source);
+    };
+    assert_eq!(rf.path, "data/old");
+    assert_eq!(backfill.query.reads, vec![t(None, "regions")]);
+    assert!(
+        backfill
+            .query
+            .sql
+            .contains("FROM __strata_source f JOIN regions"),
+        "{}",
+        backfill.query.sql
+    );
+    assert_reparses(&backfill.query.sql);
+    assert_eq!(seed.query.source, QuerySource::Batch);
+    assert_eq!(
+        seed.query.reads,
+        vec![t(Some("old"), "orders"), t(None, "archive")]
+    );
+    assert_reparses(&seed.query.sql);
+    assert!(!f.once && !g.once);
+    assert_eq!(f.target, t(None, "once"));
+    assert_eq!(g.target, t(Some("once"), "t"));
+}
+
+#[test]
+fn once_flow_errors_say_where() {
+    let cases: [(&str, (u64, u64), &str); 5] = [
+        (
+            "CREATE FLOW b AS INSERT INTO ONCE t BY NAME SELECT * FROM STREAM(s)",
+            (1, 59),
+            "a once flow (INSERT INTO ONCE) reads its input in batch",
+        ),
+        (
+            "CREATE FLOW b AS INSERT INTO ONCE t BY NAME\nSELECT * FROM STREAM read_files('d', format => 'json')",
+            (2, 15),
+            "remove STREAM",
+        ),
+        (
+            "CREATE FLOW b AS INSERT ONCE INTO ONCE t BY NAME SELECT 1",
+            (1, 35),
+            "ONCE is written twice",
+        ),
+        (
+            "CREATE FLOW b AS INSERT INTO ONCE t BY NAME SELECT * FROM read_files('a', format => 'json')\n\
+             UNION ALL SELECT * FROM read_files('b', format => 'json')",
+            (2, 25),
+            "a once flow reads at most one read_files(...); this is a second one",
+        ),
+        (
+            "CREATE FLOW b AS INSERT INTO ONCE t BY NAME SELECT * FROM read_database('shop', table => 'x')",
+            (1, 59),
+            "a once flow cannot read read_database(...) yet",
+        ),
+    ];
+    for (text, (line, column), message) in cases {
+        let (l, c, m, _) = syntax_error(text);
+        assert!(m.contains(message), "{text}: {m}");
+        assert_eq!((l, c), (line, column), "{text}: {m}");
+    }
+}

@@ -365,3 +365,49 @@ fn materialized_view_and_append_flow_errors() {
         assert_eq!(l, *line, "{text}: {m}");
     }
 }
+
+/// A once flow runs after what its batch query reads (tables, views resolved); its target
+/// must be a declared streaming table that no AUTO CDC flow writes, and it may not read it.
+#[test]
+fn once_flows_run_after_what_they_read() {
+    let p = plan(
+        "CREATE STREAMING TABLE all_orders;\n\
+         CREATE FLOW seed AS INSERT INTO ONCE all_orders BY NAME SELECT * FROM recent;\n\
+         CREATE VIEW recent AS SELECT * FROM orders WHERE id > 0;\n\
+         CREATE MATERIALIZED VIEW orders AS SELECT 1 AS id;",
+    )
+    .unwrap();
+    assert!(p.appends[0].once);
+    assert_eq!(
+        p.order,
+        vec![Node::MaterializedView(t("orders")), Node::Append(0)]
+    );
+    assert_eq!(p.reads(&Node::Append(0)), vec![t("orders")]);
+    let cases: &[(&str, u64, &str)] = &[
+        (
+            "CREATE FLOW seed AS INSERT INTO ONCE nowhere BY NAME SELECT 1 AS id;",
+            1,
+            "flow seed inserts into default.nowhere, which is not declared",
+        ),
+        (
+            "CREATE STREAMING TABLE t;\n\
+             CREATE FLOW seed AS INSERT INTO ONCE t BY NAME SELECT * FROM t WHERE id > 1;",
+            2,
+            "flow seed reads default.t, the table it inserts into",
+        ),
+        (
+            &format!(
+                "{CDC}CREATE STREAMING TABLE t;\n\
+                 CREATE FLOW f AS AUTO CDC INTO t FROM STREAM(cdc) KEYS (id) SEQUENCE BY ts;\n\
+                 CREATE FLOW seed AS INSERT INTO ONCE t BY NAME SELECT * FROM cdc;"
+            ),
+            4,
+            "which an AUTO CDC flow writes",
+        ),
+    ];
+    for (text, line, message) in cases {
+        let (l, m) = plan_error(text);
+        assert!(m.contains(message), "{text}: {m}");
+        assert_eq!(l, *line, "{text}: {m}");
+    }
+}

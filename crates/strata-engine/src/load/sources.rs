@@ -219,7 +219,16 @@ impl PlannedPipeline {
             }
             Node::Append(i) => {
                 let f = self.plan.appends.get(*i)?;
-                let (detail, reads) = describe_source("append flow", &f.query.source);
+                let what = match f.once {
+                    true => "once append flow",
+                    false => "append flow",
+                };
+                let (detail, mut reads) = describe_source(what, &f.query.source);
+                for t in self.plan.joined_tables(&f.query) {
+                    if f.once && !reads.contains(&t.to_string()) {
+                        reads.push(t.to_string());
+                    }
+                }
                 PlanStep {
                     kind: "append",
                     name: f.name.clone(),
@@ -286,6 +295,7 @@ fn describe_source(what: &str, source: &QuerySource) -> (String, Vec<String>) {
             vec![database_label(rd)],
         ),
         QuerySource::Table(src) => (format!("{what} from STREAM"), vec![src.to_string()]),
+        QuerySource::Batch => (format!("{what}, a batch query"), Vec::new()),
         QuerySource::Changes(tc) => (
             format!("{what} from STREAM table_changes"),
             vec![match &tc.source {

@@ -55,7 +55,11 @@ pub(crate) async fn run_node(
             record.rows_dropped = r.rows_dropped;
             record.expectations = r.expectations.clone();
             skipped_or(record, &r.skipped, || {
-                let mut m = format!("{} file(s), {} row(s) appended", r.files.len(), r.rows);
+                let mut m = match (r.once, r.files.len()) {
+                    (true, 0) => format!("{} row(s) appended (once flow)", r.rows),
+                    (true, n) => format!("{n} file(s), {} row(s) appended (once flow)", r.rows),
+                    (false, n) => format!("{n} file(s), {} row(s) appended", r.rows),
+                };
                 for n in &r.notes {
                     m.push_str("; ");
                     m.push_str(n);
@@ -90,6 +94,11 @@ pub(crate) async fn run_node(
                 m
             });
             NodeOutput::Flow(r)
+        }
+        Prepared::Ran(report, _) => {
+            record.status = Status::Skipped;
+            record.message = report.skipped.clone();
+            NodeOutput::Ingest(report.as_ref().clone())
         }
         Prepared::Waiting(why) => {
             record.status = Status::Skipped;

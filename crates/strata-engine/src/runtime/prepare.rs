@@ -3,7 +3,7 @@
 //! nothing is written yet.
 
 use crate::error::{EngineError, Result};
-use crate::ops::ingest::{IngestSetup, PipelineContext};
+use crate::ops::ingest::{IngestReport, IngestSetup, PipelineContext, Readiness};
 use crate::semantics::flow::FlowSetup;
 use crate::storage::warehouse::Warehouse;
 use deltalake::arrow::datatypes::SchemaRef;
@@ -20,6 +20,8 @@ pub(crate) enum Prepared {
     Flow(Box<FlowSetup>),
     /// Waits for input: its schema cannot be known yet.
     Waiting(String),
+    /// A once flow that already ran: its skipped run, and its target's columns.
+    Ran(Box<IngestReport>, SchemaRef),
     PointInTime(usize),
     MaterializedView(TableName),
 }
@@ -94,14 +96,23 @@ pub(crate) async fn prepare_all<'a>(
             Node::Ingest(_) | Node::Append(_) => {
                 let p = prepare_ingestion(&prepared.context(wh), node, &schemas).await?;
                 let known = schemas.clone();
-                if let Prepared::Ingest(setup) = &p {
-                    // A streaming table's own query defines its columns; an append flow's
-                    // only when nothing before it did.
-                    let own = setup.append_flow.is_none();
-                    let name = setup.table.name.clone();
-                    if own || !schemas.contains_key(&name) {
-                        schemas.insert(name, setup.schema.clone());
+                match &p {
+                    Prepared::Ingest(setup) => {
+                        // A streaming table's own query defines its columns; an append
+                        // flow's only when nothing before it did.
+                        let own = setup.append_flow.is_none();
+                        let name = setup.table.name.clone();
+                        if own || !schemas.contains_key(&name) {
+                            schemas.insert(name, setup.schema.clone());
+                        }
                     }
+                    // A once flow that ran made its target: the table has the columns.
+                    Prepared::Ran(_, schema) => {
+                        if let Some(target) = plan.writes(node) {
+                            schemas.entry(target).or_insert_with(|| schema.clone());
+                        }
+                    }
+                    _ => {}
                 }
                 (p, Some(known))
             }
@@ -211,11 +222,12 @@ pub(crate) async fn prepare_ingestion(
     };
     Ok(
         match crate::ops::ingest::prepare_ingest(context, table, append, known).await? {
-            Ok(setup) => Prepared::Ingest(Box::new(setup)),
-            Err(waits) => Prepared::Waiting(match append {
+            Readiness::Ready(setup) => Prepared::Ingest(setup),
+            Readiness::Waiting(waits) => Prepared::Waiting(match append {
                 None => format!("{}: {waits}", table.name),
                 Some(f) => format!("flow {}: {waits}", f.name),
             }),
+            Readiness::Ran(report, schema) => Prepared::Ran(report, schema),
         },
     )
 }

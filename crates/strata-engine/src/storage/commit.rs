@@ -27,6 +27,9 @@ pub(crate) enum AppId<'a> {
     Source(&'a TableName),
     /// An append flow's position in the table it streams from: `strata-append:<flow>`.
     Append(&'a str),
+    /// A once flow (`INSERT INTO ONCE`) ran, in the commit that holds its rows:
+    /// `strata-once:<flow>`, recording that commit's own version.
+    Once(&'a str),
     /// The commits that take input files, counted: `strata-files` for a streaming table's
     /// own query, `strata-files:<flow>` for an append flow.
     Files(Option<&'a str>),
@@ -52,6 +55,7 @@ impl fmt::Display for AppId<'_> {
             AppId::Events => f.write_str("strata-events"),
             AppId::Source(table) => write!(f, "strata-source:{table}"),
             AppId::Append(flow) => write!(f, "strata-append:{flow}"),
+            AppId::Once(flow) => write!(f, "strata-once:{flow}"),
             AppId::Files(None) => f.write_str("strata-files"),
             AppId::Files(Some(flow)) => write!(f, "strata-files:{flow}"),
             AppId::Database(None) => f.write_str("strata-database"),
@@ -84,6 +88,9 @@ pub(crate) struct PendingCommit {
     positions: Vec<(String, i64)>,
     info: Vec<(String, Value)>,
     keep_log: bool,
+    /// The commit must land exactly on the version after the state it was computed from
+    /// (no rebasing over another writer's commit).
+    exact: bool,
 }
 
 impl PendingCommit {
@@ -113,6 +120,14 @@ impl PendingCommit {
         self
     }
 
+    /// The commit fails, as a conflict, when another writer committed since the state it
+    /// was computed from, instead of being retried on top of that commit: for a commit
+    /// that records its own version (`AppId::Once`), which must not move.
+    pub(crate) fn exactly_next(mut self) -> Self {
+        self.exact = true;
+        self
+    }
+
     /// The positions this commit records, as `(app id, version)`.
     #[cfg(test)]
     pub(crate) fn positions(&self) -> &[(String, i64)] {
@@ -130,6 +145,9 @@ impl PendingCommit {
         }
         if self.keep_log {
             props = props.with_cleanup_expired_logs(Some(false));
+        }
+        if self.exact {
+            props = props.with_max_retries(0);
         }
         props
     }
@@ -149,6 +167,7 @@ mod tests {
             (AppId::Events, "strata-events"),
             (AppId::Source(&t), "strata-source:default.users"),
             (AppId::Append("a"), "strata-append:a"),
+            (AppId::Once("b"), "strata-once:b"),
             (AppId::Files(None), "strata-files"),
             (AppId::Files(Some("a")), "strata-files:a"),
             (

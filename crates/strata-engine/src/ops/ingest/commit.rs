@@ -1,14 +1,17 @@
 //! What an ingestion took and its commit: the rows written (the table created on its first
 //! run, columns added when its schema evolves), then the downstream flows' events handed over.
+//! The commit records what was taken: the files (`files_commit`), a source's version or
+//! watermark, a once flow's run.
 
 use crate::error::{Context, Result};
+use crate::ops::ingest::autoload;
 use crate::ops::ingest::IngestReport;
 use crate::ops::ingest::IngestSetup;
 use crate::ops::ingest::Source;
 use crate::ops::ingest::KEEP_LOG_PROPERTY;
 use crate::ops::Scope;
 use crate::storage::adopt;
-use crate::storage::commit::PendingCommit;
+use crate::storage::commit::{position, AppId, PendingCommit};
 use crate::util::steps::{step, Steps};
 use deltalake::arrow::array::RecordBatch;
 use deltalake::protocol::SaveMode;
@@ -58,6 +61,15 @@ pub(super) async fn commit_rows(
         Some(t) => t,
         None => create_table(scope, setup).await?,
     };
+    if setup.once {
+        // A once flow's record (`once.rs`): at the version this commit creates, which it
+        // must land on exactly (another writer first makes it a conflict).
+        let next = crate::storage::table::version_of(&table) + 1;
+        taken.commit = taken
+            .commit
+            .at(AppId::Once(setup.flow_name()), next)
+            .exactly_next();
+    }
     if setup.evolve {
         let props = crate::storage::write::writer_properties(&table);
         let written = table
@@ -136,3 +148,36 @@ async fn create_table(scope: &Scope<'_>, setup: &IngestSetup) -> Result<DeltaTab
 
 /// Delta's switch refusing every commit that removes or changes rows.
 const APPEND_ONLY_PROPERTY: &str = "delta.appendOnly";
+
+/// The commit of a run taking files `new`: the files (and the inferred input columns) in
+/// its commit info, the next count of [`AppId::Files`], and a log that must not be trimmed:
+/// the files taken are recorded only there (Delta writers delete expired commit files once
+/// a checkpoint covers them, and the next run would take their files again).
+pub(super) async fn files_commit(
+    scope: &Scope<'_>,
+    setup: &IngestSetup,
+    existing: Option<&DeltaTable>,
+    new: &[String],
+) -> Result<PendingCommit> {
+    let id = AppId::Files(setup.append_flow.as_deref());
+    let previous = match existing {
+        Some(t) => position(t, id).await?,
+        None => None,
+    };
+    let mut commit = PendingCommit::of_run(scope.run_id)
+        .keeping_log()
+        .with_info(setup.files_key(), serde_json::json!(new))
+        .at(id, previous.map_or(0, |v| v + 1));
+    if let Source::Files {
+        mode: autoload::Mode::Autoload { inferred: true, .. },
+        input: Some(columns),
+        ..
+    } = &setup.source
+    {
+        commit = commit.with_info(
+            setup.schema_key(),
+            crate::storage::ledger::columns_to_json(columns),
+        );
+    }
+    Ok(commit)
+}

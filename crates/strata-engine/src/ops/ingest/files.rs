@@ -1,7 +1,11 @@
-//! Input files: listing a `read_files` folder and reading one file with DataFusion.
+//! Input files: listing a `read_files` folder and reading one file (with DataFusion, or
+//! Auto Loader style).
 
 use crate::error::{Context, EngineError, Result};
 use crate::ops::ingest::arrow_schema;
+use crate::ops::ingest::autoload;
+use crate::ops::ingest::IngestSetup;
+use crate::ops::ingest::Source;
 use crate::storage::location::Location;
 use deltalake::arrow::array::RecordBatch;
 use deltalake::arrow::datatypes::{Schema, SchemaRef};
@@ -207,4 +211,39 @@ fn read_debezium(
         }
     };
     ctx.read_batches(batches).map_err(|e| bad(e.to_string()))
+}
+
+/// One input file as a DataFrame: read Auto Loader style (inferred or declared columns,
+/// rescued data) or with DataFusion's reader, with `_metadata` when the query asks for it.
+pub(super) async fn read_input_file(
+    setup: &IngestSetup,
+    path: &std::path::Path,
+    file: &str,
+) -> Result<DataFrame> {
+    let Source::Files {
+        spec, mode, input, ..
+    } = &setup.source
+    else {
+        return Err(EngineError::Internal("not a file source".into()));
+    };
+    let ctx = crate::storage::session::file_session();
+    let df = match (mode, input) {
+        (autoload::Mode::Autoload { rescued, inferred }, Some(columns)) => {
+            let batch = autoload::read(
+                path,
+                file,
+                spec,
+                &autoload::schema_of(columns),
+                rescued.as_str(),
+                !inferred,
+            )?;
+            ctx.read_batch(batch)
+                .context(|| format!("file {}", path.display()))?
+        }
+        _ => read_file(&ctx, path, spec).await?,
+    };
+    match autoload::wants_metadata(&setup.query_sql) {
+        true => autoload::with_metadata(df, path),
+        false => Ok(df),
+    }
 }

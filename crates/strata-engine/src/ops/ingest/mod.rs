@@ -12,12 +12,18 @@
 //! the version after the one recorded in the target's application transaction
 //! `strata-source:<table>` (`strata-append:<flow>` for an append flow); the source of an AUTO
 //! CDC target is read through its change data feed (`storage/feed.rs`).
+//!
+//! A once flow (`INSERT INTO ONCE`, `once.rs`) reads its input in batch (every file under
+//! its `read_files` path, or the tables its query names) and appends the rows in one commit
+//! that also records `strata-once:<flow>` at that commit's own version; a target recording
+//! it skips the flow, until a full refresh sets the target aside.
 
 pub(crate) mod autoload;
 mod commit;
 mod database;
 mod files;
 mod history;
+mod once;
 mod prepare;
 mod rows;
 mod run;
@@ -49,6 +55,8 @@ pub struct IngestReport {
     /// The table's own name for its query, the flow's name for an append flow.
     pub flow: String,
     pub append: bool,
+    /// A once flow (`INSERT INTO ONCE`).
+    pub once: bool,
     pub files: Vec<String>,
     /// Rows the query produced.
     pub rows_read: usize,
@@ -63,6 +71,17 @@ pub struct IngestReport {
     pub notes: Vec<String>,
 }
 
+/// What preparing an ingestion found.
+pub(crate) enum Readiness {
+    Ready(Box<IngestSetup>),
+    /// Its schema cannot be known yet (no files, no `schema =>`, no table, a joined table
+    /// with no columns yet): why. The table and its flows wait for input.
+    Waiting(String),
+    /// A once flow that already ran: its run's report (skipped, saying at which version it
+    /// ran) and its target's columns. Its input is not looked at (it may be gone).
+    Ran(Box<IngestReport>, SchemaRef),
+}
+
 /// A streaming table's query or an append flow, checked against its input's schema.
 #[derive(Debug, Clone)]
 pub(crate) struct IngestSetup {
@@ -70,6 +89,8 @@ pub(crate) struct IngestSetup {
     pub table: StreamingTable,
     /// `Some(flow name)` for an append flow, `None` for the table's own query.
     pub append_flow: Option<String>,
+    /// A once flow (`INSERT INTO ONCE`): reads its whole input in batch, one time.
+    pub once: bool,
     pub query_sql: String,
     pub source: Source,
     /// The schema of the table's rows.
@@ -120,6 +141,8 @@ pub(crate) enum Source {
     /// `STREAM table_changes(...)`: any Delta table's change data feed, every change kept
     /// (a change-history table, `history.rs`).
     Changes(history::ChangesSpec),
+    /// A once flow's query over tables only: no input of its own (`once.rs`).
+    Batch,
 }
 
 impl IngestSetup {

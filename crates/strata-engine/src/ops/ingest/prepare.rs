@@ -8,6 +8,7 @@ use crate::ops::ingest::files::read_file;
 use crate::ops::ingest::files::InputDir;
 use crate::ops::ingest::IngestSetup;
 use crate::ops::ingest::Joins;
+use crate::ops::ingest::Readiness;
 use crate::ops::ingest::Source;
 use crate::sql::shapes::Shapes;
 use crate::storage::feed;
@@ -71,9 +72,7 @@ pub(crate) struct PipelineContext<'a> {
 }
 
 /// Checks a streaming table's query (or, with `append`, an append flow into it) and finds
-/// its row schema. `Err(why)` when it cannot be known yet (no files, no `schema =>`, no
-/// table, a joined table with no columns yet): the table and its flows wait for input.
-/// `known` holds the schemas of the datasets prepared before.
+/// its row schema. `known` holds the schemas of the datasets prepared before.
 ///
 /// ```text
 ///  query_of ─▶ planning_for ─▶ input_of ─▶ plan_query ─▶ append_schema / table_schema
@@ -86,7 +85,7 @@ pub(crate) async fn prepare_ingest(
     table: &StreamingTable,
     append: Option<&strata_sql::AppendFlow>,
     known: &BTreeMap<TableName, SchemaRef>,
-) -> Result<std::result::Result<IngestSetup, String>> {
+) -> Result<Readiness> {
     let wh = pipeline.wh;
     if let Some(g) = table
         .columns
@@ -103,10 +102,16 @@ pub(crate) async fn prepare_ingest(
             ),
         ));
     }
+    if let Some(f) = append.filter(|f| f.once) {
+        if let Some(ran) = super::once::ran(wh, &table.name, &f.name).await? {
+            return Ok(ran);
+        }
+    }
     let query = query_of(table, append)?;
     let mut setup = IngestSetup {
         table: table.clone(),
         append_flow: append.map(|f| f.name.clone()),
+        once: append.is_some_and(|f| f.once),
         query_sql: query.sql.clone(),
         source: Source::Table(table.name.clone()),
         schema: Arc::new(Schema::empty()),
@@ -119,7 +124,7 @@ pub(crate) async fn prepare_ingest(
     };
     let planning = match planning_for(pipeline, query, setup.joins.as_ref(), known).await? {
         Ok(planning) => planning,
-        Err(why) => return Ok(Err(why)),
+        Err(why) => return Ok(Readiness::Waiting(why)),
     };
     let existing_table = wh.open_table(&table.name).await?;
     let (source, input_schema) =
@@ -144,11 +149,11 @@ pub(crate) async fn prepare_ingest(
         None => table_schema(&setup, table, planned, existing)?,
     };
     let Some(RowSchema { schema, evolve }) = schema else {
-        return Ok(Err(NO_INPUT.to_string()));
+        return Ok(Readiness::Waiting(NO_INPUT.to_string()));
     };
     setup.evolve = evolve;
     setup.schema = schema;
-    Ok(Ok(setup))
+    Ok(Readiness::Ready(Box::new(setup)))
 }
 
 /// Why a table with no input files and no declared columns waits.
@@ -231,6 +236,8 @@ async fn input_of(
             let schema = super::history::input_schema(pipeline.wh, &spec, known).await?;
             (Source::Changes(spec), schema)
         }
+        // The query reads only tables; its input is empty and unused.
+        QuerySource::Batch => (Source::Batch, Some(Arc::new(Schema::empty()))),
     })
 }
 

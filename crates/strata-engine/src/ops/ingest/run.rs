@@ -3,18 +3,17 @@
 
 use crate::error::{Context, EngineError, Result};
 use crate::ops::ingest::autoload;
-use crate::ops::ingest::commit::{commit_rows, Taken};
-use crate::ops::ingest::files::read_file;
+use crate::ops::ingest::commit::{commit_rows, files_commit, Taken};
+use crate::ops::ingest::files::read_input_file;
 use crate::ops::ingest::rows::{checked_rows, Running};
 use crate::ops::ingest::IngestReport;
 use crate::ops::ingest::IngestSetup;
 use crate::ops::ingest::Source;
 use crate::ops::Scope;
 use crate::storage::adopt;
-use crate::storage::commit::{position, AppId, PendingCommit};
+use crate::storage::commit::{position, PendingCommit};
 use crate::storage::feed;
 use deltalake::arrow::array::RecordBatch;
-use deltalake::datafusion::prelude::DataFrame;
 use deltalake::DeltaTable;
 use std::collections::BTreeSet;
 use std::collections::HashMap;
@@ -63,10 +62,14 @@ pub(crate) async fn run_ingest(scope: &Scope<'_>, setup: &IngestSetup) -> Result
         table: setup.table.name.to_string(),
         flow: setup.flow_name().to_string(),
         append: setup.append_flow.is_some(),
+        once: setup.once,
         ..Default::default()
     };
     let existing = scope.wh.open_table(&setup.table.name).await?;
     let taken = match &setup.source {
+        _ if setup.once => {
+            super::once::take_once(scope, setup, existing.as_ref(), &mut report).await?
+        }
         Source::Files { .. } => take_files(scope, setup, existing.as_ref(), &mut report).await?,
         Source::Database { .. } => {
             super::database::take_database(scope, setup, existing.as_ref(), &mut report).await?
@@ -76,6 +79,12 @@ pub(crate) async fn run_ingest(scope: &Scope<'_>, setup: &IngestSetup) -> Result
         }
         Source::Changes(_) => {
             super::history::take_changes(scope, setup, existing.as_ref(), &mut report).await?
+        }
+        Source::Batch => {
+            return Err(EngineError::Internal(format!(
+                "{} reads tables in batch but is not a once flow",
+                setup.flow_name()
+            )))
         }
     };
     if let Some(mut taken) = taken {
@@ -179,74 +188,6 @@ async fn files_to_take(
         .into_iter()
         .filter(|f| !taken.contains(f))
         .collect())
-}
-
-/// One input file as a DataFrame: read Auto Loader style (inferred or declared columns,
-/// rescued data) or with DataFusion's reader, with `_metadata` when the query asks for it.
-async fn read_input_file(
-    setup: &IngestSetup,
-    path: &std::path::Path,
-    file: &str,
-) -> Result<DataFrame> {
-    let Source::Files {
-        spec, mode, input, ..
-    } = &setup.source
-    else {
-        return Err(EngineError::Internal("not a file source".into()));
-    };
-    let ctx = crate::storage::session::file_session();
-    let df = match (mode, input) {
-        (autoload::Mode::Autoload { rescued, inferred }, Some(columns)) => {
-            let batch = autoload::read(
-                path,
-                file,
-                spec,
-                &autoload::schema_of(columns),
-                rescued.as_str(),
-                !inferred,
-            )?;
-            ctx.read_batch(batch)
-                .context(|| format!("file {}", path.display()))?
-        }
-        _ => read_file(&ctx, path, spec).await?,
-    };
-    match autoload::wants_metadata(&setup.query_sql) {
-        true => autoload::with_metadata(df, path),
-        false => Ok(df),
-    }
-}
-
-/// The commit of a run taking files `new`: the files (and the inferred input columns) in
-/// its commit info, the next count of [`AppId::Files`], and a log that must not be trimmed:
-/// the files taken are recorded only there (Delta writers delete expired commit files once
-/// a checkpoint covers them, and the next run would take their files again).
-async fn files_commit(
-    scope: &Scope<'_>,
-    setup: &IngestSetup,
-    existing: Option<&DeltaTable>,
-    new: &[String],
-) -> Result<PendingCommit> {
-    let id = AppId::Files(setup.append_flow.as_deref());
-    let previous = match existing {
-        Some(t) => position(t, id).await?,
-        None => None,
-    };
-    let mut commit = PendingCommit::of_run(scope.run_id)
-        .keeping_log()
-        .with_info(setup.files_key(), serde_json::json!(new))
-        .at(id, previous.map_or(0, |v| v + 1));
-    if let Source::Files {
-        mode: autoload::Mode::Autoload { inferred: true, .. },
-        input: Some(columns),
-        ..
-    } = &setup.source
-    {
-        commit = commit.with_info(
-            setup.schema_key(),
-            crate::storage::ledger::columns_to_json(columns),
-        );
-    }
-    Ok(commit)
 }
 
 /// The rows of `source_name` added since the table last read it (its change feed for an
