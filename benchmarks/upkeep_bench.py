@@ -719,16 +719,7 @@ def report(res: dict, show_times: bool) -> None:
 def finish(res: dict, a) -> int:
     res["failures"] = FAILURES
     out = a.json or (a.workdir / f"upkeep-{time.strftime('%Y%m%d-%H%M%S')}.json")
-    out.write_text(json.dumps(res, indent=2, default=str))
-    log(f"measurements written to {out}")
-    if FAILURES:
-        log(f"\n{len(FAILURES)} FAILURE(S):")
-        for f in FAILURES:
-            log("- " + f)
-        return 1
-    log("all checks passed: same rows before and after each optimize, and after the next batch")
-    return 0
-
+    return R().finish(res, out, FAILURES)
 
 if __name__ == "__main__":
     if len(sys.argv) >= 3 and sys.argv[1] == "_duckdb_scan":
