@@ -40,7 +40,7 @@ pub(crate) const FILE_ROWS: usize = 1_000_000;
 /// Events gathered before a chunk is cut (at a key boundary) and handed on.
 const CHUNK_ROWS: usize = 65_536;
 /// The memory the sort may hold before it spills to disk.
-const MEMORY_LIMIT: usize = 1 << 30;
+const MEMORY_LIMIT: usize = 512 << 20;
 
 /// How a store is compacted.
 #[derive(Debug, Clone)]
