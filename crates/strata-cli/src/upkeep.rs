@@ -23,6 +23,10 @@ pub struct OptimizeArgs {
     /// else 100 MiB].
     #[arg(long, value_name = "MIB")]
     target_size_mib: Option<u64>,
+    /// The memory an event store's sort may hold before it spills to disk, in MiB
+    /// [default: 512].
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(8..))]
+    sort_memory_mib: Option<u64>,
     /// A pipeline whose flows say what event stores may forget (repeatable) [default: the
     /// pipelines the event log records].
     #[arg(long = "pipeline", value_name = "FILE")]
@@ -72,6 +76,7 @@ pub async fn optimize(args: OptimizeArgs) -> Result<ExitCode, BoxError> {
         target_size: args.target_size_mib.map(|m| m.saturating_mul(1 << 20)),
         pipelines: args.pipelines,
         configuration: args.conf.into_iter().collect(),
+        sort_memory: args.sort_memory_mib.map(|m| m.saturating_mul(1 << 20)),
     };
     let report = strata_engine::optimize(&wh, &options).await?;
     let mut out = std::io::stdout().lock();

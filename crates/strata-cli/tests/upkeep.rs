@@ -478,6 +478,60 @@ fn event_store_compaction_forgets_expired_tombstones_and_changes_no_result() {
     assert!(out.contains("history: ok"), "{out}");
 }
 
+/// An event store far larger than the sort's memory (`--sort-memory-mib 8`): the sort
+/// spills to disk and merges from there, and the store keeps every event, the target every
+/// row.
+#[test]
+fn an_event_store_larger_than_the_sort_memory_is_compacted_through_disk() {
+    let p = Project::new(
+        r#"
+CREATE OR REFRESH STREAMING TABLE bronze
+AS SELECT * FROM STREAM read_files('data/cdc', format => 'json',
+  schema => 'id BIGINT, name STRING, seq BIGINT');
+CREATE OR REFRESH STREAMING TABLE history;
+CREATE FLOW history_flow AS AUTO CDC INTO history FROM STREAM(bronze)
+KEYS (id) SEQUENCE BY seq COLUMNS * EXCEPT (seq) STORED AS SCD TYPE 2;
+"#,
+    );
+    let per_file = 100_000u64;
+    for f in 0..3u64 {
+        let mut text = String::new();
+        for i in 0..per_file {
+            let seq = f * per_file + i;
+            text.push_str(&format!(
+                "{{\"id\": {}, \"name\": \"name-{seq}-padding-padding\", \"seq\": {seq}}}\n",
+                (seq * 7919) % 40_000
+            ));
+        }
+        p.file(&format!("data/cdc/{f}.json"), &text);
+        p.ok(&["run", "pipeline.sql"]);
+    }
+    let summary = "SELECT count(*) AS n, count(DISTINCT id) AS k, count(__END_AT) AS closed, \
+                   sum(__START_AT) AS s FROM history";
+    let before = p.csv(summary);
+    let out = p.ok(&["optimize", "history", "--sort-memory-mib", "8"]);
+    let (events_before, events_after, _) = store_line(&out, "history");
+    assert_eq!((events_before, events_after), (300_000, 300_000), "{out}");
+    assert!(
+        out.contains("default.history (event store): 3 file(s)"),
+        "{out}"
+    );
+    assert_eq!(p.csv(summary), before);
+    // The compacted store serves the next run: one more delivery, then a fresh
+    // warehouse given all of it agrees.
+    p.file(
+        "data/cdc/3.json",
+        "{\"id\": 1, \"name\": \"late\", \"seq\": 7}\n{\"id\": 2, \"name\": \"new\", \"seq\": 999999}\n",
+    );
+    p.ok(&["run", "pipeline.sql"]);
+    let after = p.csv(summary);
+    std::fs::remove_dir_all(p.path("warehouse")).expect("remove warehouse");
+    p.ok(&["run", "pipeline.sql"]);
+    assert_eq!(p.csv(summary), after);
+    let refused = p.strata(&["optimize", "history", "--sort-memory-mib", "1"]);
+    assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
+}
+
 /// Rounds of new input with optimizes (some killed with SIGKILL part-way) between the
 /// runs: every table stays readable, and the targets equal one run over all the input.
 #[test]

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //!   the store's files ──ORDER BY key, sequence, run (DataFusion, spilling to disk past
-//!        │              MEMORY_LIMIT)──▶ chunks cut between keys (KeyChunks)
+//!        │              the sort memory, 512 MiB by default)──▶ chunks cut between keys (KeyChunks)
 //!        ▼
 //!   expired SCD1 tombstones and the events they hid forgotten (tombstones.rs), when the
 //!        │              target's flows forget them
@@ -39,8 +39,8 @@ use futures::StreamExt;
 pub(crate) const FILE_ROWS: usize = 1_000_000;
 /// Events gathered before a chunk is cut (at a key boundary) and handed on.
 const CHUNK_ROWS: usize = 65_536;
-/// The memory the sort may hold before it spills to disk.
-const MEMORY_LIMIT: usize = 512 << 20;
+/// The memory the sort may hold before it spills to disk, unless told otherwise.
+pub(crate) const DEFAULT_SORT_MEMORY: usize = 512 << 20;
 
 /// How a store is compacted.
 #[derive(Debug, Clone)]
@@ -50,6 +50,8 @@ pub(crate) struct Rules {
     /// Forget deletes older than this many seconds and what they hid (SCD type 1 targets
     /// fed by change flows, `tombstones.rs`); `None`: keep every event.
     pub(crate) forget_after_secs: Option<u64>,
+    /// The memory the sort may hold before it spills to disk.
+    pub(crate) sort_memory: usize,
 }
 
 /// What a compaction did.
@@ -84,7 +86,7 @@ pub(crate) async fn compact(
         version: crate::storage::table::version_of(store),
         ..Default::default()
     };
-    let ctx = crate::storage::session::spilling_session(MEMORY_LIMIT)?;
+    let ctx = crate::storage::session::spilling_session(rules.sort_memory)?;
     crate::storage::session::register_table(&ctx, "__strata_store", store, None).await?;
     if read.len() <= 1 && expired_deletes(&ctx, &layout, location, rules, now).await? == 0 {
         report.skipped = Some(match read.len() {

@@ -72,6 +72,7 @@ pub(crate) async fn optimize_store(
     path: &Location,
     wh: &Warehouse,
     forget: &Forget,
+    sort_memory: Option<u64>,
     run: &PendingCommit,
 ) -> Result<super::upkeep::Optimized> {
     let started = Instant::now();
@@ -85,6 +86,9 @@ pub(crate) async fn optimize_store(
             Forget::After(secs) => Some(*secs),
             Forget::Nothing(_) => None,
         },
+        sort_memory: sort_memory
+            .and_then(|m| usize::try_from(m).ok())
+            .unwrap_or(compact::DEFAULT_SORT_MEMORY),
     };
     let (_, bytes_before) = super::upkeep::file_stats(&store)?;
     let now = chrono::Utc::now().timestamp_millis();

@@ -60,6 +60,9 @@ pub struct OptimizeOptions {
     pub pipelines: Vec<PathBuf>,
     /// Configuration values for planning `pipelines`.
     pub configuration: BTreeMap<String, String>,
+    /// The memory, in bytes, an event store's sort may hold before it spills to disk
+    /// (else 512 MiB).
+    pub sort_memory: Option<u64>,
 }
 
 /// One table's optimize.
@@ -112,6 +115,7 @@ pub async fn optimize(wh: &Warehouse, options: &OptimizeOptions) -> Result<Vec<O
                     &target.path,
                     wh,
                     &forget,
+                    options.sort_memory,
                     &run,
                 )
                 .await?

@@ -36,7 +36,7 @@ pub(crate) fn spilling_session(memory: usize) -> Result<SessionContext> {
         .build_arc()
         .context(|| "setting up a session".into())?;
     let mut config = session_config(TableName::DEFAULT_SCHEMA).with_target_partitions(1);
-    config.options_mut().execution.sort_spill_reservation_bytes = (memory / 8).max(10 << 20);
+    config.options_mut().execution.sort_spill_reservation_bytes = (memory / 8).max(1 << 20);
     Ok(SessionContext::new_with_config_rt(config, runtime))
 }
 
