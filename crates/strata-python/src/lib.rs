@@ -75,13 +75,15 @@ fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
     Ok(RUNTIME.get_or_init(|| rt))
 }
 
-/// Runs `work` on the runtime's threads with the GIL released.
+/// Runs `work` on the runtime's threads with the GIL released (and transparent huge pages
+/// off meanwhile, see [`NoHugePages`]).
 fn block_on<T, F>(py: Python<'_>, work: F) -> PyResult<T>
 where
     T: Send + 'static,
     F: std::future::Future<Output = strata_engine::Result<T>> + Send + 'static,
 {
     let rt = runtime()?;
+    let _pages = NoHugePages::start();
     py.detach(|| {
         rt.block_on(async move {
             match tokio::spawn(work).await {
@@ -94,6 +96,62 @@ where
         })
     })
 }
+
+/// Transparent huge pages off for the process while the engine works, back as they were
+/// when the last call into the engine returns. The CLI keeps them off for its whole run
+/// (strata-cli's `no_transparent_huge_pages`: mimalloc's large regions, given back and
+/// faulted in again, each zero a 2 MiB page; a third of a bulk run's CPU); a Python
+/// process belongs to its user, so here they are off only during the engine's calls.
+struct NoHugePages;
+
+/// Calls into the engine under way, and whether huge pages were off before the first.
+static HUGE_PAGES: std::sync::Mutex<(usize, bool)> = std::sync::Mutex::new((0, false));
+
+impl NoHugePages {
+    fn start() -> NoHugePages {
+        if let Ok(mut state) = HUGE_PAGES.lock() {
+            if state.0 == 0 {
+                state.1 = thp_disabled();
+                set_thp_disabled(true);
+            }
+            state.0 += 1;
+        }
+        NoHugePages
+    }
+}
+
+impl Drop for NoHugePages {
+    fn drop(&mut self) {
+        if let Ok(mut state) = HUGE_PAGES.lock() {
+            state.0 = state.0.saturating_sub(1);
+            if state.0 == 0 && !state.1 {
+                set_thp_disabled(false);
+            }
+        }
+    }
+}
+
+#[cfg(target_os = "linux")]
+fn thp_disabled() -> bool {
+    // SAFETY: PR_GET_THP_DISABLE takes no pointer and only reads a flag of this process.
+    unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) == 1 }
+}
+
+#[cfg(target_os = "linux")]
+fn set_thp_disabled(off: bool) {
+    // SAFETY: PR_SET_THP_DISABLE takes plain integers and only sets a flag of this process.
+    unsafe {
+        libc::prctl(libc::PR_SET_THP_DISABLE, libc::c_ulong::from(off), 0, 0, 0);
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn thp_disabled() -> bool {
+    false
+}
+
+#[cfg(not(target_os = "linux"))]
+fn set_thp_disabled(_off: bool) {}
 
 /// The engine's error as a `StrataError(message, kind)`.
 fn to_py(e: EngineError) -> PyErr {
