@@ -336,27 +336,36 @@ def _duckdb_snapshot_child(spec_path: str) -> None:
 
 # --------------------------------------------------------------------------- reading strata's result
 
-def delta_files(table: Path) -> list[Path]:
-    """Live data files of a Delta table, by replaying _delta_log (JSON commits and,
-    if present, the last parquet checkpoint)."""
+def live_adds(table: Path, key=lambda add: add["path"]) -> dict:
+    """{key(add): add} of the live files of a Delta table, by replaying _delta_log (the last
+    parquet checkpoint, then the JSON commits after it). Each add is a dict with at least
+    `path`, `deletionVector` and `partitionValues`. A remove takes out the add of the same
+    key: the path by default; a key that also names the deletion vector follows commits
+    that change a file's vector (remove (path, old), add (path, new))."""
     import duckdb
 
     log_dir = table / "_delta_log"
     if not log_dir.is_dir():
         raise RuntimeError(f"no Delta log at {log_dir}")
-    live: dict[str, dict] = {}
+    live: dict = {}
     start = -1
     last = log_dir / "_last_checkpoint"
     if last.exists():
-        cp = json.loads(last.read_text())
-        start = int(cp["version"])
-        cps = sorted(log_dir.glob(f"{start:020d}.checkpoint*.parquet"))
+        start = int(json.loads(last.read_text())["version"])
+        cps = sorted(str(c) for c in log_dir.glob(f"{start:020d}.checkpoint*.parquet"))
         con = duckdb.connect()
-        for row in con.execute(
-                "SELECT add.path, add.deletionVector IS NOT NULL, add.partitionValues FROM "
-                f"read_parquet({[str(c) for c in cps]}, union_by_name=true) WHERE add IS NOT NULL"
-        ).fetchall():
-            live[row[0]] = {"dv": row[1], "pv": row[2]}
+        try:
+            rows = con.execute(
+                "SELECT add.path, add.deletionVector, add.partitionValues FROM "
+                f"read_parquet({cps}, union_by_name=true) WHERE add IS NOT NULL").fetchall()
+        except duckdb.Error:  # a checkpoint without the deletionVector field
+            rows = [(p, None, pv) for (p, pv) in con.execute(
+                "SELECT add.path, add.partitionValues FROM "
+                f"read_parquet({cps}, union_by_name=true) WHERE add IS NOT NULL").fetchall()]
+        con.close()
+        for p, dv, pv in rows:
+            add = {"path": p, "deletionVector": dv, "partitionValues": pv}
+            live[key(add)] = add
     for f in sorted(log_dir.glob("*.json")):
         try:
             v = int(f.stem)
@@ -369,14 +378,19 @@ def delta_files(table: Path) -> list[Path]:
                 continue
             a = json.loads(line)
             if "add" in a:
-                live[a["add"]["path"]] = {"dv": a["add"].get("deletionVector"),
-                                          "pv": a["add"].get("partitionValues")}
+                live[key(a["add"])] = a["add"]
             elif "remove" in a:
-                live.pop(a["remove"]["path"], None)
-    for p, meta in live.items():
-        if meta["dv"]:
+                live.pop(key(a["remove"]), None)
+    return live
+
+
+def delta_files(table: Path) -> list[Path]:
+    """Live data files of a Delta table (unpartitioned, without deletion vectors)."""
+    live = live_adds(table)
+    for p, add in live.items():
+        if add.get("deletionVector"):
             raise RuntimeError(f"{p} has a deletion vector; this reader does not apply them")
-        if meta["pv"]:
+        if add.get("partitionValues"):
             raise RuntimeError(f"{p} is in a partitioned table; this reader does not handle that")
     return [table / urllib.parse.unquote(p) for p in sorted(live)]
 

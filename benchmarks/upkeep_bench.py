@@ -223,52 +223,16 @@ def delta_stats(path: Path) -> dict | None:
 
 
 def live_files_dv(table: Path) -> dict[tuple, bool]:
-    """{(path, deletion vector id): has a deletion vector} of the live files, by replaying
-    _delta_log (the last checkpoint, then the JSON commits after it), as run.delta_files
-    does. A file is named by its path and deletion vector, as the Delta protocol does: a
-    commit that changes a file's deletion vector removes (path, old) and adds (path, new)."""
-    import duckdb
-
+    """{(path, deletion vector id): has a deletion vector} of the live files (run.live_adds).
+    A file is named by its path and deletion vector, as the Delta protocol does: a commit
+    that changes a file's deletion vector removes (path, old) and adds (path, new)."""
     def key(action: dict) -> tuple:
         dv = action.get("deletionVector")
         if not dv:
             return (action["path"], None)
         return (action["path"], dv.get("storageType"), dv.get("pathOrInlineDv"), dv.get("offset"))
 
-    log_dir = table / "_delta_log"
-    live: dict[tuple, bool] = {}
-    start = -1
-    last = log_dir / "_last_checkpoint"
-    if last.exists():
-        start = int(json.loads(last.read_text())["version"])
-        cps = sorted(str(c) for c in log_dir.glob(f"{start:020d}.checkpoint*.parquet"))
-        con = duckdb.connect()
-        try:
-            rows = con.execute("SELECT add.path, add.deletionVector FROM read_parquet("
-                               f"{cps}, union_by_name=true) WHERE add IS NOT NULL").fetchall()
-        except duckdb.Error:  # a checkpoint without the deletionVector field
-            rows = [(p, None) for (p,) in con.execute(
-                f"SELECT add.path FROM read_parquet({cps}, union_by_name=true) "
-                "WHERE add IS NOT NULL").fetchall()]
-        con.close()
-        for p, dv in rows:
-            live[key({"path": p, "deletionVector": dv})] = dv is not None
-    for f in sorted(log_dir.glob("*.json")):
-        try:
-            v = int(f.stem)
-        except ValueError:
-            continue
-        if v <= start:
-            continue
-        for line in f.read_text().splitlines():
-            if not line.strip():
-                continue
-            act = json.loads(line)
-            if "add" in act:
-                live[key(act["add"])] = bool(act["add"].get("deletionVector"))
-            elif "remove" in act:
-                live.pop(key(act["remove"]), None)
-    return live
+    return {k: bool(add.get("deletionVector")) for k, add in R().live_adds(table, key).items()}
 
 
 def tree_listing(path: Path) -> dict:
