@@ -59,6 +59,8 @@ pub(crate) struct Rules {
 pub(crate) struct Compacted {
     pub(crate) files_before: usize,
     pub(crate) files_after: usize,
+    /// The bytes of the files written (`None`: nothing was written).
+    pub(crate) bytes_written: Option<u64>,
     pub(crate) events_before: usize,
     pub(crate) events_after: usize,
     /// Expired deletes forgotten (the events they hid went with them).
@@ -100,6 +102,11 @@ pub(crate) async fn compact(
     report.events_after = counts.written;
     report.tombstones_forgotten = counts.forgotten;
     report.files_after = adds.len();
+    report.bytes_written = Some(
+        adds.iter()
+            .map(|a| u64::try_from(a.size).unwrap_or(0))
+            .sum(),
+    );
     report.version = commit_rewrite(store, adds, commit).await?;
     Ok(report)
 }

@@ -17,9 +17,6 @@ use crate::storage::warehouse::Warehouse;
 use std::time::Instant;
 use strata_sql::{FlowKind, PipelinePlan, ScdType, TableName};
 
-/// The table property listing an AUTO CDC target's key columns.
-const KEYS_PROPERTY: &str = "strata.keys";
-
 /// What may be forgotten of a target's event store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Forget {
@@ -99,19 +96,12 @@ pub(crate) async fn optimize_store(
             crate::eventstore::digest::carry_over(&dir, before, done.version)?;
         }
     }
-    let bytes_after = match done.skipped {
-        Some(_) => bytes_before,
-        None => match open_delta(path).await? {
-            Some(t) => super::upkeep::file_stats(&t)?.1,
-            None => 0,
-        },
-    };
     Ok(super::upkeep::Optimized {
         table: label.to_string(),
         files_before: done.files_before,
         files_after: done.files_after,
         bytes_before,
-        bytes_after,
+        bytes_after: done.bytes_written.unwrap_or(bytes_before),
         files_removed: match done.skipped {
             Some(_) => 0,
             None => done.files_before as u64,
@@ -140,17 +130,12 @@ async fn key_columns(wh: &Warehouse, target: &TableName) -> Result<Vec<String>> 
             "{target} has an event store but no table: run its pipeline first"
         ))
     })?;
-    let properties = table_properties(&table)?;
-    let keys = properties.get(KEYS_PROPERTY).ok_or_else(|| {
+    crate::storage::table::recorded_keys(&table_properties(&table)?).ok_or_else(|| {
         crate::error::EngineError::Internal(format!(
-            "{target} does not record its key columns ({KEYS_PROPERTY})"
+            "{target} does not record its key columns ({})",
+            crate::storage::table::KEYS_PROPERTY
         ))
-    })?;
-    Ok(keys
-        .split(',')
-        .map(|k| k.trim().to_string())
-        .filter(|k| !k.is_empty())
-        .collect())
+    })
 }
 
 #[cfg(test)]

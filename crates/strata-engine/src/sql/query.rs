@@ -122,16 +122,13 @@ pub async fn validate_report(
             crate::sql::pit_check::validate_pit(wh, &table, &table_name, &config).await?,
         ));
     }
-    let keys: Vec<String> = config
-        .get("strata.keys")
-        .map(|k| k.split(',').map(str::to_string).collect())
-        .ok_or_else(|| {
-            EngineError::plan(format!(
-                "{table_name} is not an AUTO CDC target of strata (no strata.keys property); \
+    let keys: Vec<String> = crate::storage::table::recorded_keys(&config).ok_or_else(|| {
+        EngineError::plan(format!(
+            "{table_name} is not an AUTO CDC target of strata (no strata.keys property); \
                  to check a history table another tool wrote, name its key columns with \
                  --keys a,b"
-            ))
-        })?;
+        ))
+    })?;
     let mode = config.get("strata.scdType").cloned().unwrap_or_default();
     if mode != "2" && mode != "snapshots" {
         return Err(EngineError::plan(format!(

@@ -70,10 +70,9 @@ pub(crate) async fn read_feed(
         .map(|b| by_name(b, &schema))
         .collect::<Result<Vec<_>>>()?;
     let raw = concat_batches(&schema, &cast).context(|| "change feed".into())?;
-    let keys: Vec<String> = crate::storage::table::table_properties(table)?
-        .get("strata.keys")
-        .map(|k| k.split(',').map(str::to_string).collect())
-        .unwrap_or_default();
+    let keys =
+        crate::storage::table::recorded_keys(&crate::storage::table::table_properties(table)?)
+            .unwrap_or_default();
     let feed = restore_updates(&raw, &keys)?;
     let feed = if preimages {
         feed

@@ -35,6 +35,16 @@ pub(crate) fn table_properties(table: &DeltaTable) -> Result<HashMap<String, Str
         .clone())
 }
 
+/// The table property in which an AUTO CDC target records its key columns (comma-separated).
+pub(crate) const KEYS_PROPERTY: &str = "strata.keys";
+
+/// The key columns `properties` record ([`KEYS_PROPERTY`]), `None` when they record none.
+pub(crate) fn recorded_keys(properties: &HashMap<String, String>) -> Option<Vec<String>> {
+    properties
+        .get(KEYS_PROPERTY)
+        .map(|k| k.split(',').map(str::to_string).collect())
+}
+
 /// Table properties as written in `TBLPROPERTIES`, plus the change data feed that every
 /// strata table has enabled (R12), as Delta configuration entries.
 pub(crate) fn table_configuration<'a>(

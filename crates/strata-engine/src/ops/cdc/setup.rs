@@ -640,7 +640,10 @@ pub(crate) fn target_configuration(
             Some("true".to_string()),
         ));
     }
-    conf.push(("strata.keys".to_string(), Some(setup.key_names.join(","))));
+    conf.push((
+        crate::storage::table::KEYS_PROPERTY.to_string(),
+        Some(setup.key_names.join(",")),
+    ));
     conf.push((
         "strata.scdType".to_string(),
         Some(scd_type_property(setup.flow.stored_as).to_string()),
@@ -817,7 +820,7 @@ fn check_target_properties(
             ),
         ));
     }
-    let recorded = config.get("strata.keys").cloned();
+    let recorded = config.get(crate::storage::table::KEYS_PROPERTY).cloned();
     if let Some(recorded) = recorded {
         if recorded != setup.key_names.join(",") {
             return Err(flow_err(
