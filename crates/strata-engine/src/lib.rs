@@ -65,12 +65,11 @@ pub use ops::pit::PitReport;
 pub use runtime::event_log::{EventRecord, Status, EVENT_LOG_TABLE};
 pub use runtime::lock::LockMode;
 pub use runtime::upkeep::{
-    optimize, vacuum, OptimizeOptions, Optimized, VacuumOptions, VacuumReport, Vacuumed,
-    DEFAULT_RETAIN_HOURS,
+    optimize, vacuum, OptimizeOptions, VacuumOptions, VacuumReport, Vacuumed, DEFAULT_RETAIN_HOURS,
 };
 pub use runtime::{
     run_pipeline, run_pipeline_file, run_pipeline_file_with, run_pipeline_with_python, run_planned,
-    Progress, ProgressFn, RunOptions, RunReport, Selection,
+    Optimized, Progress, ProgressFn, RunOptions, RunReport, Selection,
 };
 pub use semantics::integrity::Violation;
 pub use sql::expect::ExpectationCount;

@@ -1,7 +1,8 @@
-//! The engine's layers, checked over its source: each module names (`crate::...`) only
-//! modules of its own layer or of the layers below it, no `ops` folder names another, and no
-//! two files name each other, directly or through others. The layers, bottom up, are listed
-//! in `LAYERS` and at the top of `src/lib.rs`.
+//! The engine's layers, checked over its source: each module names (`crate::...` or
+//! `super::...`) only modules of its own layer or of the layers below it, no `ops` folder
+//! names another, and no two files name each other, directly or through others. The layers,
+//! bottom up, are listed in `LAYERS` and at the top of `src/lib.rs`. The database sources
+//! crate (`strata-sources`) is held to the same rule on cycles.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -24,6 +25,10 @@ fn src_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
 }
 
+fn sources_src_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../strata-sources/src")
+}
+
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for e in std::fs::read_dir(dir).expect("src readable").flatten() {
         let p = e.path();
@@ -36,8 +41,8 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 /// `storage/table.rs` -> `["storage", "table"]`; `ops/cdc/mod.rs` -> `["ops", "cdc"]`.
-fn module_path(file: &Path) -> Vec<String> {
-    let rel = file.strip_prefix(src_dir()).expect("under src");
+fn module_path(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).expect("under src");
     let mut parts: Vec<String> = rel
         .iter()
         .map(|p| p.to_string_lossy().trim_end_matches(".rs").to_string())
@@ -48,17 +53,44 @@ fn module_path(file: &Path) -> Vec<String> {
     parts
 }
 
-/// The module paths `text` names as `crate::a::b` (as far as they go through modules:
-/// lower-case segments), without test modules' lines.
-fn references(text: &str) -> BTreeSet<Vec<String>> {
+/// The module paths `text` (the file of `module`, see [`module_path`]) names as
+/// `crate::a::b` or `super::b` (as far as they go through modules: lower-case segments),
+/// without test modules' lines.
+fn references(text: &str, module: &[String]) -> BTreeSet<Vec<String>> {
     let code = match text.find("#[cfg(test)]") {
         Some(i) => &text[..i],
         None => text,
     };
+    // Comments (doc links among them) import nothing.
+    let code: String = code
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let code = code.as_str();
     let mut out = BTreeSet::new();
-    for (i, _) in code.match_indices("crate::") {
-        let rest = &code[i + "crate::".len()..];
-        let mut path = Vec::new();
+    let mut starts: Vec<(usize, Vec<String>)> = code
+        .match_indices("crate::")
+        .filter(|(i, _)| !code[..*i].ends_with("super::"))
+        .map(|(i, m)| (i + m.len(), Vec::new()))
+        .collect();
+    for (i, _) in code.match_indices("super::") {
+        if code[..i].ends_with("super::") {
+            continue; // counted from the first `super::` of the chain
+        }
+        let mut rest = i;
+        let mut ups = 0;
+        while code[rest..].starts_with("super::") {
+            rest += "super::".len();
+            ups += 1;
+        }
+        // `super` is the parent of the module (of the folder, for a `mod.rs`).
+        let base = module.len().saturating_sub(ups);
+        starts.push((rest, module[..base].to_vec()));
+    }
+    for (at, base) in starts {
+        let rest = &code[at..];
+        let mut path = base;
         for seg in rest.split("::") {
             let name: String = seg
                 .chars()
@@ -102,13 +134,21 @@ fn layer_of(path: &[String]) -> Option<usize> {
         .position(|l| path.first().is_some_and(|p| p == l))
 }
 
-#[test]
-fn modules_name_only_their_layer_and_the_layers_below() {
+/// Every module of the crate at `src` and the modules it names (its own submodules and
+/// modules outside the crate left out).
+struct ImportGraph {
+    modules: BTreeMap<Vec<String>, PathBuf>,
+    edges: BTreeMap<Vec<String>, BTreeSet<Vec<String>>>,
+}
+
+fn import_graph(src: &Path) -> ImportGraph {
     let mut files = Vec::new();
-    rust_files(&src_dir(), &mut files);
+    rust_files(src, &mut files);
     files.sort();
-    let modules: BTreeMap<Vec<String>, PathBuf> =
-        files.iter().map(|f| (module_path(f), f.clone())).collect();
+    let modules: BTreeMap<Vec<String>, PathBuf> = files
+        .iter()
+        .map(|f| (module_path(src, f), f.clone()))
+        .collect();
     // The file a reference lands in: the longest module path that is a prefix of it.
     let resolve = |r: &[String]| -> Option<Vec<String>> {
         (1..=r.len())
@@ -116,53 +156,26 @@ fn modules_name_only_their_layer_and_the_layers_below() {
             .map(|n| r[..n].to_vec())
             .find(|p| modules.contains_key(p))
     };
-    let mut problems = Vec::new();
     let mut edges: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
     for (module, file) in &modules {
         if module.is_empty() || module == &["lib"] {
             continue;
         }
-        let Some(own) = layer_of(module) else {
-            problems.push(format!(
-                "{}: not in a layer ({})",
-                file.display(),
-                LAYERS.join(", ")
-            ));
-            continue;
-        };
         let text = std::fs::read_to_string(file).expect("readable");
-        for r in references(&text) {
+        for r in references(&text, module) {
             let Some(target) = resolve(&r) else { continue };
             if &target == module || target.starts_with(module) {
                 continue;
             }
-            let Some(theirs) = layer_of(&target) else {
-                continue;
-            };
-            if theirs > own {
-                problems.push(format!(
-                    "{}: names crate::{} of layer {}, above its own layer {}",
-                    file.display(),
-                    r.join("::"),
-                    LAYERS[theirs],
-                    LAYERS[own]
-                ));
-            }
-            if own == theirs
-                && LAYERS[own] == "ops"
-                && module.get(1) != target.get(1)
-                && target.len() > 1
-            {
-                problems.push(format!(
-                    "{}: names crate::{}, another ops folder (share it through a lower layer)",
-                    file.display(),
-                    r.join("::")
-                ));
-            }
             edges.entry(module.clone()).or_default().insert(target);
         }
     }
-    // No cycles: files of one layer import each other in one direction only.
+    ImportGraph { modules, edges }
+}
+
+/// Import cycles between files, each as `a -> b -> a`.
+fn cycles(edges: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>) -> Vec<String> {
+    let mut problems = Vec::new();
     let mut state: BTreeMap<Vec<String>, u8> = BTreeMap::new();
     fn visit(
         m: &Vec<String>,
@@ -198,8 +211,62 @@ fn modules_name_only_their_layer_and_the_layers_below() {
         state.insert(m.clone(), 2);
     }
     for m in edges.keys() {
-        visit(m, &edges, &mut state, &mut Vec::new(), &mut problems);
+        visit(m, edges, &mut state, &mut Vec::new(), &mut problems);
     }
+    problems
+}
+
+#[test]
+fn modules_name_only_their_layer_and_the_layers_below() {
+    let graph = import_graph(&src_dir());
+    let mut problems = Vec::new();
+    for (module, file) in &graph.modules {
+        if module.is_empty() || module == &["lib"] {
+            continue;
+        }
+        let Some(own) = layer_of(module) else {
+            problems.push(format!(
+                "{}: not in a layer ({})",
+                file.display(),
+                LAYERS.join(", ")
+            ));
+            continue;
+        };
+        for target in graph.edges.get(module).into_iter().flatten() {
+            let Some(theirs) = layer_of(target) else {
+                continue;
+            };
+            if theirs > own {
+                problems.push(format!(
+                    "{}: names crate::{} of layer {}, above its own layer {}",
+                    file.display(),
+                    target.join("::"),
+                    LAYERS[theirs],
+                    LAYERS[own]
+                ));
+            }
+            if own == theirs
+                && LAYERS[own] == "ops"
+                && module.get(1) != target.get(1)
+                && target.len() > 1
+            {
+                problems.push(format!(
+                    "{}: names crate::{}, another ops folder (share it through a lower layer)",
+                    file.display(),
+                    target.join("::")
+                ));
+            }
+        }
+    }
+    problems.extend(cycles(&graph.edges));
+    assert!(problems.is_empty(), "\n{}", problems.join("\n"));
+}
+
+#[test]
+fn the_database_sources_crate_has_no_import_cycle() {
+    let graph = import_graph(&sources_src_dir());
+    assert!(graph.modules.len() > 5, "read strata-sources' files");
+    let problems = cycles(&graph.edges);
     assert!(problems.is_empty(), "\n{}", problems.join("\n"));
 }
 
@@ -208,7 +275,7 @@ fn modules_name_only_their_layer_and_the_layers_below() {
 fn references_are_read_from_use_lines_and_paths() {
     let text = "use crate::storage::table::{open, create};\nuse crate::{util, sql::query};\n\
                 fn f() { crate::ops::cdc::run(); }\n#[cfg(test)]\nmod tests { use crate::runtime; }";
-    let refs = references(text);
+    let refs = references(text, &["sql".into(), "query".into()]);
     assert!(refs.contains(&vec!["storage".into(), "table".into()]));
     assert!(refs.contains(&vec!["util".into()]));
     assert!(refs.contains(&vec!["sql".into()]));
@@ -217,4 +284,29 @@ fn references_are_read_from_use_lines_and_paths() {
         !refs.iter().any(|r| r[0] == "runtime"),
         "test code is not counted"
     );
+}
+
+#[test]
+fn super_paths_resolve_against_the_file_and_a_cycle_is_found() {
+    let runtime = |m: &str| vec!["runtime".to_string(), m.to_string()];
+    // A file's `super` is its folder; a folder's mod.rs's `super` is the folder's parent.
+    let refs = references("use super::store_upkeep::Forget;", &runtime("upkeep"));
+    assert!(refs.contains(&runtime("store_upkeep")), "{refs:?}");
+    let refs = references(
+        "use super::super::ingest::files;",
+        &["ops".into(), "cdc".into(), "run".into()],
+    );
+    assert!(
+        refs.contains(&vec!["ops".into(), "ingest".into(), "files".into()]),
+        "{refs:?}"
+    );
+    // In `pg/mod.rs` (module `pg`), `super` is the crate root.
+    let refs = references("use super::lsn::Lsn;", &["pg".into()]);
+    assert!(refs.contains(&vec!["lsn".into()]), "{refs:?}");
+    let edges: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = [
+        (runtime("upkeep"), [runtime("store_upkeep")].into()),
+        (runtime("store_upkeep"), [runtime("upkeep")].into()),
+    ]
+    .into();
+    assert_eq!(cycles(&edges).len(), 1);
 }

@@ -27,7 +27,7 @@ use serde_json::Value as Json;
 
 use crate::batch::{meta, Cell, ChangeBuffer, ColumnKind};
 use crate::error::{Result, SourceError};
-use crate::source::DEFAULT_BATCH_ROWS;
+use crate::read::DEFAULT_BATCH_ROWS;
 use crate::value::{parse_date, parse_decimal, parse_timestamp, parse_timestamptz};
 
 /// Debezium's placeholder for a value it did not receive (unchanged TOASTed column).

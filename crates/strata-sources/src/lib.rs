@@ -61,7 +61,9 @@ pub mod debezium;
 pub mod error;
 pub mod lsn;
 mod mysql;
+pub mod object;
 mod pg;
+pub mod read;
 pub mod secret;
 pub mod source;
 pub mod value;
@@ -71,13 +73,13 @@ pub use conn::{ConnectionSpec, PasswordLookup, PasswordOrigin, ResolvedPassword,
 pub use debezium::{read_debezium, DebeziumOptions, DebeziumReader};
 pub use error::{Result, SourceError};
 pub use lsn::Lsn;
+pub use object::{SourceObject, TableRef};
 pub use pg::cdc::{
     CdcConfig, CdcTable, ChangeReader, ChangeSummary, PgCdc, ReadOptions, SlotStatus,
     SnapshotReader, TableBatch, FENCE_PREFIX,
 };
 pub use pg::types::UNCONSTRAINED_NUMERIC;
+pub use read::{WatermarkRead, DEFAULT_BATCH_ROWS};
 pub use secret::Secret;
-pub use source::{
-    Source, SourceObject, TableRef, WatermarkRead, WatermarkReader, DEFAULT_BATCH_ROWS,
-};
+pub use source::{Source, WatermarkReader};
 pub use value::{LowerBound, Overlap, Watermark, WatermarkValue};

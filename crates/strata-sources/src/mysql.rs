@@ -8,9 +8,8 @@ use mysql_async::{Column, Conn, Value};
 use crate::batch::{Cell, ColBuilder, ColumnKind, SourceColumn, SourceSchema};
 use crate::conn::Resolved;
 use crate::error::{Result, SourceError};
-use crate::source::{
-    check_columns, mysql_ident, ReaderInner, SourceObject, WatermarkRead, WatermarkReader,
-};
+use crate::object::{mysql_ident, SourceObject};
+use crate::read::{check_columns, BatchReceiver, WatermarkRead};
 use crate::value::{parse_decimal, Watermark, WatermarkValue};
 
 /// How a MySQL value becomes a cell.
@@ -348,7 +347,10 @@ fn param(v: &WatermarkValue) -> Value {
     }
 }
 
-pub(crate) async fn start(r: &Resolved, read: &WatermarkRead) -> Result<WatermarkReader> {
+pub(crate) async fn start(
+    r: &Resolved,
+    read: &WatermarkRead,
+) -> Result<(SourceSchema, BatchReceiver)> {
     let mut conn = r.mysql_connect().await?;
     let (schema, decoders, all) =
         match describe(&mut conn, r, &read.object, &read.exclude_columns).await {
@@ -425,13 +427,7 @@ pub(crate) async fn start(r: &Resolved, read: &WatermarkRead) -> Result<Watermar
         }
         let _ = conn.disconnect().await;
     });
-    Ok(WatermarkReader {
-        schema,
-        arrow,
-        max: None,
-        rows: 0,
-        inner: ReaderInner::Channel(rx),
-    })
+    Ok((schema, rx))
 }
 
 struct ReadTask {

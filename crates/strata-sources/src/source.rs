@@ -1,4 +1,5 @@
-//! Watermark (cursor) reads from PostgreSQL and MySQL / MariaDB.
+//! Watermark (cursor) reads from PostgreSQL and MySQL / MariaDB: a [`Source`] connection
+//! starts a backend's read and hands its batches out as a [`WatermarkReader`].
 
 use std::fmt;
 use std::sync::Arc;
@@ -6,202 +7,13 @@ use std::sync::Arc;
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 
-use crate::batch::{ColumnKind, SourceSchema};
+use crate::batch::SourceSchema;
 use crate::conn::{ConnectionSpec, Resolved, SourceKind};
 use crate::error::{Result, SourceError};
-use crate::value::{LowerBound, Watermark};
+use crate::object::SourceObject;
+use crate::read::{BatchReceiver, WatermarkRead};
+use crate::value::Watermark;
 use crate::{mysql, pg};
-
-/// Default rows per batch (64 Ki).
-pub const DEFAULT_BATCH_ROWS: usize = 65_536;
-
-/// A table name, `schema.table` (PostgreSQL schema; MySQL database) or just `table` (the
-/// connection's default schema / database). Names are taken as written (case-sensitive) and
-/// always quoted in generated SQL; a part may be written double-quoted to contain a dot.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TableRef {
-    /// Schema (PostgreSQL) or database (MySQL); `None` = default.
-    pub schema: Option<String>,
-    /// Table name.
-    pub name: String,
-}
-
-impl TableRef {
-    /// A table in a schema.
-    pub fn new(schema: impl Into<String>, name: impl Into<String>) -> Self {
-        TableRef {
-            schema: Some(schema.into()),
-            name: name.into(),
-        }
-    }
-
-    /// Parse `schema.table`, `table`, `"my.schema"."Table"`.
-    pub fn parse(text: &str) -> std::result::Result<TableRef, String> {
-        let mut parts = Vec::new();
-        let mut cur = String::new();
-        let mut chars = text.trim().chars().peekable();
-        let mut quoted_part = false;
-        while let Some(c) = chars.next() {
-            match c {
-                '"' | '`' => {
-                    quoted_part = true;
-                    let close = c;
-                    loop {
-                        match chars.next() {
-                            Some(x) if x == close => {
-                                if chars.peek() == Some(&close) {
-                                    chars.next();
-                                    cur.push(close);
-                                } else {
-                                    break;
-                                }
-                            }
-                            Some(x) => cur.push(x),
-                            None => return Err(format!("unclosed quote in table name '{text}'")),
-                        }
-                    }
-                }
-                '.' => {
-                    parts.push(std::mem::take(&mut cur));
-                    quoted_part = false;
-                }
-                c => cur.push(c),
-            }
-        }
-        let _ = quoted_part;
-        parts.push(cur);
-        if parts.iter().any(|p| p.is_empty()) {
-            return Err(format!(
-                "'{text}' is not a table name (expected schema.table or table)"
-            ));
-        }
-        match parts.len() {
-            1 => Ok(TableRef {
-                schema: None,
-                name: parts.remove(0),
-            }),
-            2 => {
-                let name = parts.pop().unwrap_or_default();
-                Ok(TableRef {
-                    schema: parts.pop(),
-                    name,
-                })
-            }
-            _ => Err(format!(
-                "'{text}' is not a table name (expected schema.table or table)"
-            )),
-        }
-    }
-
-    pub(crate) fn pg_sql(&self) -> String {
-        match &self.schema {
-            Some(s) => format!("{}.{}", pg_ident(s), pg_ident(&self.name)),
-            None => pg_ident(&self.name),
-        }
-    }
-
-    pub(crate) fn mysql_sql(&self) -> String {
-        match &self.schema {
-            Some(s) => format!("{}.{}", mysql_ident(s), mysql_ident(&self.name)),
-            None => mysql_ident(&self.name),
-        }
-    }
-}
-
-impl fmt::Display for TableRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.schema {
-            Some(s) => write!(f, "{s}.{}", self.name),
-            None => f.write_str(&self.name),
-        }
-    }
-}
-
-pub(crate) fn pg_ident(s: &str) -> String {
-    format!("\"{}\"", s.replace('"', "\"\""))
-}
-
-pub(crate) fn mysql_ident(s: &str) -> String {
-    format!("`{}`", s.replace('`', "``"))
-}
-
-/// What to read: a table, or a query (its result columns).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SourceObject {
-    /// A table.
-    Table(TableRef),
-    /// A `SELECT` (no trailing semicolon needed); read as `SELECT ... FROM (query) AS q`.
-    Query(String),
-}
-
-impl SourceObject {
-    /// Parse a `schema.table` name.
-    pub fn table(text: &str) -> Result<SourceObject> {
-        TableRef::parse(text)
-            .map(SourceObject::Table)
-            .map_err(|detail| SourceError::Watermark { detail })
-    }
-
-    /// How errors name it.
-    pub fn label(&self) -> String {
-        match self {
-            SourceObject::Table(t) => format!("table {t}"),
-            SourceObject::Query(_) => "query".to_string(),
-        }
-    }
-
-    pub(crate) fn query_body(q: &str) -> &str {
-        q.trim().trim_end_matches(';').trim_end()
-    }
-}
-
-/// A watermark (cursor) read: the rows whose watermark columns, compared as a tuple, are above
-/// a lower bound, in watermark order.
-#[derive(Clone, Debug)]
-pub struct WatermarkRead {
-    /// Table or query.
-    pub object: SourceObject,
-    /// One or more columns, compared as a tuple, in this order (ORDER BY them too). Rows with a
-    /// NULL in any of them are never read.
-    pub watermark_columns: Vec<String>,
-    /// Columns to leave out (for example ones with types strata cannot map).
-    pub exclude_columns: Vec<String>,
-    /// `None`: read everything (first load).
-    pub lower_bound: Option<LowerBound>,
-    /// Rows per batch ([`DEFAULT_BATCH_ROWS`]).
-    pub batch_rows: usize,
-}
-
-impl WatermarkRead {
-    /// A read of everything, 64 Ki rows per batch.
-    pub fn new(object: SourceObject, watermark_columns: Vec<String>) -> Self {
-        WatermarkRead {
-            object,
-            watermark_columns,
-            exclude_columns: vec![],
-            lower_bound: None,
-            batch_rows: DEFAULT_BATCH_ROWS,
-        }
-    }
-
-    /// Leave these columns out.
-    pub fn exclude(mut self, columns: Vec<String>) -> Self {
-        self.exclude_columns = columns;
-        self
-    }
-
-    /// Start at this bound.
-    pub fn lower_bound(mut self, bound: Option<LowerBound>) -> Self {
-        self.lower_bound = bound;
-        self
-    }
-
-    /// Rows per batch (at least 1).
-    pub fn batch_rows(mut self, rows: usize) -> Self {
-        self.batch_rows = rows.max(1);
-        self
-    }
-}
 
 /// A connection to a source database for describing and watermark reads.
 pub struct Source {
@@ -289,27 +101,42 @@ impl Source {
                 });
             }
         }
-        match &self.pg {
-            Some(client) => pg::read::start(client.clone(), &self.resolved, read).await,
-            None => mysql::start(&self.resolved, read).await,
-        }
+        let (schema, inner) = match &self.pg {
+            Some(client) => {
+                let (schema, rows) = pg::read::start(client.clone(), &self.resolved, read).await?;
+                (schema, ReaderInner::Pg(rows))
+            }
+            None => {
+                let (schema, batches) = mysql::start(&self.resolved, read).await?;
+                (schema, ReaderInner::Channel(batches))
+            }
+        };
+        Ok(WatermarkReader {
+            arrow: schema.arrow_schema(),
+            schema,
+            max: None,
+            rows: 0,
+            inner,
+        })
     }
 }
 
-pub(crate) enum ReaderInner {
+/// Where a reader's batches come from: PostgreSQL rows pulled on the caller's task, or a
+/// backend's own read task.
+enum ReaderInner {
     Pg(pg::read::PgRowReader),
-    Channel(tokio::sync::mpsc::Receiver<Result<(RecordBatch, Option<Watermark>)>>),
+    Channel(BatchReceiver),
     Done,
 }
 
 /// A running watermark read. Memory stays bounded by the batch size: rows are pulled from the
 /// server as batches are taken.
 pub struct WatermarkReader {
-    pub(crate) schema: SourceSchema,
-    pub(crate) arrow: SchemaRef,
-    pub(crate) max: Option<Watermark>,
-    pub(crate) rows: u64,
-    pub(crate) inner: ReaderInner,
+    schema: SourceSchema,
+    arrow: SchemaRef,
+    max: Option<Watermark>,
+    rows: u64,
+    inner: ReaderInner,
 }
 
 impl fmt::Debug for WatermarkReader {
@@ -373,88 +200,5 @@ impl WatermarkReader {
     /// Rows read so far.
     pub fn rows_read(&self) -> u64 {
         self.rows
-    }
-}
-
-/// Check the watermark and excluded columns against the described columns.
-pub(crate) fn check_columns(
-    r: &Resolved,
-    object: &SourceObject,
-    all_names: &[String],
-    schema: &SourceSchema,
-    watermark: &[String],
-    exclude: &[String],
-) -> Result<Vec<usize>> {
-    let available = || all_names.join(", ");
-    for e in exclude {
-        if !all_names.contains(e) {
-            return Err(SourceError::NoSuchColumn {
-                connection: r.name().to_string(),
-                object: object.label(),
-                column: e.clone(),
-                available: available(),
-                hint: "it was named as a column to exclude".into(),
-            });
-        }
-    }
-    let mut idx = Vec::new();
-    for w in watermark {
-        match schema.index_of(w) {
-            Some(i) => {
-                if matches!(schema.columns[i].kind, ColumnKind::Binary) {
-                    return Err(SourceError::Watermark {
-                        detail: format!("{}: watermark column '{w}' is binary; pick a number, date, timestamp or text column", object.label()),
-                    });
-                }
-                idx.push(i)
-            }
-            None => {
-                return Err(SourceError::NoSuchColumn {
-                    connection: r.name().to_string(),
-                    object: object.label(),
-                    column: w.clone(),
-                    available: available(),
-                    hint: if exclude.contains(w) {
-                        "a watermark column cannot be excluded".into()
-                    } else {
-                        "it was named as a watermark column".into()
-                    },
-                })
-            }
-        }
-    }
-    Ok(idx)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn table_names() {
-        assert_eq!(
-            TableRef::parse("public.users").unwrap(),
-            TableRef::new("public", "users")
-        );
-        assert_eq!(
-            TableRef::parse("users").unwrap(),
-            TableRef {
-                schema: None,
-                name: "users".into()
-            }
-        );
-        assert_eq!(
-            TableRef::parse("\"my.schema\".\"Odd\"\"Name\"").unwrap(),
-            TableRef::new("my.schema", "Odd\"Name")
-        );
-        assert_eq!(
-            TableRef::parse("`db`.`t`").unwrap(),
-            TableRef::new("db", "t")
-        );
-        assert!(TableRef::parse("a.b.c").is_err());
-        assert!(TableRef::parse("a.").is_err());
-        assert!(TableRef::parse("\"a").is_err());
-        assert_eq!(TableRef::new("s", "t\"x").pg_sql(), "\"s\".\"t\"\"x\"");
-        assert_eq!(TableRef::new("s", "t`x").mysql_sql(), "`s`.`t``x`");
     }
 }

@@ -19,7 +19,7 @@ mod store_upkeep;
 mod update;
 pub(crate) mod upkeep;
 
-pub use options::{Progress, ProgressFn, RunOptions, RunReport, Selection};
+pub use options::{Optimized, Progress, ProgressFn, RunOptions, RunReport, Selection};
 
 use crate::error::{EngineError, Result};
 use crate::eventstore::handoff::Handoff;

@@ -26,7 +26,7 @@ pub struct RunReport {
     pub stopped: bool,
     /// Tables the run wrote that passed their `pipelines.autoOptimize.minFiles` and were
     /// optimized after it.
-    pub optimized: Vec<crate::runtime::upkeep::Optimized>,
+    pub optimized: Vec<Optimized>,
 }
 
 impl RunReport {
@@ -119,4 +119,30 @@ impl std::str::FromStr for Selection {
             downstream,
         })
     }
+}
+
+/// One table's optimize.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Optimized {
+    pub table: String,
+    pub files_before: usize,
+    pub files_after: usize,
+    pub bytes_before: u64,
+    pub bytes_after: u64,
+    /// Files the commit removed and added (0 and 0: nothing to compact, no commit).
+    pub files_removed: u64,
+    pub files_added: u64,
+    /// The Z-order columns, empty for bin-packing.
+    pub zorder_by: Vec<String>,
+    /// The table's version after the optimize.
+    pub version: i64,
+    pub millis: u128,
+    /// Why the table was left alone.
+    pub skipped: Option<String>,
+    /// An event store's events before and after its compaction.
+    pub events: Option<(usize, usize)>,
+    /// Expired deletes an event store's compaction forgot, with the events they hid.
+    pub tombstones_forgotten: usize,
+    /// What the reader should know (why an event store kept its tombstones).
+    pub note: Option<String>,
 }

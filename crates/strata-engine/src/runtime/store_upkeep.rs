@@ -10,6 +10,7 @@
 
 use crate::error::Result;
 use crate::eventstore::compact::{self, Rules};
+use crate::runtime::options::Optimized;
 use crate::storage::commit::PendingCommit;
 use crate::storage::location::Location;
 use crate::storage::table::{open_delta, table_properties};
@@ -62,7 +63,7 @@ pub(crate) fn forget_rule(plans: &[PipelinePlan], target: &TableName) -> Result<
     )?))
 }
 
-/// One event store's compaction, reported as [`super::upkeep::Optimized`].
+/// One event store's compaction, reported as [`Optimized`].
 pub(crate) async fn optimize_store(
     target: &TableName,
     label: &str,
@@ -71,7 +72,7 @@ pub(crate) async fn optimize_store(
     forget: &Forget,
     sort_memory: Option<u64>,
     run: &PendingCommit,
-) -> Result<super::upkeep::Optimized> {
+) -> Result<Optimized> {
     let started = Instant::now();
     let store = open_delta(path)
         .await?
@@ -87,7 +88,7 @@ pub(crate) async fn optimize_store(
             .and_then(|m| usize::try_from(m).ok())
             .unwrap_or(compact::DEFAULT_SORT_MEMORY),
     };
-    let (_, bytes_before) = super::upkeep::file_stats(&store)?;
+    let (_, bytes_before) = crate::storage::table::file_stats(&store)?;
     let now = chrono::Utc::now().timestamp_millis();
     let done = compact::compact(&store, path, &rules, now, run).await?;
     if done.skipped.is_none() && done.tombstones_forgotten == 0 {
@@ -96,7 +97,7 @@ pub(crate) async fn optimize_store(
             crate::eventstore::digest::carry_over(&dir, before, done.version)?;
         }
     }
-    Ok(super::upkeep::Optimized {
+    Ok(Optimized {
         table: label.to_string(),
         files_before: done.files_before,
         files_after: done.files_after,

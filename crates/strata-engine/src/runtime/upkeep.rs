@@ -19,9 +19,11 @@
 //! The pipelines' flows also say what an event-store compaction may forget.
 
 use crate::error::{Context, EngineError, Result};
+use crate::runtime::options::Optimized;
+use crate::runtime::store_upkeep;
 use crate::storage::commit::{position, AppId, PendingCommit};
 use crate::storage::location::Location;
-use crate::storage::table::{open_delta, table_properties};
+use crate::storage::table::{file_stats, open_delta, table_properties};
 use crate::storage::warehouse::{Warehouse, EVENT_LOG_TABLE};
 use deltalake::operations::optimize::OptimizeType;
 use deltalake::operations::vacuum::VacuumMode;
@@ -65,32 +67,6 @@ pub struct OptimizeOptions {
     pub sort_memory: Option<u64>,
 }
 
-/// One table's optimize.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct Optimized {
-    pub table: String,
-    pub files_before: usize,
-    pub files_after: usize,
-    pub bytes_before: u64,
-    pub bytes_after: u64,
-    /// Files the commit removed and added (0 and 0: nothing to compact, no commit).
-    pub files_removed: u64,
-    pub files_added: u64,
-    /// The Z-order columns, empty for bin-packing.
-    pub zorder_by: Vec<String>,
-    /// The table's version after the optimize.
-    pub version: i64,
-    pub millis: u128,
-    /// Why the table was left alone.
-    pub skipped: Option<String>,
-    /// An event store's events before and after its compaction.
-    pub events: Option<(usize, usize)>,
-    /// Expired deletes an event store's compaction forgot, with the events they hid.
-    pub tombstones_forgotten: usize,
-    /// What the reader should know (why an event store kept its tombstones).
-    pub note: Option<String>,
-}
-
 /// Optimizes the tables `options` names (every table and the event log when none), one
 /// atomic commit each with `dataChange = false`.
 pub async fn optimize(wh: &Warehouse, options: &OptimizeOptions) -> Result<Vec<Optimized>> {
@@ -106,10 +82,10 @@ pub async fn optimize(wh: &Warehouse, options: &OptimizeOptions) -> Result<Vec<O
             None => optimize_one(&target, options, &run).await?,
             Some(of) => {
                 let forget = match &plans {
-                    Ok(plans) => super::store_upkeep::forget_rule(plans, of)?,
-                    Err(why) => super::store_upkeep::Forget::Nothing(why.clone()),
+                    Ok(plans) => store_upkeep::forget_rule(plans, of)?,
+                    Err(why) => store_upkeep::Forget::Nothing(why.clone()),
                 };
-                super::store_upkeep::optimize_store(
+                store_upkeep::optimize_store(
                     of,
                     &target.label,
                     &target.path,
@@ -812,18 +788,6 @@ async fn open_target(target: &Target) -> Result<DeltaTable> {
     open_delta(&target.path)
         .await?
         .ok_or_else(|| EngineError::NotFound(format!("no Delta table at {}", target.label)))
-}
-
-/// The number of files of the table's latest version and their bytes.
-pub(crate) fn file_stats(table: &DeltaTable) -> Result<(usize, u64)> {
-    let snapshot = table.snapshot().context(|| "reading table state".into())?;
-    let mut files = 0usize;
-    let mut bytes = 0u64;
-    for f in snapshot.log_data().iter() {
-        files += 1;
-        bytes += u64::try_from(f.size()).unwrap_or(0);
-    }
-    Ok((files, bytes))
 }
 
 fn property<'a>(

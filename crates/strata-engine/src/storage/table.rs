@@ -166,3 +166,15 @@ pub(crate) fn table_files(table: &DeltaTable) -> Result<HashSet<String>> {
 pub(crate) fn version_of(table: &DeltaTable) -> i64 {
     table.version().map_or(-1, |v| v as i64)
 }
+
+/// The number of files of the table's latest version and their bytes.
+pub(crate) fn file_stats(table: &DeltaTable) -> Result<(usize, u64)> {
+    let snapshot = table.snapshot().context(|| "reading table state".into())?;
+    let mut files = 0usize;
+    let mut bytes = 0u64;
+    for f in snapshot.log_data().iter() {
+        files += 1;
+        bytes += u64::try_from(f.size()).unwrap_or(0);
+    }
+    Ok((files, bytes))
+}

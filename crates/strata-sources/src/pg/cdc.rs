@@ -6,8 +6,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow_array::builder::{ListBuilder, StringBuilder};
-use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
+use arrow_array::RecordBatch;
 use arrow_schema::{Schema, SchemaRef};
 use pgwire_replication::{ReplicationClient, ReplicationEvent};
 use tokio_postgres::types::ToSql;
@@ -20,7 +19,8 @@ use crate::batch::{change_meta_fields, meta, ChangeBuffer, ColumnKind, SourceSch
 use crate::conn::{pg_error_text, ConnectionSpec, Resolved};
 use crate::error::{Result, SourceError};
 use crate::lsn::Lsn;
-use crate::source::{pg_ident, SourceObject, TableRef, DEFAULT_BATCH_ROWS};
+use crate::object::{pg_ident, SourceObject, TableRef};
+use crate::read::DEFAULT_BATCH_ROWS;
 
 /// The prefix of the logical decoding message that bounds a run.
 pub const FENCE_PREFIX: &str = "strata-fence";
@@ -789,24 +789,6 @@ impl PgCdc {
     }
 }
 
-/// The metadata arrays of `n` snapshot rows.
-pub(crate) fn snapshot_meta_arrays(n: usize, m: &SnapshotMeta) -> Vec<ArrayRef> {
-    let mut unchanged = ListBuilder::new(StringBuilder::new());
-    for _ in 0..n {
-        unchanged.append_null();
-    }
-    vec![
-        Arc::new(StringArray::from_iter_values(std::iter::repeat_n(
-            meta::SNAPSHOT,
-            n,
-        ))),
-        Arc::new(Int64Array::from_value(m.commit_lsn, n)),
-        Arc::new(Int64Array::from_value(0, n)),
-        Arc::new(TimestampMicrosecondArray::from_value(m.commit_ts, n).with_timezone("UTC")),
-        Arc::new(unchanged.finish()),
-    ]
-}
-
 /// The initial snapshot: every table's rows as of the slot's consistent point, as change rows
 /// with `_change_type = 'snapshot'`, `_commit_lsn` = the consistent point, `_change_seq` = 0.
 pub struct SnapshotReader {
@@ -889,7 +871,7 @@ impl SnapshotReader {
         let object = SourceObject::Table(table.clone());
         let (schema, decoders, all) =
             describe(&*self.client, &self.r, &object, &t.exclude_columns).await?;
-        crate::source::check_columns(&self.r, &object, &all, &schema, &[], &t.exclude_columns)?;
+        crate::read::check_columns(&self.r, &object, &all, &schema, &[], &t.exclude_columns)?;
         let cols: Vec<String> = schema.columns.iter().map(|c| pg_ident(&c.name)).collect();
         let sql = format!("SELECT {} FROM {}", cols.join(", "), table.pg_sql());
         let stream = self

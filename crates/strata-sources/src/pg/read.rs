@@ -5,7 +5,8 @@ use std::error::Error as StdError;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, RecordBatch};
+use arrow_array::builder::{ListBuilder, StringBuilder};
+use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
 use arrow_schema::SchemaRef;
 use bytes::BytesMut;
 use futures::StreamExt;
@@ -13,12 +14,11 @@ use tokio_postgres::types::{to_sql_checked, Format, IsNull, ToSql, Type};
 use tokio_postgres::{Client, GenericClient, Row, RowStream};
 
 use super::types::{append_binary, map_type, watermark_value, PgDecode, Raw};
-use crate::batch::{ColBuilder, SourceColumn, SourceSchema};
+use crate::batch::{meta, ColBuilder, SourceColumn, SourceSchema};
 use crate::conn::{pg_error_text, Resolved};
 use crate::error::{Result, SourceError};
-use crate::source::{
-    check_columns, pg_ident, ReaderInner, SourceObject, WatermarkRead, WatermarkReader,
-};
+use crate::object::{pg_ident, SourceObject};
+use crate::read::{check_columns, WatermarkRead};
 use crate::value::Watermark;
 
 /// A query parameter sent as text: the server parses it with the type it inferred for the
@@ -136,7 +136,7 @@ pub(crate) async fn start(
     client: Arc<Client>,
     r: &Resolved,
     read: &WatermarkRead,
-) -> Result<WatermarkReader> {
+) -> Result<(SourceSchema, PgRowReader)> {
     let (schema, decoders, all) =
         describe(&*client, r, &read.object, &read.exclude_columns).await?;
     let wm_idx = check_columns(
@@ -185,12 +185,9 @@ pub(crate) async fn start(
         )
         .await
         .map_err(|e| r.query_error(read.object.label(), pg_error_text(&e)))?;
-    let arrow = schema.arrow_schema();
-    Ok(WatermarkReader {
-        arrow,
-        max: None,
-        rows: 0,
-        inner: ReaderInner::Pg(PgRowReader {
+    Ok((
+        schema,
+        PgRowReader {
             stream: Box::pin(stream),
             decoders,
             wm_idx,
@@ -202,15 +199,35 @@ pub(crate) async fn start(
             _client: client,
             meta: None,
             exhausted: false,
-        }),
-        schema,
-    })
+        },
+    ))
 }
 
 /// Metadata columns appended to every row (the snapshot read of CDC uses them).
 pub(crate) struct SnapshotMeta {
     pub commit_lsn: i64,
     pub commit_ts: i64,
+}
+
+impl SnapshotMeta {
+    /// The metadata columns of `n` snapshot rows: change type `snapshot`, the consistent
+    /// point as commit LSN, sequence 0, the snapshot's time, no unchanged columns.
+    fn arrays(&self, n: usize) -> Vec<ArrayRef> {
+        let mut unchanged = ListBuilder::new(StringBuilder::new());
+        for _ in 0..n {
+            unchanged.append_null();
+        }
+        vec![
+            Arc::new(StringArray::from_iter_values(std::iter::repeat_n(
+                meta::SNAPSHOT,
+                n,
+            ))),
+            Arc::new(Int64Array::from_value(self.commit_lsn, n)),
+            Arc::new(Int64Array::from_value(0, n)),
+            Arc::new(TimestampMicrosecondArray::from_value(self.commit_ts, n).with_timezone("UTC")),
+            Arc::new(unchanged.finish()),
+        ]
+    }
 }
 
 pub(crate) struct PgRowReader {
@@ -311,7 +328,7 @@ impl PgRowReader {
         };
         let mut arrays: Vec<ArrayRef> = builders.iter_mut().map(|b| b.finish()).collect();
         if let Some(m) = &self.meta {
-            arrays.extend(super::cdc::snapshot_meta_arrays(n, m));
+            arrays.extend(m.arrays(n));
         }
         let batch =
             RecordBatch::try_new(arrow.clone(), arrays).map_err(|source| SourceError::Arrow {
