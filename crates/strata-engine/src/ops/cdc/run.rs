@@ -32,6 +32,7 @@ use crate::storage::session::register_table;
 use crate::storage::table::version_of;
 use crate::util::sql::quote_ident;
 use crate::util::steps::{step, Steps};
+use crate::util::threads::off_scheduler;
 use deltalake::arrow::array::RecordBatch;
 use deltalake::arrow::compute::concat_batches;
 use deltalake::datafusion::prelude::SessionContext;
@@ -615,7 +616,7 @@ async fn fold(
     new: Option<RecordBatch>,
 ) -> Result<Folded> {
     let setup = setup.clone();
-    tokio::task::spawn_blocking(move || {
+    off_scheduler("the fold", move || {
         let parts: Vec<RecordBatch> = stored.into_iter().chain(new).collect();
         let events = match parts.len() {
             1 => parts
@@ -634,7 +635,6 @@ async fn fold(
         Ok(Folded { rows, keys })
     })
     .await
-    .map_err(|e| EngineError::Internal(format!("the fold's worker failed: {e}")))?
 }
 
 /// The target's declared `NOT NULL` columns hold a value in every row about to be written:
