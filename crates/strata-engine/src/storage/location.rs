@@ -315,7 +315,8 @@ impl Location {
 
     /// Every object below this object-store location, by its path relative to it
     /// (`a/b.json`), sorted; names with a part starting with `.` or `_` are left out, as
-    /// Spark does. Empty for a local location (list those with `std::fs`).
+    /// Spark does, and so are empty objects (see `ops::ingest::files::list_files`). Empty
+    /// for a local location (list those with `std::fs`).
     pub(crate) async fn list_files(&self) -> Result<Vec<String>> {
         let Some((store, prefix)) = self.store()? else {
             return Ok(Vec::new());
@@ -323,6 +324,7 @@ impl Location {
         let objects = self.objects(&store, &prefix).await?;
         let mut out: Vec<String> = objects
             .iter()
+            .filter(|o| o.size > 0)
             .filter_map(|o| {
                 let parts: Vec<String> = o
                     .location

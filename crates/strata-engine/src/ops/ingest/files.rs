@@ -100,11 +100,17 @@ impl InputDir {
 }
 
 /// Every input file under `dir` (or `dir` itself if it is a file), relative names, sorted.
-/// Names starting with `.` or `_` are skipped, as Spark does.
+/// Names starting with `.` or `_` are skipped, as Spark does, and so are empty files: a
+/// writer that creates a file before filling it would otherwise have it taken with no rows
+/// and its content never read. An empty file is taken once it has bytes.
 pub(crate) fn list_files(dir: &Path) -> Result<Vec<String>> {
     if dir.is_file() {
         let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        return Ok(vec![name.to_string()]);
+        let empty = std::fs::metadata(dir).is_ok_and(|m| m.len() == 0);
+        return Ok(match empty {
+            true => Vec::new(),
+            false => vec![name.to_string()],
+        });
     }
     let mut out = Vec::new();
     let mut stack = vec![PathBuf::new()];
@@ -119,9 +125,11 @@ pub(crate) fn list_files(dir: &Path) -> Result<Vec<String>> {
                 continue;
             }
             let child = rel.join(&name);
-            if entry.path().is_dir() {
+            let meta = std::fs::metadata(entry.path())
+                .context(|| format!("cannot read {}", entry.path().display()))?;
+            if meta.is_dir() {
                 stack.push(child);
-            } else {
+            } else if meta.len() > 0 {
                 out.push(child.to_string_lossy().to_string());
             }
         }
@@ -245,5 +253,82 @@ pub(super) async fn read_input_file(
     match autoload::wants_metadata(&setup.query_sql) {
         true => autoload::with_metadata(df, path),
         false => Ok(df),
+    }
+}
+
+/// A line of a JSON Lines file that is not a JSON value.
+#[derive(Debug, PartialEq)]
+pub(crate) struct BadLine {
+    /// 1-based.
+    pub(crate) line: usize,
+    /// 1-based, within the line.
+    pub(crate) column: usize,
+    /// The parser's reason.
+    pub(crate) why: String,
+    /// The text ends inside this value: the last line, cut short (a file still being
+    /// written, or a copy that stopped).
+    pub(crate) cut_short: bool,
+}
+
+impl std::fmt::Display for BadLine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "line {}, column {}: ", self.line, self.column)?;
+        match self.cut_short {
+            true => write!(
+                f,
+                "the file ends inside this line's JSON value ({}); if it is still being \
+                 written, nothing was taken from it and a later run takes it once it is whole",
+                self.why
+            ),
+            false => write!(f, "not valid JSON: {}", self.why),
+        }
+    }
+}
+
+/// The first line of JSON Lines `text` that does not parse, if any.
+pub(crate) fn first_bad_json_line(text: &str) -> Option<BadLine> {
+    let lines: Vec<&str> = text.lines().collect();
+    lines.iter().enumerate().find_map(|(i, line)| {
+        if line.trim().is_empty() {
+            return None;
+        }
+        let e = serde_json::from_str::<serde::de::IgnoredAny>(line).err()?;
+        let why = e.to_string();
+        let why = why
+            .rsplit_once(" at line ")
+            .map(|(reason, _)| reason.to_string())
+            .unwrap_or(why);
+        Some(BadLine {
+            line: i + 1,
+            column: e.column(),
+            why,
+            cut_short: e.is_eof() && i + 1 == lines.len() && !text.ends_with('\n'),
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_line_that_does_not_parse_is_named() {
+        assert_eq!(first_bad_json_line("{\"a\": 1}\n\n{\"a\": 2}\n"), None);
+        let cut = first_bad_json_line("{\"a\": 1}\n{\"a\": \"x").expect("bad");
+        assert_eq!((cut.line, cut.cut_short), (2, true));
+        assert!(
+            cut.to_string()
+                .starts_with("line 2, column 9: the file ends"),
+            "{cut}"
+        );
+        let bad = first_bad_json_line("{\"a\": 1}\n{\"a\": }\n{\"a\": 3}\n").expect("bad");
+        assert_eq!((bad.line, bad.cut_short), (2, false));
+        assert!(
+            bad.to_string().contains("not valid JSON: expected value"),
+            "{bad}"
+        );
+        // A line cut short that is followed by a newline is bad, not still being written.
+        let ended = first_bad_json_line("{\"a\": \n").expect("bad");
+        assert!(!ended.cut_short);
     }
 }

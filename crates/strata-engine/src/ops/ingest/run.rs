@@ -17,7 +17,9 @@ use deltalake::arrow::array::RecordBatch;
 use deltalake::DeltaTable;
 use std::collections::BTreeSet;
 use std::collections::HashMap;
+use std::path::Path;
 use strata_sql::FileFormat;
+use strata_sql::ReadFiles;
 use strata_sql::TableName;
 
 /// Whether Parquet input files may be taken into the table as they are: not turned off by
@@ -142,7 +144,9 @@ async fn take_files(
         let place = format!("file {}", path.display());
         let df = read_input_file(setup, &path, file).await?;
         let (rows, unchanged) =
-            checked_rows(setup, &running, df, &place, report, &mut taken.events).await?;
+            checked_rows(setup, &running, df, &place, report, &mut taken.events)
+                .await
+                .map_err(|e| name_the_line(setup, spec, &path, e))?;
         let has_rows = rows.iter().any(|b| b.num_rows() > 0);
         let reusable = match reuse && unchanged && has_rows {
             true => adopt::inspect(&path, &setup.schema)?,
@@ -253,4 +257,24 @@ async fn take_table(
         after_commit: None,
         base: None,
     }))
+}
+
+/// A JSON input file that failed to read, named with its first line that does not parse
+/// (Arrow's reader says what went wrong but not where); other errors as they are.
+fn name_the_line(
+    setup: &IngestSetup,
+    spec: &ReadFiles,
+    path: &Path,
+    e: EngineError,
+) -> EngineError {
+    if spec.format != FileFormat::Json {
+        return e;
+    }
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return e;
+    };
+    match super::files::first_bad_json_line(&text) {
+        Some(bad) => setup.err(format!("file {} {bad}", path.display())),
+        None => e,
+    }
 }
