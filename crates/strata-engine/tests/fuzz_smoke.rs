@@ -85,7 +85,7 @@ fn smoke(target: &Target) {
     if let Ok(path) = std::env::var("STRATA_FUZZ_REPLAY") {
         return replay_one(target, Path::new(&path));
     }
-    let seeds = read_inputs(&seed_dir().join(target.name));
+    let seeds = seeds(target.name);
     let regressions = read_inputs(&repo().join("fuzz/regressions").join(target.name));
     assert!(
         !seeds.is_empty(),
@@ -328,27 +328,23 @@ fn repo() -> PathBuf {
     repo.canonicalize().unwrap_or(repo)
 }
 
-/// Phase 1's inputs: `fuzz/make_seeds.py` run once per process into a temp dir.
-fn seed_dir() -> &'static Path {
-    static SEEDS: OnceLock<tempfile::TempDir> = OnceLock::new();
-    SEEDS
-        .get_or_init(|| {
-            let dir = tempfile::tempdir().expect("temp dir");
-            let script = repo().join("fuzz/make_seeds.py");
-            let out = std::process::Command::new("python3")
-                .arg(&script)
-                .arg(dir.path())
-                .output()
-                .unwrap_or_else(|e| panic!("python3 {} (needs python3): {e}", script.display()));
-            assert!(
-                out.status.success(),
-                "{} failed: {}",
-                script.display(),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            dir
-        })
-        .path()
+/// Phase 1's inputs: the seeds `fuzz/make_seeds.py` makes for `target`, in a temp dir of
+/// this test's own (removed when it ends).
+fn seeds(target: &str) -> Vec<Vec<u8>> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = repo().join("fuzz/make_seeds.py");
+    let out = std::process::Command::new("python3")
+        .arg(&script)
+        .arg(dir.path())
+        .output()
+        .unwrap_or_else(|e| panic!("python3 {} (needs python3): {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "{} failed: {}",
+        script.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    read_inputs(&dir.path().join(target))
 }
 
 /// Every file of `dir` (none when it does not exist), in name order.
