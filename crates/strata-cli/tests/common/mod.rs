@@ -141,12 +141,11 @@ impl Tmpfs {
     /// Mounts a tmpfs of `size` (`4m`) on `dir`, which is created.
     pub fn mount(dir: &Path, size: &str) -> Tmpfs {
         std::fs::create_dir_all(dir).expect("mount point");
-        let fs = Tmpfs {
+        let at = dir.display().to_string();
+        mount(&["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs", &at]);
+        Tmpfs {
             dir: dir.to_path_buf(),
-        };
-        let dir = dir.display().to_string();
-        mount(&["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs", &dir]);
-        fs
+        }
     }
 
     /// `mount -o remount,OPTIONS`: `ro`, `rw`, `size=64m`.
