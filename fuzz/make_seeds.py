@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Seed corpora for the fuzz targets, from tests/scenarios/*.scn and examples/.
 
-Writes fuzz/seeds/<target>/<name> (regenerated on every call; scripts/fuzz.sh calls it):
+Writes fuzz/seeds/<target>/<name>, or DIR/<target>/<name> with `make_seeds.py DIR`
+(regenerated on every call; scripts/fuzz.sh calls it, and so does the workspace test
+crates/strata-engine/tests/fuzz_smoke.rs, into a temp dir):
 - sql_parse_plan: every scenario's `pipeline` block, examples/*/pipeline.sql and the SQL
   libraries of the examples, the ```sql examples of docs/*.md and README.md;
 - yaml_spec: every `file *.yaml` block of the scenarios, the examples' YAML specs and the
@@ -62,6 +64,9 @@ def data_file(path: str, body: str, inputs: list):
 
 
 def main():
+    global OUT
+    if len(sys.argv) > 1:
+        OUT = pathlib.Path(sys.argv[1]).resolve()
     for f in sorted((ROOT / "tests" / "scenarios").glob("*.scn")):
         inputs = []
         for directive, body in blocks(f.read_text()):

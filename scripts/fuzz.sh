@@ -15,6 +15,12 @@
 # 2 cores. Seeds are regenerated from tests/scenarios and examples into fuzz/seeds/ each
 # time; what the fuzzer learns stays in fuzz/corpus/ (both ignored by git).
 #
+# The short form CI runs instead (no cargo-fuzz build: the same checks, fuzz/checks/TARGET.rs,
+# in the workspace's debug build, seeds and fuzz/regressions/ replayed, then an
+# uninstrumented, time-boxed mutation loop of STRATA_FUZZ_SECONDS per target) is
+#   cargo test --workspace --test fuzz_smoke
+# It has no coverage feedback; this script is the coverage-guided run.
+#
 # Exits 1 if any target crashed (panic, failed assertion, timeout, out of memory) and prints
 # each reproducer: `cargo fuzz run TARGET fuzz/artifacts/TARGET/crash-...` replays one, and
 # `cargo fuzz tmin TARGET PATH` minimises it.

@@ -244,8 +244,29 @@ fn no_transparent_huge_pages() {
 #[cfg(not(target_os = "linux"))]
 fn no_transparent_huge_pages() {}
 
+/// Keeps quiet about the one panic a dependency raises and catches on purpose: when a
+/// Parquet file's upload fails while completing (a full disk, a read-only warehouse),
+/// deltalake aborts it with object_store's `BufWriter::abort`, which panics ("Already shut
+/// down") once shutdown has begun; deltalake catches that panic, warns, and returns the
+/// write's own error, which strata reports. The default hook would still print the panic
+/// as if strata had crashed. Every other panic is printed as before.
+fn quiet_caught_dependency_panics() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let caught_by_deltalake = info.location().is_some_and(|l| {
+            let file = l.file().replace('\\', "/");
+            file.contains("/object_store-") && file.ends_with("/src/buffered.rs")
+        }) && info.payload().downcast_ref::<&str>()
+            == Some(&"Already shut down");
+        if !caught_by_deltalake {
+            default(info);
+        }
+    }));
+}
+
 fn main() -> ExitCode {
     no_transparent_huge_pages();
+    quiet_caught_dependency_panics();
     let cli = Cli::parse();
     if let Command::Run {
         pipeline,

@@ -84,12 +84,6 @@ fn write_round(p: &Project, round: usize, rng: &mut Rng, next_eid: &mut u64) -> 
     rows
 }
 
-fn sorted_csv(p: &Project, sql: &str) -> Vec<String> {
-    let mut lines: Vec<String> = p.csv(sql).lines().map(str::to_string).collect();
-    lines.sort();
-    lines
-}
-
 const TABLES: [&str; 3] = [
     "SELECT * FROM people_history",
     "SELECT * FROM people",
@@ -133,15 +127,12 @@ fn runs_started_together_take_each_file_once_and_converge() {
     }
     // The same input, one run, a fresh warehouse: the fold of every event.
     let fresh = Project::new(PIPELINE);
-    for entry in std::fs::read_dir(p.path("data/cdc")).expect("input") {
-        let entry = entry.expect("input file");
-        std::fs::copy(entry.path(), fresh.path("data/cdc").join(entry.file_name())).expect("copy");
-    }
+    p.copy_input_to(&fresh);
     fresh.ok(&["run", "pipeline.sql"]);
     for sql in TABLES {
         assert_eq!(
-            sorted_csv(&p, sql),
-            sorted_csv(&fresh, sql),
+            p.sorted_csv(sql),
+            fresh.sorted_csv(sql),
             "{sql}: concurrent rounds and one run over everything differ"
         );
     }

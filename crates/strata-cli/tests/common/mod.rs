@@ -100,3 +100,108 @@ pub fn walk(p: &Path) -> Vec<PathBuf> {
     }
     out
 }
+
+impl Project {
+    /// `sql`'s rows as CSV lines, sorted (for queries without an order).
+    pub fn sorted_csv(&self, sql: &str) -> Vec<String> {
+        let mut lines: Vec<String> = self.csv(sql).lines().map(str::to_string).collect();
+        lines.sort();
+        lines
+    }
+
+    /// Copies every input file of `data/cdc` into `other`'s (a twin fed the same input).
+    pub fn copy_input_to(&self, other: &Project) {
+        for entry in std::fs::read_dir(self.path("data/cdc")).expect("input") {
+            let entry = entry.expect("input file");
+            std::fs::copy(entry.path(), other.path("data/cdc").join(entry.file_name()))
+                .expect("copy");
+        }
+    }
+}
+
+/// The version of the Delta table at `table` (its newest `_delta_log/N.json`), if any.
+pub fn delta_version(table: &Path) -> Option<u64> {
+    std::fs::read_dir(table.join("_delta_log"))
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            name.strip_suffix(".json")?.parse::<u64>().ok()
+        })
+        .max()
+}
+
+/// A tmpfs of a given size mounted on a folder (disk-full and read-only drills), unmounted
+/// when dropped. Needs root and `mount`; without them the test fails, saying so.
+pub struct Tmpfs {
+    pub dir: PathBuf,
+}
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `size` (`4m`) on `dir`, which is created.
+    pub fn mount(dir: &Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(dir).expect("mount point");
+        let at = dir.display().to_string();
+        mount(&["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs", &at]);
+        Tmpfs {
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// `mount -o remount,OPTIONS`: `ro`, `rw`, `size=64m`.
+    pub fn remount(&self, options: &str) {
+        let dir = self.dir.display().to_string();
+        mount(&["-o", &format!("remount,{options}"), &dir]);
+    }
+
+    /// Fills the file system with a ballast file (`.ballast` at its root) until `leave`
+    /// bytes (rounded to pages) are free.
+    pub fn fill(&self, leave: u64) {
+        use std::io::Write;
+        let path = self.ballast();
+        let _ = std::fs::remove_file(&path);
+        let mut f = std::fs::File::create(&path).expect("ballast");
+        let chunk = vec![0u8; 64 * 1024];
+        let mut written = 0u64;
+        loop {
+            match f.write(&chunk) {
+                Ok(0) => break,
+                Ok(n) => written += n as u64,
+                Err(e) if e.raw_os_error() == Some(28) => break,
+                Err(e) => panic!("filling {}: {e}", path.display()),
+            }
+        }
+        f.set_len(written.saturating_sub(leave)).expect("ballast");
+    }
+
+    /// Removes the ballast: the room `fill` took is free again.
+    pub fn free(&self) {
+        let _ = std::fs::remove_file(self.ballast());
+    }
+
+    fn ballast(&self) -> PathBuf {
+        self.dir.join(".ballast")
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let done = Command::new("umount").arg(&self.dir).status();
+        if !done.is_ok_and(|s| s.success()) {
+            // Busy (a process still holds a file): detach it now, free it when let go.
+            let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+        }
+    }
+}
+
+fn mount(args: &[&str]) {
+    let out = Command::new("mount")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("this test needs root and `mount`: mount {args:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "this test needs root and `mount` (tmpfs, remount): mount {args:?} failed: {}",
+        stderr(&out)
+    );
+}

@@ -84,7 +84,18 @@ pub(crate) async fn run_nodes(
                 failure.get_or_insert(e);
             }
         }
-        event_log::append(run.wh, std::slice::from_ref(&record)).await?;
+        // A log that cannot be written (a full disk) fails the run, but the dataset's own
+        // error, when it failed, is what the caller must see; the datasets still running
+        // end before the run does (none is dropped halfway).
+        if let Err(log) = event_log::append(run.wh, std::slice::from_ref(&record)).await {
+            match &failure {
+                Some(_) => tracing::warn!(
+                    "{describe}: its record was not written to the event log: {}",
+                    crate::error::chain(&log)
+                ),
+                None => failure = Some(log),
+            }
+        }
         if let Ok(mut ended) = run.ended.lock() {
             ended.push(record.clone());
         }
