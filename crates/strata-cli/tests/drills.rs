@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{stderr, Project};
+use common::{env_usize, stderr, Project, Rng};
 use std::process::Child;
 
 const PIPELINE: &str = r#"
@@ -30,29 +30,6 @@ COLUMNS * EXCEPT (eid, op) STORED AS SCD TYPE 1;
 CREATE OR REFRESH MATERIALIZED VIEW names AS
 SELECT name, count(*) AS n FROM people GROUP BY name;
 "#;
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// A small deterministic generator (no dependency): xorshift.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// Writes round `round`'s input: a few JSON files of upserts and deletes over 50 keys, with
 /// globally unique event ids and sequence values, some of them late.

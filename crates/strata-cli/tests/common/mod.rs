@@ -109,12 +109,13 @@ impl Project {
         lines
     }
 
-    /// Copies every input file of `data/cdc` into `other`'s (a twin fed the same input).
+    /// Copies every input file under `data/` into `other`'s (a twin fed the same input).
     pub fn copy_input_to(&self, other: &Project) {
-        for entry in std::fs::read_dir(self.path("data/cdc")).expect("input") {
-            let entry = entry.expect("input file");
-            std::fs::copy(entry.path(), other.path("data/cdc").join(entry.file_name()))
-                .expect("copy");
+        for f in walk(&self.path("data")) {
+            let rel = f.strip_prefix(self.dir.path()).expect("under the project");
+            let to = other.dir.path().join(rel);
+            std::fs::create_dir_all(to.parent().expect("parent")).expect("mkdir");
+            std::fs::copy(&f, &to).expect("copy");
         }
     }
 }
@@ -204,4 +205,28 @@ fn mount(args: &[&str]) {
         "this test needs root and `mount` (tmpfs, remount): mount {args:?} failed: {}",
         stderr(&out)
     );
+}
+
+/// A whole-number setting from the environment (drill sizes), else `default`.
+pub fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A small deterministic generator (no dependency): xorshift.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
 }
