@@ -10,7 +10,7 @@ run on both, their ratio (object storage over local disk), and the requests the 
 received per incremental run (counted from its request log), which should not grow with
 the table's age. Both warehouses must end with the same rows (compared; exit 1 if not).
 
-    python3 benchmarks/objstore_bench.py --strata target/release/strata [--small]
+    python3 benchmarks/objstore_bench.py --strata target/release/strata [--small] [--batches N]
 
 Needs python3 and PyPI (moto's venv is made by s3.sh); nothing else.
 """
@@ -71,9 +71,11 @@ def main() -> int:
     ap.add_argument("--strata", required=True)
     ap.add_argument("--small", action="store_true", help="a quick run (the self-test's size)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir")
+    ap.add_argument("--batches", type=int, help="incremental runs (default 10; --small: 3)")
     a = ap.parse_args()
     keys, files, rows, batches, batch_rows = (
         (500, 4, 2_000, 3, 200) if a.small else (50_000, 20, 50_000, 10, 5_000))
+    batches = a.batches or batches
     work = Path(tempfile.mkdtemp(prefix="strata-objbench-"))
     svc = work / "svc"
     try:
@@ -139,6 +141,11 @@ def main() -> int:
         print(f"{'incremental':12} {inc_local:9.2f} {inc_s3:9.2f} {inc_s3 / inc_local:9.2f}"
               "   (mean per batch)")
         print(f"S3 requests per incremental batch, in order: {reqs}")
+        if len(reqs) >= 8:
+            half = len(reqs) // 2
+            first, last = sorted(reqs[:half]), sorted(reqs[half:])
+            print(f"median requests per batch: first {half} batches {first[len(first) // 2]}, "
+                  f"last {len(last)} batches {last[len(last) // 2]}")
         return 0
     finally:
         subprocess.run([str(S3_SH), "stop", str(svc)], capture_output=True)
