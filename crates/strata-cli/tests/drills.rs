@@ -12,24 +12,14 @@ mod common;
 use common::{env_usize, stderr, Project, Rng};
 use std::process::Child;
 
-const PIPELINE: &str = r#"
-CREATE OR REFRESH STREAMING TABLE events_raw
-AS SELECT * FROM STREAM read_files('data/cdc', format => 'json',
-  schema => 'eid BIGINT, id BIGINT, name STRING, op STRING, seq BIGINT');
-
-CREATE OR REFRESH STREAMING TABLE people_history;
-CREATE FLOW people_history_flow AS AUTO CDC INTO people_history FROM STREAM(events_raw)
-KEYS (id) APPLY AS DELETE WHEN op = 'D' SEQUENCE BY seq
-COLUMNS * EXCEPT (eid, op, seq) STORED AS SCD TYPE 2;
-
-CREATE OR REFRESH STREAMING TABLE people;
-CREATE FLOW people_flow AS AUTO CDC INTO people FROM STREAM(events_raw)
-KEYS (id) APPLY AS DELETE WHEN op = 'D' SEQUENCE BY seq
-COLUMNS * EXCEPT (eid, op) STORED AS SCD TYPE 1;
-
+const PIPELINE: &str = concat!(
+    common::events_and_history!(),
+    common::people_scd1!(),
+    r#"
 CREATE OR REFRESH MATERIALIZED VIEW names AS
 SELECT name, count(*) AS n FROM people GROUP BY name;
-"#;
+"#
+);
 
 /// Writes round `round`'s input: a few JSON files of upserts and deletes over 50 keys, with
 /// globally unique event ids and sequence values, some of them late.

@@ -12,25 +12,14 @@
 
 mod common;
 
-use common::{delta_version, env_usize, stderr, Project, Rng};
+use common::{delta_version, drill_seed, env_usize, stderr, Project, Rng};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-const PIPELINE: &str = r#"
-CREATE OR REFRESH STREAMING TABLE events_raw
-AS SELECT * FROM STREAM read_files('data/cdc', format => 'json',
-  schema => 'eid BIGINT, id BIGINT, name STRING, op STRING, seq BIGINT');
-
-CREATE OR REFRESH STREAMING TABLE people_history;
-CREATE FLOW people_history_flow AS AUTO CDC INTO people_history FROM STREAM(events_raw)
-KEYS (id) APPLY AS DELETE WHEN op = 'D' SEQUENCE BY seq
-COLUMNS * EXCEPT (eid, op, seq) STORED AS SCD TYPE 2;
-
-CREATE OR REFRESH STREAMING TABLE people;
-CREATE FLOW people_flow AS AUTO CDC INTO people FROM STREAM(events_raw)
-KEYS (id) APPLY AS DELETE WHEN op = 'D' SEQUENCE BY seq
-COLUMNS * EXCEPT (eid, op) STORED AS SCD TYPE 1;
-
+const PIPELINE: &str = concat!(
+    common::events_and_history!(),
+    common::people_scd1!(),
+    r#"
 CREATE OR REFRESH STREAMING TABLE plan_deliveries
 AS SELECT * FROM STREAM read_files('data/plans', format => 'csv', header => true,
   schema => 'id BIGINT, plan STRING, v BIGINT');
@@ -45,7 +34,8 @@ FROM people_history, plans;
 
 CREATE OR REFRESH MATERIALIZED VIEW names AS
 SELECT name, count(*) AS n FROM people GROUP BY name;
-"#;
+"#
+);
 
 /// Every table of [`PIPELINE`], as queries whose rows must match a fresh warehouse's.
 const TABLES: [&str; 7] = [
@@ -101,19 +91,6 @@ fn new_project() -> Project {
     let p = Project::new(PIPELINE);
     std::fs::create_dir_all(p.path("data/plans")).expect("mkdir");
     p
-}
-
-fn seed() -> u64 {
-    std::env::var("STRATA_DRILL_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-                | 1
-        })
 }
 
 /// Starts `args`, kills it (SIGKILL) after `after`; whether it was still running then.
@@ -186,7 +163,7 @@ fn assert_converged(p: &Project, what: &str) {
 #[test]
 fn runs_killed_at_random_moments_converge_to_one_run_over_all_the_input() {
     let rounds = env_usize("STRATA_DRILL_ROUNDS", 8);
-    let seed = seed();
+    let seed = drill_seed();
     eprintln!("crash drill: seed {seed} (STRATA_DRILL_SEED={seed} replays it)");
     let mut rng = Rng(seed);
     let p = new_project();
@@ -425,7 +402,7 @@ fn empty_and_half_written_input_files_are_taken_once_they_are_whole() {
 /// each time: nothing lost, nothing twice.
 #[test]
 fn continuous_mode_stopped_by_sigint_loses_nothing() {
-    let mut rng = Rng(seed());
+    let mut rng = Rng(drill_seed());
     let p = new_project();
     let mut input = Input {
         next_eid: 1,

@@ -16,19 +16,13 @@ use common::{delta_version, stderr, Project, Tmpfs};
 use std::collections::BTreeMap;
 use std::path::Path;
 
-const PIPELINE: &str = r#"
-CREATE OR REFRESH STREAMING TABLE events_raw
-AS SELECT * FROM STREAM read_files('data/cdc', format => 'json',
-  schema => 'eid BIGINT, id BIGINT, name STRING, op STRING, seq BIGINT');
-
-CREATE OR REFRESH STREAMING TABLE people_history;
-CREATE FLOW people_history_flow AS AUTO CDC INTO people_history FROM STREAM(events_raw)
-KEYS (id) APPLY AS DELETE WHEN op = 'D' SEQUENCE BY seq
-COLUMNS * EXCEPT (eid, op, seq) STORED AS SCD TYPE 2;
-
+const PIPELINE: &str = concat!(
+    common::events_and_history!(),
+    r#"
 CREATE OR REFRESH MATERIALIZED VIEW names AS
 SELECT name, count(*) AS n FROM people_history WHERE __END_AT IS NULL GROUP BY name;
-"#;
+"#
+);
 
 /// Each table and the query that reads all of it.
 const TABLES: [(&str, &str); 3] = [

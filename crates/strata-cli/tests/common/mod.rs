@@ -1,6 +1,6 @@
 //! What the CLI test files share: a project folder in a temp dir and the real binary run in
 //! it.
-#![allow(dead_code)]
+#![allow(dead_code, unused_macros, unused_imports)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -229,4 +229,51 @@ impl Rng {
     pub fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
+}
+
+/// Pipeline text the drills share, as literals they `concat!` their own datasets to: a
+/// bronze table of JSON change events under `data/cdc` (`eid`, `id`, `name`, `op`, `seq`)
+/// and its SCD type 2 history `people_history`.
+macro_rules! events_and_history {
+    () => {
+        r#"
+CREATE OR REFRESH STREAMING TABLE events_raw
+AS SELECT * FROM STREAM read_files('data/cdc', format => 'json',
+  schema => 'eid BIGINT, id BIGINT, name STRING, op STRING, seq BIGINT');
+
+CREATE OR REFRESH STREAMING TABLE people_history;
+CREATE FLOW people_history_flow AS AUTO CDC INTO people_history FROM STREAM(events_raw)
+KEYS (id) APPLY AS DELETE WHEN op = 'D' SEQUENCE BY seq
+COLUMNS * EXCEPT (eid, op, seq) STORED AS SCD TYPE 2;
+"#
+    };
+}
+pub(crate) use events_and_history;
+
+/// The SCD type 1 table `people` over [`events_and_history`]'s bronze table.
+macro_rules! people_scd1 {
+    () => {
+        r#"
+CREATE OR REFRESH STREAMING TABLE people;
+CREATE FLOW people_flow AS AUTO CDC INTO people FROM STREAM(events_raw)
+KEYS (id) APPLY AS DELETE WHEN op = 'D' SEQUENCE BY seq
+COLUMNS * EXCEPT (eid, op) STORED AS SCD TYPE 1;
+"#
+    };
+}
+pub(crate) use people_scd1;
+
+/// A seed from `STRATA_DRILL_SEED`, else from the clock (odd, never 0); drills print it so
+/// that a failure replays.
+pub fn drill_seed() -> u64 {
+    std::env::var("STRATA_DRILL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+                | 1
+        })
 }
