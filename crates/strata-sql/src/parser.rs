@@ -852,6 +852,81 @@ fn collect_factor<'q>(factor: &'q mut TableFactor, out: &mut Vec<&'q mut TableFa
     }
 }
 
+/// One argument of a table function: an expression by position, or `name => value`.
+enum CallArg<'a> {
+    Positional(&'a Expr, Location),
+    Named(NamedArg<'a>),
+}
+
+/// A `name => value` argument; the name lower-cased.
+struct NamedArg<'a> {
+    key: String,
+    key_at: Location,
+    value: Option<&'a Expr>,
+}
+
+impl NamedArg<'_> {
+    /// The value as literal text (a string, number or boolean) and its place, else an error
+    /// there.
+    fn literal(&self, src: &Source) -> Result<(String, Location)> {
+        let not_literal = |at| src.error(at, format!("option '{}' must be a literal", self.key));
+        let Some(expr) = self.value else {
+            return Err(not_literal(self.key_at));
+        };
+        let at = expr_location(expr, self.key_at);
+        literal_text(expr)
+            .map(|v| (v, at))
+            .ok_or_else(|| not_literal(at))
+    }
+}
+
+/// The arguments of table function `function`, in order; anything else (`*`, a qualified
+/// name before `=>`) is an error naming the function.
+fn call_args<'a>(
+    src: &Source,
+    args: &'a TableFunctionArgs,
+    at: Location,
+    function: &str,
+) -> Result<Vec<CallArg<'a>>> {
+    args.args
+        .iter()
+        .map(|arg| match arg {
+            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => {
+                Ok(CallArg::Positional(e, expr_location(e, at)))
+            }
+            FunctionArg::Named { name, arg, .. }
+            | FunctionArg::ExprNamed {
+                name: Expr::Identifier(name),
+                arg,
+                ..
+            } => Ok(CallArg::Named(NamedArg {
+                key: name.value.to_ascii_lowercase(),
+                key_at: location(name.span.start),
+                value: match arg {
+                    FunctionArgExpr::Expr(e) => Some(e),
+                    _ => None,
+                },
+            })),
+            other => Err(src.error(at, format!("unsupported {function} argument '{other}'"))),
+        })
+        .collect()
+}
+
+/// Adds an option, refusing one given twice.
+fn insert_once(
+    src: &Source,
+    options: &mut BTreeMap<String, String>,
+    key: String,
+    key_at: Location,
+    value: String,
+) -> Result<()> {
+    if options.contains_key(&key) {
+        return Err(src.error(key_at, format!("option '{key}' is given twice")));
+    }
+    options.insert(key, value);
+    Ok(())
+}
+
 /// `read_files('path', format => 'json', schema => '...', header => true, sep => ',', ...)`.
 fn read_files(src: &Source, args: &TableFunctionArgs, at: Location) -> Result<ReadFiles> {
     let mut path = None;
@@ -861,10 +936,9 @@ fn read_files(src: &Source, args: &TableFunctionArgs, at: Location) -> Result<Re
     let mut delimiter = None;
     let mut other_options = BTreeMap::new();
     let mut seen = BTreeSet::new();
-    for arg in &args.args {
-        let (name, arg) = match arg {
-            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => {
-                let arg_at = expr_location(e, at);
+    for arg in call_args(src, args, at, "read_files")? {
+        let named = match arg {
+            CallArg::Positional(e, arg_at) => {
                 if path.is_some() {
                     return Err(src.error(
                         arg_at,
@@ -882,18 +956,9 @@ fn read_files(src: &Source, args: &TableFunctionArgs, at: Location) -> Result<Re
                 }
                 continue;
             }
-            FunctionArg::Named { name, arg, .. } => (name, arg),
-            FunctionArg::ExprNamed {
-                name: Expr::Identifier(name),
-                arg,
-                ..
-            } => (name, arg),
-            other => {
-                return Err(src.error(at, format!("unsupported read_files argument '{other}'")));
-            }
+            CallArg::Named(named) => named,
         };
-        let key = name.value.to_ascii_lowercase();
-        let key_at = location(name.span.start);
+        let key = named.key.clone();
         // `sep` and `delimiter` are two names for one option.
         let canonical = if key == "sep" {
             "delimiter"
@@ -901,15 +966,9 @@ fn read_files(src: &Source, args: &TableFunctionArgs, at: Location) -> Result<Re
             key.as_str()
         };
         if !seen.insert(canonical.to_string()) {
-            return Err(src.error(key_at, format!("option '{key}' is given twice")));
+            return Err(src.error(named.key_at, format!("option '{key}' is given twice")));
         }
-        let FunctionArgExpr::Expr(expr) = arg else {
-            return Err(src.error(key_at, format!("option '{key}' must be a literal")));
-        };
-        let value_at = expr_location(expr, key_at);
-        let Some(value) = literal_text(expr) else {
-            return Err(src.error(value_at, format!("option '{key}' must be a literal")));
-        };
+        let (value, value_at) = named.literal(src)?;
         match canonical {
             "format" => {
                 format = Some(match value.to_ascii_lowercase().as_str() {
@@ -982,10 +1041,9 @@ fn read_files(src: &Source, args: &TableFunctionArgs, at: Location) -> Result<Re
 fn read_database(src: &Source, args: &TableFunctionArgs, at: Location) -> Result<ReadDatabase> {
     let mut connection = None;
     let mut options = BTreeMap::new();
-    for arg in &args.args {
-        let (name, arg) = match arg {
-            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => {
-                let arg_at = expr_location(e, at);
+    for arg in call_args(src, args, at, "read_database")? {
+        match arg {
+            CallArg::Positional(e, arg_at) => {
                 match (literal_text(e), &connection) {
                     (_, Some(_)) => return Err(src.error(
                         arg_at,
@@ -999,29 +1057,11 @@ fn read_database(src: &Source, args: &TableFunctionArgs, at: Location) -> Result
                         ))
                     }
                 }
-                continue;
             }
-            FunctionArg::Named { name, arg, .. } => (name, arg),
-            FunctionArg::ExprNamed {
-                name: Expr::Identifier(name),
-                arg,
-                ..
-            } => (name, arg),
-            other => {
-                return Err(src.error(at, format!("unsupported read_database argument '{other}'")));
+            CallArg::Named(named) => {
+                let (value, _) = named.literal(src)?;
+                insert_once(src, &mut options, named.key, named.key_at, value)?;
             }
-        };
-        let key = name.value.to_ascii_lowercase();
-        let key_at = location(name.span.start);
-        let value = match arg {
-            FunctionArgExpr::Expr(expr) => literal_text(expr),
-            _ => None,
-        };
-        let Some(value) = value else {
-            return Err(src.error(key_at, format!("option '{key}' must be a literal")));
-        };
-        if options.insert(key.clone(), value).is_some() {
-            return Err(src.error(key_at, format!("option '{key}' is given twice")));
         }
     }
     let Some(connection) = connection else {
@@ -1045,51 +1085,31 @@ fn table_changes(src: &Source, args: &TableFunctionArgs, at: Location) -> Result
                  table_changes('orders', startingVersion => 0)";
     let mut source = None;
     let mut options = BTreeMap::new();
-    for arg in &args.args {
+    for arg in call_args(src, args, at, "table_changes")? {
         let (key, key_at, value) = match arg {
-            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => {
-                let arg_at = expr_location(e, at);
-                match (&source, e) {
-                    (None, Expr::Value(v)) => match &v.value {
-                        Value::SingleQuotedString(s) => {
-                            source = Some((s.clone(), arg_at));
-                            continue;
-                        }
-                        _ => return Err(src.error(arg_at, usage)),
-                    },
-                    (None, _) => return Err(src.error(arg_at, usage)),
-                    (Some(_), Expr::Value(v)) if matches!(v.value, Value::Number(..)) => {
-                        ("startingversion".to_string(), arg_at, literal_text(e))
+            CallArg::Positional(e, arg_at) => match (&source, e) {
+                (None, Expr::Value(v)) => match &v.value {
+                    Value::SingleQuotedString(s) => {
+                        source = Some((s.clone(), arg_at));
+                        continue;
                     }
-                    (Some(_), _) => ("startingtimestamp".to_string(), arg_at, literal_text(e)),
+                    _ => return Err(src.error(arg_at, usage)),
+                },
+                (None, _) => return Err(src.error(arg_at, usage)),
+                (Some(_), Expr::Value(v)) if matches!(v.value, Value::Number(..)) => {
+                    ("startingversion".to_string(), arg_at, literal_text(e))
                 }
-            }
-            FunctionArg::Named { name, arg, .. }
-            | FunctionArg::ExprNamed {
-                name: Expr::Identifier(name),
-                arg,
-                ..
-            } => {
-                let value = match arg {
-                    FunctionArgExpr::Expr(expr) => literal_text(expr),
-                    _ => None,
-                };
-                (
-                    name.value.to_ascii_lowercase(),
-                    location(name.span.start),
-                    value,
-                )
-            }
-            other => {
-                return Err(src.error(at, format!("unsupported table_changes argument '{other}'")));
+                (Some(_), _) => ("startingtimestamp".to_string(), arg_at, literal_text(e)),
+            },
+            CallArg::Named(named) => {
+                let (value, _) = named.literal(src)?;
+                (named.key, named.key_at, Some(value))
             }
         };
         let Some(value) = value else {
             return Err(src.error(key_at, format!("option '{key}' must be a literal")));
         };
-        if options.insert(key.clone(), value).is_some() {
-            return Err(src.error(key_at, format!("option '{key}' is given twice")));
-        }
+        insert_once(src, &mut options, key, key_at, value)?;
     }
     let Some((written, source_at)) = source else {
         return Err(src.error(at, usage));

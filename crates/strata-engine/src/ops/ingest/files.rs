@@ -318,7 +318,7 @@ mod tests {
         assert_eq!((cut.line, cut.cut_short), (2, true));
         assert!(
             cut.to_string()
-                .starts_with("line 2, column 9: the file ends"),
+                .starts_with("line 2, column 8: the file ends"),
             "{cut}"
         );
         let bad = first_bad_json_line("{\"a\": 1}\n{\"a\": }\n{\"a\": 3}\n").expect("bad");
