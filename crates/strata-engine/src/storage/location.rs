@@ -204,7 +204,7 @@ impl Location {
                 let Some((store, prefix)) = self.store()? else {
                     return Ok(false);
                 };
-                let path = prefix.clone().join(file);
+                let path = below(&prefix, file);
                 match store.head(&path).await {
                     Ok(_) => Ok(true),
                     Err(object_store::Error::NotFound { .. }) => Ok(false),
@@ -226,7 +226,7 @@ impl Location {
                 let Some((store, prefix)) = self.store()? else {
                     return Ok(None);
                 };
-                let got = match store.get(&prefix.clone().join(file)).await {
+                let got = match store.get(&below(&prefix, file)).await {
                     Ok(got) => got.bytes().await,
                     Err(e) => Err(e),
                 };
@@ -249,7 +249,7 @@ impl Location {
                     return Ok(());
                 };
                 store
-                    .put(&prefix.clone().join(file), bytes.into())
+                    .put(&below(&prefix, file), bytes.into())
                     .await
                     .map_err(store_error)
                     .context(|| format!("writing {self}/{file}"))?;
@@ -288,7 +288,7 @@ impl Location {
                     ..Default::default()
                 };
                 match store
-                    .put_opts(&prefix.clone().join(file), bytes.into(), options)
+                    .put_opts(&below(&prefix, file), bytes.into(), options)
                     .await
                 {
                     Ok(_) => Ok(true),
@@ -453,7 +453,7 @@ impl Location {
                 let Some((store, prefix)) = self.store()? else {
                     return Ok(());
                 };
-                match store.delete(&prefix.clone().join(file)).await {
+                match store.delete(&below(&prefix, file)).await {
                     Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
                     Err(e) => {
                         Err(store_error(e)).context(|| format!("cannot remove {self}/{file}"))
@@ -491,6 +491,15 @@ impl Location {
             }
         }
     }
+}
+
+/// The object `file` below `prefix`, `file` being a relative name that may hold `/`
+/// (`sub/002.json`): one path part per segment, where `Path::join` would encode the `/`
+/// into a single part (`sub%2F002.json`, an object nobody wrote).
+fn below(prefix: &StorePath, file: &str) -> StorePath {
+    file.split('/')
+        .filter(|part| !part.is_empty())
+        .fold(prefix.clone(), |path, part| path.join(part))
 }
 
 /// An object store's error as one line, with a hint when the store refused the
@@ -646,5 +655,15 @@ mod tests {
             Location::parse("odd dir://x", "w").unwrap(),
             Location::Local(PathBuf::from("odd dir://x"))
         );
+    }
+
+    #[test]
+    fn a_file_in_a_subfolder_of_a_prefix_is_one_object_per_segment() {
+        let prefix = StorePath::from("wh/data/m");
+        assert_eq!(
+            below(&prefix, "sub/002.json").as_ref(),
+            "wh/data/m/sub/002.json"
+        );
+        assert_eq!(below(&prefix, "001.json").as_ref(), "wh/data/m/001.json");
     }
 }
