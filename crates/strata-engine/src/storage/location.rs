@@ -216,18 +216,34 @@ impl Location {
 
     /// The content of the file `file` below this location, `None` if there is none.
     pub(crate) async fn read_file(&self, file: &str) -> Result<Option<bytes::Bytes>> {
+        Ok(self.read_file_dated(file).await?.map(|(bytes, _)| bytes))
+    }
+
+    /// The content of the file `file` below this location and when it was last modified
+    /// (if the file system tells), `None` if there is none.
+    pub(crate) async fn read_file_dated(
+        &self,
+        file: &str,
+    ) -> Result<Option<(bytes::Bytes, Option<std::time::SystemTime>)>> {
         match self {
-            Location::Local(p) => match std::fs::read(p.join(file)) {
-                Ok(b) => Ok(Some(b.into())),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                Err(e) => Err(e).context(|| format!("reading {}", p.join(file).display())),
-            },
+            Location::Local(p) => {
+                let path = p.join(file);
+                let read = std::fs::read(&path).and_then(|b| Ok((b, std::fs::metadata(&path)?)));
+                match read {
+                    Ok((b, meta)) => Ok(Some((b.into(), meta.modified().ok()))),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                    Err(e) => Err(e).context(|| format!("reading {}", path.display())),
+                }
+            }
             Location::Object(_) => {
                 let Some((store, prefix)) = self.store()? else {
                     return Ok(None);
                 };
                 let got = match store.get(&below(&prefix, file)).await {
-                    Ok(got) => got.bytes().await,
+                    Ok(got) => {
+                        let modified = std::time::SystemTime::from(got.meta.last_modified);
+                        got.bytes().await.map(|b| (b, Some(modified)))
+                    }
                     Err(e) => Err(e),
                 };
                 match got {
