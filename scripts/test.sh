@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
 # Runs everything CI runs: formatting, clippy with warnings denied, and every test (unit,
-# golden scenarios, property tests, CLI tests on the real binary, the database sources
-# against a real PostgreSQL and MariaDB, the benchmark harness's own checks, the check that
-# other Delta readers see what strata wrote, the Python package's pytest suite). One debug
-# build serves all of them.
+# golden scenarios on local disk and on S3, property tests, CLI tests on the real binary
+# (warehouses on S3 and on the Azure emulator among them), the database sources against a
+# real PostgreSQL and MariaDB, the benchmark harness's own checks, the check that other Delta
+# readers see what strata wrote on local disk and on S3, the Python package's pytest suite).
+# One debug build serves all of them.
 #
 # The servers the tests need are started by this script itself, in a temp dir on free ports
 # (scripts/services/with-services.sh: PostgreSQL from the image, MariaDB from Debian's
-# packages, installed when missing, and moto as an S3-compatible server for object-storage
-# warehouses, from PyPI into scripts/services/s3/.venv), and stopped when it ends.
+# packages, installed when missing, moto as an S3-compatible server for object-storage
+# warehouses, from PyPI into scripts/services/s3/.venv, and Azurite as the Azure Storage
+# emulator, from the npm registry into scripts/services/azurite/node_modules), and stopped
+# when it ends.
 #
 # A persistent CARGO_TARGET_DIR outside the clone makes reruns on the same machine fast.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if [ -z "${STRATA_TEST_PG_URL:-}" ] || [ -z "${STRATA_TEST_MYSQL_URL:-}" ] ||
-  [ -z "${STRATA_TEST_S3_ENDPOINT:-}" ]; then
+  [ -z "${STRATA_TEST_S3_ENDPOINT:-}" ] || [ -z "${STRATA_TEST_AZURE_BLOB_URL:-}" ]; then
   exec scripts/services/with-services.sh "$0" "$@"
 fi
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/strata-target}"
@@ -58,6 +61,8 @@ fi
 if [ -f tests/interop/check_readers.py ]; then
   step "Delta reader interop (deltalake, Polars, DuckDB read strata's tables; debug binary)"
   python3 tests/interop/check_readers.py --strata "$CARGO_TARGET_DIR/debug/strata"
+  step "Delta reader interop on S3 (the same readers on the tables strata wrote to moto's bucket)"
+  python3 tests/interop/check_readers.py --strata "$CARGO_TARGET_DIR/debug/strata" --s3
 fi
 
 step "done; $CARGO_TARGET_DIR holds $(du -sh "$CARGO_TARGET_DIR" | cut -f1)"

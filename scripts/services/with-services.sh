@@ -1,35 +1,37 @@
 #!/usr/bin/env bash
-# Run a command with a throwaway PostgreSQL, MariaDB and S3-compatible server (moto):
+# Run a command with a throwaway PostgreSQL, MariaDB, S3-compatible server (moto) and Azure
+# Storage emulator (Azurite):
 #
 #   scripts/services/with-services.sh CMD [ARGS...]
 #   e.g. scripts/services/with-services.sh cargo test --workspace
 #
-# Starts both servers (in parallel) in a fresh temporary directory, exports their connection
+# Starts the servers (in parallel) in a fresh temporary directory, exports their connection
 # facts (PGHOST PGPORT PGUSER PGPASSWORD PGDATABASE STRATA_TEST_PG_* STRATA_TEST_PG_URL,
-# STRATA_TEST_MYSQL_* STRATA_TEST_MYSQL_URL, STRATA_TEST_S3_*; see postgres.sh, mariadb.sh and
-# s3.sh), runs CMD, then stops them and removes the directory, whatever happens (also on
+# STRATA_TEST_MYSQL_* STRATA_TEST_MYSQL_URL, STRATA_TEST_S3_*, STRATA_TEST_AZURE_*; see
+# postgres.sh, mariadb.sh, s3.sh and azurite.sh), runs CMD, then stops them and removes the directory, whatever happens (also on
 # Ctrl-C). Exits with CMD's exit code; if a server fails to start, prints why and exits 1
 # without running CMD.
 #
-# STRATA_SERVICES="postgres" (or "mariadb s3", ...) starts only those; the default is all three.
+# STRATA_SERVICES="postgres" (or "mariadb s3", ...) starts only those; the default is all four
+# (postgres mariadb s3 azurite).
 # STRATA_SERVICES_KEEP=1 keeps the temporary directory (logs, data) for a post-mortem.
 set -euo pipefail
 
 ME="with-services.sh"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-SERVICES="${STRATA_SERVICES:-postgres mariadb s3}"
+SERVICES="${STRATA_SERVICES:-postgres mariadb s3 azurite}"
 
 note() { printf '%s: %s\n' "$ME" "$*" >&2; }
 
 if [ $# -eq 0 ]; then
-  sed -n '2,4p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 fi
 
 for s in $SERVICES; do
   case "$s" in
-    postgres | mariadb | s3) ;;
-    *) note "error: unknown service '$s' in STRATA_SERVICES (known: postgres mariadb s3)"; exit 2 ;;
+    postgres | mariadb | s3 | azurite) ;;
+    *) note "error: unknown service '$s' in STRATA_SERVICES (known: postgres mariadb s3 azurite)"; exit 2 ;;
   esac
 done
 
@@ -82,6 +84,7 @@ if [ -n "$failed" ]; then
       postgres) log="$WORK/pg/postgres.log" ;;
       mariadb) log="$WORK/mariadb/mariadb.log" ;;
       s3) log="$WORK/s3/moto.log" ;;
+      azurite) log="$WORK/azurite/azurite.log" ;;
     esac
     note "error: $s failed to start; its messages and the tail of its log ($log) are above"
   done

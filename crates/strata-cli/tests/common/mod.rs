@@ -5,6 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+pub mod object_store;
+
 /// A temp folder holding `pipeline.sql` and `data/cdc/`; the warehouse is `./warehouse`.
 pub struct Project {
     pub dir: tempfile::TempDir,

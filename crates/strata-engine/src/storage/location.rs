@@ -204,7 +204,7 @@ impl Location {
                 let Some((store, prefix)) = self.store()? else {
                     return Ok(false);
                 };
-                let path = prefix.clone().join(file);
+                let path = below(&prefix, file);
                 match store.head(&path).await {
                     Ok(_) => Ok(true),
                     Err(object_store::Error::NotFound { .. }) => Ok(false),
@@ -216,18 +216,34 @@ impl Location {
 
     /// The content of the file `file` below this location, `None` if there is none.
     pub(crate) async fn read_file(&self, file: &str) -> Result<Option<bytes::Bytes>> {
+        Ok(self.read_file_dated(file).await?.map(|(bytes, _)| bytes))
+    }
+
+    /// The content of the file `file` below this location and when it was last modified
+    /// (if the file system tells), `None` if there is none.
+    pub(crate) async fn read_file_dated(
+        &self,
+        file: &str,
+    ) -> Result<Option<(bytes::Bytes, Option<std::time::SystemTime>)>> {
         match self {
-            Location::Local(p) => match std::fs::read(p.join(file)) {
-                Ok(b) => Ok(Some(b.into())),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                Err(e) => Err(e).context(|| format!("reading {}", p.join(file).display())),
-            },
+            Location::Local(p) => {
+                let path = p.join(file);
+                let read = std::fs::read(&path).and_then(|b| Ok((b, std::fs::metadata(&path)?)));
+                match read {
+                    Ok((b, meta)) => Ok(Some((b.into(), meta.modified().ok()))),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                    Err(e) => Err(e).context(|| format!("reading {}", path.display())),
+                }
+            }
             Location::Object(_) => {
                 let Some((store, prefix)) = self.store()? else {
                     return Ok(None);
                 };
-                let got = match store.get(&prefix.clone().join(file)).await {
-                    Ok(got) => got.bytes().await,
+                let got = match store.get(&below(&prefix, file)).await {
+                    Ok(got) => {
+                        let modified = std::time::SystemTime::from(got.meta.last_modified);
+                        got.bytes().await.map(|b| (b, Some(modified)))
+                    }
                     Err(e) => Err(e),
                 };
                 match got {
@@ -249,7 +265,7 @@ impl Location {
                     return Ok(());
                 };
                 store
-                    .put(&prefix.clone().join(file), bytes.into())
+                    .put(&below(&prefix, file), bytes.into())
                     .await
                     .map_err(store_error)
                     .context(|| format!("writing {self}/{file}"))?;
@@ -288,7 +304,7 @@ impl Location {
                     ..Default::default()
                 };
                 match store
-                    .put_opts(&prefix.clone().join(file), bytes.into(), options)
+                    .put_opts(&below(&prefix, file), bytes.into(), options)
                     .await
                 {
                     Ok(_) => Ok(true),
@@ -455,7 +471,7 @@ impl Location {
                 let Some((store, prefix)) = self.store()? else {
                     return Ok(());
                 };
-                match store.delete(&prefix.clone().join(file)).await {
+                match store.delete(&below(&prefix, file)).await {
                     Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
                     Err(e) => {
                         Err(store_error(e)).context(|| format!("cannot remove {self}/{file}"))
@@ -493,6 +509,15 @@ impl Location {
             }
         }
     }
+}
+
+/// The object `file` below `prefix`, `file` being a relative name that may hold `/`
+/// (`sub/002.json`): one path part per segment, where `Path::join` would encode the `/`
+/// into a single part (`sub%2F002.json`, an object nobody wrote).
+fn below(prefix: &StorePath, file: &str) -> StorePath {
+    file.split('/')
+        .filter(|part| !part.is_empty())
+        .fold(prefix.clone(), |path, part| path.join(part))
 }
 
 /// An object store's error as one line, with a hint when the store refused the
@@ -648,5 +673,15 @@ mod tests {
             Location::parse("odd dir://x", "w").unwrap(),
             Location::Local(PathBuf::from("odd dir://x"))
         );
+    }
+
+    #[test]
+    fn a_file_in_a_subfolder_of_a_prefix_is_one_object_per_segment() {
+        let prefix = StorePath::from("wh/data/m");
+        assert_eq!(
+            below(&prefix, "sub/002.json").as_ref(),
+            "wh/data/m/sub/002.json"
+        );
+        assert_eq!(below(&prefix, "001.json").as_ref(), "wh/data/m/001.json");
     }
 }

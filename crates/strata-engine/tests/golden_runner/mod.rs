@@ -1,6 +1,7 @@
-//! The golden-scenario runner shared by the `golden` and `golden_parallel` test targets: one
-//! test per `tests/scenarios/**/*.scn` file, named by its path there without `.scn`
-//! (`semantics/ties`), run against the real engine on real Delta tables in a temp dir.
+//! The golden-scenario runner shared by the `golden`, `golden_parallel` and `golden_s3` test
+//! targets: one test per `tests/scenarios/**/*.scn` file, named by its path there without
+//! `.scn` (`semantics/ties`), run against the real engine on real Delta tables in a temp dir
+//! (`golden_s3`: in the S3-compatible test server's bucket).
 //! The format and how to run, filter and complete scenarios are in `tests/scenarios/README.md`.
 //!
 //! The targets are libtest-mimic harnesses (`harness = false`), so the usual libtest
@@ -8,10 +9,12 @@
 //! `STRATA_GOLDEN_COMPLETE=1` rewrites the expected blocks of the scenarios run from their
 //! actual output, in place, for review.
 
+mod place;
 mod run;
 mod scenario;
 
 use libtest_mimic::{Arguments, Failed, Trial};
+use place::Storage;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -24,14 +27,34 @@ pub enum Mode {
     SingleThread,
     /// `STRATA_PARALLEL_MIN_ROWS=1`: every fold and write takes the parallel path.
     Parallel,
+    /// The default threshold, with each scenario's warehouse and input files under a prefix
+    /// of its own in the bucket of the S3-compatible server that
+    /// `scripts/services/with-services.sh` starts (`STRATA_TEST_S3_*`).
+    S3,
 }
 
 pub fn main(mode: Mode) -> ExitCode {
     // Before anything else runs (no thread exists yet, and the engine has not read it).
-    match mode {
-        Mode::SingleThread => std::env::remove_var("STRATA_PARALLEL_MIN_ROWS"),
-        Mode::Parallel => std::env::set_var("STRATA_PARALLEL_MIN_ROWS", "1"),
-    }
+    let storage = match mode {
+        Mode::SingleThread => {
+            std::env::remove_var("STRATA_PARALLEL_MIN_ROWS");
+            Storage::Local
+        }
+        Mode::Parallel => {
+            std::env::set_var("STRATA_PARALLEL_MIN_ROWS", "1");
+            Storage::Local
+        }
+        Mode::S3 => {
+            std::env::remove_var("STRATA_PARALLEL_MIN_ROWS");
+            match s3_from_env() {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("golden_s3: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+    };
     let args = Arguments::from_args();
     if std::env::var_os("STRATA_SCENARIO").is_some() {
         eprintln!(
@@ -48,6 +71,13 @@ pub fn main(mode: Mode) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if complete && !matches!(storage, Storage::Local) {
+        eprintln!(
+            "STRATA_GOLDEN_COMPLETE=1 completes scenarios from a run on local disk: use the \
+             `golden` target (this one must then give the same rows)"
+        );
+        return ExitCode::FAILURE;
+    }
     let root = repo_root();
     let scenarios = match discover(&root.join("tests/scenarios")) {
         Ok(s) => s,
@@ -64,7 +94,10 @@ pub fn main(mode: Mode) -> ExitCode {
                 .unwrap_or(&path)
                 .display()
                 .to_string();
-            Trial::test(name, move || scenario_test(&path, &display, complete))
+            let storage = storage.clone();
+            Trial::test(name.clone(), move || {
+                scenario_test(&path, &name, &display, &storage, complete)
+            })
         })
         .collect();
     libtest_mimic::run(&args, trials).exit_code()
@@ -129,7 +162,13 @@ fn discover(dir: &Path) -> Result<Vec<(String, PathBuf)>, String> {
 }
 
 /// One scenario file: parse, run, and in completion mode write the completed file back.
-fn scenario_test(path: &Path, display: &str, complete: bool) -> Result<(), Failed> {
+fn scenario_test(
+    path: &Path,
+    name: &str,
+    display: &str,
+    storage: &Storage,
+    complete: bool,
+) -> Result<(), Failed> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{display}: {e}"))?;
     let scenario = scenario::parse(display, &text, complete)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -137,7 +176,7 @@ fn scenario_test(path: &Path, display: &str, complete: bool) -> Result<(), Faile
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
-    let mut edits = runtime.block_on(run::run(&scenario, display, complete))?;
+    let mut edits = runtime.block_on(run::run(&scenario, name, display, storage, complete))?;
     if edits.is_empty() {
         return Ok(());
     }
@@ -154,4 +193,44 @@ fn scenario_test(path: &Path, display: &str, complete: bool) -> Result<(), Faile
     std::fs::write(path, out).map_err(|e| format!("{display}: {e}"))?;
     eprintln!("completed {display}: {n} block(s) rewritten");
     Ok(())
+}
+
+/// The S3-compatible test server from `STRATA_TEST_S3_*`, handed to the engine (and to the
+/// runner's own client) as the `AWS_*` settings it reads, with any other `AWS_*` of the
+/// caller removed. Each run of the target works under a prefix of its own.
+fn s3_from_env() -> Result<Storage, String> {
+    let var = |name: &str| {
+        let key = format!("STRATA_TEST_S3_{name}");
+        std::env::var(&key).map_err(|_| {
+            format!(
+                "{key} is not set: the S3 golden scenarios need the S3-compatible test server; \
+                 run them under scripts/services/with-services.sh (scripts/test.sh does), e.g. \
+                 `STRATA_SERVICES=s3 scripts/services/with-services.sh cargo test --workspace \
+                 --test golden_s3`"
+            )
+        })
+    };
+    let endpoint = var("ENDPOINT")?;
+    let bucket = var("BUCKET")?;
+    let settings = [
+        ("AWS_ENDPOINT_URL", endpoint),
+        ("AWS_ACCESS_KEY_ID", var("ACCESS_KEY_ID")?),
+        ("AWS_SECRET_ACCESS_KEY", var("SECRET_ACCESS_KEY")?),
+        ("AWS_REGION", var("REGION")?),
+        ("AWS_ALLOW_HTTP", "true".to_string()),
+    ];
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("AWS_")) {
+        std::env::remove_var(k);
+    }
+    for (k, v) in settings {
+        std::env::set_var(k, v);
+    }
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    Ok(Storage::S3 {
+        bucket,
+        run: format!("golden-{}-{nanos}", std::process::id()),
+    })
 }

@@ -1,6 +1,8 @@
-//! Running a parsed scenario against the real engine in a temp dir: each check compares, or
-//! in completion mode records the lines that would make it pass.
+//! Running a parsed scenario against the real engine, its warehouse and input in a temp dir
+//! or in an object store (`place.rs`): each check compares, or in completion mode records
+//! the lines that would make it pass.
 
+use super::place::{Place, Storage};
 use super::scenario::{Expected, Run, Scenario, Step};
 use deltalake::arrow::array::{Array, AsArray};
 use deltalake::arrow::datatypes::{DataType, Schema};
@@ -9,37 +11,6 @@ use deltalake::arrow::util::display::{ArrayFormatter, FormatOptions};
 use std::collections::BTreeMap;
 use std::path::Path;
 use strata_engine::Warehouse;
-
-/// Log cleanup and VACUUM of change files, for real: a checkpoint at the latest version, the
-/// commit files before it removed (with `log`), and every file under `_change_data/`.
-async fn expire(table: &Path, log: bool) -> Result<(), String> {
-    let url = url::Url::from_directory_path(table)
-        .map_err(|_| format!("{} is not a directory path", table.display()))?;
-    let t = deltalake::open_table(url)
-        .await
-        .map_err(|e| format!("opening {}: {e}", table.display()))?;
-    let latest = t.version().unwrap_or(0);
-    if log {
-        deltalake::checkpoints::create_checkpoint(&t, None)
-            .await
-            .map_err(|e| format!("checkpoint of {}: {e}", table.display()))?;
-        for entry in std::fs::read_dir(table.join("_delta_log")).map_err(|e| e.to_string())? {
-            let p = entry.map_err(|e| e.to_string())?.path();
-            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-            let version = name
-                .strip_suffix(".json")
-                .and_then(|v| v.parse::<u64>().ok());
-            if version.is_some_and(|v| v < latest) {
-                std::fs::remove_file(&p).map_err(|e| e.to_string())?;
-            }
-        }
-    }
-    let changes = table.join("_change_data");
-    if changes.exists() {
-        std::fs::remove_dir_all(&changes).map_err(|e| e.to_string())?;
-    }
-    Ok(())
-}
 
 /// Replace the file's lines `start..end` (0-based) with `lines`.
 pub struct Edit {
@@ -51,33 +22,31 @@ pub struct Edit {
 /// Runs `scenario`. Without `complete`, the first check that fails is the error; with it, a
 /// query, validate or `run error` whose expected text differs from the actual output gives an
 /// edit instead (anything else that fails is still an error).
-pub async fn run(scenario: &Scenario, display: &str, complete: bool) -> Result<Vec<Edit>, String> {
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let pipeline = dir.path().join("pipeline.sql");
-    let wh_root = dir.path().join("warehouse");
-    let wh = Warehouse::open(&wh_root).map_err(|e| strata_engine::chain(&e))?;
+pub async fn run(
+    scenario: &Scenario,
+    name: &str,
+    display: &str,
+    storage: &Storage,
+    complete: bool,
+) -> Result<Vec<Edit>, String> {
+    let place = Place::new(storage, name)?;
+    let pipeline = place.dir().join("pipeline.sql");
+    let wh = Warehouse::open(place.warehouse()).map_err(|e| strata_engine::chain(&e))?;
     let mut edits = Vec::new();
     for block in &scenario.blocks {
         let at = |msg: String| format!("{display}:{}: {msg}", block.line);
         match &block.step {
-            Step::Pipeline(text) => {
-                std::fs::write(&pipeline, text).map_err(|e| at(e.to_string()))?
-            }
-            Step::File { path, content } => {
-                let p = dir.path().join(path);
-                if let Some(parent) = p.parent() {
-                    std::fs::create_dir_all(parent).map_err(|e| at(e.to_string()))?;
-                }
-                std::fs::write(&p, content).map_err(|e| at(e.to_string()))?;
-            }
-            Step::Expire { path, log } => expire(&dir.path().join(path), *log).await.map_err(at)?,
+            Step::Pipeline(text) => std::fs::write(&pipeline, place.sources_text(text))
+                .map_err(|e| at(e.to_string()))?,
+            Step::File { path, content } => place.write_file(path, content).await.map_err(at)?,
+            Step::Expire { path, log } => place.expire(path, *log).await.map_err(at)?,
             Step::Run(run) => {
                 let before = match run.error {
-                    Some(_) => Some(warehouse_files(&wh_root).map_err(at)?),
+                    Some(_) => Some(place.warehouse_files().await.map_err(at)?),
                     None => None,
                 };
                 let run_path = match &run.spec {
-                    Some(file) => dir.path().join(file),
+                    Some(file) => place.dir().join(file),
                     None => pipeline.clone(),
                 };
                 let options = strata_engine::RunOptions {
@@ -98,9 +67,9 @@ pub async fn run(scenario: &Scenario, display: &str, complete: bool) -> Result<V
                             if !complete {
                                 return Err(at(format!("error `{msg}` does not contain `{want}`")));
                             }
-                            edits.push(error_edit(run, block.line, &msg, dir.path()).map_err(at)?);
+                            edits.push(error_edit(run, block.line, &msg, place.dir()).map_err(at)?);
                         }
-                        let after = warehouse_files(&wh_root).map_err(at)?;
+                        let after = place.warehouse_files().await.map_err(at)?;
                         let may_write: Vec<String> = run
                             .committed
                             .iter()
@@ -177,6 +146,7 @@ pub async fn run(scenario: &Scenario, display: &str, complete: bool) -> Result<V
             }
         }
     }
+    place.clear().await?;
     Ok(edits)
 }
 
@@ -359,44 +329,6 @@ pub fn text(s: &str) -> String {
     } else {
         format!("{s:?}")
     }
-}
-
-/// The warehouse's files (path relative to it -> a hash of the content), except the event
-/// log's, which records failing runs by design.
-fn warehouse_files(root: &Path) -> Result<BTreeMap<String, (u64, u64)>, String> {
-    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, (u64, u64)>) -> Result<(), String> {
-        let entries = match std::fs::read_dir(dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(format!("{}: {e}", dir.display())),
-        };
-        for e in entries {
-            let p = e.map_err(|e| e.to_string())?.path();
-            let rel = p
-                .strip_prefix(root)
-                .expect("under the root")
-                .components()
-                .map(|c| c.as_os_str().to_string_lossy())
-                .collect::<Vec<_>>()
-                .join("/");
-            if rel == "_strata/event_log" {
-                continue;
-            }
-            if p.is_dir() {
-                walk(root, &p, out)?;
-            } else {
-                let bytes = std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))?;
-                use std::hash::{Hash, Hasher};
-                let mut h = std::collections::hash_map::DefaultHasher::new();
-                bytes.hash(&mut h);
-                out.insert(rel, (bytes.len() as u64, h.finish()));
-            }
-        }
-        Ok(())
-    }
-    let mut out = BTreeMap::new();
-    walk(root, root, &mut out)?;
-    Ok(out)
 }
 
 /// `new: PATH`, `changed: PATH`, `removed: PATH` lines, one per file that differs.

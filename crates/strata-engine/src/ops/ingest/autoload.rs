@@ -520,10 +520,12 @@ pub(crate) fn names_metadata(sql: &str) -> bool {
         .any(|(i, m)| !lower[i + m.len()..].starts_with('.'))
 }
 
-/// `df` with the `_metadata` column of the file at `path`.
+/// `df` with the `_metadata` column of the file at `path`, whose `file_path` is `shown` (the
+/// object URL of a file staged from an object store).
 pub(crate) fn with_metadata(
     df: deltalake::datafusion::prelude::DataFrame,
     path: &Path,
+    shown: &str,
 ) -> Result<deltalake::datafusion::prelude::DataFrame> {
     use deltalake::datafusion::prelude::lit;
     use deltalake::datafusion::scalar::ScalarValue;
@@ -535,7 +537,7 @@ pub(crate) fn with_metadata(
         .map(|d| d.as_micros() as i64);
     let value = deltalake::datafusion::functions::core::expr_fn::named_struct(vec![
         lit("file_path"),
-        lit(path.display().to_string()),
+        lit(shown.to_string()),
         lit("file_name"),
         lit(path
             .file_name()

@@ -77,8 +77,8 @@ impl InputDir {
             return Ok(path);
         };
         if !path.exists() {
-            let bytes = remote
-                .read_file(name)
+            let (bytes, modified) = remote
+                .read_file_dated(name)
                 .await?
                 .ok_or_else(|| EngineError::BadInput(format!("file {remote}/{name} is gone")))?;
             if let Some(parent) = path.parent() {
@@ -86,8 +86,25 @@ impl InputDir {
                     .context(|| format!("cannot create {}", parent.display()))?;
             }
             std::fs::write(&path, &bytes).context(|| format!("cannot write {}", path.display()))?;
+            // The staged copy keeps the object's time: `_metadata.file_modification_time`.
+            if let Some(t) = modified {
+                std::fs::File::options()
+                    .write(true)
+                    .open(&path)
+                    .and_then(|f| f.set_modified(t))
+                    .context(|| format!("cannot set the time of {}", path.display()))?;
+            }
         }
         Ok(path)
+    }
+
+    /// Input file `name` as the user knows it: its local path, or its object URL (not the
+    /// staged copy's path): `_metadata.file_path`.
+    pub(crate) fn shown(&self, name: &str) -> String {
+        match &self.remote {
+            None => input_root(&self.local).join(name).display().to_string(),
+            Some((remote, _)) => format!("{remote}/{name}"),
+        }
     }
 
     /// Where the input is, as the user named it.
@@ -229,7 +246,11 @@ pub(super) async fn read_input_file(
     file: &str,
 ) -> Result<DataFrame> {
     let Source::Files {
-        spec, mode, input, ..
+        dir,
+        spec,
+        mode,
+        input,
+        ..
     } = &setup.source
     else {
         return Err(EngineError::Internal("not a file source".into()));
@@ -251,7 +272,7 @@ pub(super) async fn read_input_file(
         _ => read_file(&ctx, path, spec).await?,
     };
     match autoload::wants_metadata(&setup.query_sql) {
-        true => autoload::with_metadata(df, path),
+        true => autoload::with_metadata(df, path, &dir.shown(file)),
         false => Ok(df),
     }
 }

@@ -466,10 +466,14 @@ fn on_gap(
 }
 
 /// The versions of `first..=last` the source's change feed cannot give any more: a commit
-/// file gone from the log, or a file the feed reads gone from disk; `None` when all are
-/// there.
+/// file gone from the log, or a file the feed reads gone from the table's folder or object
+/// store prefix; `None` when all are there.
 async fn missing_versions(source: &DeltaTable, first: i64, last: i64) -> Result<Option<Gap>> {
-    let dir = source.table_url().to_file_path().ok();
+    let url = source.table_url();
+    let place = match url.to_file_path() {
+        Ok(dir) => Location::Local(dir),
+        Err(()) => Location::parse(url.as_str(), "table_changes source")?,
+    };
     let mut gone_log: Vec<i64> = Vec::new();
     let mut gone_files: Vec<i64> = Vec::new();
     for v in first..=last {
@@ -477,7 +481,6 @@ async fn missing_versions(source: &DeltaTable, first: i64, last: i64) -> Result<
             gone_log.push(v);
             continue;
         };
-        let Some(dir) = &dir else { continue };
         let has_cdc = actions.iter().any(|a| matches!(a, Action::Cdc(_)));
         let needed = actions.iter().filter_map(|a| match a {
             Action::Cdc(c) => Some(c.path.as_str()),
@@ -485,16 +488,12 @@ async fn missing_versions(source: &DeltaTable, first: i64, last: i64) -> Result<
             Action::Remove(r) if !has_cdc && r.data_change => Some(r.path.as_str()),
             _ => None,
         });
-        let mut missing = false;
         for p in needed {
             let decoded = crate::storage::changes::percent_decoded(p);
-            if !dir.join(decoded.as_str()).exists() {
-                missing = true;
+            if !place.has_file(decoded.as_str()).await? {
+                gone_files.push(v);
                 break;
             }
-        }
-        if missing {
-            gone_files.push(v);
         }
     }
     let versions = |vs: &[i64]| {
