@@ -31,32 +31,9 @@ ACCOUNT="devstoreaccount1"
 START_TIMEOUT="${STRATA_AZURITE_START_TIMEOUT:-60}"
 LOG=""
 
-note() { printf '%s: %s\n' "$ME" "$*" >&2; }
-
-fail() {
-  trap - ERR
-  printf '%s: error: %s\n' "$ME" "$*" >&2
-  if [ -n "$LOG" ] && [ -s "$LOG" ]; then
-    printf '%s: last lines of %s:\n' "$ME" "$LOG" >&2
-    tail -n 30 "$LOG" | sed 's/^/    /' >&2
-  fi
-  exit 1
-}
-
-trap 'fail "unexpected failure at line $LINENO: $BASH_COMMAND"' ERR
-
-usage() {
-  sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//' >&2
-  exit 2
-}
-
-free_port() {
-  python3 -c 'import socket
-s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-s.bind(("127.0.0.1", 0))
-print(s.getsockname()[1])
-s.close()'
-}
+USAGE_LINES="2,6"
+# shellcheck source=common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 ensure_installed() {
   if [ -x "$BIN" ] && cmp -s "$PKG/package-lock.json" "$STAMP"; then

@@ -36,74 +36,9 @@ START_TIMEOUT="${STRATA_PG_START_TIMEOUT:-60}"
 export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
 
 LOG=""  # set once DIR is known; fail() shows its tail
-
-note() { printf '%s: %s\n' "$ME" "$*" >&2; }
-
-show_log_tail() {
-  if [ -n "$LOG" ] && [ -s "$LOG" ]; then
-    printf '%s: last lines of %s:\n' "$ME" "$LOG" >&2
-    tail -n "${1:-30}" "$LOG" | sed 's/^/    /' >&2
-  fi
-}
-
-fail() {
-  trap - ERR
-  printf '%s: error: %s\n' "$ME" "$*" >&2
-  show_log_tail 30
-  exit 1
-}
-
-trap 'fail "unexpected failure at line $LINENO: $BASH_COMMAND"' ERR
-
-usage() {
-  sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//' >&2
-  exit 2
-}
-
-# --- helpers ---------------------------------------------------------------------------------
-
-# A TCP port on 127.0.0.1 that nothing is bound to right now. The server binds it moments
-# later; if something else grabbed it in between, start() notices the bind error and retries.
-free_port() {
-  local py p i
-  for py in python3 python; do
-    if command -v "$py" >/dev/null 2>&1 &&
-      "$py" -c 'import socket
-s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-s.bind(("127.0.0.1", 0))
-print(s.getsockname()[1])
-s.close()' 2>/dev/null; then
-      return 0
-    fi
-  done
-  for i in $(seq 1 500); do
-    p=$((20000 + (RANDOM * 32768 + RANDOM) % 30000))
-    if port_free "$p"; then
-      echo "$p"
-      return 0
-    fi
-  done
-  return 1
-}
-
-# True if nothing listens on 127.0.0.1:$1 (bind test with python, else a connect probe).
-port_free() {
-  local py
-  for py in python3 python; do
-    if command -v "$py" >/dev/null 2>&1; then
-      "$py" -c 'import socket, sys
-s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is no obstacle
-try:
-    s.bind(("127.0.0.1", int(sys.argv[1])))
-except OSError:
-    sys.exit(1)
-s.close()' "$1" 2>/dev/null
-      return
-    fi
-  done
-  ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
-}
+USAGE_LINES="2,8"
+# shellcheck source=common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 find_bindir() {
   local d p
