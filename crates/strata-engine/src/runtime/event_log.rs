@@ -255,9 +255,8 @@ pub(crate) async fn append(wh: &Warehouse, records: &[EventRecord]) -> Result<()
                 &path,
                 EVENT_LOG_TABLE,
                 &schema(),
-                // A record or two per run: a checkpoint every 10 commits keeps opening
-                // it from reading a long run of commit files.
-                vec![("delta.checkpointInterval".into(), Some("10".into()))],
+                // A checkpoint every 10 commits, as for every table strata creates.
+                vec![],
                 Some("strata's event log: one record per dataset or flow per run"),
                 Vec::new(),
             )

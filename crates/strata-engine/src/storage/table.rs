@@ -69,16 +69,32 @@ pub(crate) fn sets_property(
     properties.keys().any(|k| k.eq_ignore_ascii_case(name))
 }
 
+/// The checkpoint interval of the tables strata creates unless their properties say
+/// otherwise: Delta's own default (Spark's), where delta-rs would take 100. Opening a table
+/// reads its newest checkpoint and the commits after it, so on object storage a run's
+/// requests stay flat instead of growing with every commit until the hundredth.
+pub(crate) const CHECKPOINT_INTERVAL: &str = "10";
+
 /// Creates an empty Delta table at `path`. Properties outside Delta's own (`strata.*`,
-/// `pipelines.*`) are kept as written.
+/// `pipelines.*`) are kept as written; `delta.checkpointInterval` is
+/// [`CHECKPOINT_INTERVAL`] unless they set it.
 pub(crate) async fn create_delta(
     path: &Location,
     name: &str,
     schema: &Schema,
-    configuration: Vec<(String, Option<String>)>,
+    mut configuration: Vec<(String, Option<String>)>,
     comment: Option<&str>,
     partition_columns: Vec<String>,
 ) -> Result<DeltaTable> {
+    if !configuration
+        .iter()
+        .any(|(k, _)| k.eq_ignore_ascii_case("delta.checkpointInterval"))
+    {
+        configuration.push((
+            "delta.checkpointInterval".into(),
+            Some(CHECKPOINT_INTERVAL.into()),
+        ));
+    }
     let url = path.table_url()?;
     let handle = DeltaTableBuilder::from_url(url)
         .and_then(|b| b.build())

@@ -73,3 +73,41 @@ async fn takes_each_file_once(extra_properties: &str, cleanup_property: &str) {
         "{config:?}"
     );
 }
+
+/// Tables strata creates get Delta's own checkpoint interval (10, not delta-rs's 100), so
+/// opening one reads a checkpoint and at most nine commits: on object storage a run's
+/// requests do not grow with the table's age. Event stores too; a table that sets the
+/// property keeps its own.
+#[tokio::test]
+async fn tables_are_checkpointed_every_ten_commits() {
+    let (dir, pipeline, wh_dir, wh) = common::project(
+        "CREATE OR REFRESH STREAMING TABLE raw \
+         AS SELECT * FROM STREAM read_files('data', format => 'json');\n\
+         CREATE OR REFRESH STREAMING TABLE own TBLPROPERTIES ('delta.checkpointInterval' = '50') \
+         AS SELECT * FROM STREAM read_files('data', format => 'json');\n\
+         CREATE OR REFRESH STREAMING TABLE dim;\n\
+         CREATE FLOW dim_flow AS AUTO CDC INTO dim FROM STREAM(raw) KEYS (id) SEQUENCE BY id \
+         STORED AS SCD TYPE 1;\n",
+    );
+    let data = dir.path().join("data");
+    for run in 1..=11 {
+        common::run_adding(&pipeline, &wh, &data, run).await;
+    }
+    // delta-rs checkpoints the tenth commit (version 9).
+    let checkpointed = |table: &str| {
+        wh_dir
+            .join(table)
+            .join("_delta_log/00000000000000000009.checkpoint.parquet")
+            .exists()
+    };
+    assert!(checkpointed("default/raw"), "a streaming table");
+    assert!(checkpointed("default/dim"), "an AUTO CDC target");
+    assert!(
+        checkpointed("_strata/default/dim/events"),
+        "its event store"
+    );
+    assert!(
+        !checkpointed("default/own"),
+        "a table with its own interval"
+    );
+}
