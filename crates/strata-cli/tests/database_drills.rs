@@ -315,10 +315,23 @@ SEQUENCE BY updated_at COLUMNS id, v STORED AS SCD TYPE 1;
 
 #[test]
 fn killed_chunked_loads_take_every_row_once() {
+    chunked_load_drill("drill_chunks", "");
+}
+
+/// The same with the load read in three ranges of `grp` on three connections, in one
+/// snapshot: the commits still follow the watermark, so a kill loses and doubles nothing.
+#[test]
+fn killed_parallel_chunked_loads_take_every_row_once() {
+    chunked_load_drill("drill_par_chunks", ", parallel => 3");
+}
+
+/// Loads of a growing table (options added to the read: `options`), killed at random
+/// moments, then a clean run: every row once.
+fn chunked_load_drill(prefix: &str, options: &str) {
     let server = Server::from_env();
     let seed = seed();
     eprintln!("drill seed {seed} (STRATA_DRILL_SEED={seed} replays it)");
-    let table = format!("drill_chunks_{}", std::process::id());
+    let table = format!("{prefix}_{}", std::process::id());
     // Three rows to a watermark value, committed 1,000 rows at a time: kills land between
     // chunks and inside them.
     pg(
@@ -330,7 +343,7 @@ fn killed_chunked_loads_take_every_row_once() {
     );
     let p = Project::new(&format!(
         "{}CREATE STREAMING TABLE bulk_raw AS SELECT * FROM STREAM read_database('shop', \
-         table => 'public.{table}', watermark => 'grp', batch_rows => 250, chunk_rows => 1000);
+         table => 'public.{table}', watermark => 'grp', batch_rows => 250, chunk_rows => 1000{options});
 ",
         server.connection
     ));

@@ -1,6 +1,7 @@
 //! Watermark (cursor) reads from PostgreSQL and MySQL / MariaDB: a [`Source`] connection
 //! starts a backend's read and hands its batches out as a [`WatermarkReader`].
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
 
@@ -102,13 +103,10 @@ impl Source {
             }
         }
         let (schema, inner) = match &self.pg {
-            Some(client) => {
-                let (schema, rows) = pg::read::start(client.clone(), &self.resolved, read).await?;
-                (schema, ReaderInner::Pg(rows))
-            }
+            Some(client) => self.start_pg(client, read).await?,
             None => {
                 let (schema, batches) = mysql::start(&self.resolved, read).await?;
-                (schema, ReaderInner::Channel(batches))
+                (schema, ReaderInner::Ranges(VecDeque::from([batches])))
             }
         };
         Ok(WatermarkReader {
@@ -121,16 +119,39 @@ impl Source {
     }
 }
 
-/// Where a reader's batches come from: PostgreSQL rows pulled on the caller's task, or a
-/// backend's own read task.
+impl Source {
+    /// A PostgreSQL read: described, planned ([`pg::ranges::plan`]), then one COPY on this
+    /// connection, or ranges read concurrently in one snapshot.
+    async fn start_pg(
+        &self,
+        client: &Arc<tokio_postgres::Client>,
+        read: &WatermarkRead,
+    ) -> Result<(SourceSchema, ReaderInner)> {
+        let r = &self.resolved;
+        let d = pg::read::describe_read(&**client, r, read).await?;
+        let splits = pg::ranges::plan(client, r, read, &d).await?;
+        let arrow = d.schema.arrow_schema();
+        let ranges = if splits.is_empty() {
+            let select = pg::read::watermark_select(read, &d.schema, &[]);
+            let reader = pg::read::PgRowReader::copy(client.clone(), r, read, &d, &select).await?;
+            VecDeque::from([pg::ranges::spawn(reader, d.schema.clone(), arrow)])
+        } else {
+            pg::ranges::open(r, read, &d, &splits, arrow).await?
+        };
+        Ok((d.schema, ReaderInner::Ranges(ranges)))
+    }
+}
+
+/// Where a reader's batches come from: read tasks, drained in order (one per range of a
+/// parallel PostgreSQL read; one for a serial read).
 enum ReaderInner {
-    Pg(pg::read::PgRowReader),
-    Channel(BatchReceiver),
+    Ranges(VecDeque<BatchReceiver>),
     Done,
 }
 
-/// A running watermark read. Memory stays bounded by the batch size: rows are pulled from the
-/// server as batches are taken.
+/// A running watermark read. Memory stays bounded by the batch size: each read task decodes
+/// at most a few batches ahead of the caller (`pg::ranges::READ_AHEAD_BATCHES` per range; the
+/// server waits meanwhile).
 pub struct WatermarkReader {
     schema: SourceSchema,
     arrow: SchemaRef,
@@ -164,11 +185,17 @@ impl WatermarkReader {
     pub async fn next_batch(&mut self) -> Result<Option<RecordBatch>> {
         let out = match &mut self.inner {
             ReaderInner::Done => return Ok(None),
-            ReaderInner::Pg(r) => r.next_batch(&self.arrow, &self.schema).await,
-            ReaderInner::Channel(rx) => match rx.recv().await {
-                None => Ok(None),
-                Some(Err(e)) => Err(e),
-                Some(Ok(x)) => Ok(Some(x)),
+            ReaderInner::Ranges(ranges) => loop {
+                let Some(rx) = ranges.front_mut() else {
+                    break Ok(None);
+                };
+                match rx.recv().await {
+                    None => {
+                        ranges.pop_front();
+                    }
+                    Some(Err(e)) => break Err(e),
+                    Some(Ok(x)) => break Ok(Some(x)),
+                }
             },
         };
         match out {

@@ -1,0 +1,448 @@
+//! Parallel watermark reads of PostgreSQL: the read is split into ranges of its leading
+//! watermark column, each range read on a connection of its own, all in ONE exported
+//! snapshot (as `pg_dump -j` does), and the batches handed out range after range, so the
+//! caller sees exactly the rows, in exactly the order, of the single ordered query.
+//!
+//! Phases: [`plan`] (how many ranges, and where they split: the table's statistics, else
+//! the minimum and maximum of the leading column), [`open`] (the snapshot exported on the
+//! first connection and imported on the others), then one read task per range
+//! ([`spawn`]) feeding a bounded channel, drained in range order by the caller.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use arrow_schema::SchemaRef;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Client;
+
+use super::read::{value_literal, watermark_select, Described, PgRowReader, TextParam};
+use super::types::watermark_value;
+use crate::batch::SourceSchema;
+use crate::conn::{pg_error_text, Resolved};
+use crate::error::Result;
+use crate::object::{pg_ident, SourceObject};
+use crate::read::{BatchReceiver, WatermarkRead};
+use crate::value::WatermarkValue;
+
+/// Below this estimated number of rows a read stays serial (one query).
+pub const PARALLEL_MIN_ROWS: f64 = 1_000_000.0;
+/// Rows per range when the number of ranges is chosen from the estimate.
+pub const ROWS_PER_RANGE: f64 = 2_500_000.0;
+/// At most this many ranges unless `parallel` asks for more.
+pub const MAX_AUTO_RANGES: usize = 4;
+/// At most this many ranges, whatever `parallel` asks for.
+pub const MAX_RANGES: usize = 32;
+
+/// The number of ranges a read is split into: `requested` (`parallel => N`) when given,
+/// else one per [`ROWS_PER_RANGE`] estimated rows, at most [`MAX_AUTO_RANGES`], and 1 below
+/// [`PARALLEL_MIN_ROWS`] or without an estimate.
+pub(crate) fn range_count(estimated_rows: Option<f64>, requested: Option<usize>) -> usize {
+    if let Some(n) = requested {
+        return n.clamp(1, MAX_RANGES);
+    }
+    match estimated_rows {
+        Some(rows) if rows >= PARALLEL_MIN_ROWS => {
+            ((rows / ROWS_PER_RANGE).ceil() as usize).clamp(2, MAX_AUTO_RANGES)
+        }
+        _ => 1,
+    }
+}
+
+/// At most `k - 1` split points from `sample`, values of the leading watermark column in
+/// ascending order (a histogram's bounds: each a quantile): evenly spaced through it,
+/// strictly increasing (a value repeated in the sample splits once).
+pub(crate) fn pick_splits(sample: &[WatermarkValue], k: usize) -> Vec<WatermarkValue> {
+    let mut out: Vec<WatermarkValue> = Vec::new();
+    if k < 2 || sample.len() < 2 {
+        return out;
+    }
+    for i in 1..k {
+        let v = &sample[i * sample.len() / k];
+        // A split at the sample's first value leaves an empty first range.
+        if v != &sample[0] && out.last() != Some(v) {
+            out.push(v.clone());
+        }
+    }
+    out
+}
+
+/// At most `k - 1` split points evenly spaced between `min` and `max` (of one kind: a
+/// number, a date or a timestamp), strictly increasing and above `min`; none for text,
+/// booleans, or values of different kinds.
+pub(crate) fn interpolate(
+    min: &WatermarkValue,
+    max: &WatermarkValue,
+    k: usize,
+) -> Vec<WatermarkValue> {
+    use WatermarkValue as V;
+    // Overflow (decimals near the limits of i128) gives no splits.
+    let ints = |lo: i128, hi: i128, make: &dyn Fn(i128) -> WatermarkValue| {
+        let mut out: Vec<WatermarkValue> = Vec::new();
+        let mut last = lo;
+        for i in 1..k as i128 {
+            let Some(v) = hi
+                .checked_sub(lo)
+                .and_then(|d| d.checked_mul(i))
+                .and_then(|d| lo.checked_add(d / k as i128))
+            else {
+                return vec![];
+            };
+            if v > last {
+                out.push(make(v));
+                last = v;
+            }
+        }
+        out
+    };
+    if k < 2 {
+        return vec![];
+    }
+    match (min, max) {
+        (V::Int(a), V::Int(b)) => ints(*a as i128, *b as i128, &|v| V::Int(v as i64)),
+        (V::Date(a), V::Date(b)) => ints(*a as i128, *b as i128, &|v| V::Date(v as i32)),
+        (V::Timestamp(a), V::Timestamp(b)) => {
+            ints(*a as i128, *b as i128, &|v| V::Timestamp(v as i64))
+        }
+        (V::TimestampUtc(a), V::TimestampUtc(b)) => {
+            ints(*a as i128, *b as i128, &|v| V::TimestampUtc(v as i64))
+        }
+        (
+            V::Decimal {
+                unscaled: a,
+                scale: sa,
+            },
+            V::Decimal {
+                unscaled: b,
+                scale: sb,
+            },
+        ) if sa == sb => {
+            let scale = *sa;
+            ints(*a, *b, &|v| V::Decimal { unscaled: v, scale })
+        }
+        (V::Float(a), V::Float(b)) if a.is_finite() && b.is_finite() && a < b => {
+            let mut out: Vec<WatermarkValue> = Vec::new();
+            let mut last = *a;
+            for i in 1..k {
+                let v = a + (b - a) * i as f64 / k as f64;
+                if v > last {
+                    out.push(V::Float(v));
+                    last = v;
+                }
+            }
+            out
+        }
+        _ => vec![],
+    }
+}
+
+/// The conditions of range `j` of the ranges `splits` cut: the leading column at or above
+/// the split before it, below the split after it.
+pub(crate) fn range_conditions(lead: &str, splits: &[WatermarkValue], j: usize) -> Vec<String> {
+    let mut cond = Vec::new();
+    if j > 0 {
+        cond.push(format!("{lead} >= {}", value_literal(&splits[j - 1])));
+    }
+    if j < splits.len() {
+        cond.push(format!("{lead} < {}", value_literal(&splits[j])));
+    }
+    cond
+}
+
+/// The conditions a sample of the leading column (`lead`, an SQL expression) must meet:
+/// set, and not below the read's lower bound (its leading value).
+fn sample_conditions(lead: &str, read: &WatermarkRead) -> String {
+    let mut cond = vec![format!("{lead} IS NOT NULL")];
+    if let Some(v) = read
+        .lower_bound
+        .as_ref()
+        .and_then(|lb| lb.watermark.values.first())
+    {
+        cond.push(format!("{lead} >= {}", value_literal(v)));
+    }
+    cond.join(" AND ")
+}
+
+/// Where a read splits: no split points (one range) for a read too small to split or a
+/// leading column that cannot be split.
+pub(crate) async fn plan(
+    client: &Client,
+    r: &Resolved,
+    read: &WatermarkRead,
+    d: &Described,
+) -> Result<Vec<WatermarkValue>> {
+    let lead_idx = d.wm_idx[0];
+    let decode = d.decoders[lead_idx];
+    let lead = pg_ident(&read.watermark_columns[0]);
+    let query_error =
+        |e: tokio_postgres::Error| r.query_error(read.object.label(), pg_error_text(&e));
+    let decode_values = |rows: &[tokio_postgres::Row], col: usize| -> Vec<WatermarkValue> {
+        rows.iter()
+            .filter_map(|row| {
+                let raw: Option<super::types::Raw> = row.try_get(col).ok()?;
+                watermark_value(decode, raw.map(|r| r.0)).ok().flatten()
+            })
+            .collect()
+    };
+    // A table's statistics: its estimated rows and the histogram of the leading column,
+    // restricted to the values not below the lower bound.
+    let mut estimate = None;
+    let mut sample = Vec::new();
+    if let SourceObject::Table(t) = &read.object {
+        let stats = client
+            .query_opt(
+                "SELECT c.reltuples::float8, s.histogram_bounds::text, \
+                        format_type(a.atttypid, a.atttypmod), \
+                        (SELECT format('%I.%I', cn.nspname, co.collname) \
+                         FROM pg_catalog.pg_collation co \
+                         JOIN pg_catalog.pg_namespace cn ON cn.oid = co.collnamespace \
+                         WHERE co.oid = a.attcollation) \
+                 FROM pg_catalog.pg_class c \
+                 JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+                 JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attname = $2 \
+                 LEFT JOIN pg_catalog.pg_stats s ON s.schemaname = n.nspname \
+                      AND s.tablename = c.relname AND s.attname = a.attname AND NOT s.inherited \
+                 WHERE c.oid = $1::regclass",
+                &[
+                    &TextParam(t.pg_sql()) as &(dyn ToSql + Sync),
+                    &read.watermark_columns[0],
+                ],
+            )
+            .await
+            .map_err(query_error)?;
+        if let Some(row) = stats {
+            let reltuples: f64 = row.get(0);
+            let histogram: Option<String> = row.get(1);
+            let type_name: String = row.get(2);
+            // Text sorts by the column's collation, as the read's ORDER BY does: the splits
+            // must be in the read's order for the ranges to be disjoint.
+            let collate = row
+                .get::<_, Option<String>>(3)
+                .map_or(String::new(), |c| format!(" COLLATE {c}"));
+            if let Some(h) = histogram {
+                let all = client
+                    .query(
+                        &format!(
+                            "SELECT v FROM unnest($1::text::{type_name}[]) v WHERE {} \
+                             ORDER BY v{collate}",
+                            sample_conditions(&format!("v{collate}"), read)
+                        ),
+                        &[&TextParam(h.clone()) as &(dyn ToSql + Sync)],
+                    )
+                    .await
+                    .map_err(query_error)?;
+                let total = client
+                    .query_one(
+                        &format!("SELECT cardinality($1::text::{type_name}[])"),
+                        &[&TextParam(h) as &(dyn ToSql + Sync)],
+                    )
+                    .await
+                    .map_err(query_error)?;
+                let total: i32 = total.get(0);
+                sample = decode_values(&all, 0);
+                if reltuples > 0.0 && total > 0 {
+                    estimate = Some(reltuples * sample.len() as f64 / total as f64);
+                }
+            } else if reltuples > 0.0 {
+                estimate = Some(reltuples);
+            }
+        }
+    }
+    let k = range_count(estimate, read.parallel);
+    if k < 2 {
+        return Ok(vec![]);
+    }
+    let splits = pick_splits(&sample, k);
+    if !splits.is_empty() {
+        return Ok(splits);
+    }
+    // No statistics: between the smallest and the largest value read.
+    let row = client
+        .query_one(
+            &format!(
+                "SELECT min({lead}), max({lead}) FROM {} WHERE {}",
+                super::read::from_clause(&read.object),
+                sample_conditions(&lead, read)
+            ),
+            &[],
+        )
+        .await
+        .map_err(query_error)?;
+    let row = std::slice::from_ref(&row);
+    let (min, max) = (decode_values(row, 0), decode_values(row, 1));
+    Ok(match (min.first(), max.first()) {
+        (Some(a), Some(b)) => interpolate(a, b, k),
+        _ => vec![],
+    })
+}
+
+/// Starts a parallel read of the ranges `splits` cut, on one new connection per range: the
+/// first one's snapshot exported and imported on the others, then one task per range. The
+/// receivers come in range order.
+pub(crate) async fn open(
+    r: &Resolved,
+    read: &WatermarkRead,
+    d: &Described,
+    splits: &[WatermarkValue],
+    arrow: SchemaRef,
+) -> Result<VecDeque<BatchReceiver>> {
+    let label = read.object.label();
+    let query_error = |e: tokio_postgres::Error| r.query_error(label.clone(), pg_error_text(&e));
+    const BEGIN: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
+    let first = Arc::new(r.pg_connect().await?);
+    first.batch_execute(BEGIN).await.map_err(query_error)?;
+    let snapshot: String = first
+        .query_one("SELECT pg_export_snapshot()", &[])
+        .await
+        .map_err(query_error)?
+        .get(0);
+    let mut clients = vec![first];
+    for _ in 0..splits.len() {
+        let c = r.pg_connect().await?;
+        c.batch_execute(&format!(
+            "{BEGIN}; SET TRANSACTION SNAPSHOT {}",
+            super::read::sql_literal(&snapshot)
+        ))
+        .await
+        .map_err(query_error)?;
+        clients.push(Arc::new(c));
+    }
+    let lead = pg_ident(&read.watermark_columns[0]);
+    let mut out = VecDeque::new();
+    for (j, client) in clients.into_iter().enumerate() {
+        let select = watermark_select(read, &d.schema, &range_conditions(&lead, splits, j));
+        // The COPY starts before the task does: a bad query is an error of this call.
+        let reader = PgRowReader::copy(client, r, read, d, &select).await?;
+        out.push_back(spawn(reader, d.schema.clone(), arrow.clone()));
+    }
+    Ok(out)
+}
+
+/// Batches a range's reader may hold before the caller takes them.
+pub const READ_AHEAD_BATCHES: usize = 4;
+
+/// Reads `reader`'s batches in a task of its own, up to [`READ_AHEAD_BATCHES`] ahead of the
+/// caller (decoding overlaps what the caller does with the batches). The task stops when the
+/// caller drops the receiver; its connection closes with the reader (a range's snapshot
+/// transaction ends with it).
+pub(crate) fn spawn(
+    mut reader: PgRowReader,
+    schema: SourceSchema,
+    arrow: SchemaRef,
+) -> BatchReceiver {
+    let (tx, rx) = tokio::sync::mpsc::channel(READ_AHEAD_BATCHES);
+    tokio::spawn(async move {
+        loop {
+            let next = reader.next_batch(&arrow, &schema).await;
+            let stop = !matches!(next, Ok(Some(_)));
+            let Some(item) = next.transpose() else {
+                return;
+            };
+            if tx.send(item).await.is_err() || stop {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use WatermarkValue as V;
+
+    #[test]
+    fn range_counts() {
+        assert_eq!(range_count(None, None), 1);
+        assert_eq!(range_count(Some(999_999.0), None), 1);
+        assert_eq!(range_count(Some(1_000_000.0), None), 2);
+        assert_eq!(range_count(Some(7_000_000.0), None), 3);
+        assert_eq!(range_count(Some(1e9), None), MAX_AUTO_RANGES);
+        assert_eq!(range_count(Some(1e9), Some(1)), 1);
+        assert_eq!(range_count(None, Some(3)), 3);
+        assert_eq!(range_count(None, Some(0)), 1);
+        assert_eq!(range_count(None, Some(1000)), MAX_RANGES);
+    }
+
+    #[test]
+    fn splits_from_a_sample_are_quantiles_without_repeats() {
+        let s: Vec<V> = (0..101).map(V::Int).collect();
+        assert_eq!(pick_splits(&s, 4), vec![V::Int(25), V::Int(50), V::Int(75)]);
+        assert_eq!(pick_splits(&s, 1), vec![]);
+        // A value filling half the histogram splits once; the minimum never splits.
+        let s: Vec<V> = [1, 1, 1, 1, 1, 1, 2, 3, 3, 3]
+            .into_iter()
+            .map(V::Int)
+            .collect();
+        assert_eq!(pick_splits(&s, 5), vec![V::Int(2), V::Int(3)]);
+        assert_eq!(pick_splits(&[V::Int(1)], 4), vec![]);
+        let s: Vec<V> = ["a", "b", "c", "d"]
+            .into_iter()
+            .map(|x| V::Str(x.into()))
+            .collect();
+        assert_eq!(pick_splits(&s, 2), vec![V::Str("c".into())]);
+    }
+
+    #[test]
+    fn interpolated_splits() {
+        assert_eq!(
+            interpolate(&V::Int(0), &V::Int(100), 4),
+            vec![V::Int(25), V::Int(50), V::Int(75)]
+        );
+        // Fewer distinct values than ranges: no repeated or empty splits.
+        assert_eq!(interpolate(&V::Int(5), &V::Int(6), 4), vec![]);
+        assert_eq!(interpolate(&V::Int(5), &V::Int(7), 4), vec![V::Int(6)]);
+        assert_eq!(interpolate(&V::Int(7), &V::Int(7), 4), vec![]);
+        assert_eq!(
+            interpolate(&V::Int(i64::MIN), &V::Int(i64::MAX), 2),
+            vec![V::Int(-1)],
+            "no overflow at the ends of bigint"
+        );
+        assert_eq!(
+            interpolate(&V::TimestampUtc(0), &V::TimestampUtc(3_000_000), 3),
+            vec![V::TimestampUtc(1_000_000), V::TimestampUtc(2_000_000)]
+        );
+        assert_eq!(
+            interpolate(&V::Date(10), &V::Date(20), 2),
+            vec![V::Date(15)]
+        );
+        assert_eq!(
+            interpolate(
+                &V::Decimal {
+                    unscaled: 100,
+                    scale: 2
+                },
+                &V::Decimal {
+                    unscaled: 300,
+                    scale: 2
+                },
+                2
+            ),
+            vec![V::Decimal {
+                unscaled: 200,
+                scale: 2
+            }]
+        );
+        assert_eq!(
+            interpolate(&V::Float(0.0), &V::Float(1.0), 4),
+            vec![V::Float(0.25), V::Float(0.5), V::Float(0.75)]
+        );
+        assert_eq!(
+            interpolate(&V::Str("a".into()), &V::Str("z".into()), 4),
+            vec![]
+        );
+        assert_eq!(interpolate(&V::Int(1), &V::Date(9), 4), vec![]);
+        assert_eq!(interpolate(&V::Int(0), &V::Int(100), 1), vec![]);
+    }
+
+    #[test]
+    fn ranges_cover_everything_once() {
+        let splits = vec![V::Int(10), V::Int(20)];
+        assert_eq!(range_conditions("\"k\"", &splits, 0), vec!["\"k\" < '10'"]);
+        assert_eq!(
+            range_conditions("\"k\"", &splits, 1),
+            vec!["\"k\" >= '10'", "\"k\" < '20'"]
+        );
+        assert_eq!(range_conditions("\"k\"", &splits, 2), vec!["\"k\" >= '20'"]);
+        assert!(range_conditions("\"k\"", &[], 0).is_empty());
+    }
+}
