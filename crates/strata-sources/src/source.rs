@@ -1,7 +1,6 @@
 //! Watermark (cursor) reads from PostgreSQL and MySQL / MariaDB: a [`Source`] connection
 //! starts a backend's read and hands its batches out as a [`WatermarkReader`].
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
 
@@ -12,7 +11,7 @@ use crate::batch::SourceSchema;
 use crate::conn::{ConnectionSpec, Resolved, SourceKind};
 use crate::error::{Result, SourceError};
 use crate::object::SourceObject;
-use crate::read::{BatchReceiver, WatermarkRead};
+use crate::read::WatermarkRead;
 use crate::value::Watermark;
 use crate::{mysql, pg};
 
@@ -106,7 +105,10 @@ impl Source {
             Some(client) => self.start_pg(client, read).await?,
             None => {
                 let (schema, batches) = mysql::start(&self.resolved, read).await?;
-                (schema, ReaderInner::Ranges(VecDeque::from([batches])))
+                (
+                    schema,
+                    ReaderInner::Ranges(pg::ranges::RangeQueue::one(batches)),
+                )
             }
         };
         Ok(WatermarkReader {
@@ -129,14 +131,16 @@ impl Source {
     ) -> Result<(SourceSchema, ReaderInner)> {
         let r = &self.resolved;
         let d = pg::read::describe_read(&**client, r, read).await?;
-        let splits = pg::ranges::plan(client, r, read, &d).await?;
+        let plan = pg::ranges::plan(client, r, read, &d).await?;
         let arrow = d.schema.arrow_schema();
-        let ranges = if splits.is_empty() {
-            let select = pg::read::watermark_select(read, &d.schema, &[]);
-            let reader = pg::read::PgRowReader::copy(client.clone(), r, read, &d, &select).await?;
-            VecDeque::from([pg::ranges::spawn(reader, d.schema.clone(), arrow)])
-        } else {
-            pg::ranges::open(r, read, &d, &splits, arrow).await?
+        let ranges = match plan {
+            None => {
+                let select = pg::read::watermark_select(read, &d.schema, &[]);
+                let reader =
+                    pg::read::PgRowReader::copy(client.clone(), r, read, &d, &select).await?;
+                pg::ranges::RangeQueue::one(pg::ranges::spawn(reader, d.schema.clone(), arrow))
+            }
+            Some(plan) => pg::ranges::open(r, read, &d, &plan, arrow).await?,
         };
         Ok((d.schema, ReaderInner::Ranges(ranges)))
     }
@@ -145,7 +149,7 @@ impl Source {
 /// Where a reader's batches come from: read tasks, drained in order (one per range of a
 /// parallel PostgreSQL read; one for a serial read).
 enum ReaderInner {
-    Ranges(VecDeque<BatchReceiver>),
+    Ranges(pg::ranges::RangeQueue),
     Done,
 }
 
@@ -185,18 +189,7 @@ impl WatermarkReader {
     pub async fn next_batch(&mut self) -> Result<Option<RecordBatch>> {
         let out = match &mut self.inner {
             ReaderInner::Done => return Ok(None),
-            ReaderInner::Ranges(ranges) => loop {
-                let Some(rx) = ranges.front_mut() else {
-                    break Ok(None);
-                };
-                match rx.recv().await {
-                    None => {
-                        ranges.pop_front();
-                    }
-                    Some(Err(e)) => break Err(e),
-                    Some(Ok(x)) => break Ok(Some(x)),
-                }
-            },
+            ReaderInner::Ranges(ranges) => ranges.next().await.transpose(),
         };
         match out {
             Ok(Some((batch, wm))) => {

@@ -66,12 +66,23 @@ async fn same_as_serial(src: &Source, read: &WatermarkRead, parallel: usize) -> 
     want
 }
 
-async fn grouped_table(admin: &tokio_postgres::Client, rows: i64) -> String {
+/// A table of `rows` rows; with `indexed`, an index on the watermark columns (ranges are
+/// then many, about four batches each, several per connection).
+async fn grouped_table(admin: &tokio_postgres::Client, rows: i64, indexed: bool) -> String {
     let t = unique("par_rows");
+    if indexed {
+        admin
+            .batch_execute(&format!(
+                "CREATE TABLE {t} (id bigint PRIMARY KEY, grp bigint, name text, at timestamptz);
+                 CREATE INDEX ON {t} (grp, id);"
+            ))
+            .await
+            .unwrap();
+    }
     // grp repeats (7 rows a value: ties across any split point), some rows have no grp.
     admin
         .batch_execute(&format!(
-            "CREATE TABLE {t} (id bigint PRIMARY KEY, grp bigint, name text, at timestamptz);
+            "CREATE TABLE IF NOT EXISTS {t} (id bigint PRIMARY KEY, grp bigint, name text, at timestamptz);
              INSERT INTO {t} SELECT i, CASE WHEN i % 101 = 0 THEN NULL ELSE i / 7 END,
                     'n' || i, timestamptz '2024-01-01 00:00:00+00' + (i / 7) * interval '1 second'
                FROM generate_series(1, {rows}) i;
@@ -90,7 +101,7 @@ async fn parallel_reads_give_the_serial_rows_in_order() {
     };
     let spec = spec.with_option("application_name", app.clone());
     let admin = pg_admin().await;
-    let t = grouped_table(&admin, 20_000).await;
+    let t = grouped_table(&admin, 20_000, false).await;
     let src = Source::connect(&spec).await.unwrap();
     let read = WatermarkRead::new(
         SourceObject::table(&format!("public.{t}")).unwrap(),
@@ -205,7 +216,7 @@ async fn parallel_reads_see_one_snapshot_while_rows_change() {
         return;
     };
     let admin = pg_admin().await;
-    let t = grouped_table(&admin, 30_000).await;
+    let t = grouped_table(&admin, 30_000, true).await;
     let src = Source::connect(&spec).await.unwrap();
     let read = WatermarkRead::new(
         SourceObject::table(&format!("public.{t}")).unwrap(),

@@ -21,7 +21,7 @@ use crate::batch::SourceSchema;
 use crate::conn::{pg_error_text, Resolved};
 use crate::error::Result;
 use crate::object::{pg_ident, SourceObject};
-use crate::read::{BatchReceiver, WatermarkRead};
+use crate::read::{BatchReceiver, WatermarkBatch, WatermarkRead};
 use crate::value::WatermarkValue;
 
 /// Below this estimated number of rows a read stays serial (one query).
@@ -30,8 +30,60 @@ pub const PARALLEL_MIN_ROWS: f64 = 1_000_000.0;
 pub const ROWS_PER_RANGE: f64 = 2_500_000.0;
 /// At most this many ranges unless `parallel` asks for more.
 pub const MAX_AUTO_RANGES: usize = 4;
-/// At most this many ranges, whatever `parallel` asks for.
+/// At most this many connections, whatever `parallel` asks for.
 pub const MAX_RANGES: usize = 32;
+/// At most this many ranges.
+pub const MAX_SMALL_RANGES: usize = 256;
+
+/// How a read is split: `connections` read at once, `ranges` in all (read in order, each by
+/// the next free connection), a range's channel holding `range_batches` batches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Shape {
+    pub connections: usize,
+    pub ranges: usize,
+    pub range_batches: usize,
+}
+
+/// The shape of a read of about `estimated_rows` rows with `connections` connections: as
+/// many ranges as connections, or, when the leading column is `indexed` (ranges are cheap
+/// index range scans) and the size is known, ranges of about [`READ_AHEAD_BATCHES`] batches,
+/// each fitting its channel, so that every connection reads while the caller takes the
+/// ranges in order, with at most `connections + 1` ranges held.
+pub(crate) fn shape(
+    connections: usize,
+    estimated_rows: Option<f64>,
+    indexed: bool,
+    batch_rows: usize,
+) -> Shape {
+    let batch_rows = batch_rows.max(1) as f64;
+    match estimated_rows {
+        Some(rows) if indexed && connections > 1 => {
+            let ranges = ((rows / (READ_AHEAD_BATCHES as f64 * batch_rows)).ceil() as usize)
+                .clamp(connections, MAX_SMALL_RANGES);
+            let per_range = rows / ranges as f64;
+            Shape {
+                connections,
+                ranges,
+                range_batches: ((per_range / batch_rows).ceil() as usize + 1)
+                    .clamp(READ_AHEAD_BATCHES, 4 * READ_AHEAD_BATCHES),
+            }
+        }
+        _ => Shape {
+            connections,
+            ranges: connections,
+            range_batches: READ_AHEAD_BATCHES,
+        },
+    }
+}
+
+/// A parallel read's plan: its shape, and the split points of its ranges (fewer than
+/// `shape.ranges - 1` when the values allow fewer).
+#[derive(Clone, Debug)]
+pub(crate) struct Plan {
+    pub connections: usize,
+    pub range_batches: usize,
+    pub splits: Vec<WatermarkValue>,
+}
 
 /// The number of ranges a read is split into: `requested` (`parallel => N`) when given,
 /// else one per [`ROWS_PER_RANGE`] estimated rows, at most [`MAX_AUTO_RANGES`], and 1 below
@@ -162,14 +214,14 @@ fn sample_conditions(lead: &str, read: &WatermarkRead) -> String {
     cond.join(" AND ")
 }
 
-/// Where a read splits: no split points (one range) for a read too small to split or a
-/// leading column that cannot be split.
+/// How a read splits: `None` (one query) for a read too small to split or a leading column
+/// that cannot be split.
 pub(crate) async fn plan(
     client: &Client,
     r: &Resolved,
     read: &WatermarkRead,
     d: &Described,
-) -> Result<Vec<WatermarkValue>> {
+) -> Result<Option<Plan>> {
     let lead_idx = d.wm_idx[0];
     let decode = d.decoders[lead_idx];
     let lead = pg_ident(&read.watermark_columns[0]);
@@ -187,6 +239,7 @@ pub(crate) async fn plan(
     // restricted to the values not below the lower bound.
     let mut estimate = None;
     let mut sample = Vec::new();
+    let mut indexed = false;
     if let SourceObject::Table(t) = &read.object {
         let stats = client
             .query_opt(
@@ -195,7 +248,9 @@ pub(crate) async fn plan(
                         (SELECT format('%I.%I', cn.nspname, co.collname) \
                          FROM pg_catalog.pg_collation co \
                          JOIN pg_catalog.pg_namespace cn ON cn.oid = co.collnamespace \
-                         WHERE co.oid = a.attcollation) \
+                         WHERE co.oid = a.attcollation), \
+                        EXISTS (SELECT 1 FROM pg_catalog.pg_index i \
+                                WHERE i.indrelid = c.oid AND i.indkey[0] = a.attnum) \
                  FROM pg_catalog.pg_class c \
                  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
                  JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attname = $2 \
@@ -218,6 +273,7 @@ pub(crate) async fn plan(
             let collate = row
                 .get::<_, Option<String>>(3)
                 .map_or(String::new(), |c| format!(" COLLATE {c}"));
+            indexed = row.get(4);
             if let Some(h) = histogram {
                 let all = client
                     .query(
@@ -249,11 +305,20 @@ pub(crate) async fn plan(
     }
     let k = range_count(estimate, read.parallel);
     if k < 2 {
-        return Ok(vec![]);
+        return Ok(None);
     }
-    let splits = pick_splits(&sample, k);
+    let shape = shape(k, estimate, indexed, read.batch_rows);
+    let planned = |splits: Vec<WatermarkValue>| {
+        Some(Plan {
+            connections: shape.connections.min(splits.len() + 1),
+            range_batches: shape.range_batches,
+            splits,
+        })
+        .filter(|p| !p.splits.is_empty())
+    };
+    let splits = pick_splits(&sample, shape.ranges);
     if !splits.is_empty() {
-        return Ok(splits);
+        return Ok(planned(splits));
     }
     // No statistics: between the smallest and the largest value read.
     let row = client
@@ -270,21 +335,22 @@ pub(crate) async fn plan(
     let row = std::slice::from_ref(&row);
     let (min, max) = (decode_values(row, 0), decode_values(row, 1));
     Ok(match (min.first(), max.first()) {
-        (Some(a), Some(b)) => interpolate(a, b, k),
-        _ => vec![],
+        (Some(a), Some(b)) => planned(interpolate(a, b, shape.ranges)),
+        _ => None,
     })
 }
 
-/// Starts a parallel read of the ranges `splits` cut, on one new connection per range: the
-/// first one's snapshot exported and imported on the others, then one task per range. The
-/// receivers come in range order.
+/// Starts a parallel read of the ranges `plan` cuts, on `plan.connections` new connections:
+/// the first one's snapshot exported and imported on the others, then one worker task per
+/// connection taking the ranges in order ([`work`]). At most [`RangeQueue`]'s limit of
+/// ranges are being read or waiting for the caller at once.
 pub(crate) async fn open(
     r: &Resolved,
     read: &WatermarkRead,
     d: &Described,
-    splits: &[WatermarkValue],
+    plan: &Plan,
     arrow: SchemaRef,
-) -> Result<VecDeque<BatchReceiver>> {
+) -> Result<RangeQueue> {
     let label = read.object.label();
     let query_error = |e: tokio_postgres::Error| r.query_error(label.clone(), pg_error_text(&e));
     const BEGIN: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
@@ -296,7 +362,7 @@ pub(crate) async fn open(
         .map_err(query_error)?
         .get(0);
     let mut clients = vec![first];
-    for _ in 0..splits.len() {
+    for _ in 1..plan.connections {
         let c = r.pg_connect().await?;
         c.batch_execute(&format!(
             "{BEGIN}; SET TRANSACTION SNAPSHOT {}",
@@ -307,23 +373,93 @@ pub(crate) async fn open(
         clients.push(Arc::new(c));
     }
     let lead = pg_ident(&read.watermark_columns[0]);
-    let mut out = VecDeque::new();
-    for (j, client) in clients.into_iter().enumerate() {
-        let select = watermark_select(read, &d.schema, &range_conditions(&lead, splits, j));
-        // The COPY starts before the task does: a bad query is an error of this call.
-        let reader = PgRowReader::copy(client, r, read, d, &select).await?;
-        out.push_back(spawn(reader, d.schema.clone(), arrow.clone()));
+    let ranges = plan.splits.len() + 1;
+    let mut todo = VecDeque::new();
+    let mut receivers = VecDeque::new();
+    for j in 0..ranges {
+        let (tx, rx) = tokio::sync::mpsc::channel(plan.range_batches);
+        let select = watermark_select(read, &d.schema, &range_conditions(&lead, &plan.splits, j));
+        todo.push_back((select, tx));
+        receivers.push_back(rx);
     }
-    Ok(out)
+    let todo = Arc::new(std::sync::Mutex::new(todo));
+    // The range the caller reads, and one more per connection.
+    let permits = Arc::new(tokio::sync::Semaphore::new(plan.connections + 1));
+    for client in clients {
+        tokio::spawn(work(
+            Worker {
+                client,
+                r: r.clone(),
+                read: read.clone(),
+                d: d.clone(),
+                arrow: arrow.clone(),
+            },
+            todo.clone(),
+            permits.clone(),
+        ));
+    }
+    Ok(RangeQueue {
+        receivers,
+        permits: Some(permits),
+    })
 }
 
-/// Batches a range's reader may hold before the caller takes them.
+/// What a worker reads with: its connection (in the snapshot) and the read.
+struct Worker {
+    client: Arc<Client>,
+    r: Resolved,
+    read: WatermarkRead,
+    d: Described,
+    arrow: SchemaRef,
+}
+
+/// The ranges not started yet, in order: each its query and where its batches go.
+type Todo = std::sync::Mutex<VecDeque<(String, tokio::sync::mpsc::Sender<Result<WatermarkBatch>>)>>;
+
+/// A worker: takes the next range (once a permit says fewer than the limit are in flight),
+/// reads it into its channel, and so on until none is left or the caller is gone (the
+/// permits closed). Its connection, and the snapshot transaction, end with it.
+async fn work(w: Worker, todo: Arc<Todo>, permits: Arc<tokio::sync::Semaphore>) {
+    loop {
+        let Ok(permit) = permits.acquire().await else {
+            return;
+        };
+        // Given back by the caller when it has taken the range's last batch.
+        permit.forget();
+        let next = todo.lock().ok().and_then(|mut t| t.pop_front());
+        let Some((select, tx)) = next else {
+            return;
+        };
+        let reader = PgRowReader::copy(w.client.clone(), &w.r, &w.read, &w.d, &select).await;
+        let mut reader = match reader {
+            Ok(reader) => reader,
+            Err(e) => {
+                let _ = tx.send(Err(e)).await;
+                return;
+            }
+        };
+        loop {
+            let next = reader.next_batch(&w.arrow, &w.d.schema).await;
+            let stop = !matches!(next, Ok(Some(_)));
+            let Some(item) = next.transpose() else {
+                break;
+            };
+            if tx.send(item).await.is_err() {
+                return;
+            }
+            if stop {
+                return;
+            }
+        }
+    }
+}
+
+/// Batches a serial reader may hold before the caller takes them.
 pub const READ_AHEAD_BATCHES: usize = 4;
 
 /// Reads `reader`'s batches in a task of its own, up to [`READ_AHEAD_BATCHES`] ahead of the
 /// caller (decoding overlaps what the caller does with the batches). The task stops when the
-/// caller drops the receiver; its connection closes with the reader (a range's snapshot
-/// transaction ends with it).
+/// caller drops the receiver.
 pub(crate) fn spawn(
     mut reader: PgRowReader,
     schema: SourceSchema,
@@ -343,6 +479,47 @@ pub(crate) fn spawn(
         }
     });
     rx
+}
+
+/// The batches of a read's ranges, taken range after range (one range for a serial read).
+/// Finishing a range gives its permit back to the workers; dropping the queue stops them.
+pub(crate) struct RangeQueue {
+    receivers: VecDeque<BatchReceiver>,
+    permits: Option<Arc<tokio::sync::Semaphore>>,
+}
+
+impl RangeQueue {
+    /// One read task's batches.
+    pub(crate) fn one(rx: BatchReceiver) -> RangeQueue {
+        RangeQueue {
+            receivers: VecDeque::from([rx]),
+            permits: None,
+        }
+    }
+
+    /// The next batch, `None` after the last range's last.
+    pub(crate) async fn next(&mut self) -> Option<Result<WatermarkBatch>> {
+        loop {
+            let rx = self.receivers.front_mut()?;
+            match rx.recv().await {
+                Some(item) => return Some(item),
+                None => {
+                    self.receivers.pop_front();
+                    if let Some(p) = &self.permits {
+                        p.add_permits(1);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for RangeQueue {
+    fn drop(&mut self) {
+        if let Some(p) = &self.permits {
+            p.close();
+        }
+    }
 }
 
 #[cfg(test)]
@@ -432,6 +609,28 @@ mod tests {
         );
         assert_eq!(interpolate(&V::Int(1), &V::Date(9), 4), vec![]);
         assert_eq!(interpolate(&V::Int(0), &V::Int(100), 1), vec![]);
+    }
+
+    #[test]
+    fn shapes() {
+        // Without an index (or a size): one range per connection.
+        let s = shape(4, Some(1e7), false, 65_536);
+        assert_eq!(
+            (s.connections, s.ranges, s.range_batches),
+            (4, 4, READ_AHEAD_BATCHES)
+        );
+        assert_eq!(shape(3, None, true, 65_536).ranges, 3);
+        // With one: ranges of about 256k rows, each fitting its channel.
+        let s = shape(4, Some(1e7), true, 65_536);
+        assert_eq!(s.ranges, 39, "about four batches a range");
+        assert_eq!(s.range_batches, 5);
+        // Small reads still have a range per connection; huge ones at most 256 ranges.
+        assert_eq!(shape(4, Some(10.0), true, 65_536).ranges, 4);
+        assert_eq!(shape(2, Some(1e12), true, 65_536).ranges, MAX_SMALL_RANGES);
+        assert_eq!(
+            shape(2, Some(1e12), true, 1000).range_batches,
+            4 * READ_AHEAD_BATCHES
+        );
     }
 
     #[test]
