@@ -122,8 +122,8 @@ impl Source {
 }
 
 impl Source {
-    /// A PostgreSQL read: described, planned ([`pg::ranges::plan`]), then one COPY on this
-    /// connection, or ranges read concurrently in one snapshot.
+    /// A PostgreSQL read: described, planned ([`pg::ranges::plan`]), then ranges read
+    /// concurrently in one snapshot, or one COPY on this connection.
     async fn start_pg(
         &self,
         client: &Arc<tokio_postgres::Client>,
@@ -131,16 +131,32 @@ impl Source {
     ) -> Result<(SourceSchema, ReaderInner)> {
         let r = &self.resolved;
         let d = pg::read::describe_read(&**client, r, read).await?;
-        let plan = pg::ranges::plan(client, r, read, &d).await?;
         let arrow = d.schema.arrow_schema();
-        let ranges = match plan {
+        // Splitting is an optimization: a plan or a snapshot that cannot be had (statistics
+        // of an odd type, a server refusing more connections or exported snapshots) leaves
+        // the one query, which gives the same rows.
+        let parallel = match pg::ranges::plan(client, r, read, &d).await {
+            Ok(Some(plan)) => match pg::ranges::open(r, read, &d, &plan, arrow.clone()).await {
+                Ok(ranges) => Some(ranges),
+                Err(e) => {
+                    tracing::warn!("{}: reading in one query: {e}", read.object.label());
+                    None
+                }
+            },
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!("{}: reading in one query: {e}", read.object.label());
+                None
+            }
+        };
+        let ranges = match parallel {
+            Some(ranges) => ranges,
             None => {
                 let select = pg::read::watermark_select(read, &d.schema, &[]);
                 let reader =
                     pg::read::PgRowReader::copy(client.clone(), r, read, &d, &select).await?;
                 pg::ranges::RangeQueue::one(pg::ranges::spawn(reader, d.schema.clone(), arrow))
             }
-            Some(plan) => pg::ranges::open(r, read, &d, &plan, arrow).await?,
         };
         Ok((d.schema, ReaderInner::Ranges(ranges)))
     }

@@ -3,10 +3,12 @@
 //! snapshot (as `pg_dump -j` does), and the batches handed out range after range, so the
 //! caller sees exactly the rows, in exactly the order, of the single ordered query.
 //!
-//! Phases: [`plan`] (how many ranges, and where they split: the table's statistics, else
-//! the minimum and maximum of the leading column), [`open`] (the snapshot exported on the
-//! first connection and imported on the others), then one read task per range
-//! ([`spawn`]) feeding a bounded channel, drained in range order by the caller.
+//! Phases: [`plan`] (how many connections and ranges, and where the ranges split: the
+//! table's statistics, else the minimum and maximum of the leading column), [`open`] (the
+//! snapshot exported on the first connection and imported on the others), then one worker
+//! per connection ([`work`]) taking the ranges in order, each range into a channel of its
+//! own, drained in range order by the caller ([`RangeQueue`]). A serial read is one read
+//! task ([`spawn`]) drained the same way.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -222,6 +224,9 @@ pub(crate) async fn plan(
     read: &WatermarkRead,
     d: &Described,
 ) -> Result<Option<Plan>> {
+    if read.parallel == Some(1) {
+        return Ok(None);
+    }
     let lead_idx = d.wm_idx[0];
     let decode = d.decoders[lead_idx];
     let lead = pg_ident(&read.watermark_columns[0]);
