@@ -315,22 +315,45 @@ SEQUENCE BY updated_at COLUMNS id, v STORED AS SCD TYPE 1;
 
 #[test]
 fn killed_chunked_loads_take_every_row_once() {
+    chunked_load_drill("drill_chunks", "", "");
+}
+
+/// The same with the load read in ranges of `grp` on three connections, in one snapshot:
+/// three ranges between the smallest and largest `grp` (no statistics), then, indexed and
+/// analyzed, about 30 ranges of four batches taken in turn. The commits still follow the
+/// watermark, so a kill loses and doubles nothing.
+#[test]
+fn killed_parallel_chunked_loads_take_every_row_once() {
+    chunked_load_drill("drill_par_chunks", ", parallel => 3", "");
+    chunked_load_drill(
+        "drill_par_idx_chunks",
+        ", parallel => 3",
+        "CREATE INDEX ON {table} (grp); ANALYZE {table};",
+    );
+}
+
+/// Loads of a growing table (options added to the read: `options`; statements run after
+/// the table is filled: `setup`, `{table}` naming it), killed at random moments, then a
+/// clean run: every row once.
+fn chunked_load_drill(prefix: &str, options: &str, setup: &str) {
     let server = Server::from_env();
     let seed = seed();
     eprintln!("drill seed {seed} (STRATA_DRILL_SEED={seed} replays it)");
-    let table = format!("drill_chunks_{}", std::process::id());
+    let table = format!("{prefix}_{}", std::process::id());
+    let setup = setup.replace("{table}", &table);
     // Three rows to a watermark value, committed 1,000 rows at a time: kills land between
     // chunks and inside them.
     pg(
         &server.config,
         &format!(
             "CREATE TABLE {table} (id bigint PRIMARY KEY, grp bigint NOT NULL, pad text);
-             INSERT INTO {table} SELECT i, i / 3, repeat('p', 40) FROM generate_series(1, 30000) i;"
+             INSERT INTO {table} SELECT i, i / 3, repeat('p', 40) FROM generate_series(1, 30000) i;
+             {setup}"
         ),
     );
     let p = Project::new(&format!(
         "{}CREATE STREAMING TABLE bulk_raw AS SELECT * FROM STREAM read_database('shop', \
-         table => 'public.{table}', watermark => 'grp', batch_rows => 250, chunk_rows => 1000);
+         table => 'public.{table}', watermark => 'grp', batch_rows => 250, chunk_rows => 1000{options});
 ",
         server.connection
     ));

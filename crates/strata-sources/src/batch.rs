@@ -154,6 +154,12 @@ pub(crate) enum ColBuilder {
 
 impl ColBuilder {
     pub fn new(kind: ColumnKind, capacity: usize) -> ColBuilder {
+        Self::with_value_bytes(kind, capacity, capacity.min(1 << 16) * 8)
+    }
+
+    /// A builder for `capacity` rows whose text or binary values take about `value_bytes`
+    /// (the size of the previous batch's: no buffer regrown and copied on the way).
+    pub fn with_value_bytes(kind: ColumnKind, capacity: usize, value_bytes: usize) -> ColBuilder {
         let cap = capacity.min(1 << 16);
         match kind {
             ColumnKind::Boolean => ColBuilder::Bool(BooleanBuilder::with_capacity(cap)),
@@ -166,8 +172,8 @@ impl ColBuilder {
             ColumnKind::Decimal { precision, scale } => {
                 ColBuilder::Dec(Decimal128Builder::with_capacity(cap), precision, scale)
             }
-            ColumnKind::Utf8 => ColBuilder::Str(StringBuilder::with_capacity(cap, cap * 8)),
-            ColumnKind::Binary => ColBuilder::Bin(BinaryBuilder::with_capacity(cap, cap * 8)),
+            ColumnKind::Utf8 => ColBuilder::Str(StringBuilder::with_capacity(cap, value_bytes)),
+            ColumnKind::Binary => ColBuilder::Bin(BinaryBuilder::with_capacity(cap, value_bytes)),
             ColumnKind::Date => ColBuilder::Date(Date32Builder::with_capacity(cap)),
             ColumnKind::Timestamp => {
                 ColBuilder::Ts(TimestampMicrosecondBuilder::with_capacity(cap))
@@ -175,6 +181,15 @@ impl ColBuilder {
             ColumnKind::TimestampUtc => {
                 ColBuilder::TsUtc(TimestampMicrosecondBuilder::with_capacity(cap))
             }
+        }
+    }
+
+    /// The bytes of the text or binary values appended so far (0 for other kinds).
+    pub fn value_bytes(&self) -> usize {
+        match self {
+            ColBuilder::Str(b) => b.values_slice().len(),
+            ColBuilder::Bin(b) => b.values_slice().len(),
+            _ => 0,
         }
     }
 

@@ -13,9 +13,11 @@ use crate::value::{LowerBound, Watermark};
 /// Default rows per batch (64 Ki).
 pub const DEFAULT_BATCH_ROWS: usize = 65_536;
 
-/// Batches of a read running in a task of its own, each with the watermark of its last row.
-pub(crate) type BatchReceiver =
-    tokio::sync::mpsc::Receiver<Result<(RecordBatch, Option<Watermark>)>>;
+/// A batch with the watermark of its last row.
+pub(crate) type WatermarkBatch = (RecordBatch, Option<Watermark>);
+
+/// Batches of a read running in a task of its own.
+pub(crate) type BatchReceiver = tokio::sync::mpsc::Receiver<Result<WatermarkBatch>>;
 
 /// A watermark (cursor) read: the rows whose watermark columns, compared as a tuple, are above
 /// a lower bound, in watermark order.
@@ -32,6 +34,10 @@ pub struct WatermarkRead {
     pub lower_bound: Option<LowerBound>,
     /// Rows per batch ([`DEFAULT_BATCH_ROWS`]).
     pub batch_rows: usize,
+    /// PostgreSQL: how many ranges of the leading watermark column to read concurrently, in
+    /// one snapshot (`None`: chosen from the table's estimated rows; 1: one query). MySQL /
+    /// MariaDB reads are always one query.
+    pub parallel: Option<usize>,
 }
 
 impl WatermarkRead {
@@ -43,6 +49,7 @@ impl WatermarkRead {
             exclude_columns: vec![],
             lower_bound: None,
             batch_rows: DEFAULT_BATCH_ROWS,
+            parallel: None,
         }
     }
 
@@ -55,6 +62,12 @@ impl WatermarkRead {
     /// Start at this bound.
     pub fn lower_bound(mut self, bound: Option<LowerBound>) -> Self {
         self.lower_bound = bound;
+        self
+    }
+
+    /// Ranges read concurrently (PostgreSQL; `None`: automatic, see [`WatermarkRead::parallel`]).
+    pub fn parallel(mut self, ranges: Option<usize>) -> Self {
+        self.parallel = ranges;
         self
     }
 

@@ -11,7 +11,7 @@ use crate::batch::SourceSchema;
 use crate::conn::{ConnectionSpec, Resolved, SourceKind};
 use crate::error::{Result, SourceError};
 use crate::object::SourceObject;
-use crate::read::{BatchReceiver, WatermarkRead};
+use crate::read::WatermarkRead;
 use crate::value::Watermark;
 use crate::{mysql, pg};
 
@@ -102,13 +102,13 @@ impl Source {
             }
         }
         let (schema, inner) = match &self.pg {
-            Some(client) => {
-                let (schema, rows) = pg::read::start(client.clone(), &self.resolved, read).await?;
-                (schema, ReaderInner::Pg(rows))
-            }
+            Some(client) => self.start_pg(client, read).await?,
             None => {
                 let (schema, batches) = mysql::start(&self.resolved, read).await?;
-                (schema, ReaderInner::Channel(batches))
+                (
+                    schema,
+                    ReaderInner::Ranges(pg::ranges::RangeQueue::one(batches)),
+                )
             }
         };
         Ok(WatermarkReader {
@@ -121,16 +121,57 @@ impl Source {
     }
 }
 
-/// Where a reader's batches come from: PostgreSQL rows pulled on the caller's task, or a
-/// backend's own read task.
+impl Source {
+    /// A PostgreSQL read: described, planned ([`pg::ranges::plan`]), then ranges read
+    /// concurrently in one snapshot, or one COPY on this connection.
+    async fn start_pg(
+        &self,
+        client: &Arc<tokio_postgres::Client>,
+        read: &WatermarkRead,
+    ) -> Result<(SourceSchema, ReaderInner)> {
+        let r = &self.resolved;
+        let d = pg::read::describe_read(&**client, r, read).await?;
+        let arrow = d.schema.arrow_schema();
+        // Splitting is an optimization: a plan or a snapshot that cannot be had (statistics
+        // of an odd type, a server refusing more connections or exported snapshots) leaves
+        // the one query, which gives the same rows.
+        let parallel = match pg::ranges::plan(client, r, read, &d).await {
+            Ok(Some(plan)) => match pg::ranges::open(r, read, &d, &plan, arrow.clone()).await {
+                Ok(ranges) => Some(ranges),
+                Err(e) => {
+                    tracing::warn!("{}: reading in one query: {e}", read.object.label());
+                    None
+                }
+            },
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!("{}: reading in one query: {e}", read.object.label());
+                None
+            }
+        };
+        let ranges = match parallel {
+            Some(ranges) => ranges,
+            None => {
+                let select = pg::read::watermark_select(read, &d.schema, &[]);
+                let reader =
+                    pg::read::PgRowReader::copy(client.clone(), r, read, &d, &select).await?;
+                pg::ranges::RangeQueue::one(pg::ranges::spawn(reader, d.schema.clone(), arrow))
+            }
+        };
+        Ok((d.schema, ReaderInner::Ranges(ranges)))
+    }
+}
+
+/// Where a reader's batches come from: read tasks, drained in order (one per range of a
+/// parallel PostgreSQL read; one for a serial read).
 enum ReaderInner {
-    Pg(pg::read::PgRowReader),
-    Channel(BatchReceiver),
+    Ranges(pg::ranges::RangeQueue),
     Done,
 }
 
-/// A running watermark read. Memory stays bounded by the batch size: rows are pulled from the
-/// server as batches are taken.
+/// A running watermark read. Memory stays bounded by the batch size: each read task decodes
+/// at most a few batches ahead of the caller (`pg::ranges::READ_AHEAD_BATCHES` per range; the
+/// server waits meanwhile).
 pub struct WatermarkReader {
     schema: SourceSchema,
     arrow: SchemaRef,
@@ -164,12 +205,7 @@ impl WatermarkReader {
     pub async fn next_batch(&mut self) -> Result<Option<RecordBatch>> {
         let out = match &mut self.inner {
             ReaderInner::Done => return Ok(None),
-            ReaderInner::Pg(r) => r.next_batch(&self.arrow, &self.schema).await,
-            ReaderInner::Channel(rx) => match rx.recv().await {
-                None => Ok(None),
-                Some(Err(e)) => Err(e),
-                Some(Ok(x)) => Ok(Some(x)),
-            },
+            ReaderInner::Ranges(ranges) => ranges.next().await.transpose(),
         };
         match out {
             Ok(Some((batch, wm))) => {

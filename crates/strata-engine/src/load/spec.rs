@@ -211,6 +211,9 @@ struct SourceEntry {
     chunk_bytes: Option<Scalar>,
     #[serde(default)]
     chunk_rows: Option<Scalar>,
+    /// PostgreSQL: ranges of the leading watermark column read concurrently.
+    #[serde(default)]
+    parallel: Option<Scalar>,
     #[serde(default)]
     exclude: Vec<String>,
     /// Read the table's change log (PostgreSQL) instead of a watermark.
@@ -707,11 +710,12 @@ fn read_database_call(source: &SourceEntry) -> Result<String, String> {
             s.overlap.is_some(),
             s.chunk_bytes.is_some(),
             s.chunk_rows.is_some(),
+            s.parallel.is_some(),
         ];
         if s.watermark.is_some() || watermark_only.contains(&true) {
             return Err(
-                "source: watermark, overlap, chunk_bytes and chunk_rows belong to watermark \
-                 loads, not to cdc: true"
+                "source: watermark, overlap, chunk_bytes, chunk_rows and parallel belong to \
+                 watermark loads, not to cdc: true"
                     .into(),
             );
         }
@@ -735,6 +739,7 @@ fn read_database_call(source: &SourceEntry) -> Result<String, String> {
             ("overlap", &s.overlap),
             ("chunk_bytes", &s.chunk_bytes),
             ("chunk_rows", &s.chunk_rows),
+            ("parallel", &s.parallel),
         ] {
             if let Some(v) = v {
                 let _ = write!(out, ", {k} => {}", string(&v.text()));
@@ -843,14 +848,14 @@ mod tests {
         let e = entry(
             "name: orders\n\
              source: { database: shop, table: public.orders, watermark: [updated_at, id], overlap: 600, \
-             chunk_bytes: 64MB, chunk_rows: 100000 }\n\
+             chunk_bytes: 64MB, chunk_rows: 100000, parallel: 4 }\n\
              keys: [id]\nsequence_by: updated_at\n",
         );
         let sql = table_sql(&e).unwrap();
         assert!(
             sql.contains(
                 "read_database('shop', table => 'public.orders', watermark => 'updated_at, id', \
-                 overlap => '600', chunk_bytes => '64MB', chunk_rows => '100000')"
+                 overlap => '600', chunk_bytes => '64MB', chunk_rows => '100000', parallel => '4')"
             ),
             "{sql}"
         );
@@ -860,7 +865,7 @@ mod tests {
             "name: c\nsource: { database: shop, table: t, cdc: true, chunk_rows: 10 }\nkeys: [id]\n",
         );
         let e = table_sql(&cdc_chunks).unwrap_err();
-        assert!(e.contains("chunk_rows belong to watermark loads"), "{e}");
+        assert!(e.contains("parallel belong to watermark loads"), "{e}");
         let e = entry(
             "name: customers\nsource: { database: shop, table: public.customers, cdc: true }\n\
              keys: [id]\nstored_as: SCD TYPE 2\nexcept_columns: [secret]\n",

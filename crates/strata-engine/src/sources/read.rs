@@ -7,7 +7,7 @@ use strata_sources::{
 use strata_sql::ReadDatabase;
 
 /// The options `read_database` takes in each mode.
-const WATERMARK_OPTIONS: [&str; 9] = [
+const WATERMARK_OPTIONS: [&str; 10] = [
     "mode",
     "table",
     "query",
@@ -17,6 +17,7 @@ const WATERMARK_OPTIONS: [&str; 9] = [
     "batch_rows",
     "chunk_rows",
     "chunk_bytes",
+    "parallel",
 ];
 const CDC_OPTIONS: [&str; 6] = [
     "mode",
@@ -74,6 +75,9 @@ pub(crate) enum ReadMode {
         columns: Vec<String>,
         overlap: Option<Overlap>,
         chunk: ChunkSize,
+        /// `parallel => N`: PostgreSQL reads N ranges of the leading watermark column
+        /// concurrently, in one snapshot (`None`: chosen from the table's size).
+        parallel: Option<usize>,
     },
     /// `mode => 'cdc'` (PostgreSQL): the table's changes through a logical replication
     /// slot and publication; the first run copies the table through the slot's snapshot.
@@ -84,13 +88,17 @@ impl DatabaseRead {
     /// The watermark read as `strata-sources` takes it (the lower bound is set per run);
     /// `None` in CDC mode.
     pub(crate) fn watermark_read(&self) -> Option<WatermarkRead> {
-        let ReadMode::Watermark { columns, .. } = &self.mode else {
+        let ReadMode::Watermark {
+            columns, parallel, ..
+        } = &self.mode
+        else {
             return None;
         };
         Some(
             WatermarkRead::new(self.object.clone(), columns.clone())
                 .exclude(self.exclude.clone())
-                .batch_rows(self.batch_rows),
+                .batch_rows(self.batch_rows)
+                .parallel(*parallel),
         )
     }
 
@@ -216,6 +224,9 @@ pub(crate) fn database_read(rd: &ReadDatabase, hint: &str) -> Result<DatabaseRea
                     .transpose()?
                     .unwrap_or(DEFAULT_CHUNK_BYTES),
             },
+            parallel: get("parallel")
+                .map(|n| positive(n, "parallel", "ranges"))
+                .transpose()?,
         },
     })
 }
@@ -322,6 +333,7 @@ mod tests {
                 ("exclude", "blob"),
                 ("overlap", "10 minutes"),
                 ("batch_rows", "1000"),
+                ("parallel", "3"),
             ]),
             "orders_raw",
         )
@@ -330,6 +342,7 @@ mod tests {
             columns,
             overlap,
             chunk,
+            parallel,
         } = &r.mode
         else {
             panic!("not a watermark read");
@@ -339,6 +352,8 @@ mod tests {
         assert_eq!(r.exclude, ["blob"]);
         assert_eq!(overlap, &Some(Overlap::Duration(Duration::from_secs(600))));
         assert_eq!(r.batch_rows, 1000);
+        assert_eq!(parallel, &Some(3));
+        assert_eq!(r.watermark_read().unwrap().parallel, Some(3));
         assert_eq!(
             r.object.label(),
             SourceObject::table("public.orders").unwrap().label()
@@ -358,6 +373,8 @@ mod tests {
         assert!(e(&[("mode", "cdc")]).contains("table =>"));
         assert!(e(&[("mode", "cdc"), ("table", "t"), ("watermark", "w")]).contains("cdc mode"));
         assert!(e(&[("mode", "log")]).contains("'log'"));
+        assert!(e(&[("table", "t"), ("watermark", "w"), ("parallel", "0")]).contains("parallel"));
+        assert!(e(&[("mode", "cdc"), ("table", "t"), ("parallel", "2")]).contains("cdc mode"));
     }
 
     #[test]

@@ -8,6 +8,22 @@ use deltalake::arrow::row::{RowConverter, Rows, SortField};
 use deltalake::datafusion::scalar::ScalarValue;
 use std::cmp::Ordering;
 
+/// The bytes of Arrow memory `batch`'s rows occupy: of a slice, its part of the buffers it
+/// shares (`RecordBatch::get_array_memory_size` counts whole buffers: every slice of a batch
+/// would count all of it), at least one byte per row.
+pub(crate) fn slice_bytes(batch: &RecordBatch) -> usize {
+    let bytes: usize = batch
+        .columns()
+        .iter()
+        .map(|c| {
+            c.to_data()
+                .get_slice_memory_size()
+                .unwrap_or_else(|_| c.get_array_memory_size())
+        })
+        .sum();
+    bytes.max(batch.num_rows())
+}
+
 /// Casts `batch` column by column (by position) to `schema`.
 /// `batch` with `schema`'s columns, matched by name ignoring case and cast to their types; a
 /// column the batch lacks is NULL, one `schema` lacks is left out.

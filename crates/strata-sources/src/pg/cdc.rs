@@ -873,12 +873,28 @@ impl SnapshotReader {
             describe(&*self.client, &self.r, &object, &t.exclude_columns).await?;
         crate::read::check_columns(&self.r, &object, &all, &schema, &[], &t.exclude_columns)?;
         let cols: Vec<String> = schema.columns.iter().map(|c| pg_ident(&c.name)).collect();
-        let sql = format!("SELECT {} FROM {}", cols.join(", "), table.pg_sql());
-        let stream = self
-            .client
-            .query_raw(sql.as_str(), std::iter::empty::<&(dyn ToSql + Sync)>())
-            .await
-            .map_err(|e| self.r.query_error(object.label(), pg_error_text(&e)))?;
+        let sql = format!(
+            "SELECT {} FROM {}",
+            if cols.is_empty() {
+                "1".to_string()
+            } else {
+                cols.join(", ")
+            },
+            table.pg_sql()
+        );
+        let reader = PgRowReader::start_copy(
+            self.client.clone(),
+            &self.r,
+            &object,
+            decoders,
+            self.batch_rows,
+            &sql,
+        )
+        .await?
+        .with_meta(SnapshotMeta {
+            commit_lsn: self.consistent_point.to_i64(),
+            commit_ts: self.snapshot_micros,
+        });
         let mut fields: Vec<arrow_schema::Field> = schema
             .arrow_schema()
             .fields()
@@ -887,22 +903,6 @@ impl SnapshotReader {
             .collect();
         fields.extend(change_meta_fields());
         let arrow = Arc::new(Schema::new(fields));
-        let reader = PgRowReader {
-            stream: Box::pin(stream),
-            decoders,
-            wm_idx: vec![],
-            wm_names: vec![],
-            batch_rows: self.batch_rows,
-            connection: self.r.name().to_string(),
-            object: object.label(),
-            scrub: self.r.password.secret.clone(),
-            _client: self.client.clone(),
-            meta: Some(SnapshotMeta {
-                commit_lsn: self.consistent_point.to_i64(),
-                commit_ts: self.snapshot_micros,
-            }),
-            exhausted: false,
-        };
         Ok((table, schema, arrow, reader, false))
     }
 }

@@ -1,4 +1,5 @@
-//! PostgreSQL describe and streamed reads (extended protocol, binary results).
+//! PostgreSQL describe and streamed reads: `COPY (SELECT ...) TO STDOUT (FORMAT binary)`,
+//! decoded into Arrow builders as the bytes arrive.
 
 use std::collections::HashMap;
 use std::error::Error as StdError;
@@ -11,15 +12,16 @@ use arrow_schema::SchemaRef;
 use bytes::BytesMut;
 use futures::StreamExt;
 use tokio_postgres::types::{to_sql_checked, Format, IsNull, ToSql, Type};
-use tokio_postgres::{Client, GenericClient, Row, RowStream};
+use tokio_postgres::{Client, CopyOutStream, GenericClient};
 
-use super::types::{append_binary, map_type, watermark_value, PgDecode, Raw};
+use super::copy::{CopyParser, Tuple};
+use super::types::{append_binary, map_type, watermark_value, PgDecode};
 use crate::batch::{meta, ColBuilder, SourceColumn, SourceSchema};
 use crate::conn::{pg_error_text, Resolved};
 use crate::error::{Result, SourceError};
 use crate::object::{pg_ident, SourceObject};
 use crate::read::{check_columns, WatermarkRead};
-use crate::value::Watermark;
+use crate::value::{LowerBound, Watermark, WatermarkValue};
 
 /// A query parameter sent as text: the server parses it with the type it inferred for the
 /// parameter (so one value type fits numeric, timestamptz, date, text, ...).
@@ -132,42 +134,51 @@ pub(crate) async fn describe<C: GenericClient>(
     ))
 }
 
-pub(crate) async fn start(
-    client: Arc<Client>,
-    r: &Resolved,
+/// A string as an SQL literal (COPY takes no parameters): quotes doubled, and backslashes
+/// too in an `E'...'` literal, as libpq's `PQescapeLiteral` does, so the text means the same
+/// whatever `standard_conforming_strings` says.
+pub(crate) fn sql_literal(text: &str) -> String {
+    if text.contains('\\') {
+        format!("E'{}'", text.replace('\\', "\\\\").replace('\'', "''"))
+    } else {
+        format!("'{}'", text.replace('\'', "''"))
+    }
+}
+
+/// A watermark value as an untyped SQL literal: the server reads it as the type of the
+/// column it is compared with (as it did a text parameter).
+pub(crate) fn value_literal(v: &WatermarkValue) -> String {
+    sql_literal(&v.to_sql_text())
+}
+
+/// The condition of a lower bound: the watermark tuple above (or at) the bound's values.
+pub(crate) fn lower_bound_condition(wm: &[String], lb: &LowerBound) -> String {
+    let n = lb.watermark.values.len();
+    let values: Vec<String> = lb.watermark.values.iter().map(value_literal).collect();
+    format!(
+        "({}) {} ({})",
+        wm[..n].join(", "),
+        if lb.inclusive { ">=" } else { ">" },
+        values.join(", ")
+    )
+}
+
+/// The query of a watermark read (or of one range of it: `extra` conditions): the kept
+/// columns of the rows whose watermark columns are all set and above the lower bound, in
+/// watermark order.
+pub(crate) fn watermark_select(
     read: &WatermarkRead,
-) -> Result<(SourceSchema, PgRowReader)> {
-    let (schema, decoders, all) =
-        describe(&*client, r, &read.object, &read.exclude_columns).await?;
-    let wm_idx = check_columns(
-        r,
-        &read.object,
-        &all,
-        &schema,
-        &read.watermark_columns,
-        &read.exclude_columns,
-    )?;
+    schema: &SourceSchema,
+    extra: &[String],
+) -> String {
     let cols: Vec<String> = schema.columns.iter().map(|c| pg_ident(&c.name)).collect();
     let wm: Vec<String> = read.watermark_columns.iter().map(|c| pg_ident(c)).collect();
     let mut cond: Vec<String> = wm.iter().map(|c| format!("{c} IS NOT NULL")).collect();
-    let mut params = Vec::new();
     if let Some(lb) = &read.lower_bound {
-        let n = lb.watermark.values.len();
-        let placeholders: Vec<String> = (1..=n).map(|i| format!("${i}")).collect();
-        cond.push(format!(
-            "({}) {} ({})",
-            wm[..n].join(", "),
-            if lb.inclusive { ">=" } else { ">" },
-            placeholders.join(", ")
-        ));
-        params = lb
-            .watermark
-            .values
-            .iter()
-            .map(|v| TextParam(v.to_sql_text()))
-            .collect();
+        cond.push(lower_bound_condition(&wm, lb));
     }
-    let sql = format!(
+    cond.extend(extra.iter().cloned());
+    format!(
         "SELECT {} FROM {} WHERE {} ORDER BY {}",
         if cols.is_empty() {
             "1".to_string()
@@ -177,30 +188,38 @@ pub(crate) async fn start(
         from_clause(&read.object),
         cond.join(" AND "),
         wm.join(", ")
-    );
-    let stream = client
-        .query_raw(
-            sql.as_str(),
-            params.iter().map(|p| p as &(dyn ToSql + Sync)),
-        )
-        .await
-        .map_err(|e| r.query_error(read.object.label(), pg_error_text(&e)))?;
-    Ok((
+    )
+}
+
+/// What a watermark read of PostgreSQL decodes: the described table and where its watermark
+/// columns are.
+#[derive(Clone)]
+pub(crate) struct Described {
+    pub schema: SourceSchema,
+    pub decoders: Vec<PgDecode>,
+    pub wm_idx: Vec<usize>,
+}
+
+/// Describe the read's table or query and check its watermark and excluded columns.
+pub(crate) async fn describe_read<C: GenericClient>(
+    client: &C,
+    r: &Resolved,
+    read: &WatermarkRead,
+) -> Result<Described> {
+    let (schema, decoders, all) = describe(client, r, &read.object, &read.exclude_columns).await?;
+    let wm_idx = check_columns(
+        r,
+        &read.object,
+        &all,
+        &schema,
+        &read.watermark_columns,
+        &read.exclude_columns,
+    )?;
+    Ok(Described {
         schema,
-        PgRowReader {
-            stream: Box::pin(stream),
-            decoders,
-            wm_idx,
-            wm_names: read.watermark_columns.clone(),
-            batch_rows: read.batch_rows.max(1),
-            connection: r.name().to_string(),
-            object: read.object.label(),
-            scrub: r.password.secret.clone(),
-            _client: client,
-            meta: None,
-            exhausted: false,
-        },
-    ))
+        decoders,
+        wm_idx,
+    })
 }
 
 /// Metadata columns appended to every row (the snapshot read of CDC uses them).
@@ -230,22 +249,92 @@ impl SnapshotMeta {
     }
 }
 
+/// Rows of a binary COPY, decoded into Arrow batches (see [`super::copy`]).
 pub(crate) struct PgRowReader {
-    pub stream: Pin<Box<RowStream>>,
-    pub decoders: Vec<PgDecode>,
-    pub wm_idx: Vec<usize>,
-    pub wm_names: Vec<String>,
-    pub batch_rows: usize,
-    pub connection: String,
-    pub object: String,
-    pub scrub: Option<crate::Secret>,
-    pub _client: Arc<Client>,
-    pub meta: Option<SnapshotMeta>,
-    /// The stream returned its end (a finished RowStream must not be polled again).
-    pub exhausted: bool,
+    stream: Pin<Box<CopyOutStream>>,
+    parser: CopyParser,
+    /// Fields per tuple (the kept columns; one when none is kept, `SELECT 1`).
+    width: usize,
+    decoders: Vec<PgDecode>,
+    wm_idx: Vec<usize>,
+    wm_names: Vec<String>,
+    /// The watermark columns' bytes of the last row decoded (`None`: NULL).
+    last_wm: Vec<Option<Vec<u8>>>,
+    batch_rows: usize,
+    /// Per column, the value bytes its text builder starts with.
+    value_bytes: Vec<usize>,
+    connection: String,
+    object: String,
+    scrub: Option<crate::Secret>,
+    _client: Arc<Client>,
+    meta: Option<SnapshotMeta>,
+    /// The stream returned its end (a finished stream must not be polled again).
+    exhausted: bool,
 }
 
 impl PgRowReader {
+    /// Starts `COPY (select) TO STDOUT (FORMAT binary)` on `client`.
+    pub(crate) async fn copy(
+        client: Arc<Client>,
+        r: &Resolved,
+        read: &WatermarkRead,
+        d: &Described,
+        select: &str,
+    ) -> Result<PgRowReader> {
+        let mut reader = PgRowReader::start_copy(
+            client,
+            r,
+            &read.object,
+            d.decoders.clone(),
+            read.batch_rows,
+            select,
+        )
+        .await?;
+        reader.wm_idx = d.wm_idx.clone();
+        reader.wm_names = read.watermark_columns.clone();
+        reader.last_wm = vec![None; d.wm_idx.len()];
+        Ok(reader)
+    }
+
+    /// Starts the COPY of `select`'s rows (no watermark tracked: see [`PgRowReader::copy`]).
+    pub(crate) async fn start_copy(
+        client: Arc<Client>,
+        r: &Resolved,
+        object: &SourceObject,
+        decoders: Vec<PgDecode>,
+        batch_rows: usize,
+        select: &str,
+    ) -> Result<PgRowReader> {
+        let sql = format!("COPY ({select}) TO STDOUT (FORMAT binary)");
+        let stream = client
+            .copy_out(sql.as_str())
+            .await
+            .map_err(|e| r.query_error(object.label(), pg_error_text(&e)))?;
+        Ok(PgRowReader {
+            stream: Box::pin(stream),
+            parser: CopyParser::default(),
+            width: decoders.len().max(1),
+            decoders,
+            wm_idx: vec![],
+            wm_names: vec![],
+            last_wm: vec![],
+            batch_rows: batch_rows.max(1),
+            value_bytes: vec![],
+            connection: r.name().to_string(),
+            object: object.label(),
+            scrub: r.password.secret.clone(),
+            _client: client,
+            meta: None,
+            exhausted: false,
+        })
+    }
+
+    /// Appends these metadata columns to every batch.
+    pub(crate) fn with_meta(mut self, meta: SnapshotMeta) -> Self {
+        self.meta = Some(meta);
+        self
+    }
+
     fn value_error(&self, schema: &SourceSchema, i: usize, detail: String) -> SourceError {
         SourceError::Value {
             connection: self.connection.clone(),
@@ -259,73 +348,127 @@ impl PgRowReader {
         }
     }
 
+    fn stream_error(&self, detail: String) -> SourceError {
+        let detail = self
+            .scrub
+            .as_ref()
+            .map(|s| s.scrub(&detail))
+            .unwrap_or(detail);
+        SourceError::Query {
+            connection: self.connection.clone(),
+            object: self.object.clone(),
+            detail,
+        }
+    }
+
+    /// The next bytes of the stream into the parser; false at its end.
+    async fn fill(&mut self) -> Result<bool> {
+        match self.stream.next().await {
+            None => Ok(false),
+            Some(Err(e)) => Err(self.stream_error(pg_error_text(&e))),
+            Some(Ok(bytes)) => {
+                self.parser.push(bytes);
+                Ok(true)
+            }
+        }
+    }
+
+    /// Reads to the end of the stream after the trailer (the server's completion).
+    async fn finish_stream(&mut self) -> Result<()> {
+        while self.fill().await? {}
+        self.exhausted = true;
+        Ok(())
+    }
+
+    /// Decodes the tuple the parser holds into `builders` and keeps its watermark bytes.
+    fn decode_tuple(&mut self, schema: &SourceSchema, builders: &mut [ColBuilder]) -> Result<()> {
+        for (i, b) in builders.iter_mut().enumerate() {
+            append_binary(b, self.decoders[i], self.parser.field(i))
+                .map_err(|e| self.value_error(schema, i, e))?;
+        }
+        for (k, &i) in self.wm_idx.iter().enumerate() {
+            match (self.parser.field(i), &mut self.last_wm[k]) {
+                (None, slot) => *slot = None,
+                (Some(f), Some(kept)) => {
+                    kept.clear();
+                    kept.extend_from_slice(f);
+                }
+                (Some(f), slot) => *slot = Some(f.to_vec()),
+            }
+        }
+        self.parser.consume();
+        Ok(())
+    }
+
+    /// The watermark of the last row decoded.
+    fn last_watermark(&self, schema: &SourceSchema) -> Result<Option<Watermark>> {
+        if self.wm_idx.is_empty() {
+            return Ok(None);
+        }
+        let mut values = Vec::new();
+        for (k, &i) in self.wm_idx.iter().enumerate() {
+            match watermark_value(self.decoders[i], self.last_wm[k].as_deref())
+                .map_err(|e| self.value_error(schema, i, e))?
+            {
+                Some(v) => values.push(v),
+                None => {
+                    return Err(self.value_error(
+                        schema,
+                        i,
+                        "internal: NULL watermark value".into(),
+                    ))
+                }
+            }
+        }
+        Ok(Some(Watermark {
+            columns: self.wm_names.clone(),
+            values,
+        }))
+    }
+
     pub async fn next_batch(
         &mut self,
         arrow: &SchemaRef,
         schema: &SourceSchema,
     ) -> Result<Option<(RecordBatch, Option<Watermark>)>> {
+        if self.value_bytes.len() != schema.columns.len() {
+            self.value_bytes = vec![self.batch_rows.min(1 << 16) * 8; schema.columns.len()];
+        }
         let mut builders: Vec<ColBuilder> = schema
             .columns
             .iter()
-            .map(|c| ColBuilder::new(c.kind, self.batch_rows))
+            .zip(&self.value_bytes)
+            .map(|(c, &bytes)| ColBuilder::with_value_bytes(c.kind, self.batch_rows, bytes))
             .collect();
         let mut n = 0usize;
-        let mut last: Option<Row> = None;
         while n < self.batch_rows && !self.exhausted {
-            match self.stream.next().await {
-                None => self.exhausted = true,
-                Some(Err(e)) => {
-                    let text = pg_error_text(&e);
-                    let text = self.scrub.as_ref().map(|s| s.scrub(&text)).unwrap_or(text);
-                    return Err(SourceError::Query {
-                        connection: self.connection.clone(),
-                        object: self.object.clone(),
-                        detail: text,
-                    });
-                }
-                Some(Ok(row)) => {
-                    for (i, b) in builders.iter_mut().enumerate() {
-                        let raw: Option<Raw> = row
-                            .try_get(i)
-                            .map_err(|e| self.value_error(schema, i, e.to_string()))?;
-                        append_binary(b, self.decoders[i], raw.map(|r| r.0))
-                            .map_err(|e| self.value_error(schema, i, e))?;
-                    }
+            match self
+                .parser
+                .next_tuple(self.width)
+                .map_err(|e| self.stream_error(e))?
+            {
+                Tuple::Row => {
+                    self.decode_tuple(schema, &mut builders)?;
                     n += 1;
-                    last = Some(row);
+                }
+                Tuple::End => self.finish_stream().await?,
+                Tuple::Incomplete => {
+                    if !self.fill().await? {
+                        return Err(self.stream_error(
+                            "the COPY stream ended inside a row or without its trailer".into(),
+                        ));
+                    }
                 }
             }
         }
         if n == 0 {
             return Ok(None);
         }
-        let wm = match &last {
-            Some(row) if !self.wm_idx.is_empty() => {
-                let mut values = Vec::new();
-                for &i in &self.wm_idx {
-                    let raw: Option<Raw> = row
-                        .try_get(i)
-                        .map_err(|e| self.value_error(schema, i, e.to_string()))?;
-                    match watermark_value(self.decoders[i], raw.map(|r| r.0))
-                        .map_err(|e| self.value_error(schema, i, e))?
-                    {
-                        Some(v) => values.push(v),
-                        None => {
-                            return Err(self.value_error(
-                                schema,
-                                i,
-                                "internal: NULL watermark value".into(),
-                            ))
-                        }
-                    }
-                }
-                Some(Watermark {
-                    columns: self.wm_names.clone(),
-                    values,
-                })
-            }
-            _ => None,
-        };
+        let wm = self.last_watermark(schema)?;
+        // The next batch's text columns, sized as this one's (a little more).
+        for (kept, b) in self.value_bytes.iter_mut().zip(&builders) {
+            *kept = (*kept).max(b.value_bytes() + b.value_bytes() / 8);
+        }
         let mut arrays: Vec<ArrayRef> = builders.iter_mut().map(|b| b.finish()).collect();
         if let Some(m) = &self.meta {
             arrays.extend(m.arrays(n));

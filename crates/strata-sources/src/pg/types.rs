@@ -221,17 +221,28 @@ pub(crate) fn timestamp_micros(raw: &[u8]) -> Result<i64, String> {
         .ok_or_else(|| "timestamp out of range".to_string())
 }
 
-pub(crate) fn uuid_text(raw: &[u8]) -> Result<String, String> {
+/// A binary uuid in its canonical text form (`8-4-4-4-12` lower-case hex digits), written
+/// into `out`.
+fn uuid_chars(raw: &[u8], out: &mut [u8; 36]) -> Result<(), String> {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let b = be::<16>(raw)?;
-    let h = |r: std::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
-    Ok(format!(
-        "{}-{}-{}-{}-{}",
-        h(0..4),
-        h(4..6),
-        h(6..8),
-        h(8..10),
-        h(10..16)
-    ))
+    let mut at = 0;
+    for (i, byte) in b.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            out[at] = b'-';
+            at += 1;
+        }
+        out[at] = HEX[(byte >> 4) as usize];
+        out[at + 1] = HEX[(byte & 0xf) as usize];
+        at += 2;
+    }
+    Ok(())
+}
+
+pub(crate) fn uuid_text(raw: &[u8]) -> Result<String, String> {
+    let mut out = [0u8; 36];
+    uuid_chars(raw, &mut out)?;
+    Ok(out.iter().map(|&c| c as char).collect())
 }
 
 /// Decode a binary NUMERIC exactly into an unscaled i128 at `scale`. NaN, infinities, values
@@ -325,7 +336,12 @@ pub(crate) fn append_binary(
             Some((1, text)) => b.append_value(utf8(text)?),
             _ => return Err("unknown jsonb binary version".into()),
         },
-        (PgDecode::Uuid, ColBuilder::Str(b)) => b.append_value(uuid_text(raw)?),
+        (PgDecode::Uuid, ColBuilder::Str(b)) => {
+            let mut out = [0u8; 36];
+            uuid_chars(raw, &mut out)?;
+            // Hex digits and dashes: ASCII.
+            b.append_value(std::str::from_utf8(&out).map_err(|e| e.to_string())?)
+        }
         (PgDecode::Bytea, ColBuilder::Bin(b)) => b.append_value(raw),
         (PgDecode::Date, ColBuilder::Date(b)) => b.append_value(date_days(raw)?),
         (PgDecode::Timestamp, ColBuilder::Ts(b))

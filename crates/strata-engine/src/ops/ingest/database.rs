@@ -31,7 +31,7 @@ use crate::sources::read::{database_read, DatabaseRead, ReadMode};
 use crate::sources::toast;
 use crate::sources::watermark;
 use crate::storage::commit::{position, AppId, PendingCommit};
-use crate::util::arrow::align_by_name;
+use crate::util::arrow::{align_by_name, slice_bytes};
 use deltalake::arrow::array::RecordBatch;
 use deltalake::arrow::datatypes::{Schema, SchemaRef};
 use deltalake::arrow::row::{OwnedRow, RowConverter, SortField};
@@ -242,7 +242,7 @@ struct Chunk {
     parts: Vec<RecordBatch>,
     events: HashMap<String, Vec<RecordBatch>>,
     rows: usize,
-    /// The Arrow memory the rows hold.
+    /// The Arrow memory the rows hold (of slices, their part: [`slice_bytes`]).
     bytes: usize,
 }
 
@@ -264,10 +264,7 @@ impl Chunk {
             .context(|| "reading database rows".into())?;
         let (rows, _) = checked_rows(setup, running, df, place, report, &mut self.events).await?;
         self.rows += rows.iter().map(RecordBatch::num_rows).sum::<usize>();
-        self.bytes += rows
-            .iter()
-            .map(RecordBatch::get_array_memory_size)
-            .sum::<usize>();
+        self.bytes += rows.iter().map(slice_bytes).sum::<usize>();
         self.parts.extend(rows);
         Ok(())
     }
