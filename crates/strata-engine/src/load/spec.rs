@@ -321,25 +321,7 @@ fn load(
     let spec: Spec =
         serde_norway::from_str(&text).map_err(|e| EngineError::Spec(format!("{file}: {e}")))?;
     let spec_err = |m: String| EngineError::Spec(format!("{file}: {m}"));
-    if spec.name.trim().is_empty() {
-        return Err(spec_err("name: must not be empty".into()));
-    }
-    let schema = match &spec.schema {
-        Some(s) if s.trim().is_empty() || s.contains('.') || s.starts_with('_') => {
-            return Err(spec_err(format!(
-                "schema: `{s}` is not a schema name (one identifier, not starting with `_`)"
-            )))
-        }
-        Some(s) => s.clone(),
-        None => strata_sql::TableName::DEFAULT_SCHEMA.to_string(),
-    };
-    if let Some(c) = &spec.catalog {
-        if c.trim().is_empty() || c.contains('.') || c.contains(char::is_whitespace) {
-            return Err(spec_err(format!(
-                "catalog: `{c}` is not a catalog name (one identifier)"
-            )));
-        }
-    }
+    let schema = checked_names(&spec).map_err(spec_err)?;
     let mut conf: BTreeMap<String, String> = spec
         .configuration
         .iter()
@@ -348,17 +330,67 @@ fn load(
     conf.extend(configuration.iter().map(|(k, v)| (k.clone(), v.clone())));
     let settings =
         UpdateSettings::resolve(spec.notifications, spec.smtp, &conf).map_err(spec_err)?;
-
-    // Paths in the spec are relative to it; messages name them as reachable from here.
-    let shown_dir = path.parent().unwrap_or(Path::new(""));
     // Generated tables first: the libraries usually read them (the order only breaks
     // ties in the execution order).
+    let mut sources = generated_sources(&file, &spec.connections, &spec.tables)?;
+    let (libraries, python_libraries) =
+        library_sources(path, &file, &dir, &spec.libraries, python)?;
+    sources.extend(libraries);
+    if sources.is_empty() && python_libraries.is_empty() {
+        return Err(spec_err(
+            "the spec has neither libraries nor tables: nothing to run".into(),
+        ));
+    }
+    Ok(LoadedPipeline {
+        name: Some(spec.name),
+        warehouse: spec.warehouse.map(|w| dir.join(w)),
+        dir,
+        sources,
+        configuration: conf,
+        schema,
+        catalog: spec.catalog,
+        settings,
+        python_libraries,
+    })
+}
+
+/// The spec's name, schema and catalog checked; the schema its tables go to.
+fn checked_names(spec: &Spec) -> std::result::Result<String, String> {
+    if spec.name.trim().is_empty() {
+        return Err("name: must not be empty".into());
+    }
+    let schema = match &spec.schema {
+        Some(s) if s.trim().is_empty() || s.contains('.') || s.starts_with('_') => {
+            return Err(format!(
+                "schema: `{s}` is not a schema name (one identifier, not starting with `_`)"
+            ))
+        }
+        Some(s) => s.clone(),
+        None => strata_sql::TableName::DEFAULT_SCHEMA.to_string(),
+    };
+    if let Some(c) = &spec.catalog {
+        if c.trim().is_empty() || c.contains('.') || c.contains(char::is_whitespace) {
+            return Err(format!(
+                "catalog: `{c}` is not a catalog name (one identifier)"
+            ));
+        }
+    }
+    Ok(schema)
+}
+
+/// The SQL the spec's `connections` and `tables` stand for, one source each (the
+/// connections together).
+fn generated_sources(
+    file: &str,
+    connections: &BTreeMap<String, ConnectionEntry>,
+    tables: &[TableEntry],
+) -> Result<Vec<PipelineSource>> {
     let mut sources = Vec::new();
-    if !spec.connections.is_empty() {
+    if !connections.is_empty() {
         let mut text = String::new();
-        for (name, c) in &spec.connections {
+        for (name, c) in connections {
             let sql = connection_sql(name, c)
-                .map_err(|m| spec_err(format!("connections.{name}: {m}")))?;
+                .map_err(|m| EngineError::Spec(format!("{file}: connections.{name}: {m}")))?;
             text.push_str(&sql);
         }
         sources.push(PipelineSource {
@@ -367,7 +399,7 @@ fn load(
             kind: SourceKind::Generated,
         });
     }
-    for (i, entry) in spec.tables.iter().enumerate() {
+    for (i, entry) in tables.iter().enumerate() {
         let origin = format!("{file}: tables[{i}] ({})", entry.name);
         let text = table_sql(entry).map_err(|m| EngineError::Spec(format!("{origin}: {m}")))?;
         sources.push(PipelineSource {
@@ -376,8 +408,23 @@ fn load(
             kind: SourceKind::Generated,
         });
     }
+    Ok(sources)
+}
+
+/// The spec's SQL libraries, read, and its Python ones (kept aside when `python`, else an
+/// error). Paths are relative to the spec; messages name them as reachable from here.
+fn library_sources(
+    path: &Path,
+    file: &str,
+    dir: &Path,
+    libraries: &[String],
+    python: bool,
+) -> Result<(Vec<PipelineSource>, Vec<PathBuf>)> {
+    let spec_err = |m: String| EngineError::Spec(format!("{file}: {m}"));
+    let shown_dir = path.parent().unwrap_or(Path::new(""));
+    let mut sources = Vec::new();
     let mut python_libraries = Vec::new();
-    for (i, lib) in spec.libraries.iter().enumerate() {
+    for (i, lib) in libraries.iter().enumerate() {
         let lib_path = shown_dir.join(lib);
         let name = lib_path.display().to_string();
         if lib_path.extension().is_some_and(|e| e == "py") {
@@ -404,22 +451,7 @@ fn load(
             kind: SourceKind::File,
         });
     }
-    if sources.is_empty() && python_libraries.is_empty() {
-        return Err(spec_err(
-            "the spec has neither libraries nor tables: nothing to run".into(),
-        ));
-    }
-    Ok(LoadedPipeline {
-        name: Some(spec.name),
-        warehouse: spec.warehouse.map(|w| dir.join(w)),
-        dir,
-        sources,
-        configuration: conf,
-        schema,
-        catalog: spec.catalog,
-        settings,
-        python_libraries,
-    })
+    Ok((sources, python_libraries))
 }
 
 /// A backtick-quoted identifier (a backtick inside is doubled).

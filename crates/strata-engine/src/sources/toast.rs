@@ -65,8 +65,35 @@ pub(crate) async fn fill_unchanged(
     batches: Vec<RecordBatch>,
     toast: &Toast<'_>,
 ) -> Result<Vec<RecordBatch>> {
-    // (batch, row) → the columns not sent.
-    let mut wanted: HashMap<(usize, usize), Vec<String>> = HashMap::new();
+    let wanted = wanted_columns(&batches);
+    if wanted.is_empty() {
+        return Ok(batches);
+    }
+    if toast.key.is_empty() {
+        return Err(unresolved(toast, &wanted, "the table has no primary key"));
+    }
+    let keys = KeyRows::new(&batches, &toast.key)?;
+    let (fills, from_bronze) = plan_fills(&keys, &wanted);
+    let bronze = match from_bronze.is_empty() {
+        true => None,
+        false => Some(bronze_rows(toast, &keys, &from_bronze, &wanted).await?),
+    };
+    let bronze_row = bronze_positions(bronze.as_ref(), &from_bronze);
+    let sources = FillSources {
+        batches: &batches,
+        bronze: bronze.as_ref().map(|(found, _)| found),
+        bronze_row: &bronze_row,
+    };
+    batches
+        .iter()
+        .enumerate()
+        .map(|(b, batch)| fill_batch(b, batch, &fills, &sources, toast))
+        .collect()
+}
+
+/// (batch, row) → the columns the server did not send for that row.
+fn wanted_columns(batches: &[RecordBatch]) -> HashMap<(usize, usize), Vec<String>> {
+    let mut wanted = HashMap::new();
     for (b, batch) in batches.iter().enumerate() {
         let Some(list) = unchanged_list(batch) else {
             continue;
@@ -79,18 +106,19 @@ pub(crate) async fn fill_unchanged(
             }
         }
     }
-    if wanted.is_empty() {
-        return Ok(batches);
-    }
-    if toast.key.is_empty() {
-        return Err(unresolved(toast, &wanted, "the table has no primary key"));
-    }
-    let keys = KeyRows::new(&batches, &toast.key)?;
+    wanted
+}
+
+/// Where each wanted value comes from, in commit order: the key's change before it in this
+/// run, else the streaming table's row of the key (the keys to look up there, in order).
+fn plan_fills(
+    keys: &KeyRows,
+    wanted: &HashMap<(usize, usize), Vec<String>>,
+) -> (HashMap<Fill, Option<Origin>>, Vec<OwnedRow>) {
     let needed: HashSet<OwnedRow> = wanted
         .keys()
         .map(|(b, r)| keys.rows[*b].row(*r).owned())
         .collect();
-    // In commit order: each wanted value comes from the key's change before it.
     let mut last: HashMap<OwnedRow, (usize, usize)> = HashMap::new();
     let mut fills: HashMap<Fill, Option<Origin>> = HashMap::new();
     let mut from_bronze: Vec<OwnedRow> = Vec::new();
@@ -123,103 +151,129 @@ pub(crate) async fn fill_unchanged(
             last.insert(key, (b, r));
         }
     }
-    let bronze = match from_bronze.is_empty() {
-        true => None,
-        false => Some(bronze_rows(toast, &keys, &from_bronze, &wanted).await?),
+    (fills, from_bronze)
+}
+
+/// The row of the streaming table's rows found for each key looked up, by its index in
+/// `from_bronze` (`None`: the key is not there).
+fn bronze_positions(
+    bronze: Option<&(RecordBatch, Rows)>,
+    from_bronze: &[OwnedRow],
+) -> Vec<Option<usize>> {
+    let Some((_, rows)) = bronze else {
+        return Vec::new();
     };
-    // The bronze row of each key looked up, by its index in `from_bronze`.
-    let bronze_row: Vec<Option<usize>> = match &bronze {
-        None => Vec::new(),
-        Some((_, rows)) => {
-            let at: HashMap<OwnedRow, usize> = rows
-                .iter()
-                .enumerate()
-                .map(|(i, r)| (r.owned(), i))
-                .collect();
-            from_bronze.iter().map(|k| at.get(k).copied()).collect()
-        }
-    };
-    let mut out = Vec::with_capacity(batches.len());
-    for (b, batch) in batches.iter().enumerate() {
-        let in_batch: Vec<(&Fill, &Option<Origin>)> =
-            fills.iter().filter(|((fb, _, _), _)| *fb == b).collect();
-        if in_batch.is_empty() {
-            out.push(batch.clone());
+    let at: HashMap<OwnedRow, usize> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.owned(), i))
+        .collect();
+    from_bronze.iter().map(|k| at.get(k).copied()).collect()
+}
+
+/// Where filled values are taken from: the run's batches and the streaming table's rows.
+struct FillSources<'a> {
+    batches: &'a [RecordBatch],
+    bronze: Option<&'a RecordBatch>,
+    bronze_row: &'a [Option<usize>],
+}
+
+/// Batch `b` with its unchanged values put back and `_unchanged_cols` cleared.
+fn fill_batch(
+    b: usize,
+    batch: &RecordBatch,
+    fills: &HashMap<Fill, Option<Origin>>,
+    sources: &FillSources<'_>,
+    toast: &Toast<'_>,
+) -> Result<RecordBatch> {
+    let in_batch: Vec<(&Fill, &Option<Origin>)> =
+        fills.iter().filter(|((fb, _, _), _)| *fb == b).collect();
+    if in_batch.is_empty() {
+        return Ok(batch.clone());
+    }
+    let schema = batch.schema();
+    let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
+    let mut touched: Vec<&str> = in_batch.iter().map(|((_, _, c), _)| c.as_str()).collect();
+    touched.sort_unstable();
+    touched.dedup();
+    for c in touched {
+        let Some(ci) = schema.index_of(c).ok() else {
+            continue; // excluded from the read
+        };
+        columns[ci] = filled_column(b, batch, c, &columns[ci], &in_batch, sources, toast)?;
+    }
+    // Every value is back: the rows name no unchanged column any more.
+    if let Ok(ui) = schema.index_of(meta::UNCHANGED_COLS) {
+        columns[ui] = cleared_list(schema.field(ui), batch.num_rows())?;
+    }
+    RecordBatch::try_new(schema.clone(), columns).context(|| "filling unchanged values".into())
+}
+
+/// Column `c` of batch `b` (`current`) with the values of `in_batch` picked from their origin.
+fn filled_column(
+    b: usize,
+    batch: &RecordBatch,
+    c: &str,
+    current: &ArrayRef,
+    in_batch: &[(&Fill, &Option<Origin>)],
+    sources: &FillSources<'_>,
+    toast: &Toast<'_>,
+) -> Result<ArrayRef> {
+    let target = current.data_type();
+    // Sources: 0 this batch, 1 + n batch n of the run, then the bronze rows.
+    let mut arrays: Vec<ArrayRef> = vec![current.clone()];
+    for x in sources.batches {
+        arrays.push(match x.column_by_name(c) {
+            Some(col) => cast(col, target).context(|| format!("filling {c}"))?,
+            None => new_null_array(target, x.num_rows()),
+        });
+    }
+    let bronze_col =
+        match sources.bronze {
+            Some(found) => match found.schema().index_of(c) {
+                Ok(i) => Some(cast(found.column(i), target).context(|| {
+                    format!("reading the last value of {c} from the streaming table")
+                })?),
+                Err(_) => None,
+            },
+            None => None,
+        };
+    if let Some(col) = &bronze_col {
+        arrays.push(col.clone());
+    }
+    let bronze_at = arrays.len() - 1;
+    let mut picks: Vec<(usize, usize)> = (0..batch.num_rows()).map(|r| (0, r)).collect();
+    for ((_, r, fc), from) in in_batch {
+        if fc != c {
             continue;
         }
-        let schema = batch.schema();
-        let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
-        let mut touched: Vec<&str> = in_batch.iter().map(|((_, _, c), _)| c.as_str()).collect();
-        touched.sort_unstable();
-        touched.dedup();
-        for c in touched {
-            let Some(ci) = schema.index_of(c).ok() else {
-                continue; // excluded from the read
-            };
-            let target = schema.field(ci).data_type();
-            // Sources: 0 this batch, 1 + n batch n of the run, then the bronze rows.
-            let mut sources: Vec<ArrayRef> = vec![columns[ci].clone()];
-            for x in &batches {
-                sources.push(match x.column_by_name(c) {
-                    Some(col) => cast(col, target).context(|| format!("filling {c}"))?,
-                    None => new_null_array(target, x.num_rows()),
-                });
+        let pick = match from {
+            Some(Origin::Run(pb, pr)) => Some((1 + pb, *pr)),
+            Some(Origin::Bronze(i)) => sources
+                .bronze_row
+                .get(*i)
+                .copied()
+                .flatten()
+                .filter(|_| bronze_col.is_some())
+                .map(|row| (bronze_at, row)),
+            None => None,
+        };
+        match pick {
+            Some(p) => picks[*r] = p,
+            None => {
+                let one = HashMap::from([((b, *r), vec![c.to_string()])]);
+                return Err(unresolved_with_key(
+                    toast,
+                    &one,
+                    batch,
+                    "neither an earlier change in this run nor the streaming table \
+                     holds a value for it",
+                ));
             }
-            let bronze_col = match &bronze {
-                Some((found, _)) => match found.schema().index_of(c) {
-                    Ok(i) => Some(cast(found.column(i), target).context(|| {
-                        format!("reading the last value of {c} from the streaming table")
-                    })?),
-                    Err(_) => None,
-                },
-                None => None,
-            };
-            if let Some(col) = &bronze_col {
-                sources.push(col.clone());
-            }
-            let bronze_at = sources.len() - 1;
-            let mut picks: Vec<(usize, usize)> = (0..batch.num_rows()).map(|r| (0, r)).collect();
-            for ((_, r, fc), from) in &in_batch {
-                if fc != c {
-                    continue;
-                }
-                let pick = match from {
-                    Some(Origin::Run(pb, pr)) => Some((1 + pb, *pr)),
-                    Some(Origin::Bronze(i)) => bronze_row
-                        .get(*i)
-                        .copied()
-                        .flatten()
-                        .filter(|_| bronze_col.is_some())
-                        .map(|row| (bronze_at, row)),
-                    None => None,
-                };
-                match pick {
-                    Some(p) => picks[*r] = p,
-                    None => {
-                        let one = HashMap::from([((b, *r), vec![c.to_string()])]);
-                        return Err(unresolved_with_key(
-                            toast,
-                            &one,
-                            batch,
-                            "neither an earlier change in this run nor the streaming table \
-                             holds a value for it",
-                        ));
-                    }
-                }
-            }
-            let refs: Vec<&dyn Array> = sources.iter().map(|a| a.as_ref()).collect();
-            columns[ci] = interleave(&refs, &picks).context(|| format!("filling {c}"))?;
         }
-        // Every value is back: the rows name no unchanged column any more.
-        if let Ok(ui) = schema.index_of(meta::UNCHANGED_COLS) {
-            columns[ui] = cleared_list(schema.field(ui), batch.num_rows())?;
-        }
-        out.push(
-            RecordBatch::try_new(schema.clone(), columns)
-                .context(|| "filling unchanged values".into())?,
-        );
     }
-    Ok(out)
+    let refs: Vec<&dyn Array> = arrays.iter().map(|a| a.as_ref()).collect();
+    interleave(&refs, &picks).context(|| format!("filling {c}"))
 }
 
 /// The `_unchanged_cols` column of a change batch.

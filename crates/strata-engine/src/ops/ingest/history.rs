@@ -286,19 +286,7 @@ pub(super) async fn take_changes(
         report.skipped = Some(format!("source {} has no data yet", spec.label));
         return Ok(None);
     };
-    let props = crate::storage::table::table_properties(&source)?;
-    if !props
-        .get("delta.enableChangeDataFeed")
-        .is_some_and(|v| v.eq_ignore_ascii_case("true"))
-    {
-        return Err(setup.err(format!(
-            "source {} does not record a change data feed: set \
-             'delta.enableChangeDataFeed' = 'true' on it (changes made before that are not \
-             recorded; start from the version that set it)",
-            spec.label
-        )));
-    }
-    let latest = crate::storage::table::version_of(&source);
+    check_feed_enabled(setup, spec, &source)?;
     let table_id = source
         .snapshot()
         .context(|| format!("reading {}", spec.label))?
@@ -310,7 +298,64 @@ pub(super) async fn take_changes(
         Some(t) => position(t, id).await?,
         None => None,
     };
-    let read = match taken {
+    let Some(read) = plan_read(setup, spec, &source, existing, taken, &table_id, report).await?
+    else {
+        return Ok(None);
+    };
+    let Some((df, last, place)) = read_rows(spec, &source, read, report).await? else {
+        return Ok(None);
+    };
+    let running = Running::new(scope.wh, setup).await?;
+    let mut events = HashMap::new();
+    let (parts, _) = checked_rows(setup, &running, df, &place, report, &mut events).await?;
+    let commit = PendingCommit::of_run(scope.run_id)
+        .keeping_log()
+        .with_info(
+            TABLE_ID_KEY,
+            serde_json::json!({"source": spec.label, "tableId": table_id}),
+        )
+        .at(id, last);
+    Ok(Some(Taken {
+        parts,
+        reused: Vec::new(),
+        events,
+        commit,
+        after_commit: None,
+        base: None,
+    }))
+}
+
+/// The source must record a change data feed.
+fn check_feed_enabled(setup: &IngestSetup, spec: &ChangesSpec, source: &DeltaTable) -> Result<()> {
+    let props = crate::storage::table::table_properties(source)?;
+    if !props
+        .get("delta.enableChangeDataFeed")
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+    {
+        return Err(setup.err(format!(
+            "source {} does not record a change data feed: set \
+             'delta.enableChangeDataFeed' = 'true' on it (changes made before that are not \
+             recorded; start from the version that set it)",
+            spec.label
+        )));
+    }
+    Ok(())
+}
+
+/// What this run reads: the feed after the recorded position (or after the start the
+/// query names on a first run), a snapshot of the source, or nothing new (`None`, the
+/// reason in the report).
+async fn plan_read(
+    setup: &IngestSetup,
+    spec: &ChangesSpec,
+    source: &DeltaTable,
+    existing: Option<&DeltaTable>,
+    taken: Option<i64>,
+    table_id: &str,
+    report: &mut IngestReport,
+) -> Result<Option<Read>> {
+    let latest = crate::storage::table::version_of(source);
+    Ok(Some(match taken {
         Some(p) => {
             let recorded = match existing {
                 Some(t) => recorded_table_id(t).await?,
@@ -332,7 +377,7 @@ pub(super) async fn take_changes(
                 report.skipped = Some("no new changes".into());
                 return Ok(None);
             } else {
-                checked_range(setup, spec, &source, p + 1, latest, report).await?
+                checked_range(setup, spec, source, p + 1, latest, report).await?
             }
         }
         None => match spec.start {
@@ -342,9 +387,9 @@ pub(super) async fn take_changes(
                 ));
                 return Ok(None);
             }
-            Start::Version(v) => checked_range(setup, spec, &source, v, latest, report).await?,
-            Start::Timestamp(ts) => match first_version_at(&source, ts, latest).await? {
-                Some(v) => checked_range(setup, spec, &source, v, latest, report).await?,
+            Start::Version(v) => checked_range(setup, spec, source, v, latest, report).await?,
+            Start::Timestamp(ts) => match first_version_at(source, ts, latest).await? {
+                Some(v) => checked_range(setup, spec, source, v, latest, report).await?,
                 None => {
                     report.skipped =
                         Some(format!("no version of {} committed since {ts}", spec.label));
@@ -356,16 +401,26 @@ pub(super) async fn take_changes(
                 change_type: "insert".into(),
             },
         },
-    };
-    let (df, last, place) = match read {
+    }))
+}
+
+/// The rows of `read` as a DataFrame, the source version they reach and how errors name
+/// them; `None` when the feed holds only upkeep commits.
+async fn read_rows(
+    spec: &ChangesSpec,
+    source: &DeltaTable,
+    read: Read,
+    report: &mut IngestReport,
+) -> Result<Option<(deltalake::datafusion::prelude::DataFrame, i64, String)>> {
+    Ok(Some(match read {
         Read::Feed { first, last } => {
-            let changes = crate::storage::changes::changes_since(&source, Some(first - 1)).await?;
+            let changes = crate::storage::changes::changes_since(source, Some(first - 1)).await?;
             if changes.only_upkeep {
                 report.skipped =
                     Some("no new changes (only upkeep commits such as OPTIMIZE)".into());
                 return Ok(None);
             }
-            let rows = feed::read_feed(&source, Some(first - 1), Some(last), true).await?;
+            let rows = feed::read_feed(source, Some(first - 1), Some(last), true).await?;
             let ctx = crate::storage::session::new_session();
             let df = ctx
                 .read_batch(rows)
@@ -381,31 +436,13 @@ pub(super) async fn take_changes(
             change_type,
         } => {
             let ctx = crate::storage::session::new_session();
-            let rows = snapshot_rows(&ctx, &source, version, &change_type).await?;
+            let rows = snapshot_rows(&ctx, source, version, &change_type).await?;
             let df = ctx
                 .read_batch(rows)
                 .context(|| "reading the source's rows".into())?;
             let place = format!("the rows of {} at version {version}", spec.label);
             (df, version, place)
         }
-    };
-    let running = Running::new(scope.wh, setup).await?;
-    let mut events = HashMap::new();
-    let (parts, _) = checked_rows(setup, &running, df, &place, report, &mut events).await?;
-    let commit = PendingCommit::of_run(scope.run_id)
-        .keeping_log()
-        .with_info(
-            TABLE_ID_KEY,
-            serde_json::json!({"source": spec.label, "tableId": table_id}),
-        )
-        .at(id, last);
-    Ok(Some(Taken {
-        parts,
-        reused: Vec::new(),
-        events,
-        commit,
-        after_commit: None,
-        base: None,
     }))
 }
 
