@@ -91,6 +91,38 @@ pub(crate) enum Findings {
     Ignored,
 }
 
+/// The rows in key order, each key's versions by start: as they are when they come grouped
+/// by key with each key's versions in start order (as a fold writes them), else sorted.
+fn key_order(key_of: &Ordered, bounds: &Bounds, rows: u32) -> Vec<u32> {
+    let grouped = {
+        let runs_ordered = (1..rows)
+            .all(|i| !key_of.eq(i - 1, i) || bounds.start_cmp(i - 1, i) != Ordering::Greater);
+        // Each key's run must be its only one: the first rows of the runs hold distinct keys.
+        let mut firsts = (0..rows).filter(|&i| i == 0 || !key_of.eq(i - 1, i));
+        runs_ordered
+            && match &key_of {
+                Ordered::Int(v) => {
+                    let mut seen = ahash::AHashSet::with_capacity(v.len() / 4);
+                    firsts.all(|i| seen.insert(v[i as usize]))
+                }
+                Ordered::Rows(r) => {
+                    let mut seen = ahash::AHashSet::with_capacity(r.num_rows() / 4);
+                    firsts.all(|i| seen.insert(r.row(i as usize).data()))
+                }
+            }
+    };
+    let mut order: Vec<u32> = (0..rows).collect();
+    if !grouped {
+        order.sort_unstable_by(|&a, &b| {
+            key_of
+                .cmp(a, b)
+                .then_with(|| bounds.start_cmp(a, b))
+                .then(a.cmp(&b))
+        });
+    }
+    order
+}
+
 /// The checks of [`validate`] over `keys..., __START_AT, __END_AT` rows, done here rather than
 /// in SQL so that every sequence type (structs included) compares as `ORDER BY` would.
 pub(crate) fn check_timelines(
@@ -120,35 +152,7 @@ pub(crate) fn check_timelines(
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let rows = batch.num_rows() as u32;
-    // Rows that come grouped by key, each key's versions in start order (as a fold writes
-    // them), are checked as they are; anything else is sorted first.
-    let grouped = {
-        let runs_ordered = (1..rows)
-            .all(|i| !key_of.eq(i - 1, i) || bounds.start_cmp(i - 1, i) != Ordering::Greater);
-        // Each key's run must be its only one: the first rows of the runs hold distinct keys.
-        let mut firsts = (0..rows).filter(|&i| i == 0 || !key_of.eq(i - 1, i));
-        runs_ordered
-            && match &key_of {
-                Ordered::Int(v) => {
-                    let mut seen = ahash::AHashSet::with_capacity(v.len() / 4);
-                    firsts.all(|i| seen.insert(v[i as usize]))
-                }
-                Ordered::Rows(r) => {
-                    let mut seen = ahash::AHashSet::with_capacity(r.num_rows() / 4);
-                    firsts.all(|i| seen.insert(r.row(i as usize).data()))
-                }
-            }
-    };
-    let mut order: Vec<u32> = (0..rows).collect();
-    if !grouped {
-        order.sort_unstable_by(|&a, &b| {
-            key_of
-                .cmp(a, b)
-                .then_with(|| bounds.start_cmp(a, b))
-                .then(a.cmp(&b))
-        });
-    }
+    let order = key_order(&key_of, &bounds, batch.num_rows() as u32);
     let mut out = Vec::new();
     let mut i = 0;
     while i < order.len() {
