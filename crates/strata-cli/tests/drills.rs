@@ -9,8 +9,7 @@
 
 mod common;
 
-use common::{env_usize, stderr, Project, Rng};
-use std::process::Child;
+use common::{env_usize, run_together, Project, Rng};
 
 const PIPELINE: &str = concat!(
     common::events_and_history!(),
@@ -67,24 +66,10 @@ fn runs_started_together_take_each_file_once_and_converge() {
     let mut delivered = 0usize;
     for round in 0..rounds {
         delivered += write_round(&p, round, &mut rng, &mut next_eid);
-        let children: Vec<Child> = (0..runs)
-            .map(|_| {
-                p.command(&["run", "pipeline.sql"])
-                    .stdout(std::process::Stdio::piped())
-                    .stderr(std::process::Stdio::piped())
-                    .spawn()
-                    .expect("strata starts")
-            })
-            .collect();
-        for child in children {
-            let out = child.wait_with_output().expect("strata ends");
-            assert!(
-                out.status.success(),
-                "round {round}: a run failed ({:?}): {}",
-                out.status.code(),
-                stderr(&out)
-            );
-        }
+        run_together(
+            (0..runs).map(|_| p.command(&["run", "pipeline.sql"])),
+            &format!("round {round}"),
+        );
         let counts = p.csv("SELECT count(*) AS n, count(DISTINCT eid) AS d FROM events_raw");
         assert_eq!(
             counts.trim(),
@@ -155,24 +140,10 @@ fn a_once_flow_appends_exactly_once_across_kills_and_runs_started_together() {
     }
     p.file("data/cdc/last.json", "{\"id\": 2000000}\n");
     live += 1;
-    let children: Vec<Child> = (0..runs)
-        .map(|_| {
-            p.command(&["run", "pipeline.sql"])
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .expect("strata starts")
-        })
-        .collect();
-    for child in children {
-        let out = child.wait_with_output().expect("strata ends");
-        assert!(
-            out.status.success(),
-            "a run started together failed ({:?}): {}",
-            out.status.code(),
-            stderr(&out)
-        );
-    }
+    run_together(
+        (0..runs).map(|_| p.command(&["run", "pipeline.sql"])),
+        "after the kills",
+    );
     // Files that arrive in the backfill's folder later are not taken.
     p.file("data/old/late.json", "{\"id\": 999999}\n");
     let out = p.ok(&["run", "pipeline.sql"]);

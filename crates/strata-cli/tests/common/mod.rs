@@ -279,3 +279,30 @@ pub fn drill_seed() -> u64 {
                 | 1
         })
 }
+
+/// Starts every command at once (a concurrency drill's runs), waits for all of them and
+/// returns their outputs; each must succeed (`what` names the round in the message).
+pub fn run_together(commands: impl IntoIterator<Item = Command>, what: &str) -> Vec<Output> {
+    let children: Vec<std::process::Child> = commands
+        .into_iter()
+        .map(|mut c| {
+            c.stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("strata starts")
+        })
+        .collect();
+    children
+        .into_iter()
+        .map(|child| {
+            let out = child.wait_with_output().expect("strata ends");
+            assert!(
+                out.status.success(),
+                "{what}: a run started together failed ({:?}): {}",
+                out.status.code(),
+                stderr(&out)
+            );
+            out
+        })
+        .collect()
+}

@@ -8,7 +8,7 @@ use deltalake::logstore::object_store::{
     aws::AmazonS3Builder, azure::MicrosoftAzureBuilder, path::Path as StorePath, ObjectStore,
     ObjectStoreExt, PutMode, PutOptions, PutPayload,
 };
-use std::process::{Child, Command, Output};
+use std::process::{Command, Output};
 use std::sync::Arc;
 
 pub const PIPELINE: &str = r#"
@@ -429,24 +429,12 @@ pub fn runs_started_together_take_each_file_once(server: &dyn Server) {
             }
             w.p.file(&format!("data/cdc/r{round}_{file}.json"), &text);
         }
-        let children: Vec<Child> = (0..3)
-            .map(|_| {
-                w.command(&["run", "pipeline.sql"])
-                    .stdout(std::process::Stdio::piped())
-                    .stderr(std::process::Stdio::piped())
-                    .spawn()
-                    .expect("strata starts")
-            })
-            .collect();
-        for child in children {
-            let out = child.wait_with_output().expect("strata ends");
-            assert!(
-                out.status.success(),
-                "round {round}: a run failed ({:?}): {}",
-                out.status.code(),
-                stderr(&out)
-            );
-            w.no_secret(&out);
+        let outs = super::run_together(
+            (0..3).map(|_| w.command(&["run", "pipeline.sql"])),
+            &format!("round {round}"),
+        );
+        for out in &outs {
+            w.no_secret(out);
         }
         assert_eq!(
             w.csv("SELECT count(*) AS n, count(DISTINCT sequenceNum) AS d FROM users_cdc")
