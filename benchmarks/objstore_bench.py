@@ -116,15 +116,20 @@ def main() -> int:
             seq = deliver(f"bulk_{f:03}.json", rows, f, seq)
         times: dict[str, list[float]] = {"local": [], "s3": []}
         reqs: list[int] = []
+        spans: list[tuple[int, int]] = []  # each S3 batch's lines of the request log
+
+        def log_lines() -> int:
+            return len(log.read_text(errors="replace").splitlines())
         for step in range(batches + 1):
             if step > 0:
                 seq = deliver(f"inc_{step:03}.json", batch_rows, 1000 + step, seq)
             for name, env in envs.items():
-                before = requests()
+                before, first_line = requests(), log_lines()
                 took, _ = run(a.strata, projects[name], env, "run", "pipeline.sql")
                 times[name].append(took)
                 if name == "s3" and step > 0:
                     reqs.append(requests() - before)
+                    spans.append((first_line, log_lines()))
         for sql in ("SELECT * FROM people ORDER BY id, __START_AT", "SELECT * FROM cities ORDER BY city"):
             got = {n: run(a.strata, projects[n], e, "query", "--format", "csv", sql)[1]
                    for n, e in envs.items()}
@@ -146,6 +151,10 @@ def main() -> int:
             first, last = sorted(reqs[:half]), sorted(reqs[half:])
             print(f"median requests per batch: first {half} batches {first[len(first) // 2]}, "
                   f"last {len(last)} batches {last[len(last) // 2]}")
+        if a.keep:
+            (work / "batch_log_lines.json").write_text(json.dumps(spans))
+            print(f"kept {work}: the request log is {log}, each batch's lines of it in "
+                  f"{work / 'batch_log_lines.json'}")
         return 0
     finally:
         subprocess.run([str(S3_SH), "stop", str(svc)], capture_output=True)

@@ -172,14 +172,20 @@ fn mib(bytes: u64) -> String {
     format!("{:.2} MiB", bytes as f64 / (1 << 20) as f64)
 }
 
-/// The tables a run optimized after it, by their `pipelines.autoOptimize.minFiles`.
+/// The tables a run optimized after it, by their `pipelines.autoOptimize.minFiles`, and
+/// the event stores whose small files it compacted.
 pub fn print_auto_optimized(optimized: &[strata_engine::Optimized]) -> std::io::Result<()> {
     let mut out = std::io::stdout().lock();
     for t in optimized {
         writeln!(
             out,
-            "optimized {}: {} file(s) -> {} file(s) (pipelines.autoOptimize.minFiles)",
-            t.table, t.files_before, t.files_after
+            "optimized {}: {} file(s) -> {} file(s) ({})",
+            t.table,
+            t.files_before,
+            t.files_after,
+            t.note
+                .as_deref()
+                .unwrap_or("pipelines.autoOptimize.minFiles")
         )?;
     }
     Ok(())

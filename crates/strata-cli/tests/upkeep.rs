@@ -615,3 +615,98 @@ CREATE OR REFRESH STREAMING TABLE silver AS SELECT * FROM STREAM(bronze);
         "n,d\n20,20\n"
     );
 }
+
+/// After a run, an AUTO CDC target's event store has its small files (one or more per run)
+/// compacted into one once there are ten, so that a batch reads few files however many
+/// came before; the targets are what a store never compacted gives (its target has
+/// `pipelines.autoOptimize.managed = false`) after every run, and the same as one run over
+/// all the input.
+#[test]
+fn a_run_compacts_the_small_files_of_its_event_stores() {
+    let p = Project::new(PIPELINE);
+    let unmanaged = PIPELINE.replace(
+        "CREATE OR REFRESH STREAMING TABLE history;",
+        "CREATE OR REFRESH STREAMING TABLE history \
+         TBLPROPERTIES ('pipelines.autoOptimize.managed' = 'false');",
+    );
+    let twin = Project::new(&unmanaged);
+    let (mut rng, mut next) = (Rng(0x5_7012e), 0u64);
+    let mut compacted_at = Vec::new();
+    for i in 0..23 {
+        write_batch(&p, &format!("{i:03}"), 12, &mut rng, &mut next);
+        std::fs::copy(
+            p.path(&format!("data/cdc/{i:03}.json")),
+            twin.path(&format!("data/cdc/{i:03}.json")),
+        )
+        .expect("copy");
+        let out = p.ok(&["run", "pipeline.sql"]);
+        if out.contains("optimized default.history (event store): 10 file(s) -> 1 file(s)") {
+            assert!(
+                out.contains("optimized default.current (event store): 10 file(s) -> 1 file(s)"),
+                "{out}"
+            );
+            compacted_at.push(i);
+        }
+        let twin_out = twin.ok(&["run", "pipeline.sql"]);
+        assert!(
+            !twin_out.contains("default.history (event store)"),
+            "{twin_out}"
+        );
+        assert_eq!(
+            converging(&all_rows(&p)),
+            converging(&all_rows(&twin)),
+            "after run {i}"
+        );
+    }
+    // Ten files: the first ten runs' stores, then the compacted one and nine more runs'.
+    assert_eq!(
+        compacted_at,
+        [9, 18],
+        "the runs after which the stores were compacted"
+    );
+    assert_eq!(converging(&all_rows(&p)), converging(&fresh_run_of(&p)));
+    let out = p.ok(&["validate", "history"]);
+    assert!(out.contains("history: ok"), "{out}");
+}
+
+/// The same for a snapshot flow, whose store keeps a digest of its last snapshot: after
+/// its small files are compacted, the next snapshots are compared with the same state.
+#[test]
+fn a_snapshot_flows_store_is_compacted_after_a_run_without_changing_a_row() {
+    let pipeline = |managed: &str| {
+        format!(
+            r#"
+CREATE OR REFRESH STREAMING TABLE deliveries
+AS SELECT * FROM STREAM read_files('data/plans', format => 'csv', header => true,
+  schema => 'id BIGINT, plan STRING, v BIGINT');
+CREATE OR REFRESH STREAMING TABLE plans
+TBLPROPERTIES ('pipelines.autoOptimize.managed' = '{managed}');
+CREATE FLOW plans_flow AS AUTO CDC FROM SNAPSHOT INTO plans FROM STREAM(deliveries)
+KEYS (id) SNAPSHOT VERSION BY v COLUMNS * EXCEPT (v) STORED AS SCD TYPE 2;
+"#
+        )
+    };
+    let p = Project::new(&pipeline("true"));
+    let twin = Project::new(&pipeline("false"));
+    let mut rng = Rng(0x5ab);
+    let mut compactions = 0;
+    for v in 1..=12u64 {
+        let mut csv = String::from("id,plan,v\n");
+        for id in 0..30u64 {
+            if rng.below(8) > 0 {
+                let plan = ["free", "pro", "team"][rng.below(3) as usize];
+                csv.push_str(&format!("{id},{plan},{v}\n"));
+            }
+        }
+        for q in [&p, &twin] {
+            q.file(&format!("data/plans/v{v:03}.csv"), &csv);
+        }
+        let out = p.ok(&["run", "pipeline.sql"]);
+        compactions += out.matches("optimized default.plans (event store)").count();
+        twin.ok(&["run", "pipeline.sql"]);
+        assert_eq!(rows(&p, "plans"), rows(&twin, "plans"), "after version {v}");
+    }
+    assert_eq!(compactions, 1, "ten runs' small files compacted once");
+    let out = p.ok(&["validate", "plans"]);
+    assert!(out.contains("plans: ok"), "{out}");
+}

@@ -24,8 +24,13 @@ impl Project {
         self.dir.path().join(rel)
     }
 
+    /// Writes `text` to `rel`, making its folder if needed.
     pub fn file(&self, rel: &str, text: &str) {
-        std::fs::write(self.path(rel), text).expect("write");
+        let path = self.path(rel);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).expect("mkdir");
+        }
+        std::fs::write(path, text).expect("write");
     }
 
     /// The binary, run in the project folder with no warehouse or log settings inherited.

@@ -12,6 +12,11 @@
 //!   one commit: the files read removed, the new ones added, dataChange = false (OPTIMIZE)
 //! ```
 //!
+//! `strata optimize` rewrites every file. A run's compaction after it (`small_files`)
+//! rewrites only the store's small files (one or more per run) into one, once there are
+//! ten: the files a batch reads stay few however many batches came before, and the large
+//! files are not rewritten again. It forgets nothing.
+//!
 //! What a run reads of the store stays what it was: the events it forgets are those every
 //! later run forgets anyway (an expired delete stays expired, and what it hid is fixed by
 //! when events were processed, which the events' run numbers and the store's commit files
@@ -34,6 +39,7 @@ use deltalake::kernel::Action;
 use deltalake::protocol::DeltaOperation;
 use deltalake::DeltaTable;
 use futures::StreamExt;
+use std::collections::HashSet;
 
 /// Events per file the compaction writes (about 30-100 MiB of Parquet for typical rows).
 pub(crate) const FILE_ROWS: usize = 1_000_000;
@@ -52,6 +58,28 @@ pub(crate) struct Rules {
     pub(crate) forget_after_secs: Option<u64>,
     /// The memory the sort may hold before it spills to disk.
     pub(crate) sort_memory: usize,
+    /// The files to rewrite (paths relative to the store, [`small_files`]); `None`: every
+    /// file. Only a rewrite of every file may forget tombstones (it sees every event of a
+    /// key).
+    pub(crate) only: Option<Vec<String>>,
+}
+
+/// A store file below this size is small: a run's compaction after it rewrites the small
+/// files together and leaves the large ones (a million events or so each) alone.
+pub(crate) const SMALL_FILE_BYTES: i64 = 32 << 20;
+/// How many small files a store holds before a run compacts them: each is a footer and
+/// column chunks to read for every later batch on object storage.
+pub(crate) const SMALL_FILES_TO_COMPACT: usize = 10;
+
+/// The small files of a store whose `files` are (path, bytes), when there are enough of
+/// them to compact ([`SMALL_FILES_TO_COMPACT`]); in the order given.
+pub(crate) fn small_files(files: &[(String, i64)]) -> Option<Vec<String>> {
+    let small: Vec<String> = files
+        .iter()
+        .filter(|(_, bytes)| *bytes < SMALL_FILE_BYTES)
+        .map(|(path, _)| path.clone())
+        .collect();
+    (small.len() >= SMALL_FILES_TO_COMPACT).then_some(small)
 }
 
 /// What a compaction did.
@@ -80,8 +108,16 @@ pub(crate) async fn compact(
     now: i64,
     commit: &PendingCommit,
 ) -> Result<Compacted> {
+    if rules.only.is_some() && rules.forget_after_secs.is_some() {
+        return Err(EngineError::Internal(
+            "a compaction of some of a store's files cannot forget tombstones".into(),
+        ));
+    }
     let layout = Layout::of(store, rules)?;
-    let read = crate::storage::table::table_files(store)?;
+    let read: HashSet<String> = match &rules.only {
+        Some(files) => files.iter().cloned().collect(),
+        None => crate::storage::table::table_files(store)?,
+    };
     let mut report = Compacted {
         files_before: read.len(),
         files_after: read.len(),
@@ -89,7 +125,8 @@ pub(crate) async fn compact(
         ..Default::default()
     };
     let ctx = crate::storage::session::spilling_session(rules.sort_memory)?;
-    crate::storage::session::register_table(&ctx, "__strata_store", store, None).await?;
+    crate::storage::session::register_table(&ctx, "__strata_store", store, rules.only.clone())
+        .await?;
     if read.len() <= 1 && expired_deletes(&ctx, &layout, location, rules, now).await? == 0 {
         report.skipped = Some(match read.len() {
             0 => "no events".to_string(),
@@ -107,7 +144,7 @@ pub(crate) async fn compact(
             .map(|a| u64::try_from(a.size).unwrap_or(0))
             .sum(),
     );
-    report.version = commit_rewrite(store, adds, commit).await?;
+    report.version = commit_rewrite(store, &read, adds, commit).await?;
     Ok(report)
 }
 
@@ -288,9 +325,11 @@ async fn write_file(
     Ok(adds)
 }
 
-/// Commits the new files in place of every file of the version the store was read at.
+/// Commits the new files in place of the files `read` (of the version the store was read
+/// at).
 async fn commit_rewrite(
     store: &DeltaTable,
+    read: &HashSet<String>,
     adds: Vec<deltalake::kernel::Add>,
     commit: &PendingCommit,
 ) -> Result<i64> {
@@ -298,6 +337,7 @@ async fn commit_rewrite(
     let mut actions: Vec<Action> = snapshot
         .log_data()
         .iter()
+        .filter(|f| read.contains(f.path().as_ref()))
         .map(|f| Action::Remove(f.remove_action(false)))
         .collect();
     actions.extend(adds.into_iter().map(Action::Add));
@@ -477,6 +517,27 @@ mod tests {
         )
         .expect("batch");
         assert_eq!(last_key_start(&b, &[0]).expect("cut"), 1);
+    }
+
+    #[test]
+    fn small_files_are_compacted_once_there_are_enough() {
+        let files = |sizes: &[i64]| -> Vec<(String, i64)> {
+            sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &b)| (format!("part-{i}.parquet"), b))
+                .collect()
+        };
+        let nine_small = files(&[1_000; 9]);
+        assert_eq!(small_files(&nine_small), None);
+        let mut ten = nine_small.clone();
+        ten.push(("big.parquet".into(), SMALL_FILE_BYTES));
+        assert_eq!(small_files(&ten), None, "a large file does not count");
+        ten.push(("last.parquet".into(), SMALL_FILE_BYTES - 1));
+        let picked = small_files(&ten).expect("ten small files");
+        assert_eq!(picked.len(), 10);
+        assert!(!picked.contains(&"big.parquet".to_string()));
+        assert_eq!(picked.last().map(String::as_str), Some("last.parquet"));
     }
 
     #[test]

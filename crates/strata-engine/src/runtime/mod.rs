@@ -33,7 +33,7 @@ use crate::runtime::update::{new_run_id, Ended, Update};
 use crate::storage::warehouse::Warehouse;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use strata_sql::PipelinePlan;
+use strata_sql::{Node, PipelinePlan};
 
 /// Runs the pipeline in `path` once over all input not yet processed (triggered mode).
 /// Relative paths inside the pipeline resolve against the pipeline file's folder.
@@ -180,7 +180,14 @@ pub(crate) async fn run_plan(
     };
     run_nodes(&run, &selected, &mut report).await?;
     let written: Vec<_> = selected.iter().filter_map(|n| plan.writes(n)).collect();
-    report.optimized = upkeep::auto_optimize(wh, &written).await;
+    let targets: Vec<_> = selected
+        .iter()
+        .filter_map(|n| match n {
+            Node::Flow(i) => plan.flows.get(*i).map(|f| f.target.clone()),
+            _ => None,
+        })
+        .collect();
+    report.optimized = upkeep::auto_optimize(wh, &written, &targets).await;
     Ok(report)
 }
 

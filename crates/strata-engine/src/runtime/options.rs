@@ -7,6 +7,19 @@ use crate::ops::pit::PitReport;
 use std::collections::BTreeMap;
 use strata_sql::TableName;
 
+/// The table property naming the columns `strata optimize` Z-orders a table by when no
+/// `--zorder-by` is given (Databricks' name).
+pub const ZORDER_PROPERTY: &str = "pipelines.autoOptimize.zOrderCols";
+
+/// The table property that, set to `false`, leaves a table out of an optimize of the whole
+/// warehouse and its event store out of the compaction after a run (Databricks' name);
+/// naming the table still optimizes it.
+pub const MANAGED_PROPERTY: &str = "pipelines.autoOptimize.managed";
+
+/// The table property that makes a run optimize a table it wrote once the table has at
+/// least this many files.
+pub const MIN_FILES_PROPERTY: &str = "pipelines.autoOptimize.minFiles";
+
 /// What a run did, node by node, in execution order.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct RunReport {
@@ -25,7 +38,7 @@ pub struct RunReport {
     /// The run was asked to stop ([`RunOptions::stop`]) before all its nodes ran.
     pub stopped: bool,
     /// Tables the run wrote that passed their `pipelines.autoOptimize.minFiles` and were
-    /// optimized after it.
+    /// optimized after it, and event stores whose small files it compacted.
     pub optimized: Vec<Optimized>,
 }
 

@@ -8,12 +8,13 @@
 //!   version (snapshot flows)
 //! ```
 
-use crate::error::Result;
+use crate::error::{Context, Result};
 use crate::eventstore::compact::{self, Rules};
 use crate::runtime::options::Optimized;
+use crate::runtime::options::MANAGED_PROPERTY;
 use crate::storage::commit::PendingCommit;
 use crate::storage::location::Location;
-use crate::storage::table::{open_delta, table_properties};
+use crate::storage::table::{open_delta, property, table_properties};
 use crate::storage::warehouse::Warehouse;
 use std::time::Instant;
 use strata_sql::{FlowKind, PipelinePlan, ScdType, TableName};
@@ -73,13 +74,12 @@ pub(crate) async fn optimize_store(
     sort_memory: Option<u64>,
     run: &PendingCommit,
 ) -> Result<Optimized> {
-    let started = Instant::now();
     let store = open_delta(path)
         .await?
         .ok_or_else(|| crate::error::EngineError::NotFound(format!("no Delta table at {label}")))?;
-    let keys = key_columns(wh, target).await?;
+    let target_table = open_target(wh, target).await?;
     let rules = Rules {
-        keys,
+        keys: key_columns(target, &target_table)?,
         forget_after_secs: match forget {
             Forget::After(secs) => Some(*secs),
             Forget::Nothing(_) => None,
@@ -87,51 +87,120 @@ pub(crate) async fn optimize_store(
         sort_memory: sort_memory
             .and_then(|m| usize::try_from(m).ok())
             .unwrap_or(compact::DEFAULT_SORT_MEMORY),
+        only: None,
     };
-    let (_, bytes_before) = crate::storage::table::file_stats(&store)?;
+    let note = match forget {
+        Forget::Nothing(why) => Some(format!("tombstones kept: {why}")),
+        Forget::After(_) => None,
+    };
+    compact_store(&store, label, path, &rules, note, run).await
+}
+
+/// After a run that wrote `target`: its event store's small files compacted into one once
+/// there are enough of them (`compact::small_files`); `None` when there are not, or the
+/// target has `pipelines.autoOptimize.managed = false`.
+pub(crate) async fn compact_small_files(
+    wh: &Warehouse,
+    target: &TableName,
+    run: &PendingCommit,
+) -> Result<Option<Optimized>> {
+    let path = wh.event_store_location(target);
+    let Some(store) = open_delta(&path).await? else {
+        return Ok(None);
+    };
+    let target_table = open_target(wh, target).await?;
+    let properties = table_properties(&target_table)?;
+    if property(&properties, MANAGED_PROPERTY).is_some_and(|v| v == "false") {
+        return Ok(None);
+    }
+    let files: Vec<(String, i64)> = store
+        .snapshot()
+        .context(|| "reading the event store's state".into())?
+        .log_data()
+        .iter()
+        .map(|f| (f.path().to_string(), f.size()))
+        .collect();
+    let Some(small) = compact::small_files(&files) else {
+        return Ok(None);
+    };
+    let note = format!("its {} small file(s), of {}", small.len(), files.len());
+    let rules = Rules {
+        keys: key_columns(target, &target_table)?,
+        forget_after_secs: None,
+        sort_memory: compact::DEFAULT_SORT_MEMORY,
+        only: Some(small),
+    };
+    let label = format!("{target} (event store)");
+    compact_store(&store, &label, &path, &rules, Some(note), run)
+        .await
+        .map(Some)
+}
+
+/// Compacts `store` (at `path`) by `rules` and reports it, carrying a snapshot flow's
+/// digest over to the new version when no event was forgotten.
+async fn compact_store(
+    store: &deltalake::DeltaTable,
+    label: &str,
+    path: &Location,
+    rules: &Rules,
+    note: Option<String>,
+    run: &PendingCommit,
+) -> Result<Optimized> {
+    let started = Instant::now();
+    let bytes_before: u64 = store
+        .snapshot()
+        .context(|| "reading the event store's state".into())?
+        .log_data()
+        .iter()
+        .filter(|f| {
+            rules
+                .only
+                .as_ref()
+                .is_none_or(|only| only.iter().any(|p| p.as_str() == f.path().as_ref()))
+        })
+        .map(|f| u64::try_from(f.size()).unwrap_or(0))
+        .sum();
     let now = chrono::Utc::now().timestamp_millis();
-    let done = compact::compact(&store, path, &rules, now, run).await?;
+    let done = compact::compact(store, path, rules, now, run).await?;
     if done.skipped.is_none() && done.tombstones_forgotten == 0 {
         if let Some(dir) = crate::eventstore::digest::dir_for(path) {
-            let before = crate::storage::table::version_of(&store);
+            let before = crate::storage::table::version_of(store);
             crate::eventstore::digest::carry_over(&dir, before, done.version)?;
         }
     }
+    let rewritten = |n: usize| match done.skipped {
+        Some(_) => 0,
+        None => n as u64,
+    };
     Ok(Optimized {
         table: label.to_string(),
         files_before: done.files_before,
         files_after: done.files_after,
         bytes_before,
         bytes_after: done.bytes_written.unwrap_or(bytes_before),
-        files_removed: match done.skipped {
-            Some(_) => 0,
-            None => done.files_before as u64,
-        },
-        files_added: match done.skipped {
-            Some(_) => 0,
-            None => done.files_after as u64,
-        },
+        files_removed: rewritten(done.files_before),
+        files_added: rewritten(done.files_after),
         zorder_by: Vec::new(),
         version: done.version,
         millis: started.elapsed().as_millis(),
         skipped: done.skipped,
         events: (done.events_before > 0).then_some((done.events_before, done.events_after)),
         tombstones_forgotten: done.tombstones_forgotten,
-        note: match forget {
-            Forget::Nothing(why) => Some(format!("tombstones kept: {why}")),
-            Forget::After(_) => None,
-        },
+        note,
+    })
+}
+
+async fn open_target(wh: &Warehouse, target: &TableName) -> Result<deltalake::DeltaTable> {
+    wh.open_table(target).await?.ok_or_else(|| {
+        crate::error::EngineError::NotFound(format!(
+            "{target} has an event store but no table: run its pipeline first"
+        ))
     })
 }
 
 /// The key columns `target` records (`strata.keys`).
-async fn key_columns(wh: &Warehouse, target: &TableName) -> Result<Vec<String>> {
-    let table = wh.open_table(target).await?.ok_or_else(|| {
-        crate::error::EngineError::NotFound(format!(
-            "{target} has an event store but no table: run its pipeline first"
-        ))
-    })?;
-    crate::storage::table::recorded_keys(&table_properties(&table)?).ok_or_else(|| {
+fn key_columns(target: &TableName, table: &deltalake::DeltaTable) -> Result<Vec<String>> {
+    crate::storage::table::recorded_keys(&table_properties(table)?).ok_or_else(|| {
         crate::error::EngineError::Internal(format!(
             "{target} does not record its key columns ({})",
             crate::storage::table::KEYS_PROPERTY

@@ -19,11 +19,11 @@
 //! The pipelines' flows also say what an event-store compaction may forget.
 
 use crate::error::{Context, EngineError, Result};
-use crate::runtime::options::Optimized;
+use crate::runtime::options::{Optimized, MANAGED_PROPERTY, MIN_FILES_PROPERTY, ZORDER_PROPERTY};
 use crate::runtime::store_upkeep;
 use crate::storage::commit::{position, AppId, PendingCommit};
 use crate::storage::location::Location;
-use crate::storage::table::{file_stats, open_delta, table_properties};
+use crate::storage::table::{file_stats, open_delta, property, table_properties};
 use crate::storage::warehouse::{Warehouse, EVENT_LOG_TABLE};
 use deltalake::operations::optimize::OptimizeType;
 use deltalake::operations::vacuum::VacuumMode;
@@ -37,14 +37,6 @@ use strata_sql::{PipelinePlan, QuerySource, ScdType, TableName};
 /// The retention window VACUUM keeps by default: 7 days, as Delta's
 /// `delta.deletedFileRetentionDuration`.
 pub const DEFAULT_RETAIN_HOURS: f64 = 168.0;
-
-/// The table property naming the columns `strata optimize` Z-orders a table by when no
-/// `--zorder-by` is given (Databricks' name).
-pub const ZORDER_PROPERTY: &str = "pipelines.autoOptimize.zOrderCols";
-
-/// The table property that, set to `false`, leaves a table out of an optimize of the whole
-/// warehouse (Databricks' name); naming the table still optimizes it.
-pub const MANAGED_PROPERTY: &str = "pipelines.autoOptimize.managed";
 
 /// What `strata optimize` does.
 #[derive(Debug, Clone, Default)]
@@ -189,15 +181,16 @@ async fn optimize_one(
     Ok(report)
 }
 
-/// The table property that makes a run optimize a table it wrote once the table has at
-/// least this many files.
-pub const MIN_FILES_PROPERTY: &str = "pipelines.autoOptimize.minFiles";
-
 /// Optimizes each of `tables` (written by a run that just ended) whose
-/// `pipelines.autoOptimize.minFiles` its file count has reached. A failure (another writer
-/// committed first, say) is logged and leaves the table for the next run: the run itself
-/// succeeded.
-pub(crate) async fn auto_optimize(wh: &Warehouse, tables: &[TableName]) -> Vec<Optimized> {
+/// `pipelines.autoOptimize.minFiles` its file count has reached, then compacts the small
+/// files of the event stores of `targets` (the AUTO CDC targets it wrote) where there are
+/// enough. A failure (another writer committed first, say) is logged and leaves the table
+/// for the next run: the run itself succeeded.
+pub(crate) async fn auto_optimize(
+    wh: &Warehouse,
+    tables: &[TableName],
+    targets: &[TableName],
+) -> Vec<Optimized> {
     let mut out = Vec::new();
     let mut seen = BTreeSet::new();
     for t in tables {
@@ -209,6 +202,21 @@ pub(crate) async fn auto_optimize(wh: &Warehouse, tables: &[TableName]) -> Vec<O
             Ok(None) => {}
             Err(e) => tracing::warn!(
                 "{t}: not optimized after the run ({MIN_FILES_PROPERTY}): {}",
+                crate::error::chain(&e)
+            ),
+        }
+    }
+    let run = PendingCommit::of_run(&upkeep_run_id("compact")).keeping_log();
+    let mut seen = BTreeSet::new();
+    for t in targets {
+        if !seen.insert(t.clone()) {
+            continue;
+        }
+        match store_upkeep::compact_small_files(wh, t, &run).await {
+            Ok(Some(report)) => out.push(report),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(
+                "{t}: its event store's small files not compacted after the run: {}",
                 crate::error::chain(&e)
             ),
         }
@@ -788,16 +796,6 @@ async fn open_target(target: &Target) -> Result<DeltaTable> {
     open_delta(&target.path)
         .await?
         .ok_or_else(|| EngineError::NotFound(format!("no Delta table at {}", target.label)))
-}
-
-fn property<'a>(
-    properties: &'a std::collections::HashMap<String, String>,
-    name: &str,
-) -> Option<&'a str> {
-    properties
-        .iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case(name))
-        .map(|(_, v)| v.as_str())
 }
 
 /// The id an upkeep command records in its commits (`strata.run`), as a run's.

@@ -178,6 +178,17 @@ pub(crate) fn table_files(table: &DeltaTable) -> Result<HashSet<String>> {
         .collect())
 }
 
+/// The value of table property `name` (matched case-insensitively) in `properties`.
+pub(crate) fn property<'a>(
+    properties: &'a std::collections::HashMap<String, String>,
+    name: &str,
+) -> Option<&'a str> {
+    properties
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_str())
+}
+
 /// The table's version as Delta's signed transaction versions count it, -1 if none.
 pub(crate) fn version_of(table: &DeltaTable) -> i64 {
     table.version().map_or(-1, |v| v as i64)
