@@ -663,25 +663,20 @@ fn print_run_report(report: &RunReport, quiet: bool) -> std::io::Result<()> {
         } else {
             format!("table {}", i.table)
         };
-        match &i.skipped {
-            Some(_) if quiet => {}
-            Some(why) => writeln!(out, "{what}: {why}")?,
-            None => {
-                let from = if !i.files.is_empty() {
-                    format!("from {} file(s)", i.files.len())
-                } else if i.once {
-                    "once (a one-time flow)".to_string()
-                } else {
-                    "from its source table".to_string()
-                };
-                let dropped = if i.rows_dropped > 0 {
-                    format!(", {} dropped by expectations", i.rows_dropped)
-                } else {
-                    String::new()
-                };
-                writeln!(out, "{what}: ingested {} row(s) {from}{dropped}", i.rows)?
-            }
-        }
+        write_outcome(&mut out, &what, &i.skipped, quiet, || {
+            let from = if !i.files.is_empty() {
+                format!("from {} file(s)", i.files.len())
+            } else if i.once {
+                "once (a one-time flow)".to_string()
+            } else {
+                "from its source table".to_string()
+            };
+            format!(
+                "ingested {} row(s) {from}{}",
+                i.rows,
+                dropped_by_expectations(i.rows_dropped)
+            )
+        })?;
         for note in &i.notes {
             writeln!(out, "{what}: {note}")?;
         }
@@ -702,13 +697,10 @@ fn print_run_report(report: &RunReport, quiet: bool) -> std::io::Result<()> {
         writeln!(out, "waiting: {w}")?;
     }
     for f in &report.flows {
-        match &f.skipped {
-            Some(_) if quiet => {}
-            Some(why) => writeln!(out, "flow {}: {why}", f.flow)?,
-            None => writeln!(
-                out,
-                "flow {}: {} event(s), {} key(s) changed, {} row(s) written, {} row(s) replaced{}",
-                f.flow,
+        let what = format!("flow {}", f.flow);
+        write_outcome(&mut out, &what, &f.skipped, quiet, || {
+            format!(
+                "{} event(s), {} key(s) changed, {} row(s) written, {} row(s) replaced{}",
                 f.events,
                 f.keys_changed,
                 f.rows_inserted,
@@ -718,40 +710,31 @@ fn print_run_report(report: &RunReport, quiet: bool) -> std::io::Result<()> {
                 } else {
                     ""
                 }
-            )?,
-        }
+            )
+        })?;
         for note in &f.notes {
-            writeln!(out, "flow {}: {note}", f.flow)?;
+            writeln!(out, "{what}: {note}")?;
         }
     }
     for v in &report.views {
-        match &v.skipped {
-            Some(_) if quiet => {}
-            Some(why) => writeln!(out, "materialized view {}: {why}", v.table)?,
-            None => writeln!(
-                out,
-                "materialized view {}: recomputed, {} row(s){}",
-                v.table,
+        let what = format!("materialized view {}", v.table);
+        write_outcome(&mut out, &what, &v.skipped, quiet, || {
+            format!(
+                "recomputed, {} row(s){}",
                 v.rows,
-                if v.rows_dropped > 0 {
-                    format!(", {} dropped by expectations", v.rows_dropped)
-                } else {
-                    String::new()
-                }
-            )?,
-        }
+                dropped_by_expectations(v.rows_dropped)
+            )
+        })?;
     }
     for p in &report.pits {
-        match &p.skipped {
-            Some(_) if quiet => {}
-            Some(why) => writeln!(out, "point-in-time table {}: {why}", p.table)?,
-            None => writeln!(
-                out,
-                "point-in-time table {}: {} as-of value(s) computed ({} of them recomputed \
-                 because history changed), {} removed, {} row(s) written",
-                p.table, p.computed, p.recomputed, p.removed, p.rows
-            )?,
-        }
+        let what = format!("point-in-time table {}", p.table);
+        write_outcome(&mut out, &what, &p.skipped, quiet, || {
+            format!(
+                "{} as-of value(s) computed ({} of them recomputed because history changed), \
+                 {} removed, {} row(s) written",
+                p.computed, p.recomputed, p.removed, p.rows
+            )
+        })?;
     }
     if report.stopped {
         writeln!(
@@ -760,6 +743,31 @@ fn print_run_report(report: &RunReport, quiet: bool) -> std::io::Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// A node's line in the run's outcome: why it was skipped (left out when `quiet`), else
+/// what it did.
+fn write_outcome(
+    out: &mut impl Write,
+    what: &str,
+    skipped: &Option<String>,
+    quiet: bool,
+    done: impl FnOnce() -> String,
+) -> std::io::Result<()> {
+    match skipped {
+        Some(_) if quiet => Ok(()),
+        Some(why) => writeln!(out, "{what}: {why}"),
+        None => writeln!(out, "{what}: {}", done()),
+    }
+}
+
+/// `, N dropped by expectations` when rows were dropped, else nothing.
+fn dropped_by_expectations(rows: usize) -> String {
+    if rows > 0 {
+        format!(", {rows} dropped by expectations")
+    } else {
+        String::new()
+    }
 }
 
 fn write_batches(

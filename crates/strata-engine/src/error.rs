@@ -154,27 +154,15 @@ impl EngineError {
 
     /// This error with `context` in front: storage and query errors keep their source under
     /// the new context; a user's error (plan, input) is returned as it is.
-    pub(crate) fn within(self, context: impl FnOnce() -> String) -> Self {
-        let wrap = |c: String| format!("{}: {c}", context());
-        match self {
-            EngineError::Delta { context: c, source } => EngineError::Delta {
-                context: wrap(c),
-                source,
-            },
-            EngineError::Conflict { context: c, source } => EngineError::Conflict {
-                context: wrap(c),
-                source,
-            },
-            EngineError::DataFusion { context: c, source } => EngineError::DataFusion {
-                context: wrap(c),
-                source,
-            },
-            EngineError::Io { context: c, source } => EngineError::Io {
-                context: wrap(c),
-                source,
-            },
-            other => other,
+    pub(crate) fn within(mut self, context: impl FnOnce() -> String) -> Self {
+        match &mut self {
+            EngineError::Delta { context: c, .. }
+            | EngineError::Conflict { context: c, .. }
+            | EngineError::DataFusion { context: c, .. }
+            | EngineError::Io { context: c, .. } => *c = format!("{}: {c}", context()),
+            _ => {}
         }
+        self
     }
 
     /// A query's error: the user's mistake (SQL that does not parse or plan, an unknown

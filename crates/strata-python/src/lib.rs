@@ -180,6 +180,22 @@ struct RunArgs {
 }
 
 impl RunArgs {
+    /// Opens the warehouse and runs `run` with it and the run's options, off the GIL; the
+    /// run's report as a dict.
+    fn run<F, Fut>(self, py: Python<'_>, run: F) -> PyResult<Py<PyAny>>
+    where
+        F: FnOnce(Warehouse, RunOptions) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = strata_engine::Result<RunReport>> + Send + 'static,
+    {
+        let options = self.options()?;
+        let warehouse = self.warehouse;
+        let report = block_on(py, async move {
+            let wh = Warehouse::open(&warehouse)?;
+            run(wh, options).await
+        })?;
+        report_dict(py, &report)
+    }
+
     fn options(&self) -> PyResult<RunOptions> {
         let select = match &self.select {
             Some(s) => Some(s.parse::<Selection>().map_err(user_error)?),
@@ -239,19 +255,15 @@ fn run_path(
         full_refresh,
         progress,
     };
-    let options = args.options()?;
-    let wh_dir = args.warehouse.clone();
     let python = python.map(pipeline_sources);
-    let report = block_on(py, async move {
-        let wh = Warehouse::open(&wh_dir)?;
+    args.run(py, |wh, options| async move {
         match python {
             Some(python) => {
                 strata_engine::run_pipeline_with_python(&path, &wh, &options, python).await
             }
             None => strata_engine::run_pipeline(&path, &wh, &options).await,
         }
-    })?;
-    report_dict(py, &report)
+    })
 }
 
 /// What Python passes as a pipeline's texts: `(name, text, is_file)` each.
@@ -313,16 +325,12 @@ fn run_sources(
         full_refresh,
         progress,
     };
-    let options = args.options()?;
-    let wh_dir = args.warehouse.clone();
     let sources = pipeline_sources(sources);
-    let report = block_on(py, async move {
-        let wh = Warehouse::open(&wh_dir)?;
+    args.run(py, |wh, options| async move {
         let planned =
             strata_engine::plan_sources(&sources, &options.configuration, "default", wh.catalog())?;
         strata_engine::run_planned(planned, &path, dir, &wh, &options).await
-    })?;
-    report_dict(py, &report)
+    })
 }
 
 /// Plans the texts without running anything (`strata plan`): one dict per step.

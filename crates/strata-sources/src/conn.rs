@@ -137,95 +137,37 @@ impl ConnectionSpec {
     /// environment handling).
     pub fn resolve_password_in(&self, env: &PasswordLookup) -> Result<ResolvedPassword> {
         if let Some(p) = &self.password {
-            return Ok(ResolvedPassword {
-                secret: Some(p.clone()),
-                origin: PasswordOrigin::Explicit,
-                notes: vec![],
-            });
+            return Ok(ResolvedPassword::found(
+                p.clone(),
+                PasswordOrigin::Explicit,
+                vec![],
+            ));
         }
+        let (env_var, env_value, file) = match self.kind {
+            SourceKind::Postgres => ("PGPASSWORD", &env.pgpassword, PasswordFile::PgPass),
+            SourceKind::Mysql => ("MYSQL_PWD", &env.mysql_pwd, PasswordFile::MyCnf),
+        };
         let mut notes = Vec::new();
-        match self.kind {
-            SourceKind::Postgres => {
-                if let Some(p) = env.pgpassword.as_ref().filter(|p| !p.expose().is_empty()) {
-                    return Ok(ResolvedPassword {
-                        secret: Some(p.clone()),
-                        origin: PasswordOrigin::EnvVar("PGPASSWORD"),
+        if let Some(p) = env_value.as_ref().filter(|p| !p.expose().is_empty()) {
+            return Ok(ResolvedPassword::found(
+                p.clone(),
+                PasswordOrigin::EnvVar(env_var),
+                notes,
+            ));
+        }
+        notes.push(format!("{env_var} (not set)"));
+        match file.path(env) {
+            None => notes.push(format!("~/{} (no home directory)", file.home_name())),
+            Some(path) => match self.password_in_file(&path, file)? {
+                Ok((line, pw)) => {
+                    return Ok(ResolvedPassword::found(
+                        Secret::new(pw),
+                        PasswordOrigin::File { path, line },
                         notes,
-                    });
+                    ))
                 }
-                notes.push("PGPASSWORD (not set)".to_string());
-                let path = match (&env.pgpassfile, &env.home) {
-                    (Some(p), _) => Some(p.clone()),
-                    (None, Some(h)) => Some(h.join(".pgpass")),
-                    (None, None) => None,
-                };
-                if let Some(path) = path {
-                    match read_pgpass(&self.name, &path)? {
-                        PassFile::Missing => {
-                            notes.push(format!("{} (no such file)", path.display()))
-                        }
-                        PassFile::Ignored(why) => notes.push(format!("{} ({why})", path.display())),
-                        PassFile::Text(text) => {
-                            let host = if self.host.is_empty() {
-                                "localhost"
-                            } else {
-                                &self.host
-                            };
-                            let port = self.port().to_string();
-                            match pgpass_lookup(&text, host, &port, &self.database, &self.user) {
-                                Some((line, pw)) => {
-                                    return Ok(ResolvedPassword {
-                                        secret: Some(Secret::new(pw)),
-                                        origin: PasswordOrigin::File { path, line },
-                                        notes,
-                                    })
-                                }
-                                None => notes.push(format!(
-                                    "{} (no line matches {host}:{port}:{}:{})",
-                                    path.display(),
-                                    self.database,
-                                    self.user
-                                )),
-                            }
-                        }
-                    }
-                } else {
-                    notes.push("~/.pgpass (no home directory)".to_string());
-                }
-            }
-            SourceKind::Mysql => {
-                if let Some(p) = env.mysql_pwd.as_ref().filter(|p| !p.expose().is_empty()) {
-                    return Ok(ResolvedPassword {
-                        secret: Some(p.clone()),
-                        origin: PasswordOrigin::EnvVar("MYSQL_PWD"),
-                        notes,
-                    });
-                }
-                notes.push("MYSQL_PWD (not set)".to_string());
-                if let Some(home) = &env.home {
-                    let path = home.join(".my.cnf");
-                    match read_option_file(&self.name, &path, OptionFileRule::MySql)? {
-                        PassFile::Missing => {
-                            notes.push(format!("{} (no such file)", path.display()))
-                        }
-                        PassFile::Ignored(why) => notes.push(format!("{} ({why})", path.display())),
-                        PassFile::Text(text) => match mycnf_client_password(&text) {
-                            Some((line, pw)) => {
-                                return Ok(ResolvedPassword {
-                                    secret: Some(Secret::new(pw)),
-                                    origin: PasswordOrigin::File { path, line },
-                                    notes,
-                                })
-                            }
-                            None => {
-                                notes.push(format!("{} (no password in [client])", path.display()))
-                            }
-                        },
-                    }
-                } else {
-                    notes.push("~/.my.cnf (no home directory)".to_string());
-                }
-            }
+                Err(why) => notes.push(format!("{} ({why})", path.display())),
+            },
         }
         Ok(ResolvedPassword {
             secret: None,
@@ -234,10 +176,56 @@ impl ConnectionSpec {
         })
     }
 
+    /// The password this connection finds in a password file: its 1-based line and value, or
+    /// why there is none (no such file, ignored for its permissions, no line for it).
+    fn password_in_file(
+        &self,
+        path: &Path,
+        file: PasswordFile,
+    ) -> Result<std::result::Result<(usize, String), String>> {
+        let text = match read_password_file(&self.name, path, file)? {
+            Ok(text) => text,
+            Err(why) => return Ok(Err(why)),
+        };
+        Ok(match file {
+            PasswordFile::PgPass => {
+                let host = if self.host.is_empty() {
+                    "localhost"
+                } else {
+                    &self.host
+                };
+                let port = self.port().to_string();
+                pgpass_lookup(&text, host, &port, &self.database, &self.user).ok_or_else(|| {
+                    format!(
+                        "no line matches {host}:{port}:{}:{}",
+                        self.database, self.user
+                    )
+                })
+            }
+            PasswordFile::MyCnf => {
+                mycnf_client_password(&text).ok_or_else(|| "no password in [client]".to_string())
+            }
+        })
+    }
+
     fn config_error(&self, detail: impl Into<String>) -> SourceError {
         SourceError::Config {
             connection: self.name.clone(),
             detail: detail.into(),
+        }
+    }
+
+    /// The `sslmode` option: `disable` and `allow` (the default) connect without TLS, `prefer`
+    /// tries it; the modes that require TLS are refused, as this build has none.
+    fn pg_ssl_mode(&self) -> Result<tokio_postgres::config::SslMode> {
+        use tokio_postgres::config::SslMode;
+        match self.options.get("sslmode").map(|s| s.as_str()) {
+            None | Some("disable") | Some("allow") => Ok(SslMode::Disable),
+            Some("prefer") => Ok(SslMode::Prefer),
+            Some(other) => Err(self.config_error(format!(
+                "sslmode '{other}' needs TLS, which this build of strata does not include yet; \
+                 use sslmode=disable/prefer over a trusted network or an SSH tunnel"
+            ))),
         }
     }
 
@@ -295,6 +283,16 @@ pub struct ResolvedPassword {
     pub notes: Vec<String>,
 }
 
+impl ResolvedPassword {
+    fn found(secret: Secret, origin: PasswordOrigin, notes: Vec<String>) -> Self {
+        ResolvedPassword {
+            secret: Some(secret),
+            origin,
+            notes,
+        }
+    }
+}
+
 /// Where a password came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PasswordOrigin {
@@ -324,53 +322,70 @@ impl fmt::Display for PasswordOrigin {
     }
 }
 
-enum PassFile {
-    Missing,
-    Ignored(String),
-    Text(String),
-}
-
+/// A password file, with the rule of the client it imitates for when to ignore it.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum OptionFileRule {
-    /// libpq: ignored when group or others have any access.
+enum PasswordFile {
+    /// libpq's `.pgpass`: ignored when group or others have any access.
     PgPass,
-    /// MySQL: ignored when world-writable.
-    MySql,
+    /// MySQL's `.my.cnf`: ignored when world-writable.
+    MyCnf,
 }
 
-fn read_pgpass(connection: &str, path: &Path) -> Result<PassFile> {
-    read_option_file(connection, path, OptionFileRule::PgPass)
+impl PasswordFile {
+    /// Its name in the home directory.
+    fn home_name(self) -> &'static str {
+        match self {
+            PasswordFile::PgPass => ".pgpass",
+            PasswordFile::MyCnf => ".my.cnf",
+        }
+    }
+
+    /// Where to read it: `PGPASSFILE` for `.pgpass` when set, else the home directory
+    /// (`None` without one).
+    fn path(self, env: &PasswordLookup) -> Option<PathBuf> {
+        match (self, &env.pgpassfile) {
+            (PasswordFile::PgPass, Some(p)) => Some(p.clone()),
+            _ => env.home.as_ref().map(|h| h.join(self.home_name())),
+        }
+    }
 }
 
-fn read_option_file(connection: &str, path: &Path, rule: OptionFileRule) -> Result<PassFile> {
+/// A password file's text, or why it is not read (missing, or ignored for its permissions);
+/// an error when it is there but cannot be read.
+fn read_password_file(
+    connection: &str,
+    path: &Path,
+    file: PasswordFile,
+) -> Result<std::result::Result<String, String>> {
+    let unreadable = |e: std::io::Error| SourceError::PasswordFile {
+        connection: connection.to_string(),
+        path: path.to_path_buf(),
+        detail: format!("cannot read it: {e}"),
+    };
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(PassFile::Missing),
-        Err(e) => {
-            return Err(SourceError::PasswordFile {
-                connection: connection.to_string(),
-                path: path.to_path_buf(),
-                detail: format!("cannot read it: {e}"),
-            })
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(Err("no such file".into()))
         }
+        Err(e) => return Err(unreadable(e)),
     };
     if !meta.is_file() {
-        return Ok(PassFile::Ignored("not a plain file: ignored".into()));
+        return Ok(Err("not a plain file: ignored".into()));
     }
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
         let mode = meta.permissions().mode();
-        match rule {
-            OptionFileRule::PgPass if mode & 0o077 != 0 => {
-                return Ok(PassFile::Ignored(format!(
+        match file {
+            PasswordFile::PgPass if mode & 0o077 != 0 => {
+                return Ok(Err(format!(
                     "has group or world access (mode {:o}): ignored, as libpq does; \
                      run chmod 0600 on it",
                     mode & 0o777
                 )))
             }
-            OptionFileRule::MySql if mode & 0o002 != 0 => {
-                return Ok(PassFile::Ignored(format!(
+            PasswordFile::MyCnf if mode & 0o002 != 0 => {
+                return Ok(Err(format!(
                     "is world-writable (mode {:o}): ignored, as the MySQL client does; \
                      run chmod 0600 on it",
                     mode & 0o777
@@ -379,15 +394,9 @@ fn read_option_file(connection: &str, path: &Path, rule: OptionFileRule) -> Resu
             _ => {}
         }
     }
-    let _ = rule;
-    match std::fs::read(path) {
-        Ok(bytes) => Ok(PassFile::Text(String::from_utf8_lossy(&bytes).into_owned())),
-        Err(e) => Err(SourceError::PasswordFile {
-            connection: connection.to_string(),
-            path: path.to_path_buf(),
-            detail: format!("cannot read it: {e}"),
-        }),
-    }
+    let _ = file;
+    let bytes = std::fs::read(path).map_err(unreadable)?;
+    Ok(Ok(String::from_utf8_lossy(&bytes).into_owned()))
 }
 
 /// Split one pgpass line into its fields, undoing `\` escapes; `*` stays a wildcard only when
@@ -523,6 +532,10 @@ fn mycnf_value(v: &str) -> String {
     }
 }
 
+/// The session settings of every PostgreSQL connection, replication ones too: UTC, ISO dates,
+/// floats in full.
+const PG_SESSION_OPTIONS: &str = "-c TimeZone=UTC -c DateStyle=ISO -c extra_float_digits=3";
+
 /// A resolved connection: the spec plus its password. Opening connections goes through here.
 #[derive(Clone, Debug)]
 pub(crate) struct Resolved {
@@ -596,6 +609,14 @@ impl Resolved {
         }
     }
 
+    /// The password found, as the drivers take it.
+    fn password_text(&self) -> Option<String> {
+        self.password
+            .secret
+            .as_ref()
+            .map(|s| s.expose().to_string())
+    }
+
     fn check_options(&self, known: &[&str]) -> Result<()> {
         for k in self.spec.options.keys() {
             if !known.contains(&k.as_str()) {
@@ -628,21 +649,8 @@ impl Resolved {
                     .map(String::as_str)
                     .unwrap_or("strata"),
             )
-            .options("-c TimeZone=UTC -c DateStyle=ISO -c extra_float_digits=3");
-        match spec.options.get("sslmode").map(|s| s.as_str()) {
-            None | Some("disable") | Some("allow") => {
-                cfg.ssl_mode(tokio_postgres::config::SslMode::Disable);
-            }
-            Some("prefer") => {
-                cfg.ssl_mode(tokio_postgres::config::SslMode::Prefer);
-            }
-            Some(other) => {
-                return Err(spec.config_error(format!(
-                    "sslmode '{other}' needs TLS, which this build of strata does not include yet; \
-                     use sslmode=disable/prefer over a trusted network or an SSH tunnel"
-                )))
-            }
-        }
+            .options(PG_SESSION_OPTIONS);
+        cfg.ssl_mode(spec.pg_ssl_mode()?);
         if let Some(t) = spec.connect_timeout()? {
             cfg.connect_timeout(t);
         }
@@ -672,31 +680,18 @@ impl Resolved {
         publication: &str,
     ) -> Result<pgwire_replication::ReplicationConfig> {
         let spec = &self.spec;
-        match spec.options.get("sslmode").map(|s| s.as_str()) {
-            None | Some("disable") | Some("allow") | Some("prefer") => {}
-            Some(other) => {
-                return Err(spec.config_error(format!(
-                    "sslmode '{other}' needs TLS, which this build of strata does not include yet"
-                )))
-            }
-        }
-        let password = self
-            .password
-            .secret
-            .as_ref()
-            .map(|s| s.expose().to_string())
-            .unwrap_or_default();
+        spec.pg_ssl_mode()?;
         Ok(pgwire_replication::ReplicationConfig::new(
             spec.host.clone(),
             spec.user.clone(),
-            password,
+            self.password_text().unwrap_or_default(),
             spec.database.clone(),
             slot.to_string(),
             publication.to_string(),
         )
         .with_port(spec.port())
         .with_application_name("strata-cdc")
-        .with_options("-c TimeZone=UTC -c DateStyle=ISO -c extra_float_digits=3"))
+        .with_options(PG_SESSION_OPTIONS))
     }
 
     /// Open a MySQL / MariaDB connection (session time zone `+00:00`, utf8mb4).
@@ -711,12 +706,7 @@ impl Resolved {
             .ip_or_hostname(spec.host.clone())
             .tcp_port(spec.port())
             .user(Some(spec.user.clone()))
-            .pass(
-                self.password
-                    .secret
-                    .as_ref()
-                    .map(|s| s.expose().to_string()),
-            )
+            .pass(self.password_text())
             .db_name(Some(spec.database.clone()))
             .prefer_socket(false)
             .init(vec![
@@ -771,30 +761,24 @@ h\\:x:5432:*:dave:escaped-host
 
     #[test]
     fn pgpass_matching() {
-        let l = |h, p, d, u| pgpass_lookup(PGPASS, h, p, d, u);
-        assert_eq!(
-            l("db1.example.com", "5432", "sales", "alice"),
-            Some((2, "pw-sales".into()))
-        );
-        // Not the same database: falls through to the wildcard line.
-        assert_eq!(
-            l("db1.example.com", "5432", "hr", "alice"),
-            Some((6, "fallback".into()))
-        );
-        assert_eq!(
-            l("any", "5432", "x", "bob"),
-            Some((3, "pw:with:colons".into()))
-        );
-        assert_eq!(l("any", "5433", "x", "bob"), Some((6, "fallback".into())));
-        assert_eq!(
-            l("localhost", "6000", "x", "carol"),
-            Some((4, "pw\\back".into()))
-        );
-        assert_eq!(
-            l("h:x", "5432", "x", "dave"),
-            Some((5, "escaped-host".into()))
-        );
-        assert_eq!(l("hx", "5432", "x", "dave"), Some((6, "fallback".into())));
+        // host, port, database, user: the line that matches and its password.
+        let cases = [
+            (("db1.example.com", "5432", "sales", "alice"), 2, "pw-sales"),
+            // Not the same database: falls through to the wildcard line.
+            (("db1.example.com", "5432", "hr", "alice"), 6, "fallback"),
+            (("any", "5432", "x", "bob"), 3, "pw:with:colons"),
+            (("any", "5433", "x", "bob"), 6, "fallback"),
+            (("localhost", "6000", "x", "carol"), 4, "pw\\back"),
+            (("h:x", "5432", "x", "dave"), 5, "escaped-host"),
+            (("hx", "5432", "x", "dave"), 6, "fallback"),
+        ];
+        for ((h, p, d, u), line, password) in cases {
+            assert_eq!(
+                pgpass_lookup(PGPASS, h, p, d, u),
+                Some((line, password.to_string())),
+                "{h}:{p}:{d}:{u}"
+            );
+        }
     }
 
     #[test]
@@ -953,37 +937,27 @@ password=plain # trailing comment
         }
     }
 
+    /// The error opening a connection with these options (with a password, so none is looked
+    /// up) that must fail before connecting.
+    async fn refused(kind: SourceKind, option: &str, value: &str) -> String {
+        let spec = ConnectionSpec::new("src", kind, "db.local", "shop", "app")
+            .with_password(Secret::new("pw-123456"))
+            .with_option(option, value);
+        let r = Resolved::new(&spec).unwrap();
+        let opened = match kind {
+            SourceKind::Postgres => r.pg_connect().await.map(drop),
+            SourceKind::Mysql => r.mysql_connect().await.map(drop),
+        };
+        opened.unwrap_err().to_string()
+    }
+
     #[tokio::test]
     async fn bad_options_are_refused_before_connecting() {
-        let spec = pg_spec()
-            .with_password(Secret::new("pw-123456"))
-            .with_option("sslmode", "require");
-        let e = Resolved::new(&spec)
-            .unwrap()
-            .pg_connect()
-            .await
-            .unwrap_err()
-            .to_string();
+        let e = refused(SourceKind::Postgres, "sslmode", "require").await;
         assert!(e.contains("'src'") && e.contains("TLS"), "{e}");
-        let spec = pg_spec()
-            .with_password(Secret::new("pw-123456"))
-            .with_option("sslmod", "disable");
-        let e = Resolved::new(&spec)
-            .unwrap()
-            .pg_connect()
-            .await
-            .unwrap_err()
-            .to_string();
+        let e = refused(SourceKind::Postgres, "sslmod", "disable").await;
         assert!(e.contains("unknown option 'sslmod'"), "{e}");
-        let spec = ConnectionSpec::new("m", SourceKind::Mysql, "h", "d", "u")
-            .with_password(Secret::new("pw-123456"))
-            .with_option("connect_timeout", "soon");
-        let e = Resolved::new(&spec)
-            .unwrap()
-            .mysql_connect()
-            .await
-            .unwrap_err()
-            .to_string();
+        let e = refused(SourceKind::Mysql, "connect_timeout", "soon").await;
         assert!(
             e.contains("connect_timeout") && !e.contains("pw-123456"),
             "{e}"

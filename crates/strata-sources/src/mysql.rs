@@ -5,11 +5,11 @@ use mysql_async::consts::{ColumnFlags, ColumnType};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Column, Conn, Value};
 
-use crate::batch::{Cell, ColBuilder, ColumnKind, SourceColumn, SourceSchema};
+use crate::batch::{Cell, ColBuilder, ColumnKind, SourceSchema};
 use crate::conn::Resolved;
 use crate::error::{Result, SourceError};
 use crate::object::{mysql_ident, SourceObject};
-use crate::read::{check_columns, BatchReceiver, WatermarkRead};
+use crate::read::{describe_columns, BatchReceiver, Described, ResultColumn, WatermarkRead};
 use crate::value::{parse_decimal, Watermark, WatermarkValue};
 
 /// How a MySQL value becomes a cell.
@@ -268,49 +268,15 @@ pub(crate) async fn describe(
         .prep(sql)
         .await
         .map_err(|e| r.query_error(object.label(), e.to_string()))?;
-    let mut columns = Vec::new();
-    let mut decoders = Vec::new();
-    let mut all = Vec::new();
-    for c in stmt.columns().iter() {
-        let name = c.name_str().to_string();
-        if all.contains(&name) {
-            return Err(r.query_error(
-                object.label(),
-                format!("two columns are named '{name}'; give them distinct names (AS ...) in the query"),
-            ));
-        }
-        all.push(name.clone());
-        if exclude.contains(&name) {
-            continue;
-        }
-        let (decode, kind, type_name) =
-            map_column(c).map_err(|(type_name, why)| SourceError::UnsupportedType {
-                connection: r.name().to_string(),
-                object: object.label(),
-                column: name.clone(),
-                type_name,
-                why,
-            })?;
-        columns.push(SourceColumn {
-            name,
-            source_type: type_name,
-            kind,
-            not_null: c.flags().contains(ColumnFlags::NOT_NULL_FLAG),
-        });
-        decoders.push(decode);
-    }
+    let stmt_columns = stmt.columns();
+    let result_columns = stmt_columns.iter().map(|c| ResultColumn {
+        name: c.name_str().to_string(),
+        not_null: c.flags().contains(ColumnFlags::NOT_NULL_FLAG),
+        mapping: map_column(c),
+    });
+    let described = describe_columns(r, object, exclude, result_columns)?;
     let _ = conn.close(stmt).await;
-    Ok((
-        SourceSchema {
-            object: match object {
-                SourceObject::Table(t) => t.to_string(),
-                SourceObject::Query(_) => "query".into(),
-            },
-            columns,
-        },
-        decoders,
-        all,
-    ))
+    Ok(described)
 }
 
 fn param(v: &WatermarkValue) -> Value {
@@ -352,22 +318,18 @@ pub(crate) async fn start(
     read: &WatermarkRead,
 ) -> Result<(SourceSchema, BatchReceiver)> {
     let mut conn = r.mysql_connect().await?;
-    let (schema, decoders, all) =
-        match describe(&mut conn, r, &read.object, &read.exclude_columns).await {
-            Ok(x) => x,
-            Err(e) => {
-                let _ = conn.disconnect().await;
-                return Err(e);
-            }
-        };
-    let wm_idx = check_columns(
-        r,
-        &read.object,
-        &all,
-        &schema,
-        &read.watermark_columns,
-        &read.exclude_columns,
-    )?;
+    let described = match describe(&mut conn, r, &read.object, &read.exclude_columns).await {
+        Ok(x) => x,
+        Err(e) => {
+            let _ = conn.disconnect().await;
+            return Err(e);
+        }
+    };
+    let Described {
+        schema,
+        decoders,
+        wm_idx,
+    } = read.check_described(r, described)?;
     let cols: Vec<String> = schema
         .columns
         .iter()

@@ -4,7 +4,7 @@
 
 use arrow_array::RecordBatch;
 
-use crate::batch::{ColumnKind, SourceSchema};
+use crate::batch::{ColumnKind, SourceColumn, SourceSchema};
 use crate::conn::Resolved;
 use crate::error::{Result, SourceError};
 use crate::object::SourceObject;
@@ -76,6 +76,99 @@ impl WatermarkRead {
         self.batch_rows = rows.max(1);
         self
     }
+}
+
+impl WatermarkRead {
+    /// Check this read's watermark and excluded columns against its described table or
+    /// query (see [`describe_columns`]).
+    pub(crate) fn check_described<D>(
+        &self,
+        r: &Resolved,
+        (schema, decoders, all): (SourceSchema, Vec<D>, Vec<String>),
+    ) -> Result<Described<D>> {
+        let wm_idx = check_columns(
+            r,
+            &self.object,
+            &all,
+            &schema,
+            &self.watermark_columns,
+            &self.exclude_columns,
+        )?;
+        Ok(Described {
+            schema,
+            decoders,
+            wm_idx,
+        })
+    }
+}
+
+/// What a watermark read decodes: the described table or query (its kept columns), each
+/// column's decoder, and where its watermark columns are.
+#[derive(Clone)]
+pub(crate) struct Described<D> {
+    pub schema: SourceSchema,
+    pub decoders: Vec<D>,
+    pub wm_idx: Vec<usize>,
+}
+
+/// A result column as a backend's driver describes it: its name, whether it is NOT NULL, and
+/// its mapping (decoder, Arrow kind, source type name) or the type's name and why strata
+/// cannot read it (an error only when the column is kept).
+pub(crate) struct ResultColumn<D> {
+    pub name: String,
+    pub not_null: bool,
+    pub mapping: std::result::Result<(D, ColumnKind, String), (String, String)>,
+}
+
+/// A described table or query: the schema of its kept (not excluded) columns, each kept
+/// column's decoder, and the names of all its columns (for [`check_columns`]). Two columns of
+/// one name, or a kept column of a type strata cannot read, are errors.
+pub(crate) fn describe_columns<D>(
+    r: &Resolved,
+    object: &SourceObject,
+    exclude: &[String],
+    result_columns: impl IntoIterator<Item = ResultColumn<D>>,
+) -> Result<(SourceSchema, Vec<D>, Vec<String>)> {
+    let mut columns = Vec::new();
+    let mut decoders = Vec::new();
+    let mut all = Vec::new();
+    for c in result_columns {
+        let name = c.name;
+        if all.contains(&name) {
+            return Err(r.query_error(
+                object.label(),
+                format!("two columns are named '{name}'; give them distinct names (AS ...) in the query"),
+            ));
+        }
+        all.push(name.clone());
+        if exclude.contains(&name) {
+            continue;
+        }
+        let (decode, kind, source_type) =
+            c.mapping
+                .map_err(|(type_name, why)| SourceError::UnsupportedType {
+                    connection: r.name().to_string(),
+                    object: object.label(),
+                    column: name.clone(),
+                    type_name,
+                    why,
+                })?;
+        columns.push(SourceColumn {
+            name,
+            source_type,
+            kind,
+            not_null: c.not_null,
+        });
+        decoders.push(decode);
+    }
+    let schema = SourceSchema {
+        object: match object {
+            SourceObject::Table(t) => t.to_string(),
+            SourceObject::Query(_) => "query".into(),
+        },
+        columns,
+    };
+    Ok((schema, decoders, all))
 }
 
 /// Check the watermark and excluded columns against the described columns.

@@ -69,6 +69,16 @@ fn advance(line: &mut u64, column: &mut u64, ch: char) {
     }
 }
 
+/// A map of names to values (a configuration, a table's options) from `(name, value)` pairs:
+/// for the tests of this crate and of the crates above.
+#[doc(hidden)]
+pub fn string_map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
 fn error(at: Location, message: &str, text: &str) -> SqlError {
     let src_line = text.lines().nth(at.line as usize - 1).unwrap_or("");
     SqlError::Syntax {
@@ -85,16 +95,9 @@ fn error(at: Location, message: &str, text: &str) -> SqlError {
 mod tests {
     use super::*;
 
-    fn conf(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
-
     #[test]
     fn replaces_known_names() {
-        let c = conf(&[("mode", "SCD TYPE 2"), ("dir", "data/x")]);
+        let c = string_map(&[("mode", "SCD TYPE 2"), ("dir", "data/x")]);
         assert_eq!(
             substitute("STORED AS ${mode} -- '${dir}' costs $5", &c).unwrap(),
             "STORED AS SCD TYPE 2 -- 'data/x' costs $5"
@@ -104,7 +107,7 @@ mod tests {
 
     #[test]
     fn unknown_names_are_located() {
-        let e = substitute("SELECT 1;\n  STORED AS ${mode}", &conf(&[])).unwrap_err();
+        let e = substitute("SELECT 1;\n  STORED AS ${mode}", &string_map(&[])).unwrap_err();
         let text = e.to_string();
         assert!(
             text.starts_with("2:13: configuration value `mode` is not set"),

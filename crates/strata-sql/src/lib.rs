@@ -27,6 +27,8 @@ mod plan;
 mod types;
 
 pub use ast::*;
+#[doc(hidden)]
+pub use config::string_map;
 pub use config::substitute;
 pub use error::{Result, SqlError};
 pub use parser::{parse_pipeline, parse_pipeline_in, TABLE_MODE_VERSION_SQL};

@@ -161,16 +161,22 @@ fn ident_list(c: &mut Cursor, what: &str) -> Result<Vec<String>> {
     Ok(names)
 }
 
+/// `IF NOT EXISTS`, when it is there.
+fn if_not_exists(c: &mut Cursor) -> Result<()> {
+    if c.eat_keyword("IF") {
+        c.expect_keyword("NOT")?;
+        c.expect_keyword("EXISTS")?;
+    }
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------------
 // CREATE CONNECTION
 
 /// `CREATE CONNECTION [IF NOT EXISTS] name TYPE kind OPTIONS (key 'value', ...) [COMMENT
 /// '...']`, as Databricks writes it (`key = 'value'` is accepted too).
 fn connection(c: &mut Cursor, at: Location) -> Result<Connection> {
-    if c.eat_keyword("IF") {
-        c.expect_keyword("NOT")?;
-        c.expect_keyword("EXISTS")?;
-    }
+    if_not_exists(c)?;
     let (name, _) = c.ident("a connection name")?;
     c.expect_keyword("TYPE")?;
     let (kind, _) = c.ident("a connection type (postgresql or mysql)")?;
@@ -211,10 +217,7 @@ fn connection(c: &mut Cursor, at: Location) -> Result<Connection> {
 // CREATE STREAMING TABLE
 
 fn streaming_table(c: &mut Cursor, at: Location) -> Result<StreamingTable> {
-    if c.eat_keyword("IF") {
-        c.expect_keyword("NOT")?;
-        c.expect_keyword("EXISTS")?;
-    }
+    if_not_exists(c)?;
     let head = dataset_head(c)?;
     let query = if c.eat_keyword("AS") {
         Some(source_query(c)?)
@@ -337,10 +340,7 @@ fn materialized_view(c: &mut Cursor, at: Location) -> Result<MaterializedView> {
 }
 
 fn view(c: &mut Cursor, at: Location) -> Result<View> {
-    if c.eat_keyword("IF") {
-        c.expect_keyword("NOT")?;
-        c.expect_keyword("EXISTS")?;
-    }
+    if_not_exists(c)?;
     let (name, _) = table_name(c, "a view name")?;
     let clause_at = c.loc();
     if c.eat_keyword("COMMENT") {
@@ -360,14 +360,33 @@ fn view(c: &mut Cursor, at: Location) -> Result<View> {
     })
 }
 
-/// The rest of the statement as a batch query: no `STREAM`, tables read as they are.
-fn batch_query(c: &mut Cursor, what: &str) -> Result<BatchQuery> {
-    let (tokens, marks) = strip_stream(c.rest()).map_err(|at| {
+/// The rest of the statement's tokens with each `STREAM` marker taken out, and where the
+/// streaming sources they marked start (see [`strip_stream`]).
+fn rest_without_stream(c: &Cursor) -> Result<(Vec<TokenWithSpan>, Vec<SpLocation>)> {
+    strip_stream(c.rest()).map_err(|at| {
         c.error_at(
             location(at),
             "STREAM(...) takes a table name or read_files(...), not a query",
         )
+    })
+}
+
+/// `tokens` as one query that ends the statement.
+fn whole_query(c: &Cursor, tokens: Vec<TokenWithSpan>) -> Result<Box<Query>> {
+    let (query, _) = run_sqlparser(c.src, tokens, &c.end, |p| {
+        let q = p.parse_query()?;
+        let next = p.peek_token();
+        match next.token {
+            Token::EOF => Ok(q),
+            _ => p.expected("end of statement", next),
+        }
     })?;
+    Ok(query)
+}
+
+/// The rest of the statement as a batch query: no `STREAM`, tables read as they are.
+fn batch_query(c: &mut Cursor, what: &str) -> Result<BatchQuery> {
+    let (tokens, marks) = rest_without_stream(c)?;
     if let Some(first) = marks.first() {
         return Err(c.error_at(
             location(*first),
@@ -378,14 +397,7 @@ fn batch_query(c: &mut Cursor, what: &str) -> Result<BatchQuery> {
         ));
     }
     c.skip_rest();
-    let (query, _) = run_sqlparser(c.src, tokens, &c.end, |p| {
-        let q = p.parse_query()?;
-        let next = p.peek_token();
-        match next.token {
-            Token::EOF => Ok(q),
-            _ => p.expected("end of statement", next),
-        }
-    })?;
+    let query = whole_query(c, tokens)?;
     let reads = query_reads(c, &query)?;
     Ok(BatchQuery {
         sql: query.to_string(),
@@ -536,12 +548,7 @@ fn once_query(c: &mut Cursor) -> Result<SourceQuery> {
 /// [`source_query`], or with `once` [`once_query`].
 fn query_with_source(c: &mut Cursor, once: bool) -> Result<SourceQuery> {
     let query_at = c.loc();
-    let (tokens, marks) = strip_stream(c.rest()).map_err(|at| {
-        c.error_at(
-            location(at),
-            "STREAM(...) takes a table name or read_files(...), not a query",
-        )
-    })?;
+    let (tokens, marks) = rest_without_stream(c)?;
     if let (true, Some(first)) = (once, marks.first()) {
         // At the STREAM word in front of the source.
         let stream = c
@@ -556,14 +563,7 @@ fn query_with_source(c: &mut Cursor, once: bool) -> Result<SourceQuery> {
         ));
     }
     c.skip_rest();
-    let (mut query, _) = run_sqlparser(c.src, tokens, &c.end, |p| {
-        let q = p.parse_query()?;
-        let next = p.peek_token();
-        match next.token {
-            Token::EOF => Ok(q),
-            _ => p.expected("end of statement", next),
-        }
-    })?;
+    let mut query = whole_query(c, tokens)?;
 
     let mut factors = Vec::new();
     collect_query(&mut query, &mut factors);

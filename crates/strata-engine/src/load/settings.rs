@@ -385,17 +385,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn conf(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use strata_sql::string_map;
 
     #[test]
     fn nothing_set_means_no_retries_and_nobody_told() {
-        let s = UpdateSettings::resolve(Vec::new(), None, &conf(&[("x", "1")])).unwrap();
+        let s = UpdateSettings::resolve(Vec::new(), None, &string_map(&[("x", "1")])).unwrap();
         assert_eq!(s, UpdateSettings::default());
         assert!(!s.records_updates());
     }
@@ -405,7 +399,7 @@ mod tests {
         let s = UpdateSettings::resolve(
             Vec::new(),
             None,
-            &conf(&[
+            &string_map(&[
                 ("pipelines.numUpdateRetryAttempts", "3"),
                 ("strata.updateRetryBackoff", "500ms"),
                 ("pipelines.notifications.webhook", "http://127.0.0.1:9/hook"),
@@ -451,7 +445,7 @@ mod tests {
     #[test]
     fn mistakes_are_named() {
         let err = |pairs: &[(&str, &str)]| {
-            UpdateSettings::resolve(Vec::new(), None, &conf(pairs)).unwrap_err()
+            UpdateSettings::resolve(Vec::new(), None, &string_map(pairs)).unwrap_err()
         };
         assert!(err(&[("pipelines.numUpdateRetryAttempts", "many")])
             .contains("expected a whole number"));

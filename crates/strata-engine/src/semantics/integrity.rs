@@ -24,6 +24,34 @@ pub struct Violation {
     pub ends_at: Option<String>,
 }
 
+impl Violation {
+    fn new(key: String, problem: String) -> Self {
+        Violation {
+            key,
+            problem,
+            ends_at: None,
+        }
+    }
+
+    /// The violation of a version that ends at `at` (see [`Violation::ends_at`]).
+    fn ending_at(self, at: String) -> Self {
+        Violation {
+            ends_at: Some(at),
+            ..self
+        }
+    }
+}
+
+/// A row's key as violations name it: `name=value` for each key column, `, `-separated
+/// (the key columns' formatters first in `fmts`).
+fn key_text(keys: &[String], fmts: &[ArrayFormatter<'_>], row: usize) -> String {
+    keys.iter()
+        .enumerate()
+        .map(|(c, name)| format!("{name}={}", fmts[c].value(row)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The SCD2 integrity check on rows about to be written (keys in `keys`, the convention's
 /// timeline columns by name): the violations, if any.
 pub(crate) fn check_rows(
@@ -67,16 +95,10 @@ pub(crate) fn check_snapshots(batch: &RecordBatch, keys: &[String]) -> Result<Ve
     let mut out = Vec::new();
     for w in order.windows(2) {
         if rows.row(w[0]) == rows.row(w[1]) {
-            out.push(Violation {
-                key: keys
-                    .iter()
-                    .enumerate()
-                    .map(|(c, name)| format!("{name}={}", fmts[c].value(w[0])))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                problem: format!("appears twice in version {}", fmts[n].value(w[0])),
-                ends_at: None,
-            });
+            out.push(Violation::new(
+                key_text(keys, &fmts, w[0]),
+                format!("appears twice in version {}", fmts[n].value(w[0])),
+            ));
         }
     }
     Ok(out)
@@ -145,13 +167,7 @@ pub(crate) fn check_timelines(
         fmt(n).context(|| "validate".into())?,
         fmt(n + 1).context(|| "validate".into())?,
     );
-    let describe = |i: u32| {
-        keys.iter()
-            .enumerate()
-            .map(|(c, name)| format!("{name}={}", key_fmt[c].value(i as usize)))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+    let describe = |i: u32| key_text(keys, &key_fmt, i as usize);
     let order = key_order(&key_of, &bounds, batch.num_rows() as u32);
     let mut out = Vec::new();
     let mut i = 0;
@@ -163,58 +179,43 @@ pub(crate) fn check_timelines(
         let group = &order[i..j];
         let open = group.iter().filter(|&&r| end.is_null(r as usize)).count();
         if open > 1 {
-            out.push(Violation {
-                key: describe(group[0]),
-                problem: format!("has {open} open versions"),
-                ends_at: None,
-            });
+            out.push(Violation::new(
+                describe(group[0]),
+                format!("has {open} open versions"),
+            ));
         }
         if let (Findings::Reported, 0, Some(&last)) = (findings, open, group.last()) {
             let at = end_fmt.value(last as usize).to_string();
-            out.push(Violation {
-                key: describe(last),
-                problem: format!("has no open version (its last version ends at {at})"),
-                ends_at: Some(at),
-            });
+            let problem = format!("has no open version (its last version ends at {at})");
+            out.push(Violation::new(describe(last), problem).ending_at(at));
         }
         for (pos, &r) in group.iter().enumerate() {
             let open = end.is_null(r as usize);
+            let (starts, ends) = (start_fmt.value(r as usize), end_fmt.value(r as usize));
             if !open && bounds.start_vs_end(r, r) != Ordering::Less {
-                out.push(Violation {
-                    key: describe(r),
-                    problem: format!(
-                        "version starting at {} does not end after it starts (ends at {})",
-                        start_fmt.value(r as usize),
-                        end_fmt.value(r as usize)
-                    ),
-                    ends_at: None,
-                });
+                let problem = format!(
+                    "version starting at {starts} does not end after it starts (ends at {ends})"
+                );
+                out.push(Violation::new(describe(r), problem));
             }
-            if let Some(&next) = group.get(pos + 1) {
-                if open || bounds.start_vs_end(next, r) == Ordering::Less {
-                    out.push(Violation {
-                        key: describe(r),
-                        problem: format!(
-                            "version starting at {} overlaps the next one, starting at {}",
-                            start_fmt.value(r as usize),
-                            start_fmt.value(next as usize)
-                        ),
-                        ends_at: None,
-                    });
-                } else if findings == Findings::Reported
-                    && bounds.start_vs_end(next, r) == Ordering::Greater
-                {
-                    let at = end_fmt.value(r as usize).to_string();
-                    out.push(Violation {
-                        key: describe(r),
-                        problem: format!(
-                            "gap: the version starting at {} ends at {at}, the next starts at {}",
-                            start_fmt.value(r as usize),
-                            start_fmt.value(next as usize)
-                        ),
-                        ends_at: Some(at),
-                    });
-                }
+            let Some(&next) = group.get(pos + 1) else {
+                continue;
+            };
+            let next_starts = start_fmt.value(next as usize);
+            if open || bounds.start_vs_end(next, r) == Ordering::Less {
+                let problem = format!(
+                    "version starting at {starts} overlaps the next one, starting at {next_starts}"
+                );
+                out.push(Violation::new(describe(r), problem));
+            } else if findings == Findings::Reported
+                && bounds.start_vs_end(next, r) == Ordering::Greater
+            {
+                let at = ends.to_string();
+                let problem = format!(
+                    "gap: the version starting at {starts} ends at {at}, \
+                     the next starts at {next_starts}"
+                );
+                out.push(Violation::new(describe(r), problem).ending_at(at));
             }
         }
         i = j;

@@ -352,13 +352,7 @@ mod tests {
 
     #[test]
     fn presets_and_overrides() {
-        let p = |pairs: &[(&str, &str)]| {
-            let m: BTreeMap<String, String> = pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect();
-            Timeline::from_properties(&m)
-        };
+        let p = |pairs: &[(&str, &str)]| Timeline::from_properties(&strata_sql::string_map(pairs));
         assert!(p(&[]).unwrap().is_internal());
         let k = p(&[("strata.scd.convention", "kimball")]).unwrap();
         assert_eq!(

@@ -78,16 +78,12 @@ pub(crate) fn connection_spec(c: &Connection, env: Env<'_>) -> Result<Connection
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap;
 
     fn conn(kind: &str, options: &[(&str, &str)]) -> Connection {
         Connection {
             name: "shop".into(),
             kind: kind.into(),
-            options: options
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect::<BTreeMap<_, _>>(),
+            options: strata_sql::string_map(options),
             location: strata_sql::Location { line: 3, column: 1 },
         }
     }

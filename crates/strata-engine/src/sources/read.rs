@@ -316,10 +316,7 @@ mod tests {
     fn rd(options: &[(&str, &str)]) -> ReadDatabase {
         ReadDatabase {
             connection: "shop".into(),
-            options: options
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
+            options: strata_sql::string_map(options),
             location: strata_sql::Location::default(),
         }
     }

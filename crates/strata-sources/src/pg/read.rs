@@ -16,11 +16,11 @@ use tokio_postgres::{Client, CopyOutStream, GenericClient};
 
 use super::copy::{CopyParser, Tuple};
 use super::types::{append_binary, map_type, watermark_value, PgDecode};
-use crate::batch::{meta, ColBuilder, SourceColumn, SourceSchema};
+use crate::batch::{meta, ColBuilder, SourceSchema};
 use crate::conn::{pg_error_text, Resolved};
 use crate::error::{Result, SourceError};
 use crate::object::{pg_ident, SourceObject};
-use crate::read::{check_columns, WatermarkRead};
+use crate::read::{describe_columns, ResultColumn, WatermarkRead};
 use crate::value::{LowerBound, Watermark, WatermarkValue};
 
 /// A query parameter sent as text: the server parses it with the type it inferred for the
@@ -85,53 +85,15 @@ pub(crate) async fn describe<C: GenericClient>(
             not_null.insert((oid, row.get::<_, i16>(0)), row.get::<_, bool>(1));
         }
     }
-    let mut columns = Vec::new();
-    let mut decoders = Vec::new();
-    let mut all = Vec::new();
-    for c in stmt.columns() {
-        let name = c.name().to_string();
-        if all.contains(&name) {
-            return Err(r.query_error(
-                object.label(),
-                format!("two columns are named '{name}'; give them distinct names (AS ...) in the query"),
-            ));
-        }
-        all.push(name.clone());
-        if exclude.contains(&name) {
-            continue;
-        }
-        let mapped = map_type(c.type_(), c.type_modifier()).map_err(|(type_name, why)| {
-            SourceError::UnsupportedType {
-                connection: r.name().to_string(),
-                object: object.label(),
-                column: name.clone(),
-                type_name,
-                why,
-            }
-        })?;
-        let nn = match (c.table_oid(), c.column_id()) {
+    let result_columns = stmt.columns().iter().map(|c| ResultColumn {
+        name: c.name().to_string(),
+        not_null: match (c.table_oid(), c.column_id()) {
             (Some(t), Some(a)) => not_null.get(&(t, a)).copied().unwrap_or(false),
             _ => false,
-        };
-        columns.push(SourceColumn {
-            name,
-            source_type: mapped.type_name.clone(),
-            kind: mapped.kind,
-            not_null: nn,
-        });
-        decoders.push(mapped.decode);
-    }
-    Ok((
-        SourceSchema {
-            object: match object {
-                SourceObject::Table(t) => t.to_string(),
-                SourceObject::Query(_) => "query".into(),
-            },
-            columns,
         },
-        decoders,
-        all,
-    ))
+        mapping: map_type(c.type_(), c.type_modifier()).map(|m| (m.decode, m.kind, m.type_name)),
+    });
+    describe_columns(r, object, exclude, result_columns)
 }
 
 /// A string as an SQL literal (COPY takes no parameters): quotes doubled, and backslashes
@@ -193,12 +155,7 @@ pub(crate) fn watermark_select(
 
 /// What a watermark read of PostgreSQL decodes: the described table and where its watermark
 /// columns are.
-#[derive(Clone)]
-pub(crate) struct Described {
-    pub schema: SourceSchema,
-    pub decoders: Vec<PgDecode>,
-    pub wm_idx: Vec<usize>,
-}
+pub(crate) type Described = crate::read::Described<PgDecode>;
 
 /// Describe the read's table or query and check its watermark and excluded columns.
 pub(crate) async fn describe_read<C: GenericClient>(
@@ -206,20 +163,8 @@ pub(crate) async fn describe_read<C: GenericClient>(
     r: &Resolved,
     read: &WatermarkRead,
 ) -> Result<Described> {
-    let (schema, decoders, all) = describe(client, r, &read.object, &read.exclude_columns).await?;
-    let wm_idx = check_columns(
-        r,
-        &read.object,
-        &all,
-        &schema,
-        &read.watermark_columns,
-        &read.exclude_columns,
-    )?;
-    Ok(Described {
-        schema,
-        decoders,
-        wm_idx,
-    })
+    let described = describe(client, r, &read.object, &read.exclude_columns).await?;
+    read.check_described(r, described)
 }
 
 /// Metadata columns appended to every row (the snapshot read of CDC uses them).

@@ -39,6 +39,25 @@ pub(super) struct Taken {
     pub(super) base: Option<DeltaTable>,
 }
 
+impl Taken {
+    /// Rows to write and their flows' events, with what the commit records; no input file
+    /// reused, nothing to do after the commit, no chunk committed before.
+    pub(super) fn rows(
+        parts: Vec<RecordBatch>,
+        events: HashMap<String, Vec<RecordBatch>>,
+        commit: PendingCommit,
+    ) -> Self {
+        Taken {
+            parts,
+            reused: Vec::new(),
+            events,
+            commit,
+            after_commit: None,
+            base: None,
+        }
+    }
+}
+
 /// Commits what was taken in one commit (creating the table on its first run, adding
 /// columns when its schema evolves), then hands the downstream flows' events over. Returns
 /// the version committed.

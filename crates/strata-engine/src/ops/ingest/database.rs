@@ -227,12 +227,8 @@ async fn take_watermark(
     };
     let commit = position_commit(scope, setup, table, key, reached.to_json()).await?;
     Ok(Some(Taken {
-        parts: chunk.parts,
-        reused: Vec::new(),
-        events: chunk.events,
-        commit,
-        after_commit: None,
         base,
+        ..Taken::rows(chunk.parts, chunk.events, commit)
     }))
 }
 
@@ -272,14 +268,7 @@ impl Chunk {
     /// The chunk as a commit of its own. The downstream flows' events are dropped: they
     /// read what a run appended in more than one commit from the table.
     fn into_taken(self, commit: PendingCommit) -> Taken {
-        Taken {
-            parts: self.parts,
-            reused: Vec::new(),
-            events: HashMap::new(),
-            commit,
-            after_commit: None,
-            base: None,
-        }
+        Taken::rows(self.parts, HashMap::new(), commit)
     }
 }
 
@@ -500,14 +489,10 @@ async fn take_changes(
     report.watermark = Some(format!("lsn {resume}"));
     let commit = position_commit(scope, setup, existing, key, resume.to_string()).await?;
     Ok(Some(Taken {
-        parts,
-        reused: Vec::new(),
-        events,
-        commit,
         after_commit: Some(Box::new(move || {
             Box::pin(SlotAdvance { cdc, to: resume }.run())
         })),
-        base: None,
+        ..Taken::rows(parts, events, commit)
     }))
 }
 

@@ -315,14 +315,7 @@ pub(super) async fn take_changes(
             serde_json::json!({"source": spec.label, "tableId": table_id}),
         )
         .at(id, last);
-    Ok(Some(Taken {
-        parts,
-        reused: Vec::new(),
-        events,
-        commit,
-        after_commit: None,
-        base: None,
-    }))
+    Ok(Some(Taken::rows(parts, events, commit)))
 }
 
 /// The source must record a change data feed.

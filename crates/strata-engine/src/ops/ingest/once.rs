@@ -128,14 +128,7 @@ pub(super) async fn take_once(
             )))
         }
     };
-    Ok(Some(Taken {
-        parts,
-        reused: Vec::new(),
-        events,
-        commit,
-        after_commit: None,
-        base: None,
-    }))
+    Ok(Some(Taken::rows(parts, events, commit)))
 }
 
 /// Every file, read (each as the flow's `read_files` options say) and put together by

@@ -131,14 +131,8 @@ async fn take_files(
         && !setup.evolve
         && setup.append_flow.is_none()
         && reuse_allowed(setup, existing);
-    let mut taken = Taken {
-        parts: Vec::new(),
-        reused: Vec::new(),
-        events: HashMap::new(),
-        commit: files_commit(scope, setup, existing, &new).await?,
-        after_commit: None,
-        base: None,
-    };
+    let commit = files_commit(scope, setup, existing, &new).await?;
+    let mut taken = Taken::rows(Vec::new(), HashMap::new(), commit);
     for (n, file) in new.iter().enumerate() {
         let path = dir.file(file).await?;
         let place = format!("file {}", path.display());
@@ -249,14 +243,11 @@ async fn take_table(
     let running = Running::new(scope.wh, setup).await?;
     let mut events = HashMap::new();
     let (parts, _) = checked_rows(setup, &running, df, &place, report, &mut events).await?;
-    Ok(Some(Taken {
+    Ok(Some(Taken::rows(
         parts,
-        reused: Vec::new(),
         events,
-        commit: PendingCommit::of_run(scope.run_id).at(id, version),
-        after_commit: None,
-        base: None,
-    }))
+        PendingCommit::of_run(scope.run_id).at(id, version),
+    )))
 }
 
 /// A JSON input file that failed to read, named with its first line that does not parse
