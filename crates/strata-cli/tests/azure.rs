@@ -22,3 +22,8 @@ fn an_az_warehouse_runs_like_a_local_one() {
 fn runs_started_together_on_abfss_take_each_file_once() {
     store::runs_started_together_take_each_file_once(&Azure::from_env(true));
 }
+
+#[test]
+fn event_store_small_files_compact_on_azure() {
+    store::event_store_small_files_compact_on_the_store(&Azure::from_env(true));
+}

@@ -100,3 +100,8 @@ fn read_files_takes_input_from_s3_like_local_input() {
     assert_eq!(w.csv("SELECT count(*) AS n FROM remote_cdc").trim(), "n\n8");
     assert!(w.ok(&["validate", "remote_users"]).contains("ok"));
 }
+
+#[test]
+fn event_store_small_files_compact_on_s3() {
+    store::event_store_small_files_compact_on_the_store(&S3::from_env());
+}

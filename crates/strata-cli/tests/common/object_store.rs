@@ -458,3 +458,45 @@ pub fn runs_started_together_take_each_file_once(server: &dyn Server) {
     }
     assert!(w.ok(&["validate", "users"]).contains("ok"));
 }
+
+/// Eleven runs with one new file each: after the tenth, the run compacts the AUTO CDC
+/// target's ten small event-store files on the server into one (read back through the
+/// store's own object-store backend), and after every run the tables equal the same runs'
+/// on local disk.
+pub fn event_store_small_files_compact_on_the_store(server: &dyn Server) {
+    let w = OnStore::new(server, "store-compaction", PIPELINE);
+    let local = Project::new(PIPELINE);
+    let cities = ["Oaxaca", "Monterrey", "Tijuana", "Cancun"];
+    let mut compacted = Vec::new();
+    for run in 0..11usize {
+        let mut text = String::new();
+        for i in 0..6usize {
+            let (id, seq) = (120 + (run * 7 + i * 3) % 9, run * 10 + i);
+            let op = match (run + i) % 5 {
+                0 => "DELETE",
+                _ => "UPDATE",
+            };
+            let city = cities[(run + i) % cities.len()];
+            text.push_str(&format!(
+                "{{\"userId\": {id}, \"name\": \"u{id}\", \"city\": \"{city}\", \
+                 \"operation\": \"{op}\", \"sequenceNum\": {seq}}}\n"
+            ));
+        }
+        let name = format!("data/cdc/{run:03}.json");
+        w.p.file(&name, &text);
+        local.file(&name, &text);
+        let out = w.ok(&["run", "pipeline.sql"]);
+        if out.contains("optimized default.users (event store): 10 file(s) -> 1 file(s)") {
+            compacted.push(run);
+        }
+        local.ok(&["run", "pipeline.sql"]);
+        for sql in [
+            "SELECT * FROM users ORDER BY userId, __START_AT",
+            "SELECT * FROM cities ORDER BY city",
+        ] {
+            assert_eq!(w.csv(sql), local.csv(sql), "after run {run}: {sql}");
+        }
+    }
+    assert_eq!(compacted, [9], "the store compacted after the tenth run");
+    assert!(w.ok(&["validate", "users"]).contains("ok"));
+}
