@@ -17,6 +17,7 @@ use deltalake::arrow::array::{
 use deltalake::arrow::buffer::OffsetBuffer;
 use deltalake::arrow::datatypes::{DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
 use deltalake::protocol::SaveMode;
+use deltalake::DeltaTable;
 use std::sync::Arc;
 
 pub use crate::storage::warehouse::EVENT_LOG_TABLE;
@@ -230,6 +231,45 @@ fn to_batch(records: &[EventRecord]) -> Result<RecordBatch> {
     .context(|| "event log record".into())
 }
 
+/// How many times an append that lost a race is tried again on the log as it now is.
+const APPEND_ATTEMPTS: usize = 5;
+
+/// Appends `batch` to the event log `table` (at `path`). A commit that conflicts with one
+/// another run made at the same moment (the log's first commits, made by runs started
+/// together, can carry table metadata, which Delta's conflict check does not let an
+/// append pass) committed nothing: the log is read again and the append tried again.
+async fn append_retrying(
+    mut table: DeltaTable,
+    batch: RecordBatch,
+    path: &crate::storage::location::Location,
+) -> Result<DeltaTable> {
+    let mut attempt = 1;
+    loop {
+        match table
+            .clone()
+            .write(vec![batch.clone()])
+            .with_save_mode(SaveMode::Append)
+            .await
+        {
+            Ok(t) => return Ok(t),
+            Err(e) if crate::error::is_conflict(&e) && attempt < APPEND_ATTEMPTS => {
+                tracing::debug!("event log: append attempt {attempt} lost a race ({e}); again");
+                attempt += 1;
+                table.update_state().await.map_err(|e| EngineError::Delta {
+                    context: format!("reading the event log at {path}"),
+                    source: Box::new(e),
+                })?;
+            }
+            Err(e) => {
+                return Err(EngineError::Delta {
+                    context: format!("writing the event log at {path}"),
+                    source: Box::new(e),
+                })
+            }
+        }
+    }
+}
+
 /// Appends `records` to the event log of `wh` in one commit. The table is opened once per
 /// process and kept as each commit leaves it (a commit made elsewhere in between is an
 /// append too, which Delta's conflict check lets through).
@@ -272,14 +312,7 @@ pub(crate) async fn append(wh: &Warehouse, records: &[EventRecord]) -> Result<()
         },
     };
     crate::util::steps::step!(debug, steps, "opened");
-    let table = table
-        .write(vec![batch])
-        .with_save_mode(SaveMode::Append)
-        .await
-        .map_err(|e| EngineError::Delta {
-            context: format!("writing the event log at {path}"),
-            source: Box::new(e),
-        })?;
+    let table = append_retrying(table, batch, &path).await?;
     crate::util::steps::step!(debug, steps, "appended");
     wh.keep_event_log(table);
     Ok(())

@@ -522,7 +522,7 @@ fn below(prefix: &StorePath, file: &str) -> StorePath {
 
 /// An object store's error as one line, with a hint when the store refused the
 /// credentials (the message carries the store's answer, never a secret).
-fn store_error(e: object_store::Error) -> std::io::Error {
+pub(crate) fn store_error(e: object_store::Error) -> std::io::Error {
     let text = e.to_string();
     let mut line = text.split_whitespace().collect::<Vec<_>>().join(" ");
     if line.contains("403 Forbidden") || line.contains("401 Unauthorized") {

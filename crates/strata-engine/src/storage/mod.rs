@@ -3,7 +3,8 @@
 //! records ([`table`]), writing ([`write`]), a commit as a value
 //! with its positions ([`commit`]), DataFusion sessions over them
 //! ([`session`]), the change data feed ([`feed`]), replacing keys' rows in place
-//! ([`replace`], with deletion vectors in [`dv`]), the record of input files taken
+//! ([`replace`], with deletion vectors in [`dv`], reading and writing data files where the
+//! table lives: [`data_file`]), the record of input files taken
 //! ([`ledger`]), Parquet files taken into a table as they are ([`adopt`]) and what a table's
 //! commits changed, told apart from upkeep such as OPTIMIZE ([`changes`]), and tables whose
 //! rows a Python function produced, replaced whole before a run ([`staged`]).
@@ -11,6 +12,7 @@
 pub(crate) mod adopt;
 pub(crate) mod changes;
 pub(crate) mod commit;
+pub(crate) mod data_file;
 pub(crate) mod dv;
 pub(crate) mod feed;
 pub(crate) mod ledger;

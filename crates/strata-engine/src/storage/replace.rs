@@ -15,27 +15,28 @@
 //! delta-rs's `replace_where` and MERGE find the files to rewrite with one scan, rewrite them
 //! with another and derive the change feed with a third, on one thread per file. Here the
 //! caller already knows the rows that go (the fold derived them) and the rows that come, so
-//! each file is read once and the change feed is written from memory. Files are local (a
-//! warehouse is a folder); a file's inline deletion vector is honoured (its rows stay
-//! deleted). A table partitioned by its start value, or one with column mapping or
-//! deletion vectors stored in files (written by another engine), goes through delta-rs.
+//! each file is read once and the change feed is written from memory. Files are read and
+//! written where the table lives (`storage/data_file.rs`: a local folder, or an object store
+//! where a file is two requests: its footer, then the columns read); a file's inline
+//! deletion vector is honoured (its rows stay deleted). A table partitioned by its start
+//! value, or one with column mapping or deletion vectors stored in files (written by
+//! another engine), goes through delta-rs.
 
 use crate::error::{Context, EngineError, Result};
 use crate::storage::commit::PendingCommit;
+use crate::storage::data_file::{DataFile, Root};
 use crate::storage::feed::CHANGE_TYPE;
 use crate::util::arrow;
 use deltalake::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, StringArray};
 use deltalake::arrow::compute::filter_record_batch;
 use deltalake::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
 use deltalake::arrow::row::{RowConverter, SortField};
-use deltalake::datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use deltalake::datafusion::parquet::arrow::{ArrowWriter, ProjectionMask};
+use deltalake::datafusion::parquet::arrow::ArrowWriter;
 use deltalake::kernel::{Action, AddCDCFile};
 use deltalake::protocol::{DeltaOperation, SaveMode};
 use deltalake::writer::{DeltaWriter, RecordBatchWriter};
 use deltalake::DeltaTable;
 use roaring::RoaringTreemap;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// The share of a file's rows (numerator, denominator) beyond which a deletion-vector table
@@ -153,8 +154,8 @@ pub(crate) async fn replace_keys(
 
 /// Where and how a replacement writes a table.
 struct Layout {
-    /// The table's folder.
-    root: PathBuf,
+    /// Where the table's files are.
+    root: Root,
     schema: SchemaRef,
     /// The table has deletion vectors: replaced rows are marked, not rewritten.
     marking: bool,
@@ -192,9 +193,7 @@ impl Layout {
             return Ok(None);
         }
         let schema = crate::storage::table::table_schema(table)?;
-        let Ok(root) = table.table_url().to_file_path() else {
-            return Ok(None); // not a local table
-        };
+        let root = Root::of(table);
         Ok(Some(Layout {
             root,
             schema,
@@ -324,7 +323,7 @@ async fn mark_replaced(
 /// Which files hold a replaced key: key columns only, one file per core at a time.
 async fn find_touched(
     shared: &Arc<Shared>,
-    root: &Path,
+    root: &Root,
     files: &[(String, deltalake::kernel::Remove)],
 ) -> Result<Vec<(String, deltalake::kernel::Remove)>> {
     let lanes = crate::util::threads::parallelism();
@@ -332,8 +331,8 @@ async fn find_touched(
     for chunk in files.chunks(lanes) {
         let checks: Vec<_> = chunk
             .iter()
-            .map(|(path, _)| {
-                let (shared, file) = (shared.clone(), root.join(path));
+            .map(|(path, remove)| {
+                let (shared, file) = (shared.clone(), DataFile::new(root, path, remove.size));
                 tokio::task::spawn_blocking(move || shared.holds_gone_key(&file))
             })
             .collect();
@@ -365,13 +364,14 @@ async fn rewrite_touched(
     for chunk in touched.chunks(lanes) {
         let writers: Vec<_> = chunk
             .iter()
-            .map(|(path, _)| {
-                let (shared, file, table) = (shared.clone(), layout.root.join(path), table.clone());
+            .map(|(path, remove)| {
+                let file = DataFile::new(&layout.root, path, remove.size);
+                let (shared, table) = (shared.clone(), table.clone());
                 let (extra, gone) = (
                     pending.take(),
                     layout.deleted.remove(path).unwrap_or_default(),
                 );
-                tokio::spawn(async move { shared.rewrite(&file, &table, extra, gone).await })
+                tokio::spawn(async move { shared.rewrite(file, &table, extra, gone).await })
             })
             .collect();
         for w in writers {
@@ -424,7 +424,7 @@ async fn commit_replacement(
 async fn mark_deleted(
     table: &DeltaTable,
     shared: &Arc<Shared>,
-    root: &Path,
+    root: &Root,
     snapshot: &deltalake::table::state::DeltaTableState,
     vectors: &ahash::AHashMap<String, RoaringTreemap>,
 ) -> Result<Vec<Vec<Action>>> {
@@ -457,8 +457,11 @@ async fn mark_deleted(
         let checks: Vec<_> = chunk
             .iter()
             .map(|f| {
-                let (shared, file, deleted) =
-                    (shared.clone(), root.join(&f.path), f.deleted.clone());
+                let (shared, file, deleted) = (
+                    shared.clone(),
+                    DataFile::new(root, &f.path, Some(f.add.size)),
+                    f.deleted.clone(),
+                );
                 tokio::task::spawn_blocking(move || shared.gone_positions(&file, &deleted))
             })
             .collect();
@@ -473,9 +476,9 @@ async fn mark_deleted(
             let mut actions = vec![Action::Remove(f.remove.clone())];
             if deleted.len() * REWRITE_AT_DELETED.1 > rows * REWRITE_AT_DELETED.0 {
                 // Mostly deleted: write what remains to a new file, without a vector.
-                let file = root.join(&f.path);
                 let gone = f.deleted.clone();
-                let adds = shared.clone().rewrite(&file, table, None, gone).await?;
+                let file = DataFile::new(root, &f.path, Some(f.add.size));
+                let adds = shared.clone().rewrite(file, table, None, gone).await?;
                 actions.extend(adds.into_iter().map(Action::Add));
             } else {
                 let mut add = f.add.clone();
@@ -540,12 +543,12 @@ impl Shared {
             .collect())
     }
 
-    /// True when the data file at `file` holds a row of a replaced key.
-    fn holds_gone_key(&self, file: &Path) -> Result<bool> {
+    /// True when the data file `file` holds a row of a replaced key.
+    fn holds_gone_key(&self, file: &DataFile) -> Result<bool> {
         let reader = self.reader(file, true)?;
         let key_cols: Vec<usize> = (0..self.key_at.len()).collect();
         for batch in reader {
-            let batch = batch.context(|| format!("reading {}", file.display()))?;
+            let batch = batch.context(|| format!("reading {}", file.label()))?;
             let keep = self.keep_mask(&batch, &key_cols)?;
             if keep.true_count() < batch.num_rows() {
                 return Ok(true);
@@ -554,11 +557,11 @@ impl Shared {
         Ok(false)
     }
 
-    /// The positions of the rows of the data file at `file` that hold a replaced key and
-    /// are not in `deleted` yet, and how many rows the file has.
+    /// The positions of the rows of the data file `file` that hold a replaced key and are
+    /// not in `deleted` yet, and how many rows the file has.
     fn gone_positions(
         &self,
-        file: &Path,
+        file: &DataFile,
         deleted: &RoaringTreemap,
     ) -> Result<(RoaringTreemap, u64)> {
         let reader = self.reader(file, true)?;
@@ -566,7 +569,7 @@ impl Shared {
         let mut gone = RoaringTreemap::new();
         let mut offset = 0u64;
         for batch in reader {
-            let batch = batch.context(|| format!("reading {}", file.display()))?;
+            let batch = batch.context(|| format!("reading {}", file.label()))?;
             let keep = self.keep_mask(&batch, &key_cols)?;
             if keep.true_count() < batch.num_rows() {
                 gone.extend(
@@ -584,48 +587,29 @@ impl Shared {
     /// A reader of the file's key columns (`keys_only`) or of all of them.
     fn reader(
         &self,
-        file: &Path,
+        file: &DataFile,
         keys_only: bool,
     ) -> Result<deltalake::datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReader> {
-        let f = std::fs::File::open(file).context(|| format!("opening {}", file.display()))?;
-        let mut builder = ParquetRecordBatchReaderBuilder::try_new(f)
-            .context(|| format!("reading {}", file.display()))?
-            .with_batch_size(READ_BATCH_ROWS);
-        if keys_only {
-            let names: Vec<&str> = self
-                .key_at
-                .iter()
-                .map(|&k| self.schema.field(k).name().as_str())
-                .collect();
-            let arrow = builder.schema().clone();
-            let roots: Vec<usize> = names
-                .iter()
-                .map(|n| {
-                    arrow.index_of(n).map_err(|_| {
-                        EngineError::Internal(format!("{} has no column {n}", file.display()))
-                    })
-                })
-                .collect::<Result<_>>()?;
-            let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
-            builder = builder.with_projection(mask);
-        }
-        builder
-            .build()
-            .context(|| format!("reading {}", file.display()))
+        let names: Vec<&str> = self
+            .key_at
+            .iter()
+            .map(|&k| self.schema.field(k).name().as_str())
+            .collect();
+        file.reader(keys_only.then_some(names.as_slice()), READ_BATCH_ROWS)
     }
 
     /// Writes the rows of `file` whose key is not replaced and whose position is not in
     /// `deleted` (its deletion vector), and `extra`, to new data files.
     async fn rewrite(
         self: Arc<Self>,
-        file: &Path,
+        file: DataFile,
         table: &DeltaTable,
         extra: Option<RecordBatch>,
         deleted: RoaringTreemap,
     ) -> Result<Vec<deltalake::kernel::Add>> {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(4);
-        let (me, path) = (self.clone(), file.to_path_buf());
-        let reading = tokio::task::spawn_blocking(move || me.read_kept(&path, &deleted, tx));
+        let me = self.clone();
+        let reading = tokio::task::spawn_blocking(move || me.read_kept(&file, &deleted, tx));
         let mut writer = RecordBatchWriter::for_table(table)
             .context(|| format!("writing {}", table.table_url()))?
             .with_writer_properties(crate::storage::write::writer_properties(table));
@@ -657,7 +641,7 @@ impl Shared {
     /// table's layout, to `tx`.
     fn read_kept(
         &self,
-        file: &Path,
+        file: &DataFile,
         deleted: &RoaringTreemap,
         tx: tokio::sync::mpsc::Sender<Result<RecordBatch>>,
     ) {
@@ -672,7 +656,7 @@ impl Shared {
         let mut offset = 0u64;
         for batch in reader {
             let out = batch
-                .context(|| format!("reading {}", file.display()))
+                .context(|| format!("reading {}", file.label()))
                 .and_then(|b| {
                     let b = arrow::in_layout(&b, &self.schema)?;
                     let mut keep = self.keep_mask(&b, &self.key_at)?;
@@ -708,7 +692,7 @@ fn cast_to(array: &ArrayRef, to: &DataType) -> Result<ArrayRef> {
 /// file of `table` (at `root`), with the table's writer settings, and returns its action.
 async fn write_change_file(
     table: &DeltaTable,
-    root: &Path,
+    root: &Root,
     schema: &SchemaRef,
     deleted: &RecordBatch,
     inserted: &RecordBatch,
@@ -724,28 +708,22 @@ async fn write_change_file(
     };
     let (del, ins) = (tagged(deleted, "delete")?, tagged(inserted, "insert")?);
     let relative = format!("_change_data/cdc-{}.parquet", uuid::Uuid::new_v4());
-    let path: PathBuf = root.join(&relative);
-    let (p, s) = (path.clone(), feed_schema.clone());
-    let size = tokio::task::spawn_blocking(move || -> Result<u64> {
-        if let Some(dir) = p.parent() {
-            std::fs::create_dir_all(dir).context(|| format!("creating {}", dir.display()))?;
-        }
-        let file = std::fs::File::create(&p).context(|| format!("creating {}", p.display()))?;
-        let mut w = ArrowWriter::try_new(file, s, Some(props))
-            .context(|| format!("writing {}", p.display()))?;
+    let what = format!("writing {}", root.label(&relative));
+    let bytes = tokio::task::spawn_blocking(move || -> Result<Vec<u8>> {
+        let mut w =
+            ArrowWriter::try_new(Vec::new(), feed_schema, Some(props)).context(|| what.clone())?;
         for b in [del, ins] {
-            w.write(&b).context(|| format!("writing {}", p.display()))?;
+            w.write(&b).context(|| what.clone())?;
         }
-        w.close().context(|| format!("writing {}", p.display()))?;
-        Ok(std::fs::metadata(&p)
-            .context(|| format!("reading {}", p.display()))?
-            .len())
+        w.into_inner().context(|| what.clone())
     })
     .await
     .map_err(|e| EngineError::Internal(format!("a writing task failed: {e}")))??;
+    let size = bytes.len() as i64;
+    root.put(&relative, bytes).await?;
     Ok(AddCDCFile {
         path: relative,
-        size: size as i64,
+        size,
         partition_values: Default::default(),
         data_change: false,
         tags: None,
