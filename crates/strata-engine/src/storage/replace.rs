@@ -5,8 +5,9 @@
 //!   every data file ──read its key columns──▶ holds a replaced key? ──no──▶ kept as it is
 //!                                                   │ yes
 //!                                                   ▼
-//!                      read it whole, drop the replaced keys' rows, write the rest to a new
-//!                      file (one task per file, side by side); the new rows go with the first
+//!                      read it whole, drop the replaced keys' rows, write the rest to new
+//!                      files (one writer per core, side by side, each taking several
+//!                      files' rows); the new rows go with the first
 //!   _change_data/      the replaced rows as `delete`, the new rows as `insert`
 //!   one commit:        remove + add per rewritten file, add of the new rows, the change
 //!                      file, and the caller's application transactions
@@ -77,14 +78,15 @@ impl std::fmt::Display for Replaced {
 /// Replaces every row of `table` whose key (columns `keys`) is a key of `old_rows` by
 /// `new_rows`, in one commit, `commit`. `old_rows` must be exactly the rows the table
 /// holds for those keys (they become the change feed's `delete` rows). Returns `None`, having
-/// done nothing, for a partitioned table, one with column mapping or deletion vectors stored
-/// in files, or one that is not in a local folder.
+/// done nothing, for a partitioned table or one with column mapping or deletion vectors
+/// stored in files.
 ///
 /// ```text
 ///  Layout::of ─▶ Shared::of ─▶ mark_replaced (deletion-vector tables)
 ///  (where and     (the replaced   or find_touched ─▶ rewrite_touched ─▶ change file, commit
-///   how to write)  keys)          (files holding     (without them; the
-///                                  one of them)       new rows go with the first)
+///   how to write)  keys)          (files holding     (without them, one writer
+///                                  one of them)       per core, the new rows with
+///                                                     the first)
 /// ```
 pub(crate) async fn replace_keys(
     table: &DeltaTable,
@@ -348,9 +350,10 @@ async fn find_touched(
     Ok(touched)
 }
 
-/// Rewrites the files that hold a replaced key, one file per core at a time (each writer
-/// holds its file's encoded parquet until it is flushed); the new rows go with the first.
-/// Returns the add actions.
+/// Rewrites the files that hold a replaced key without those rows, the new rows with them:
+/// the files dealt to one writer per core (side by side), each writer putting the kept rows
+/// of all its files into new files of the table's file size, so that a batch that touches
+/// many small files leaves few behind. Returns the add actions.
 async fn rewrite_touched(
     table: &DeltaTable,
     shared: &Arc<Shared>,
@@ -358,34 +361,52 @@ async fn rewrite_touched(
     touched: &[(String, deltalake::kernel::Remove)],
     new_rows: &RecordBatch,
 ) -> Result<Vec<Action>> {
-    let lanes = crate::util::threads::parallelism();
-    let mut pending = Some(new_rows.clone());
-    let mut actions: Vec<Action> = Vec::new();
-    for chunk in touched.chunks(lanes) {
-        let writers: Vec<_> = chunk
-            .iter()
-            .map(|(path, remove)| {
-                let file = DataFile::new(&layout.root, path, remove.size);
-                let (shared, table) = (shared.clone(), table.clone());
-                let (extra, gone) = (
-                    pending.take(),
-                    layout.deleted.remove(path).unwrap_or_default(),
-                );
-                tokio::spawn(async move { shared.rewrite(file, &table, extra, gone).await })
-            })
-            .collect();
-        for w in writers {
-            let adds = w
-                .await
-                .map_err(|e| EngineError::Internal(format!("a rewriting task failed: {e}")))??;
-            actions.extend(adds.into_iter().map(Action::Add));
-        }
+    let files: Vec<(DataFile, RoaringTreemap)> = touched
+        .iter()
+        .map(|(path, remove)| {
+            (
+                DataFile::new(&layout.root, path, remove.size),
+                layout.deleted.remove(path).unwrap_or_default(),
+            )
+        })
+        .collect();
+    let adds = rewrite_together(table, shared, files, Some(new_rows.clone())).await?;
+    Ok(adds.into_iter().map(Action::Add).collect())
+}
+
+/// Writes the kept rows of `files` (each with the rows its deletion vector deletes) and
+/// `extra` to new files: the files dealt round-robin to one writer per core, `extra` going
+/// with the first. Returns the add actions.
+async fn rewrite_together(
+    table: &DeltaTable,
+    shared: &Arc<Shared>,
+    files: Vec<(DataFile, RoaringTreemap)>,
+    extra: Option<RecordBatch>,
+) -> Result<Vec<deltalake::kernel::Add>> {
+    let lanes = crate::util::threads::parallelism().clamp(1, files.len().max(1));
+    let mut groups: Vec<Vec<(DataFile, RoaringTreemap)>> = vec![Vec::new(); lanes];
+    for (n, f) in files.into_iter().enumerate() {
+        groups[n % lanes].push(f);
     }
-    if let Some(rows) = pending.take().filter(|r| r.num_rows() > 0) {
-        let adds = crate::storage::write::write_files(table, vec![rows]).await?;
-        actions.extend(adds.into_iter().map(Action::Add));
+    let mut extra = extra.filter(|r| r.num_rows() > 0);
+    let with_extra = extra.is_some();
+    let writers: Vec<_> = groups
+        .into_iter()
+        .enumerate()
+        .filter(|(n, g)| !g.is_empty() || (*n == 0 && with_extra))
+        .map(|(_, group)| {
+            let (shared, table, extra) = (shared.clone(), table.clone(), extra.take());
+            tokio::spawn(async move { shared.rewrite(group, &table, extra).await })
+        })
+        .collect();
+    let mut adds = Vec::new();
+    for w in writers {
+        adds.extend(
+            w.await
+                .map_err(|e| EngineError::Internal(format!("a rewriting task failed: {e}")))??,
+        );
     }
-    Ok(actions)
+    Ok(adds)
 }
 
 /// The commit-info entry telling what a replacement replaced.
@@ -419,8 +440,10 @@ async fn commit_replacement(
 
 /// For a table that enables deletion vectors: the actions that mark the replaced keys' rows
 /// deleted, one `Vec` per file holding such a row that is not deleted yet: its `remove`,
-/// then (unless every row is now deleted) an `add` of the same file with the grown vector.
-/// Each file's key columns are read once, one file per core at a time.
+/// then an `add` of the same file with the grown vector, or, for a file that would be
+/// mostly deleted, nothing: the kept rows of all such files are written again together
+/// (without vectors), their adds going with the first of them. Each file's key columns are
+/// read once, one file per core at a time.
 async fn mark_deleted(
     table: &DeltaTable,
     shared: &Arc<Shared>,
@@ -453,6 +476,7 @@ async fn mark_deleted(
     }
     let lanes = crate::util::threads::parallelism();
     let mut out = Vec::new();
+    let (mut mostly_deleted, mut first_rewritten) = (Vec::new(), None);
     for chunk in files.chunks(lanes) {
         let checks: Vec<_> = chunk
             .iter()
@@ -475,11 +499,10 @@ async fn mark_deleted(
             let deleted = &f.deleted | &gone;
             let mut actions = vec![Action::Remove(f.remove.clone())];
             if deleted.len() * REWRITE_AT_DELETED.1 > rows * REWRITE_AT_DELETED.0 {
-                // Mostly deleted: write what remains to a new file, without a vector.
-                let gone = f.deleted.clone();
+                // Mostly deleted: what remains is written again, without a vector (below).
                 let file = DataFile::new(root, &f.path, Some(f.add.size));
-                let adds = shared.clone().rewrite(file, table, None, gone).await?;
-                actions.extend(adds.into_iter().map(Action::Add));
+                mostly_deleted.push((file, f.deleted.clone()));
+                first_rewritten.get_or_insert(out.len());
             } else {
                 let mut add = f.add.clone();
                 add.deletion_vector = Some(crate::storage::dv::inline(&deleted)?);
@@ -487,6 +510,11 @@ async fn mark_deleted(
             }
             out.push(actions);
         }
+    }
+    if let Some(first) = first_rewritten {
+        // The new files' adds go with the first rewritten file's remove.
+        let adds = rewrite_together(table, shared, mostly_deleted, None).await?;
+        out[first].extend(adds.into_iter().map(Action::Add));
     }
     Ok(out)
 }
@@ -598,43 +626,37 @@ impl Shared {
         file.reader(keys_only.then_some(names.as_slice()), READ_BATCH_ROWS)
     }
 
-    /// Writes the rows of `file` whose key is not replaced and whose position is not in
-    /// `deleted` (its deletion vector), and `extra`, to new data files.
+    /// Writes `extra` and the rows of each of `files` whose key is not replaced and whose
+    /// position is not in the file's `deleted` (its deletion vector) to new data files,
+    /// through one writer.
     async fn rewrite(
         self: Arc<Self>,
-        file: DataFile,
+        files: Vec<(DataFile, RoaringTreemap)>,
         table: &DeltaTable,
         extra: Option<RecordBatch>,
-        deleted: RoaringTreemap,
     ) -> Result<Vec<deltalake::kernel::Add>> {
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(4);
-        let me = self.clone();
-        let reading = tokio::task::spawn_blocking(move || me.read_kept(&file, &deleted, tx));
+        let what = || format!("writing {}", table.table_url());
         let mut writer = RecordBatchWriter::for_table(table)
-            .context(|| format!("writing {}", table.table_url()))?
+            .context(what)?
             .with_writer_properties(crate::storage::write::writer_properties(table));
         if let Some(rows) = extra.filter(|r| r.num_rows() > 0) {
-            writer
-                .write(rows)
-                .await
-                .context(|| format!("writing {}", table.table_url()))?;
+            writer.write(rows).await.context(what)?;
         }
-        while let Some(batch) = rx.recv().await {
-            let batch = batch?;
-            if batch.num_rows() > 0 {
-                writer
-                    .write(batch)
-                    .await
-                    .context(|| format!("writing {}", table.table_url()))?;
+        for (file, deleted) in files {
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(4);
+            let me = self.clone();
+            let reading = tokio::task::spawn_blocking(move || me.read_kept(&file, &deleted, tx));
+            while let Some(batch) = rx.recv().await {
+                let batch = batch?;
+                if batch.num_rows() > 0 {
+                    writer.write(batch).await.context(what)?;
+                }
             }
+            reading
+                .await
+                .map_err(|e| EngineError::Internal(format!("a reading task failed: {e}")))?;
         }
-        reading
-            .await
-            .map_err(|e| EngineError::Internal(format!("a reading task failed: {e}")))?;
-        writer
-            .flush()
-            .await
-            .context(|| format!("writing {}", table.table_url()))
+        writer.flush().await.context(what)
     }
 
     /// Sends the kept rows of `file` (key not replaced, position not in `deleted`), in the
