@@ -431,7 +431,12 @@ def install_duckdb_postgres(ext_dir: Path) -> str:
 
 
 def run_duckdb(wl: Path, pg: Postgres, label: str, ext_dir: Path, threads: int | None,
-               pages_per_task: int | None) -> dict:
+               pages_per_task: int | None, uuid_text: bool = False) -> dict:
+    """DuckDB's ATTACH + COPY of the table to Parquet in its own process; with `uuid_text`,
+    its uuid columns written as text (`SELECT * REPLACE (col::VARCHAR AS col)`), the type
+    strata's mapping gives them, so that both write the same columns."""
+    if uuid_text:
+        label = f"{label}-uuid-text"
     out = wl / "duckdb" / f"{label}.parquet"
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.exists():
@@ -440,7 +445,7 @@ def run_duckdb(wl: Path, pg: Postgres, label: str, ext_dir: Path, threads: int |
     spec.parent.mkdir(parents=True, exist_ok=True)
     spec.write_text(json.dumps({"dsn": pg.dsn(), "table": BULK_TABLE, "out": str(out),
                                 "ext_dir": str(ext_dir), "threads": threads,
-                                "pages_per_task": pages_per_task}))
+                                "pages_per_task": pages_per_task, "uuid_text": uuid_text}))
     cmd = [sys.executable, str(Path(__file__).resolve()), "_duckdb", str(spec)]
     log(f"$ {shlex.join(cmd)}   # ATTACH (TYPE postgres); COPY (SELECT * FROM pg.{BULK_TABLE}) "
         f"TO {out.name}")
@@ -479,7 +484,14 @@ def _duckdb_child(spec_path: str) -> None:
     dsn = spec["dsn"].replace("'", "''")
     t0 = time.perf_counter()
     con.execute(f"ATTACH '{dsn}' AS pg (TYPE postgres, READ_ONLY)")
-    con.execute(f"COPY (SELECT * FROM pg.{spec['table']}) TO '{spec['out']}' (FORMAT parquet)")
+    select = f"SELECT * FROM pg.{spec['table']}"
+    if spec.get("uuid_text"):
+        uuids = [r[0] for r in con.execute(f"DESCRIBE pg.{spec['table']}").fetchall()
+                 if r[1] == "UUID"]
+        if uuids:
+            casts = ", ".join(f'"{c}"::VARCHAR AS "{c}"' for c in uuids)
+            select = f"SELECT * REPLACE ({casts}) FROM pg.{spec['table']}"
+    con.execute(f"COPY ({select}) TO '{spec['out']}' (FORMAT parquet)")
     secs = time.perf_counter() - t0
     n, s_id, s_amount = con.execute(
         f"SELECT count(*), coalesce(sum(id), 0), coalesce(sum(amount), 0) "
@@ -604,7 +616,11 @@ def bench_bulk(a, pg: Postgres, strata: Strata, ext_dir: Path) -> dict:
         if d["rc"] == 0:
             d["sum_amount"] = money(d["sum_amount"])
             check_sums(f"DuckDB parquet (round {i})", d, want)
-        rounds.append({"strata": s, "duckdb": d})
+        t = run_duckdb(wl, pg, f"bulk-{i}", ext_dir, a.threads, a.pages_per_task, uuid_text=True)
+        if t["rc"] == 0:
+            t["sum_amount"] = money(t["sum_amount"])
+            check_sums(f"DuckDB parquet, uuid as text (round {i})", t, want)
+        rounds.append({"strata": s, "duckdb": d, "duckdb_uuid_text": t})
     compare = None
     if a.full_compare and rounds and rounds[-1]["strata"]["rc"] == 0:
         log("comparing every value of strata's table with the source (through DuckDB)")
@@ -801,6 +817,20 @@ def report(results: list[dict], strata: Strata, meta: dict) -> None:
                     f"{r['median_ratio']:.2f}x (strata: process wall clock; DuckDB: ATTACH + COPY "
                     f"inside its process; CPU: user + system of the whole process, not counting "
                     f"the PostgreSQL backends serving it)")
+            text_ratios = []
+            for i, rd in enumerate(r["rounds"], 1):
+                s, t = rd["strata"], rd.get("duckdb_uuid_text", {})
+                if s.get("rc") == 0 and t.get("rc") == 0:
+                    text_ratios.append(s["seconds"] / t["copy_seconds"])
+                    log(f"  {i:<6} DuckDB writing uuid as text (strata's type for it): "
+                        f"{fmt_s(t['copy_seconds'])}, CPU {fmt_cpu(t)}, RSS "
+                        f"{fmt_mem(t['maxrss_kib'])}, Parquet {fmt_bytes(t.get('parquet_bytes'))} "
+                        f"(native uuid: {fmt_bytes(rd['duckdb'].get('parquet_bytes'))}); ratio "
+                        f"{text_ratios[-1]:.2f}x")
+            if text_ratios and not CHECK_ONLY:
+                r["median_ratio_uuid_text"] = statistics.median(text_ratios)
+                log(f"  median ratio strata / duckdb with the same column types: "
+                    f"{r['median_ratio_uuid_text']:.2f}x")
         else:
             p = r["plan"]
             log(f"\ncdc: {r['rows']:,} rows, then {p['changes']:,} changes (DuckDB has no "
