@@ -388,6 +388,7 @@ async fn rewrite_together(
     for (n, f) in files.into_iter().enumerate() {
         groups[n % lanes].push(f);
     }
+    let file_size = rewrite_file_size(table, &groups);
     let mut extra = extra.filter(|r| r.num_rows() > 0);
     let with_extra = extra.is_some();
     let writers: Vec<_> = groups
@@ -396,7 +397,7 @@ async fn rewrite_together(
         .filter(|(n, g)| !g.is_empty() || (*n == 0 && with_extra))
         .map(|(_, group)| {
             let (shared, table, extra) = (shared.clone(), table.clone(), extra.take());
-            tokio::spawn(async move { shared.rewrite(group, &table, extra).await })
+            tokio::spawn(async move { shared.rewrite(group, &table, extra, file_size).await })
         })
         .collect();
     let mut adds = Vec::new();
@@ -407,6 +408,28 @@ async fn rewrite_together(
         );
     }
     Ok(adds)
+}
+
+/// The size at which a rewriting writer starts a new file: the table's
+/// `delta.targetFileSize` (else 100 MiB, deltalake's OPTIMIZE target), or the largest file
+/// rewritten when larger, so that a large file is not cut into pieces.
+fn rewrite_file_size(table: &DeltaTable, groups: &[Vec<(DataFile, RoaringTreemap)>]) -> u64 {
+    const DEFAULT: u64 = 100 << 20;
+    let configured = table
+        .snapshot()
+        .ok()
+        .and_then(|s| {
+            s.metadata()
+                .configuration()
+                .get("delta.targetFileSize")
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        })
+        .unwrap_or(DEFAULT);
+    groups
+        .iter()
+        .flatten()
+        .filter_map(|(f, _)| f.size)
+        .fold(configured, u64::max)
 }
 
 /// The commit-info entry telling what a replacement replaced.
@@ -628,17 +651,19 @@ impl Shared {
 
     /// Writes `extra` and the rows of each of `files` whose key is not replaced and whose
     /// position is not in the file's `deleted` (its deletion vector) to new data files,
-    /// through one writer.
+    /// through one writer streaming them out, a new file each `file_size` bytes.
     async fn rewrite(
         self: Arc<Self>,
         files: Vec<(DataFile, RoaringTreemap)>,
         table: &DeltaTable,
         extra: Option<RecordBatch>,
+        file_size: u64,
     ) -> Result<Vec<deltalake::kernel::Add>> {
         let what = || format!("writing {}", table.table_url());
         let mut writer = RecordBatchWriter::for_table(table)
             .context(what)?
-            .with_writer_properties(crate::storage::write::writer_properties(table));
+            .with_writer_properties(crate::storage::write::writer_properties(table))
+            .with_target_file_size(file_size);
         if let Some(rows) = extra.filter(|r| r.num_rows() > 0) {
             writer.write(rows).await.context(what)?;
         }
