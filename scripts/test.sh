@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs everything CI runs: formatting, clippy with warnings denied, and every test (unit,
-# golden scenarios on local disk and on S3, property tests, CLI tests on the real binary
-# (warehouses on S3 and on the Azure emulator among them), the database sources against a
-# real PostgreSQL and MariaDB, the benchmark harness's own checks, the check that other Delta
-# readers see what strata wrote on local disk and on S3, the Python package's pytest suite).
+# golden scenarios on local disk, on S3 and on the Azure emulator, property tests, CLI tests
+# on the real binary (warehouses on S3 and on the Azure emulator among them), the database
+# sources against a real PostgreSQL and MariaDB, the benchmark harness's own checks, the
+# check that other Delta readers see what strata wrote on local disk and on S3, the Python
+# package's pytest suite).
 # One debug build serves all of them.
 #
 # The servers the tests need are started by this script itself, in a temp dir on free ports

@@ -1,7 +1,8 @@
-//! The golden-scenario runner shared by the `golden`, `golden_parallel` and `golden_s3` test
-//! targets: one test per `tests/scenarios/**/*.scn` file, named by its path there without
-//! `.scn` (`semantics/ties`), run against the real engine on real Delta tables in a temp dir
-//! (`golden_s3`: in the S3-compatible test server's bucket).
+//! The golden-scenario runner shared by the `golden`, `golden_parallel`, `golden_s3` and
+//! `golden_azure` test targets: one test per `tests/scenarios/**/*.scn` file, named by its
+//! path there without `.scn` (`semantics/ties`), run against the real engine on real Delta
+//! tables in a temp dir (`golden_s3`: in the S3-compatible test server's bucket;
+//! `golden_azure`: in the Azure Storage emulator's container).
 //! The format and how to run, filter and complete scenarios are in `tests/scenarios/README.md`.
 //!
 //! The targets are libtest-mimic harnesses (`harness = false`), so the usual libtest
@@ -31,6 +32,10 @@ pub enum Mode {
     /// of its own in the bucket of the S3-compatible server that
     /// `scripts/services/with-services.sh` starts (`STRATA_TEST_S3_*`).
     S3,
+    /// The default threshold, with each scenario's warehouse and input files under a prefix
+    /// of its own in the container of the Azure Storage emulator (Azurite) that
+    /// `scripts/services/with-services.sh` starts (`STRATA_TEST_AZURE_*`), as `az://` URLs.
+    Azure,
 }
 
 pub fn main(mode: Mode) -> ExitCode {
@@ -44,12 +49,16 @@ pub fn main(mode: Mode) -> ExitCode {
             std::env::set_var("STRATA_PARALLEL_MIN_ROWS", "1");
             Storage::Local
         }
-        Mode::S3 => {
+        Mode::S3 | Mode::Azure => {
             std::env::remove_var("STRATA_PARALLEL_MIN_ROWS");
-            match s3_from_env() {
+            let (target, storage) = match mode {
+                Mode::S3 => ("golden_s3", s3_from_env()),
+                _ => ("golden_azure", azure_from_env()),
+            };
+            match storage {
                 Ok(s) => s,
                 Err(e) => {
-                    eprintln!("golden_s3: {e}");
+                    eprintln!("{target}: {e}");
                     return ExitCode::FAILURE;
                 }
             }
@@ -161,6 +170,28 @@ fn discover(dir: &Path) -> Result<Vec<(String, PathBuf)>, String> {
         .collect())
 }
 
+/// The one runtime every scenario of the process runs on (each test thread blocks on it), as
+/// the CLI and the Python module run the engine: the engine keeps one object-store client per
+/// bucket or container for the whole process, and that client's pooled connections belong to
+/// the runtime that opened them. With a runtime per scenario, a request that took a
+/// connection opened on the runtime of a scenario that had since ended failed with
+/// `dispatch task is gone: runtime dropped the dispatch task` (30 of the scenarios on
+/// Azurite, in one run).
+fn runtime() -> Result<&'static tokio::runtime::Runtime, String> {
+    static RUNTIME: std::sync::OnceLock<Result<tokio::runtime::Runtime, String>> =
+        std::sync::OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
 /// One scenario file: parse, run, and in completion mode write the completed file back.
 fn scenario_test(
     path: &Path,
@@ -171,12 +202,7 @@ fn scenario_test(
 ) -> Result<(), Failed> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{display}: {e}"))?;
     let scenario = scenario::parse(display, &text, complete)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
-    let mut edits = runtime.block_on(run::run(&scenario, name, display, storage, complete))?;
+    let mut edits = runtime()?.block_on(run::run(&scenario, name, display, storage, complete))?;
     if edits.is_empty() {
         return Ok(());
     }
@@ -195,42 +221,112 @@ fn scenario_test(
     Ok(())
 }
 
+/// The test server a mode of the target runs against, as `scripts/services/with-services.sh`
+/// starts it and names it.
+struct Server {
+    /// The test target (`golden_s3`).
+    target: &'static str,
+    /// What it is, for the message (`the S3-compatible test server`).
+    what: &'static str,
+    /// Its name in `STRATA_SERVICES` (`s3`).
+    service: &'static str,
+    /// The prefix of the variables `with-services.sh` exports for it (`STRATA_TEST_S3_`).
+    prefix: &'static str,
+}
+
+impl Server {
+    /// The variable `{prefix}{name}`, or why it is missing and how to run the target.
+    fn var(&self, name: &str) -> Result<String, String> {
+        let key = format!("{}{name}", self.prefix);
+        std::env::var(&key).map_err(|_| {
+            format!(
+                "{key} is not set: the {} golden scenarios need {}; run them under \
+                 scripts/services/with-services.sh (scripts/test.sh does), e.g. \
+                 `STRATA_SERVICES={} scripts/services/with-services.sh cargo test --workspace \
+                 --test {}`",
+                self.target, self.what, self.service, self.target
+            )
+        })
+    }
+}
+
+/// Replaces every variable of the caller whose name starts with one of `prefixes` with
+/// `settings` (before any thread exists: `main` calls this first).
+fn set_env(prefixes: &[&str], settings: Vec<(&str, String)>) {
+    for (k, _) in std::env::vars().filter(|(k, _)| prefixes.iter().any(|p| k.starts_with(p))) {
+        std::env::remove_var(k);
+    }
+    for (k, v) in settings {
+        std::env::set_var(k, v);
+    }
+}
+
+/// A name for this run of the target: the prefix of the bucket or container it works under.
+fn run_prefix() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!("golden-{}-{nanos}", std::process::id())
+}
+
 /// The S3-compatible test server from `STRATA_TEST_S3_*`, handed to the engine (and to the
 /// runner's own client) as the `AWS_*` settings it reads, with any other `AWS_*` of the
 /// caller removed. Each run of the target works under a prefix of its own.
 fn s3_from_env() -> Result<Storage, String> {
-    let var = |name: &str| {
-        let key = format!("STRATA_TEST_S3_{name}");
-        std::env::var(&key).map_err(|_| {
-            format!(
-                "{key} is not set: the S3 golden scenarios need the S3-compatible test server; \
-                 run them under scripts/services/with-services.sh (scripts/test.sh does), e.g. \
-                 `STRATA_SERVICES=s3 scripts/services/with-services.sh cargo test --workspace \
-                 --test golden_s3`"
-            )
-        })
+    let server = Server {
+        target: "golden_s3",
+        what: "the S3-compatible test server (moto)",
+        service: "s3",
+        prefix: "STRATA_TEST_S3_",
     };
+    let var = |name: &str| server.var(name);
     let endpoint = var("ENDPOINT")?;
     let bucket = var("BUCKET")?;
-    let settings = [
+    let settings = vec![
         ("AWS_ENDPOINT_URL", endpoint),
         ("AWS_ACCESS_KEY_ID", var("ACCESS_KEY_ID")?),
         ("AWS_SECRET_ACCESS_KEY", var("SECRET_ACCESS_KEY")?),
         ("AWS_REGION", var("REGION")?),
         ("AWS_ALLOW_HTTP", "true".to_string()),
     ];
-    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("AWS_")) {
-        std::env::remove_var(k);
-    }
-    for (k, v) in settings {
-        std::env::set_var(k, v);
-    }
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
+    set_env(&["AWS_"], settings);
     Ok(Storage::S3 {
         bucket,
-        run: format!("golden-{}-{nanos}", std::process::id()),
+        run: run_prefix(),
+    })
+}
+
+/// Azurite's documented account key (not a secret; object_store's default in emulator mode).
+const AZURITE_KEY: &str =
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
+
+/// The Azure Storage emulator (Azurite) from `STRATA_TEST_AZURE_*`, handed to the engine (and
+/// to the runner's own client) as the object_store emulator settings it reads
+/// (`MicrosoftAzureBuilder::from_env`: `AZURE_STORAGE_USE_EMULATOR`, `AZURITE_BLOB_STORAGE_URL`,
+/// the account and its well-known key), with any other `AZURE_*` / `AZURITE_*` of the caller
+/// removed; the same settings the CLI tests give the binary. Each run of the target works
+/// under a prefix of its own.
+fn azure_from_env() -> Result<Storage, String> {
+    let server = Server {
+        target: "golden_azure",
+        what: "the Azure Storage emulator (Azurite)",
+        service: "azurite",
+        prefix: "STRATA_TEST_AZURE_",
+    };
+    let var = |name: &str| server.var(name);
+    let blob_url = var("BLOB_URL")?;
+    let account = var("ACCOUNT")?;
+    let container = var("CONTAINER")?;
+    let settings = vec![
+        ("AZURE_STORAGE_USE_EMULATOR", "true".to_string()),
+        ("AZURITE_BLOB_STORAGE_URL", blob_url),
+        ("AZURE_STORAGE_ACCOUNT_NAME", account),
+        ("AZURE_STORAGE_ACCOUNT_KEY", AZURITE_KEY.to_string()),
+    ];
+    set_env(&["AZURE_", "AZURITE_"], settings);
+    Ok(Storage::Azure {
+        container,
+        run: run_prefix(),
     })
 }

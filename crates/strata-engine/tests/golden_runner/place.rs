@@ -1,14 +1,15 @@
 //! Where one scenario runs: a temp dir holding `pipeline.sql` and the spec files, and the
 //! root of its warehouse (`warehouse/`) and input files (`data/`), which is the same temp dir,
-//! or a prefix of the test bucket of its own on the S3-compatible server.
+//! or a prefix of its own in the test bucket of the S3-compatible server or in the test
+//! container of the Azure Storage emulator.
 //!
 //! The runner reaches the root through one `ObjectStore` either way (a local file system
-//! rooted at the temp dir, or the bucket under the prefix), so that writing input, listing
-//! the warehouse's files and expiring a table's log are the same code on both.
+//! rooted at the temp dir, or the bucket or container under the prefix), so that writing
+//! input, listing the warehouse's files and expiring a table's log are the same code on all.
 
 use deltalake::logstore::object_store::{
-    self, aws::AmazonS3Builder, local::LocalFileSystem, path::Path as StorePath,
-    prefix::PrefixStore, ObjectStore, ObjectStoreExt, PutPayload,
+    self, aws::AmazonS3Builder, azure::MicrosoftAzureBuilder, local::LocalFileSystem,
+    path::Path as StorePath, prefix::PrefixStore, ObjectStore, ObjectStoreExt, PutPayload,
 };
 use futures::{StreamExt, TryStreamExt};
 use std::collections::BTreeMap;
@@ -23,6 +24,9 @@ pub enum Storage {
     /// The S3-compatible test server (its `AWS_*` settings in the environment, for the engine
     /// and for this runner): each scenario under `s3://BUCKET/RUN/NAME/`.
     S3 { bucket: String, run: String },
+    /// The Azure Storage emulator (its object_store emulator settings in the environment, for
+    /// the engine and for this runner): each scenario under `az://CONTAINER/RUN/NAME/`.
+    Azure { container: String, run: String },
 }
 
 /// The input folder of every scenario: `file` blocks below it are input files, and the
@@ -31,7 +35,7 @@ const INPUT: &str = "data";
 
 pub struct Place {
     dir: tempfile::TempDir,
-    /// The root of the warehouse and the input as a URL prefix (`s3://b/p`), or `None` for
+    /// The root of the warehouse and the input as a URL prefix (`s3://b/p`, `az://c/p`), or `None` for
     /// the temp dir.
     url: Option<String>,
     store: Arc<dyn ObjectStore>,
@@ -56,6 +60,18 @@ impl Place {
                     .map_err(|e| format!("an S3 client from AWS_*: {e}"))?;
                 let url = format!("s3://{bucket}/{prefix}");
                 (Some(url), Arc::new(PrefixStore::new(s3, prefix.as_str())))
+            }
+            Storage::Azure { container, run } => {
+                let prefix = format!("{run}/{name}");
+                let azure = MicrosoftAzureBuilder::from_env()
+                    .with_container_name(container)
+                    .build()
+                    .map_err(|e| format!("an Azure client from AZURE_*: {e}"))?;
+                let url = format!("az://{container}/{prefix}");
+                (
+                    Some(url),
+                    Arc::new(PrefixStore::new(azure, prefix.as_str())),
+                )
             }
         };
         Ok(Place { dir, url, store })
@@ -187,9 +203,9 @@ impl Place {
         Ok(())
     }
 
-    /// Removes the scenario's objects from the bucket (the temp dir goes when the place is
-    /// dropped). The server lists a prefix by going over every key of the bucket, so a bucket
-    /// that kept every scenario's objects would make each listing slower than the last.
+    /// Removes the scenario's objects from the bucket or container (the temp dir goes when the
+    /// place is dropped). moto lists a prefix by going over every key of the bucket, so a
+    /// bucket that kept every scenario's objects would make each listing slower than the last.
     pub async fn clear(&self) -> Result<(), String> {
         if self.url.is_none() {
             return Ok(());
