@@ -345,6 +345,15 @@ pub(crate) async fn plan(
     })
 }
 
+/// How the range connections' transactions plan their queries. A bounded range of an
+/// indexed column, ordered, is one index range scan in the index's order; left to itself,
+/// PostgreSQL plans a range of a few percent of the table as a parallel bitmap heap scan,
+/// a sort and a gather (two more worker processes per range), which took the server twice
+/// the CPU of the same rows read through the index (db_bench, 3M rows: 5.5 s against
+/// 2.9 s for DuckDB's ctid ranges). The read is already parallel across connections.
+const RANGE_PLANS: &str = "SET LOCAL max_parallel_workers_per_gather = 0; \
+                           SET LOCAL enable_bitmapscan = off; SET LOCAL enable_sort = off";
+
 /// Starts a parallel read of the ranges `plan` cuts, on `plan.connections` new connections:
 /// the first one's snapshot exported and imported on the others, then one worker task per
 /// connection taking the ranges in order ([`work`]). At most [`RangeQueue`]'s limit of
@@ -366,11 +375,15 @@ pub(crate) async fn open(
         .await
         .map_err(query_error)?
         .get(0);
+    first
+        .batch_execute(RANGE_PLANS)
+        .await
+        .map_err(query_error)?;
     let mut clients = vec![first];
     for _ in 1..plan.connections {
         let c = r.pg_connect().await?;
         c.batch_execute(&format!(
-            "{BEGIN}; SET TRANSACTION SNAPSHOT {}",
+            "{BEGIN}; SET TRANSACTION SNAPSHOT {}; {RANGE_PLANS}",
             super::read::sql_literal(&snapshot)
         ))
         .await
