@@ -138,6 +138,17 @@ async fn create_table(scope: &Scope<'_>, setup: &IngestSetup) -> Result<DeltaTab
     if keeps_log && !crate::storage::table::sets_property(properties, KEEP_LOG_PROPERTY) {
         configuration.push((KEEP_LOG_PROPERTY.to_string(), Some("false".to_string())));
     }
+    use crate::storage::write::PLAIN_COLUMNS_PROPERTY;
+    if let Source::Database { plain_columns, .. } = &setup.source {
+        if !plain_columns.is_empty()
+            && !crate::storage::table::sets_property(properties, PLAIN_COLUMNS_PROPERTY)
+        {
+            configuration.push((
+                PLAIN_COLUMNS_PROPERTY.to_string(),
+                Some(plain_columns.join(",")),
+            ));
+        }
+    }
     if matches!(setup.source, Source::Changes(_)) {
         match properties.get(APPEND_ONLY_PROPERTY) {
             Some(v) if !v.eq_ignore_ascii_case("true") => {

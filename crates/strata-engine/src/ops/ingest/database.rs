@@ -69,11 +69,12 @@ pub(super) async fn prepare_source(
     let source = strata_sources::Source::connect(&spec)
         .await
         .context(|| setup.err("reading its database").to_string())?;
-    let described = source
+    let description = source
         .describe(&read.object, &read.exclude)
         .await
-        .context(|| setup.err("reading its database").to_string())?
-        .arrow_schema();
+        .context(|| setup.err("reading its database").to_string())?;
+    let plain_columns = read.plain_columns(&description);
+    let described = description.arrow_schema();
     let input = match read.mode {
         ReadMode::Watermark { .. } => described,
         ReadMode::Changes { .. } => {
@@ -91,6 +92,7 @@ pub(super) async fn prepare_source(
             spec,
             read,
             input: input.clone(),
+            plain_columns,
         },
         input,
     ))
@@ -124,8 +126,12 @@ async fn take_watermark(
     existing: Option<&DeltaTable>,
     report: &mut IngestReport,
 ) -> Result<Option<Taken>> {
-    let (Source::Database { spec, read, input }, Some(watermark_read)) =
-        (&setup.source, read_of(setup))
+    let (
+        Source::Database {
+            spec, read, input, ..
+        },
+        Some(watermark_read),
+    ) = (&setup.source, read_of(setup))
     else {
         return Err(EngineError::Internal("not a watermark source".into()));
     };
@@ -396,8 +402,12 @@ async fn take_changes(
     existing: Option<&DeltaTable>,
     report: &mut IngestReport,
 ) -> Result<Option<Taken>> {
-    let (Source::Database { spec, read, input }, Some(config)) =
-        (&setup.source, cdc_config_of(setup))
+    let (
+        Source::Database {
+            spec, read, input, ..
+        },
+        Some(config),
+    ) = (&setup.source, cdc_config_of(setup))
     else {
         return Err(EngineError::Internal("not a CDC source".into()));
     };
