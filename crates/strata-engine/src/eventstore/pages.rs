@@ -15,8 +15,9 @@
 //! key), read the store through DataFusion.
 
 use crate::error::{Context, EngineError, Result};
+use crate::storage::data_file::Fetched;
 use crate::util::keyset::KeySet;
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use deltalake::arrow::array::{Array, RecordBatch};
 use deltalake::arrow::compute::{cast, concat_batches};
 use deltalake::arrow::datatypes::{DataType, SchemaRef};
@@ -25,7 +26,7 @@ use deltalake::datafusion::parquet::arrow::arrow_reader::{
     RowSelector,
 };
 use deltalake::datafusion::parquet::arrow::ProjectionMask;
-use deltalake::datafusion::parquet::errors::{ParquetError, Result as ParquetResult};
+use deltalake::datafusion::parquet::errors::Result as ParquetResult;
 use deltalake::datafusion::parquet::file::metadata::{PageIndexPolicy, ParquetMetaData};
 use deltalake::datafusion::parquet::file::page_index::column_index::ColumnIndexMetaData;
 use deltalake::datafusion::parquet::file::reader::{ChunkReader, Length};
@@ -272,7 +273,7 @@ fn read_file(
         .map(|&g| meta.metadata().row_group(g).num_rows() as usize)
         .sum();
     let input = match candidates * 2 > in_groups {
-        true => Input::Window(Window::read(file, meta.metadata(), &groups).context(what)?),
+        true => Input::Window(read_window(file, meta.metadata(), &groups).context(what)?),
         false => Input::File(Arc::new(file)),
     };
     let reader = |projection: ProjectionMask, rows: Vec<RowSelector>| {
@@ -324,7 +325,7 @@ fn read_file(
 #[derive(Clone)]
 enum Input {
     File(Arc<std::fs::File>),
-    Window(Window),
+    Window(Fetched),
 }
 
 impl Length for Input {
@@ -354,83 +355,32 @@ impl ChunkReader for Input {
     }
 }
 
-/// The bytes of a file's row groups that a read needs, read at once.
-#[derive(Clone)]
-struct Window {
-    /// Where `bytes` starts in the file.
-    start: u64,
-    file_len: u64,
-    bytes: Bytes,
-}
-
-impl Window {
-    /// The span from the first to the last byte of the column chunks of `groups`.
-    fn read(
-        mut file: std::fs::File,
-        meta: &ParquetMetaData,
-        groups: &[usize],
-    ) -> std::io::Result<Window> {
-        let (mut start, mut end) = (u64::MAX, 0u64);
-        for &g in groups {
-            for c in meta.row_group(g).columns() {
-                let (s, len) = c.byte_range();
-                (start, end) = (start.min(s), end.max(s.saturating_add(len)));
-            }
+/// The bytes of a file's row groups that a read needs, read at once: the span from the
+/// first to the last byte of the column chunks of `groups`.
+fn read_window(
+    mut file: std::fs::File,
+    meta: &ParquetMetaData,
+    groups: &[usize],
+) -> std::io::Result<Fetched> {
+    let (mut start, mut end) = (u64::MAX, 0u64);
+    for &g in groups {
+        for c in meta.row_group(g).columns() {
+            let (s, len) = c.byte_range();
+            (start, end) = (start.min(s), end.max(s.saturating_add(len)));
         }
-        let file_len = file.metadata()?.len();
-        if end > file_len {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!(
-                    "its column chunks end at byte {end}, past the end of the file ({file_len})"
-                ),
-            ));
-        }
-        let start = start.min(end);
-        let mut bytes = vec![0u8; (end - start) as usize];
-        file.seek(SeekFrom::Start(start))?;
-        file.read_exact(&mut bytes)?;
-        Ok(Window {
-            start,
-            file_len,
-            bytes: Bytes::from(bytes),
-        })
     }
-
-    fn slice(&self, start: u64, length: Option<usize>) -> ParquetResult<Bytes> {
-        let outside = || {
-            ParquetError::General(format!(
-                "offset {start} is outside the bytes read ({} from {})",
-                self.bytes.len(),
-                self.start
-            ))
-        };
-        let from = start.checked_sub(self.start).ok_or_else(outside)? as usize;
-        let to = length.map_or(Some(self.bytes.len()), |l| from.checked_add(l));
-        let to = to.ok_or_else(outside)?;
-        if from > to || to > self.bytes.len() {
-            return Err(outside());
-        }
-        Ok(self.bytes.slice(from..to))
+    let file_len = file.metadata()?.len();
+    if end > file_len {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("its column chunks end at byte {end}, past the end of the file ({file_len})"),
+        ));
     }
-}
-
-impl Length for Window {
-    fn len(&self) -> u64 {
-        self.file_len
-    }
-}
-
-impl ChunkReader for Window {
-    type T = bytes::buf::Reader<Bytes>;
-
-    fn get_read(&self, start: u64) -> ParquetResult<Self::T> {
-        Ok(self.slice(start, None)?.reader())
-    }
-
-    fn get_bytes(&self, start: u64, length: usize) -> ParquetResult<Bytes> {
-        self.slice(start, Some(length))
-    }
+    let start = start.min(end);
+    let mut bytes = vec![0u8; (end - start) as usize];
+    file.seek(SeekFrom::Start(start))?;
+    file.read_exact(&mut bytes)?;
+    Ok(Fetched::new(file_len, vec![(start, Bytes::from(bytes))]))
 }
 
 #[cfg(test)]
@@ -535,13 +485,22 @@ mod tests {
         )
         .unwrap();
         let window =
-            Window::read(std::fs::File::open(&path).unwrap(), meta.metadata(), &[2]).unwrap();
-        assert!(window.start > 0);
+            read_window(std::fs::File::open(&path).unwrap(), meta.metadata(), &[2]).unwrap();
+        let (start, len) = {
+            let first = meta.metadata().row_group(2).column(0).byte_range().0;
+            let end = (0..meta.metadata().row_group(2).num_columns())
+                .map(|c| {
+                    let (s, l) = meta.metadata().row_group(2).column(c).byte_range();
+                    s + l
+                })
+                .max()
+                .unwrap();
+            (first, (end - first) as usize)
+        };
+        assert!(start > 0);
         assert!(window.get_bytes(0, 4).is_err());
-        assert!(window
-            .get_bytes(window.start, window.bytes.len() + 1)
-            .is_err());
-        assert!(window.get_bytes(window.start, window.bytes.len()).is_ok());
+        assert!(window.get_bytes(start, len + 1).is_err());
+        assert!(window.get_bytes(start, len).is_ok());
     }
 
     #[test]

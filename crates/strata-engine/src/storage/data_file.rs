@@ -260,16 +260,18 @@ fn footer_range(fetched: &Fetched, size: u64) -> ParquetResult<Range<u64>> {
     Ok(size.saturating_sub(metadata_len + 8)..size)
 }
 
-/// Parts of an object fetched ahead, served to the Parquet reader.
+/// Parts of a file or object read ahead, served to the Parquet reader; a read outside them
+/// is an error, not other bytes.
 #[derive(Clone)]
-struct Fetched {
+pub(crate) struct Fetched {
     size: u64,
     /// (offset in the object, bytes)
     pieces: Vec<(u64, Bytes)>,
 }
 
 impl Fetched {
-    fn new(size: u64, pieces: Vec<(u64, Bytes)>) -> Fetched {
+    /// `pieces` (offset, bytes) of a file of `size` bytes.
+    pub(crate) fn new(size: u64, pieces: Vec<(u64, Bytes)>) -> Fetched {
         Fetched { size, pieces }
     }
 
@@ -281,8 +283,8 @@ impl Fetched {
             .map(|(at, b)| b.slice((start - at) as usize..))
             .ok_or_else(|| {
                 ParquetError::General(format!(
-                    "byte {start} of the object was not fetched ahead (a reader asked for more \
-                     than its columns)"
+                    "byte {start} of the file was not read ahead (a reader asked for more than \
+                     its columns)"
                 ))
             })
     }
@@ -306,7 +308,7 @@ impl ChunkReader for Fetched {
         let rest = self.from(start)?;
         if rest.len() < length {
             return Err(ParquetError::General(format!(
-                "bytes {start}..{} of the object were not fetched ahead",
+                "bytes {start}..{} of the file were not read ahead",
                 start + length as u64
             )));
         }
