@@ -137,7 +137,9 @@ pub(crate) async fn compact_small_files(
 }
 
 /// Compacts `store` (at `path`) by `rules` and reports it, carrying a snapshot flow's
-/// digest over to the new version when no event was forgotten.
+/// digest over to the new version when no event was forgotten and no other commit came
+/// between (a run that committed events meanwhile made the digest of the version read
+/// stale; without a digest the next run compares with the target instead).
 async fn compact_store(
     store: &deltalake::DeltaTable,
     label: &str,
@@ -162,9 +164,9 @@ async fn compact_store(
         .sum();
     let now = chrono::Utc::now().timestamp_millis();
     let done = compact::compact(store, path, rules, now, run).await?;
-    if done.skipped.is_none() && done.tombstones_forgotten == 0 {
+    let before = crate::storage::table::version_of(store);
+    if done.skipped.is_none() && done.tombstones_forgotten == 0 && done.version == before + 1 {
         if let Some(dir) = crate::eventstore::digest::dir_for(path) {
-            let before = crate::storage::table::version_of(store);
             crate::eventstore::digest::carry_over(&dir, before, done.version)?;
         }
     }
