@@ -102,8 +102,16 @@ pub(crate) async fn create_delta(
     let st: StructType = schema
         .try_into_kernel()
         .map_err(|e| EngineError::Internal(format!("schema not representable in Delta: {e}")))?;
+    // No retries: when another writer has created the table since, delta-rs would otherwise
+    // read the table it finds and commit this CREATE TABLE on top of it as a new version
+    // (a second protocol and metadata, a new table id), after which that writer's first
+    // commits are no longer the table's start: runs started together on an empty warehouse
+    // then each took the same input files (seen as 1200 rows for 600 in `drills.rs`).
     let mut create = handle
         .create()
+        .with_commit_properties(
+            deltalake::kernel::transaction::CommitProperties::default().with_max_retries(0),
+        )
         .with_table_name(name)
         .with_columns(st.fields().cloned())
         .with_configuration(configuration)
