@@ -75,3 +75,20 @@ s.close()' "$1" 2>/dev/null
   done
   ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
+
+# Stops the process whose pid the file $1 holds (TERM, then KILL after 5 s) and removes the
+# file; nothing to do when there is no such file.
+stop_pidfile() {
+  local file="$1" pid
+  [ -f "$file" ] || return 0
+  pid="$(cat "$file")"
+  if kill -0 "$pid" 2>/dev/null; then
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    kill -9 "$pid" 2>/dev/null || true
+  fi
+  rm -f "$file"
+}

@@ -90,18 +90,7 @@ start() {
 }
 
 stop() {
-  local dir="$1" pid
-  [ -f "$dir/s3/moto.pid" ] || return 0
-  pid="$(cat "$dir/s3/moto.pid")"
-  if kill -0 "$pid" 2>/dev/null; then
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 1 50); do
-      kill -0 "$pid" 2>/dev/null || break
-      sleep 0.1
-    done
-    kill -9 "$pid" 2>/dev/null || true
-  fi
-  rm -f "$dir/s3/moto.pid"
+  stop_pidfile "$1/s3/moto.pid"
 }
 
 [ $# -eq 2 ] || usage
