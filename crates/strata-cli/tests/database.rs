@@ -632,6 +632,91 @@ STORED AS SCD TYPE 2;
     );
 }
 
+/// `chunk_rows`: a CDC run commits its changes in parts, each ended at a transaction end and
+/// recording where the next starts; an unchanged TOASTed value is found in an earlier part
+/// of the same run; the slot follows each part; the history equals the source.
+#[test]
+fn a_cdc_run_commits_its_changes_in_parts_of_whole_transactions() {
+    let server = Server::from_env("STRATA_TEST_PG");
+    let table = unique("parts");
+    let slot = unique("strata_slot");
+    pg(
+        &server,
+        &format!(
+            "CREATE TABLE {table} (id int PRIMARY KEY, body text, n int);
+             ALTER TABLE {table} ALTER COLUMN body SET STORAGE EXTERNAL;
+             INSERT INTO {table} VALUES (1, repeat('a', 5000), 0), (2, repeat('b', 6000), 0);"
+        ),
+    );
+    let p = Project::new(&format!(
+        "{}CREATE STREAMING TABLE parts_changes AS SELECT * FROM STREAM read_database('shop', \
+         table => 'public.{table}', mode => 'cdc', slot => '{slot}', publication => '{slot}', \
+         chunk_rows => '3');
+CREATE STREAMING TABLE parts;
+CREATE FLOW parts_flow AS AUTO CDC INTO parts FROM STREAM(parts_changes) KEYS (id)
+APPLY AS DELETE WHEN _change_type = 'delete'
+SEQUENCE BY STRUCT(_commit_lsn, _change_seq)
+COLUMNS * EXCEPT (_change_type, _commit_lsn, _change_seq, _commit_timestamp, _unchanged_cols)
+STORED AS SCD TYPE 2;
+",
+        server.connection("postgresql")
+    ));
+    run_ok(&p, &server.password);
+    let dir = p.path("warehouse/default/parts_changes");
+    let before = commits(&dir);
+    // Six transactions, nine changes: a part ends at the first transaction end after three
+    // changes, so the run commits [T1], [T2 T3 T4] and [T5 T6]; the read after them finds
+    // nothing more before the fence and commits nothing.
+    for transaction in [
+        format!("INSERT INTO {table} VALUES (3, repeat('c', 7000), 0), (4, 'd', 0), (5, 'e', 0)"),
+        format!("UPDATE {table} SET n = 1 WHERE id = 1"),
+        format!("UPDATE {table} SET n = 1 WHERE id = 3"),
+        format!("DELETE FROM {table} WHERE id = 2"),
+        format!(
+            "BEGIN; UPDATE {table} SET n = 2 WHERE id = 3; UPDATE {table} SET n = 2 WHERE id = 4; COMMIT"
+        ),
+        format!("INSERT INTO {table} VALUES (6, 'f', 0)"),
+    ] {
+        pg(&server, &transaction);
+    }
+    run_ok(&p, &server.password);
+    assert_eq!(commits(&dir), before + 3, "one commit per part");
+    assert_eq!(
+        p.csv(
+            "SELECT id, _change_type, n, length(body) AS len FROM parts_changes \
+             WHERE _change_type <> 'snapshot' ORDER BY _commit_lsn, _change_seq"
+        ),
+        "id,_change_type,n,len\n3,insert,0,7000\n4,insert,0,1\n5,insert,0,1\n1,update,1,5000\n\
+         3,update,1,7000\n2,delete,,\n3,update,2,7000\n4,update,2,1\n6,insert,0,1\n"
+    );
+    assert_eq!(
+        p.csv("SELECT id, n, length(body) AS len FROM parts WHERE __END_AT IS NULL ORDER BY id"),
+        "id,n,len\n1,1,5000\n3,2,7000\n4,2,1\n5,0,1\n6,0,1\n"
+    );
+    // The slot was advanced to the last part's position.
+    let recorded = p.csv("SELECT max(_commit_lsn) AS l FROM parts_changes");
+    let recorded: i64 = recorded.lines().nth(1).unwrap().parse().unwrap();
+    let confirmed = pg_value(
+        &server,
+        &format!(
+            "SELECT (confirmed_flush_lsn - '0/0'::pg_lsn)::text FROM pg_replication_slots WHERE slot_name = '{slot}'"
+        ),
+    )
+    .expect("the slot exists");
+    assert!(
+        confirmed.parse::<i64>().unwrap() >= recorded,
+        "slot at {confirmed}, changes up to {recorded}"
+    );
+    // Nothing new: nothing committed.
+    let after = commits(&dir);
+    run_ok(&p, &server.password);
+    assert_eq!(commits(&dir), after);
+    pg(
+        &server,
+        &format!("SELECT pg_drop_replication_slot('{slot}')"),
+    );
+}
+
 #[test]
 fn an_unchanged_toasted_value_strata_cannot_find_is_an_error_naming_the_fix() {
     let server = Server::from_env("STRATA_TEST_PG");

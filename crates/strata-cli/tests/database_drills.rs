@@ -205,17 +205,28 @@ fn drill(server: &Server, table: &str, pipeline: &str, seed: u64) -> (Project, H
 
 #[test]
 fn killed_cdc_runs_lose_and_double_no_change() {
+    cdc_drill("cdc", "");
+}
+
+/// The same with each run committing its changes in parts of a few transactions, so that
+/// kills also land between the parts of one run.
+#[test]
+fn killed_cdc_runs_committing_in_parts_lose_and_double_no_change() {
+    cdc_drill("cdc_parts", ", chunk_rows => '50'");
+}
+
+fn cdc_drill(prefix: &str, options: &str) {
     let server = Server::from_env();
     let seed = seed();
     eprintln!("drill seed {seed} (STRATA_DRILL_SEED={seed} replays it)");
-    let table = format!("drill_cdc_{}", std::process::id());
-    let slot = format!("strata_drill_{}", std::process::id());
+    let table = format!("drill_{prefix}_{}", std::process::id());
+    let slot = format!("strata_drill_{prefix}_{}", std::process::id());
     let (p, history) = drill(
         &server,
         &table,
         &format!(
             "CREATE STREAMING TABLE changes AS SELECT * FROM STREAM read_database('shop', \
-             table => 'public.{table}', mode => 'cdc', slot => '{slot}', publication => '{slot}');
+             table => 'public.{table}', mode => 'cdc', slot => '{slot}', publication => '{slot}'{options});
 CREATE STREAMING TABLE hist;
 CREATE FLOW hist_flow AS AUTO CDC INTO hist FROM STREAM(changes) KEYS (id)
 APPLY AS DELETE WHEN _change_type = 'delete'

@@ -8,7 +8,7 @@ use arrow_array::builder::{
     Float64Builder, Int16Builder, Int32Builder, Int64Builder, Int8Builder, ListBuilder,
     StringBuilder, TimestampMicrosecondBuilder,
 };
-use arrow_array::{ArrayRef, RecordBatch};
+use arrow_array::{ArrayRef, BinaryArray, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 
 /// The Arrow (and Delta) type of a source column. Delta has no unsigned integers, no time of
@@ -145,7 +145,9 @@ pub(crate) enum ColBuilder {
     F32(Float32Builder),
     F64(Float64Builder),
     Dec(Decimal128Builder, u8, i8),
-    Str(StringBuilder),
+    /// Text, kept as bytes: checked as UTF-8 all at once when the column is finished
+    /// ([`ColBuilder::finish`]), which costs a fraction of a check per value.
+    Str(BinaryBuilder),
     Bin(BinaryBuilder),
     Date(Date32Builder),
     Ts(TimestampMicrosecondBuilder),
@@ -172,7 +174,7 @@ impl ColBuilder {
             ColumnKind::Decimal { precision, scale } => {
                 ColBuilder::Dec(Decimal128Builder::with_capacity(cap), precision, scale)
             }
-            ColumnKind::Utf8 => ColBuilder::Str(StringBuilder::with_capacity(cap, value_bytes)),
+            ColumnKind::Utf8 => ColBuilder::Str(BinaryBuilder::with_capacity(cap, value_bytes)),
             ColumnKind::Binary => ColBuilder::Bin(BinaryBuilder::with_capacity(cap, value_bytes)),
             ColumnKind::Date => ColBuilder::Date(Date32Builder::with_capacity(cap)),
             ColumnKind::Timestamp => {
@@ -235,7 +237,7 @@ impl ColBuilder {
                 }
                 b.append_value(*x)
             }
-            (ColBuilder::Str(b), Cell::Str(x)) => b.append_value(x),
+            (ColBuilder::Str(b), Cell::Str(x)) => b.append_value(x.as_bytes()),
             (ColBuilder::Bin(b), Cell::Bytes(x)) => b.append_value(x),
             (ColBuilder::Date(b), Cell::Date(x)) => b.append_value(*x),
             (ColBuilder::Ts(b), Cell::Micros(x)) | (ColBuilder::TsUtc(b), Cell::Micros(x)) => {
@@ -246,8 +248,10 @@ impl ColBuilder {
         Ok(())
     }
 
-    pub fn finish(&mut self) -> ArrayRef {
-        match self {
+    /// The column's values so far as an array; the builder is empty afterwards. Fails only
+    /// for text that is not UTF-8 (naming the first such row of the column).
+    pub fn finish(&mut self) -> Result<ArrayRef, String> {
+        Ok(match self {
             ColBuilder::Bool(b) => Arc::new(b.finish()),
             ColBuilder::I8(b) => Arc::new(b.finish()),
             ColBuilder::I16(b) => Arc::new(b.finish()),
@@ -260,12 +264,12 @@ impl ColBuilder {
                 let arr = b.finish();
                 Arc::new(arr.clone().with_precision_and_scale(*p, *s).unwrap_or(arr))
             }
-            ColBuilder::Str(b) => Arc::new(b.finish()),
+            ColBuilder::Str(b) => Arc::new(utf8_array(b.finish())?),
             ColBuilder::Bin(b) => Arc::new(b.finish()),
             ColBuilder::Date(b) => Arc::new(b.finish()),
             ColBuilder::Ts(b) => Arc::new(b.finish()),
             ColBuilder::TsUtc(b) => Arc::new(b.finish().with_timezone("UTC")),
-        }
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -283,6 +287,24 @@ impl ColBuilder {
             ColBuilder::Bin(b) => b.len(),
             ColBuilder::Date(b) => b.len(),
             ColBuilder::Ts(b) | ColBuilder::TsUtc(b) => b.len(),
+        }
+    }
+}
+
+/// `values` as text: one UTF-8 check of all the bytes (no copy), or an error naming the
+/// first value that is not UTF-8 (its row in the batch, counting from 1).
+fn utf8_array(values: BinaryArray) -> Result<StringArray, String> {
+    match StringArray::try_from_binary(values.clone()) {
+        Ok(text) => Ok(text),
+        Err(_) => {
+            let (row, e) = values
+                .iter()
+                .enumerate()
+                .find_map(|(i, v)| Some((i, std::str::from_utf8(v?).err()?)))
+                .map_or((0, String::new()), |(i, e)| (i + 1, format!(" ({e})")));
+            Err(format!(
+                "the value in row {row} of the batch is not valid UTF-8{e}"
+            ))
         }
     }
 }
@@ -460,8 +482,12 @@ impl ChangeBuffer {
         let mut arrays: Vec<ArrayRef> = self
             .columns
             .iter_mut()
-            .map(|(_, _, b)| b.finish())
-            .collect();
+            .map(|(name, _, b)| {
+                b.finish().map_err(|e| {
+                    arrow_schema::ArrowError::InvalidArgumentError(format!("column {name}: {e}"))
+                })
+            })
+            .collect::<Result<_, _>>()?;
         arrays.push(Arc::new(self.change_type.finish()));
         arrays.push(Arc::new(self.commit_lsn.finish()));
         arrays.push(Arc::new(self.change_seq.finish()));
@@ -496,6 +522,30 @@ mod tests {
         assert_eq!(batch.schema().fields().len(), 2 + 5);
         assert!(batch.column(6).is_null(0));
         assert!(!batch.column(6).is_null(1));
+    }
+
+    #[test]
+    fn text_is_checked_as_utf8_when_finished() {
+        let mut b = ColBuilder::new(ColumnKind::Utf8, 4);
+        b.append_value(&Cell::Str("añ".into())).unwrap();
+        b.append_null();
+        let ColBuilder::Str(raw) = &mut b else {
+            panic!()
+        };
+        raw.append_value(b"ok");
+        let text = b.finish().unwrap();
+        let text = text.as_any().downcast_ref::<StringArray>().unwrap();
+        assert_eq!(
+            text.iter().collect::<Vec<_>>(),
+            [Some("añ"), None, Some("ok")]
+        );
+        let ColBuilder::Str(raw) = &mut b else {
+            panic!()
+        };
+        raw.append_value(b"fine");
+        raw.append_value([b'a', 0xff]);
+        let e = b.finish().unwrap_err();
+        assert!(e.contains("row 2") && e.contains("UTF-8"), "{e}");
     }
 
     #[test]

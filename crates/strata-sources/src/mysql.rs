@@ -475,7 +475,10 @@ impl ReadTask {
                 columns: self.wm_names.clone(),
                 values,
             });
-            let arrays: Vec<ArrayRef> = builders.iter_mut().map(|b| b.finish()).collect();
+            let mut arrays: Vec<ArrayRef> = Vec::with_capacity(builders.len());
+            for (i, b) in builders.iter_mut().enumerate() {
+                arrays.push(b.finish().map_err(|e| self.value_error(i, e))?);
+            }
             let batch = RecordBatch::try_new(self.arrow.clone(), arrays).map_err(|source| {
                 SourceError::Arrow {
                     object: self.object.clone(),

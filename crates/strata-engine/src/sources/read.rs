@@ -19,14 +19,19 @@ const WATERMARK_OPTIONS: [&str; 10] = [
     "chunk_bytes",
     "parallel",
 ];
-const CDC_OPTIONS: [&str; 6] = [
+const CDC_OPTIONS: [&str; 7] = [
     "mode",
     "table",
     "slot",
     "publication",
     "exclude",
     "batch_rows",
+    "chunk_rows",
 ];
+
+/// The default size of a CDC run's commit: this many changes (then the next transaction
+/// end), about 200-500 MiB of a run's memory for a table of ten columns.
+pub(crate) const DEFAULT_CDC_CHUNK_ROWS: usize = 250_000;
 
 /// A checked `read_database`.
 #[derive(Debug, Clone)]
@@ -81,7 +86,13 @@ pub(crate) enum ReadMode {
     },
     /// `mode => 'cdc'` (PostgreSQL): the table's changes through a logical replication
     /// slot and publication; the first run copies the table through the slot's snapshot.
-    Changes { slot: String, publication: String },
+    /// A run commits its changes in parts of `chunk_rows` changes (ended at a transaction
+    /// end), each with the position to resume from.
+    Changes {
+        slot: String,
+        publication: String,
+        chunk_rows: usize,
+    },
 }
 
 impl DatabaseRead {
@@ -124,8 +135,12 @@ impl DatabaseRead {
 
     /// The CDC source's configuration; `None` in watermark mode.
     pub(crate) fn cdc_config(&self) -> Option<CdcConfig> {
-        let (ReadMode::Changes { slot, publication }, SourceObject::Table(t)) =
-            (&self.mode, &self.object)
+        let (
+            ReadMode::Changes {
+                slot, publication, ..
+            },
+            SourceObject::Table(t),
+        ) = (&self.mode, &self.object)
         else {
             return None;
         };
@@ -206,6 +221,10 @@ pub(crate) fn database_read(rd: &ReadDatabase, hint: &str) -> Result<DatabaseRea
             mode: ReadMode::Changes {
                 slot: get("slot").map_or_else(|| name.clone(), str::to_string),
                 publication: get("publication").map_or(name, str::to_string),
+                chunk_rows: get("chunk_rows")
+                    .map(|n| positive(n, "chunk_rows", "changes"))
+                    .transpose()?
+                    .unwrap_or(DEFAULT_CDC_CHUNK_ROWS),
             },
         });
     }
@@ -470,11 +489,37 @@ mod tests {
             "default.Orders-Raw",
         )
         .unwrap();
-        let ReadMode::Changes { slot, publication } = &r.mode else {
+        let ReadMode::Changes {
+            slot, publication, ..
+        } = &r.mode
+        else {
             panic!("not cdc");
         };
         assert_eq!(slot, "strata_default_orders_raw");
         assert_eq!(publication, slot);
+        assert!(matches!(
+            r.mode,
+            ReadMode::Changes { chunk_rows, .. } if chunk_rows == DEFAULT_CDC_CHUNK_ROWS
+        ));
+        let cdc = |v: &str| {
+            database_read(
+                &rd(&[
+                    ("mode", "cdc"),
+                    ("table", "public.orders"),
+                    ("chunk_rows", v),
+                ]),
+                "t",
+            )
+            .map(|r| r.mode)
+        };
+        assert!(matches!(
+            cdc("1000"),
+            Ok(ReadMode::Changes {
+                chunk_rows: 1000,
+                ..
+            })
+        ));
+        assert!(cdc("none").unwrap_err().contains("chunk_rows"));
         assert_eq!(r.cdc_config().unwrap().tables[0].table.name, "orders");
         assert_eq!(default_slot_name(&"x".repeat(100)).len(), 63);
     }

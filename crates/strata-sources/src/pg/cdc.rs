@@ -125,6 +125,10 @@ pub struct ReadOptions {
     /// Stop at the first transaction end after this many changes were taken (the summary is
     /// then not `complete`; run again for the rest). `None`: read up to the fence.
     pub max_changes: Option<u64>,
+    /// Read up to this fence (one an earlier read of the same run wrote: see
+    /// [`ChangeReader::fence_lsn`]) instead of writing a new one, so that a run reading its
+    /// changes in several parts stops at the point it started from. `None`: a new fence.
+    pub fence: Option<Lsn>,
     /// Fail when the server sends nothing (not even a keepalive) for this long.
     pub idle_timeout: Duration,
 }
@@ -133,6 +137,7 @@ impl Default for ReadOptions {
     fn default() -> Self {
         ReadOptions {
             max_changes: None,
+            fence: None,
             idle_timeout: Duration::from_secs(300),
         }
     }
@@ -610,6 +615,23 @@ impl PgCdc {
         }
     }
 
+    /// Writes a fence into the log now (a logical message, [`FENCE_PREFIX`]): a read stops
+    /// once it has seen every transaction committed before it.
+    async fn write_fence(&self) -> Result<Lsn> {
+        let fence: String = self
+            .client
+            .query_one(
+                "SELECT pg_logical_emit_message(false, $1, ''::text)::text",
+                &[&FENCE_PREFIX],
+            )
+            .await
+            .map_err(|e| self.q_err("fence", e))?
+            .get(0);
+        fence
+            .parse()
+            .map_err(|e| self.slot_error(format!("bad fence LSN: {e}"), false))
+    }
+
     /// Read every change committed before a fence written now, after `after` (the LSN the
     /// engine recorded: the consistent point after the snapshot, then each run's
     /// [`ChangeSummary::resume_lsn`]). Transactions at or below `after` are skipped. The slot
@@ -654,18 +676,10 @@ impl PgCdc {
                 }
             }
         }
-        let fence: String = self
-            .client
-            .query_one(
-                "SELECT pg_logical_emit_message(false, $1, ''::text)::text",
-                &[&FENCE_PREFIX],
-            )
-            .await
-            .map_err(|e| self.q_err("fence", e))?
-            .get(0);
-        let fence: Lsn = fence
-            .parse()
-            .map_err(|e| self.slot_error(format!("bad fence LSN: {e}"), false))?;
+        let fence = match options.fence {
+            Some(fence) => fence,
+            None => self.write_fence().await?,
+        };
         let start = if after == Lsn::ZERO {
             status.confirmed_flush_lsn
         } else {

@@ -414,7 +414,10 @@ impl PgRowReader {
         for (kept, b) in self.value_bytes.iter_mut().zip(&builders) {
             *kept = (*kept).max(b.value_bytes() + b.value_bytes() / 8);
         }
-        let mut arrays: Vec<ArrayRef> = builders.iter_mut().map(|b| b.finish()).collect();
+        let mut arrays = Vec::with_capacity(builders.len() + 5);
+        for (i, b) in builders.iter_mut().enumerate() {
+            arrays.push(b.finish().map_err(|e| self.value_error(schema, i, e))?);
+        }
         if let Some(m) = &self.meta {
             arrays.extend(m.arrays(n));
         }

@@ -330,17 +330,19 @@ pub(crate) fn append_binary(
             }
             b.append_value(v)
         }
-        (PgDecode::Text, ColBuilder::Str(b)) => b.append_value(utf8(raw)?),
-        (PgDecode::Char, ColBuilder::Str(b)) => b.append_value(String::from_utf8_lossy(raw)),
+        // Text is checked as UTF-8 when the batch's column is finished (`ColBuilder::finish`).
+        (PgDecode::Text, ColBuilder::Str(b)) => b.append_value(raw),
+        (PgDecode::Char, ColBuilder::Str(b)) => {
+            b.append_value(String::from_utf8_lossy(raw).as_bytes())
+        }
         (PgDecode::Jsonb, ColBuilder::Str(b)) => match raw.split_first() {
-            Some((1, text)) => b.append_value(utf8(text)?),
+            Some((1, text)) => b.append_value(text),
             _ => return Err("unknown jsonb binary version".into()),
         },
         (PgDecode::Uuid, ColBuilder::Str(b)) => {
             let mut out = [0u8; 36];
             uuid_chars(raw, &mut out)?;
-            // Hex digits and dashes: ASCII.
-            b.append_value(std::str::from_utf8(&out).map_err(|e| e.to_string())?)
+            b.append_value(out)
         }
         (PgDecode::Bytea, ColBuilder::Bin(b)) => b.append_value(raw),
         (PgDecode::Date, ColBuilder::Date(b)) => b.append_value(date_days(raw)?),

@@ -35,7 +35,6 @@ use crate::util::arrow::{align_by_name, slice_bytes};
 use deltalake::arrow::array::RecordBatch;
 use deltalake::arrow::datatypes::{Schema, SchemaRef};
 use deltalake::arrow::row::{OwnedRow, RowConverter, SortField};
-use deltalake::datafusion::prelude::DataFrame;
 use deltalake::DeltaTable;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -394,8 +393,12 @@ fn read_of(setup: &IngestSetup) -> Option<strata_sources::WatermarkRead> {
 }
 
 /// The changes of a CDC source since the LSN the table recorded (after copying the table
-/// through the slot's snapshot on the first run), run through the query and checked; the
-/// slot is advanced after the commit ([`SlotAdvance`]).
+/// through the slot's snapshot on the first run), run through the query and checked, in
+/// parts of `chunk_rows` changes: each part but the last is committed here with the LSN to
+/// resume from (the end of its last transaction), then the slot is advanced to it; the last
+/// part is returned for the ordinary commit, the slot advanced after it ([`SlotAdvance`]).
+/// Every part reads up to the fence the first one wrote. A crash between parts resumes
+/// after the last one committed.
 async fn take_changes(
     scope: &Scope<'_>,
     setup: &IngestSetup,
@@ -409,6 +412,9 @@ async fn take_changes(
         Some(config),
     ) = (&setup.source, cdc_config_of(setup))
     else {
+        return Err(EngineError::Internal("not a CDC source".into()));
+    };
+    let ReadMode::Changes { chunk_rows, .. } = read.mode else {
         return Err(EngineError::Internal("not a CDC source".into()));
     };
     let key = watermark::lsn_key(setup.append_flow.as_deref());
@@ -426,84 +432,124 @@ async fn take_changes(
     let cdc = PgCdc::connect(spec, config).await.context(fail)?;
     let running = Running::new(scope.wh, setup).await?;
     let ctx = crate::storage::session::new_session();
-    let mut parts = Vec::new();
-    let mut events = HashMap::new();
-    let mut rows = 0usize;
-    let take = |batch: RecordBatch, rows: &mut usize| -> Result<DataFrame> {
-        *rows += batch.num_rows();
-        ctx.read_batch(align_by_name(&batch, input)?)
-            .context(|| "reading database rows".into())
-    };
+    let mut chunk = Chunk::default();
     // First run (or after a full refresh): the table as of the slot's snapshot.
-    let after = match stored {
+    let mut after = match stored {
         Some(lsn) => lsn,
         None => {
             // A first run that crashed mid-snapshot leaves the slot behind.
             cdc.drop_slot().await.context(fail)?;
             let mut snapshot = cdc.start_snapshot().await.context(fail)?;
+            let place = format!("{place}, initial snapshot");
             while let Some(tb) = snapshot.next_batch().await.context(fail)? {
-                let df = take(tb.batch, &mut rows)?;
-                let place = format!("{place}, initial snapshot");
-                let (kept, _) =
-                    checked_rows(setup, &running, df, &place, report, &mut events).await?;
-                parts.extend(kept);
-                (scope.update)(format!("{rows} row(s) of the initial snapshot"));
+                chunk
+                    .add(setup, &running, &ctx, input, tb.batch, &place, report)
+                    .await?;
+                (scope.update)(format!("{} row(s) of the initial snapshot", chunk.rows));
             }
             snapshot.consistent_point()
         }
     };
-    let mut changes = cdc
-        .read_changes(after, ReadOptions::default())
-        .await
-        .context(fail)?;
-    let mut raw = Vec::new();
+    // The table as the last part committed it (`None`: no part committed yet).
+    let mut base: Option<DeltaTable> = None;
+    let mut fence = None;
     let mut read_rows = 0usize;
-    while let Some(tb) = changes.next_batch().await.context(fail)? {
-        read_rows += tb.batch.num_rows();
-        raw.push(tb.batch);
-        (scope.update)(format!("{read_rows} change(s) read"));
-    }
-    // Updates that left a TOASTed value unchanged (REPLICA IDENTITY DEFAULT): the value
-    // the key last had, from this run's changes or the table.
-    if toast::has_unchanged(&raw) {
-        let table = read
-            .cdc_table()
-            .ok_or_else(|| EngineError::Internal("a CDC source without its table".into()))?;
-        let (_, key) = cdc.identity(table).await.context(fail)?;
-        let fill = toast::Toast {
-            source: table.to_string(),
-            key,
-            bronze: match (stored, existing) {
-                (None, _) => toast::Bronze::Snapshot(setup.schema.clone(), &parts),
-                (Some(_), Some(t)) => toast::Bronze::Table(t),
-                (Some(_), None) => toast::Bronze::Empty,
-            },
+    loop {
+        let options = ReadOptions {
+            max_changes: Some(chunk_rows as u64),
+            fence,
+            ..ReadOptions::default()
         };
-        raw = toast::fill_unchanged(raw, &fill)
-            .await
-            .map_err(|e| setup.err(format!("{place}: {e}")))?;
+        let mut changes = cdc.read_changes(after, options).await.context(fail)?;
+        fence = Some(changes.fence_lsn());
+        let mut raw = Vec::new();
+        let mut round_rows = 0usize;
+        while let Some(tb) = changes.next_batch().await.context(fail)? {
+            round_rows += tb.batch.num_rows();
+            read_rows += tb.batch.num_rows();
+            raw.push(tb.batch);
+            (scope.update)(format!("{read_rows} change(s) read"));
+        }
+        let table = base.as_ref().or(existing);
+        // Until a part is committed, a first run's snapshot is in `chunk`, not the table.
+        let snapshot = (base.is_none() && stored.is_none()).then_some(&chunk);
+        let raw = fill_toast(&cdc, setup, read, table, snapshot, raw).await?;
+        for batch in raw {
+            chunk
+                .add(setup, &running, &ctx, input, batch, &place, report)
+                .await?;
+        }
+        let summary = changes.summary().cloned().ok_or_else(|| {
+            EngineError::Internal("the change read ended without a summary".into())
+        })?;
+        let resume = summary.resume_lsn;
+        if summary.complete {
+            // Nothing after the position held (stored, or the last part's): no commit.
+            if round_rows == 0 && (stored.is_some() || base.is_some()) {
+                if base.is_none() {
+                    report.skipped = Some("no new changes".into());
+                }
+                return Ok(None);
+            }
+            report.watermark = Some(format!("lsn {resume}"));
+            let commit = position_commit(scope, setup, table, key, resume.to_string()).await?;
+            return Ok(Some(Taken {
+                after_commit: Some(Box::new(move || {
+                    Box::pin(SlotAdvance { cdc, to: resume }.run())
+                })),
+                base,
+                ..Taken::rows(chunk.parts, chunk.events, commit)
+            }));
+        }
+        // A part: committed with the position after its last transaction.
+        report.watermark = Some(format!("lsn {resume}"));
+        let commit = position_commit(scope, setup, table, key.clone(), resume.to_string()).await?;
+        let taken = std::mem::take(&mut chunk).into_taken(commit);
+        let version =
+            super::commit::commit_rows(scope, setup, table.cloned(), taken, report).await?;
+        base = Some(table_at(scope, setup, version).await?);
+        advance_slot(&cdc, resume).await;
+        after = resume;
+        (scope.update)(format!(
+            "{read_rows} change(s) read, committed up to lsn {resume}"
+        ));
     }
-    for batch in raw {
-        let df = take(batch, &mut rows)?;
-        let (kept, _) = checked_rows(setup, &running, df, &place, report, &mut events).await?;
-        parts.extend(kept);
+}
+
+/// Updates that left a TOASTed value unchanged (REPLICA IDENTITY DEFAULT) get the value the
+/// key last had, from these changes or: this run's `snapshot` (not committed yet) when
+/// given, else the table.
+async fn fill_toast(
+    cdc: &PgCdc,
+    setup: &IngestSetup,
+    read: &DatabaseRead,
+    table: Option<&DeltaTable>,
+    snapshot: Option<&Chunk>,
+    raw: Vec<RecordBatch>,
+) -> Result<Vec<RecordBatch>> {
+    if !toast::has_unchanged(&raw) {
+        return Ok(raw);
     }
-    let resume = changes
-        .summary()
-        .map(|s| s.resume_lsn)
-        .ok_or_else(|| EngineError::Internal("the change read ended without a summary".into()))?;
-    if stored.is_some() && rows == 0 {
-        report.skipped = Some("no new changes".into());
-        return Ok(None);
-    }
-    report.watermark = Some(format!("lsn {resume}"));
-    let commit = position_commit(scope, setup, existing, key, resume.to_string()).await?;
-    Ok(Some(Taken {
-        after_commit: Some(Box::new(move || {
-            Box::pin(SlotAdvance { cdc, to: resume }.run())
-        })),
-        ..Taken::rows(parts, events, commit)
-    }))
+    let source = read
+        .cdc_table()
+        .ok_or_else(|| EngineError::Internal("a CDC source without its table".into()))?;
+    let (_, key) = cdc.identity(source).await.context(|| {
+        setup
+            .err(format!("reading the replica identity of {source}"))
+            .to_string()
+    })?;
+    let fill = toast::Toast {
+        source: source.to_string(),
+        key,
+        bronze: match (snapshot, table) {
+            (Some(chunk), _) => toast::Bronze::Snapshot(setup.schema.clone(), &chunk.parts),
+            (None, Some(t)) => toast::Bronze::Table(t),
+            (None, None) => toast::Bronze::Empty,
+        },
+    };
+    toast::fill_unchanged(raw, &fill)
+        .await
+        .map_err(|e| setup.err(format!("changes of {source}: {e}")))
 }
 
 /// The CDC configuration of a CDC source.
@@ -524,9 +570,15 @@ struct SlotAdvance {
 
 impl SlotAdvance {
     async fn run(self) {
-        if let Err(e) = self.cdc.advance_slot(self.to).await {
-            tracing::warn!("the replication slot was not advanced to {}: {e}", self.to);
-        }
+        advance_slot(&self.cdc, self.to).await;
+    }
+}
+
+/// Advances the slot to `to`, which a commit holds; a failure is only warned about (see
+/// [`SlotAdvance`]).
+async fn advance_slot(cdc: &PgCdc, to: Lsn) {
+    if let Err(e) = cdc.advance_slot(to).await {
+        tracing::warn!("the replication slot was not advanced to {to}: {e}");
     }
 }
 
