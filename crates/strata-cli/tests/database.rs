@@ -665,8 +665,8 @@ STORED AS SCD TYPE 2;
     let dir = p.path("warehouse/default/parts_changes");
     let before = commits(&dir);
     // Six transactions, nine changes: a part ends at the first transaction end after three
-    // changes, so the run commits [T1], [T2 T3 T4] and [T5 T6]; the read after them finds
-    // nothing more before the fence and commits nothing.
+    // changes, so the run commits [T1], [T2 T3 T4] and [T5 T6]; nothing follows them before
+    // the fence, so there is no fourth commit.
     for transaction in [
         format!("INSERT INTO {table} VALUES (3, repeat('c', 7000), 0), (4, 'd', 0), (5, 'e', 0)"),
         format!("UPDATE {table} SET n = 1 WHERE id = 1"),

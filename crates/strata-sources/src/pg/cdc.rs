@@ -125,10 +125,10 @@ pub struct ReadOptions {
     /// Stop at the first transaction end after this many changes were taken (the summary is
     /// then not `complete`; run again for the rest). `None`: read up to the fence.
     pub max_changes: Option<u64>,
-    /// Read up to this fence (one an earlier read of the same run wrote: see
-    /// [`ChangeReader::fence_lsn`]) instead of writing a new one, so that a run reading its
-    /// changes in several parts stops at the point it started from. `None`: a new fence.
-    pub fence: Option<Lsn>,
+    /// End a part at the first transaction end after this many changes since the last part
+    /// (see [`ChangeReader::part_end`]): the stream stays open while the caller commits the
+    /// part. `None`: one part, the whole read.
+    pub part_changes: Option<u64>,
     /// Fail when the server sends nothing (not even a keepalive) for this long.
     pub idle_timeout: Duration,
 }
@@ -137,7 +137,7 @@ impl Default for ReadOptions {
     fn default() -> Self {
         ReadOptions {
             max_changes: None,
-            fence: None,
+            part_changes: None,
             idle_timeout: Duration::from_secs(300),
         }
     }
@@ -676,10 +676,7 @@ impl PgCdc {
                 }
             }
         }
-        let fence = match options.fence {
-            Some(fence) => fence,
-            None => self.write_fence().await?,
-        };
+        let fence = self.write_fence().await?;
         let start = if after == Lsn::ZERO {
             status.confirmed_flush_lsn
         } else {
@@ -735,6 +732,8 @@ impl PgCdc {
             stopping: false,
             done: false,
             last_lsn: start,
+            part_rows: 0,
+            part_end: None,
         })
     }
 
@@ -962,6 +961,10 @@ pub struct ChangeReader {
     stopping: bool,
     done: bool,
     last_lsn: Lsn,
+    /// Change rows taken since the last part ended.
+    part_rows: u64,
+    /// A part ended at this LSN (the end of its last transaction) and was not taken on.
+    part_end: Option<Lsn>,
 }
 
 impl std::fmt::Debug for ChangeReader {
@@ -996,14 +999,34 @@ impl ChangeReader {
         }
     }
 
-    /// The next batch of one table's changes, or `None` when the read is over (then see
-    /// [`ChangeReader::summary`]).
+    /// Where the part just read ends (the end LSN of its last transaction), when
+    /// [`ChangeReader::next_batch`] returned `None` at the end of a part rather than of the
+    /// read ([`ReadOptions::part_changes`]). Commit the part with this position, then call
+    /// [`ChangeReader::next_part`].
+    pub fn part_end(&self) -> Option<Lsn> {
+        self.part_end.filter(|_| self.ready.is_empty())
+    }
+
+    /// Goes on to the next part once the one ending at [`ChangeReader::part_end`] is
+    /// committed: the server is told it may drop the WAL before that point (the slot's
+    /// confirmed position moves with the stream's next status update).
+    pub fn next_part(&mut self) {
+        if let Some(end) = self.part_end.take() {
+            if let Some(repl) = &self.repl {
+                repl.update_applied_lsn(end.into());
+            }
+        }
+        self.part_rows = 0;
+    }
+
+    /// The next batch of one table's changes, or `None` at the end of a part
+    /// ([`ChangeReader::part_end`]) or of the read (then see [`ChangeReader::summary`]).
     pub async fn next_batch(&mut self) -> Result<Option<TableBatch>> {
         loop {
             if let Some(b) = self.ready.pop_front() {
                 return Ok(Some(b));
             }
-            if self.done {
+            if self.done || self.part_end.is_some() {
                 return Ok(None);
             }
             let Some(repl) = self.repl.as_mut() else {
@@ -1133,6 +1156,17 @@ impl ChangeReader {
                 } else {
                     self.summary.transactions += 1;
                     self.summary.last_commit_end_lsn = Some(end);
+                    if self
+                        .options
+                        .part_changes
+                        .is_some_and(|n| self.part_rows >= n)
+                    {
+                        let tables: Vec<TableRef> = self.buffers.keys().cloned().collect();
+                        for t in tables {
+                            self.flush(&t)?;
+                        }
+                        self.part_end = Some(end);
+                    }
                     if let Some(max) = self.options.max_changes {
                         if self.summary.rows >= max {
                             self.stopping = true;
@@ -1497,6 +1531,7 @@ impl ChangeReader {
             &unchanged,
         );
         self.summary.rows += 1;
+        self.part_rows += 1;
         if buf.rows >= self.batch_rows {
             self.flush(&table)?;
         }

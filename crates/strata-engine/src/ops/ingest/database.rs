@@ -394,11 +394,11 @@ fn read_of(setup: &IngestSetup) -> Option<strata_sources::WatermarkRead> {
 
 /// The changes of a CDC source since the LSN the table recorded (after copying the table
 /// through the slot's snapshot on the first run), run through the query and checked, in
-/// parts of `chunk_rows` changes: each part but the last is committed here with the LSN to
-/// resume from (the end of its last transaction), then the slot is advanced to it; the last
-/// part is returned for the ordinary commit, the slot advanced after it ([`SlotAdvance`]).
-/// Every part reads up to the fence the first one wrote. A crash between parts resumes
-/// after the last one committed.
+/// parts of `chunk_rows` changes read from one replication stream: each part but the last
+/// is committed here with the LSN to resume from (the end of its last transaction), then
+/// the stream tells the server it may drop the WAL before it; the last part is returned for
+/// the ordinary commit, the slot advanced after it ([`SlotAdvance`]). A crash between parts
+/// resumes after the last one committed.
 async fn take_changes(
     scope: &Scope<'_>,
     setup: &IngestSetup,
@@ -434,7 +434,7 @@ async fn take_changes(
     let ctx = crate::storage::session::new_session();
     let mut chunk = Chunk::default();
     // First run (or after a full refresh): the table as of the slot's snapshot.
-    let mut after = match stored {
+    let after = match stored {
         Some(lsn) => lsn,
         None => {
             // A first run that crashed mid-snapshot leaves the slot behind.
@@ -452,20 +452,21 @@ async fn take_changes(
     };
     // The table as the last part committed it (`None`: no part committed yet).
     let mut base: Option<DeltaTable> = None;
-    let mut fence = None;
+    let options = ReadOptions {
+        part_changes: Some(chunk_rows as u64),
+        ..ReadOptions::default()
+    };
+    let mut changes = cdc.read_changes(after, options).await.context(fail)?;
     let mut read_rows = 0usize;
+    // Changes read since the last part was committed (or the read began).
+    let mut part_rows;
+    // Where the last part committed ends.
+    let mut last_part: Option<Lsn> = None;
     loop {
-        let options = ReadOptions {
-            max_changes: Some(chunk_rows as u64),
-            fence,
-            ..ReadOptions::default()
-        };
-        let mut changes = cdc.read_changes(after, options).await.context(fail)?;
-        fence = Some(changes.fence_lsn());
         let mut raw = Vec::new();
-        let mut round_rows = 0usize;
+        part_rows = 0usize;
         while let Some(tb) = changes.next_batch().await.context(fail)? {
-            round_rows += tb.batch.num_rows();
+            part_rows += tb.batch.num_rows();
             read_rows += tb.batch.num_rows();
             raw.push(tb.batch);
             (scope.update)(format!("{read_rows} change(s) read"));
@@ -479,41 +480,46 @@ async fn take_changes(
                 .add(setup, &running, &ctx, input, batch, &place, report)
                 .await?;
         }
-        let summary = changes.summary().cloned().ok_or_else(|| {
-            EngineError::Internal("the change read ended without a summary".into())
-        })?;
-        let resume = summary.resume_lsn;
-        if summary.complete {
-            // Nothing after the position held (stored, or the last part's): no commit.
-            if round_rows == 0 && (stored.is_some() || base.is_some()) {
-                if base.is_none() {
-                    report.skipped = Some("no new changes".into());
-                }
-                return Ok(None);
-            }
-            report.watermark = Some(format!("lsn {resume}"));
-            let commit = position_commit(scope, setup, table, key, resume.to_string()).await?;
-            return Ok(Some(Taken {
-                after_commit: Some(Box::new(move || {
-                    Box::pin(SlotAdvance { cdc, to: resume }.run())
-                })),
-                base,
-                ..Taken::rows(chunk.parts, chunk.events, commit)
-            }));
-        }
-        // A part: committed with the position after its last transaction.
-        report.watermark = Some(format!("lsn {resume}"));
-        let commit = position_commit(scope, setup, table, key.clone(), resume.to_string()).await?;
+        let Some(end) = changes.part_end() else {
+            break;
+        };
+        // A part: committed with the position after its last transaction, which the
+        // server then hears it may drop the WAL before.
+        report.watermark = Some(format!("lsn {end}"));
+        let commit = position_commit(scope, setup, table, key.clone(), end.to_string()).await?;
         let taken = std::mem::take(&mut chunk).into_taken(commit);
         let version =
             super::commit::commit_rows(scope, setup, table.cloned(), taken, report).await?;
         base = Some(table_at(scope, setup, version).await?);
-        advance_slot(&cdc, resume).await;
-        after = resume;
+        changes.next_part();
+        last_part = Some(end);
         (scope.update)(format!(
-            "{read_rows} change(s) read, committed up to lsn {resume}"
+            "{read_rows} change(s) read, committed up to lsn {end}"
         ));
     }
+    let resume = changes
+        .summary()
+        .map(|s| s.resume_lsn)
+        .ok_or_else(|| EngineError::Internal("the change read ended without a summary".into()))?;
+    let table = base.as_ref().or(existing);
+    // Nothing after the position held (stored, or the last part's): no commit.
+    if part_rows == 0 && (stored.is_some() || base.is_some()) {
+        match last_part {
+            // The stream may have closed before it told the server of the last part.
+            Some(end) => advance_slot(&cdc, end).await,
+            None => report.skipped = Some("no new changes".into()),
+        }
+        return Ok(None);
+    }
+    report.watermark = Some(format!("lsn {resume}"));
+    let commit = position_commit(scope, setup, table, key, resume.to_string()).await?;
+    Ok(Some(Taken {
+        after_commit: Some(Box::new(move || {
+            Box::pin(SlotAdvance { cdc, to: resume }.run())
+        })),
+        base,
+        ..Taken::rows(chunk.parts, chunk.events, commit)
+    }))
 }
 
 /// Updates that left a TOASTed value unchanged (REPLICA IDENTITY DEFAULT) get the value the
