@@ -452,6 +452,54 @@ fn pg_value(server: &Server, sql: &str) -> Option<String> {
     })
 }
 
+/// Creates `table` with a `body` stored out of line, uncompressed (EXTERNAL: an update of
+/// `n` alone does not send it under REPLICA IDENTITY DEFAULT), holding keys 1 and 2.
+fn toasted_table(server: &Server, table: &str) {
+    pg(
+        server,
+        &format!(
+            "CREATE TABLE {table} (id int PRIMARY KEY, body text, n int);
+             ALTER TABLE {table} ALTER COLUMN body SET STORAGE EXTERNAL;
+             INSERT INTO {table} VALUES (1, repeat('a', 5000), 0), (2, repeat('b', 6000), 0);"
+        ),
+    );
+}
+
+/// A pipeline reading `table`'s change log through `slot` (and `options`) into the change
+/// table `{name}_changes`, applied to the SCD2 target `name` by key `id`.
+fn cdc_history(server: &Server, name: &str, table: &str, slot: &str, options: &str) -> Project {
+    Project::new(&format!(
+        "{}CREATE STREAMING TABLE {name}_changes AS SELECT * FROM STREAM read_database('shop', \
+         table => 'public.{table}', mode => 'cdc', slot => '{slot}', publication => '{slot}'{options});
+CREATE STREAMING TABLE {name};
+CREATE FLOW {name}_flow AS AUTO CDC INTO {name} FROM STREAM({name}_changes) KEYS (id)
+APPLY AS DELETE WHEN _change_type = 'delete'
+SEQUENCE BY STRUCT(_commit_lsn, _change_seq)
+COLUMNS * EXCEPT (_change_type, _commit_lsn, _change_seq, _commit_timestamp, _unchanged_cols)
+STORED AS SCD TYPE 2;
+",
+        server.connection("postgresql")
+    ))
+}
+
+/// Asserts that `slot` was advanced at least to the last change `changes` (a change table)
+/// recorded.
+fn assert_slot_follows(server: &Server, p: &Project, slot: &str, changes: &str) {
+    let recorded = p.csv(&format!("SELECT max(_commit_lsn) AS l FROM {changes}"));
+    let recorded: i64 = recorded.lines().nth(1).unwrap().parse().unwrap();
+    let confirmed = pg_value(
+        server,
+        &format!(
+            "SELECT (confirmed_flush_lsn - '0/0'::pg_lsn)::text FROM pg_replication_slots WHERE slot_name = '{slot}'"
+        ),
+    )
+    .expect("the slot exists");
+    assert!(
+        confirmed.parse::<i64>().unwrap() >= recorded,
+        "slot at {confirmed}, changes up to {recorded}"
+    );
+}
+
 #[test]
 fn postgres_cdc_copies_the_table_then_applies_every_change_once() {
     let server = Server::from_env("STRATA_TEST_PG");
@@ -464,18 +512,7 @@ fn postgres_cdc_copies_the_table_then_applies_every_change_once() {
              INSERT INTO {table} VALUES (1, 'Ann', 'Oslo'), (2, 'Bob', 'Rome');"
         ),
     );
-    let p = Project::new(&format!(
-        "{}CREATE STREAMING TABLE cust_changes AS SELECT * FROM STREAM read_database('shop', \
-         table => 'public.{table}', mode => 'cdc', slot => '{slot}', publication => '{slot}');
-CREATE STREAMING TABLE cust;
-CREATE FLOW cust_flow AS AUTO CDC INTO cust FROM STREAM(cust_changes) KEYS (id)
-APPLY AS DELETE WHEN _change_type = 'delete'
-SEQUENCE BY STRUCT(_commit_lsn, _change_seq)
-COLUMNS * EXCEPT (_change_type, _commit_lsn, _change_seq, _commit_timestamp, _unchanged_cols)
-STORED AS SCD TYPE 2;
-",
-        server.connection("postgresql")
-    ));
+    let p = cdc_history(&server, "cust", &table, &slot, "");
     // First run: the table as of the slot's snapshot.
     run_ok(&p, &server.password);
     assert_eq!(
@@ -501,19 +538,7 @@ STORED AS SCD TYPE 2;
         "id,name,city,open\n1,Ann,Oslo,false\n1,Ann,Bergen,true\n2,Bob,Rome,false\n3,Cy,Nice,false\n3,Cy,Lyon,true\n"
     );
     // The slot was advanced to what the table recorded.
-    let recorded = p.csv("SELECT max(_commit_lsn) AS l FROM cust_changes");
-    let confirmed = pg_value(
-        &server,
-        &format!(
-            "SELECT (confirmed_flush_lsn - '0/0'::pg_lsn)::text FROM pg_replication_slots WHERE slot_name = '{slot}'"
-        ),
-    )
-    .expect("the slot exists");
-    let recorded: i64 = recorded.lines().nth(1).unwrap().parse().unwrap();
-    assert!(
-        confirmed.parse::<i64>().unwrap() >= recorded,
-        "slot at {confirmed}, changes up to {recorded}"
-    );
+    assert_slot_follows(&server, &p, &slot, "cust_changes");
     // Nothing new: nothing committed.
     let dir = p.path("warehouse/default/cust_changes");
     let before = commits(&dir);
@@ -579,28 +604,8 @@ fn unchanged_toasted_values_are_taken_from_the_keys_last_row() {
     let server = Server::from_env("STRATA_TEST_PG");
     let table = unique("docs");
     let slot = unique("strata_slot");
-    // body is stored out of line, uncompressed (EXTERNAL): an update of n alone does not
-    // send it under REPLICA IDENTITY DEFAULT.
-    pg(
-        &server,
-        &format!(
-            "CREATE TABLE {table} (id int PRIMARY KEY, body text, n int);
-             ALTER TABLE {table} ALTER COLUMN body SET STORAGE EXTERNAL;
-             INSERT INTO {table} VALUES (1, repeat('a', 5000), 0), (2, repeat('b', 6000), 0);"
-        ),
-    );
-    let p = Project::new(&format!(
-        "{}CREATE STREAMING TABLE docs_changes AS SELECT * FROM STREAM read_database('shop', \
-         table => 'public.{table}', mode => 'cdc', slot => '{slot}', publication => '{slot}');
-CREATE STREAMING TABLE docs;
-CREATE FLOW docs_flow AS AUTO CDC INTO docs FROM STREAM(docs_changes) KEYS (id)
-APPLY AS DELETE WHEN _change_type = 'delete'
-SEQUENCE BY STRUCT(_commit_lsn, _change_seq)
-COLUMNS * EXCEPT (_change_type, _commit_lsn, _change_seq, _commit_timestamp, _unchanged_cols)
-STORED AS SCD TYPE 2;
-",
-        server.connection("postgresql")
-    ));
+    toasted_table(&server, &table);
+    let p = cdc_history(&server, "docs", &table, &slot, "");
     run_ok(&p, &server.password);
     // Key 1: its last value is in the streaming table. Key 3: inserted then updated in
     // the same run. Key 2: updated twice in one run, the value from the table both times.
@@ -640,27 +645,8 @@ fn a_cdc_run_commits_its_changes_in_parts_of_whole_transactions() {
     let server = Server::from_env("STRATA_TEST_PG");
     let table = unique("parts");
     let slot = unique("strata_slot");
-    pg(
-        &server,
-        &format!(
-            "CREATE TABLE {table} (id int PRIMARY KEY, body text, n int);
-             ALTER TABLE {table} ALTER COLUMN body SET STORAGE EXTERNAL;
-             INSERT INTO {table} VALUES (1, repeat('a', 5000), 0), (2, repeat('b', 6000), 0);"
-        ),
-    );
-    let p = Project::new(&format!(
-        "{}CREATE STREAMING TABLE parts_changes AS SELECT * FROM STREAM read_database('shop', \
-         table => 'public.{table}', mode => 'cdc', slot => '{slot}', publication => '{slot}', \
-         chunk_rows => '3');
-CREATE STREAMING TABLE parts;
-CREATE FLOW parts_flow AS AUTO CDC INTO parts FROM STREAM(parts_changes) KEYS (id)
-APPLY AS DELETE WHEN _change_type = 'delete'
-SEQUENCE BY STRUCT(_commit_lsn, _change_seq)
-COLUMNS * EXCEPT (_change_type, _commit_lsn, _change_seq, _commit_timestamp, _unchanged_cols)
-STORED AS SCD TYPE 2;
-",
-        server.connection("postgresql")
-    ));
+    toasted_table(&server, &table);
+    let p = cdc_history(&server, "parts", &table, &slot, ", chunk_rows => '3'");
     run_ok(&p, &server.password);
     let dir = p.path("warehouse/default/parts_changes");
     let before = commits(&dir);
@@ -694,19 +680,7 @@ STORED AS SCD TYPE 2;
         "id,n,len\n1,1,5000\n3,2,7000\n4,2,1\n5,0,1\n6,0,1\n"
     );
     // The slot was advanced to the last part's position.
-    let recorded = p.csv("SELECT max(_commit_lsn) AS l FROM parts_changes");
-    let recorded: i64 = recorded.lines().nth(1).unwrap().parse().unwrap();
-    let confirmed = pg_value(
-        &server,
-        &format!(
-            "SELECT (confirmed_flush_lsn - '0/0'::pg_lsn)::text FROM pg_replication_slots WHERE slot_name = '{slot}'"
-        ),
-    )
-    .expect("the slot exists");
-    assert!(
-        confirmed.parse::<i64>().unwrap() >= recorded,
-        "slot at {confirmed}, changes up to {recorded}"
-    );
+    assert_slot_follows(&server, &p, &slot, "parts_changes");
     // Nothing new: nothing committed.
     let after = commits(&dir);
     run_ok(&p, &server.password);

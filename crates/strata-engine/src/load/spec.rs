@@ -741,13 +741,12 @@ fn read_database_call(source: &SourceEntry) -> Result<String, String> {
         let watermark_only = [
             s.overlap.is_some(),
             s.chunk_bytes.is_some(),
-            s.chunk_rows.is_some(),
             s.parallel.is_some(),
         ];
         if s.watermark.is_some() || watermark_only.contains(&true) {
             return Err(
-                "source: watermark, overlap, chunk_bytes, chunk_rows and parallel belong to \
-                 watermark loads, not to cdc: true"
+                "source: watermark, overlap, chunk_bytes and parallel belong to watermark \
+                 loads, not to cdc: true"
                     .into(),
             );
         }
@@ -756,6 +755,9 @@ fn read_database_call(source: &SourceEntry) -> Result<String, String> {
             if let Some(v) = v {
                 let _ = write!(out, ", {k} => {}", string(v));
             }
+        }
+        if let Some(n) = &s.chunk_rows {
+            let _ = write!(out, ", chunk_rows => {}", string(&n.text()));
         }
     } else {
         if s.slot.is_some() || s.publication.is_some() {
@@ -893,10 +895,15 @@ mod tests {
         );
         // Parsed as the engine will read them.
         assert!(strata_sql::parse_pipeline(&sql).is_ok(), "{sql}");
-        let cdc_chunks = entry(
+        let cdc_parts = entry(
             "name: c\nsource: { database: shop, table: t, cdc: true, chunk_rows: 10 }\nkeys: [id]\n",
         );
-        let e = table_sql(&cdc_chunks).unwrap_err();
+        let sql = table_sql(&cdc_parts).unwrap();
+        assert!(sql.contains("mode => 'cdc', chunk_rows => '10'"), "{sql}");
+        let cdc_chunk_bytes = entry(
+            "name: c\nsource: { database: shop, table: t, cdc: true, chunk_bytes: 10MB }\nkeys: [id]\n",
+        );
+        let e = table_sql(&cdc_chunk_bytes).unwrap_err();
         assert!(e.contains("parallel belong to watermark loads"), "{e}");
         let e = entry(
             "name: customers\nsource: { database: shop, table: public.customers, cdc: true }\n\
