@@ -195,11 +195,8 @@ async fn take_watermark(
             };
             let json = reached.to_json();
             report.watermark = Some(describe_watermark(&reached));
-            let commit = position_commit(scope, setup, table, key.clone(), json.clone()).await?;
-            let taken = std::mem::take(&mut chunk).into_taken(commit);
-            let version =
-                super::commit::commit_rows(scope, setup, table.cloned(), taken, report).await?;
-            base = Some(table_at(scope, setup, version).await?);
+            let part = std::mem::take(&mut chunk);
+            base = Some(commit_part(scope, setup, table, &key, json.clone(), part, report).await?);
             held = Some(json);
             (scope.update)(format!(
                 "{} row(s) read, committed up to {}",
@@ -275,6 +272,24 @@ impl Chunk {
     fn into_taken(self, commit: PendingCommit) -> Taken {
         Taken::rows(self.parts, HashMap::new(), commit)
     }
+}
+
+/// Commits `part` (a watermark load's chunk, a CDC run's part) in a commit of its own that
+/// records `position` under `key`, building on `table`; returns the table as that commit
+/// left it, which the next part builds on.
+async fn commit_part(
+    scope: &Scope<'_>,
+    setup: &IngestSetup,
+    table: Option<&DeltaTable>,
+    key: &str,
+    position: String,
+    part: Chunk,
+    report: &mut IngestReport,
+) -> Result<DeltaTable> {
+    let commit = position_commit(scope, setup, table, key.to_string(), position).await?;
+    let taken = part.into_taken(commit);
+    let version = super::commit::commit_rows(scope, setup, table.cloned(), taken, report).await?;
+    table_at(scope, setup, version).await
 }
 
 /// The table as of `version`, the one this run's chunk just committed: the next chunk
@@ -474,7 +489,7 @@ async fn take_changes(
         let table = base.as_ref().or(existing);
         // Until a part is committed, a first run's snapshot is in `chunk`, not the table.
         let snapshot = (base.is_none() && stored.is_none()).then_some(&chunk);
-        let raw = fill_toast(&cdc, setup, read, table, snapshot, raw).await?;
+        let raw = fill_toast(&cdc, setup, read, &place, table, snapshot, raw).await?;
         for batch in raw {
             chunk
                 .add(setup, &running, &ctx, input, batch, &place, report)
@@ -486,11 +501,8 @@ async fn take_changes(
         // A part: committed with the position after its last transaction, which the
         // server then hears it may drop the WAL before.
         report.watermark = Some(format!("lsn {end}"));
-        let commit = position_commit(scope, setup, table, key.clone(), end.to_string()).await?;
-        let taken = std::mem::take(&mut chunk).into_taken(commit);
-        let version =
-            super::commit::commit_rows(scope, setup, table.cloned(), taken, report).await?;
-        base = Some(table_at(scope, setup, version).await?);
+        let part = std::mem::take(&mut chunk);
+        base = Some(commit_part(scope, setup, table, &key, end.to_string(), part, report).await?);
         changes.next_part();
         last_part = Some(end);
         (scope.update)(format!(
@@ -529,6 +541,7 @@ async fn fill_toast(
     cdc: &PgCdc,
     setup: &IngestSetup,
     read: &DatabaseRead,
+    place: &str,
     table: Option<&DeltaTable>,
     snapshot: Option<&Chunk>,
     raw: Vec<RecordBatch>,
@@ -539,11 +552,10 @@ async fn fill_toast(
     let source = read
         .cdc_table()
         .ok_or_else(|| EngineError::Internal("a CDC source without its table".into()))?;
-    let (_, key) = cdc.identity(source).await.context(|| {
-        setup
-            .err(format!("reading the replica identity of {source}"))
-            .to_string()
-    })?;
+    let (_, key) = cdc
+        .identity(source)
+        .await
+        .context(|| setup.err(place).to_string())?;
     let fill = toast::Toast {
         source: source.to_string(),
         key,
@@ -555,7 +567,7 @@ async fn fill_toast(
     };
     toast::fill_unchanged(raw, &fill)
         .await
-        .map_err(|e| setup.err(format!("changes of {source}: {e}")))
+        .map_err(|e| setup.err(format!("{place}: {e}")))
 }
 
 /// The CDC configuration of a CDC source.
