@@ -1084,11 +1084,17 @@ impl ChangeReader {
         }
     }
 
-    fn finish_read(&mut self) -> Result<()> {
+    /// Every table's buffered rows into `ready`.
+    fn flush_all(&mut self) -> Result<()> {
         let tables: Vec<TableRef> = self.buffers.keys().cloned().collect();
         for t in tables {
             self.flush(&t)?;
         }
+        Ok(())
+    }
+
+    fn finish_read(&mut self) -> Result<()> {
+        self.flush_all()?;
         self.summary.resume_lsn = if self.summary.complete {
             self.fence.max(self.after)
         } else {
@@ -1161,10 +1167,7 @@ impl ChangeReader {
                         .part_changes
                         .is_some_and(|n| self.part_rows >= n)
                     {
-                        let tables: Vec<TableRef> = self.buffers.keys().cloned().collect();
-                        for t in tables {
-                            self.flush(&t)?;
-                        }
+                        self.flush_all()?;
                         self.part_end = Some(end);
                     }
                     if let Some(max) = self.options.max_changes {
