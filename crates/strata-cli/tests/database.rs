@@ -278,7 +278,8 @@ fn a_large_watermark_load_commits_in_chunks_that_never_split_a_watermark() {
     );
     let p = Project::new(&format!(
         "{}CREATE STREAMING TABLE bulk_raw AS SELECT * FROM STREAM read_database('shop', \
-         table => 'public.{table}', watermark => 'grp', batch_rows => 100, chunk_rows => 250);
+         table => 'public.{table}', watermark => 'grp', batch_rows => 100, chunk_rows => 250, \
+         first_load => 'chunks');
 ",
         server.connection("postgresql")
     ));
@@ -312,6 +313,59 @@ fn a_large_watermark_load_commits_in_chunks_that_never_split_a_watermark() {
         "n,ids\n5600,5600\n"
     );
     assert!(chunks_of(&dir, "grp").len() > chunks.len() + 1);
+    let before = commits(&dir);
+    run_ok(&p, &server.password);
+    assert_eq!(commits(&dir), before, "a run with nothing new committed");
+}
+
+/// A first load (`first_load => 'scan'`, the default) reads the table in ranges of its
+/// pages, in any order, and commits once with the highest watermark, which the server finds
+/// in the same snapshot: here the rows lie on disk against watermark order, some have no
+/// watermark (never read), and the table is read on three connections. Chunks apply to the
+/// later runs, read in watermark order.
+#[test]
+fn a_first_load_scans_the_table_in_page_ranges_and_commits_once_with_the_highest_watermark() {
+    let server = Server::from_env("STRATA_TEST_PG");
+    let table = unique("scan");
+    pg(
+        &server,
+        &format!(
+            "CREATE TABLE {table} (id bigint PRIMARY KEY, grp bigint, pad text);
+             INSERT INTO {table} SELECT i, 100000 - i, repeat('x', 200) FROM generate_series(1, 20000) i;
+             UPDATE {table} SET grp = NULL WHERE id % 1000 = 0;"
+        ),
+    );
+    pg(&server, &format!("VACUUM ANALYZE {table}"));
+    let p = Project::new(&format!(
+        "{}CREATE STREAMING TABLE scan_raw AS SELECT * FROM STREAM read_database('shop', \
+         table => 'public.{table}', watermark => 'grp', batch_rows => 500, parallel => '3', \
+         chunk_rows => 1000);
+",
+        server.connection("postgresql")
+    ));
+    run_ok(&p, &server.password);
+    assert_eq!(
+        p.csv("SELECT count(*) AS n, count(DISTINCT id) AS ids, min(grp) AS lo, max(grp) AS hi FROM scan_raw"),
+        "n,ids,lo,hi\n19980,19980,80001,99999\n"
+    );
+    let dir = p.path("warehouse/default/scan_raw");
+    let chunks = chunks_of(&dir, "grp");
+    assert_eq!(chunks.len(), 1, "one commit with the watermark: {chunks:?}");
+    assert_eq!(chunks[0], (80001, 99999, 99999));
+    // The next run reads only what is above the highest watermark (the new rows and an
+    // update), in watermark order.
+    pg(
+        &server,
+        &format!(
+            "INSERT INTO {table} SELECT i, 200000 + i, 'y' FROM generate_series(20001, 20100) i;
+             UPDATE {table} SET grp = 300000 WHERE id = 2;"
+        ),
+    );
+    run_ok(&p, &server.password);
+    assert_eq!(
+        p.csv("SELECT count(*) AS n, count(DISTINCT id) AS ids, max(grp) AS hi FROM scan_raw"),
+        "n,ids,hi\n20081,20080,300000\n"
+    );
     let before = commits(&dir);
     run_ok(&p, &server.password);
     assert_eq!(commits(&dir), before, "a run with nothing new committed");

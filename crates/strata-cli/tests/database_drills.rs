@@ -326,7 +326,15 @@ SEQUENCE BY updated_at COLUMNS id, v STORED AS SCD TYPE 1;
 
 #[test]
 fn killed_chunked_loads_take_every_row_once() {
-    chunked_load_drill("drill_chunks", "", "");
+    chunked_load_drill("drill_chunks", ", first_load => 'chunks'", "");
+}
+
+/// A first load read as a scan (the default: page ranges on three connections, one
+/// commit) killed at random moments starts over until one finishes; the later runs are
+/// chunked. Every row once.
+#[test]
+fn killed_first_load_scans_take_every_row_once() {
+    chunked_load_drill("drill_scan", ", parallel => 3", "");
 }
 
 /// The same with the load read in ranges of `grp` on three connections, in one snapshot:
@@ -335,10 +343,14 @@ fn killed_chunked_loads_take_every_row_once() {
 /// watermark, so a kill loses and doubles nothing.
 #[test]
 fn killed_parallel_chunked_loads_take_every_row_once() {
-    chunked_load_drill("drill_par_chunks", ", parallel => 3", "");
+    chunked_load_drill(
+        "drill_par_chunks",
+        ", parallel => 3, first_load => 'chunks'",
+        "",
+    );
     chunked_load_drill(
         "drill_par_idx_chunks",
-        ", parallel => 3",
+        ", parallel => 3, first_load => 'chunks'",
         "CREATE INDEX ON {table} (grp); ANALYZE {table};",
     );
 }

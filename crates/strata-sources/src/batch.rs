@@ -106,6 +106,10 @@ pub struct SourceColumn {
     /// False only when the source says the column cannot be NULL (as far as strata can tell);
     /// the Arrow fields strata produces are always nullable.
     pub not_null: bool,
+    /// Nearly all its values are distinct, as far as the source tells: a single-column
+    /// unique index, or statistics counting distinct values in more than half the rows
+    /// (PostgreSQL tables; `false` when unknown).
+    pub distinct: bool,
 }
 
 /// The columns of a table or query, in order (excluded columns left out).

@@ -272,6 +272,7 @@ pub(crate) async fn describe(
     let result_columns = stmt_columns.iter().map(|c| ResultColumn {
         name: c.name_str().to_string(),
         not_null: c.flags().contains(ColumnFlags::NOT_NULL_FLAG),
+        distinct: false,
         mapping: map_column(c),
     });
     let described = describe_columns(r, object, exclude, result_columns)?;

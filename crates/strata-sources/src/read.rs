@@ -38,6 +38,12 @@ pub struct WatermarkRead {
     /// one snapshot (`None`: chosen from the table's estimated rows; 1: one query). MySQL /
     /// MariaDB reads are always one query.
     pub parallel: Option<usize>,
+    /// The rows may come in any order: a first load (no lower bound) of a PostgreSQL table
+    /// then reads the table as it lies on disk, in ranges of its pages, and the highest
+    /// watermark is found by the server in the same snapshot
+    /// ([`crate::WatermarkReader::in_watermark_order`] says whether it did). Ignored for
+    /// queries, MySQL / MariaDB and reads from a lower bound, which stay in watermark order.
+    pub any_order: bool,
 }
 
 impl WatermarkRead {
@@ -50,6 +56,7 @@ impl WatermarkRead {
             lower_bound: None,
             batch_rows: DEFAULT_BATCH_ROWS,
             parallel: None,
+            any_order: false,
         }
     }
 
@@ -68,6 +75,12 @@ impl WatermarkRead {
     /// Ranges read concurrently (PostgreSQL; `None`: automatic, see [`WatermarkRead::parallel`]).
     pub fn parallel(mut self, ranges: Option<usize>) -> Self {
         self.parallel = ranges;
+        self
+    }
+
+    /// Let the rows come in any order (see [`WatermarkRead::any_order`]).
+    pub fn any_order(mut self, yes: bool) -> Self {
+        self.any_order = yes;
         self
     }
 
@@ -111,12 +124,13 @@ pub(crate) struct Described<D> {
     pub wm_idx: Vec<usize>,
 }
 
-/// A result column as a backend's driver describes it: its name, whether it is NOT NULL, and
-/// its mapping (decoder, Arrow kind, source type name) or the type's name and why strata
+/// A result column as a backend's driver describes it: its name, whether it is NOT NULL,
+/// whether nearly all its values are distinct ([`SourceColumn::distinct`]), and its mapping (decoder, Arrow kind, source type name) or the type's name and why strata
 /// cannot read it (an error only when the column is kept).
 pub(crate) struct ResultColumn<D> {
     pub name: String,
     pub not_null: bool,
+    pub distinct: bool,
     pub mapping: std::result::Result<(D, ColumnKind, String), (String, String)>,
 }
 
@@ -158,6 +172,7 @@ pub(crate) fn describe_columns<D>(
             source_type,
             kind,
             not_null: c.not_null,
+            distinct: c.distinct,
         });
         decoders.push(decode);
     }

@@ -101,37 +101,61 @@ impl Source {
                 });
             }
         }
-        let (schema, inner) = match &self.pg {
+        let (schema, inner, scanned) = match &self.pg {
             Some(client) => self.start_pg(client, read).await?,
             None => {
-                let (schema, batches) = mysql::start(&self.resolved, read).await?;
+                let ordered = WatermarkRead {
+                    any_order: false,
+                    ..read.clone()
+                };
+                let (schema, batches) = mysql::start(&self.resolved, &ordered).await?;
                 (
                     schema,
                     ReaderInner::Ranges(pg::ranges::RangeQueue::one(batches)),
+                    None,
                 )
             }
         };
         Ok(WatermarkReader {
             arrow: schema.arrow_schema(),
             schema,
-            max: None,
+            ordered: scanned.is_none(),
+            max: scanned.flatten(),
             rows: 0,
             inner,
         })
     }
 }
 
+/// A PostgreSQL read started: the columns read, where the batches come from, and for a
+/// read in any order ([`pg::scan`]) the highest watermark of its rows (`Some(None)`: no
+/// row has one).
+type PgStart = (SourceSchema, ReaderInner, Option<Option<Watermark>>);
+
 impl Source {
-    /// A PostgreSQL read: described, planned ([`pg::ranges::plan`]), then ranges read
+    /// A PostgreSQL read: described; a first load in any order of a table scanned as it
+    /// lies on disk ([`pg::scan`]); else planned ([`pg::ranges::plan`]), then ranges read
     /// concurrently in one snapshot, or one COPY on this connection.
     async fn start_pg(
         &self,
         client: &Arc<tokio_postgres::Client>,
         read: &WatermarkRead,
-    ) -> Result<(SourceSchema, ReaderInner)> {
+    ) -> Result<PgStart> {
         let r = &self.resolved;
         let d = pg::read::describe_read(&**client, r, read).await?;
         let arrow = d.schema.arrow_schema();
+        let scan = read.any_order
+            && read.lower_bound.is_none()
+            && matches!(read.object, SourceObject::Table(_));
+        if scan {
+            let layout = pg::scan::layout(client, r, read).await?;
+            let (batches, max) = pg::scan::open(r, read, &d, &layout, arrow).await?;
+            return Ok((d.schema, ReaderInner::Ranges(batches), Some(max)));
+        }
+        let read = &WatermarkRead {
+            any_order: false,
+            ..read.clone()
+        };
         // Splitting is an optimization: a plan or a snapshot that cannot be had (statistics
         // of an odd type, a server refusing more connections or exported snapshots) leaves
         // the one query, which gives the same rows.
@@ -158,7 +182,7 @@ impl Source {
                 pg::ranges::RangeQueue::one(pg::ranges::spawn(reader, d.schema.clone(), arrow))
             }
         };
-        Ok((d.schema, ReaderInner::Ranges(ranges)))
+        Ok((d.schema, ReaderInner::Ranges(ranges), None))
     }
 }
 
@@ -175,6 +199,8 @@ enum ReaderInner {
 pub struct WatermarkReader {
     schema: SourceSchema,
     arrow: SchemaRef,
+    /// Batches come in watermark order (else `max` is the server's, set at the start).
+    ordered: bool,
     max: Option<Watermark>,
     rows: u64,
     inner: ReaderInner,
@@ -210,7 +236,7 @@ impl WatermarkReader {
         match out {
             Ok(Some((batch, wm))) => {
                 self.rows += batch.num_rows() as u64;
-                if wm.is_some() {
+                if self.ordered && wm.is_some() {
                     self.max = wm;
                 }
                 Ok(Some(batch))
@@ -226,11 +252,18 @@ impl WatermarkReader {
         }
     }
 
-    /// The watermark of the last row read so far (the maximum, as rows come in watermark
-    /// order); `None` if no row was read. Store it after the batches are committed; give it
+    /// In watermark order: the watermark of the last row read so far (the maximum);
+    /// `None` if no row was read. In any order: the highest watermark of all the rows the
+    /// read will give, from the start. Store it after the batches are committed; give it
     /// back as [`LowerBound::after`] next run.
     pub fn max_watermark(&self) -> Option<&Watermark> {
         self.max.as_ref()
+    }
+
+    /// Whether batches come in watermark order. `false` for a read that asked for any
+    /// order and got it ([`WatermarkRead::any_order`]): it can only be committed whole.
+    pub fn in_watermark_order(&self) -> bool {
+        self.ordered
     }
 
     /// Rows read so far.

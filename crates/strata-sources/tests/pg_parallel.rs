@@ -276,3 +276,94 @@ async fn text_watermarks_split_in_the_columns_collation() {
     let want = same_as_serial(&src, &read, 4).await;
     assert_eq!(want.len(), 5000);
 }
+
+/// A first load in any order (`any_order`) of a table: its pages read in ranges on several
+/// connections in one snapshot, the batches as they come. The rows are the ordered read's
+/// (as a set, none twice, none seen from transactions after the start), and the highest
+/// watermark is the ordered read's last, found by the server from the start.
+#[tokio::test]
+async fn reads_in_any_order_give_the_snapshots_rows_and_its_highest_watermark() {
+    let app = unique("scan_app");
+    let Some(spec) = pg_spec("pg_src") else {
+        return;
+    };
+    let spec = spec.with_option("application_name", app.clone());
+    let admin = pg_admin().await;
+    let t = grouped_table(&admin, 30_000, false).await;
+    let src = Source::connect(&spec).await.unwrap();
+    let read = WatermarkRead::new(
+        SourceObject::table(&format!("public.{t}")).unwrap(),
+        vec!["grp".into(), "id".into()],
+    )
+    .batch_rows(500);
+    let (ordered, marks) = read_all(&src, &read.clone().parallel(Some(1))).await;
+    let mut want = rows(&ordered, &COLUMNS);
+    want.sort();
+
+    let mut r = src
+        .read_watermark(&read.clone().any_order(true).parallel(Some(3)))
+        .await
+        .unwrap();
+    assert!(!r.in_watermark_order());
+    assert_eq!(
+        r.max_watermark(),
+        marks.last(),
+        "the highest watermark, from the start"
+    );
+    assert_eq!(connections(&admin, &app).await, 1 + 3);
+    let mut got = vec![r.next_batch().await.unwrap().unwrap()];
+    // Rows move (an update writes a new version at the table's end), go and come while
+    // the ranges are read: none of it is seen.
+    admin
+        .batch_execute(&format!(
+            "UPDATE {t} SET grp = grp + 100000, name = 'moved' WHERE id % 3 = 0;
+             DELETE FROM {t} WHERE id % 11 = 0;
+             INSERT INTO {t} SELECT i, i, 'new', now() FROM generate_series(30001, 31000) i;"
+        ))
+        .await
+        .unwrap();
+    while let Some(b) = r.next_batch().await.unwrap() {
+        assert!(b.num_rows() <= 500);
+        got.push(b);
+    }
+    let mut got = rows(&got, &COLUMNS);
+    got.sort();
+    assert_eq!(got, want, "the snapshot's rows, each once");
+    assert_eq!(r.max_watermark(), marks.last());
+
+    // From a lower bound, and for a query, the read stays in watermark order.
+    let above = read
+        .clone()
+        .any_order(true)
+        .lower_bound(Some(LowerBound::after(marks[0].clone())));
+    assert!(src
+        .read_watermark(&above)
+        .await
+        .unwrap()
+        .in_watermark_order());
+    let query = WatermarkRead::new(
+        SourceObject::Query(format!("SELECT id, grp FROM public.{t}")),
+        vec!["grp".into(), "id".into()],
+    )
+    .any_order(true);
+    assert!(src
+        .read_watermark(&query)
+        .await
+        .unwrap()
+        .in_watermark_order());
+
+    // An empty table: no rows, no watermark.
+    let empty = unique("scan_empty");
+    admin
+        .batch_execute(&format!("CREATE TABLE {empty} (id bigint, grp bigint)"))
+        .await
+        .unwrap();
+    let read_empty = WatermarkRead::new(
+        SourceObject::table(&format!("public.{empty}")).unwrap(),
+        vec!["grp".into()],
+    )
+    .any_order(true);
+    let mut r = src.read_watermark(&read_empty).await.unwrap();
+    assert_eq!(r.max_watermark(), None);
+    assert!(r.next_batch().await.unwrap().is_none());
+}

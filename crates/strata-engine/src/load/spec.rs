@@ -214,6 +214,9 @@ struct SourceEntry {
     /// PostgreSQL: ranges of the leading watermark column read concurrently.
     #[serde(default)]
     parallel: Option<Scalar>,
+    /// A watermark load's first run: `scan` (the default) or `chunks`.
+    #[serde(default)]
+    first_load: Option<Scalar>,
     #[serde(default)]
     exclude: Vec<String>,
     /// Read the table's change log (PostgreSQL) instead of a watermark.
@@ -742,11 +745,12 @@ fn read_database_call(source: &SourceEntry) -> Result<String, String> {
             s.overlap.is_some(),
             s.chunk_bytes.is_some(),
             s.parallel.is_some(),
+            s.first_load.is_some(),
         ];
         if s.watermark.is_some() || watermark_only.contains(&true) {
             return Err(
-                "source: watermark, overlap, chunk_bytes and parallel belong to watermark \
-                 loads, not to cdc: true"
+                "source: watermark, overlap, chunk_bytes, parallel and first_load belong to \
+                 watermark loads, not to cdc: true"
                     .into(),
             );
         }
@@ -774,6 +778,7 @@ fn read_database_call(source: &SourceEntry) -> Result<String, String> {
             ("chunk_bytes", &s.chunk_bytes),
             ("chunk_rows", &s.chunk_rows),
             ("parallel", &s.parallel),
+            ("first_load", &s.first_load),
         ] {
             if let Some(v) = v {
                 let _ = write!(out, ", {k} => {}", string(&v.text()));
@@ -882,14 +887,15 @@ mod tests {
         let e = entry(
             "name: orders\n\
              source: { database: shop, table: public.orders, watermark: [updated_at, id], overlap: 600, \
-             chunk_bytes: 64MB, chunk_rows: 100000, parallel: 4 }\n\
+             chunk_bytes: 64MB, chunk_rows: 100000, parallel: 4, first_load: chunks }\n\
              keys: [id]\nsequence_by: updated_at\n",
         );
         let sql = table_sql(&e).unwrap();
         assert!(
             sql.contains(
                 "read_database('shop', table => 'public.orders', watermark => 'updated_at, id', \
-                 overlap => '600', chunk_bytes => '64MB', chunk_rows => '100000', parallel => '4')"
+                 overlap => '600', chunk_bytes => '64MB', chunk_rows => '100000', parallel => '4', \
+                 first_load => 'chunks')"
             ),
             "{sql}"
         );
@@ -904,7 +910,7 @@ mod tests {
             "name: c\nsource: { database: shop, table: t, cdc: true, chunk_bytes: 10MB }\nkeys: [id]\n",
         );
         let e = table_sql(&cdc_chunk_bytes).unwrap_err();
-        assert!(e.contains("parallel belong to watermark loads"), "{e}");
+        assert!(e.contains("first_load belong to watermark loads"), "{e}");
         let e = entry(
             "name: customers\nsource: { database: shop, table: public.customers, cdc: true }\n\
              keys: [id]\nstored_as: SCD TYPE 2\nexcept_columns: [secret]\n",

@@ -7,7 +7,7 @@ use strata_sources::{
 use strata_sql::ReadDatabase;
 
 /// The options `read_database` takes in each mode.
-const WATERMARK_OPTIONS: [&str; 10] = [
+const WATERMARK_OPTIONS: [&str; 11] = [
     "mode",
     "table",
     "query",
@@ -18,6 +18,7 @@ const WATERMARK_OPTIONS: [&str; 10] = [
     "chunk_rows",
     "chunk_bytes",
     "parallel",
+    "first_load",
 ];
 const CDC_OPTIONS: [&str; 7] = [
     "mode",
@@ -71,6 +72,21 @@ impl ChunkSize {
     }
 }
 
+/// How a watermark source's first load (no watermark stored yet) reads a table
+/// (`first_load`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum FirstLoad {
+    /// `'scan'` (the default): PostgreSQL reads the table as it lies on disk, in parallel
+    /// ranges of its pages; the rows are written to data files as they come and committed
+    /// once, with the highest watermark. A killed first load starts over. Queries and
+    /// MySQL / MariaDB tables are read as by `'chunks'`.
+    #[default]
+    Scan,
+    /// `'chunks'`: in watermark order, committed in chunks as every later run is, so a
+    /// killed first load resumes after its last chunk.
+    Chunks,
+}
+
 /// How new rows are found.
 #[derive(Debug, Clone)]
 pub(crate) enum ReadMode {
@@ -83,6 +99,7 @@ pub(crate) enum ReadMode {
         /// `parallel => N`: PostgreSQL reads N ranges of the leading watermark column
         /// concurrently, in one snapshot (`None`: chosen from the table's size).
         parallel: Option<usize>,
+        first_load: FirstLoad,
     },
     /// `mode => 'cdc'` (PostgreSQL): the table's changes through a logical replication
     /// slot and publication; the first run copies the table through the slot's snapshot.
@@ -97,9 +114,10 @@ pub(crate) enum ReadMode {
 
 impl DatabaseRead {
     /// The columns of `described` (the source's description) whose values are nearly all
-    /// distinct, to be written without a Parquet dictionary: uuid columns and the watermark
-    /// columns. A dictionary there saves no space, and building one until it overflows is a
-    /// hash of every value on write (about 5% of a first load's CPU on the benchmark table).
+    /// distinct, to be written without a Parquet dictionary: uuid columns, the watermark
+    /// columns, and those the source calls distinct (a unique index, its statistics). A
+    /// dictionary there saves no space, and building one until it overflows is a hash of
+    /// every value on write (about 5% of a first load's CPU on the benchmark table).
     pub(crate) fn plain_columns(&self, described: &strata_sources::SourceSchema) -> Vec<String> {
         let watermark: &[String] = match &self.mode {
             ReadMode::Watermark { columns, .. } => columns,
@@ -109,7 +127,8 @@ impl DatabaseRead {
             .columns
             .iter()
             .filter(|c| {
-                c.source_type.eq_ignore_ascii_case("uuid")
+                c.distinct
+                    || c.source_type.eq_ignore_ascii_case("uuid")
                     || watermark.iter().any(|w| w.eq_ignore_ascii_case(&c.name))
             })
             .map(|c| c.name.clone())
@@ -266,8 +285,24 @@ pub(crate) fn database_read(rd: &ReadDatabase, hint: &str) -> Result<DatabaseRea
             parallel: get("parallel")
                 .map(|n| positive(n, "parallel", "ranges"))
                 .transpose()?,
+            first_load: get("first_load")
+                .map(first_load)
+                .transpose()?
+                .unwrap_or_default(),
         },
     })
+}
+
+/// `first_load => 'scan' | 'chunks'`.
+fn first_load(text: &str) -> Result<FirstLoad, String> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "scan" => Ok(FirstLoad::Scan),
+        "chunks" => Ok(FirstLoad::Chunks),
+        _ => Err(format!(
+            "first_load '{text}' is not known: 'scan' (the default: the table as it lies on \
+             disk, committed once) or 'chunks' (in watermark order, committed in chunks)"
+        )),
+    }
 }
 
 /// `'1000'` → 1000; anything else is an error naming `option`.
@@ -379,11 +414,13 @@ mod tests {
             overlap,
             chunk,
             parallel,
+            first_load,
         } = &r.mode
         else {
             panic!("not a watermark read");
         };
         assert_eq!(chunk, &ChunkSize::default());
+        assert_eq!(first_load, &FirstLoad::Scan, "the default");
         assert_eq!(columns, &["updated_at", "id"]);
         assert_eq!(r.exclude, ["blob"]);
         assert_eq!(overlap, &Some(Overlap::Duration(Duration::from_secs(600))));
@@ -397,13 +434,14 @@ mod tests {
     }
 
     #[test]
-    fn uuid_and_watermark_columns_are_written_plain() {
+    fn distinct_uuid_and_watermark_columns_are_written_plain() {
         use strata_sources::{ColumnKind, SourceColumn, SourceSchema};
         let column = |name: &str, source_type: &str| SourceColumn {
             name: name.into(),
             source_type: source_type.into(),
             kind: ColumnKind::Utf8,
             not_null: false,
+            distinct: name == "code",
         };
         let described = SourceSchema {
             object: "public.orders".into(),
@@ -412,6 +450,7 @@ mod tests {
                 column("ref", "uuid"),
                 column("status", "text"),
                 column("Updated_At", "timestamp with time zone"),
+                column("code", "text"),
             ],
         };
         let watermark = database_read(
@@ -421,14 +460,14 @@ mod tests {
         .unwrap();
         assert_eq!(
             watermark.plain_columns(&described),
-            ["id", "ref", "Updated_At"]
+            ["id", "ref", "Updated_At", "code"]
         );
         let cdc = database_read(
             &rd(&[("table", "public.orders"), ("mode", "cdc")]),
             "orders_raw",
         )
         .unwrap();
-        assert_eq!(cdc.plain_columns(&described), ["ref"]);
+        assert_eq!(cdc.plain_columns(&described), ["ref", "code"]);
     }
 
     #[test]
@@ -438,6 +477,26 @@ mod tests {
         assert!(e(&[("watermark", "w")]).contains("either table"));
         assert!(e(&[("table", "t"), ("query", "q"), ("watermark", "w")]).contains("either"));
         assert!(e(&[("table", "t"), ("watermark", "w"), ("colour", "red")]).contains("'colour'"));
+        assert!(
+            e(&[("table", "t"), ("watermark", "w"), ("first_load", "fast")])
+                .contains("first_load 'fast' is not known: 'scan'")
+        );
+        let chunks = database_read(
+            &rd(&[("table", "t"), ("watermark", "w"), ("first_load", "Chunks")]),
+            "t",
+        )
+        .unwrap();
+        assert!(matches!(
+            chunks.mode,
+            ReadMode::Watermark {
+                first_load: FirstLoad::Chunks,
+                ..
+            }
+        ));
+        assert!(
+            e(&[("table", "t"), ("mode", "cdc"), ("first_load", "scan")])
+                .contains("'first_load' is not known in cdc mode")
+        );
         assert!(
             e(&[("table", "t"), ("watermark", "w"), ("batch_rows", "0")]).contains("batch_rows")
         );

@@ -10,8 +10,8 @@
 //! and handed to those flows; only the write is skipped.
 //!
 //! The `add` carries the file's row count and, from the Parquet footer, null counts of every
-//! top-level column and min/max of integer and date columns (exact there; other columns
-//! simply have no min/max, which Delta allows). The table property
+//! top-level column and min/max of integer, date, timestamp and string columns ([`stats`];
+//! other columns simply have no min/max, which Delta allows). The table property
 //! `strata.ingest.reuseFiles = false` turns this off.
 
 use crate::error::{Context, Result};
@@ -20,7 +20,8 @@ use deltalake::arrow::array::{Array, ArrayRef, AsArray};
 use deltalake::arrow::compute;
 use deltalake::arrow::datatypes::Schema;
 use deltalake::arrow::datatypes::{
-    DataType, Date32Type, Int16Type, Int32Type, Int64Type, Int8Type,
+    DataType, Date32Type, Int16Type, Int32Type, Int64Type, Int8Type, TimeUnit,
+    TimestampMicrosecondType,
 };
 use deltalake::datafusion::logical_expr::{Expr, LogicalPlan};
 use deltalake::datafusion::parquet::arrow::arrow_reader::statistics::StatisticsConverter;
@@ -129,9 +130,10 @@ pub(crate) async fn copy_in(file: &Reusable, table_dir: &Location) -> Result<Add
 }
 
 /// Delta file statistics from a Parquet footer: `numRecords`, `nullCount` of every
-/// top-level column whose row groups all record it, and `minValues`/`maxValues` of integer
-/// and date columns whose row groups all record them.
-fn stats(meta: &ParquetMetaData, schema: &Schema) -> Result<Value> {
+/// top-level column whose row groups all record it, and `minValues`/`maxValues` of integer,
+/// date, timestamp and string columns whose row groups all record them ([`bound`]). strata's
+/// own streamed writes (`storage/write.rs`) take theirs from here too.
+pub(crate) fn stats(meta: &ParquetMetaData, schema: &Schema) -> Result<Value> {
     let groups = meta.row_groups();
     let rows: i64 = groups.iter().map(|g| g.num_rows()).sum();
     let (mut mins, mut maxes, mut nulls) = (Map::new(), Map::new(), Map::new());
@@ -169,7 +171,10 @@ fn stats(meta: &ParquetMetaData, schema: &Schema) -> Result<Value> {
 }
 
 /// The least (or, with `max`, the greatest) of per-row-group bounds, as Delta's JSON stats
-/// spell it; `None` for types left without min/max.
+/// spell it; `None` for types left without min/max. Timestamps are written in milliseconds,
+/// as Delta does, rounded outwards (down for a min, up for a max), so the bound still holds
+/// every value; strings are compared as bytes (Delta's order), and a row group's bound the
+/// Parquet writer truncated is still a bound.
 fn bound(values: &ArrayRef, max: bool) -> Option<Value> {
     macro_rules! int {
         ($t:ty) => {{
@@ -198,6 +203,68 @@ fn bound(values: &ArrayRef, max: bool) -> Option<Value> {
                 .checked_add_signed(chrono::Duration::days(days.into()))?;
             Some(json!(date.format("%Y-%m-%d").to_string()))
         }
+        DataType::Timestamp(TimeUnit::Microsecond, zone) => {
+            let a = values.as_primitive::<TimestampMicrosecondType>();
+            let micros = if max {
+                compute::max(a)
+            } else {
+                compute::min(a)
+            }?;
+            let millis = if max {
+                micros.div_euclid(1000) + i64::from(micros.rem_euclid(1000) != 0)
+            } else {
+                micros.div_euclid(1000)
+            };
+            let at = chrono::DateTime::from_timestamp_millis(millis)?;
+            let zone = if zone.is_some() { "Z" } else { "" };
+            Some(json!(format!(
+                "{}{zone}",
+                at.format("%Y-%m-%dT%H:%M:%S%.3f")
+            )))
+        }
+        DataType::Utf8 => {
+            let a = values.as_string::<i32>();
+            let v = if max {
+                compute::max_string(a)
+            } else {
+                compute::min_string(a)
+            }?;
+            Some(json!(v))
+        }
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deltalake::arrow::array::{StringArray, TimestampMicrosecondArray};
+    use std::sync::Arc;
+
+    #[test]
+    fn timestamp_bounds_round_outwards_to_milliseconds() {
+        let utc: ArrayRef = Arc::new(
+            TimestampMicrosecondArray::from(vec![1_500_001, 2_000_000, -1_500])
+                .with_timezone("UTC"),
+        );
+        assert_eq!(bound(&utc, false), Some(json!("1969-12-31T23:59:59.998Z")));
+        let later: ArrayRef = Arc::new(
+            TimestampMicrosecondArray::from(vec![1_500_001, 2_000_000]).with_timezone("UTC"),
+        );
+        assert_eq!(
+            bound(&later, false),
+            Some(json!("1970-01-01T00:00:01.500Z"))
+        );
+        let ntz: ArrayRef = Arc::new(TimestampMicrosecondArray::from(vec![1_500_001, 2_000_001]));
+        assert_eq!(bound(&ntz, true), Some(json!("1970-01-01T00:00:02.001")));
+        let exact: ArrayRef = Arc::new(TimestampMicrosecondArray::from(vec![2_000_000]));
+        assert_eq!(bound(&exact, true), Some(json!("1970-01-01T00:00:02.000")));
+    }
+
+    #[test]
+    fn string_bounds_compare_as_bytes() {
+        let s: ArrayRef = Arc::new(StringArray::from(vec!["b", "B", "é", "a"]));
+        assert_eq!(bound(&s, false), Some(json!("B")));
+        assert_eq!(bound(&s, true), Some(json!("é")));
     }
 }

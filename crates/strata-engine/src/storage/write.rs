@@ -12,6 +12,7 @@ use deltalake::kernel::transaction::CommitBuilder;
 use deltalake::kernel::Action;
 use deltalake::protocol::DeltaOperation;
 use deltalake::protocol::SaveMode;
+use deltalake::table::config::TablePropertiesExt as _;
 use deltalake::writer::DeltaWriter;
 use deltalake::writer::RecordBatchWriter;
 use deltalake::DeltaTable;
@@ -198,6 +199,210 @@ pub(crate) async fn write_files(
         writer.write(b).await.context(what)?;
     }
     writer.flush().await.context(what)
+}
+
+/// Batches a [`FileStream`] writer may hold before the caller waits.
+const STREAM_QUEUE_BATCHES: usize = 2;
+
+/// Data files of `table` written while the rows still come: one writer per core, each fed
+/// whole batches in turn and starting a new file at the table's target file size
+/// (`delta.targetFileSize`). Nothing is committed: [`FileStream::finish`] gives the files'
+/// `add` actions. Files of a stream that is dropped or fails stay in the table's folder,
+/// in no commit (a vacuum removes them).
+///
+/// A local, unpartitioned table's files are encoded on threads of their own straight into
+/// the file ([`write_local_files`]): memory holds a row group per writer. Other tables go
+/// through delta-rs's writer, which builds each file in memory before it uploads it.
+pub(crate) struct FileStream {
+    feeds: Vec<tokio::sync::mpsc::Sender<RecordBatch>>,
+    writers: Vec<tokio::task::JoinHandle<Result<Vec<deltalake::kernel::Add>>>>,
+    next: usize,
+    rows: usize,
+}
+
+impl FileStream {
+    /// Starts the writers, in `table`'s layout and Parquet settings.
+    pub(crate) fn start(table: &DeltaTable) -> Result<FileStream> {
+        let what = || format!("writing {}", table.table_url());
+        let target = table
+            .snapshot()
+            .context(|| "reading table state".into())?
+            .table_config()
+            .target_file_size()
+            .get();
+        let props = writer_properties(table);
+        let mut feeds = Vec::new();
+        let mut writers = Vec::new();
+        if let Some(dir) = local_unpartitioned_dir(table)? {
+            let schema = crate::storage::table::table_schema(table)?;
+            for _ in 0..parallelism() {
+                let (tx, rx) = tokio::sync::mpsc::channel::<RecordBatch>(STREAM_QUEUE_BATCHES);
+                let (dir, schema, props) = (dir.clone(), schema.clone(), props.clone());
+                writers.push(tokio::task::spawn_blocking(move || {
+                    write_local_files(&dir, schema, props, target, rx)
+                }));
+                feeds.push(tx);
+            }
+            return Ok(FileStream {
+                feeds,
+                writers,
+                next: 0,
+                rows: 0,
+            });
+        }
+        for _ in 0..parallelism() {
+            let mut writer = RecordBatchWriter::for_table(table)
+                .context(what)?
+                .with_writer_properties(props.clone())
+                .with_target_file_size(target);
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<RecordBatch>(STREAM_QUEUE_BATCHES);
+            let what = what();
+            writers.push(tokio::spawn(async move {
+                while let Some(batch) = rx.recv().await {
+                    writer.write(batch).await.context(|| what.clone())?;
+                }
+                writer.flush().await.context(|| what.clone())
+            }));
+            feeds.push(tx);
+        }
+        Ok(FileStream {
+            feeds,
+            writers,
+            next: 0,
+            rows: 0,
+        })
+    }
+
+    /// Hands `batch` to the next writer (waiting while it is busy).
+    pub(crate) async fn write(&mut self, batch: RecordBatch) -> Result<()> {
+        if batch.num_rows() == 0 {
+            return Ok(());
+        }
+        let rows = batch.num_rows();
+        let i = self.next % self.feeds.len();
+        self.next += 1;
+        if self.feeds[i].send(batch).await.is_err() {
+            // The writer has stopped: its error says why.
+            let failed = self.writers.swap_remove(i);
+            return Err(match failed.await {
+                Ok(Err(e)) => e,
+                Ok(Ok(_)) => EngineError::Internal("a file writer stopped early".into()),
+                Err(e) => EngineError::Internal(format!("a file writer failed: {e}")),
+            });
+        }
+        self.rows += rows;
+        Ok(())
+    }
+
+    /// The rows handed to the writers so far.
+    pub(crate) fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Finishes every file and returns their `add` actions.
+    pub(crate) async fn finish(self) -> Result<Vec<deltalake::kernel::Add>> {
+        drop(self.feeds);
+        let mut adds = Vec::new();
+        for w in self.writers {
+            adds.extend(
+                w.await
+                    .map_err(|e| EngineError::Internal(format!("a file writer failed: {e}")))??,
+            );
+        }
+        Ok(adds)
+    }
+}
+
+/// The folder of `table` when it is local, unpartitioned and without column mapping (its
+/// files are then plain Parquet files of its columns, as [`write_local_files`] writes).
+fn local_unpartitioned_dir(table: &DeltaTable) -> Result<Option<std::path::PathBuf>> {
+    let url = table.table_url();
+    if url.scheme() != "file" {
+        return Ok(None);
+    }
+    let snapshot = table.snapshot().context(|| "reading table state".into())?;
+    let metadata = snapshot.metadata();
+    let mapped = metadata
+        .configuration()
+        .get("delta.columnMapping.mode")
+        .is_some_and(|m| !m.eq_ignore_ascii_case("none"));
+    if !metadata.partition_columns().is_empty() || mapped {
+        return Ok(None);
+    }
+    Ok(url.to_file_path().ok())
+}
+
+/// Writes the batches `rows` gives to new Parquet files in `dir` (a table's folder) with
+/// `props`, starting a new file once one reaches `target` bytes; returns their `add`
+/// actions, with statistics from the files' footers (`storage/adopt.rs`). Runs on a thread
+/// of its own: encoding is the work.
+fn write_local_files(
+    dir: &std::path::Path,
+    schema: deltalake::arrow::datatypes::SchemaRef,
+    props: WriterProperties,
+    target: u64,
+    mut rows: tokio::sync::mpsc::Receiver<RecordBatch>,
+) -> Result<Vec<deltalake::kernel::Add>> {
+    use deltalake::datafusion::parquet::arrow::ArrowWriter;
+    // The Parquet writer buffers its writes itself.
+    type Open = (String, ArrowWriter<std::fs::File>);
+    let codec = match props.compression(&ColumnPath::from("")) {
+        Compression::UNCOMPRESSED => String::new(),
+        c => format!(
+            ".{}",
+            c.to_string()
+                .to_ascii_lowercase()
+                .split('(')
+                .next()
+                .unwrap_or("")
+        ),
+    };
+    let what = |name: &str| format!("writing {}", dir.join(name).display());
+    let close = |(name, writer): Open| -> Result<deltalake::kernel::Add> {
+        // Writes the footer and flushes what is buffered.
+        let meta = writer.close().context(|| what(&name))?;
+        let size = std::fs::metadata(dir.join(&name))
+            .context(|| what(&name))?
+            .len();
+        Ok(deltalake::kernel::Add {
+            path: name,
+            partition_values: std::collections::HashMap::new(),
+            size: size as i64,
+            modification_time: chrono::Utc::now().timestamp_millis(),
+            data_change: true,
+            stats: Some(crate::storage::adopt::stats(&meta, &schema)?.to_string()),
+            ..Default::default()
+        })
+    };
+    let mut adds = Vec::new();
+    let mut open: Option<Open> = None;
+    while let Some(batch) = rows.blocking_recv() {
+        let (name, writer) = match &mut open {
+            Some(o) => o,
+            None => {
+                let name = format!("part-00000-{}-c000{codec}.parquet", uuid::Uuid::new_v4());
+                let file = std::fs::File::create(dir.join(&name)).context(|| what(&name))?;
+                let writer = ArrowWriter::try_new(file, schema.clone(), Some(props.clone()))
+                    .context(|| what(&name))?;
+                open.insert((name, writer))
+            }
+        };
+        let batch = if batch.schema() == schema {
+            batch
+        } else {
+            crate::util::arrow::cast_batch(&batch, &schema)?
+        };
+        writer.write(&batch).context(|| what(name))?;
+        if (writer.bytes_written() + writer.in_progress_size()) as u64 >= target {
+            if let Some(o) = open.take() {
+                adds.push(close(o)?);
+            }
+        }
+    }
+    if let Some(o) = open.take() {
+        adds.push(close(o)?);
+    }
+    Ok(adds)
 }
 
 /// Commits `actions` to `table` (against the state it was loaded at) as one `operation`

@@ -5,4 +5,5 @@ pub(crate) mod copy;
 pub(crate) mod pgoutput;
 pub(crate) mod ranges;
 pub(crate) mod read;
+pub(crate) mod scan;
 pub(crate) mod types;

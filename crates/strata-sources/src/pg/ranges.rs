@@ -423,21 +423,22 @@ pub(crate) async fn open(
 }
 
 /// What a worker reads with: its connection (in the snapshot) and the read.
-struct Worker {
-    client: Arc<Client>,
-    r: Resolved,
-    read: WatermarkRead,
-    d: Described,
-    arrow: SchemaRef,
+pub(super) struct Worker {
+    pub client: Arc<Client>,
+    pub r: Resolved,
+    pub read: WatermarkRead,
+    pub d: Described,
+    pub arrow: SchemaRef,
 }
 
 /// The ranges not started yet, in order: each its query and where its batches go.
-type Todo = std::sync::Mutex<VecDeque<(String, tokio::sync::mpsc::Sender<Result<WatermarkBatch>>)>>;
+pub(super) type Todo =
+    std::sync::Mutex<VecDeque<(String, tokio::sync::mpsc::Sender<Result<WatermarkBatch>>)>>;
 
 /// A worker: takes the next range (once a permit says fewer than the limit are in flight),
 /// reads it into its channel, and so on until none is left or the caller is gone (the
 /// permits closed). Its connection, and the snapshot transaction, end with it.
-async fn work(w: Worker, todo: Arc<Todo>, permits: Arc<tokio::sync::Semaphore>) {
+pub(super) async fn work(w: Worker, todo: Arc<Todo>, permits: Arc<tokio::sync::Semaphore>) {
     loop {
         let Ok(permit) = permits.acquire().await else {
             return;
@@ -512,6 +513,15 @@ impl RangeQueue {
         RangeQueue {
             receivers: VecDeque::from([rx]),
             permits: None,
+        }
+    }
+
+    /// The batches of ranges read into one channel, `rx`, in the order they come; `permits`
+    /// are closed when the queue is dropped, which stops the workers.
+    pub(crate) fn shared(rx: BatchReceiver, permits: Arc<tokio::sync::Semaphore>) -> RangeQueue {
+        RangeQueue {
+            receivers: VecDeque::from([rx]),
+            permits: Some(permits),
         }
     }
 

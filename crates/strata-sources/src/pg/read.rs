@@ -53,6 +53,24 @@ pub(crate) fn from_clause(object: &SourceObject) -> String {
     }
 }
 
+/// Per column of the table `$1` (an oid): its number, NOT NULL, and whether nearly all its
+/// values are distinct: the only key column of a unique index, or more distinct values than
+/// half the rows in the planner's statistics (`n_distinct` below -0.5 is a fraction of the
+/// rows; above 0, a count).
+const COLUMN_FLAGS: &str = "SELECT a.attnum, a.attnotnull, \
+       EXISTS (SELECT 1 FROM pg_catalog.pg_index i \
+               WHERE i.indrelid = a.attrelid AND i.indisunique AND i.indnkeyatts = 1 \
+                 AND i.indkey[0] = a.attnum AND i.indpred IS NULL) \
+       OR COALESCE((SELECT s.n_distinct < -0.5 \
+                           OR (c.reltuples > 0 AND s.n_distinct > 0.5 * c.reltuples) \
+                    FROM pg_catalog.pg_stats s \
+                    WHERE s.schemaname = n.nspname AND s.tablename = c.relname \
+                      AND s.attname = a.attname AND NOT s.inherited), false) \
+FROM pg_catalog.pg_attribute a \
+JOIN pg_catalog.pg_class c ON c.oid = a.attrelid \
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+WHERE a.attrelid = $1 AND a.attnum > 0";
+
 /// Describe a table or query: the schema (without excluded columns) and each kept column's
 /// decoder.
 pub(crate) async fn describe<C: GenericClient>(
@@ -66,8 +84,8 @@ pub(crate) async fn describe<C: GenericClient>(
         .prepare(&sql)
         .await
         .map_err(|e| r.query_error(object.label(), pg_error_text(&e)))?;
-    // NOT NULL flags for table columns.
-    let mut not_null: HashMap<(u32, i16), bool> = HashMap::new();
+    // Per column of a table: NOT NULL, and nearly all values distinct.
+    let mut flags: HashMap<(u32, i16), (bool, bool)> = HashMap::new();
     let oids: std::collections::BTreeSet<u32> = stmt
         .columns()
         .iter()
@@ -75,22 +93,24 @@ pub(crate) async fn describe<C: GenericClient>(
         .collect();
     for oid in oids {
         let rows = client
-            .query(
-                "SELECT attnum, attnotnull FROM pg_catalog.pg_attribute WHERE attrelid = $1 AND attnum > 0",
-                &[&oid],
-            )
+            .query(COLUMN_FLAGS, &[&oid])
             .await
             .map_err(|e| r.query_error(object.label(), pg_error_text(&e)))?;
         for row in rows {
-            not_null.insert((oid, row.get::<_, i16>(0)), row.get::<_, bool>(1));
+            flags.insert(
+                (oid, row.get::<_, i16>(0)),
+                (row.get::<_, bool>(1), row.get::<_, bool>(2)),
+            );
         }
     }
+    let flag = |c: &tokio_postgres::Column| match (c.table_oid(), c.column_id()) {
+        (Some(t), Some(a)) => flags.get(&(t, a)).copied().unwrap_or_default(),
+        _ => (false, false),
+    };
     let result_columns = stmt.columns().iter().map(|c| ResultColumn {
         name: c.name().to_string(),
-        not_null: match (c.table_oid(), c.column_id()) {
-            (Some(t), Some(a)) => not_null.get(&(t, a)).copied().unwrap_or(false),
-            _ => false,
-        },
+        not_null: flag(c).0,
+        distinct: flag(c).1,
         mapping: map_type(c.type_(), c.type_modifier()).map(|m| (m.decode, m.kind, m.type_name)),
     });
     describe_columns(r, object, exclude, result_columns)
@@ -127,7 +147,7 @@ pub(crate) fn lower_bound_condition(wm: &[String], lb: &LowerBound) -> String {
 
 /// The query of a watermark read (or of one range of it: `extra` conditions): the kept
 /// columns of the rows whose watermark columns are all set and above the lower bound, in
-/// watermark order.
+/// watermark order unless the read takes them in any order.
 pub(crate) fn watermark_select(
     read: &WatermarkRead,
     schema: &SourceSchema,
@@ -140,8 +160,13 @@ pub(crate) fn watermark_select(
         cond.push(lower_bound_condition(&wm, lb));
     }
     cond.extend(extra.iter().cloned());
+    let order = if read.any_order {
+        String::new()
+    } else {
+        format!(" ORDER BY {}", wm.join(", "))
+    };
     format!(
-        "SELECT {} FROM {} WHERE {} ORDER BY {}",
+        "SELECT {} FROM {} WHERE {}{order}",
         if cols.is_empty() {
             "1".to_string()
         } else {
@@ -149,7 +174,24 @@ pub(crate) fn watermark_select(
         },
         from_clause(&read.object),
         cond.join(" AND "),
-        wm.join(", ")
+    )
+}
+
+/// The query of a read's highest watermark: the watermark columns of the rows
+/// [`watermark_select`] reads, highest first, one row.
+pub(crate) fn max_watermark_select(read: &WatermarkRead) -> String {
+    let wm: Vec<String> = read.watermark_columns.iter().map(|c| pg_ident(c)).collect();
+    let mut cond: Vec<String> = wm.iter().map(|c| format!("{c} IS NOT NULL")).collect();
+    if let Some(lb) = &read.lower_bound {
+        cond.push(lower_bound_condition(&wm, lb));
+    }
+    let desc: Vec<String> = wm.iter().map(|c| format!("{c} DESC")).collect();
+    format!(
+        "SELECT {} FROM {} WHERE {} ORDER BY {} LIMIT 1",
+        wm.join(", "),
+        from_clause(&read.object),
+        cond.join(" AND "),
+        desc.join(", ")
     )
 }
 

@@ -27,6 +27,9 @@ pub(super) struct Taken {
     pub(super) parts: Vec<RecordBatch>,
     /// Parquet input files taken into the table as they are (`storage/adopt.rs`).
     pub(super) reused: Vec<adopt::Reusable>,
+    /// Data files the take already wrote into the table's folder (a first load written as
+    /// it was read), committed with the rest.
+    pub(super) written: Written,
     /// The downstream flows' events of the rows taken, handed over after the commit.
     pub(super) events: HashMap<String, Vec<RecordBatch>>,
     /// What the commit records (the files, source version or watermark taken).
@@ -50,12 +53,20 @@ impl Taken {
         Taken {
             parts,
             reused: Vec::new(),
+            written: Written::default(),
             events,
             commit,
             after_commit: None,
             base: None,
         }
     }
+}
+
+/// Data files written before the commit, and the rows they hold.
+#[derive(Default)]
+pub(super) struct Written {
+    pub(super) adds: Vec<deltalake::kernel::Add>,
+    pub(super) rows: usize,
 }
 
 /// Commits what was taken in one commit (creating the table on its first run, adding
@@ -70,7 +81,8 @@ pub(super) async fn commit_rows(
 ) -> Result<i64> {
     let name = &setup.table.name;
     report.rows += taken.parts.iter().map(RecordBatch::num_rows).sum::<usize>();
-    if taken.parts.is_empty() && taken.reused.is_empty() {
+    report.rows += taken.written.rows;
+    if taken.parts.is_empty() && taken.reused.is_empty() && taken.written.adds.is_empty() {
         // The input is taken even when the query keeps none of its rows.
         taken
             .parts
@@ -90,6 +102,11 @@ pub(super) async fn commit_rows(
             .exactly_next();
     }
     if setup.evolve {
+        if !taken.written.adds.is_empty() {
+            return Err(crate::error::EngineError::Internal(
+                "files written ahead of a commit that evolves the schema".into(),
+            ));
+        }
         let props = crate::storage::write::writer_properties(&table);
         let written = table
             .write(taken.parts)
@@ -116,6 +133,7 @@ pub(super) async fn commit_rows(
     if !adds.is_empty() {
         step!(debug, steps, "copied the reused parquet files in");
     }
+    adds.append(&mut taken.written.adds);
     let after = crate::storage::write::append(&table, taken.parts, adds, &taken.commit).await?;
     step!(debug, steps, "appended and committed");
     if let (Some(before), true) = (before, after >= 0) {
@@ -126,7 +144,7 @@ pub(super) async fn commit_rows(
 
 /// Creates the streaming table with its declared properties; one that takes files keeps
 /// its whole log (see [`files_commit`]), for other writers (Spark, delta-rs) too.
-async fn create_table(scope: &Scope<'_>, setup: &IngestSetup) -> Result<DeltaTable> {
+pub(super) async fn create_table(scope: &Scope<'_>, setup: &IngestSetup) -> Result<DeltaTable> {
     let properties = &setup.table.properties;
     let mut configuration = crate::storage::table::table_configuration(properties);
     // A change-history table's log also records the source's table id next to its

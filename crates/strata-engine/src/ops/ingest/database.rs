@@ -4,11 +4,13 @@
 //! through PostgreSQL logical replication.
 //!
 //! A watermark run: read the watermark the table recorded last (`sources/watermark.rs`),
-//! read the rows above it in batches from a cursor (every row on the first run; with an
-//! overlap window, from a point before it, dropping rows the table already holds), run each
-//! batch through the query and the checks, and commit the rows with the watermark of the
-//! last one in one Delta commit per chunk (`chunk_bytes`, `chunk_rows`): memory holds one
-//! chunk, and a chunk ends only where the watermark changes.
+//! read the rows above it in batches from a cursor (with an overlap window, from a point
+//! before it, dropping rows the table already holds), run each batch through the query and
+//! the checks, and commit the rows with the watermark of the last one in one Delta commit
+//! per chunk (`chunk_bytes`, `chunk_rows`): memory holds one chunk, and a chunk ends only
+//! where the watermark changes. The first run of a PostgreSQL table (`first_load =>
+//! 'scan'`, the default) reads it in any order instead and writes the rows to data files
+//! as they come, committed once with the highest watermark ([`take_whole_scan`]).
 //!
 //! A CDC run: read the LSN the table recorded last; without one (first run, full refresh),
 //! create the slot and copy the table through its exported snapshot (rows with
@@ -19,7 +21,7 @@
 //! leaves the table and its position as they were: the next run reads the same rows.
 
 use crate::error::{Context, EngineError, Result};
-use crate::ops::ingest::commit::Taken;
+use crate::ops::ingest::commit::{Taken, Written};
 use crate::ops::ingest::rows::{checked_rows, Running};
 use crate::ops::ingest::{IngestReport, IngestSetup, Source};
 use crate::ops::Scope;
@@ -27,10 +29,11 @@ use crate::sources::connection::{connection_spec, process_env};
 use crate::sources::overlap::{self, Seen};
 #[cfg(doc)]
 use crate::sources::read::ChunkSize;
-use crate::sources::read::{database_read, DatabaseRead, ReadMode};
+use crate::sources::read::{database_read, DatabaseRead, FirstLoad, ReadMode};
 use crate::sources::toast;
 use crate::sources::watermark;
 use crate::storage::commit::{position, AppId, PendingCommit};
+use crate::storage::write::FileStream;
 use crate::util::arrow::{align_by_name, slice_bytes};
 use deltalake::arrow::array::RecordBatch;
 use deltalake::arrow::datatypes::{Schema, SchemaRef};
@@ -134,7 +137,12 @@ async fn take_watermark(
     else {
         return Err(EngineError::Internal("not a watermark source".into()));
     };
-    let ReadMode::Watermark { chunk: size, .. } = read.mode else {
+    let ReadMode::Watermark {
+        chunk: size,
+        first_load,
+        ..
+    } = read.mode
+    else {
         return Err(EngineError::Internal("not a watermark source".into()));
     };
     let key = watermark::key(setup.append_flow.as_deref());
@@ -154,13 +162,31 @@ async fn take_watermark(
     let database = strata_sources::Source::connect(spec)
         .await
         .context(|| setup.err(&place).to_string())?;
+    // A first load may take the table in any order: it is committed whole.
+    let any_order = stored.is_none() && first_load == FirstLoad::Scan && !setup.evolve;
     let mut reader = database
-        .read_watermark(&watermark_read.clone().lower_bound(bound))
+        .read_watermark(
+            &watermark_read
+                .clone()
+                .lower_bound(bound)
+                .any_order(any_order),
+        )
         .await
         .context(|| setup.err(&place).to_string())?;
     let mut running = Running::new(scope.wh, setup).await?;
     running.seen = seen;
     let ctx = crate::storage::session::new_session();
+    if !reader.in_watermark_order() {
+        let scan = WholeScan {
+            setup,
+            running: &running,
+            ctx: &ctx,
+            input,
+            place: &place,
+            key: &key,
+        };
+        return scan.take(scope, existing, &mut reader, report).await;
+    }
     let columns = watermark_read.watermark_columns.clone();
     let mut boundary = Boundary::new(&columns);
     let mut chunk = Chunk::default();
@@ -234,6 +260,115 @@ async fn take_watermark(
     }))
 }
 
+/// A first load read in any order ([`strata_sources::WatermarkRead::any_order`]): what
+/// it runs each batch through and where it records its watermark.
+struct WholeScan<'a> {
+    setup: &'a IngestSetup,
+    running: &'a Running,
+    ctx: &'a deltalake::datafusion::prelude::SessionContext,
+    input: &'a SchemaRef,
+    place: &'a str,
+    key: &'a str,
+}
+
+impl WholeScan<'_> {
+    /// Reads every batch of `reader`, checks it and writes it to new data files of the
+    /// table (created at the first row) as it comes; returns the files and the highest
+    /// watermark for one commit. The downstream flows read the rows from the table.
+    async fn take(
+        &self,
+        scope: &Scope<'_>,
+        existing: Option<&DeltaTable>,
+        reader: &mut strata_sources::WatermarkReader,
+        report: &mut IngestReport,
+    ) -> Result<Option<Taken>> {
+        let setup = self.setup;
+        let Some(reached) = reader.max_watermark().cloned() else {
+            report.skipped = Some("no new rows".into());
+            return Ok(None);
+        };
+        report.watermark = Some(describe_watermark(&reached));
+        let mut created: Option<DeltaTable> = None;
+        let mut files: Option<FileStream> = None;
+        while let Some(batch) = reader
+            .next_batch()
+            .await
+            .context(|| setup.err(self.place).to_string())?
+        {
+            let rows = checked_batch(
+                setup,
+                self.running,
+                self.ctx,
+                self.input,
+                batch,
+                self.place,
+                report,
+                &mut HashMap::new(),
+            )
+            .await?;
+            for b in rows {
+                if b.num_rows() == 0 {
+                    continue;
+                }
+                if files.is_none() {
+                    let table = match existing {
+                        Some(t) => t.clone(),
+                        None => super::commit::create_table(scope, setup).await?,
+                    };
+                    files = Some(FileStream::start(&table)?);
+                    created = existing.is_none().then_some(table);
+                }
+                if let Some(f) = files.as_mut() {
+                    f.write(b).await?;
+                }
+            }
+            (scope.update)(format!("{} row(s) read", reader.rows_read()));
+        }
+        let written = match files {
+            Some(f) => {
+                let rows = f.rows();
+                (scope.update)(format!(
+                    "{} row(s) read, finishing the files",
+                    reader.rows_read()
+                ));
+                Written {
+                    adds: f.finish().await?,
+                    rows,
+                }
+            }
+            None => Written::default(),
+        };
+        let table = created.as_ref().or(existing);
+        let commit =
+            position_commit(scope, setup, table, self.key.to_string(), reached.to_json()).await?;
+        Ok(Some(Taken {
+            written,
+            base: created,
+            ..Taken::rows(Vec::new(), HashMap::new(), commit)
+        }))
+    }
+}
+
+/// Runs `batch` (as read from the database) through the query and the checks; the
+/// downstream flows' events of its rows go to `events`.
+#[allow(clippy::too_many_arguments)]
+async fn checked_batch(
+    setup: &IngestSetup,
+    running: &Running,
+    ctx: &deltalake::datafusion::prelude::SessionContext,
+    input: &SchemaRef,
+    batch: RecordBatch,
+    place: &str,
+    report: &mut IngestReport,
+    events: &mut HashMap<String, Vec<RecordBatch>>,
+) -> Result<Vec<RecordBatch>> {
+    let df = ctx
+        .read_batch(align_by_name(&batch, input)?)
+        .context(|| "reading database rows".into())?;
+    let (rows, _) = checked_rows(setup, running, df, place, report, events).await?;
+    Ok(rows)
+}
+
 /// The rows of a watermark load not committed yet, checked.
 #[derive(Default)]
 struct Chunk {
@@ -257,10 +392,17 @@ impl Chunk {
         place: &str,
         report: &mut IngestReport,
     ) -> Result<()> {
-        let df = ctx
-            .read_batch(align_by_name(&batch, input)?)
-            .context(|| "reading database rows".into())?;
-        let (rows, _) = checked_rows(setup, running, df, place, report, &mut self.events).await?;
+        let rows = checked_batch(
+            setup,
+            running,
+            ctx,
+            input,
+            batch,
+            place,
+            report,
+            &mut self.events,
+        )
+        .await?;
         self.rows += rows.iter().map(RecordBatch::num_rows).sum::<usize>();
         self.bytes += rows.iter().map(slice_bytes).sum::<usize>();
         self.parts.extend(rows);
