@@ -231,6 +231,38 @@ SEQUENCE BY updated_at STORED AS SCD TYPE 2;
     assert!(found.is_empty(), "the password is in {found:?}");
 }
 
+/// Per commit of a table's log that recorded a position under `key` (`strata.lsn`,
+/// `strata.watermark`): that position and the rows the commit added (from its files'
+/// statistics).
+fn positions(table_dir: &Path, key: &str) -> Vec<(String, i64)> {
+    let mut logs: Vec<_> = std::fs::read_dir(table_dir.join("_delta_log"))
+        .expect("log")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    logs.sort();
+    let mut out = Vec::new();
+    for log in logs {
+        let text = std::fs::read_to_string(&log).expect("commit");
+        let (mut position, mut rows) = (None, 0);
+        for line in text.lines() {
+            let action: serde_json::Value = serde_json::from_str(line).expect("action");
+            if let Some(p) = action["commitInfo"][key].as_str() {
+                position = Some(p.to_string());
+            }
+            if let Some(stats) = action["add"]["stats"].as_str() {
+                let stats: serde_json::Value = serde_json::from_str(stats).expect("stats");
+                rows += stats["numRecords"].as_i64().expect("numRecords");
+            }
+        }
+        if let Some(p) = position {
+            out.push((p, rows));
+        }
+    }
+    out
+}
+
 /// Per commit of a table's log that recorded a watermark: the smallest and largest value of
 /// `column` among the files it added (from their statistics) and the watermark's value.
 fn chunks_of(table_dir: &Path, column: &str) -> Vec<(i64, i64, i64)> {
@@ -567,12 +599,22 @@ fn postgres_cdc_copies_the_table_then_applies_every_change_once() {
         ),
     );
     let p = cdc_history(&server, "cust", &table, &slot, "");
-    // First run: the table as of the slot's snapshot.
+    // First run: the table as of the slot's snapshot, committed on its own with the slot's
+    // consistent point (where the slot stands while nothing has changed since).
     run_ok(&p, &server.password);
     assert_eq!(
         p.csv("SELECT id, _change_type FROM cust_changes ORDER BY id"),
         "id,_change_type\n1,snapshot\n2,snapshot\n"
     );
+    let created_at = pg_value(
+        &server,
+        &format!(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = '{slot}'"
+        ),
+    )
+    .expect("the slot exists");
+    let dir = p.path("warehouse/default/cust_changes");
+    assert_eq!(positions(&dir, "strata.lsn"), [(created_at, 2)]);
     // Changes in two transactions, one of them touching every kind.
     pg(
         &server,
@@ -594,7 +636,6 @@ fn postgres_cdc_copies_the_table_then_applies_every_change_once() {
     // The slot was advanced to what the table recorded.
     assert_slot_follows(&server, &p, &slot, "cust_changes");
     // Nothing new: nothing committed.
-    let dir = p.path("warehouse/default/cust_changes");
     let before = commits(&dir);
     run_ok(&p, &server.password);
     assert_eq!(commits(&dir), before);

@@ -34,10 +34,9 @@ pub(crate) struct Toast<'a> {
 
 /// The rows a key's last value is looked up in.
 pub(crate) enum Bronze<'a> {
-    /// The streaming table the changes go to, as it was before this run.
+    /// The streaming table the changes go to, as this run's last commit left it (a first
+    /// run's snapshot is committed before its changes are read).
     Table(&'a DeltaTable),
-    /// A first run: the rows of the initial snapshot, as the query made them.
-    Snapshot(SchemaRef, &'a [RecordBatch]),
     /// Nothing yet.
     Empty,
 }
@@ -363,13 +362,6 @@ async fn bronze_rows(
         Bronze::Table(table) => {
             crate::storage::session::register_table(&ctx, "__strata_bronze", table, None).await?;
             crate::storage::table::table_schema(table)?
-        }
-        Bronze::Snapshot(schema, rows) => {
-            let mem = MemTable::try_new(schema.clone(), vec![rows.to_vec()])
-                .context(|| "registering the snapshot rows".into())?;
-            ctx.register_table("__strata_bronze", Arc::new(mem))
-                .context(|| "registering the snapshot rows".into())?;
-            schema.clone()
         }
         Bronze::Empty => return Err(no_history("the streaming table holds no earlier row")),
     };

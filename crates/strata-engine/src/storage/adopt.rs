@@ -10,9 +10,10 @@
 //! and handed to those flows; only the write is skipped.
 //!
 //! The `add` carries the file's row count and, from the Parquet footer, null counts of every
-//! top-level column and min/max of integer, date, timestamp and string columns ([`stats`];
-//! other columns simply have no min/max, which Delta allows). The table property
-//! `strata.ingest.reuseFiles = false` turns this off.
+//! top-level column and min/max of integer, date and timestamp columns ([`stats`]; other
+//! columns simply have no min/max, which Delta allows: string bounds of other writers may
+//! follow the old signed byte order). The table property `strata.ingest.reuseFiles = false`
+//! turns this off.
 
 use crate::error::{Context, Result};
 use crate::storage::location::Location;
@@ -99,7 +100,7 @@ pub(crate) fn inspect(source: &Path, schema: &Schema) -> Result<Option<Reusable>
     }
     Ok(Some(Reusable {
         source: source.to_path_buf(),
-        stats: stats(&meta, &file_schema)?,
+        stats: stats(&meta, &file_schema, Bounds::Written)?,
     }))
 }
 
@@ -129,11 +130,21 @@ pub(crate) async fn copy_in(file: &Reusable, table_dir: &Location) -> Result<Add
     })
 }
 
+/// Which columns' bounds a file's footer is trusted for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Bounds {
+    /// A file another writer wrote: integer, date and timestamp columns.
+    Written,
+    /// A file strata's own Parquet writer wrote: string columns too (its bounds compare
+    /// bytes unsigned, as Delta does).
+    Own,
+}
+
 /// Delta file statistics from a Parquet footer: `numRecords`, `nullCount` of every
-/// top-level column whose row groups all record it, and `minValues`/`maxValues` of integer,
-/// date, timestamp and string columns whose row groups all record them ([`bound`]). strata's
-/// own streamed writes (`storage/write.rs`) take theirs from here too.
-pub(crate) fn stats(meta: &ParquetMetaData, schema: &Schema) -> Result<Value> {
+/// top-level column whose row groups all record it, and `minValues`/`maxValues` of the
+/// columns `bounds` trusts whose row groups all record them ([`bound`]). strata's own
+/// streamed writes (`storage/write.rs`) take theirs from here too.
+pub(crate) fn stats(meta: &ParquetMetaData, schema: &Schema, bounds: Bounds) -> Result<Value> {
     let groups = meta.row_groups();
     let rows: i64 = groups.iter().map(|g| g.num_rows()).sum();
     let (mut mins, mut maxes, mut nulls) = (Map::new(), Map::new(), Map::new());
@@ -155,6 +166,9 @@ pub(crate) fn stats(meta: &ParquetMetaData, schema: &Schema) -> Result<Value> {
         let hi = conv.row_group_maxes(groups).context(what)?;
         // A row group without a bound leaves the file without one.
         if lo.null_count() > 0 || hi.null_count() > 0 || lo.is_empty() {
+            continue;
+        }
+        if lo.data_type() == &DataType::Utf8 && bounds != Bounds::Own {
             continue;
         }
         if let (Some(lo), Some(hi)) = (bound(&lo, false), bound(&hi, true)) {

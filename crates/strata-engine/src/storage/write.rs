@@ -370,7 +370,10 @@ fn write_local_files(
             size: size as i64,
             modification_time: chrono::Utc::now().timestamp_millis(),
             data_change: true,
-            stats: Some(crate::storage::adopt::stats(&meta, &schema)?.to_string()),
+            stats: Some(
+                crate::storage::adopt::stats(&meta, &schema, crate::storage::adopt::Bounds::Own)?
+                    .to_string(),
+            ),
             ..Default::default()
         })
     };

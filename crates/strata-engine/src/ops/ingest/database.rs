@@ -13,9 +13,11 @@
 //! as they come, committed once with the highest watermark ([`take_whole_scan`]).
 //!
 //! A CDC run: read the LSN the table recorded last; without one (first run, full refresh),
-//! create the slot and copy the table through its exported snapshot (rows with
-//! `_change_type = 'snapshot'`), then read every change committed after that point up to
-//! a fence; commit the rows with the LSN to resume from; only then advance the slot.
+//! create the slot, copy the table through its exported snapshot (rows with
+//! `_change_type = 'snapshot'`, written to data files as they come) and commit the copy
+//! with the slot's consistent point ([`take_snapshot`]); then read every change committed
+//! after that point up to a fence, in parts, each committed with the LSN to resume from;
+//! only then advance the slot.
 //!
 //! Either way, a run that finds nothing new commits nothing, and a crash before the commit
 //! leaves the table and its position as they were: the next run reads the same rows.
@@ -273,8 +275,8 @@ struct WholeScan<'a> {
 
 impl WholeScan<'_> {
     /// Reads every batch of `reader`, checks it and writes it to new data files of the
-    /// table (created at the first row) as it comes; returns the files and the highest
-    /// watermark for one commit. The downstream flows read the rows from the table.
+    /// table as it comes ([`StreamedRows`]); returns the files and the highest watermark
+    /// for one commit. The downstream flows read the rows from the table.
     async fn take(
         &self,
         scope: &Scope<'_>,
@@ -288,14 +290,13 @@ impl WholeScan<'_> {
             return Ok(None);
         };
         report.watermark = Some(describe_watermark(&reached));
-        let mut created: Option<DeltaTable> = None;
-        let mut files: Option<FileStream> = None;
+        let mut rows = StreamedRows::new(existing);
         while let Some(batch) = reader
             .next_batch()
             .await
             .context(|| setup.err(self.place).to_string())?
         {
-            let rows = checked_batch(
+            let checked = checked_batch(
                 setup,
                 self.running,
                 self.ctx,
@@ -306,38 +307,14 @@ impl WholeScan<'_> {
                 &mut HashMap::new(),
             )
             .await?;
-            for b in rows {
-                if b.num_rows() == 0 {
-                    continue;
-                }
-                if files.is_none() {
-                    let table = match existing {
-                        Some(t) => t.clone(),
-                        None => super::commit::create_table(scope, setup).await?,
-                    };
-                    files = Some(FileStream::start(&table)?);
-                    created = existing.is_none().then_some(table);
-                }
-                if let Some(f) = files.as_mut() {
-                    f.write(b).await?;
-                }
-            }
+            rows.write(scope, setup, checked).await?;
             (scope.update)(format!("{} row(s) read", reader.rows_read()));
         }
-        let written = match files {
-            Some(f) => {
-                let rows = f.rows();
-                (scope.update)(format!(
-                    "{} row(s) read, finishing the files",
-                    reader.rows_read()
-                ));
-                Written {
-                    adds: f.finish().await?,
-                    rows,
-                }
-            }
-            None => Written::default(),
-        };
+        (scope.update)(format!(
+            "{} row(s) read, finishing the files",
+            reader.rows_read()
+        ));
+        let (written, created) = rows.finish().await?;
         let table = created.as_ref().or(existing);
         let commit =
             position_commit(scope, setup, table, self.key.to_string(), reached.to_json()).await?;
@@ -346,6 +323,64 @@ impl WholeScan<'_> {
             base: created,
             ..Taken::rows(Vec::new(), HashMap::new(), commit)
         }))
+    }
+}
+
+/// Checked rows written to new data files of a streaming table as they come, for one
+/// commit ([`FileStream`]): the table is created at the first row when it does not exist.
+struct StreamedRows<'a> {
+    existing: Option<&'a DeltaTable>,
+    created: Option<DeltaTable>,
+    files: Option<FileStream>,
+}
+
+impl<'a> StreamedRows<'a> {
+    fn new(existing: Option<&'a DeltaTable>) -> Self {
+        StreamedRows {
+            existing,
+            created: None,
+            files: None,
+        }
+    }
+
+    /// Hands `rows` to the file writers.
+    async fn write(
+        &mut self,
+        scope: &Scope<'_>,
+        setup: &IngestSetup,
+        rows: Vec<RecordBatch>,
+    ) -> Result<()> {
+        for b in rows.into_iter().filter(|b| b.num_rows() > 0) {
+            let files = match &mut self.files {
+                Some(f) => f,
+                None => {
+                    let table = match self.existing {
+                        Some(t) => t.clone(),
+                        None => super::commit::create_table(scope, setup).await?,
+                    };
+                    let files = FileStream::start(&table)?;
+                    self.created = self.existing.is_none().then_some(table);
+                    self.files.insert(files)
+                }
+            };
+            files.write(b).await?;
+        }
+        Ok(())
+    }
+
+    /// The files written, and the table when this created it.
+    async fn finish(self) -> Result<(Written, Option<DeltaTable>)> {
+        let written = match self.files {
+            Some(f) => {
+                let rows = f.rows();
+                Written {
+                    adds: f.finish().await?,
+                    rows,
+                }
+            }
+            None => Written::default(),
+        };
+        Ok((written, self.created))
     }
 }
 
@@ -590,25 +625,19 @@ async fn take_changes(
     let running = Running::new(scope.wh, setup).await?;
     let ctx = crate::storage::session::new_session();
     let mut chunk = Chunk::default();
-    // First run (or after a full refresh): the table as of the slot's snapshot.
+    // The table as the last part (or the snapshot) committed it (`None`: none yet).
+    let mut base: Option<DeltaTable> = None;
+    // First run (or after a full refresh): the table as of the slot's snapshot,
+    // committed on its own.
     let after = match stored {
         Some(lsn) => lsn,
         None => {
-            // A first run that crashed mid-snapshot leaves the slot behind.
-            cdc.drop_slot().await.context(fail)?;
-            let mut snapshot = cdc.start_snapshot().await.context(fail)?;
-            let place = format!("{place}, initial snapshot");
-            while let Some(tb) = snapshot.next_batch().await.context(fail)? {
-                chunk
-                    .add(setup, &running, &ctx, input, tb.batch, &place, report)
-                    .await?;
-                (scope.update)(format!("{} row(s) of the initial snapshot", chunk.rows));
-            }
-            snapshot.consistent_point()
+            let (lsn, table) =
+                take_snapshot(scope, setup, &cdc, existing, &running, &ctx, report).await?;
+            base = Some(table);
+            lsn
         }
     };
-    // The table as the last part committed it (`None`: no part committed yet).
-    let mut base: Option<DeltaTable> = None;
     let options = ReadOptions {
         part_changes: Some(chunk_rows as u64),
         ..ReadOptions::default()
@@ -629,9 +658,7 @@ async fn take_changes(
             (scope.update)(format!("{read_rows} change(s) read"));
         }
         let table = base.as_ref().or(existing);
-        // Until a part is committed, a first run's snapshot is in `chunk`, not the table.
-        let snapshot = (base.is_none() && stored.is_none()).then_some(&chunk);
-        let raw = fill_toast(&cdc, setup, read, &place, table, snapshot, raw).await?;
+        let raw = fill_toast(&cdc, setup, read, &place, table, raw).await?;
         for batch in raw {
             chunk
                 .add(setup, &running, &ctx, input, batch, &place, report)
@@ -656,12 +683,14 @@ async fn take_changes(
         .map(|s| s.resume_lsn)
         .ok_or_else(|| EngineError::Internal("the change read ended without a summary".into()))?;
     let table = base.as_ref().or(existing);
-    // Nothing after the position held (stored, or the last part's): no commit.
-    if part_rows == 0 && (stored.is_some() || base.is_some()) {
+    // Nothing after the position held (stored, the snapshot's or the last part's): no
+    // commit.
+    if part_rows == 0 {
         match last_part {
             // The stream may have closed before it told the server of the last part.
             Some(end) => advance_slot(&cdc, end).await,
-            None => report.skipped = Some("no new changes".into()),
+            None if stored.is_some() => report.skipped = Some("no new changes".into()),
+            None => {}
         }
         return Ok(None);
     }
@@ -676,16 +705,73 @@ async fn take_changes(
     }))
 }
 
+/// The table as of a new slot's snapshot, for a first CDC run (or one after a full
+/// refresh): the slot (re)created, the table copied through its exported snapshot (rows
+/// with `_change_type = 'snapshot'`), checked and written to data files as they come
+/// ([`StreamedRows`]), and committed once with the slot's consistent point, from which the
+/// changes are read. A run that stops before that commit leaves the slot behind, which the
+/// next first run drops and creates again. Returns that point and the table as committed.
+async fn take_snapshot(
+    scope: &Scope<'_>,
+    setup: &IngestSetup,
+    cdc: &PgCdc,
+    existing: Option<&DeltaTable>,
+    running: &Running,
+    ctx: &deltalake::datafusion::prelude::SessionContext,
+    report: &mut IngestReport,
+) -> Result<(Lsn, DeltaTable)> {
+    let Source::Database { read, input, .. } = &setup.source else {
+        return Err(EngineError::Internal("not a database source".into()));
+    };
+    let place = format!(
+        "connection {}, {} through slot {}, initial snapshot",
+        read.connection,
+        read.object.label(),
+        cdc.config().slot
+    );
+    let fail = || setup.err(&place).to_string();
+    cdc.drop_slot().await.context(fail)?;
+    let mut snapshot = cdc.start_snapshot().await.context(fail)?;
+    let mut rows = StreamedRows::new(existing);
+    let mut read_rows = 0usize;
+    while let Some(tb) = snapshot.next_batch().await.context(fail)? {
+        read_rows += tb.batch.num_rows();
+        let checked = checked_batch(
+            setup,
+            running,
+            ctx,
+            input,
+            tb.batch,
+            &place,
+            report,
+            &mut HashMap::new(),
+        )
+        .await?;
+        rows.write(scope, setup, checked).await?;
+        (scope.update)(format!("{read_rows} row(s) of the initial snapshot"));
+    }
+    let at = snapshot.consistent_point();
+    let (written, created) = rows.finish().await?;
+    let table = created.as_ref().or(existing);
+    let key = watermark::lsn_key(setup.append_flow.as_deref());
+    report.watermark = Some(format!("lsn {at}"));
+    let commit = position_commit(scope, setup, table, key, at.to_string()).await?;
+    let taken = Taken {
+        written,
+        ..Taken::rows(Vec::new(), HashMap::new(), commit)
+    };
+    let version = super::commit::commit_rows(scope, setup, table.cloned(), taken, report).await?;
+    Ok((at, table_at(scope, setup, version).await?))
+}
+
 /// Updates that left a TOASTed value unchanged (REPLICA IDENTITY DEFAULT) get the value the
-/// key last had, from these changes or: this run's `snapshot` (not committed yet) when
-/// given, else the table.
+/// key last had, from these changes or the table.
 async fn fill_toast(
     cdc: &PgCdc,
     setup: &IngestSetup,
     read: &DatabaseRead,
     place: &str,
     table: Option<&DeltaTable>,
-    snapshot: Option<&Chunk>,
     raw: Vec<RecordBatch>,
 ) -> Result<Vec<RecordBatch>> {
     if !toast::has_unchanged(&raw) {
@@ -701,10 +787,9 @@ async fn fill_toast(
     let fill = toast::Toast {
         source: source.to_string(),
         key,
-        bronze: match (snapshot, table) {
-            (Some(chunk), _) => toast::Bronze::Snapshot(setup.schema.clone(), &chunk.parts),
-            (None, Some(t)) => toast::Bronze::Table(t),
-            (None, None) => toast::Bronze::Empty,
+        bronze: match table {
+            Some(t) => toast::Bronze::Table(t),
+            None => toast::Bronze::Empty,
         },
     };
     toast::fill_unchanged(raw, &fill)
