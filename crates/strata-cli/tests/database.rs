@@ -231,10 +231,8 @@ SEQUENCE BY updated_at STORED AS SCD TYPE 2;
     assert!(found.is_empty(), "the password is in {found:?}");
 }
 
-/// Per commit of a table's log that recorded a position under `key` (`strata.lsn`,
-/// `strata.watermark`): that position and the rows the commit added (from its files'
-/// statistics).
-fn positions(table_dir: &Path, key: &str) -> Vec<(String, i64)> {
+/// The actions of each commit of a table's log, in version order.
+fn commit_log(table_dir: &Path) -> Vec<Vec<serde_json::Value>> {
     let mut logs: Vec<_> = std::fs::read_dir(table_dir.join("_delta_log"))
         .expect("log")
         .flatten()
@@ -242,20 +240,37 @@ fn positions(table_dir: &Path, key: &str) -> Vec<(String, i64)> {
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
         .collect();
     logs.sort();
+    logs.iter()
+        .map(|log| {
+            std::fs::read_to_string(log)
+                .expect("commit")
+                .lines()
+                .map(|line| serde_json::from_str(line).expect("action"))
+                .collect()
+        })
+        .collect()
+}
+
+/// The statistics of an `add` action; `None` for other actions.
+fn add_stats(action: &serde_json::Value) -> Option<serde_json::Value> {
+    let stats = action["add"]["stats"].as_str()?;
+    Some(serde_json::from_str(stats).expect("stats"))
+}
+
+/// Per commit of a table's log that recorded a position under `key` (`strata.lsn`,
+/// `strata.watermark`): that position and the rows the commit added (from its files'
+/// statistics).
+fn positions(table_dir: &Path, key: &str) -> Vec<(String, i64)> {
     let mut out = Vec::new();
-    for log in logs {
-        let text = std::fs::read_to_string(&log).expect("commit");
-        let (mut position, mut rows) = (None, 0);
-        for line in text.lines() {
-            let action: serde_json::Value = serde_json::from_str(line).expect("action");
-            if let Some(p) = action["commitInfo"][key].as_str() {
-                position = Some(p.to_string());
-            }
-            if let Some(stats) = action["add"]["stats"].as_str() {
-                let stats: serde_json::Value = serde_json::from_str(stats).expect("stats");
-                rows += stats["numRecords"].as_i64().expect("numRecords");
-            }
-        }
+    for actions in commit_log(table_dir) {
+        let position = actions
+            .iter()
+            .find_map(|a| a["commitInfo"][key].as_str().map(str::to_string));
+        let rows = actions
+            .iter()
+            .filter_map(add_stats)
+            .map(|s| s["numRecords"].as_i64().expect("numRecords"))
+            .sum();
         if let Some(p) = position {
             out.push((p, rows));
         }
@@ -266,25 +281,15 @@ fn positions(table_dir: &Path, key: &str) -> Vec<(String, i64)> {
 /// Per commit of a table's log that recorded a watermark: the smallest and largest value of
 /// `column` among the files it added (from their statistics) and the watermark's value.
 fn chunks_of(table_dir: &Path, column: &str) -> Vec<(i64, i64, i64)> {
-    let mut logs: Vec<_> = std::fs::read_dir(table_dir.join("_delta_log"))
-        .expect("log")
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .collect();
-    logs.sort();
     let mut out = Vec::new();
-    for log in logs {
-        let text = std::fs::read_to_string(&log).expect("commit");
+    for actions in commit_log(table_dir) {
         let (mut lo, mut hi, mut mark) = (i64::MAX, i64::MIN, None);
-        for line in text.lines() {
-            let action: serde_json::Value = serde_json::from_str(line).expect("action");
+        for action in &actions {
             if let Some(w) = action["commitInfo"]["strata.watermark"].as_str() {
                 let w: serde_json::Value = serde_json::from_str(w).expect("watermark");
                 mark = w["values"][0]["value"].as_i64();
             }
-            if let Some(stats) = action["add"]["stats"].as_str() {
-                let stats: serde_json::Value = serde_json::from_str(stats).expect("stats");
+            if let Some(stats) = add_stats(action) {
                 lo = lo.min(stats["minValues"][column].as_i64().expect("min"));
                 hi = hi.max(stats["maxValues"][column].as_i64().expect("max"));
             }

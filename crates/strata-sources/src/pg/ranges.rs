@@ -365,31 +365,7 @@ pub(crate) async fn open(
     plan: &Plan,
     arrow: SchemaRef,
 ) -> Result<RangeQueue> {
-    let label = read.object.label();
-    let query_error = |e: tokio_postgres::Error| r.query_error(label.clone(), pg_error_text(&e));
-    const BEGIN: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
-    let first = Arc::new(r.pg_connect().await?);
-    first.batch_execute(BEGIN).await.map_err(query_error)?;
-    let snapshot: String = first
-        .query_one("SELECT pg_export_snapshot()", &[])
-        .await
-        .map_err(query_error)?
-        .get(0);
-    first
-        .batch_execute(RANGE_PLANS)
-        .await
-        .map_err(query_error)?;
-    let mut clients = vec![first];
-    for _ in 1..plan.connections {
-        let c = r.pg_connect().await?;
-        c.batch_execute(&format!(
-            "{BEGIN}; SET TRANSACTION SNAPSHOT {}; {RANGE_PLANS}",
-            super::read::sql_literal(&snapshot)
-        ))
-        .await
-        .map_err(query_error)?;
-        clients.push(Arc::new(c));
-    }
+    let clients = snapshot_connections(r, read, plan.connections, RANGE_PLANS).await?;
     let lead = pg_ident(&read.watermark_columns[0]);
     let ranges = plan.splits.len() + 1;
     let mut todo = VecDeque::new();
@@ -400,9 +376,65 @@ pub(crate) async fn open(
         todo.push_back((select, tx));
         receivers.push_back(rx);
     }
-    let todo = Arc::new(std::sync::Mutex::new(todo));
     // The range the caller reads, and one more per connection.
     let permits = Arc::new(tokio::sync::Semaphore::new(plan.connections + 1));
+    spawn_workers(clients, r, read, d, &arrow, todo, permits.clone());
+    Ok(RangeQueue {
+        receivers,
+        permits: Some(permits),
+    })
+}
+
+/// `n` new connections, each in a `REPEATABLE READ READ ONLY` transaction with `settings`
+/// (`SET LOCAL ...`), all in the first one's snapshot (exported, then imported by the
+/// others, as `pg_dump -j` does).
+pub(super) async fn snapshot_connections(
+    r: &Resolved,
+    read: &WatermarkRead,
+    n: usize,
+    settings: &str,
+) -> Result<Vec<Arc<Client>>> {
+    let label = read.object.label();
+    let query_error = |e: tokio_postgres::Error| r.query_error(label.clone(), pg_error_text(&e));
+    const BEGIN: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
+    let first = Arc::new(r.pg_connect().await?);
+    first
+        .batch_execute(&format!("{BEGIN}; {settings}"))
+        .await
+        .map_err(query_error)?;
+    let mut clients = vec![first.clone()];
+    if n > 1 {
+        let snapshot: String = first
+            .query_one("SELECT pg_export_snapshot()", &[])
+            .await
+            .map_err(query_error)?
+            .get(0);
+        for _ in 1..n {
+            let c = r.pg_connect().await?;
+            c.batch_execute(&format!(
+                "{BEGIN}; SET TRANSACTION SNAPSHOT {}; {settings}",
+                super::read::sql_literal(&snapshot)
+            ))
+            .await
+            .map_err(query_error)?;
+            clients.push(Arc::new(c));
+        }
+    }
+    Ok(clients)
+}
+
+/// Starts one worker ([`work`]) per connection of `clients`, in their snapshot, taking the
+/// ranges of `todo` in order while `permits` allow.
+pub(super) fn spawn_workers(
+    clients: Vec<Arc<Client>>,
+    r: &Resolved,
+    read: &WatermarkRead,
+    d: &Described,
+    arrow: &SchemaRef,
+    todo: VecDeque<Range>,
+    permits: Arc<tokio::sync::Semaphore>,
+) {
+    let todo = Arc::new(std::sync::Mutex::new(todo));
     for client in clients {
         tokio::spawn(work(
             Worker {
@@ -416,29 +448,27 @@ pub(crate) async fn open(
             permits.clone(),
         ));
     }
-    Ok(RangeQueue {
-        receivers,
-        permits: Some(permits),
-    })
 }
 
 /// What a worker reads with: its connection (in the snapshot) and the read.
-pub(super) struct Worker {
-    pub client: Arc<Client>,
-    pub r: Resolved,
-    pub read: WatermarkRead,
-    pub d: Described,
-    pub arrow: SchemaRef,
+struct Worker {
+    client: Arc<Client>,
+    r: Resolved,
+    read: WatermarkRead,
+    d: Described,
+    arrow: SchemaRef,
 }
 
-/// The ranges not started yet, in order: each its query and where its batches go.
-pub(super) type Todo =
-    std::sync::Mutex<VecDeque<(String, tokio::sync::mpsc::Sender<Result<WatermarkBatch>>)>>;
+/// A range to read: its query and where its batches go.
+pub(super) type Range = (String, tokio::sync::mpsc::Sender<Result<WatermarkBatch>>);
+
+/// The ranges not started yet, in order.
+type Todo = std::sync::Mutex<VecDeque<Range>>;
 
 /// A worker: takes the next range (once a permit says fewer than the limit are in flight),
 /// reads it into its channel, and so on until none is left or the caller is gone (the
 /// permits closed). Its connection, and the snapshot transaction, end with it.
-pub(super) async fn work(w: Worker, todo: Arc<Todo>, permits: Arc<tokio::sync::Semaphore>) {
+async fn work(w: Worker, todo: Arc<Todo>, permits: Arc<tokio::sync::Semaphore>) {
     loop {
         let Ok(permit) = permits.acquire().await else {
             return;

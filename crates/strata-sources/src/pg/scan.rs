@@ -16,8 +16,10 @@ use arrow_schema::SchemaRef;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Client;
 
-use super::ranges::{range_count, work, RangeQueue, Worker, READ_AHEAD_BATCHES};
-use super::read::{max_watermark_select, sql_literal, watermark_select, Described, TextParam};
+use super::ranges::{
+    range_count, snapshot_connections, spawn_workers, RangeQueue, READ_AHEAD_BATCHES,
+};
+use super::read::{max_watermark_select, watermark_select, Described, TextParam};
 use super::types::{watermark_value, Raw};
 use crate::conn::{pg_error_text, Resolved};
 use crate::error::{Result, SourceError};
@@ -110,38 +112,13 @@ pub(crate) async fn open(
     layout: &Layout,
     arrow: SchemaRef,
 ) -> Result<(RangeQueue, Option<Watermark>)> {
-    let label = read.object.label();
-    let query_error = |e: tokio_postgres::Error| r.query_error(label.clone(), pg_error_text(&e));
     let connections = if layout.splittable {
         range_count(layout.estimated_rows, read.parallel)
     } else {
         1
     };
-    const BEGIN: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
-    let first = Arc::new(r.pg_connect().await?);
-    first
-        .batch_execute(&format!("{BEGIN}; {SCAN_PLANS}"))
-        .await
-        .map_err(query_error)?;
-    let mut clients = vec![first.clone()];
-    if connections > 1 {
-        let snapshot: String = first
-            .query_one("SELECT pg_export_snapshot()", &[])
-            .await
-            .map_err(query_error)?
-            .get(0);
-        for _ in 1..connections {
-            let c = r.pg_connect().await?;
-            c.batch_execute(&format!(
-                "{BEGIN}; SET TRANSACTION SNAPSHOT {}; {SCAN_PLANS}",
-                sql_literal(&snapshot)
-            ))
-            .await
-            .map_err(query_error)?;
-            clients.push(Arc::new(c));
-        }
-    }
-    let max = highest_watermark(&first, r, read, d).await?;
+    let clients = snapshot_connections(r, read, connections, SCAN_PLANS).await?;
+    let max = highest_watermark(&clients[0], r, read, d).await?;
     let conditions = if connections > 1 {
         page_ranges(layout.pages, connections as u64 * RANGES_PER_CONNECTION)
     } else {
@@ -153,23 +130,9 @@ pub(crate) async fn open(
         .map(|cond| (watermark_select(read, &d.schema, cond), tx.clone()))
         .collect();
     drop(tx);
-    let ranges = todo.len();
-    let todo = Arc::new(std::sync::Mutex::new(todo));
     // Every range may be in flight: the one channel bounds what waits for the caller.
-    let permits = Arc::new(tokio::sync::Semaphore::new(ranges));
-    for client in clients {
-        tokio::spawn(work(
-            Worker {
-                client,
-                r: r.clone(),
-                read: read.clone(),
-                d: d.clone(),
-                arrow: arrow.clone(),
-            },
-            todo.clone(),
-            permits.clone(),
-        ));
-    }
+    let permits = Arc::new(tokio::sync::Semaphore::new(todo.len()));
+    spawn_workers(clients, r, read, d, &arrow, todo, permits.clone());
     Ok((RangeQueue::shared(rx, permits), max))
 }
 
