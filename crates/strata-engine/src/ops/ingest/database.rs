@@ -179,15 +179,8 @@ async fn take_watermark(
     running.seen = seen;
     let ctx = crate::storage::session::new_session();
     if !reader.in_watermark_order() {
-        let scan = WholeScan {
-            setup,
-            running: &running,
-            ctx: &ctx,
-            input,
-            place: &place,
-            key: &key,
-        };
-        return scan.take(scope, existing, &mut reader, report).await;
+        let rows = StreamedRows::new(setup, &running, &ctx, input, &place, existing);
+        return take_whole_scan(scope, rows, &mut reader, key, report).await;
     }
     let columns = watermark_read.watermark_columns.clone();
     let mut boundary = Boundary::new(&columns);
@@ -262,94 +255,98 @@ async fn take_watermark(
     }))
 }
 
-/// A first load read in any order ([`strata_sources::WatermarkRead::any_order`]): what
-/// it runs each batch through and where it records its watermark.
-struct WholeScan<'a> {
+/// A first load read in any order ([`strata_sources::WatermarkRead::any_order`]): every
+/// batch of `reader` checked and written to data files as it comes (`rows`), returned for
+/// one commit recording the highest watermark (under `key`). The downstream flows read the
+/// rows from the table.
+async fn take_whole_scan(
+    scope: &Scope<'_>,
+    mut rows: StreamedRows<'_>,
+    reader: &mut strata_sources::WatermarkReader,
+    key: String,
+    report: &mut IngestReport,
+) -> Result<Option<Taken>> {
+    let Some(reached) = reader.max_watermark().cloned() else {
+        report.skipped = Some("no new rows".into());
+        return Ok(None);
+    };
+    report.watermark = Some(describe_watermark(&reached));
+    while let Some(batch) = reader
+        .next_batch()
+        .await
+        .context(|| rows.setup.err(rows.place).to_string())?
+    {
+        rows.add(scope, batch, report).await?;
+        (scope.update)(format!("{} row(s) read", reader.rows_read()));
+    }
+    (scope.update)(format!(
+        "{} row(s) read, finishing the files",
+        reader.rows_read()
+    ));
+    let commit = position_commit(scope, rows.setup, rows.table(), key, reached.to_json()).await?;
+    Ok(Some(rows.into_taken(commit).await?))
+}
+
+/// Rows read from the database, run through the query and the checks, and written to new
+/// data files of the streaming table as they come, for one commit ([`FileStream`]): the
+/// table is created at the first row when it does not exist.
+struct StreamedRows<'a> {
     setup: &'a IngestSetup,
     running: &'a Running,
     ctx: &'a deltalake::datafusion::prelude::SessionContext,
     input: &'a SchemaRef,
     place: &'a str,
-    key: &'a str,
-}
-
-impl WholeScan<'_> {
-    /// Reads every batch of `reader`, checks it and writes it to new data files of the
-    /// table as it comes ([`StreamedRows`]); returns the files and the highest watermark
-    /// for one commit. The downstream flows read the rows from the table.
-    async fn take(
-        &self,
-        scope: &Scope<'_>,
-        existing: Option<&DeltaTable>,
-        reader: &mut strata_sources::WatermarkReader,
-        report: &mut IngestReport,
-    ) -> Result<Option<Taken>> {
-        let setup = self.setup;
-        let Some(reached) = reader.max_watermark().cloned() else {
-            report.skipped = Some("no new rows".into());
-            return Ok(None);
-        };
-        report.watermark = Some(describe_watermark(&reached));
-        let mut rows = StreamedRows::new(existing);
-        while let Some(batch) = reader
-            .next_batch()
-            .await
-            .context(|| setup.err(self.place).to_string())?
-        {
-            let checked = checked_batch(
-                setup,
-                self.running,
-                self.ctx,
-                self.input,
-                batch,
-                self.place,
-                report,
-                &mut HashMap::new(),
-            )
-            .await?;
-            rows.write(scope, setup, checked).await?;
-            (scope.update)(format!("{} row(s) read", reader.rows_read()));
-        }
-        (scope.update)(format!(
-            "{} row(s) read, finishing the files",
-            reader.rows_read()
-        ));
-        let (written, created) = rows.finish().await?;
-        let table = created.as_ref().or(existing);
-        let commit =
-            position_commit(scope, setup, table, self.key.to_string(), reached.to_json()).await?;
-        Ok(Some(Taken {
-            written,
-            base: created,
-            ..Taken::rows(Vec::new(), HashMap::new(), commit)
-        }))
-    }
-}
-
-/// Checked rows written to new data files of a streaming table as they come, for one
-/// commit ([`FileStream`]): the table is created at the first row when it does not exist.
-struct StreamedRows<'a> {
     existing: Option<&'a DeltaTable>,
     created: Option<DeltaTable>,
     files: Option<FileStream>,
 }
 
 impl<'a> StreamedRows<'a> {
-    fn new(existing: Option<&'a DeltaTable>) -> Self {
+    fn new(
+        setup: &'a IngestSetup,
+        running: &'a Running,
+        ctx: &'a deltalake::datafusion::prelude::SessionContext,
+        input: &'a SchemaRef,
+        place: &'a str,
+        existing: Option<&'a DeltaTable>,
+    ) -> Self {
         StreamedRows {
+            setup,
+            running,
+            ctx,
+            input,
+            place,
             existing,
             created: None,
             files: None,
         }
     }
 
-    /// Hands `rows` to the file writers.
-    async fn write(
+    /// The table the rows go to (`None` before the first row of a new table).
+    fn table(&self) -> Option<&DeltaTable> {
+        self.created.as_ref().or(self.existing)
+    }
+
+    /// Runs `batch` (as read from the database) through the query and the checks and
+    /// hands its rows to the file writers.
+    async fn add(
         &mut self,
         scope: &Scope<'_>,
-        setup: &IngestSetup,
-        rows: Vec<RecordBatch>,
+        batch: RecordBatch,
+        report: &mut IngestReport,
     ) -> Result<()> {
+        let (setup, place) = (self.setup, self.place);
+        let rows = checked_batch(
+            setup,
+            self.running,
+            self.ctx,
+            self.input,
+            batch,
+            place,
+            report,
+            &mut HashMap::new(),
+        )
+        .await?;
         for b in rows.into_iter().filter(|b| b.num_rows() > 0) {
             let files = match &mut self.files {
                 Some(f) => f,
@@ -368,8 +365,9 @@ impl<'a> StreamedRows<'a> {
         Ok(())
     }
 
-    /// The files written, and the table when this created it.
-    async fn finish(self) -> Result<(Written, Option<DeltaTable>)> {
+    /// The files finished, as what the run takes with `commit`; it builds on the table
+    /// this created, if it did.
+    async fn into_taken(self, commit: PendingCommit) -> Result<Taken> {
         let written = match self.files {
             Some(f) => {
                 let rows = f.rows();
@@ -380,7 +378,11 @@ impl<'a> StreamedRows<'a> {
             }
             None => Written::default(),
         };
-        Ok((written, self.created))
+        Ok(Taken {
+            written,
+            base: self.created,
+            ..Taken::rows(Vec::new(), HashMap::new(), commit)
+        })
     }
 }
 
@@ -732,35 +734,20 @@ async fn take_snapshot(
     let fail = || setup.err(&place).to_string();
     cdc.drop_slot().await.context(fail)?;
     let mut snapshot = cdc.start_snapshot().await.context(fail)?;
-    let mut rows = StreamedRows::new(existing);
+    let mut rows = StreamedRows::new(setup, running, ctx, input, &place, existing);
     let mut read_rows = 0usize;
     while let Some(tb) = snapshot.next_batch().await.context(fail)? {
         read_rows += tb.batch.num_rows();
-        let checked = checked_batch(
-            setup,
-            running,
-            ctx,
-            input,
-            tb.batch,
-            &place,
-            report,
-            &mut HashMap::new(),
-        )
-        .await?;
-        rows.write(scope, setup, checked).await?;
+        rows.add(scope, tb.batch, report).await?;
         (scope.update)(format!("{read_rows} row(s) of the initial snapshot"));
     }
     let at = snapshot.consistent_point();
-    let (written, created) = rows.finish().await?;
-    let table = created.as_ref().or(existing);
     let key = watermark::lsn_key(setup.append_flow.as_deref());
     report.watermark = Some(format!("lsn {at}"));
-    let commit = position_commit(scope, setup, table, key, at.to_string()).await?;
-    let taken = Taken {
-        written,
-        ..Taken::rows(Vec::new(), HashMap::new(), commit)
-    };
-    let version = super::commit::commit_rows(scope, setup, table.cloned(), taken, report).await?;
+    let commit = position_commit(scope, setup, rows.table(), key, at.to_string()).await?;
+    let mut taken = rows.into_taken(commit).await?;
+    let table = taken.base.take().or_else(|| existing.cloned());
+    let version = super::commit::commit_rows(scope, setup, table, taken, report).await?;
     Ok((at, table_at(scope, setup, version).await?))
 }
 
