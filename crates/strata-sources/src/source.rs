@@ -104,11 +104,8 @@ impl Source {
         let (schema, inner, scanned) = match &self.pg {
             Some(client) => self.start_pg(client, read).await?,
             None => {
-                let ordered = WatermarkRead {
-                    any_order: false,
-                    ..read.clone()
-                };
-                let (schema, batches) = mysql::start(&self.resolved, &ordered).await?;
+                // MySQL / MariaDB reads are always in watermark order.
+                let (schema, batches) = mysql::start(&self.resolved, read).await?;
                 (
                     schema,
                     ReaderInner::Ranges(pg::ranges::RangeQueue::one(batches)),
@@ -152,10 +149,6 @@ impl Source {
             let (batches, max) = pg::scan::open(r, read, &d, &layout, arrow).await?;
             return Ok((d.schema, ReaderInner::Ranges(batches), Some(max)));
         }
-        let read = &WatermarkRead {
-            any_order: false,
-            ..read.clone()
-        };
         // Splitting is an optimization: a plan or a snapshot that cannot be had (statistics
         // of an odd type, a server refusing more connections or exported snapshots) leaves
         // the one query, which gives the same rows.
@@ -176,7 +169,7 @@ impl Source {
         let ranges = match parallel {
             Some(ranges) => ranges,
             None => {
-                let select = pg::read::watermark_select(read, &d.schema, &[]);
+                let select = pg::read::watermark_select(read, &d.schema, &[], true);
                 let reader =
                     pg::read::PgRowReader::copy(client.clone(), r, read, &d, &select).await?;
                 pg::ranges::RangeQueue::one(pg::ranges::spawn(reader, d.schema.clone(), arrow))

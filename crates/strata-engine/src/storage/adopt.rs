@@ -119,15 +119,21 @@ pub(crate) async fn copy_in(file: &Reusable, table_dir: &Location) -> Result<Add
             size
         }
     };
-    Ok(Add {
+    Ok(new_file_add(name, size, &file.stats))
+}
+
+/// The `add` action of a new data file `name` of an unpartitioned table, `size` bytes,
+/// with `stats` ([`stats`]), written now.
+pub(crate) fn new_file_add(name: String, size: u64, stats: &Value) -> Add {
+    Add {
         path: name,
         partition_values: HashMap::new(),
         size: size as i64,
         modification_time: chrono::Utc::now().timestamp_millis(),
         data_change: true,
-        stats: Some(file.stats.to_string()),
+        stats: Some(stats.to_string()),
         ..Default::default()
-    })
+    }
 }
 
 /// Which columns' bounds a file's footer is trusted for.

@@ -231,31 +231,26 @@ impl FileStream {
             .target_file_size()
             .get();
         let props = writer_properties(table);
+        let local = match local_unpartitioned_dir(table)? {
+            Some(dir) => Some((dir, crate::storage::table::table_schema(table)?)),
+            None => None,
+        };
         let mut feeds = Vec::new();
         let mut writers = Vec::new();
-        if let Some(dir) = local_unpartitioned_dir(table)? {
-            let schema = crate::storage::table::table_schema(table)?;
-            for _ in 0..parallelism() {
-                let (tx, rx) = tokio::sync::mpsc::channel::<RecordBatch>(STREAM_QUEUE_BATCHES);
+        for _ in 0..parallelism() {
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<RecordBatch>(STREAM_QUEUE_BATCHES);
+            feeds.push(tx);
+            if let Some((dir, schema)) = &local {
                 let (dir, schema, props) = (dir.clone(), schema.clone(), props.clone());
                 writers.push(tokio::task::spawn_blocking(move || {
                     write_local_files(&dir, schema, props, target, rx)
                 }));
-                feeds.push(tx);
+                continue;
             }
-            return Ok(FileStream {
-                feeds,
-                writers,
-                next: 0,
-                rows: 0,
-            });
-        }
-        for _ in 0..parallelism() {
             let mut writer = RecordBatchWriter::for_table(table)
                 .context(what)?
                 .with_writer_properties(props.clone())
                 .with_target_file_size(target);
-            let (tx, mut rx) = tokio::sync::mpsc::channel::<RecordBatch>(STREAM_QUEUE_BATCHES);
             let what = what();
             writers.push(tokio::spawn(async move {
                 while let Some(batch) = rx.recv().await {
@@ -263,7 +258,6 @@ impl FileStream {
                 }
                 writer.flush().await.context(|| what.clone())
             }));
-            feeds.push(tx);
         }
         Ok(FileStream {
             feeds,
@@ -364,18 +358,9 @@ fn write_local_files(
         let size = std::fs::metadata(dir.join(&name))
             .context(|| what(&name))?
             .len();
-        Ok(deltalake::kernel::Add {
-            path: name,
-            partition_values: std::collections::HashMap::new(),
-            size: size as i64,
-            modification_time: chrono::Utc::now().timestamp_millis(),
-            data_change: true,
-            stats: Some(
-                crate::storage::adopt::stats(&meta, &schema, crate::storage::adopt::Bounds::Own)?
-                    .to_string(),
-            ),
-            ..Default::default()
-        })
+        let stats =
+            crate::storage::adopt::stats(&meta, &schema, crate::storage::adopt::Bounds::Own)?;
+        Ok(crate::storage::adopt::new_file_add(name, size, &stats))
     };
     let mut adds = Vec::new();
     let mut open: Option<Open> = None;

@@ -372,7 +372,12 @@ pub(crate) async fn open(
     let mut receivers = VecDeque::new();
     for j in 0..ranges {
         let (tx, rx) = tokio::sync::mpsc::channel(plan.range_batches);
-        let select = watermark_select(read, &d.schema, &range_conditions(&lead, &plan.splits, j));
+        let select = watermark_select(
+            read,
+            &d.schema,
+            &range_conditions(&lead, &plan.splits, j),
+            true,
+        );
         todo.push_back((select, tx));
         receivers.push_back(rx);
     }

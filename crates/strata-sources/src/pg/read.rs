@@ -145,25 +145,33 @@ pub(crate) fn lower_bound_condition(wm: &[String], lb: &LowerBound) -> String {
     )
 }
 
+/// The conditions of the rows a watermark read takes: every watermark column (`wm`, quoted)
+/// set, and the tuple above the lower bound.
+fn watermark_conditions(read: &WatermarkRead, wm: &[String]) -> Vec<String> {
+    let mut cond: Vec<String> = wm.iter().map(|c| format!("{c} IS NOT NULL")).collect();
+    if let Some(lb) = &read.lower_bound {
+        cond.push(lower_bound_condition(wm, lb));
+    }
+    cond
+}
+
 /// The query of a watermark read (or of one range of it: `extra` conditions): the kept
 /// columns of the rows whose watermark columns are all set and above the lower bound, in
-/// watermark order unless the read takes them in any order.
+/// watermark order when `ordered` (a first load's scan takes them as they lie).
 pub(crate) fn watermark_select(
     read: &WatermarkRead,
     schema: &SourceSchema,
     extra: &[String],
+    ordered: bool,
 ) -> String {
     let cols: Vec<String> = schema.columns.iter().map(|c| pg_ident(&c.name)).collect();
     let wm: Vec<String> = read.watermark_columns.iter().map(|c| pg_ident(c)).collect();
-    let mut cond: Vec<String> = wm.iter().map(|c| format!("{c} IS NOT NULL")).collect();
-    if let Some(lb) = &read.lower_bound {
-        cond.push(lower_bound_condition(&wm, lb));
-    }
+    let mut cond = watermark_conditions(read, &wm);
     cond.extend(extra.iter().cloned());
-    let order = if read.any_order {
-        String::new()
-    } else {
+    let order = if ordered {
         format!(" ORDER BY {}", wm.join(", "))
+    } else {
+        String::new()
     };
     format!(
         "SELECT {} FROM {} WHERE {}{order}",
@@ -181,16 +189,12 @@ pub(crate) fn watermark_select(
 /// [`watermark_select`] reads, highest first, one row.
 pub(crate) fn max_watermark_select(read: &WatermarkRead) -> String {
     let wm: Vec<String> = read.watermark_columns.iter().map(|c| pg_ident(c)).collect();
-    let mut cond: Vec<String> = wm.iter().map(|c| format!("{c} IS NOT NULL")).collect();
-    if let Some(lb) = &read.lower_bound {
-        cond.push(lower_bound_condition(&wm, lb));
-    }
     let desc: Vec<String> = wm.iter().map(|c| format!("{c} DESC")).collect();
     format!(
         "SELECT {} FROM {} WHERE {} ORDER BY {} LIMIT 1",
         wm.join(", "),
         from_clause(&read.object),
-        cond.join(" AND "),
+        watermark_conditions(read, &wm).join(" AND "),
         desc.join(", ")
     )
 }

@@ -127,7 +127,7 @@ pub(crate) async fn open(
     let (tx, rx) = tokio::sync::mpsc::channel(connections * READ_AHEAD_BATCHES);
     let todo: VecDeque<_> = conditions
         .iter()
-        .map(|cond| (watermark_select(read, &d.schema, cond), tx.clone()))
+        .map(|cond| (watermark_select(read, &d.schema, cond, false), tx.clone()))
         .collect();
     drop(tx);
     // Every range may be in flight: the one channel bounds what waits for the caller.
