@@ -330,11 +330,23 @@ pub(crate) fn digits(x: i128) -> u32 {
 
 /// |x| < 10^precision (one comparison; precision above 38 always fits an i128).
 pub(crate) fn fits_precision(x: i128, precision: u8) -> bool {
-    match 10u128.checked_pow(precision as u32) {
-        Some(bound) => x.unsigned_abs() < bound,
+    match POW10.get(precision as usize) {
+        Some(&bound) => x.unsigned_abs() < bound as u128,
         None => true,
     }
 }
+
+/// `10^i` for every `i` an i128 holds (0 to 38): looked up per value on hot paths, where
+/// `checked_pow` multiplied them out every time.
+pub(crate) const POW10: [i128; 39] = {
+    let mut t = [1i128; 39];
+    let mut i = 1;
+    while i < 39 {
+        t[i] = t[i - 1] * 10;
+        i += 1;
+    }
+    t
+};
 
 /// One value on its way into a [`ColBuilder`].
 #[derive(Clone, Debug, PartialEq)]
@@ -565,6 +577,8 @@ mod tests {
         assert!(b.append_value(&Cell::Decimal(-1000)).is_err());
         assert_eq!(digits(0), 1);
         assert!(fits_precision(-99, 2) && !fits_precision(100, 2) && fits_precision(i128::MIN, 39));
+        assert!(fits_precision(POW10[38] - 1, 38) && !fits_precision(POW10[38], 38));
+        assert!(!fits_precision(-POW10[37], 37) && fits_precision(0, 0) && !fits_precision(1, 0));
         assert_eq!(digits(i128::MIN), 39);
     }
 }

@@ -5,7 +5,7 @@ use std::error::Error as StdError;
 
 use tokio_postgres::types::{FromSql, Kind, Type};
 
-use crate::batch::{fits_precision, ColBuilder, ColumnKind};
+use crate::batch::{fits_precision, ColBuilder, ColumnKind, POW10};
 use crate::value::WatermarkValue;
 
 /// How to decode one column's binary value.
@@ -224,17 +224,25 @@ pub(crate) fn timestamp_micros(raw: &[u8]) -> Result<i64, String> {
 /// A binary uuid in its canonical text form (`8-4-4-4-12` lower-case hex digits), written
 /// into `out`.
 fn uuid_chars(raw: &[u8], out: &mut [u8; 36]) -> Result<(), String> {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let b = be::<16>(raw)?;
-    let mut at = 0;
-    for (i, byte) in b.iter().enumerate() {
-        if matches!(i, 4 | 6 | 8 | 10) {
-            out[at] = b'-';
-            at += 1;
+    /// Each byte's two hex digits.
+    const HEX2: [[u8; 2]; 256] = {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut t = [[0u8; 2]; 256];
+        let mut i = 0;
+        while i < 256 {
+            t[i] = [HEX[i >> 4], HEX[i & 0xf]];
+            i += 1;
         }
-        out[at] = HEX[(byte >> 4) as usize];
-        out[at + 1] = HEX[(byte & 0xf) as usize];
-        at += 2;
+        t
+    };
+    /// Where each byte's digits go: after the dashes at 8, 13, 18 and 23.
+    const AT: [usize; 16] = [0, 2, 4, 6, 9, 11, 14, 16, 19, 21, 24, 26, 28, 30, 32, 34];
+    let b = be::<16>(raw)?;
+    for (byte, at) in b.iter().zip(AT) {
+        out[at..at + 2].copy_from_slice(&HEX2[*byte as usize]);
+    }
+    for at in [8, 13, 18, 23] {
+        out[at] = b'-';
     }
     Ok(())
 }
@@ -268,28 +276,27 @@ pub(crate) fn numeric_to_i128(raw: &[u8], scale: i8) -> Result<i128, String> {
     let scale = scale as i32;
     let mut acc: i128 = 0;
     for i in 0..ndigits as usize {
-        let d = u16::from_be_bytes([raw[8 + 2 * i], raw[9 + 2 * i]]) as i128;
+        let d = u16::from_be_bytes([raw[8 + 2 * i], raw[9 + 2 * i]]) as u32;
         if d >= 10_000 {
             return Err("malformed numeric digit".into());
         }
         // This group is worth d * 10000^(weight - i); at our scale: d * 10^(4*(weight-i) + scale).
         let exp = 4 * (weight - i as i32) + scale;
         if exp >= 0 {
-            let m = 10i128.checked_pow(exp as u32).ok_or_else(overflow)?;
-            let term = d.checked_mul(m).ok_or_else(overflow)?;
+            let m = *POW10.get(exp as usize).ok_or_else(overflow)?;
+            let term = (d as i128).checked_mul(m).ok_or_else(overflow)?;
             acc = acc.checked_add(term).ok_or_else(overflow)?;
-        } else {
-            let div = 10i128.pow((-exp).min(38) as u32);
-            if -exp > 4 {
-                if d != 0 {
-                    return Err(too_many_decimals(scale));
-                }
-            } else {
-                if d % div != 0 {
-                    return Err(too_many_decimals(scale));
-                }
-                acc = acc.checked_add(d / div).ok_or_else(overflow)?;
+        } else if -exp > 4 {
+            if d != 0 {
+                return Err(too_many_decimals(scale));
             }
+        } else {
+            // A group of four digits, `-exp` of them below the scale: small numbers.
+            let div = 10u32.pow((-exp) as u32);
+            if !d.is_multiple_of(div) {
+                return Err(too_many_decimals(scale));
+            }
+            acc = acc.checked_add((d / div) as i128).ok_or_else(overflow)?;
         }
     }
     Ok(if sign == 0x4000 { -acc } else { acc })
@@ -413,6 +420,13 @@ mod tests {
         let raw = numeric(-1, 0x4000, 4, &[1]);
         assert_eq!(numeric_to_i128(&raw, 4).unwrap(), -1);
         assert_eq!(numeric_to_i128(&raw, 18).unwrap(), -100_000_000_000_000);
+        // 1.5 at scale 1 (a group cut by the scale); 0.00001 at scale 4 (a group below it)
+        assert_eq!(
+            numeric_to_i128(&numeric(0, 0, 1, &[1, 5000]), 1).unwrap(),
+            15
+        );
+        assert!(numeric_to_i128(&numeric(-2, 0, 5, &[1000]), 4).is_err());
+        assert_eq!(numeric_to_i128(&numeric(-2, 0, 5, &[0]), 4).unwrap(), 0);
         // zero
         assert_eq!(numeric_to_i128(&numeric(0, 0, 0, &[]), 2).unwrap(), 0);
         // 1e20 = [1, 0000 x5] weight 5
