@@ -178,8 +178,15 @@ async fn take_watermark(
     let mut running = Running::new(scope.wh, setup).await?;
     running.seen = seen;
     let ctx = crate::storage::session::new_session();
+    let checks = RowChecks {
+        setup,
+        running: &running,
+        ctx: &ctx,
+        input,
+        place: &place,
+    };
     if !reader.in_watermark_order() {
-        let rows = StreamedRows::new(setup, &running, &ctx, input, &place, existing);
+        let rows = StreamedRows::new(checks, existing);
         return take_whole_scan(scope, rows, &mut reader, key, report).await;
     }
     let columns = watermark_read.watermark_columns.clone();
@@ -201,9 +208,7 @@ async fn take_watermark(
             let same = boundary.leading_equal(&batch)?;
             if same > 0 {
                 let head = batch.slice(0, same);
-                chunk
-                    .add(setup, &running, &ctx, input, head, &place, report)
-                    .await?;
+                chunk.add(&checks, head, report).await?;
             }
             if same == batch.num_rows() {
                 closing = Some(reached);
@@ -226,9 +231,7 @@ async fn take_watermark(
             ));
         }
         boundary.remember_last(&batch)?;
-        chunk
-            .add(setup, &running, &ctx, input, batch, &place, report)
-            .await?;
+        chunk.add(&checks, batch, report).await?;
         if size.full(chunk.rows, chunk.bytes) {
             closing = reader.max_watermark().cloned();
         }
@@ -274,7 +277,7 @@ async fn take_whole_scan(
     while let Some(batch) = reader
         .next_batch()
         .await
-        .context(|| rows.setup.err(rows.place).to_string())?
+        .context(|| rows.checks.setup.err(rows.checks.place).to_string())?
     {
         rows.add(scope, batch, report).await?;
         (scope.update)(format!("{} row(s) read", reader.rows_read()));
@@ -283,39 +286,62 @@ async fn take_whole_scan(
         "{} row(s) read, finishing the files",
         reader.rows_read()
     ));
-    let commit = position_commit(scope, rows.setup, rows.table(), key, reached.to_json()).await?;
+    let commit = position_commit(
+        scope,
+        rows.checks.setup,
+        rows.table(),
+        key,
+        reached.to_json(),
+    )
+    .await?;
     Ok(Some(rows.into_taken(commit).await?))
+}
+
+/// What every batch read from the database goes through: the flow's query and checks
+/// (`setup`, `running`, in the session `ctx`), for rows of the schema `input`; errors name
+/// `place`.
+#[derive(Clone, Copy)]
+struct RowChecks<'a> {
+    setup: &'a IngestSetup,
+    running: &'a Running,
+    ctx: &'a deltalake::datafusion::prelude::SessionContext,
+    input: &'a SchemaRef,
+    place: &'a str,
+}
+
+impl RowChecks<'_> {
+    /// Runs `batch` (as read from the database) through the query and the checks; the
+    /// downstream flows' events of its rows go to `events`.
+    async fn check(
+        &self,
+        batch: RecordBatch,
+        report: &mut IngestReport,
+        events: &mut HashMap<String, Vec<RecordBatch>>,
+    ) -> Result<Vec<RecordBatch>> {
+        let df = self
+            .ctx
+            .read_batch(align_by_name(&batch, self.input)?)
+            .context(|| "reading database rows".into())?;
+        let (rows, _) =
+            checked_rows(self.setup, self.running, df, self.place, report, events).await?;
+        Ok(rows)
+    }
 }
 
 /// Rows read from the database, run through the query and the checks, and written to new
 /// data files of the streaming table as they come, for one commit ([`FileStream`]): the
 /// table is created at the first row when it does not exist.
 struct StreamedRows<'a> {
-    setup: &'a IngestSetup,
-    running: &'a Running,
-    ctx: &'a deltalake::datafusion::prelude::SessionContext,
-    input: &'a SchemaRef,
-    place: &'a str,
+    checks: RowChecks<'a>,
     existing: Option<&'a DeltaTable>,
     created: Option<DeltaTable>,
     files: Option<FileStream>,
 }
 
 impl<'a> StreamedRows<'a> {
-    fn new(
-        setup: &'a IngestSetup,
-        running: &'a Running,
-        ctx: &'a deltalake::datafusion::prelude::SessionContext,
-        input: &'a SchemaRef,
-        place: &'a str,
-        existing: Option<&'a DeltaTable>,
-    ) -> Self {
+    fn new(checks: RowChecks<'a>, existing: Option<&'a DeltaTable>) -> Self {
         StreamedRows {
-            setup,
-            running,
-            ctx,
-            input,
-            place,
+            checks,
             existing,
             created: None,
             files: None,
@@ -335,25 +361,17 @@ impl<'a> StreamedRows<'a> {
         batch: RecordBatch,
         report: &mut IngestReport,
     ) -> Result<()> {
-        let (setup, place) = (self.setup, self.place);
-        let rows = checked_batch(
-            setup,
-            self.running,
-            self.ctx,
-            self.input,
-            batch,
-            place,
-            report,
-            &mut HashMap::new(),
-        )
-        .await?;
+        let rows = self
+            .checks
+            .check(batch, report, &mut HashMap::new())
+            .await?;
         for b in rows.into_iter().filter(|b| b.num_rows() > 0) {
             let files = match &mut self.files {
                 Some(f) => f,
                 None => {
                     let table = match self.existing {
                         Some(t) => t.clone(),
-                        None => super::commit::create_table(scope, setup).await?,
+                        None => super::commit::create_table(scope, self.checks.setup).await?,
                     };
                     let files = FileStream::start(&table)?;
                     self.created = self.existing.is_none().then_some(table);
@@ -386,26 +404,6 @@ impl<'a> StreamedRows<'a> {
     }
 }
 
-/// Runs `batch` (as read from the database) through the query and the checks; the
-/// downstream flows' events of its rows go to `events`.
-#[allow(clippy::too_many_arguments)]
-async fn checked_batch(
-    setup: &IngestSetup,
-    running: &Running,
-    ctx: &deltalake::datafusion::prelude::SessionContext,
-    input: &SchemaRef,
-    batch: RecordBatch,
-    place: &str,
-    report: &mut IngestReport,
-    events: &mut HashMap<String, Vec<RecordBatch>>,
-) -> Result<Vec<RecordBatch>> {
-    let df = ctx
-        .read_batch(align_by_name(&batch, input)?)
-        .context(|| "reading database rows".into())?;
-    let (rows, _) = checked_rows(setup, running, df, place, report, events).await?;
-    Ok(rows)
-}
-
 /// The rows of a watermark load not committed yet, checked.
 #[derive(Default)]
 struct Chunk {
@@ -417,29 +415,14 @@ struct Chunk {
 }
 
 impl Chunk {
-    /// Runs `batch` (as read from the database) through the query and the checks.
-    #[allow(clippy::too_many_arguments)]
+    /// Runs `batch` (as read from the database) through `checks`.
     async fn add(
         &mut self,
-        setup: &IngestSetup,
-        running: &Running,
-        ctx: &deltalake::datafusion::prelude::SessionContext,
-        input: &SchemaRef,
+        checks: &RowChecks<'_>,
         batch: RecordBatch,
-        place: &str,
         report: &mut IngestReport,
     ) -> Result<()> {
-        let rows = checked_batch(
-            setup,
-            running,
-            ctx,
-            input,
-            batch,
-            place,
-            report,
-            &mut self.events,
-        )
-        .await?;
+        let rows = checks.check(batch, report, &mut self.events).await?;
         self.rows += rows.iter().map(RecordBatch::num_rows).sum::<usize>();
         self.bytes += rows.iter().map(slice_bytes).sum::<usize>();
         self.parts.extend(rows);
@@ -626,6 +609,13 @@ async fn take_changes(
     let cdc = PgCdc::connect(spec, config).await.context(fail)?;
     let running = Running::new(scope.wh, setup).await?;
     let ctx = crate::storage::session::new_session();
+    let checks = RowChecks {
+        setup,
+        running: &running,
+        ctx: &ctx,
+        input,
+        place: &place,
+    };
     let mut chunk = Chunk::default();
     // The table as the last part (or the snapshot) committed it (`None`: none yet).
     let mut base: Option<DeltaTable> = None;
@@ -662,9 +652,7 @@ async fn take_changes(
         let table = base.as_ref().or(existing);
         let raw = fill_toast(&cdc, setup, read, &place, table, raw).await?;
         for batch in raw {
-            chunk
-                .add(setup, &running, &ctx, input, batch, &place, report)
-                .await?;
+            chunk.add(&checks, batch, report).await?;
         }
         let Some(end) = changes.part_end() else {
             break;
@@ -734,7 +722,14 @@ async fn take_snapshot(
     let fail = || setup.err(&place).to_string();
     cdc.drop_slot().await.context(fail)?;
     let mut snapshot = cdc.start_snapshot().await.context(fail)?;
-    let mut rows = StreamedRows::new(setup, running, ctx, input, &place, existing);
+    let checks = RowChecks {
+        setup,
+        running,
+        ctx,
+        input,
+        place: &place,
+    };
+    let mut rows = StreamedRows::new(checks, existing);
     let mut read_rows = 0usize;
     while let Some(tb) = snapshot.next_batch().await.context(fail)? {
         read_rows += tb.batch.num_rows();
