@@ -180,8 +180,25 @@ SEQUENCE BY updated_at STORED AS SCD TYPE 2;
          1,new,10.50,true,2024-01-31,a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11,\"{\"\"a\"\": 1}\"\n"
     );
 
-    // Nothing new: nothing is committed.
+    // The uuid column is written uncompressed (random hex digits do not compress), and
+    // without a dictionary like the key and the watermark; the table's properties say so.
     let raw_dir = p.path("warehouse/default/orders_raw");
+    let codecs = column_codecs(&raw_dir);
+    assert_eq!(codecs["uid"], "UNCOMPRESSED", "{codecs:?}");
+    assert!(
+        codecs.iter().all(|(c, v)| c == "uid" || v == "SNAPPY"),
+        "{codecs:?}"
+    );
+    let created = &commit_log(&raw_dir)[0];
+    let conf = created
+        .iter()
+        .find_map(|a| a.get("metaData"))
+        .map(|m| &m["configuration"])
+        .expect("metaData");
+    assert_eq!(conf["strata.parquet.uncompressedColumns"], "uid");
+    assert_eq!(conf["strata.parquet.plainColumns"], "id,uid,updated_at");
+
+    // Nothing new: nothing is committed.
     let before = commits(&raw_dir);
     said += &run_ok(&p, &server.password);
     assert_eq!(
@@ -229,6 +246,33 @@ SEQUENCE BY updated_at STORED AS SCD TYPE 2;
     assert!(!said.contains(&server.password), "the password was printed");
     let found = files_containing(&p.path("warehouse"), &server.password);
     assert!(found.is_empty(), "the password is in {found:?}");
+}
+
+/// The codec of each column's chunks in the Parquet files of `table_dir` (one per column,
+/// or "mixed").
+fn column_codecs(table_dir: &Path) -> std::collections::BTreeMap<String, String> {
+    use deltalake::parquet::file::reader::{FileReader, SerializedFileReader};
+    let mut out = std::collections::BTreeMap::new();
+    for e in std::fs::read_dir(table_dir)
+        .expect("table folder")
+        .flatten()
+    {
+        if e.path().extension().is_none_or(|x| x != "parquet") {
+            continue;
+        }
+        let file = std::fs::File::open(e.path()).expect("open");
+        let reader = SerializedFileReader::new(file).expect("parquet");
+        for rg in reader.metadata().row_groups() {
+            for c in rg.columns() {
+                let codec = format!("{:?}", c.compression());
+                let seen = out.entry(c.column_path().string()).or_insert(codec.clone());
+                if *seen != codec {
+                    *seen = "mixed".to_string();
+                }
+            }
+        }
+    }
+    out
 }
 
 /// The actions of each commit of a table's log, in version order.

@@ -1,7 +1,8 @@
 //! `strata.parquet.compression` chooses the codec of every Parquet file strata writes into a
 //! table (appends, rewrites, change data files); strata's own event stores use LZ4_RAW; an
 //! unknown codec is refused before anything runs. `strata.parquet.plainColumns` keeps
-//! columns out of dictionary encoding (by default a target's key and timeline columns).
+//! columns out of dictionary encoding (by default a target's key and timeline columns);
+//! `strata.parquet.uncompressedColumns` writes columns without the table's codec.
 
 use crate::common;
 
@@ -35,12 +36,17 @@ fn each_chunk(dir: &Path, mut each: impl FnMut(&ColumnChunkMetaData)) {
 fn codecs(dir: &Path) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     each_chunk(dir, |c| {
-        out.insert(match c.compression() {
-            Compression::ZSTD(_) => "ZSTD".to_string(),
-            other => format!("{other:?}"),
-        });
+        out.insert(codec_name(c));
     });
     out
+}
+
+/// The codec of a column chunk, without its level.
+fn codec_name(c: &ColumnChunkMetaData) -> String {
+    match c.compression() {
+        Compression::ZSTD(_) => "ZSTD".to_string(),
+        other => format!("{other:?}"),
+    }
 }
 
 /// For each column of the Parquet files under `dir`: whether any of its chunks is
@@ -124,6 +130,64 @@ async fn every_file_of_a_table_has_its_codec() {
         );
         assert_eq!(common::query_text(&wh, &sql).await, both, "{t}");
     }
+}
+
+/// The codecs of each column's chunks in the Parquet files under `dir`.
+fn column_codecs(dir: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    each_chunk(dir, |c| {
+        out.entry(c.column_path().string())
+            .or_default()
+            .insert(codec_name(c));
+    });
+    out
+}
+
+/// `strata.parquet.uncompressedColumns` (any case, names the table lacks ignored) writes
+/// those columns without the table's codec in every file of the table, rewrites and change
+/// data files included; the others keep it.
+#[tokio::test]
+async fn uncompressed_columns_skip_the_codec() {
+    let pipeline_sql = "\
+CREATE OR REFRESH STREAMING TABLE raw
+TBLPROPERTIES ('strata.parquet.uncompressedColumns' = 'NAME, nosuch')
+AS SELECT * FROM STREAM read_files('data', format => 'json',
+  schema => 'id BIGINT, name STRING, seq BIGINT');
+CREATE OR REFRESH STREAMING TABLE hist
+TBLPROPERTIES ('strata.parquet.compression' = 'zstd',
+               'strata.parquet.uncompressedColumns' = 'name');
+CREATE FLOW f1 AS AUTO CDC INTO hist FROM STREAM(raw) KEYS (id) SEQUENCE BY seq
+COLUMNS * EXCEPT (seq) STORED AS SCD TYPE 2;
+";
+    let (dir, pipeline, wh_dir, wh) = common::project(pipeline_sql);
+    insert_then_update(&dir.path().join("data"), &pipeline, &wh).await;
+    assert!(wh_dir.join("default/hist/_change_data").is_dir());
+
+    let raw = column_codecs(&wh_dir.join("default/raw"));
+    assert_eq!(raw["name"], set(&["UNCOMPRESSED"]));
+    assert_eq!(
+        (&raw["id"], &raw["seq"]),
+        (&set(&["SNAPPY"]), &set(&["SNAPPY"]))
+    );
+    let hist = column_codecs(&wh_dir.join("default/hist"));
+    assert_eq!(hist["name"], set(&["UNCOMPRESSED"]), "{hist:?}");
+    assert_eq!(hist["id"], set(&["ZSTD"]));
+    assert_eq!(
+        hist["_change_type"],
+        set(&["ZSTD"]),
+        "change data files too"
+    );
+    assert_eq!(
+        common::query_text(&wh, "SELECT id, name FROM hist ORDER BY id, name").await,
+        "\
++----+------+
+| id | name |
++----+------+
+| 1  | a    |
+| 1  | c    |
+| 2  | b    |
++----+------+"
+    );
 }
 
 #[tokio::test]

@@ -156,15 +156,11 @@ pub(super) async fn create_table(scope: &Scope<'_>, setup: &IngestSetup) -> Resu
     if keeps_log && !crate::storage::table::sets_property(properties, KEEP_LOG_PROPERTY) {
         configuration.push((KEEP_LOG_PROPERTY.to_string(), Some("false".to_string())));
     }
-    use crate::storage::write::PLAIN_COLUMNS_PROPERTY;
-    if let Source::Database { plain_columns, .. } = &setup.source {
-        if !plain_columns.is_empty()
-            && !crate::storage::table::sets_property(properties, PLAIN_COLUMNS_PROPERTY)
-        {
-            configuration.push((
-                PLAIN_COLUMNS_PROPERTY.to_string(),
-                Some(plain_columns.join(",")),
-            ));
+    if let Source::Database { layout, .. } = &setup.source {
+        for (property, columns) in layout.properties() {
+            if !crate::storage::table::sets_property(properties, property) {
+                configuration.push((property.to_string(), Some(columns)));
+            }
         }
     }
     if matches!(setup.source, Source::Changes(_)) {

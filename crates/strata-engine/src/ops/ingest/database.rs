@@ -77,7 +77,7 @@ pub(super) async fn prepare_source(
         .describe(&read.object, &read.exclude)
         .await
         .context(|| setup.err("reading its database").to_string())?;
-    let plain_columns = read.plain_columns(&description);
+    let layout = read.column_layout(&description);
     let described = description.arrow_schema();
     let input = match read.mode {
         ReadMode::Watermark { .. } => described,
@@ -96,7 +96,7 @@ pub(super) async fn prepare_source(
             spec,
             read,
             input: input.clone(),
-            plain_columns,
+            layout,
         },
         input,
     ))

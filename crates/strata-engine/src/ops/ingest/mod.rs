@@ -133,9 +133,9 @@ pub(crate) enum Source {
         /// The columns the database describes (and the change columns in CDC mode): each
         /// batch read is aligned to them by name.
         input: SchemaRef,
-        /// Columns the table is created to write without a Parquet dictionary
-        /// (`DatabaseRead::plain_columns`), unless its properties say otherwise.
-        plain_columns: Vec<String>,
+        /// How the table is created to write some columns (without a Parquet dictionary,
+        /// uncompressed), unless its properties say otherwise.
+        layout: crate::sources::read::ColumnLayout,
     },
     /// An append-only table: the files added since the last read.
     Table(TableName),
