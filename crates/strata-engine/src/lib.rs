@@ -80,3 +80,4 @@ pub use storage::location::Location;
 pub use storage::session::new_session;
 pub use storage::staged::replace_table_rows;
 pub use storage::warehouse::Warehouse;
+pub use util::memory;

@@ -16,8 +16,13 @@ pub(crate) struct Scope<'a> {
     pub(crate) wh: &'a Warehouse,
     /// The run's id, as the event log and every commit of the run record it.
     pub(crate) run_id: &'a str,
+    /// The pipeline file as the user named it (for the commands errors suggest).
+    pub(crate) pipeline: &'a str,
     /// Checked events handed from ingestions to the flows that read their tables.
     pub(crate) handoff: &'a Handoff,
+    /// The memory limit of large work, in bytes (`util/memory.rs`): a bulk load past it
+    /// sorts on disk, and an ingestion keeps no more events than a share of it.
+    pub(crate) memory: u64,
     /// Tells how far the node has got (`3 of 10 file(s), 120000 row(s)`), for progress
     /// displays.
     pub(crate) update: &'a (dyn Fn(String) + Send + Sync),

@@ -168,11 +168,14 @@ pub(crate) async fn run_plan(
         check_reset_allowed(wh, &plan, &tables).await?;
         report.set_aside = set_aside(wh, &tables, &run_id).await?;
     }
+    let memory = crate::util::memory::resolve(&options.configuration)
+        .map_err(crate::error::EngineError::BadInput)?;
     let prepared = prepare_all(wh, &plan, &pipeline_dir).await?;
     let run = Run {
         wh,
         prepared: &prepared,
         options,
+        memory,
         run_id: &run_id,
         pipeline: path.display().to_string(),
         handoff: Handoff::default(),

@@ -23,6 +23,8 @@ pub(crate) struct Run<'a> {
     pub(crate) wh: &'a Warehouse,
     pub(crate) prepared: &'a PreparedPlan<'a>,
     pub(crate) options: &'a RunOptions,
+    /// The memory limit of the run's large work, in bytes (`util/memory.rs`).
+    pub(crate) memory: u64,
     pub(crate) run_id: &'a str,
     /// The pipeline file, as the event log names it.
     pub(crate) pipeline: String,
@@ -188,7 +190,9 @@ async fn run_with_retries(
     let scope = Scope {
         wh: run.wh,
         run_id: run.run_id,
+        pipeline: &run.pipeline,
         handoff: &run.handoff,
+        memory: run.memory,
         update,
     };
     let mut again: Option<Prepared> = None;

@@ -26,16 +26,18 @@ fn session_config(schema: &str) -> SessionConfig {
     config
 }
 
-/// A session for one sort over a whole table that need not fit in memory: one partition
-/// (one sorter, so the whole budget is its own), operators spilling to disk once they hold
-/// `memory` bytes in all, and a reservation kept back for merging what was spilled.
-pub(crate) fn spilling_session(memory: usize) -> Result<SessionContext> {
+/// A session for one sort over a whole table that need not fit in memory: `partitions`
+/// sorters sharing the budget (one keeps the whole budget its own), operators spilling to
+/// disk once they hold `memory` bytes in all, and a reservation kept back for merging what
+/// was spilled.
+pub(crate) fn spilling_session(memory: usize, partitions: usize) -> Result<SessionContext> {
     use deltalake::datafusion::execution::memory_pool::FairSpillPool;
     let runtime = deltalake::datafusion::execution::runtime_env::RuntimeEnvBuilder::new()
         .with_memory_pool(std::sync::Arc::new(FairSpillPool::new(memory)))
         .build_arc()
         .context(|| "setting up a session".into())?;
-    let mut config = session_config(TableName::DEFAULT_SCHEMA).with_target_partitions(1);
+    let mut config =
+        session_config(TableName::DEFAULT_SCHEMA).with_target_partitions(partitions.max(1));
     config.options_mut().execution.sort_spill_reservation_bytes = (memory / 8).max(1 << 20);
     Ok(SessionContext::new_with_config_rt(config, runtime))
 }

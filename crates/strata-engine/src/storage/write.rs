@@ -147,7 +147,17 @@ pub(crate) async fn append(
 ) -> Result<i64> {
     let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
     let parts = parallelism();
-    if files.is_empty() && (rows < parallel_min_rows() || parts == 1 || batches.is_empty()) {
+    if files.is_empty() && batches.is_empty() {
+        // Nothing to add (a bulk load whose events fold to no rows): the commit still
+        // records the positions.
+        let operation = DeltaOperation::Write {
+            mode: SaveMode::Append,
+            partition_by: None,
+            predicate: None,
+        };
+        return commit_actions(table, Vec::new(), operation, commit).await;
+    }
+    if files.is_empty() && (rows < parallel_min_rows() || parts == 1) {
         let written = table
             .clone()
             .write(batches)

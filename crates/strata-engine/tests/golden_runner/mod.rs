@@ -26,7 +26,9 @@ use std::process::ExitCode;
 pub enum Mode {
     /// The default threshold: these small inputs take the single-thread fold and write.
     SingleThread,
-    /// `STRATA_PARALLEL_MIN_ROWS=1`: every fold and write takes the parallel path.
+    /// `STRATA_PARALLEL_MIN_ROWS=1`: every fold and write takes the parallel path; and
+    /// `STRATA_STREAM_MIN_ROWS=1`: every first load of a change flow is a bulk load
+    /// (`ops/cdc/bulk.rs`: sorted by DataFusion, folded a chunk at a time).
     Parallel,
     /// The default threshold, with each scenario's warehouse and input files under a prefix
     /// of its own in the bucket of the S3-compatible server that
@@ -43,14 +45,17 @@ pub fn main(mode: Mode) -> ExitCode {
     let storage = match mode {
         Mode::SingleThread => {
             std::env::remove_var("STRATA_PARALLEL_MIN_ROWS");
+            std::env::remove_var("STRATA_STREAM_MIN_ROWS");
             Storage::Local
         }
         Mode::Parallel => {
             std::env::set_var("STRATA_PARALLEL_MIN_ROWS", "1");
+            std::env::set_var("STRATA_STREAM_MIN_ROWS", "1");
             Storage::Local
         }
         Mode::S3 | Mode::Azure => {
             std::env::remove_var("STRATA_PARALLEL_MIN_ROWS");
+            std::env::remove_var("STRATA_STREAM_MIN_ROWS");
             let (target, storage) = match mode {
                 Mode::S3 => ("golden_s3", s3_from_env()),
                 _ => ("golden_azure", azure_from_env()),

@@ -9,6 +9,7 @@
 
 mod common;
 
+mod bulk;
 mod compression;
 mod deletion_vectors;
 mod event_log;

@@ -19,9 +19,11 @@
 //!
 //! The run's phases are in `run.rs`; preparing a flow before anything runs in `setup.rs`;
 //! columns added and settings followed before a run in `evolve.rs`; writing the target in
-//! `target.rs`; `AUTO CDC FROM SNAPSHOT` (diffing deliveries into events) in `snapshot.rs`
+//! `target.rs`; a first load larger than the run's memory limit, streamed through a
+//! spilling sort, in `bulk.rs`; `AUTO CDC FROM SNAPSHOT` (diffing deliveries into events) in `snapshot.rs`
 //! and `STORED AS SNAPSHOTS` in `snapshots_mode.rs`.
 
+mod bulk;
 mod evolve;
 mod run;
 mod setup;

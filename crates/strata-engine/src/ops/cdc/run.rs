@@ -110,6 +110,11 @@ async fn run_flow_once(
         report.skipped = Some(format!("source {} has no data yet", setup.flow.source));
         return Ok(report);
     };
+    if let Some(bulk) = bulk_load(scope, setup, &pos).await? {
+        report.source_versions = Some((pos.from, pos.source_version));
+        super::bulk::run_bulk(scope, setup, target_properties, bulk, &mut report).await?;
+        return Ok(report);
+    }
     let steps = Steps::new(&setup.flow.name, "");
     let ctx = crate::storage::session::new_session();
     let Some(input) = take_input(scope, setup, &pos, &ctx, &mut report).await? else {
@@ -169,6 +174,72 @@ async fn run_flow_once(
     )
     .await?;
     Ok(report)
+}
+
+/// The bulk load this run is (`bulk.rs`), if it is one: a change-event flow without a
+/// truncate rule, reading an append-only source, into a target without rows, either on
+/// its first run with more events than the memory limit holds, or after a bulk load was
+/// killed between its commits (every event stored, none in the target, nothing new).
+async fn bulk_load<'a>(
+    scope: &Scope<'_>,
+    setup: &FlowSetup,
+    pos: &'a Positions,
+) -> Result<Option<super::bulk::Bulk<'a>>> {
+    use super::bulk::{Bulk, Input};
+    if setup.is_snapshot() || setup.source_feed || setup.flow.truncate_when.is_some() {
+        return Ok(None);
+    }
+    let target_empty = match &pos.target {
+        Some(t) => crate::storage::table::table_files(t)?.is_empty(),
+        None => true,
+    };
+    if !target_empty {
+        return Ok(None);
+    }
+    let store_empty = match &pos.store {
+        Some(s) => crate::storage::table::table_files(s)?.is_empty(),
+        None => true,
+    };
+    let input = match (&pos.changes, store_empty) {
+        (Some(changes), true)
+            if pos.from.is_none()
+                && pos.has_new_input()
+                && changes.rewritten.is_empty()
+                && super::bulk::streams(scope, &pos.source, &changes.live) =>
+        {
+            Input::Source {
+                source: &pos.source,
+                changes,
+                from: pos.from,
+                store: pos.store.clone(),
+                run: pos.run(),
+            }
+        }
+        (_, false)
+            if !pos.has_new_input()
+                && pos.applied < pos.store_version
+                && setup.tombstone_secs.is_none() =>
+        {
+            let Some(store) = &pos.store else {
+                return Ok(None);
+            };
+            let live: Vec<String> = crate::storage::table::table_files(store)?
+                .into_iter()
+                .collect();
+            if !super::bulk::streams(scope, store, &live) {
+                return Ok(None);
+            }
+            Input::Store { store }
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some(Bulk {
+        from: input,
+        store_path: &pos.store_path,
+        source_version: pos.source_version,
+        store_version: pos.store_version,
+        target: pos.target.clone(),
+    }))
 }
 
 /// Where a flow stands before its run.
@@ -639,7 +710,7 @@ async fn fold(
 
 /// The target's declared `NOT NULL` columns hold a value in every row about to be written:
 /// checked before the events are committed, so a NULL never reaches the event store.
-fn check_not_null(setup: &FlowSetup, rows: &RecordBatch) -> Result<()> {
+pub(super) fn check_not_null(setup: &FlowSetup, rows: &RecordBatch) -> Result<()> {
     for field in setup
         .target_schema
         .fields()
@@ -675,7 +746,7 @@ fn check_not_null(setup: &FlowSetup, rows: &RecordBatch) -> Result<()> {
 }
 
 /// The built-in SCD2 integrity check on rows about to be written.
-fn check_integrity(setup: &FlowSetup, rows: &RecordBatch) -> Result<()> {
+pub(super) fn check_integrity(setup: &FlowSetup, rows: &RecordBatch) -> Result<()> {
     let violations = check_rows(rows, &setup.key_names, &setup.timeline)?;
     match violations.first() {
         None => Ok(()),

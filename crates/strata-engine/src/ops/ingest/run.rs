@@ -133,14 +133,26 @@ async fn take_files(
         && reuse_allowed(setup, existing);
     let commit = files_commit(scope, setup, existing, &new).await?;
     let mut taken = Taken::rows(Vec::new(), HashMap::new(), commit);
+    // The flows' checked events are kept for them while they take at most a share of the
+    // memory limit; past it the flows read the files back (a bulk load streams them).
+    let mut keep_events = true;
+    let mut not_kept = HashMap::new();
     for (n, file) in new.iter().enumerate() {
         let path = dir.file(file).await?;
         let place = format!("file {}", path.display());
         let df = read_input_file(setup, &path, file).await?;
-        let (rows, unchanged) =
-            checked_rows(setup, &running, df, &place, report, &mut taken.events)
-                .await
-                .map_err(|e| name_the_line(setup, spec, &path, e))?;
+        let events = match keep_events {
+            true => &mut taken.events,
+            false => &mut not_kept,
+        };
+        let (rows, unchanged) = checked_rows(setup, &running, df, &place, report, events)
+            .await
+            .map_err(|e| name_the_line(setup, spec, &path, e))?;
+        not_kept.clear();
+        if keep_events && kept_bytes(&taken.events) > scope.memory / KEPT_EVENTS_SHARE {
+            taken.events.clear();
+            keep_events = false;
+        }
         let has_rows = rows.iter().any(|b| b.num_rows() > 0);
         let reusable = match reuse && unchanged && has_rows {
             true => adopt::inspect(&path, &setup.schema)?,
@@ -162,6 +174,18 @@ async fn take_files(
     }
     report.files = new;
     Ok(Some(taken))
+}
+
+/// The share of the memory limit the checked events kept for the flows may take.
+const KEPT_EVENTS_SHARE: u64 = 4;
+
+/// The memory the kept events hold.
+fn kept_bytes(events: &HashMap<String, Vec<RecordBatch>>) -> u64 {
+    events
+        .values()
+        .flatten()
+        .map(|b| b.get_array_memory_size() as u64)
+        .sum()
 }
 
 /// The files a run takes: those its preparation inferred the columns from (inferred Auto
