@@ -14,8 +14,10 @@
 //! handles (`Copy`), so the engine can fold row indices into Arrow arrays without copying
 //! values, while [`reference`] folds plain Rust values.
 //!
-//! Truncates (R3) are not per key: [`truncate_watermark`] finds the newest one and
-//! [`drop_truncated`] discards every event at or below it before a key is folded.
+//! Truncates (R3) are not per key. In SCD type 1, [`truncate_watermark`] finds the newest one
+//! and [`drop_truncated`] discards every event at or below it before a key is folded. In SCD
+//! type 2 a truncate is a delete of every key at its sequence: the engine adds the truncates
+//! to each key's events, and [`fold_scd2`] closes the open version at each of them.
 //!
 //! [`reference`] is the deliberately boring model the property tests compare everything with.
 
@@ -90,7 +92,7 @@ pub struct ConflictingTie<E> {
 
 /// Sorts one key's events by sequence and settles ties (R5): byte-identical duplicates
 /// collapse into one event, a delete beats an upsert, two different upserts are an error.
-/// Truncate events must not be passed here (they are not per key).
+/// A truncate among them (SCD type 2, where it deletes every key) counts as a delete.
 pub fn order_events<M: EventModel>(
     model: &M,
     events: &mut Vec<M::Event>,
@@ -112,7 +114,9 @@ pub fn order_events<M: EventModel>(
         }
         let tied = &events[i..j];
         // Decided on the whole group, so that the outcome does not depend on arrival order.
-        if let Some(&delete) = tied.iter().find(|e| model.kind(**e) == EventKind::Delete) {
+        let ends =
+            |e: &&M::Event| matches!(model.kind(**e), EventKind::Delete | EventKind::Truncate);
+        if let Some(&delete) = tied.iter().find(ends) {
             settled.push(delete);
         } else {
             let first = tied[0];
@@ -189,7 +193,8 @@ pub struct Version<E, V> {
 ///
 /// An upsert whose tracked values equal the open version's updates it in place (untracked
 /// columns take the newest values, the start stays); any other upsert closes the open
-/// version at its sequence and opens a new one; a delete closes the open version.
+/// version at its sequence and opens a new one; a delete, or a truncate (a delete of every
+/// key), closes the open version.
 pub fn fold_scd2<M: EventModel>(
     model: &M,
     events: &[M::Event],
@@ -199,7 +204,7 @@ pub fn fold_scd2<M: EventModel>(
     let mut open: Option<(M::Values, M::Event)> = None;
     for &e in events {
         match model.kind(e) {
-            EventKind::Delete => {
+            EventKind::Delete | EventKind::Truncate => {
                 if let Some((values, start)) = open.take() {
                     out.push(Version {
                         values,
@@ -231,7 +236,6 @@ pub fn fold_scd2<M: EventModel>(
                     }
                 });
             }
-            EventKind::Truncate => {}
         }
     }
     if let Some((values, start)) = open {

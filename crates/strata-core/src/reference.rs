@@ -65,6 +65,35 @@ fn events_by_key(events: &[RefEvent]) -> Result<BTreeMap<i64, Vec<RefEvent>>, St
     Ok(out)
 }
 
+/// SCD type 2's view of truncates (R3): each is a delete of every key at its sequence, so
+/// history before it stays and every version open then is closed there.
+fn truncates_as_deletes(events: &[RefEvent]) -> Vec<RefEvent> {
+    let keys: std::collections::BTreeSet<i64> = events
+        .iter()
+        .filter(|e| e.kind != EventKind::Truncate)
+        .map(|e| e.key)
+        .collect();
+    let mut out = Vec::with_capacity(events.len());
+    for e in events {
+        match e.kind {
+            EventKind::Truncate => out.extend(keys.iter().map(|&key| RefEvent {
+                key,
+                seq: e.seq,
+                kind: EventKind::Delete,
+                values: e.values.clone(),
+            })),
+            _ => out.push(e.clone()),
+        }
+    }
+    out
+}
+
+/// [`conflicting_ties`] for an SCD type 2 target, where a truncate deletes every key at its
+/// sequence instead of discarding what is older: exactly when [`scd2`] succeeds.
+pub fn conflicting_ties_scd2(events: &[RefEvent]) -> Vec<(i64, i64)> {
+    conflicting_ties(&truncates_as_deletes(events))
+}
+
 /// Every conflicting tie (R5) among `events`: the (key, sequence) pairs holding two different
 /// upserts and no delete, once truncates have discarded what they discard (R3). Empty
 /// exactly when [`scd1`] and [`scd2`] succeed; those report only the first.
@@ -120,10 +149,11 @@ pub fn scd1(flow: &RefFlow, events: &[RefEvent]) -> Result<BTreeMap<i64, Vec<Val
     Ok(out)
 }
 
-/// SCD type 2: every version, ordered by key and start.
+/// SCD type 2: every version, ordered by key and start. A truncate closes every version
+/// open at its sequence, as a delete of every key would.
 pub fn scd2(flow: &RefFlow, events: &[RefEvent]) -> Result<Vec<RefVersion>, String> {
     let mut out = Vec::new();
-    for (key, evs) in events_by_key(events)? {
+    for (key, evs) in events_by_key(&truncates_as_deletes(events))? {
         let mut open: Option<(Vec<Value>, i64)> = None;
         for e in evs {
             if e.kind == EventKind::Delete {

@@ -571,12 +571,6 @@ fn check_flow(f: &CdcFlow, tables: &BTreeMap<TableName, StreamingTable>) -> Resu
             ));
         }
     }
-    if f.truncate_when.is_some() && f.stored_as == ScdType::Type2 {
-        return err(format!(
-            "flow {}: APPLY AS TRUNCATE WHEN is supported for SCD type 1 only, not with STORED AS SCD TYPE 2",
-            f.name
-        ));
-    }
     if f.track_history.is_some() && f.stored_as != ScdType::Type2 {
         return err(format!(
             "flow {}: TRACK HISTORY needs STORED AS SCD TYPE 2; {} keeps no versions to track",

@@ -131,12 +131,6 @@ fn graph_errors() {
         ),
         (
             "CREATE STREAMING TABLE s;\nCREATE STREAMING TABLE t;\n\
-             CREATE FLOW f AS AUTO CDC INTO t FROM s KEYS (id) APPLY AS TRUNCATE WHEN x SEQUENCE BY ts STORED AS SCD TYPE 2;",
-            3,
-            "SCD type 1 only",
-        ),
-        (
-            "CREATE STREAMING TABLE s;\nCREATE STREAMING TABLE t;\n\
              CREATE FLOW f AS AUTO CDC INTO t FROM s KEYS (id) SEQUENCE BY ts TRACK HISTORY ON a;",
             3,
             "TRACK HISTORY needs STORED AS SCD TYPE 2",

@@ -58,7 +58,11 @@ pub(crate) fn validate_events(
     }
     for (count, name) in null_keys.iter().zip(&setup.key_names) {
         if *count > 0 {
-            return Err(reject(format!("with a NULL key column `{name}`"), *count));
+            let mut e = reject(format!("with a NULL key column `{name}`"), *count);
+            if let (EngineError::BadInput(text), Some(hint)) = (&mut e, &setup.null_key_hint) {
+                text.push_str(hint);
+            }
+            return Err(e);
         }
     }
     if null_seqs > 0 {

@@ -39,6 +39,9 @@ pub(crate) struct FlowSetup {
     pub target_comment: Option<String>,
     /// The target's declared `PARTITIONED BY` columns.
     pub target_partitions: Vec<String>,
+    /// Said after a NULL-key rejection when the source is a database change log and the
+    /// flow has no truncate rule (a TRUNCATE's row has no key).
+    pub null_key_hint: Option<String>,
 }
 
 impl FlowSetup {

@@ -279,7 +279,21 @@ fn fold_batch_in(
         _ => Ordered::Rows(crate::util::arrow::rows(&key_cols)?),
     };
 
-    let watermark = strata_core::truncate_watermark(&model, 0..events.num_rows() as u32);
+    // Truncates (R3): in SCD type 1 everything at or below the newest one is dropped; in SCD
+    // type 2 each is a delete of every key, added to each key's events.
+    let (watermark, truncates): (Option<u32>, Vec<u32>) = match spec.scd2 {
+        false => (
+            strata_core::truncate_watermark(&model, 0..events.num_rows() as u32),
+            Vec::new(),
+        ),
+        true => (
+            None,
+            (0..events.num_rows())
+                .filter(|&i| is_truncate(i))
+                .map(|i| i as u32)
+                .collect(),
+        ),
+    };
     step("keys and sequences in comparable form");
     // Keys are independent: split them into parts by a hash of the key, and sort and fold
     // the parts side by side.
@@ -310,8 +324,12 @@ fn fold_batch_in(
     } else {
         1
     };
+    let truncated = Truncated {
+        watermark,
+        truncates: &truncates,
+    };
     let folded = crate::util::threads::on_threads(partitions, "fold", |order| {
-        fold_part(&model, &keys, watermark, lanes, order)
+        fold_part(&model, &keys, &truncated, lanes, order)
     })?;
     step("folded the parts");
     let (rows, groups) = gather_rows(events, spec, target, parts, lanes, folded)?;
@@ -342,12 +360,21 @@ fn sort_part(sort_by: &SortBy<'_>, mut order: Vec<u32>) -> Result<Vec<u32>> {
     Ok(order)
 }
 
+/// How truncates (R3) act on every key of a fold.
+struct Truncated<'a> {
+    /// SCD type 1: the newest truncate, at or below which every event is dropped.
+    watermark: Option<u32>,
+    /// SCD type 2: every truncate, a delete of each key at its sequence.
+    truncates: &'a [u32],
+}
+
 /// Folds one part's events (`order`, in key order) key by key: truncated events dropped
-/// (`watermark`), each key's events ordered by sequence, then its versions.
+/// (SCD type 1) or the truncates added as deletes (SCD type 2), each key's events ordered
+/// by sequence, then its versions.
 fn fold_part(
     model: &ArrowModel<'_>,
     keys: &Ordered,
-    watermark: Option<u32>,
+    truncated: &Truncated<'_>,
     lanes: usize,
     order: Vec<u32>,
 ) -> Result<Folded> {
@@ -366,7 +393,8 @@ fn fold_part(
         }
         group.clear();
         group.extend_from_slice(&order[i..j]);
-        strata_core::drop_truncated(model, &mut group, watermark);
+        group.extend_from_slice(truncated.truncates);
+        strata_core::drop_truncated(model, &mut group, truncated.watermark);
         strata_core::order_events(model, &mut group).map_err(|tie| {
             EngineError::BadInput(format!(
                 "flow {}: two different upserts for key ({}) at the same sequence value {}; \

@@ -74,7 +74,7 @@ pub async fn validate_with(
 }
 
 /// What `validate` found: the violations, and the keys whose gap or missing open version a
-/// delete strata applied explains (not violations; for a table strata did not write, such
+/// delete or truncate strata applied explains (not violations; for a table strata did not write, such
 /// keys are among the violations, as nothing says why they closed).
 #[derive(Debug, Clone, Default)]
 pub struct ValidationReport {
@@ -155,14 +155,15 @@ pub async fn validate_report(
     let batch = RecordBatch::try_new(batch.schema(), cols).context(|| "validate".into())?;
     let all = check_timelines(&batch, &keys, Findings::Reported)?;
     // A table at a path has no event store here to say which keys were deleted.
-    let deletes = match TableName::parse(&table_name, TableName::DEFAULT_SCHEMA) {
+    let (deletes, truncates) = match TableName::parse(&table_name, TableName::DEFAULT_SCHEMA) {
         Ok(t) if !is_path => known_deletes(wh, &t, &keys).await?,
         _ => Default::default(),
     };
+    // A version ending at a delete of its key, or at a truncate (which deletes every key).
     let (deleted, violations): (Vec<Violation>, Vec<Violation>) = all.into_iter().partition(|v| {
-        v.ends_at
-            .as_ref()
-            .is_some_and(|at| deletes.contains(&(v.key.clone(), at.clone())))
+        v.ends_at.as_ref().is_some_and(|at| {
+            truncates.contains(at) || deletes.contains(&(v.key.clone(), at.clone()))
+        })
     });
     Ok(ValidationReport {
         violations,
@@ -176,14 +177,29 @@ async fn known_deletes(
     wh: &Warehouse,
     name: &TableName,
     keys: &[String],
-) -> Result<std::collections::HashSet<(String, String)>> {
+) -> Result<(
+    std::collections::HashSet<(String, String)>,
+    std::collections::HashSet<String>,
+)> {
     use crate::semantics::fold::{OP_COL, SEQ_COL};
     use deltalake::arrow::util::display::{ArrayFormatter, FormatOptions};
     let mut out = std::collections::HashSet::new();
+    let mut truncates = std::collections::HashSet::new();
     let Some(store) = crate::storage::table::open_delta(&wh.event_store_location(name)).await?
     else {
-        return Ok(out);
+        return Ok((out, truncates));
     };
+    let options = FormatOptions::default().with_null("NULL");
+    let sql = format!(
+        "SELECT {} FROM t WHERE {} = 2",
+        quote_ident(SEQ_COL),
+        quote_ident(OP_COL)
+    );
+    if let Some(batch) = timeline_rows(&store, &sql).await? {
+        let seq = ArrayFormatter::try_new(batch.column(0).as_ref(), &options)
+            .context(|| "validate: reading truncates".into())?;
+        truncates.extend((0..batch.num_rows()).map(|r| seq.value(r).to_string()));
+    }
     let sql = format!(
         "SELECT {}, {} FROM t WHERE {} = 1",
         quoted_list(keys),
@@ -191,9 +207,8 @@ async fn known_deletes(
         quote_ident(OP_COL)
     );
     let Some(batch) = timeline_rows(&store, &sql).await? else {
-        return Ok(out);
+        return Ok((out, truncates));
     };
-    let options = FormatOptions::default().with_null("NULL");
     let fmts = batch
         .columns()
         .iter()
@@ -210,7 +225,7 @@ async fn known_deletes(
             .join(", ");
         out.insert((key, fmts[n].value(r).to_string()));
     }
-    Ok(out)
+    Ok((out, truncates))
 }
 
 /// [`validate_with`] for a table without strata's properties: its columns as `options` name

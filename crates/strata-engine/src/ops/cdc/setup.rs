@@ -133,6 +133,7 @@ pub(crate) async fn prepare_flow(
         source_feed: false,
         target_comment: None,
         target_partitions: Vec::new(),
+        null_key_hint: null_key_hint(flow, source),
         tombstone_secs: match (&flow.kind, flow.stored_as) {
             (FlowKind::Snapshot { .. }, _) | (_, ScdType::Type2 | ScdType::Snapshots) => None,
             _ => Some(
@@ -140,6 +141,20 @@ pub(crate) async fn prepare_flow(
                     .map_err(|e| flow_err(flow, format!("{}: {e}", flow.target)))?,
             ),
         },
+    })
+}
+
+/// What to add to a NULL-key rejection (R4) of `flow`: a database change log's TRUNCATE
+/// arrives as a row without a key, which only `APPLY AS TRUNCATE WHEN` makes a truncate.
+fn null_key_hint(flow: &CdcFlow, source: &SchemaRef) -> Option<String> {
+    let change_type = strata_sources::batch::meta::CHANGE_TYPE;
+    (flow.truncate_when.is_none() && source.index_of(change_type).is_ok()).then(|| {
+        format!(
+            "; a TRUNCATE on the source arrives as such a row ({change_type} = 'truncate'): \
+             add APPLY AS TRUNCATE WHEN {change_type} = 'truncate' to flow {} to empty an \
+             SCD type 1 target there, or close every open version of an SCD type 2 one",
+            flow.name
+        )
     })
 }
 
