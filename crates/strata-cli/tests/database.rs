@@ -948,3 +948,197 @@ fn yaml_spec_turns_three_lines_per_table_into_history() {
         &format!("SELECT pg_drop_replication_slot('{slot}')"),
     );
 }
+
+/// A replication slot dropped on the server: the run fails (exit 2, nothing written) with
+/// the exact command that takes a new snapshot, naming the pipeline and the table; that
+/// command then brings the table back in step with the source.
+#[test]
+fn a_dropped_slot_names_the_full_refresh_command() {
+    let server = Server::from_env("STRATA_TEST_PG");
+    let table = unique("gone");
+    let slot = unique("strata_slot");
+    pg(
+        &server,
+        &format!(
+            "CREATE TABLE {table} (id int PRIMARY KEY, plan text);
+             INSERT INTO {table} VALUES (1, 'free');"
+        ),
+    );
+    let p = cdc_history(&server, "gone", &table, &slot, "");
+    run_ok(&p, &server.password);
+    pg(
+        &server,
+        &format!(
+            "SELECT pg_drop_replication_slot('{slot}');
+             UPDATE {table} SET plan = 'pro' WHERE id = 1;"
+        ),
+    );
+    let dir = p.path("warehouse/default/gone_changes");
+    let before = commits(&dir);
+    let out = run(&p, &server.password);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("`strata run pipeline.sql --full-refresh default.gone_changes`")
+            || err.contains("`strata run pipeline.sql --full-refresh gone_changes`"),
+        "{err}"
+    );
+    assert!(err.contains(&slot), "{err}");
+    assert_eq!(commits(&dir), before, "nothing written");
+    let out = p
+        .command(&["run", "pipeline.sql", "--full-refresh", "gone_changes"])
+        .env("SHOP_PW", &server.password)
+        .env_remove("PGPASSWORD")
+        .output()
+        .expect("strata runs");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        p.csv("SELECT id, plan FROM gone WHERE __END_AT IS NULL"),
+        "id,plan\n1,pro\n"
+    );
+    pg(
+        &server,
+        &format!("SELECT pg_drop_replication_slot('{slot}')"),
+    );
+}
+
+/// An update of a TOASTed row's primary key (`UPDATE docs SET id = 10 WHERE id = 1`) leaves
+/// the large value unchanged: the new key takes it from the old key's last row, whether
+/// that row is in the streaming table (an earlier run) or earlier in the same run, and a
+/// chain of key changes in one run carries it along. SCD1 and SCD2 targets get the value.
+#[test]
+fn a_key_change_of_a_toasted_row_carries_its_values_over() {
+    let server = Server::from_env("STRATA_TEST_PG");
+    let table = unique("rekey");
+    let slot = unique("strata_slot");
+    toasted_table(&server, &table);
+    let p = Project::new(&format!(
+        "{}CREATE STREAMING TABLE docs_changes AS SELECT * FROM STREAM read_database('shop', \
+         table => 'public.{table}', mode => 'cdc', slot => '{slot}', publication => '{slot}');
+CREATE STREAMING TABLE docs;
+CREATE FLOW docs_flow AS AUTO CDC INTO docs FROM STREAM(docs_changes) KEYS (id)
+APPLY AS DELETE WHEN _change_type = 'delete'
+SEQUENCE BY STRUCT(_commit_lsn, _change_seq)
+COLUMNS * EXCEPT (_change_type, _commit_lsn, _change_seq, _commit_timestamp, _unchanged_cols);
+CREATE STREAMING TABLE docs_history;
+CREATE FLOW docs_history_flow AS AUTO CDC INTO docs_history FROM STREAM(docs_changes) KEYS (id)
+APPLY AS DELETE WHEN _change_type = 'delete'
+SEQUENCE BY STRUCT(_commit_lsn, _change_seq)
+COLUMNS * EXCEPT (_change_type, _commit_lsn, _change_seq, _commit_timestamp, _unchanged_cols)
+STORED AS SCD TYPE 2;
+",
+        server.connection("postgresql")
+    ));
+    run_ok(&p, &server.password);
+    // Key 1 -> 10 (its value in the streaming table); key 2 updated, then 2 -> 20 -> 21 in
+    // the same run (the value from the run's own earlier rows).
+    pg(
+        &server,
+        &format!(
+            "UPDATE {table} SET id = 10 WHERE id = 1;
+             UPDATE {table} SET n = 5 WHERE id = 2;
+             UPDATE {table} SET id = 20 WHERE id = 2;
+             UPDATE {table} SET id = 21, n = 6 WHERE id = 20;"
+        ),
+    );
+    run_ok(&p, &server.password);
+    assert_eq!(
+        p.csv("SELECT id, n, length(body) AS len, substr(body, 1, 1) AS c FROM docs ORDER BY id"),
+        "id,n,len,c\n10,0,5000,a\n21,6,6000,b\n"
+    );
+    assert_eq!(
+        p.csv(
+            "SELECT id, n, length(body) AS len, __END_AT IS NULL AS open FROM docs_history \
+             ORDER BY id, __START_AT"
+        ),
+        "id,n,len,open\n1,0,5000,false\n2,0,6000,false\n2,5,6000,false\n10,0,5000,true\n\
+         20,5,6000,false\n21,6,6000,true\n"
+    );
+    // A later run is not stuck.
+    pg(&server, &format!("UPDATE {table} SET n = 7 WHERE id = 10;"));
+    run_ok(&p, &server.password);
+    assert_eq!(
+        p.csv("SELECT id, n, length(body) AS len FROM docs ORDER BY id"),
+        "id,n,len\n10,7,5000\n21,6,6000\n"
+    );
+    pg(
+        &server,
+        &format!("SELECT pg_drop_replication_slot('{slot}')"),
+    );
+}
+
+/// `TRUNCATE` on a replicated table, then new rows: the one-switch form applies it (SCD1:
+/// the target emptied at the truncate's position; SCD2: every open version closed there,
+/// as a delete of every key would), and later runs go on. The explicit form without
+/// `APPLY AS TRUNCATE WHEN` says that a truncate arrived and which clause handles it.
+#[test]
+fn a_source_truncate_empties_scd1_and_closes_scd2_in_the_one_switch_form() {
+    let server = Server::from_env("STRATA_TEST_PG");
+    let table = unique("trunc");
+    let slot = unique("strata_slot");
+    pg(
+        &server,
+        &format!(
+            "CREATE TABLE {table} (id int PRIMARY KEY, plan text);
+             INSERT INTO {table} VALUES (1, 'free'), (2, 'pro');"
+        ),
+    );
+    let p = Project::new(&format!(
+        "{}CREATE STREAMING TABLE acct;
+CREATE FLOW acct_flow AS AUTO CDC INTO acct FROM STREAM read_database('shop',
+  table => 'public.{table}', mode => 'cdc', slot => '{slot}', publication => '{slot}')
+KEYS (id) STORED AS SCD TYPE 2;
+CREATE STREAMING TABLE acct_now;
+CREATE FLOW acct_now_flow AS AUTO CDC INTO acct_now FROM STREAM(acct_changes)
+KEYS (id)
+APPLY AS DELETE WHEN _change_type = 'delete'
+APPLY AS TRUNCATE WHEN _change_type = 'truncate'
+SEQUENCE BY STRUCT(_commit_lsn, _change_seq)
+COLUMNS * EXCEPT (_change_type, _commit_lsn, _change_seq, _commit_timestamp, _unchanged_cols);
+",
+        server.connection("postgresql")
+    ));
+    run_ok(&p, &server.password);
+    pg(
+        &server,
+        &format!("TRUNCATE {table}; INSERT INTO {table} VALUES (3, 'team');"),
+    );
+    run_ok(&p, &server.password);
+    assert_eq!(p.csv("SELECT id, plan FROM acct_now ORDER BY id"), "id,plan\n3,team\n");
+    assert_eq!(
+        p.csv("SELECT id, plan, __END_AT IS NULL AS open FROM acct ORDER BY id, __START_AT"),
+        "id,plan,open\n1,free,false\n2,pro,false\n3,team,true\n"
+    );
+    assert!(p.ok(&["validate", "acct"]).contains("ok"));
+    pg(&server, &format!("INSERT INTO {table} VALUES (1, 'back');"));
+    run_ok(&p, &server.password);
+    assert_eq!(
+        p.csv("SELECT id, plan FROM acct_now ORDER BY id"),
+        "id,plan\n1,back\n3,team\n"
+    );
+
+    // The explicit form without a truncate rule is told what arrived and what to add.
+    let q = Project::new(&format!(
+        "{}CREATE STREAMING TABLE plain_changes AS SELECT * FROM STREAM read_database('shop', \
+         table => 'public.{table}', mode => 'cdc', slot => '{slot}_b', publication => '{slot}');
+CREATE STREAMING TABLE plain;
+CREATE FLOW plain_flow AS AUTO CDC INTO plain FROM STREAM(plain_changes) KEYS (id)
+APPLY AS DELETE WHEN _change_type = 'delete'
+SEQUENCE BY STRUCT(_commit_lsn, _change_seq)
+COLUMNS * EXCEPT (_change_type, _commit_lsn, _change_seq, _commit_timestamp, _unchanged_cols);
+",
+        server.connection("postgresql")
+    ));
+    run_ok(&q, &server.password);
+    pg(&server, &format!("TRUNCATE {table};"));
+    let out = run(&q, &server.password);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("truncate") && err.contains("APPLY AS TRUNCATE WHEN _change_type = 'truncate'"),
+        "{err}"
+    );
+    for s in [slot.clone(), format!("{slot}_b")] {
+        pg(&server, &format!("SELECT pg_drop_replication_slot('{s}')"));
+    }
+}

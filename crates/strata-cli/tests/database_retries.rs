@@ -168,3 +168,37 @@ CREATE STREAMING TABLE orders_raw AS SELECT * FROM STREAM read_database('shop', 
     assert!(error.contains("connection refused"), "{error}");
     assert_eq!(log[2]["message"], "run completed (attempt 2 of 3)");
 }
+
+/// A database that refuses the connection is the environment failing, not the pipeline:
+/// without retries the run exits 4 (as a storage failure does), names the connection, and
+/// writes nothing.
+#[test]
+fn a_refused_database_connection_exits_as_an_environment_failure() {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let p = Project::new(&format!(
+        "CREATE CONNECTION shop TYPE postgresql OPTIONS (host '127.0.0.1', port '{port}', \
+         database '{}', user '{}', password_env 'SHOP_PW');
+CREATE STREAMING TABLE orders_raw AS SELECT * FROM STREAM read_database('shop', \
+         table => 'public.orders', watermark => 'updated_at');
+",
+        var("STRATA_TEST_PG_DATABASE"),
+        var("STRATA_TEST_PG_USER"),
+    ));
+    let out = p
+        .command(&["run", "pipeline.sql"])
+        .env("SHOP_PW", var("STRATA_TEST_PG_PASSWORD"))
+        .env_remove("PGPASSWORD")
+        .output()
+        .expect("strata runs");
+    let err = common::stderr(&out);
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(
+        err.to_ascii_lowercase().contains("connection refused"),
+        "{err}"
+    );
+    assert!(err.contains("shop"), "{err}");
+    assert!(!p.path("warehouse/default/orders_raw").exists());
+}

@@ -146,8 +146,8 @@ pub enum SourceError {
     /// created on this server).
     #[error(
         "connection '{connection}': replication slot '{slot}' does not exist{}; the changes since then \
-         are lost to strata. Re-snapshot: run a full refresh of the tables fed by this slot (or drop \
-         their state), which creates the slot again and copies the tables",
+         are lost to strata. Re-snapshot with a full refresh of the tables fed by this slot, which \
+         creates the slot again and copies the tables",
         recorded_lsn.map(|l| format!(" (strata recorded LSN {l} for it)")).unwrap_or_default()
     )]
     SlotMissing {

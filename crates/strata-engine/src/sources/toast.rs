@@ -30,6 +30,10 @@ pub(crate) struct Toast<'a> {
     pub(crate) key: Vec<String>,
     /// Where the key's last value is when no earlier change of this run has it.
     pub(crate) bronze: Bronze<'a>,
+    /// The updates that changed their row's key, as (`_commit_lsn`, `_change_seq`): their
+    /// unchanged values are the old key's, whose `delete` is the change just before
+    /// (`strata_sources::pg::TableBatch::key_changes`).
+    pub(crate) key_changes: HashSet<(i64, i64)>,
 }
 
 /// The rows a key's last value is looked up in.
@@ -72,7 +76,8 @@ pub(crate) async fn fill_unchanged(
         return Err(unresolved(toast, &wanted, "the table has no primary key"));
     }
     let keys = KeyRows::new(&batches, &toast.key)?;
-    let (fills, from_bronze) = plan_fills(&keys, &wanted);
+    let renamed = key_change_partners(&batches, &toast.key_changes)?;
+    let (fills, from_bronze) = plan_fills(&keys, &wanted, &renamed);
     let bronze = match from_bronze.is_empty() {
         true => None,
         false => Some(bronze_rows(toast, &keys, &from_bronze, &wanted).await?),
@@ -108,16 +113,54 @@ fn wanted_columns(batches: &[RecordBatch]) -> HashMap<(usize, usize), Vec<String
     wanted
 }
 
+/// For each update of `key_changes` among `batches` (batch, row): the row of the `delete` of
+/// its old key just before it (same `_commit_lsn`, `_change_seq` one less).
+fn key_change_partners(
+    batches: &[RecordBatch],
+    key_changes: &HashSet<(i64, i64)>,
+) -> Result<HashMap<(usize, usize), (usize, usize)>> {
+    if key_changes.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let mut at: HashMap<(i64, i64), (usize, usize)> = HashMap::new();
+    for (b, batch) in batches.iter().enumerate() {
+        let int = |name: &str| -> Result<deltalake::arrow::array::Int64Array> {
+            let col = batch
+                .column_by_name(name)
+                .ok_or_else(|| EngineError::Internal(format!("a change batch without {name}")))?;
+            Ok(cast(col, &DataType::Int64)
+                .context(|| format!("reading {name}"))?
+                .as_primitive::<deltalake::arrow::datatypes::Int64Type>()
+                .clone())
+        };
+        let (lsn, seq) = (int(meta::COMMIT_LSN)?, int(meta::CHANGE_SEQ)?);
+        for r in 0..batch.num_rows() {
+            at.insert((lsn.value(r), seq.value(r)), (b, r));
+        }
+    }
+    Ok(key_changes
+        .iter()
+        .filter_map(|&(lsn, seq)| Some((*at.get(&(lsn, seq))?, *at.get(&(lsn, seq - 1))?)))
+        .collect())
+}
+
 /// Where each wanted value comes from, in commit order: the key's change before it in this
 /// run, else the streaming table's row of the key (the keys to look up there, in order).
+/// An update that changed its key (`renamed`: its row → the old key's `delete`) looks up
+/// the old key as it was before that delete.
 fn plan_fills(
     keys: &KeyRows,
     wanted: &HashMap<(usize, usize), Vec<String>>,
+    renamed: &HashMap<(usize, usize), (usize, usize)>,
 ) -> (HashMap<Fill, Option<Origin>>, Vec<OwnedRow>) {
+    let key_at = |(b, r): (usize, usize)| keys.rows[b].row(r).owned();
     let needed: HashSet<OwnedRow> = wanted
         .keys()
-        .map(|(b, r)| keys.rows[*b].row(*r).owned())
+        .map(|&at| key_at(renamed.get(&at).copied().unwrap_or(at)))
         .collect();
+    let deletes_of_renamed: HashSet<(usize, usize)> = renamed.values().copied().collect();
+    // For each old key's delete: the key's row before it, if this run has one.
+    let mut before_delete: HashMap<(usize, usize), Option<(usize, usize)>> = HashMap::new();
     let mut last: HashMap<OwnedRow, (usize, usize)> = HashMap::new();
     let mut fills: HashMap<Fill, Option<Origin>> = HashMap::new();
     let mut from_bronze: Vec<OwnedRow> = Vec::new();
@@ -125,20 +168,31 @@ fn plan_fills(
     for (b, rows) in keys.rows.iter().enumerate() {
         for (r, key) in rows.iter().enumerate() {
             let key = key.owned();
-            if !needed.contains(&key) {
+            if !needed.contains(&key) && !renamed.contains_key(&(b, r)) {
                 continue;
             }
+            if deletes_of_renamed.contains(&(b, r)) {
+                before_delete.insert((b, r), last.get(&key).copied());
+            }
             if let Some(cols) = wanted.get(&(b, r)) {
+                // The key whose last values fill this row, and its row before this one.
+                let (lookup, earlier) = match renamed.get(&(b, r)) {
+                    Some(&delete) => (
+                        key_at(delete),
+                        before_delete.get(&delete).copied().flatten(),
+                    ),
+                    None => (key.clone(), last.get(&key).copied()),
+                };
                 for c in cols {
-                    let from = match last.get(&key) {
+                    let from = match earlier.as_ref() {
                         Some(&(pb, pr)) => match fills.get(&(pb, pr, c.clone())) {
                             Some(earlier) => *earlier,
                             None => Some(Origin::Run(pb, pr)),
                         },
                         None => {
                             let next = bronze_index.len();
-                            let i = *bronze_index.entry(key.clone()).or_insert_with(|| {
-                                from_bronze.push(key.clone());
+                            let i = *bronze_index.entry(lookup.clone()).or_insert_with(|| {
+                                from_bronze.push(lookup.clone());
                                 next
                             });
                             Some(Origin::Bronze(i))

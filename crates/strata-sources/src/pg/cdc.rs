@@ -117,6 +117,11 @@ pub struct TableBatch {
     /// Columns this batch has that this table's earlier batches of the run did not (a column
     /// added to the source table mid-stream; earlier rows of this batch have NULL there).
     pub added_columns: Vec<String>,
+    /// The updates of this batch that changed the row's key, as (`_commit_lsn`,
+    /// `_change_seq`): each follows the `delete` of the old key at (`_commit_lsn`,
+    /// `_change_seq - 1`), whose last values are the row's (unchanged TOASTed values are
+    /// taken from the old key).
+    pub key_changes: Vec<(i64, i64)>,
 }
 
 /// Options of one change read.
@@ -716,6 +721,7 @@ impl PgCdc {
             relations: HashMap::new(),
             types: HashMap::new(),
             buffers: BTreeMap::new(),
+            key_changes: BTreeMap::new(),
             ready: VecDeque::new(),
             txn: None,
             summary: ChangeSummary {
@@ -857,6 +863,7 @@ impl SnapshotReader {
                         table: table.clone(),
                         batch,
                         added_columns: vec![],
+                        key_changes: vec![],
                     }));
                 }
                 None => {
@@ -865,6 +872,7 @@ impl SnapshotReader {
                         table: table.clone(),
                         batch: RecordBatch::new_empty(arrow.clone()),
                         added_columns: vec![],
+                        key_changes: vec![],
                     };
                     self.current = None;
                     if empty {
@@ -955,6 +963,8 @@ pub struct ChangeReader {
     relations: HashMap<u32, RelState>,
     types: HashMap<(u32, i32), std::result::Result<PgMapped, (String, String)>>,
     buffers: BTreeMap<TableRef, (ChangeBuffer, Vec<String>)>,
+    /// Per table, the buffered updates that changed their row's key (`TableBatch::key_changes`).
+    key_changes: BTreeMap<TableRef, Vec<(i64, i64)>>,
     ready: VecDeque<TableBatch>,
     txn: Option<Txn>,
     summary: ChangeSummary,
@@ -1120,6 +1130,7 @@ impl ChangeReader {
                 table: t.clone(),
                 batch,
                 added_columns: std::mem::take(added),
+                key_changes: self.key_changes.remove(t).unwrap_or_default(),
             });
         }
         Ok(())
@@ -1436,6 +1447,10 @@ impl ChangeReader {
                     .as_ref()
                     .filter(|(k, _)| *k == b'O')
                     .map(|(_, v)| v.as_slice());
+                if key_changed {
+                    // Before the row: appending it may flush the buffer.
+                    self.note_key_change(rel, commit_lsn);
+                }
                 self.row(rel, meta::UPDATE, &new, full_old, commit_lsn, commit_micros)?;
             }
             Message::Delete { rel, old, .. } => {
@@ -1449,6 +1464,21 @@ impl ChangeReader {
             _ => {}
         }
         Ok(())
+    }
+
+    /// Records that the update about to be appended for `rel` (the transaction's next change)
+    /// changes its row's key.
+    fn note_key_change(&mut self, rel: u32, commit_lsn: Lsn) {
+        let (Some(txn), Some(table)) = (
+            self.txn.as_ref(),
+            self.relations.get(&rel).and_then(|s| s.table.clone()),
+        ) else {
+            return;
+        };
+        self.key_changes
+            .entry(table)
+            .or_default()
+            .push((commit_lsn.to_i64(), txn.seq));
     }
 
     /// Append one change row. `fill` is the old row (REPLICA IDENTITY FULL) that supplies

@@ -634,7 +634,10 @@ async fn take_changes(
         part_changes: Some(chunk_rows as u64),
         ..ReadOptions::default()
     };
-    let mut changes = cdc.read_changes(after, options).await.context(fail)?;
+    let mut changes = cdc
+        .read_changes(after, options)
+        .await
+        .map_err(|e| resnapshot_hint(scope, setup, &place, e))?;
     let mut read_rows = 0usize;
     // Changes read since the last part was committed (or the read began).
     let mut part_rows;
@@ -642,15 +645,17 @@ async fn take_changes(
     let mut last_part: Option<Lsn> = None;
     loop {
         let mut raw = Vec::new();
+        let mut key_changes = std::collections::HashSet::new();
         part_rows = 0usize;
         while let Some(tb) = changes.next_batch().await.context(fail)? {
             part_rows += tb.batch.num_rows();
             read_rows += tb.batch.num_rows();
             raw.push(tb.batch);
+            key_changes.extend(tb.key_changes);
             (scope.update)(format!("{read_rows} change(s) read"));
         }
         let table = base.as_ref().or(existing);
-        let raw = fill_toast(&cdc, setup, read, &place, table, raw).await?;
+        let raw = fill_toast(&cdc, setup, read, &place, table, raw, key_changes).await?;
         for batch in raw {
             chunk.add(&checks, batch, report).await?;
         }
@@ -693,6 +698,38 @@ async fn take_changes(
         base,
         ..Taken::rows(chunk.parts, chunk.events, commit)
     }))
+}
+
+/// A change read that failed: one that only a new snapshot recovers from (the slot was
+/// dropped, or lost the changes strata needs) says the exact command that takes it, with
+/// this table; other failures as they are.
+fn resnapshot_hint(
+    scope: &Scope<'_>,
+    setup: &IngestSetup,
+    place: &str,
+    e: strata_sources::SourceError,
+) -> EngineError {
+    use strata_sources::SourceError as S;
+    let resnapshot = matches!(
+        &e,
+        S::SlotMissing { .. }
+            | S::Slot {
+                resnapshot: true,
+                ..
+            }
+    );
+    if !resnapshot {
+        return EngineError::Source {
+            context: setup.err(place).to_string(),
+            source: Box::new(e),
+        };
+    }
+    EngineError::BadInput(format!(
+        "{}: {e}: `strata run {} --full-refresh {}` (with every other table this slot feeds,          comma-separated)",
+        setup.err(place),
+        scope.pipeline,
+        setup.table.name
+    ))
 }
 
 /// The table as of a new slot's snapshot, for a first CDC run (or one after a full
@@ -755,6 +792,7 @@ async fn fill_toast(
     place: &str,
     table: Option<&DeltaTable>,
     raw: Vec<RecordBatch>,
+    key_changes: std::collections::HashSet<(i64, i64)>,
 ) -> Result<Vec<RecordBatch>> {
     if !toast::has_unchanged(&raw) {
         return Ok(raw);
@@ -773,6 +811,7 @@ async fn fill_toast(
             Some(t) => toast::Bronze::Table(t),
             None => toast::Bronze::Empty,
         },
+        key_changes,
     };
     toast::fill_unchanged(raw, &fill)
         .await
