@@ -275,9 +275,9 @@ pub struct StreamingTable {
 /// The `AS SELECT ...` of a streaming table.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SourceQuery {
-    /// The query with its one streaming source (`STREAM read_files(...)`, `STREAM(t)`,
-    /// `STREAM t`) replaced by the table name [`SOURCE_PLACEHOLDER`]. Everything else
-    /// (projection, WHERE, casts) is untouched.
+    /// The query with its one streaming source (`STREAM read_files(...)`, `cloud_files(...)`,
+    /// `STREAM(t)`, `STREAM t`) replaced by the table name [`SOURCE_PLACEHOLDER`]. Everything
+    /// else (projection, WHERE, casts) is untouched.
     pub sql: String,
     pub source: QuerySource,
     /// The tables the query reads in batch besides its streaming source (a stream-static
@@ -356,7 +356,8 @@ pub enum FileFormat {
     Debezium,
 }
 
-/// `read_files(path, format => 'json', schema => 'a INT, b STRING', header => true, ...)`.
+/// `read_files(path, format => 'json', schema => 'a INT, b STRING', header => true, ...)`,
+/// or legacy DLT's `cloud_files(path, 'json', map('header', 'true', ...))`, which is the same.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReadFiles {
     /// As written; relative paths are resolved by the engine against the pipeline file.

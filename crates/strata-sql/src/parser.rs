@@ -11,8 +11,8 @@ use crate::error::Result;
 use crate::lex::{self, is_keyword, location, run_sqlparser, Cursor, End, Source};
 use crate::types::{parse_schema_string, parse_table_elements};
 use sqlparser::ast::{
-    Expr, FunctionArg, FunctionArgExpr, Ident, ObjectName, ObjectNamePart, Query, SetExpr, Spanned,
-    TableAlias, TableFactor, TableFunctionArgs, TableWithJoins, Value,
+    Expr, FunctionArg, FunctionArgExpr, FunctionArguments, Ident, ObjectName, ObjectNamePart,
+    Query, SetExpr, Spanned, TableAlias, TableFactor, TableFunctionArgs, TableWithJoins, Value,
 };
 use sqlparser::keywords::RESERVED_FOR_TABLE_ALIAS;
 use sqlparser::parser::Parser;
@@ -584,6 +584,17 @@ fn query_with_source(c: &mut Cursor, once: bool) -> Result<SourceQuery> {
             (Some(args), Some("read_files")) => {
                 QuerySource::ReadFiles(read_files(c.src, args, at)?)
             }
+            (Some(_), Some("cloud_files")) if once => {
+                return Err(c.error_at(
+                    at,
+                    "cloud_files(...) is Auto Loader's streaming source; a once flow (INSERT \
+                     INTO ONCE) reads its input in batch: read_files('path', format => ...)",
+                ));
+            }
+            // Legacy DLT's Auto Loader source: streaming with or without STREAM.
+            (Some(args), Some("cloud_files")) => {
+                QuerySource::ReadFiles(cloud_files(c.src, args, at)?)
+            }
             (Some(_), Some("read_database")) if once => {
                 return Err(c.error_at(
                     at,
@@ -930,12 +941,7 @@ fn insert_once(
 /// `read_files('path', format => 'json', schema => '...', header => true, sep => ',', ...)`.
 fn read_files(src: &Source, args: &TableFunctionArgs, at: Location) -> Result<ReadFiles> {
     let mut path = None;
-    let mut format = None;
-    let mut schema = None;
-    let mut header = None;
-    let mut delimiter = None;
-    let mut other_options = BTreeMap::new();
-    let mut seen = BTreeSet::new();
+    let mut options = FileOptions::default();
     for arg in call_args(src, args, at, "read_files")? {
         let named = match arg {
             CallArg::Positional(e, arg_at) => {
@@ -945,95 +951,396 @@ fn read_files(src: &Source, args: &TableFunctionArgs, at: Location) -> Result<Re
                         "read_files takes one path; write options as name => value",
                     ));
                 }
-                match e {
-                    Expr::Value(v) => match &v.value {
-                        Value::SingleQuotedString(s) => path = Some(s.clone()),
-                        _ => {
-                            return Err(src.error(arg_at, "the path of read_files must be a string"))
-                        }
-                    },
-                    _ => return Err(src.error(arg_at, "the path of read_files must be a string")),
+                match string_literal(e) {
+                    Some(s) => path = Some(s),
+                    None => {
+                        return Err(src.error(arg_at, "the path of read_files must be a string"))
+                    }
                 }
                 continue;
             }
             CallArg::Named(named) => named,
         };
-        let key = named.key.clone();
-        // `sep` and `delimiter` are two names for one option.
-        let canonical = if key == "sep" {
-            "delimiter"
-        } else {
-            key.as_str()
-        };
-        if !seen.insert(canonical.to_string()) {
-            return Err(src.error(named.key_at, format!("option '{key}' is given twice")));
-        }
+        options.first_time(src, &named.key, &named.key, named.key_at)?;
         let (value, value_at) = named.literal(src)?;
-        match canonical {
-            "format" => {
-                format = Some(match value.to_ascii_lowercase().as_str() {
-                    "json" => FileFormat::Json,
-                    "csv" => FileFormat::Csv,
-                    "parquet" => FileFormat::Parquet,
-                    "debezium" => FileFormat::Debezium,
-                    _ => {
-                        return Err(src.error(
-                            value_at,
-                            format!(
-                                "unknown format '{value}': expected json, csv, parquet or debezium"
-                            ),
-                        ))
-                    }
-                })
-            }
-            "schema" => schema = Some(parse_schema_string(src, &value, Some(value_at))?),
-            "header" => {
-                header = Some(match value.to_ascii_lowercase().as_str() {
-                    "true" => true,
-                    "false" => false,
-                    _ => {
-                        return Err(src.error(
-                            value_at,
-                            format!("option 'header' must be true or false, found '{value}'"),
-                        ))
-                    }
-                })
-            }
-            "delimiter" => {
-                let mut chars = value.chars();
-                match (chars.next(), chars.next()) {
-                    (Some(ch), None) if ch.is_ascii() => delimiter = Some(ch as u8),
-                    _ => {
-                        return Err(src.error(
-                            value_at,
-                            format!("option '{key}' must be one ASCII character, found '{value}'"),
-                        ))
-                    }
-                }
-            }
-            _ => {
-                other_options.insert(key, value);
-            }
-        }
+        options.set(src, &named.key, &named.key, value, value_at)?;
     }
     let Some(path) = path else {
         return Err(src.error(at, "read_files needs a path as its first argument"));
     };
-    let Some(format) = format else {
+    let Some(format) = options.format else {
         return Err(src.error(
             at,
             "read_files needs a format option: format => 'json', 'csv', 'parquet' or 'debezium'",
         ));
     };
-    Ok(ReadFiles {
-        path,
-        format,
-        schema,
-        header: header.unwrap_or(false),
-        delimiter: delimiter.unwrap_or(b','),
-        other_options,
-        location: at,
-    })
+    Ok(options.into_spec(path, format, at))
+}
+
+/// The options of a `read_files` (or `cloud_files`) call as they are read, by read_files'
+/// names.
+#[derive(Default)]
+struct FileOptions {
+    format: Option<FileFormat>,
+    schema: Option<Vec<ColumnDef>>,
+    header: Option<bool>,
+    delimiter: Option<u8>,
+    other: BTreeMap<String, String>,
+    /// The options given so far (`sep` and `delimiter` are one).
+    seen: BTreeSet<String>,
+}
+
+/// The options read_files hands to the engine as they are ([`ReadFiles::other_options`]),
+/// lower-cased: those the engine's `read_files` takes besides `format`, `schema`, `header`
+/// and `sep` (crates/strata-engine/src/ops/ingest/prepare.rs). `cloud_files` refuses the
+/// others at their place.
+const PASSED_FILE_OPTIONS: [&str; 4] =
+    ["multiline", "inferschema", "encoding", "rescueddatacolumn"];
+
+impl FileOptions {
+    /// Notes option `key` (lower-cased), written `written` at `key_at`, refusing one given
+    /// twice.
+    fn first_time(
+        &mut self,
+        src: &Source,
+        key: &str,
+        written: &str,
+        key_at: Location,
+    ) -> Result<()> {
+        // `sep` and `delimiter` are two names for one option.
+        let canonical = if key == "sep" { "delimiter" } else { key };
+        if !self.seen.insert(canonical.to_string()) {
+            return Err(src.error(key_at, format!("option '{written}' is given twice")));
+        }
+        Ok(())
+    }
+
+    /// Sets read_files option `key` (lower-cased; `written` as the text names it) to
+    /// `value`, found at `value_at`. An option of no meaning here is kept for the engine.
+    fn set(
+        &mut self,
+        src: &Source,
+        key: &str,
+        written: &str,
+        value: String,
+        value_at: Location,
+    ) -> Result<()> {
+        match key {
+            "format" => self.format = Some(file_format(src, &value, value_at)?),
+            "schema" => self.schema = Some(parse_schema_string(src, &value, Some(value_at))?),
+            "header" => {
+                self.header = Some(match value.to_ascii_lowercase().as_str() {
+                    "true" => true,
+                    "false" => false,
+                    _ => {
+                        return Err(src.error(
+                            value_at,
+                            format!("option '{written}' must be true or false, found '{value}'"),
+                        ))
+                    }
+                })
+            }
+            "sep" | "delimiter" => {
+                let mut chars = value.chars();
+                match (chars.next(), chars.next()) {
+                    (Some(ch), None) if ch.is_ascii() => self.delimiter = Some(ch as u8),
+                    _ => {
+                        return Err(src.error(
+                            value_at,
+                            format!(
+                                "option '{written}' must be one ASCII character, found '{value}'"
+                            ),
+                        ))
+                    }
+                }
+            }
+            _ => {
+                self.other.insert(key.to_string(), value);
+            }
+        }
+        Ok(())
+    }
+
+    fn into_spec(self, path: String, format: FileFormat, at: Location) -> ReadFiles {
+        ReadFiles {
+            path,
+            format,
+            schema: self.schema,
+            header: self.header.unwrap_or(false),
+            delimiter: self.delimiter.unwrap_or(b','),
+            other_options: self.other,
+            location: at,
+        }
+    }
+}
+
+/// A `format` of read_files (or the second argument of cloud_files), in any case.
+fn file_format(src: &Source, value: &str, value_at: Location) -> Result<FileFormat> {
+    match value.to_ascii_lowercase().as_str() {
+        "json" => Ok(FileFormat::Json),
+        "csv" => Ok(FileFormat::Csv),
+        "parquet" => Ok(FileFormat::Parquet),
+        "debezium" => Ok(FileFormat::Debezium),
+        _ => Err(src.error(
+            value_at,
+            format!("unknown format '{value}': expected json, csv, parquet or debezium"),
+        )),
+    }
+}
+
+/// The text of a string literal.
+fn string_literal(e: &Expr) -> Option<String> {
+    match e {
+        Expr::Value(v) => match &v.value {
+            Value::SingleQuotedString(s) => Some(s.clone()),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// `cloud_files('path', 'format'[, map('name', 'value', ...)])`, legacy DLT's Auto Loader
+/// source, streaming without `STREAM`: the same [`ReadFiles`] as `read_files('path', format
+/// => 'format', name => 'value', ...)`. The map's names are read_files' options (`header`,
+/// `sep`, `schema`, `rescuedDataColumn`, ...) or Auto Loader's `cloudFiles.*` options, those
+/// read_files agrees with (see [`cloud_files_option`]); any other is an error at its place.
+fn cloud_files(src: &Source, args: &TableFunctionArgs, at: Location) -> Result<ReadFiles> {
+    let usage = "cloud_files takes a path, a format and a map of options: \
+                 cloud_files('data/in', 'json', map('cloudFiles.inferColumnTypes', 'true'))";
+    let mut positional = Vec::new();
+    for arg in call_args(src, args, at, "cloud_files")? {
+        match arg {
+            CallArg::Positional(e, arg_at) => positional.push((e, arg_at)),
+            CallArg::Named(named) => {
+                return Err(src.error(
+                    named.key_at,
+                    format!("cloud_files takes no name => value arguments; {usage}"),
+                ))
+            }
+        }
+    }
+    if let Some((_, extra_at)) = positional.get(3) {
+        return Err(src.error(*extra_at, usage));
+    }
+    let Some(&(path, path_at)) = positional.first() else {
+        return Err(src.error(at, "cloud_files needs a path as its first argument"));
+    };
+    let Some(path) = string_literal(path) else {
+        return Err(src.error(path_at, "the path of cloud_files must be a string"));
+    };
+    let Some(&(format, format_at)) = positional.get(1) else {
+        return Err(src.error(
+            at,
+            "cloud_files needs a format as its second argument: \
+             cloud_files('path', 'json'), or 'csv', 'parquet' or 'debezium'",
+        ));
+    };
+    let Some(format_text) = string_literal(format) else {
+        return Err(src.error(
+            format_at,
+            "the format of cloud_files must be a string: 'json', 'csv', 'parquet' or 'debezium'",
+        ));
+    };
+    let format = file_format(src, &format_text, format_at)?;
+    let mut options = FileOptions {
+        format: Some(format),
+        ..FileOptions::default()
+    };
+    let mut evolution = None;
+    if let Some(&(map, map_at)) = positional.get(2) {
+        for option in option_map(src, map, map_at)? {
+            cloud_files_option(
+                src,
+                &mut options,
+                (format, &format_text),
+                option,
+                &mut evolution,
+            )?;
+        }
+    }
+    if let Some(option) = evolution {
+        evolution_agrees(src, &options, option)?;
+    }
+    Ok(options.into_spec(path, format, at))
+}
+
+/// One `'name', 'value'` pair of `map(...)`, as written, with their places.
+struct MapOption {
+    name: String,
+    name_at: Location,
+    value: String,
+    value_at: Location,
+}
+
+/// The pairs of the option map of cloud_files, `map('name', 'value', ...)`: each name a
+/// string, each value a literal (a string, number or boolean).
+fn option_map(src: &Source, e: &Expr, at: Location) -> Result<Vec<MapOption>> {
+    let usage = "the third argument of cloud_files is a map of option names and values: \
+                 map('header', 'true', 'sep', ';')";
+    let list = match e {
+        Expr::Function(f) if f.name.to_string().eq_ignore_ascii_case("map") => match &f.args {
+            FunctionArguments::List(list)
+                if list.duplicate_treatment.is_none() && list.clauses.is_empty() =>
+            {
+                list
+            }
+            _ => return Err(src.error(at, usage)),
+        },
+        _ => return Err(src.error(at, usage)),
+    };
+    let mut items = Vec::new();
+    for arg in &list.args {
+        match arg {
+            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => items.push((e, expr_location(e, at))),
+            other => {
+                let start = other.span().start;
+                let arg_at = if start.line == 0 { at } else { location(start) };
+                return Err(src.error(arg_at, usage));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for pair in items.chunks(2) {
+        let &(name, name_at) = &pair[0];
+        let Some(name) = string_literal(name) else {
+            return Err(src.error(
+                name_at,
+                format!("a cloud_files option name must be a string, found {name}"),
+            ));
+        };
+        let Some(&(value, value_at)) = pair.get(1) else {
+            return Err(src.error(
+                name_at,
+                format!(
+                    "option '{name}' has no value: map(...) takes option names and values \
+                     in pairs, map('{name}', 'value')"
+                ),
+            ));
+        };
+        let Some(value) = literal_text(value) else {
+            return Err(src.error(value_at, format!("option '{name}' must be a literal")));
+        };
+        out.push(MapOption {
+            name,
+            name_at,
+            value,
+            value_at,
+        });
+    }
+    Ok(out)
+}
+
+/// One option of cloud_files' map, names in any case: `cloudFiles.format` (or `format`)
+/// must name the second argument's format; `cloudFiles.inferColumnTypes` must be true, as
+/// read_files always infers types; `cloudFiles.schemaEvolutionMode` is kept in `evolution`
+/// to be checked against what read_files does ([`evolution_agrees`]); read_files' own
+/// options (`header`, `sep`, `delimiter`, `schema` and [`PASSED_FILE_OPTIONS`]) are set as
+/// read_files sets them. Any other name is an error at its place.
+fn cloud_files_option(
+    src: &Source,
+    options: &mut FileOptions,
+    (format, format_text): (FileFormat, &str),
+    option: MapOption,
+    evolution: &mut Option<(String, String, Location)>,
+) -> Result<()> {
+    let lower = option.name.to_ascii_lowercase();
+    let key = match lower.as_str() {
+        "cloudfiles.format" => "format",
+        other => other,
+    };
+    let known = matches!(
+        key,
+        "format"
+            | "cloudfiles.infercolumntypes"
+            | "cloudfiles.schemaevolutionmode"
+            | "header"
+            | "sep"
+            | "delimiter"
+            | "schema"
+    ) || PASSED_FILE_OPTIONS.contains(&key);
+    if !known {
+        return Err(src.error(
+            option.name_at,
+            format!(
+                "cloud_files option '{}' is not supported: cloud_files takes the options of \
+                 read_files (header, sep, delimiter, schema, multiLine, inferSchema, encoding, \
+                 rescuedDataColumn) and cloudFiles.format, cloudFiles.inferColumnTypes and \
+                 cloudFiles.schemaEvolutionMode",
+                option.name
+            ),
+        ));
+    }
+    options.first_time(src, key, &option.name, option.name_at)?;
+    let MapOption {
+        name,
+        value,
+        value_at,
+        ..
+    } = option;
+    match key {
+        "format" => {
+            if file_format(src, &value, value_at)? != format {
+                return Err(src.error(
+                    value_at,
+                    format!(
+                        "option '{name}' is '{value}', but the format of cloud_files (its \
+                         second argument) is '{format_text}'"
+                    ),
+                ));
+            }
+        }
+        "cloudfiles.infercolumntypes" => match value.to_ascii_lowercase().as_str() {
+            "true" => {}
+            "false" => {
+                return Err(src.error(
+                    value_at,
+                    format!(
+                        "option '{name}' is 'false' (every inferred column a STRING), which \
+                         read_files does not do: it infers BIGINT, DOUBLE, BOOLEAN and STRING \
+                         columns; set it to 'true', or declare the columns with 'schema'"
+                    ),
+                ))
+            }
+            _ => {
+                return Err(src.error(
+                    value_at,
+                    format!("option '{name}' must be true or false, found '{value}'"),
+                ))
+            }
+        },
+        "cloudfiles.schemaevolutionmode" => *evolution = Some((name, value, value_at)),
+        _ => options.set(src, key, &name, value, value_at)?,
+    }
+    Ok(())
+}
+
+/// `cloudFiles.schemaEvolutionMode` must name what read_files does: `addNewColumns` without
+/// a schema (new columns are added), `none` with one (fields outside it are left out, or
+/// rescued with `rescuedDataColumn`), `rescue` with one and `rescuedDataColumn`.
+fn evolution_agrees(
+    src: &Source,
+    options: &FileOptions,
+    (name, value, value_at): (String, String, Location),
+) -> Result<()> {
+    let declared = options.schema.is_some();
+    let rescued = options.other.contains_key("rescueddatacolumn");
+    let agrees = match value.to_ascii_lowercase().as_str() {
+        "addnewcolumns" => !declared,
+        "none" => declared,
+        "rescue" => declared && rescued,
+        _ => false,
+    };
+    if agrees {
+        return Ok(());
+    }
+    Err(src.error(
+        value_at,
+        format!(
+            "option '{name}' is '{value}', which read_files does not do here: without 'schema' \
+             it adds new columns (addNewColumns); with 'schema' it leaves other fields out \
+             (none), or rescues them with 'rescuedDataColumn' (rescue)"
+        ),
+    ))
 }
 
 /// `read_database('connection', name => value, ...)`: the connection's name, then options
@@ -1397,6 +1704,9 @@ fn cdc_flow(
             )
         });
         delete_when.get_or_insert_with(|| "_change_type = 'delete'".to_string());
+        // A TRUNCATE on the source empties an SCD type 1 target at its position and closes
+        // every open version of an SCD type 2 one there.
+        truncate_when.get_or_insert_with(|| "_change_type = 'truncate'".to_string());
         let change_columns = CHANGE_COLUMNS.iter().map(|c| c.to_string());
         columns = Some(match columns.take().unwrap_or_default() {
             ColumnSelection::All => ColumnSelection::Except(change_columns.collect()),

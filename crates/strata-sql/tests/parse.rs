@@ -744,6 +744,11 @@ fn garbage_never_panics() {
             "CREATE STREAMING TABLE t AS SELECT * FROM read_files('p', format => 'json', schema => '\na\n INT(')",
             "CREATE STREAMING TABLE t AS SELECT * FROM read_files('p', format => 'json', format => 'csv')",
             "CREATE STREAMING TABLE t AS SELECT * FROM read_files('p', format => *)",
+            "CREATE STREAMING TABLE t AS SELECT * FROM cloud_files('p', 'json', map('a', *))",
+            "CREATE STREAMING TABLE t AS SELECT * FROM cloud_files('p', 'json', map(DISTINCT 'a', 'b'))",
+            "CREATE STREAMING TABLE t AS SELECT * FROM cloud_files('p', 'json', map)",
+            "CREATE STREAMING TABLE t AS SELECT * FROM cloud_files('p', 'json', map('a' => 'b'))",
+            "CREATE STREAMING TABLE t AS SELECT * FROM STREAM(cloud_files('p', 'json', map('a', 'b', 'c')))",
             "CREATE STREAMING TABLE t AS SELECT * FROM x, STREAM y, STREAM(z)",
             "CREATE STREAMING TABLE t AS WITH a AS (SELECT * FROM STREAM(s)) SELECT * FROM a",
             "CREATE STREAMING TABLE t AS SELECT * FROM (SELECT * FROM STREAM s) UNION ALL SELECT 1",
@@ -1136,4 +1141,242 @@ fn once_flow_errors_say_where() {
         assert!(m.contains(message), "{text}: {m}");
         assert_eq!((l, c), (line, column), "{text}: {m}");
     }
+}
+
+/// The one source query of `text` (a streaming table or an append flow), its read_files
+/// source at `location` 0:0 so that two spellings compare.
+fn files_query(text: &str) -> (SourceQuery, Location) {
+    let query = match parse(text).statements.into_iter().next() {
+        Some(Statement::StreamingTable(t)) => t.query.expect("a query"),
+        Some(Statement::AppendFlow(f)) => f.query,
+        other => panic!("expected a streaming table or an append flow, got {other:?}"),
+    };
+    assert_reparses(&query.sql);
+    let mut query = query;
+    let QuerySource::ReadFiles(rf) = &mut query.source else {
+        panic!("{text}: expected read_files, got {:?}", query.source)
+    };
+    let at = std::mem::take(&mut rf.location);
+    (query, at)
+}
+
+/// Where `needle` first starts in `text`: (line, column), 1-based.
+fn position_of(text: &str, needle: &str) -> (u64, u64) {
+    let index = text
+        .find(needle)
+        .unwrap_or_else(|| panic!("{needle:?} in {text:?}"));
+    let before = &text[..index];
+    let line = before.matches('\n').count() as u64 + 1;
+    let column = before.rsplit('\n').next().unwrap_or("").chars().count() as u64 + 1;
+    (line, column)
+}
+
+/// Legacy DLT's `cloud_files(path, format[, map(...)])` is Auto Loader's streaming source:
+/// the same read_files source (and query) as the read_files call it stands for.
+#[test]
+fn cloud_files_is_read_files() {
+    let same = [
+        (
+            "cloud_files('data/in', 'json')",
+            "STREAM read_files('data/in', format => 'json')",
+        ),
+        (
+            "cloud_files(\"data/in\", \"JSON\", map(\"cloudFiles.inferColumnTypes\", \"true\"))",
+            "read_files('data/in', format => 'json')",
+        ),
+        (
+            "STREAM cloud_files('p', 'csv', map('header', 'true', 'sep', ';', \
+             'cloudFiles.format', 'CSV', 'rescuedDataColumn', '_bad', \
+             'cloudFiles.schemaEvolutionMode', 'addNewColumns'))",
+            "STREAM read_files('p', format => 'csv', header => true, sep => ';', \
+             rescuedDataColumn => '_bad')",
+        ),
+        (
+            "STREAM(cloud_files('p', 'csv', map('delimiter', '|', 'schema', 'id INT, name STRING', \
+             'cloudFiles.schemaEvolutionMode', 'none', 'multiLine', 'true', 'Encoding', 'UTF-8', \
+             'header', 'false')))",
+            "STREAM(read_files('p', format => 'csv', delimiter => '|', \
+             schema => 'id INT, name STRING', multiLine => true, encoding => 'UTF-8'))",
+        ),
+        (
+            "cloud_files('p', 'json', map('schema', 'a BIGINT', 'rescuedDataColumn', '_r', \
+             'cloudFiles.schemaEvolutionMode', 'rescue', 'CLOUDFILES.INFERCOLUMNTYPES', true, \
+             'format', 'json', 'inferSchema', 'true'))",
+            "read_files('p', format => 'json', schema => 'a BIGINT', rescuedDataColumn => '_r', \
+             inferSchema => 'true')",
+        ),
+        (
+            "cloud_files('s3://bucket/in', 'parquet', map())",
+            "read_files('s3://bucket/in', format => 'parquet')",
+        ),
+    ];
+    for (legacy, current) in same {
+        for shape in [
+            "CREATE OR REFRESH STREAMING LIVE TABLE raw AS SELECT * FROM {}",
+            "CREATE STREAMING TABLE raw AS SELECT id, upper(name) AS name FROM {} AS f WHERE f.id > 1",
+            "CREATE FLOW f AS INSERT INTO t BY NAME SELECT * FROM {} JOIN LIVE.dim d ON d.k = k",
+        ] {
+            let (a, _) = files_query(&shape.replace("{}", legacy));
+            let (b, _) = files_query(&shape.replace("{}", current));
+            assert_eq!(a, b, "{legacy} / {current} in {shape}");
+        }
+    }
+
+    // Field by field, for one map, and at the place of the function's name.
+    let text = "CREATE OR REFRESH STREAMING LIVE TABLE raw AS\nSELECT * FROM cloud_files('in', 'csv',\n  map('header', 'true', 'sep', ';', 'cloudFiles.inferColumnTypes', 'true', 'rescuedDataColumn', '_bad'))";
+    let (q, at) = files_query(text);
+    assert_eq!(at, loc(2, 15));
+    assert_eq!(q.sql, "SELECT * FROM __strata_source");
+    assert_eq!(
+        q.source,
+        QuerySource::ReadFiles(ReadFiles {
+            path: "in".to_string(),
+            format: FileFormat::Csv,
+            schema: None,
+            header: true,
+            delimiter: b';',
+            other_options: BTreeMap::from([("rescueddatacolumn".to_string(), "_bad".to_string())]),
+            location: Location::default(),
+        })
+    );
+
+    // The legacy pipeline of issue 40 (tests/scenarios/ingest/cloud_files_legacy.scn)
+    // parses and plans: its flow is named after its target.
+    let p = parse(
+        "CREATE OR REFRESH STREAMING LIVE TABLE raw
+AS SELECT * FROM cloud_files('data/in', 'json', map('cloudFiles.inferColumnTypes', 'true'));
+CREATE OR REFRESH STREAMING LIVE TABLE t;
+APPLY CHANGES INTO LIVE.t
+FROM STREAM(LIVE.raw)
+KEYS (id)
+APPLY AS DELETE WHEN op = \"DELETE\"
+SEQUENCE BY seq
+COLUMNS * EXCEPT (op, seq)
+STORED AS SCD TYPE 2;",
+    );
+    let [Statement::StreamingTable(raw), Statement::StreamingTable(_), Statement::Flow(flow)] =
+        &p.statements[..]
+    else {
+        panic!("{:?}", p.statements)
+    };
+    assert!(matches!(
+        raw.query.as_ref().map(|q| &q.source),
+        Some(QuerySource::ReadFiles(ReadFiles {
+            format: FileFormat::Json,
+            schema: None,
+            ..
+        }))
+    ));
+    assert_eq!(flow.name, "t");
+    assert_eq!(flow.source, TableName::new(None, "raw"));
+    plan_pipeline(p).expect("plans");
+}
+
+#[test]
+fn cloud_files_errors_say_where() {
+    let table =
+        |from: &str| format!("CREATE OR REFRESH STREAMING LIVE TABLE raw AS SELECT * FROM {from}");
+    let cases: &[(&str, &str, &str)] = &[
+        // (the FROM, where the error points, what the message contains)
+        ("cloud_files('in')", "cloud_files", "cloud_files needs a format as its second argument"),
+        ("cloud_files()", "cloud_files", "cloud_files needs a path as its first argument"),
+        ("cloud_files(1, 'json')", "1,", "the path of cloud_files must be a string"),
+        ("cloud_files('in', json)", "json", "the format of cloud_files must be a string"),
+        ("cloud_files('in', 'xml')", "'xml'", "unknown format 'xml': expected json, csv, parquet or debezium"),
+        ("cloud_files('in', format => 'json')", "format", "cloud_files takes no name => value arguments"),
+        ("cloud_files('in', 'json', 'header')", "'header'", "the third argument of cloud_files is a map"),
+        ("cloud_files('in', 'json', map('a', 'b'), 'x')", "'x'", "cloud_files takes a path, a format and a map"),
+        // An odd number of map arguments: the name left without a value.
+        ("cloud_files('in', 'json', map('header'))", "'header'", "option 'header' has no value"),
+        ("cloud_files('in', 'csv', map('header', 'true', 'sep'))", "'sep'", "option 'sep' has no value"),
+        ("cloud_files('in', 'json', map(1, 'true'))", "1,", "a cloud_files option name must be a string, found 1"),
+        ("cloud_files('in', 'json', map('header', upper('x')))", "upper", "option 'header' must be a literal"),
+        // Options read_files does not know, named as written.
+        (
+            "cloud_files('in', 'json', map('cloudFiles.inferColumnTypes', 'true', 'cloudFiles.maxFilesPerTrigger', '10'))",
+            "'cloudFiles.maxFilesPerTrigger'",
+            "cloud_files option 'cloudFiles.maxFilesPerTrigger' is not supported",
+        ),
+        (
+            "cloud_files('in', 'json', map('cloudFiles.schemaHints', 'id BIGINT'))",
+            "'cloudFiles.schemaHints'",
+            "cloud_files option 'cloudFiles.schemaHints' is not supported",
+        ),
+        ("cloud_files('in', 'json', map('mode', 'PERMISSIVE'))", "'mode'", "cloud_files option 'mode' is not supported"),
+        // What read_files does not do.
+        (
+            "cloud_files('in', 'json', map('cloudFiles.format', 'csv'))",
+            "'csv'",
+            "option 'cloudFiles.format' is 'csv', but the format of cloud_files (its second argument) is 'json'",
+        ),
+        (
+            "cloud_files('in', 'json', map('cloudFiles.inferColumnTypes', 'false'))",
+            "'false'",
+            "option 'cloudFiles.inferColumnTypes' is 'false' (every inferred column a STRING)",
+        ),
+        (
+            "cloud_files('in', 'json', map('cloudFiles.inferColumnTypes', 'yes'))",
+            "'yes'",
+            "option 'cloudFiles.inferColumnTypes' must be true or false, found 'yes'",
+        ),
+        (
+            "cloud_files('in', 'json', map('cloudFiles.schemaEvolutionMode', 'addNewColumns', 'schema', 'a INT'))",
+            "'addNewColumns'",
+            "option 'cloudFiles.schemaEvolutionMode' is 'addNewColumns', which read_files does not do here",
+        ),
+        (
+            "cloud_files('in', 'json', map('cloudFiles.schemaEvolutionMode', 'failOnNewColumns'))",
+            "'failOnNewColumns'",
+            "option 'cloudFiles.schemaEvolutionMode' is 'failOnNewColumns', which read_files does not do here",
+        ),
+        // read_files' own checks, naming the option as written.
+        ("cloud_files('in', 'csv', map('Header', 'maybe'))", "'maybe'", "option 'Header' must be true or false, found 'maybe'"),
+        ("cloud_files('in', 'csv', map('sep', ';;'))", "';;'", "option 'sep' must be one ASCII character, found ';;'"),
+        ("cloud_files('in', 'csv', map('sep', ';', 'delimiter', ','))", "'delimiter'", "option 'delimiter' is given twice"),
+        ("cloud_files('in', 'csv', map('header', 'true', 'HEADER', 'false'))", "'HEADER'", "option 'HEADER' is given twice"),
+        (
+            "cloud_files('in', 'json', map('cloudFiles.format', 'json', 'format', 'json'))",
+            "'format'",
+            "option 'format' is given twice",
+        ),
+        // An error inside the schema string points into it.
+        ("cloud_files('in', 'json', map('schema', 'a INT, b FOO'))", "FOO", "unknown column type 'FOO'"),
+    ];
+    for (from, at, message) in cases {
+        let text = table(from);
+        let (l, c, m, snippet) = syntax_error(&text);
+        let from_at = position_of(&text, "FROM ").1 + 5;
+        let (_, needle) = position_of(from, at);
+        assert_eq!((l, c), (1, from_at + needle - 1), "{from}: {m}");
+        assert!(m.contains(message), "{from}: {m}");
+        assert!(snippet.starts_with(&text), "{snippet}");
+    }
+
+    // Positions on later lines.
+    let text = "CREATE OR REFRESH STREAMING LIVE TABLE raw AS\nSELECT * FROM cloud_files('in', 'json',\n  map('cloudFiles.inferColumnTypes', 'true',\n      'cloudFiles.useNotifications', 'true'))";
+    let (l, c, m, _) = syntax_error(text);
+    assert_eq!((l, c), (4, 7), "{m}");
+    assert!(m.contains("'cloudFiles.useNotifications'"), "{m}");
+    let text =
+        "CREATE STREAMING TABLE raw AS\nSELECT * FROM cloud_files('in',\n  'csv', map('header'))";
+    let (l, c, m, _) = syntax_error(text);
+    assert_eq!((l, c), (3, 14), "{m}");
+    assert!(m.contains("option 'header' has no value"), "{m}");
+
+    // A once flow reads in batch: cloud_files is a streaming source.
+    let (l, c, m, _) = syntax_error(
+        "CREATE FLOW b AS INSERT INTO ONCE t BY NAME\nSELECT * FROM cloud_files('d', 'json')",
+    );
+    assert_eq!((l, c), (2, 15));
+    assert!(
+        m.contains("a once flow (INSERT INTO ONCE) reads its input in batch"),
+        "{m}"
+    );
+
+    // One streaming source: cloud_files next to STREAM(t) is a second one.
+    let (l, c, m, _) = syntax_error(
+        "CREATE STREAMING TABLE s AS SELECT * FROM STREAM(a) JOIN cloud_files('d', 'json') f ON a.x = f.x",
+    );
+    assert_eq!((l, c), (1, 58));
+    assert!(m.contains("exactly one streaming source"), "{m}");
 }
