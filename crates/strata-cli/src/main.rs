@@ -84,6 +84,12 @@ enum Command {
         /// How long `--lock wait` waits, e.g. `30m`.
         #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = parse_interval)]
         lock_timeout: Duration,
+        /// The memory a run's large work may take, e.g. `4GiB`: a first load of more events
+        /// than fit sorts on local disk (the temp dir) past it; the same as `--conf
+        /// strata.memoryLimit=SIZE` or STRATA_MEMORY_LIMIT [default: an eighth of the
+        /// machine's memory, at least 1 GiB].
+        #[arg(long, value_name = "SIZE", value_parser = parse_memory)]
+        memory_limit: Option<u64>,
     },
     /// Show the event log: what each run did, dataset by dataset.
     Events {
@@ -275,6 +281,7 @@ fn main() -> ExitCode {
         select,
         full_refresh,
         continuous,
+        memory_limit,
         ..
     } = &cli.command
     {
@@ -290,6 +297,10 @@ fn main() -> ExitCode {
             for (k, v) in conf {
                 args.extend(["--conf".into(), format!("{k}={v}").into()]);
             }
+            if let Some(bytes) = memory_limit {
+                let key = strata_engine::memory::CONFIG_KEY;
+                args.extend(["--conf".into(), format!("{key}={bytes}").into()]);
+            }
             if let Some(s) = select {
                 let s = format!("{}{}", s.name, if s.downstream { "+" } else { "" });
                 args.extend(["--select".into(), s.into()]);
@@ -301,18 +312,14 @@ fn main() -> ExitCode {
             return python::delegate(args);
         }
     }
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        // The Delta kernel logs expected conditions (a table that does not exist yet) as
-        // errors, and delta-rs warns of every commit another writer beat; strata reports
-        // what matters itself.
-        let level = if cli.verbose { "info" } else { "warn" };
-        tracing_subscriber::EnvFilter::new(format!(
-            "{level},buoyant_kernel=off,deltalake_core::operations::merge=error,\
-             deltalake_core::kernel::transaction=error,deltalake_core::operations::vacuum=error"
-        ))
-    });
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(log_filter(cli.verbose)));
+    // Colour only on a terminal, and never with NO_COLOR set (no-color.org).
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr)
         .init();
     // Query planning recurses over expression trees (a batch's key predicate can be
@@ -362,6 +369,10 @@ fn exit_code(e: &(dyn std::error::Error + Send + Sync + 'static)) -> u8 {
         // Storage, or a query's execution, failed (a full disk, a lost connection):
         // retrying may help; the pipeline is not at fault.
         Some(E::Delta { .. } | E::DataFusion { .. } | E::Io { .. }) => 4,
+        // A database that refused or dropped the connection, or did not answer: the
+        // environment, as for storage; a source error about the data or the pipeline (a
+        // missing table, a type strata cannot read, a refused password) is bad input.
+        Some(e @ E::Source { .. }) if e.is_transient() => 4,
         Some(E::Internal(_)) => 5,
         // The pipeline, the input or the request is wrong.
         _ => 2,
@@ -381,11 +392,15 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
             retries,
             lock,
             lock_timeout,
+            memory_limit,
         } => {
             let mut configuration: std::collections::BTreeMap<String, String> =
                 conf.into_iter().collect();
             if let Some(n) = retries {
                 configuration.insert("pipelines.numUpdateRetryAttempts".into(), n.to_string());
+            }
+            if let Some(bytes) = memory_limit {
+                configuration.insert(strata_engine::memory::CONFIG_KEY.into(), bytes.to_string());
             }
             // A spec may name its warehouse; --warehouse wins.
             let wh = if strata_engine::is_spec(&pipeline) {
@@ -586,6 +601,43 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
         d if d.is_zero() => Err(format!("the interval must be positive, got '{}'", s.trim())),
         d => Ok(d),
     }
+}
+
+/// The log filter unless RUST_LOG sets one: strata's own warnings by default and no
+/// dependency's lines (deltalake, DataFusion and object_store log what strata reports
+/// itself, or what a user cannot act on); with `-v` strata's progress and the
+/// dependencies' warnings, less the Delta kernel's errors for expected conditions (a table
+/// that does not exist yet) and delta-rs's warning for every commit another writer beat.
+fn log_filter(verbose: bool) -> String {
+    const OURS: [&str; 5] = [
+        "strata",
+        "strata_cli",
+        "strata_engine",
+        "strata_sources",
+        "strata_sql",
+    ];
+    let (ours, theirs) = match verbose {
+        true => ("info", "warn"),
+        false => ("warn", "off"),
+    };
+    let mut filter = vec![theirs.to_string()];
+    filter.extend(OURS.iter().map(|c| format!("{c}={ours}")));
+    if verbose {
+        filter.extend(
+            [
+                "buoyant_kernel=off",
+                "deltalake_core::operations::merge=error",
+                "deltalake_core::kernel::transaction=error",
+                "deltalake_core::operations::vacuum=error",
+            ]
+            .map(String::from),
+        );
+    }
+    filter.join(",")
+}
+
+fn parse_memory(s: &str) -> Result<u64, String> {
+    strata_engine::memory::parse_size(s)
 }
 
 fn parse_conf(s: &str) -> Result<(String, String), String> {

@@ -1326,3 +1326,53 @@ fn nested_types_in_a_schema_string_read_nested_json() {
         "id,n,first,city,k\n1,2,a,Oslo,v\n2,0,,Rome,\n"
     );
 }
+
+/// A streaming table with `current_timestamp()` makes deltalake log a lossy-cast warning:
+/// no dependency's line reaches the user at default verbosity, and output that is not a
+/// terminal has no colour codes; `-v` shows strata's progress and that warning, still
+/// without colour.
+#[test]
+fn dependency_logs_stay_quiet_and_pipes_get_no_colour() {
+    let project = || {
+        let p = Project::new(
+            r#"
+CREATE OR REFRESH STREAMING TABLE stamped
+AS SELECT *, current_timestamp() AS ingested_at FROM STREAM read_files('data/cdc', format => 'json',
+  schema => 'userId INT, name STRING');
+"#,
+        );
+        p.file("data/cdc/001.json", "{\"userId\": 1, \"name\": \"a\"}\n");
+        p
+    };
+    let out = project().run();
+    assert!(out.status.success(), "run failed: {}", stderr(&out));
+    let err = stderr(&out);
+    assert!(!err.contains("deltalake"), "a dependency's line: {err}");
+    assert!(!err.contains("WARN"), "{err}");
+    assert!(!err.contains('\u{1b}'), "colour codes in a pipe: {err:?}");
+    // The same first run with -v: strata's progress and the line the default kept back.
+    let out = project().strata(&["-v", "run", "pipeline.sql"]);
+    assert!(out.status.success(), "run failed: {}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("INFO"), "-v shows progress: {err}");
+    assert!(err.contains("deltalake_core"), "-v shows dependencies' warnings: {err}");
+    assert!(!err.contains('\u{1b}'), "colour codes in a pipe: {err:?}");
+}
+
+/// `--memory-limit` takes a size as people write it, and refuses what is not one before
+/// anything runs (exit 2, the flag named).
+#[test]
+fn memory_limit_takes_sizes_and_refuses_the_rest() {
+    let p = Project::new(PIPELINE);
+    p.file("data/cdc/001.json", BATCH1);
+    let out = p.strata(&["run", "pipeline.sql", "--memory-limit", "plenty"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--memory-limit"), "{}", stderr(&out));
+    assert!(!p.path("warehouse").join("default/users").exists());
+    let out = p.strata(&["run", "pipeline.sql", "--memory-limit", "64MiB"]);
+    assert!(out.status.success(), "run failed: {}", stderr(&out));
+    assert_eq!(
+        p.csv("SELECT count(*) AS n FROM users").lines().nth(1),
+        Some("5")
+    );
+}
