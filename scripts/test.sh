@@ -35,6 +35,10 @@ step() { printf '\n==> %s\n' "$*"; }
 mkdir -p "$CARGO_TARGET_DIR"
 step "disk: $(df -h "$CARGO_TARGET_DIR" | awk 'NR==2 {print $4 " free"}') where $CARGO_TARGET_DIR is"
 
+step "docs name only what exists (scripts/check_docs.py)"
+python3 scripts/check_docs.py --self-test
+python3 scripts/check_docs.py
+
 step "cargo fmt --check"
 cargo fmt --all --check
 
