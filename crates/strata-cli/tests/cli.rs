@@ -1355,7 +1355,10 @@ AS SELECT *, current_timestamp() AS ingested_at FROM STREAM read_files('data/cdc
     assert!(out.status.success(), "run failed: {}", stderr(&out));
     let err = stderr(&out);
     assert!(err.contains("INFO"), "-v shows progress: {err}");
-    assert!(err.contains("deltalake_core"), "-v shows dependencies' warnings: {err}");
+    assert!(
+        err.contains("deltalake_core"),
+        "-v shows dependencies' warnings: {err}"
+    );
     assert!(!err.contains('\u{1b}'), "colour codes in a pipe: {err:?}");
 }
 

@@ -1104,7 +1104,10 @@ COLUMNS * EXCEPT (_change_type, _commit_lsn, _change_seq, _commit_timestamp, _un
         &format!("TRUNCATE {table}; INSERT INTO {table} VALUES (3, 'team');"),
     );
     run_ok(&p, &server.password);
-    assert_eq!(p.csv("SELECT id, plan FROM acct_now ORDER BY id"), "id,plan\n3,team\n");
+    assert_eq!(
+        p.csv("SELECT id, plan FROM acct_now ORDER BY id"),
+        "id,plan\n3,team\n"
+    );
     assert_eq!(
         p.csv("SELECT id, plan, __END_AT IS NULL AS open FROM acct ORDER BY id, __START_AT"),
         "id,plan,open\n1,free,false\n2,pro,false\n3,team,true\n"
@@ -1135,7 +1138,8 @@ COLUMNS * EXCEPT (_change_type, _commit_lsn, _change_seq, _commit_timestamp, _un
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
-        err.contains("truncate") && err.contains("APPLY AS TRUNCATE WHEN _change_type = 'truncate'"),
+        err.contains("truncate")
+            && err.contains("APPLY AS TRUNCATE WHEN _change_type = 'truncate'"),
         "{err}"
     );
     for s in [slot.clone(), format!("{slot}_b")] {
