@@ -222,7 +222,20 @@ fn query_errors() {
     assert!(p.run().status.success());
     let out = p.strata(&["query", "SELECT * FROM nope"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("nope"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("table main.default.nope not found"),
+        "{}",
+        stderr(&out)
+    );
+    // A near miss names the table meant, in the catalog the user sees.
+    let out = p.strata(&["query", "SELECT * FROM userz"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains("table main.default.userz not found; did you mean main.default.users")
+            && !err.contains("strata.default"),
+        "{err}"
+    );
     let out = p.strata(&["validate", "nope"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(

@@ -56,6 +56,11 @@ pub(crate) fn fits(from: &DataType, to: &DataType) -> bool {
     };
     match (from, to) {
         (Null, _) => true,
+        // DataFusion's timestamp expressions (CAST(x AS TIMESTAMP), to_timestamp(x),
+        // literals) are nanoseconds; Delta's TIMESTAMP is microseconds in UTC and
+        // TIMESTAMP_NTZ microseconds without a zone: the value a Delta table can hold.
+        (Timestamp(_, _), Timestamp(TimeUnit::Microsecond, _)) => true,
+        (Date32, Timestamp(TimeUnit::Microsecond, _)) => true,
         (a, b) if int_bits(a).is_some() && int_bits(b).is_some() => int_bits(a) <= int_bits(b),
         (Int8 | Int16 | Int32, Float64) | (Int8 | Int16, Float32) | (Float32, Float64) => true,
         (a, Decimal128(p, s)) if int_digits(a).is_some() => {
@@ -70,35 +75,7 @@ pub(crate) fn fits(from: &DataType, to: &DataType) -> bool {
     }
 }
 
-/// A type as Spark SQL spells it, for messages.
-pub(crate) fn spark_name(t: &DataType) -> String {
-    use DataType::*;
-    match t {
-        Int8 => "TINYINT".into(),
-        Int16 => "SMALLINT".into(),
-        Int32 => "INT".into(),
-        Int64 => "BIGINT".into(),
-        Float32 => "FLOAT".into(),
-        Float64 => "DOUBLE".into(),
-        Boolean => "BOOLEAN".into(),
-        Utf8 | Utf8View | LargeUtf8 => "STRING".into(),
-        Binary | BinaryView | LargeBinary => "BINARY".into(),
-        Date32 => "DATE".into(),
-        Timestamp(TimeUnit::Microsecond, Some(_)) => "TIMESTAMP".into(),
-        Timestamp(TimeUnit::Microsecond, None) => "TIMESTAMP_NTZ".into(),
-        Decimal128(p, s) => format!("DECIMAL({p},{s})"),
-        List(f) => format!("ARRAY<{}>", spark_name(f.data_type())),
-        Struct(fields) => format!(
-            "STRUCT<{}>",
-            fields
-                .iter()
-                .map(|f| format!("{}: {}", f.name(), spark_name(f.data_type())))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-        other => other.to_string(),
-    }
-}
+pub(crate) use crate::util::arrow::sql_type_name as spark_name;
 
 /// What a flow's output must become to match its target's declaration.
 #[derive(Debug, Clone, PartialEq)]
@@ -242,6 +219,39 @@ mod tests {
             &Int64,
             &Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
         ));
+        // DataFusion's nanosecond timestamps fit Delta's microsecond TIMESTAMP and
+        // TIMESTAMP_NTZ; a type name never shows a unit.
+        let delta_ts = Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
+        assert!(fits(&Timestamp(TimeUnit::Nanosecond, None), &delta_ts));
+        assert!(fits(
+            &Timestamp(TimeUnit::Nanosecond, Some("+00:00".into())),
+            &Timestamp(TimeUnit::Microsecond, None)
+        ));
+        assert!(fits(&Date32, &delta_ts));
+        assert!(!fits(&delta_ts, &Date32));
+        assert_eq!(
+            spark_name(&Timestamp(TimeUnit::Nanosecond, None)),
+            "TIMESTAMP_NTZ"
+        );
+        assert_eq!(
+            spark_name(&Timestamp(TimeUnit::Nanosecond, Some("UTC".into()))),
+            "TIMESTAMP"
+        );
+        let map = Map(
+            std::sync::Arc::new(Field::new(
+                "entries",
+                Struct(
+                    vec![
+                        Field::new("key", Utf8, false),
+                        Field::new("value", Int64, true),
+                    ]
+                    .into(),
+                ),
+                false,
+            )),
+            false,
+        );
+        assert_eq!(spark_name(&map), "MAP<STRING, BIGINT>");
     }
 
     #[test]

@@ -13,6 +13,7 @@ use crate::util::sql::quote_ident;
 use deltalake::arrow::array::RecordBatch;
 use deltalake::arrow::compute::concat_batches;
 use deltalake::arrow::datatypes::SchemaRef;
+use deltalake::datafusion::prelude::SessionContext;
 use std::sync::Arc;
 use strata_sql::TableName;
 
@@ -32,16 +33,71 @@ pub async fn query(wh: &Warehouse, sql: &str) -> Result<(SchemaRef, Vec<RecordBa
     }
     let ctx = warehouse_session_in(wh, schema).await?;
     let sql = rewrite(wh, &ctx, &sql, schema).await?;
-    let df = ctx
-        .sql(&sql)
-        .await
-        .map_err(|e| EngineError::of_query("query", e))?;
+    let df = match ctx.sql(&sql).await {
+        Ok(df) => df,
+        Err(e) => {
+            return Err(missing_table(&ctx, wh.catalog(), &e.to_string())
+                .unwrap_or_else(|| EngineError::of_query("query", e)))
+        }
+    };
     let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
     let batches = df
         .collect()
         .await
         .map_err(|e| EngineError::of_query("query", e))?;
     Ok((schema, batches))
+}
+
+/// DataFusion's "table 'strata.default.x' not found" as the user sees the warehouse: the
+/// catalog by its name (`main`), and the tables of the warehouse with the nearest names.
+fn missing_table(ctx: &SessionContext, catalog: &str, error: &str) -> Option<EngineError> {
+    let (_, rest) = error.split_once("table '")?;
+    let (name, _) = rest.split_once("' not found")?;
+    let parts: Vec<&str> = name.split('.').collect();
+    let [_, schema, table] = parts.as_slice() else {
+        return None;
+    };
+    let known: Vec<String> = ctx
+        .catalog("strata")
+        .map(|c| {
+            c.schema_names()
+                .into_iter()
+                .filter(|s| s != "information_schema")
+                .flat_map(|s| {
+                    let names = c.schema(&s).map(|p| p.table_names()).unwrap_or_default();
+                    names.into_iter().map(move |t| (s.clone(), t))
+                })
+                .map(|(s, t)| format!("{catalog}.{s}.{t}"))
+                .collect()
+        })
+        .unwrap_or_default();
+    let wanted = format!("{catalog}.{schema}.{table}");
+    let near = nearest_names(&wanted, &known);
+    let hint = match near.as_slice() {
+        [] if known.is_empty() => "; the warehouse has no tables yet".to_string(),
+        [] => String::new(),
+        names => format!("; did you mean {}?", names.join(", ")),
+    };
+    Some(EngineError::NotFound(format!(
+        "query: table {wanted} not found{hint}"
+    )))
+}
+
+/// Up to three of `known` within a few edits of `wanted` (or sharing its last part up to
+/// case), nearest first.
+fn nearest_names(wanted: &str, known: &[String]) -> Vec<String> {
+    use deltalake::datafusion::common::utils::datafusion_strsim::levenshtein;
+    let last = |n: &str| n.rsplit('.').next().unwrap_or(n).to_ascii_lowercase();
+    let mut scored: Vec<(usize, &String)> = known
+        .iter()
+        .map(|k| {
+            let d = levenshtein(&last(wanted), &last(k)).min(levenshtein(wanted, k));
+            (d, k)
+        })
+        .filter(|(d, k)| *d <= 1 + last(wanted).len() / 3 || last(k) == last(wanted))
+        .collect();
+    scored.sort();
+    scored.into_iter().take(3).map(|(_, k)| k.clone()).collect()
 }
 
 /// How `validate` reads a history table that strata did not write (a dbt snapshot, a
@@ -308,4 +364,30 @@ async fn timeline_rows(table: &deltalake::DeltaTable, sql: &str) -> Result<Optio
     concat_batches(&first.schema(), &batches)
         .map(Some)
         .context(|| "validate".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn near_names_are_few_and_close() {
+        let known: Vec<String> = [
+            "main.default.customer",
+            "main.default.orders",
+            "main.gold.Customers",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(
+            nearest_names("main.default.customers", &known),
+            // The same name in another schema (any case) first, then one edit away.
+            vec![
+                "main.gold.Customers".to_string(),
+                "main.default.customer".to_string()
+            ]
+        );
+        assert!(nearest_names("main.default.zzz", &known).is_empty());
+    }
 }

@@ -154,18 +154,23 @@ async fn a_bulk_load_in_a_small_memory_limit_equals_the_in_memory_load() {
             .all(|f| f.notes.iter().all(|n| !n.starts_with("bulk load"))),
         "the default limit folds 300,000 events in memory"
     );
-    let counts = |r: &strata_engine::RunReport| -> Vec<(usize, usize, usize, usize)> {
-        r.flows
+    // By flow name: the two flows run side by side, in either order.
+    let counts = |r: &strata_engine::RunReport| -> Vec<(String, usize, usize, usize, usize)> {
+        let mut c: Vec<_> = r
+            .flows
             .iter()
             .map(|f| {
                 (
+                    f.flow.clone(),
                     f.rows_inserted,
                     f.versions_opened,
                     f.keys_upserted,
                     f.keys_touched,
                 )
             })
-            .collect()
+            .collect();
+        c.sort();
+        c
     };
     assert_eq!(counts(&report), counts(&report_in_memory));
     assert_eq!(contents(&bounded).await, contents(&in_memory).await);
