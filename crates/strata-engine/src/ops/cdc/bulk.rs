@@ -18,7 +18,7 @@
 //! commit (a vacuum removes them); a run killed after the store commit leaves an empty
 //! target, which the next run rebuilds from the store the same way.
 
-use super::run::{check_integrity, check_not_null};
+use super::target::{check_integrity, check_not_null};
 use crate::error::{Context, EngineError, Result};
 use crate::eventstore::tombstones;
 use crate::ops::cdc::FlowReport;
@@ -163,7 +163,7 @@ pub(super) async fn run_bulk(
     };
     let target = match bulk.target {
         Some(t) => t,
-        None => create_target(scope, setup, target_properties).await?,
+        None => super::target::create_target(scope, setup, target_properties).await?,
     };
     let plan = ctx
         .sql(&sql)
@@ -309,24 +309,6 @@ async fn register_input(
             Ok((sql, None, estimated_rows(store, &live)))
         }
     }
-}
-
-/// Creates the target with the properties of its declaration.
-async fn create_target(
-    scope: &Scope<'_>,
-    setup: &FlowSetup,
-    target_properties: &BTreeMap<String, String>,
-) -> Result<DeltaTable> {
-    let flow = &setup.flow;
-    crate::storage::table::create_delta(
-        &scope.wh.table_location(&flow.target),
-        &flow.target.name,
-        &setup.target_schema,
-        super::setup::target_configuration(setup, target_properties),
-        setup.target_comment.as_deref(),
-        super::setup::target_partition_columns(setup)?,
-    )
-    .await
 }
 
 /// One chunk's events folded into its target rows, checked (declared NOT NULL columns, the

@@ -12,8 +12,8 @@
 //! event store ahead of the target and derives the keys of its commits again).
 
 use super::snapshot::{self, SnapshotEvents};
-use super::target::{self, TargetWrite};
-use crate::error::{Context, EngineError, Result};
+use super::target::{self, check_integrity, check_not_null, TargetWrite};
+use crate::error::{Context, Result};
 use crate::eventstore::digest::{self, Digest};
 use crate::eventstore::evaluate::evaluate_events;
 use crate::eventstore::read::{collect_sql, read_slice};
@@ -25,7 +25,6 @@ use crate::ops::Scope;
 use crate::semantics::events::{merge_touched, touched_keys, validate_events, with_run, Touched};
 use crate::semantics::flow::FlowSetup;
 use crate::semantics::fold::{OP_COL, RUN_COL, SEQ_COL};
-use crate::semantics::integrity::check_rows;
 use crate::storage::commit::{position, AppId, PendingCommit};
 use crate::storage::location::Location;
 use crate::storage::session::register_table;
@@ -706,59 +705,6 @@ async fn fold(
         Ok(Folded { rows, keys })
     })
     .await
-}
-
-/// The target's declared `NOT NULL` columns hold a value in every row about to be written:
-/// checked before the events are committed, so a NULL never reaches the event store.
-pub(super) fn check_not_null(setup: &FlowSetup, rows: &RecordBatch) -> Result<()> {
-    for field in setup
-        .target_schema
-        .fields()
-        .iter()
-        .filter(|f| !f.is_nullable())
-    {
-        let Ok(i) = rows.schema().index_of(field.name()) else {
-            continue;
-        };
-        let column = rows.column(i);
-        if column.null_count() == 0 {
-            continue;
-        }
-        let row = (0..rows.num_rows())
-            .find(|&r| column.is_null(r))
-            .unwrap_or(0);
-        let keys: Vec<usize> = setup
-            .key_names
-            .iter()
-            .filter_map(|k| rows.schema().index_of(k).ok())
-            .collect();
-        return Err(EngineError::BadInput(format!(
-            "flow {}: column `{}` of {} is declared NOT NULL, but key ({}) would get NULL \
-             ({} row(s) in all); nothing was written",
-            setup.flow.name,
-            field.name(),
-            setup.flow.target,
-            crate::semantics::fold::describe_key(rows, &keys, row),
-            column.null_count()
-        )));
-    }
-    Ok(())
-}
-
-/// The built-in SCD2 integrity check on rows about to be written.
-pub(super) fn check_integrity(setup: &FlowSetup, rows: &RecordBatch) -> Result<()> {
-    let violations = check_rows(rows, &setup.key_names, &setup.timeline)?;
-    match violations.first() {
-        None => Ok(()),
-        Some(v) => Err(EngineError::Internal(format!(
-            "flow {}: the SCD2 integrity check failed before anything was written: key ({}) \
-             {} ({} violation(s) in all)",
-            setup.flow.name,
-            v.key,
-            v.problem,
-            violations.len()
-        ))),
-    }
 }
 
 /// Commits the run's events to the event store (created on the first run) together with

@@ -251,17 +251,7 @@ async fn commit_versions(
         concat_batches(&setup.target_schema, &write.parts).context(|| "snapshot rows".into())?;
     let target = match target {
         Some(t) => t,
-        None => {
-            crate::storage::table::create_delta(
-                &scope.wh.table_location(&f.target),
-                &f.target.name,
-                &setup.target_schema,
-                super::setup::target_configuration(setup, target_properties),
-                setup.target_comment.as_deref(),
-                super::setup::target_partition_columns(setup)?,
-            )
-            .await?
-        }
+        None => super::target::create_target(scope, setup, target_properties).await?,
     };
     let start = Expr::Column(Column::new_unqualified(setup.timeline.valid_from.as_str()));
     let predicate = start.in_list(write.replace.into_iter().map(lit).collect(), false);

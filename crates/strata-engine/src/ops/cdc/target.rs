@@ -5,13 +5,14 @@
 //! replacement does not handle.
 
 use super::setup::target_configuration;
-use crate::error::{Context, Result};
+use crate::error::{Context, EngineError, Result};
 use crate::eventstore::read::read_slice;
 use crate::ops::cdc::FlowReport;
 use crate::ops::Scope;
 use crate::semantics::compare::{compare, count_first_rows, ChangeSet};
 use crate::semantics::events::Touched;
 use crate::semantics::flow::FlowSetup;
+use crate::semantics::integrity::check_rows;
 use crate::storage::commit::PendingCommit;
 use crate::storage::session::register_table;
 use crate::storage::table::table_files;
@@ -104,22 +105,84 @@ async fn write_first_rows(
     let flow = &setup.flow;
     let target = match existing {
         Some(t) => t,
-        None => {
-            crate::storage::table::create_delta(
-                &scope.wh.table_location(&flow.target),
-                &flow.target.name,
-                &setup.target_schema,
-                target_configuration(setup, target_properties),
-                setup.target_comment.as_deref(),
-                super::setup::target_partition_columns(setup)?,
-            )
-            .await?
-        }
+        None => create_target(scope, setup, target_properties).await?,
     };
     crate::storage::write::append(&target, vec![write.rows], Vec::new(), &write.commit).await?;
     let steps = Steps::new(&flow.name, "");
     step!(info, steps, "wrote the first rows of the target");
     Ok(())
+}
+
+/// The target's declared `NOT NULL` columns hold a value in every row about to be written:
+/// checked before the events are committed, so a NULL never reaches the event store.
+pub(super) fn check_not_null(setup: &FlowSetup, rows: &RecordBatch) -> Result<()> {
+    for field in setup
+        .target_schema
+        .fields()
+        .iter()
+        .filter(|f| !f.is_nullable())
+    {
+        let Ok(i) = rows.schema().index_of(field.name()) else {
+            continue;
+        };
+        let column = rows.column(i);
+        if column.null_count() == 0 {
+            continue;
+        }
+        let row = (0..rows.num_rows())
+            .find(|&r| column.is_null(r))
+            .unwrap_or(0);
+        let keys: Vec<usize> = setup
+            .key_names
+            .iter()
+            .filter_map(|k| rows.schema().index_of(k).ok())
+            .collect();
+        return Err(EngineError::BadInput(format!(
+            "flow {}: column `{}` of {} is declared NOT NULL, but key ({}) would get NULL \
+             ({} row(s) in all); nothing was written",
+            setup.flow.name,
+            field.name(),
+            setup.flow.target,
+            crate::semantics::fold::describe_key(rows, &keys, row),
+            column.null_count()
+        )));
+    }
+    Ok(())
+}
+
+/// The built-in SCD2 integrity check on rows about to be written.
+pub(super) fn check_integrity(setup: &FlowSetup, rows: &RecordBatch) -> Result<()> {
+    let violations = check_rows(rows, &setup.key_names, &setup.timeline)?;
+    match violations.first() {
+        None => Ok(()),
+        Some(v) => Err(EngineError::Internal(format!(
+            "flow {}: the SCD2 integrity check failed before anything was written: key ({}) \
+             {} ({} violation(s) in all)",
+            setup.flow.name,
+            v.key,
+            v.problem,
+            violations.len()
+        ))),
+    }
+}
+
+/// Creates the flow's target with the properties of its declaration (every AUTO CDC
+/// target's, its partition columns, its comment).
+pub(super) async fn create_target(
+    scope: &Scope<'_>,
+    setup: &FlowSetup,
+    target_properties: &BTreeMap<String, String>,
+) -> Result<DeltaTable> {
+    let flow = &setup.flow;
+    crate::storage::table::create_delta(
+        &scope.wh.table_location(&flow.target),
+        &flow.target.name,
+        &setup.target_schema,
+        target_configuration(setup, target_properties),
+        setup.target_comment.as_deref(),
+        super::setup::target_partition_columns(setup)?,
+    )
+    .await
 }
 
 /// Replaces the rows of the changed keys of `change` in the target: in place where
