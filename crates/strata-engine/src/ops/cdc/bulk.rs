@@ -18,7 +18,6 @@
 //! commit (a vacuum removes them); a run killed after the store commit leaves an empty
 //! target, which the next run rebuilds from the store the same way.
 
-use super::target::{check_integrity, check_not_null};
 use crate::error::{Context, EngineError, Result};
 use crate::eventstore::tombstones;
 use crate::ops::cdc::FlowReport;
@@ -39,7 +38,6 @@ use deltalake::arrow::datatypes::DataType;
 use deltalake::DeltaTable;
 use futures::StreamExt;
 use std::collections::BTreeMap;
-use strata_sql::ScdType;
 
 /// Events per chunk folded at once: enough for the fold's threads, small next to the
 /// memory limit.
@@ -84,18 +82,25 @@ pub(super) struct Bulk<'a> {
     pub(super) store_version: i64,
     /// The target when it exists (without data files).
     pub(super) target: Option<DeltaTable>,
+    /// The events the input holds, by the Delta log's statistics (for progress).
+    pub(super) expected: u64,
 }
 
-/// Whether a first run streams: events estimated from the source's file statistics above
-/// what the run's memory limit holds in memory (`STRATA_STREAM_MIN_ROWS` sets the row count
-/// instead; the golden scenarios' parallel mode sets it to 1, so every first load takes
-/// this path there).
-pub(super) fn streams(scope: &Scope<'_>, source: &DeltaTable, live: &[String]) -> bool {
-    let rows = estimated_rows(source, live);
-    match min_rows_override() {
-        Some(min) => rows.is_some_and(|r| r >= min),
-        None => rows.is_some_and(|r| r.saturating_mul(EVENT_BYTES_IN_MEMORY) > scope.memory),
-    }
+/// The events of the files `live` of `source` (by the Delta log's statistics) when a load of
+/// them streams: more than the run's memory limit holds in memory (`STRATA_STREAM_MIN_ROWS`
+/// sets the row count instead; the golden scenarios' parallel mode sets it to 1, so every
+/// first load takes this path there); `None` when they are folded in memory.
+pub(super) fn streamed_events(
+    scope: &Scope<'_>,
+    source: &DeltaTable,
+    live: &[String],
+) -> Option<u64> {
+    let rows = estimated_rows(source, live)?;
+    let streams = match min_rows_override() {
+        Some(min) => rows >= min,
+        None => rows.saturating_mul(EVENT_BYTES_IN_MEMORY) > scope.memory,
+    };
+    streams.then_some(rows)
 }
 
 fn min_rows_override() -> Option<u64> {
@@ -145,7 +150,7 @@ pub(super) async fn run_bulk(
         false => crate::util::threads::parallelism(),
     };
     let ctx = crate::storage::session::spilling_session(sort_memory, sorters)?;
-    let (sql, run, total) = register_input(&ctx, setup, &bulk.from).await?;
+    let (sql, run) = register_input(&ctx, setup, &bulk.from).await?;
     let place = match &bulk.from {
         Input::Source { from, .. } => format!(
             "the rows of {} added after version {}",
@@ -210,7 +215,7 @@ pub(super) async fn run_bulk(
             report.rows_inserted += rows.0.num_rows();
             report.keys_touched += rows.1;
             target_files.write(rows.0).await?;
-            (scope.update)(progress(folded_events, total));
+            (scope.update)(progress(folded_events, bulk.expected));
         }
         if next.is_none() {
             break;
@@ -255,14 +260,13 @@ pub(super) async fn run_bulk(
     Ok(())
 }
 
-/// Registers the bulk load's input in `ctx` and returns the sorting query, the run number
-/// new events are stored under (`None` when rebuilding from the store) and the number of
-/// events expected, when known.
+/// Registers the bulk load's input in `ctx` and returns the sorting query and the run number
+/// new events are stored under (`None` when rebuilding from the store).
 async fn register_input(
     ctx: &deltalake::datafusion::prelude::SessionContext,
     setup: &FlowSetup,
     from: &Input<'_>,
-) -> Result<(String, Option<i64>, Option<u64>)> {
+) -> Result<(String, Option<i64>)> {
     let mut order: Vec<String> = setup.key_names.iter().map(|k| quote_ident(k)).collect();
     let seq_sortable = !matches!(
         setup.event_schema.field(setup.spec.n_out).data_type(),
@@ -288,41 +292,31 @@ async fn register_input(
                 changes,
             )
             .await?;
-            let total = estimated_rows(source, &changes.live);
             let sql = format!(
                 "SELECT * FROM ({}) AS __strata_new ORDER BY {}",
                 setup.select_sql,
                 order.join(", ")
             );
-            Ok((sql, Some(*run), total))
+            Ok((sql, Some(*run)))
         }
         Input::Store { store } => {
             crate::storage::session::register_table(ctx, "__strata_events", store, None).await?;
-            let live = crate::storage::table::table_files(store)?
-                .into_iter()
-                .collect::<Vec<_>>();
             order.push(quote_ident(RUN_COL));
             let sql = format!(
                 "SELECT * FROM __strata_events ORDER BY {}",
                 order.join(", ")
             );
-            Ok((sql, None, estimated_rows(store, &live)))
+            Ok((sql, None))
         }
     }
 }
 
-/// One chunk's events folded into its target rows, checked (declared NOT NULL columns, the
-/// SCD2 integrity check), on a blocking thread; with the number of keys.
+/// One chunk's events folded into its target rows and checked (`target::fold_checked`), on
+/// a blocking thread; with the number of keys.
 async fn fold_chunk(setup: &FlowSetup, events: RecordBatch) -> Result<(RecordBatch, usize)> {
     let setup = setup.clone();
     off_scheduler("the fold", move || {
-        let (rows, keys) = setup.fold_to_target(&events)?;
-        drop(events);
-        check_not_null(&setup, &rows)?;
-        if setup.flow.stored_as == ScdType::Type2 {
-            check_integrity(&setup, &rows)?;
-        }
-        Ok((rows, keys))
+        super::target::fold_checked(&setup, events)
     })
     .await
 }
@@ -340,14 +334,14 @@ fn spilled(
     })
 }
 
-/// The progress line of a bulk load.
-fn progress(done: usize, total: Option<u64>) -> String {
+/// The progress line of a bulk load: `done` of `total` events folded.
+fn progress(done: usize, total: u64) -> String {
     match total {
-        Some(t) if t > 0 => format!(
+        0 => format!("bulk load: folded {done} event(s)"),
+        t => format!(
             "bulk load: folded {done} of {t} event(s) ({}%)",
             (done as u64 * 100 / t).min(100)
         ),
-        _ => format!("bulk load: folded {done} event(s)"),
     }
 }
 
@@ -388,11 +382,10 @@ mod tests {
     #[test]
     fn progress_says_how_far_and_what_is_left() {
         assert_eq!(
-            progress(250, Some(1000)),
+            progress(250, 1000),
             "bulk load: folded 250 of 1000 event(s) (25%)"
         );
-        assert_eq!(progress(5, None), "bulk load: folded 5 event(s)");
-        assert_eq!(progress(5, Some(0)), "bulk load: folded 5 event(s)");
+        assert_eq!(progress(5, 0), "bulk load: folded 5 event(s)");
     }
 
     /// DataFusion's "not enough memory" (whose advice names its own settings) becomes

@@ -12,7 +12,7 @@
 //! event store ahead of the target and derives the keys of its commits again).
 
 use super::snapshot::{self, SnapshotEvents};
-use super::target::{self, check_integrity, check_not_null, TargetWrite};
+use super::target::{self, TargetWrite};
 use crate::error::{Context, Result};
 use crate::eventstore::digest::{self, Digest};
 use crate::eventstore::evaluate::evaluate_events;
@@ -195,45 +195,45 @@ async fn bulk_load<'a>(
     if !target_empty {
         return Ok(None);
     }
-    let store_empty = match &pos.store {
-        Some(s) => crate::storage::table::table_files(s)?.is_empty(),
-        None => true,
+    let store_files = match &pos.store {
+        Some(s) => crate::storage::table::table_files(s)?,
+        None => Default::default(),
     };
-    let input = match (&pos.changes, store_empty) {
-        (Some(changes), true)
-            if pos.from.is_none()
-                && pos.has_new_input()
-                && changes.rewritten.is_empty()
-                && super::bulk::streams(scope, &pos.source, &changes.live) =>
-        {
-            Input::Source {
+    let (input, expected) = match (&pos.changes, &pos.store, store_files.is_empty()) {
+        (Some(changes), _, true) if pos.from.is_none() && pos.has_new_input() => {
+            let Some(events) = changes
+                .rewritten
+                .is_empty()
+                .then(|| super::bulk::streamed_events(scope, &pos.source, &changes.live))
+                .flatten()
+            else {
+                return Ok(None);
+            };
+            let input = Input::Source {
                 source: &pos.source,
                 changes,
                 from: pos.from,
                 store: pos.store.clone(),
                 run: pos.run(),
-            }
+            };
+            (input, events)
         }
-        (_, false)
+        (_, Some(store), false)
             if !pos.has_new_input()
                 && pos.applied < pos.store_version
                 && setup.tombstone_secs.is_none() =>
         {
-            let Some(store) = &pos.store else {
+            let live: Vec<String> = store_files.into_iter().collect();
+            let Some(events) = super::bulk::streamed_events(scope, store, &live) else {
                 return Ok(None);
             };
-            let live: Vec<String> = crate::storage::table::table_files(store)?
-                .into_iter()
-                .collect();
-            if !super::bulk::streams(scope, store, &live) {
-                return Ok(None);
-            }
-            Input::Store { store }
+            (Input::Store { store }, events)
         }
         _ => return Ok(None),
     };
     Ok(Some(Bulk {
         from: input,
+        expected,
         store_path: &pos.store_path,
         source_version: pos.source_version,
         store_version: pos.store_version,
@@ -696,12 +696,7 @@ async fn fold(
             _ => concat_batches(&setup.event_schema, &parts)
                 .context(|| "concatenating events".into())?,
         };
-        let (rows, keys) = setup.fold_to_target(&events)?;
-        drop(events);
-        check_not_null(&setup, &rows)?;
-        if setup.flow.stored_as == ScdType::Type2 {
-            check_integrity(&setup, &rows)?;
-        }
+        let (rows, keys) = target::fold_checked(&setup, events)?;
         Ok(Folded { rows, keys })
     })
     .await

@@ -113,9 +113,22 @@ async fn write_first_rows(
     Ok(())
 }
 
+/// `events` folded into their target rows and checked before anything is written: the
+/// declared `NOT NULL` columns, and an SCD type 2 result's integrity (a broken timeline is
+/// never committed); with the number of keys. CPU work: callers run it off the scheduler.
+pub(super) fn fold_checked(setup: &FlowSetup, events: RecordBatch) -> Result<(RecordBatch, usize)> {
+    let (rows, keys) = setup.fold_to_target(&events)?;
+    drop(events);
+    check_not_null(setup, &rows)?;
+    if setup.flow.stored_as == strata_sql::ScdType::Type2 {
+        check_integrity(setup, &rows)?;
+    }
+    Ok((rows, keys))
+}
+
 /// The target's declared `NOT NULL` columns hold a value in every row about to be written:
 /// checked before the events are committed, so a NULL never reaches the event store.
-pub(super) fn check_not_null(setup: &FlowSetup, rows: &RecordBatch) -> Result<()> {
+fn check_not_null(setup: &FlowSetup, rows: &RecordBatch) -> Result<()> {
     for field in setup
         .target_schema
         .fields()
@@ -151,7 +164,7 @@ pub(super) fn check_not_null(setup: &FlowSetup, rows: &RecordBatch) -> Result<()
 }
 
 /// The built-in SCD2 integrity check on rows about to be written.
-pub(super) fn check_integrity(setup: &FlowSetup, rows: &RecordBatch) -> Result<()> {
+fn check_integrity(setup: &FlowSetup, rows: &RecordBatch) -> Result<()> {
     let violations = check_rows(rows, &setup.key_names, &setup.timeline)?;
     match violations.first() {
         None => Ok(()),
