@@ -335,7 +335,6 @@ _NOT_YET = {
     "spark_conf": "Spark configuration does not apply to strata",
     "path": "tables live in the warehouse, at <warehouse>/<schema>/<table>",
     "row_filter": "row filters are not supported",
-    "private": "private datasets are not supported yet",
 }
 
 
@@ -470,8 +469,7 @@ def _dataset(kind: str, decorator: str, query_fn=None, *, name=None, comment=Non
             raise _error(f"@dp.{decorator} decorates a function, got {type(fn).__name__}")
         ds = name or fn.__name__
         origin = _origin(f"@dp.{decorator} {ds}", fn)
-        _refuse(origin, spark_conf=spark_conf, path=path, row_filter=row_filter,
-                private=private)
+        _refuse(origin, spark_conf=spark_conf, path=path, row_filter=row_filter)
         layout = _layout(partition_cols, cluster_by, origin)
         q = _result_of(fn, origin)
         returned = None
@@ -491,8 +489,11 @@ def _dataset(kind: str, decorator: str, query_fn=None, *, name=None, comment=Non
                              "the table that reads it)")
             sql = f"CREATE TEMPORARY VIEW {_ident(ds)}{_comment(comment, origin)} AS\n{q.sql}"
         else:
-            head = ("CREATE OR REFRESH STREAMING TABLE" if effective == "streaming"
-                    else "CREATE OR REFRESH MATERIALIZED VIEW")
+            # private=True (temporary=True, its legacy name): kept out of the catalog,
+            # read by this pipeline alone.
+            keep = " PRIVATE" if (private or temporary) else ""
+            head = (f"CREATE OR REFRESH{keep} STREAMING TABLE" if effective == "streaming"
+                    else f"CREATE OR REFRESH{keep} MATERIALIZED VIEW")
             sql = (f"{head} {_ident(ds)}{_columns(schema, exps, origin)}"
                    f"{_comment(comment, origin)}{layout}{_props(table_properties, origin)}"
                    f"\nAS {q.sql}")
@@ -716,7 +717,11 @@ def create_auto_cdc_flow(target: str, source: str, keys: Sequence[Union[str, Col
                          track_history_except_column_list: Optional[
                              Sequence[Union[str, Column]]] = None,
                          name: Optional[str] = None, once: bool = False) -> None:
-    """An AUTO CDC flow: change events of ``source`` applied to ``target`` (SCD type 1 or 2)."""
+    """An AUTO CDC flow: change events of ``source`` applied to ``target`` (SCD type 1 or 2).
+
+    With ``once=True`` it is a one-time backfill (``AUTO CDC ONCE``): ``source`` is read in
+    batch in the first update after the flow is declared, and again only after a full refresh
+    of ``target``; its events meet those of the streaming flows into ``target`` as theirs do."""
     if not isinstance(target, str) or not target:
         raise _error(f"create_auto_cdc_flow: target must be a table name, got "
                      f"{type(target).__name__}")
@@ -724,8 +729,8 @@ def create_auto_cdc_flow(target: str, source: str, keys: Sequence[Union[str, Col
     if not isinstance(flow, str) or not flow:
         raise _error("create_auto_cdc_flow: name must be a string")
     origin = _origin(f"create_auto_cdc_flow {flow}")
-    if once:
-        raise _error(f"{origin}: once=True (a one-time backfill flow) is not supported yet")
+    if not isinstance(once, bool):
+        raise _error(f"{origin}: once must be True or False")
     if not isinstance(ignore_null_updates, bool):
         raise _error(f"{origin}: ignore_null_updates must be True or False")
     key_list = _names(keys, "keys")
@@ -735,8 +740,11 @@ def create_auto_cdc_flow(target: str, source: str, keys: Sequence[Union[str, Col
         raise _error(f"{origin}: sequence_by is required")
     seq = _column_name(sequence_by, "sequence_by") if isinstance(sequence_by, str) \
         else _expr_sql(sequence_by, "sequence_by")
-    sql = (f"CREATE FLOW {_ident(flow)} AS AUTO CDC INTO {_ident(target)}\n"
-           f"FROM STREAM({_source_name(source, origin)})\nKEYS ({', '.join(key_list)})")
+    # once=True: AUTO CDC ONCE, a one-time backfill that reads its source in batch.
+    source_sql = (_source_name(source, origin) if once
+                  else f"STREAM({_source_name(source, origin)})")
+    sql = (f"CREATE FLOW {_ident(flow)} AS AUTO CDC{' ONCE' if once else ''} INTO "
+           f"{_ident(target)}\nFROM {source_sql}\nKEYS ({', '.join(key_list)})")
     if ignore_null_updates:
         sql += "\nIGNORE NULL UPDATES"
     if apply_as_deletes is not None:

@@ -299,6 +299,49 @@ def test_python_and_sql_in_one_pipeline(tmp_path):
                    warehouse=tmp_path / "wh", progress=False)
 
 
+PRIVATE_PY = """\
+from strata import pipelines as dp
+
+@dp.table(private=True)
+def events_clean():
+    return dp.read_files("data/cdc", format="json", schema="{schema}").where("id IS NOT NULL")
+
+@dp.materialized_view(private=True)
+def by_op():
+    return "SELECT op, count(*) AS n FROM events_clean GROUP BY op"
+
+@dp.materialized_view
+def ops():
+    return "SELECT op, n FROM by_op"
+"""
+
+
+def test_private_datasets_are_read_by_their_pipeline_only(tmp_path):
+    cdc_data(tmp_path)
+    p = write(tmp_path / "p.py", PRIVATE_PY.format(schema=CDC_SCHEMA))
+    sql = strata.sql(p)
+    assert "CREATE OR REFRESH PRIVATE STREAMING TABLE events_clean" in sql
+    assert "CREATE OR REFRESH PRIVATE MATERIALIZED VIEW by_op" in sql
+    wh = tmp_path / "wh"
+    strata.run(p, warehouse=wh, progress=False)
+    # The public view read the private ones...
+    got = strata.query("SELECT op, n FROM ops ORDER BY op", warehouse=wh).to_pylist()
+    assert sum(r["n"] for r in got) > 0
+    # ...which the warehouse's catalog does not show, nor let a query read.
+    shown = strata.query("SHOW TABLES", warehouse=wh).to_pylist()
+    assert sorted(r["tableName"] for r in shown) == ["ops"]
+    with pytest.raises(strata.StrataError, match="events_clean"):
+        strata.query("SELECT * FROM events_clean", warehouse=wh)
+    # They are Delta tables all the same, in the pipeline's private folder.
+    private = wh / "_strata" / "private" / "p.py" / "default"
+    assert (private / "events_clean" / "_delta_log").is_dir()
+    assert (private / "by_op" / "_delta_log").is_dir()
+    assert not (wh / "default" / "events_clean").exists()
+    # A second run of the pipeline finds its private tables again: nothing new.
+    again = strata.run(p, warehouse=wh, progress=False)
+    assert all(i["rows"] == 0 or i["skipped"] for i in again["ingests"])
+
+
 PARTITIONED_PY = """\
 from strata import pipelines as dp
 from strata.pipelines import col
@@ -539,6 +582,49 @@ def test_once_flow_backfills_one_time(tmp_path):
 # Errors
 # ------------------------------------------------------------------------------------------
 
+def test_auto_cdc_once_backfills_history_the_streaming_flow_continues(tmp_path):
+    """create_auto_cdc_flow(once=True) is AUTO CDC ONCE: a table of old change events is
+    folded into the target once, next to the streaming flow; a late event of the stream that
+    belongs before the backfill's versions is placed into history."""
+    jsonl(tmp_path / "data/old/1.json", [
+        {"id": 1, "name": "a0", "seq": 1},
+        {"id": 1, "name": "a1", "seq": 3},
+        {"id": 2, "name": "b0", "seq": 1},
+    ])
+    jsonl(tmp_path / "data/new/1.json", [
+        {"id": 1, "name": "a2", "seq": 5},
+        {"id": 2, "name": "b-late", "seq": 2},
+    ])
+    p = write(tmp_path / "p.py", """\
+        from strata import pipelines as dp
+
+        @dp.table
+        def history():
+            return dp.read_files("data/old", format="json", schema="id INT, name STRING, seq INT")
+
+        @dp.table
+        def events():
+            return dp.read_files("data/new", format="json", schema="id INT, name STRING, seq INT")
+
+        dp.create_streaming_table("users")
+        dp.create_auto_cdc_flow(target="users", source="events", keys=["id"], sequence_by="seq",
+                                stored_as_scd_type=2, name="live")
+        dp.create_auto_cdc_flow(target="users", source="history", keys=["id"], sequence_by="seq",
+                                stored_as_scd_type=2, name="backfill", once=True)
+    """)
+    assert "AS AUTO CDC ONCE INTO users\nFROM history\n" in strata.sql(p)
+    wh = tmp_path / "wh"
+    strata.run(p, warehouse=wh, progress=False)
+    q = "SELECT id, name, __START_AT, __END_AT FROM users"
+    expected = [(1, "a0", 1, 3), (1, "a1", 3, 5), (1, "a2", 5, None),
+                (2, "b-late", 2, None), (2, "b0", 1, 2)]
+    assert set(rows(strata.query(q, warehouse=wh))) == set(expected)
+    # The backfill does not run again, even when its source grows.
+    jsonl(tmp_path / "data/old/2.json", [{"id": 3, "name": "c0", "seq": 1}])
+    strata.run(p, warehouse=wh, progress=False)
+    assert len(strata.query(q, warehouse=wh)) == 5
+
+
 def test_unknown_argument_and_wrong_types():
     with dp.Pipeline():
         with pytest.raises(TypeError, match="unexpected keyword argument 'keyz'"):
@@ -567,9 +653,9 @@ def test_unknown_argument_and_wrong_types():
                                                      r"table t\): partition_cols: expected a "
                                                      r"list of column names, got str"):
             dp.create_streaming_table("t", partition_cols="a")
-        with pytest.raises(strata.StrataError, match="once=True"):
+        with pytest.raises(strata.StrataError, match="once must be True or False"):
             dp.create_auto_cdc_flow(target="t", source="s", keys=["id"], sequence_by="s",
-                                    once=True)
+                                    once="yes")
         with pytest.raises(strata.StrataError, match="a once=True flow reads in batch"):
             @dp.append_flow(target="t", once=True)
             def from_stream():

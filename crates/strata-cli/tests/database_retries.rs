@@ -1,8 +1,8 @@
-//! A run retried after a real transient failure: the pipeline reads the test PostgreSQL
-//! (`scripts/services/with-services.sh` starts it) through a local port where nothing
-//! listens at first, so the first attempt's connection is refused; once strata says it will
-//! try again, the test opens that port as a TCP proxy to the real server, and the second
-//! attempt loads the rows.
+//! A run, or one flow inside it, retried after a real transient failure: the pipeline reads
+//! the test PostgreSQL (`scripts/services/with-services.sh` starts it) through a local port
+//! where nothing listens at first, so the first attempt's connection is refused; once strata
+//! says it will try again, the test opens that port as a TCP proxy to the real server, and
+//! the next attempt loads the rows.
 
 mod common;
 
@@ -100,6 +100,9 @@ CREATE STREAMING TABLE orders_raw AS SELECT * FROM STREAM read_database('shop', 
             "2",
             "--conf",
             "strata.updateRetryBackoff=1s",
+            // The run as a whole is retried here, not the flow inside it.
+            "--conf",
+            "pipelines.maxFlowRetryAttempts=0",
         ])
         .env("SHOP_PW", var("STRATA_TEST_PG_PASSWORD"))
         .env_remove("PGPASSWORD")
@@ -201,4 +204,129 @@ CREATE STREAMING TABLE orders_raw AS SELECT * FROM STREAM read_database('shop', 
     );
     assert!(err.contains("shop"), "{err}");
     assert!(!p.path("warehouse/default/orders_raw").exists());
+}
+
+/// `pipelines.maxFlowRetryAttempts`: a flow whose database refused the connection is tried
+/// again inside the same run (no `--retries`), each failed attempt recorded in the event log
+/// as `RETRYING` with its error, and the run succeeds once the connection works.
+#[test]
+fn a_flow_that_failed_transiently_is_retried_inside_the_run() {
+    let table = format!(
+        "flow_retry_orders_{}_{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .subsec_nanos()
+    );
+    pg(&format!(
+        "CREATE TABLE {table} (id int PRIMARY KEY, status text, updated_at timestamptz NOT NULL);
+         INSERT INTO {table} VALUES (1, 'new', '2024-01-01 10:00:00+00'),
+                                    (2, 'new', '2024-01-01 11:00:00+00'),
+                                    (3, 'paid', '2024-01-01 12:00:00+00');"
+    ));
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let p = Project::new(&format!(
+        "CREATE CONNECTION shop TYPE postgresql OPTIONS (host '127.0.0.1', port '{port}', \
+         database '{}', user '{}', password_env 'SHOP_PW');
+CREATE STREAMING TABLE orders_raw AS SELECT * FROM STREAM read_database('shop', \
+         table => 'public.{table}', watermark => 'updated_at');
+",
+        var("STRATA_TEST_PG_DATABASE"),
+        var("STRATA_TEST_PG_USER"),
+    ));
+    let mut child = p
+        .command(&[
+            "run",
+            "pipeline.sql",
+            "--conf",
+            "pipelines.maxFlowRetryAttempts=3",
+            "--conf",
+            "strata.flowRetryBackoff=500ms",
+        ])
+        .env("SHOP_PW", var("STRATA_TEST_PG_PASSWORD"))
+        .env_remove("PGPASSWORD")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("strata starts");
+    // Let two attempts fail, then open the port.
+    let mut said = String::new();
+    let mut retries = 0;
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    for line in lines.by_ref() {
+        let line = line.expect("stderr line");
+        said.push_str(&line);
+        said.push('\n');
+        if line.contains("retrying the flow") {
+            retries += 1;
+        }
+        if retries == 2 {
+            let listener = TcpListener::bind(("127.0.0.1", port)).expect("the port is still free");
+            proxy(
+                listener,
+                format!(
+                    "{}:{}",
+                    var("STRATA_TEST_PG_HOST"),
+                    var("STRATA_TEST_PG_PORT")
+                ),
+            );
+            break;
+        }
+    }
+    for line in lines {
+        said.push_str(&line.expect("stderr line"));
+        said.push('\n');
+    }
+    let status = child.wait().expect("strata ends");
+    assert!(status.success(), "the retried flow failed: {said}");
+    assert!(
+        said.contains("attempt 1 of 4 of this flow failed with a transient error"),
+        "{said}"
+    );
+    assert_eq!(p.csv("SELECT count(*) AS n FROM orders_raw"), "n\n3\n");
+    let log: Vec<serde_json::Value> = p
+        .ok(&["events", "--format", "json"])
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON"))
+        .collect();
+    let kinds: Vec<(&str, &str, &str)> = log
+        .iter()
+        .map(|e| {
+            (
+                e["kind"].as_str().unwrap(),
+                e["flow"].as_str().unwrap(),
+                e["status"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    // One run, no run-level retry: two failed attempts of the flow, then the one that worked.
+    assert!(log.iter().all(|e| e["run_id"] == log[0]["run_id"]));
+    assert_eq!(
+        kinds,
+        [
+            ("ingest", "orders_raw", "RETRYING"),
+            ("ingest", "orders_raw", "RETRYING"),
+            ("ingest", "orders_raw", "COMPLETED"),
+        ],
+        "{log:#?}"
+    );
+    assert_eq!(
+        log[0]["message"],
+        "attempt 1 of 4 of this flow failed with a transient error; retrying the flow in \
+         500 ms (pipelines.maxFlowRetryAttempts = 3)"
+    );
+    assert_eq!(
+        log[1]["message"],
+        "attempt 2 of 4 of this flow failed with a transient error; retrying the flow in \
+         1 s (pipelines.maxFlowRetryAttempts = 3)"
+    );
+    for retry in &log[..2] {
+        let error = retry["error"].as_str().unwrap().to_ascii_lowercase();
+        assert!(error.contains("connection refused"), "{error}");
+    }
+    assert_eq!(log[2]["rows_written"], 3);
 }

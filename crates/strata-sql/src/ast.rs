@@ -158,6 +158,9 @@ pub struct MaterializedView {
     /// its files by (the planner records them as `pipelines.autoOptimize.zOrderCols`).
     pub cluster_by: Vec<String>,
     pub query: BatchQuery,
+    /// `CREATE PRIVATE MATERIALIZED VIEW`: kept where only the pipeline that declares it
+    /// reads it (not in the warehouse's catalog).
+    pub private: bool,
     pub location: Location,
 }
 
@@ -269,6 +272,9 @@ pub struct StreamingTable {
     pub cluster_by: Vec<String>,
     /// `None` for a table that only receives flows (an AUTO CDC target).
     pub query: Option<SourceQuery>,
+    /// `CREATE PRIVATE STREAMING TABLE`: kept where only the pipeline that declares it
+    /// reads it (not in the warehouse's catalog).
+    pub private: bool,
     pub location: Location,
 }
 
@@ -457,6 +463,11 @@ pub struct CdcFlow {
     pub stored_as: ScdType,
     /// `TRACK HISTORY ON ...`; `None` means every column is tracked.
     pub track_history: Option<ColumnSelection>,
+    /// `AUTO CDC ONCE`: a one-time backfill. Its `source` is the private staging table that
+    /// its once append flow fills from the table it names (see the parser's
+    /// `once_cdc_flow`); a full refresh of the target refreshes that table too, so the
+    /// backfill runs again.
+    pub once: bool,
     pub location: Location,
 }
 

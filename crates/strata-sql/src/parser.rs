@@ -85,6 +85,10 @@ fn parse_statement(c: &mut Cursor) -> Result<Vec<Statement>> {
         if c.eat_keyword("OR") {
             c.expect_keyword("REFRESH")?;
         }
+        let private_at = c.loc();
+        if c.eat_keyword("PRIVATE") {
+            return private_dataset(c, at, private_at);
+        }
         if c.eat_keyword("STREAMING") {
             // `STREAMING LIVE TABLE` is the legacy DLT spelling of the same thing.
             c.eat_keyword("LIVE");
@@ -130,6 +134,42 @@ fn parse_statement(c: &mut Cursor) -> Result<Vec<Statement>> {
         return cdc_flow(c, None, at, snapshot).map(flow_statements);
     }
     Err(c.expected("CREATE or APPLY CHANGES"))
+}
+
+/// `CREATE [OR REFRESH] PRIVATE STREAMING TABLE | MATERIALIZED VIEW | LIVE TABLE ...`
+/// (after `PRIVATE`): the dataset, kept private to the pipeline.
+fn private_dataset(c: &mut Cursor, at: Location, private_at: Location) -> Result<Vec<Statement>> {
+    if c.eat_keyword("STREAMING") {
+        c.eat_keyword("LIVE");
+        c.expect_keyword("TABLE")?;
+        let mut t = streaming_table(c, at)?;
+        t.private = true;
+        return Ok(vec![Statement::StreamingTable(t)]);
+    }
+    let materialized = if c.eat_keyword("MATERIALIZED") {
+        c.expect_keyword("VIEW")?;
+        true
+    } else if c.peek_keyword("LIVE") && c.peek_nth_keyword(1, "TABLE") {
+        // `LIVE TABLE`: the legacy DLT spelling of a materialized view.
+        c.next();
+        c.next();
+        true
+    } else {
+        false
+    };
+    if materialized {
+        let mut v = materialized_view(c, at)?;
+        v.private = true;
+        return Ok(vec![Statement::MaterializedView(v)]);
+    }
+    if c.peek_keyword("VIEW") || c.peek_keyword("TEMPORARY") || c.peek_keyword("FLOW") {
+        return Err(c.error_at(
+            private_at,
+            "PRIVATE applies to a streaming table or a materialized view (a view is never \
+             stored, and a flow writes the table it names)",
+        ));
+    }
+    Err(c.expected("STREAMING TABLE or MATERIALIZED VIEW"))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -235,6 +275,7 @@ fn streaming_table(c: &mut Cursor, at: Location) -> Result<StreamingTable> {
         partitioned_by: head.partitioned_by.unwrap_or_default(),
         cluster_by: head.cluster_by.unwrap_or_default(),
         query,
+        private: false,
         location: at,
     })
 }
@@ -335,6 +376,7 @@ fn materialized_view(c: &mut Cursor, at: Location) -> Result<MaterializedView> {
         partitioned_by: head.partitioned_by.unwrap_or_default(),
         cluster_by: head.cluster_by.unwrap_or_default(),
         query,
+        private: false,
         location: at,
     })
 }
@@ -1516,9 +1558,81 @@ fn flow(c: &mut Cursor, at: Location) -> Result<Vec<Statement>> {
     } else {
         return Err(c.error_at(kind_at, "expected AUTO CDC or INSERT INTO after AS"));
     }
+    let once_at = c.loc();
+    // `AUTO CDC ONCE INTO`: ONCE before INTO (or FROM SNAPSHOT) is never a table name.
+    let once = c.peek_keyword("ONCE")
+        && (c.peek_nth_keyword(1, "INTO") || c.peek_nth_keyword(1, "FROM"))
+        && c.eat_keyword("ONCE");
     let snapshot = from_snapshot(c);
     c.expect_keyword("INTO")?;
+    if once {
+        if snapshot {
+            return Err(c.error_at(
+                once_at,
+                "AUTO CDC ONCE applies change events; a one-time load of a snapshot is an \
+                 AUTO CDC FROM SNAPSHOT flow that runs while its source holds the snapshot",
+            ));
+        }
+        return once_cdc_flow(c, name, at);
+    }
     cdc_flow(c, Some(name), at, snapshot).map(flow_statements)
+}
+
+/// `AUTO CDC ONCE INTO target FROM source KEYS ...` (after `INTO`): a one-time backfill of
+/// the change events in table `source`, read in batch, into the target that streaming
+/// AUTO CDC flows also feed, with the same semantics (late events, deletes, ties). It is
+/// three statements: a private streaming table `__once_<flow>` (in the target's schema),
+/// the once append flow `<flow>__backfill` that copies `source` into it in the first run
+/// after it is declared, and the AUTO CDC flow `<flow>` from it into the target. A full
+/// refresh of the target refreshes the private table too, so the backfill runs again.
+fn once_cdc_flow(c: &mut Cursor, name: String, at: Location) -> Result<Vec<Statement>> {
+    let (mut flow, log) = cdc_flow_of(c, Some(name), at, false, true)?;
+    if log.is_some() {
+        return Err(c.error_at(
+            at,
+            "AUTO CDC ONCE reads a table in batch; a database change log is read by a streaming \
+             AUTO CDC flow (drop ONCE)",
+        ));
+    }
+    let source = flow.source.clone();
+    let staging = TableName::new(Some(&flow.target.schema), &format!("__once_{}", flow.name));
+    let table = StreamingTable {
+        name: staging.clone(),
+        columns: None,
+        expectations: Vec::new(),
+        comment: Some(format!(
+            "the change events of {source}, copied once for AUTO CDC ONCE flow {}",
+            flow.name
+        )),
+        properties: BTreeMap::new(),
+        partitioned_by: Vec::new(),
+        cluster_by: Vec::new(),
+        query: None,
+        private: true,
+        location: at,
+    };
+    let backfill = AppendFlow {
+        name: format!("{}__backfill", flow.name),
+        target: staging.clone(),
+        query: SourceQuery {
+            sql: format!(
+                "SELECT * FROM \"{}\".\"{}\"",
+                source.schema.replace('"', "\"\""),
+                source.name.replace('"', "\"\"")
+            ),
+            source: QuerySource::Batch,
+            reads: vec![source],
+        },
+        once: true,
+        location: at,
+    };
+    flow.source = staging;
+    flow.once = true;
+    Ok(vec![
+        Statement::StreamingTable(table),
+        Statement::AppendFlow(backfill),
+        Statement::Flow(flow),
+    ])
 }
 
 /// Eats the word `ONCE` of `INSERT [ONCE] INTO [ONCE] target`, unless it is the target's
@@ -1546,145 +1660,44 @@ fn from_snapshot(c: &mut Cursor) -> bool {
 /// The version of a table-mode snapshot (no `SNAPSHOT VERSION BY`): the run's start time.
 pub const TABLE_MODE_VERSION_SQL: &str = "now()";
 
-/// Everything after `AUTO CDC INTO` / `APPLY CHANGES INTO`.
+/// Everything after `AUTO CDC INTO` / `APPLY CHANGES INTO`: the target, the source, the
+/// keys, then the clauses in any order, each at most once; a database change log's defaults
+/// fill what its flow leaves out.
 fn cdc_flow(
     c: &mut Cursor,
     name: Option<String>,
     at: Location,
     snapshot: bool,
 ) -> Result<(CdcFlow, Option<StreamingTable>)> {
+    cdc_flow_of(c, name, at, snapshot, false)
+}
+
+/// [`cdc_flow`]; `once`: of `AUTO CDC ONCE`, whose source is a table read in batch.
+fn cdc_flow_of(
+    c: &mut Cursor,
+    name: Option<String>,
+    at: Location,
+    snapshot: bool,
+    once: bool,
+) -> Result<(CdcFlow, Option<StreamingTable>)> {
     let (target, _) = table_name(c, "a target table name")?;
     c.expect_keyword("FROM")?;
+    if once && c.peek_keyword("STREAM") && !c.peek_nth_keyword(1, "KEYS") {
+        return Err(c.error_at(
+            c.loc(),
+            "AUTO CDC ONCE reads its source in batch, as Lakeflow requires: remove STREAM \
+             (FROM table)",
+        ));
+    }
     let log = change_log(c, &target, at)?;
     let source = match &log {
         Some(t) => t.name.clone(),
         None => stream_source(c)?,
     };
-    c.expect_keyword("KEYS")?;
-    c.expect_token(&Token::LParen)?;
-    // `KEYS ()` parses; the planner reports it, with the other contradictions of a flow.
-    let keys = if c.eat_token(&Token::RParen) {
-        Vec::new()
-    } else {
-        let keys = ident_list(c, "a key column")?;
-        if !c.eat_token(&Token::RParen) {
-            return Err(c.expected("',' or ')'"));
-        }
-        keys
-    };
-
-    let mut ignore_null_updates = None;
-    let mut delete_when = None;
-    let mut truncate_when = None;
-    let mut sequence_by = None;
-    let mut columns = None;
-    let mut stored_as = None;
-    let mut track_history = None;
-    let mut version_by = None;
-    let only_changes = |c: &Cursor, clause: &str, at: Location| -> Result<()> {
-        if snapshot {
-            return Err(c.error_at(
-                at,
-                format!(
-                    "{clause} is not allowed in AUTO CDC FROM SNAPSHOT: a snapshot is a full \
-                     extract, ordered by SNAPSHOT VERSION BY"
-                ),
-            ));
-        }
-        Ok(())
-    };
+    let keys = flow_keys(c)?;
+    let mut clauses = FlowClauses::default();
     while !c.at_end() {
-        let clause_at = c.loc();
-        if c.peek_keyword("SNAPSHOT") {
-            c.next();
-            c.expect_keyword("VERSION")?;
-            c.expect_keyword("BY")?;
-            if !snapshot {
-                return Err(c.error_at(
-                    clause_at,
-                    "SNAPSHOT VERSION BY belongs to AUTO CDC FROM SNAPSHOT flows; \
-                     a change-event flow orders its events with SEQUENCE BY",
-                ));
-            }
-            let v = expression(c)?;
-            once(c, &mut version_by, v, "SNAPSHOT VERSION BY", clause_at)?;
-        } else if c.peek_keyword("IGNORE") {
-            only_changes(c, "IGNORE NULL UPDATES", clause_at)?;
-            c.next();
-            c.expect_keyword("NULL")?;
-            c.expect_keyword("UPDATES")?;
-            once(
-                c,
-                &mut ignore_null_updates,
-                true,
-                "IGNORE NULL UPDATES",
-                clause_at,
-            )?;
-        } else if c.peek_keyword("APPLY") {
-            only_changes(c, "APPLY AS", clause_at)?;
-            c.next();
-            c.expect_keyword("AS")?;
-            if c.eat_keyword("DELETE") {
-                c.expect_keyword("WHEN")?;
-                let cond = expression(c)?;
-                once(c, &mut delete_when, cond, "APPLY AS DELETE WHEN", clause_at)?;
-            } else if c.eat_keyword("TRUNCATE") {
-                c.expect_keyword("WHEN")?;
-                let cond = expression(c)?;
-                once(
-                    c,
-                    &mut truncate_when,
-                    cond,
-                    "APPLY AS TRUNCATE WHEN",
-                    clause_at,
-                )?;
-            } else {
-                return Err(c.expected("DELETE or TRUNCATE"));
-            }
-        } else if c.peek_keyword("SEQUENCE") {
-            only_changes(c, "SEQUENCE BY", clause_at)?;
-            c.next();
-            c.expect_keyword("BY")?;
-            let seq = sequence(c)?;
-            once(c, &mut sequence_by, seq, "SEQUENCE BY", clause_at)?;
-        } else if c.eat_keyword("COLUMNS") {
-            let sel = column_selection(c)?;
-            once(c, &mut columns, sel, "COLUMNS", clause_at)?;
-        } else if c.eat_keyword("STORED") {
-            c.expect_keyword("AS")?;
-            let scd = if c.eat_keyword("SNAPSHOTS") {
-                if !snapshot {
-                    return Err(c.error_at(
-                        clause_at,
-                        "STORED AS SNAPSHOTS needs snapshots: use it with AUTO CDC FROM SNAPSHOT",
-                    ));
-                }
-                ScdType::Snapshots
-            } else {
-                c.expect_keyword("SCD")?;
-                c.expect_keyword("TYPE")?;
-                let scd = match c.peek().map(|t| &t.token) {
-                    Some(Token::Number(n, _)) if n == "1" => ScdType::Type1,
-                    Some(Token::Number(n, _)) if n == "2" => ScdType::Type2,
-                    _ => return Err(c.expected("1 or 2")),
-                };
-                c.next();
-                scd
-            };
-            once(c, &mut stored_as, scd, "STORED AS", clause_at)?;
-        } else if c.eat_keyword("TRACK") {
-            c.expect_keyword("HISTORY")?;
-            c.expect_keyword("ON")?;
-            let sel = column_selection(c)?;
-            once(c, &mut track_history, sel, "TRACK HISTORY ON", clause_at)?;
-        } else {
-            return Err(c.expected(if snapshot {
-                "SNAPSHOT VERSION BY, COLUMNS, STORED AS, TRACK HISTORY ON or end of statement"
-            } else {
-                "IGNORE NULL UPDATES, APPLY AS DELETE WHEN, APPLY AS TRUNCATE WHEN, \
-                 SEQUENCE BY, COLUMNS, STORED AS SCD TYPE, TRACK HISTORY ON or end of statement"
-            }));
-        }
+        clauses.clause(c, snapshot)?;
     }
     if log.is_some() {
         if snapshot {
@@ -1693,9 +1706,142 @@ fn cdc_flow(
                 "a database change log feeds AUTO CDC, not AUTO CDC FROM SNAPSHOT",
             ));
         }
-        // A change log orders its changes exactly, says which are deletes, and its own
-        // columns stay in the change table.
-        sequence_by.get_or_insert_with(|| {
+        clauses.change_log_defaults();
+    }
+    let (kind, sequence_by) = clauses.kind_and_sequence(c, snapshot)?;
+    let flow = CdcFlow {
+        name: name.unwrap_or_else(|| target.name.clone()),
+        kind,
+        target,
+        source,
+        keys,
+        ignore_null_updates: clauses.ignore_null_updates.unwrap_or(false),
+        delete_when: clauses.delete_when,
+        truncate_when: clauses.truncate_when,
+        sequence_by,
+        columns: clauses.columns.unwrap_or_default(),
+        stored_as: clauses.stored_as.unwrap_or_default(),
+        track_history: clauses.track_history,
+        once: false,
+        location: at,
+    };
+    Ok((flow, log))
+}
+
+/// `KEYS (a, b)`. `KEYS ()` parses; the planner reports it, with the other contradictions
+/// of a flow.
+fn flow_keys(c: &mut Cursor) -> Result<Vec<String>> {
+    c.expect_keyword("KEYS")?;
+    c.expect_token(&Token::LParen)?;
+    if c.eat_token(&Token::RParen) {
+        return Ok(Vec::new());
+    }
+    let keys = ident_list(c, "a key column")?;
+    if !c.eat_token(&Token::RParen) {
+        return Err(c.expected("',' or ')'"));
+    }
+    Ok(keys)
+}
+
+/// The clauses of an AUTO CDC flow after its keys, as written (each at most once).
+#[derive(Default)]
+struct FlowClauses {
+    ignore_null_updates: Option<bool>,
+    delete_when: Option<String>,
+    truncate_when: Option<String>,
+    sequence_by: Option<SequenceBy>,
+    columns: Option<ColumnSelection>,
+    stored_as: Option<ScdType>,
+    track_history: Option<ColumnSelection>,
+    version_by: Option<String>,
+}
+
+impl FlowClauses {
+    /// Reads the next clause; `snapshot`: the flow is AUTO CDC FROM SNAPSHOT.
+    fn clause(&mut self, c: &mut Cursor, snapshot: bool) -> Result<()> {
+        let at = c.loc();
+        if c.peek_keyword("SNAPSHOT") {
+            c.next();
+            c.expect_keyword("VERSION")?;
+            c.expect_keyword("BY")?;
+            if !snapshot {
+                return Err(c.error_at(
+                    at,
+                    "SNAPSHOT VERSION BY belongs to AUTO CDC FROM SNAPSHOT flows; \
+                     a change-event flow orders its events with SEQUENCE BY",
+                ));
+            }
+            let v = expression(c)?;
+            once(c, &mut self.version_by, v, "SNAPSHOT VERSION BY", at)
+        } else if c.peek_keyword("IGNORE") {
+            only_changes(c, snapshot, "IGNORE NULL UPDATES", at)?;
+            c.next();
+            c.expect_keyword("NULL")?;
+            c.expect_keyword("UPDATES")?;
+            once(
+                c,
+                &mut self.ignore_null_updates,
+                true,
+                "IGNORE NULL UPDATES",
+                at,
+            )
+        } else if c.peek_keyword("APPLY") {
+            only_changes(c, snapshot, "APPLY AS", at)?;
+            c.next();
+            self.apply_as(c, at)
+        } else if c.peek_keyword("SEQUENCE") {
+            only_changes(c, snapshot, "SEQUENCE BY", at)?;
+            c.next();
+            c.expect_keyword("BY")?;
+            let seq = sequence(c)?;
+            once(c, &mut self.sequence_by, seq, "SEQUENCE BY", at)
+        } else if c.eat_keyword("COLUMNS") {
+            let sel = column_selection(c)?;
+            once(c, &mut self.columns, sel, "COLUMNS", at)
+        } else if c.eat_keyword("STORED") {
+            let scd = stored_as(c, snapshot, at)?;
+            once(c, &mut self.stored_as, scd, "STORED AS", at)
+        } else if c.eat_keyword("TRACK") {
+            c.expect_keyword("HISTORY")?;
+            c.expect_keyword("ON")?;
+            let sel = column_selection(c)?;
+            once(c, &mut self.track_history, sel, "TRACK HISTORY ON", at)
+        } else {
+            Err(c.expected(if snapshot {
+                "SNAPSHOT VERSION BY, COLUMNS, STORED AS, TRACK HISTORY ON or end of statement"
+            } else {
+                "IGNORE NULL UPDATES, APPLY AS DELETE WHEN, APPLY AS TRUNCATE WHEN, \
+                 SEQUENCE BY, COLUMNS, STORED AS SCD TYPE, TRACK HISTORY ON or end of statement"
+            }))
+        }
+    }
+
+    /// `APPLY AS DELETE WHEN cond` / `APPLY AS TRUNCATE WHEN cond` (after `APPLY`).
+    fn apply_as(&mut self, c: &mut Cursor, at: Location) -> Result<()> {
+        c.expect_keyword("AS")?;
+        if c.eat_keyword("DELETE") {
+            c.expect_keyword("WHEN")?;
+            let cond = expression(c)?;
+            once(c, &mut self.delete_when, cond, "APPLY AS DELETE WHEN", at)
+        } else if c.eat_keyword("TRUNCATE") {
+            c.expect_keyword("WHEN")?;
+            let cond = expression(c)?;
+            once(
+                c,
+                &mut self.truncate_when,
+                cond,
+                "APPLY AS TRUNCATE WHEN",
+                at,
+            )
+        } else {
+            Err(c.expected("DELETE or TRUNCATE"))
+        }
+    }
+
+    /// What a database change log says by itself: it orders its changes exactly, says
+    /// which are deletes and truncates, and its own columns stay in the change table.
+    fn change_log_defaults(&mut self) {
+        self.sequence_by.get_or_insert_with(|| {
             SequenceBy::Struct(
                 ["_commit_lsn", "_change_seq"]
                     .iter()
@@ -1703,12 +1849,14 @@ fn cdc_flow(
                     .collect(),
             )
         });
-        delete_when.get_or_insert_with(|| "_change_type = 'delete'".to_string());
+        self.delete_when
+            .get_or_insert_with(|| "_change_type = 'delete'".to_string());
         // A TRUNCATE on the source empties an SCD type 1 target at its position and closes
         // every open version of an SCD type 2 one there.
-        truncate_when.get_or_insert_with(|| "_change_type = 'truncate'".to_string());
+        self.truncate_when
+            .get_or_insert_with(|| "_change_type = 'truncate'".to_string());
         let change_columns = CHANGE_COLUMNS.iter().map(|c| c.to_string());
-        columns = Some(match columns.take().unwrap_or_default() {
+        self.columns = Some(match self.columns.take().unwrap_or_default() {
             ColumnSelection::All => ColumnSelection::Except(change_columns.collect()),
             ColumnSelection::Except(mut except) => {
                 except.extend(
@@ -1721,35 +1869,61 @@ fn cdc_flow(
             only => only,
         });
     }
-    let (kind, sequence_by) = if snapshot {
-        let seq = SequenceBy::Expr(
-            version_by
-                .clone()
-                .unwrap_or_else(|| TABLE_MODE_VERSION_SQL.to_string()),
-        );
-        (FlowKind::Snapshot { version_by }, seq)
-    } else {
-        let Some(sequence_by) = sequence_by else {
+
+    /// The flow's kind and what orders its rows: `SEQUENCE BY` for change events (which
+    /// need one), `SNAPSHOT VERSION BY` (else the run's start time) for snapshots.
+    fn kind_and_sequence(&self, c: &Cursor, snapshot: bool) -> Result<(FlowKind, SequenceBy)> {
+        if snapshot {
+            let version_by = self.version_by.clone();
+            let seq = SequenceBy::Expr(
+                version_by
+                    .clone()
+                    .unwrap_or_else(|| TABLE_MODE_VERSION_SQL.to_string()),
+            );
+            return Ok((FlowKind::Snapshot { version_by }, seq));
+        }
+        let Some(sequence_by) = self.sequence_by.clone() else {
             return Err(c.expected("SEQUENCE BY (a flow needs one)"));
         };
-        (FlowKind::Changes, sequence_by)
+        Ok((FlowKind::Changes, sequence_by))
+    }
+}
+
+/// Refuses a change-event clause in an AUTO CDC FROM SNAPSHOT flow.
+fn only_changes(c: &Cursor, snapshot: bool, clause: &str, at: Location) -> Result<()> {
+    if snapshot {
+        return Err(c.error_at(
+            at,
+            format!(
+                "{clause} is not allowed in AUTO CDC FROM SNAPSHOT: a snapshot is a full \
+                 extract, ordered by SNAPSHOT VERSION BY"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `STORED AS SCD TYPE 1 | SCD TYPE 2 | SNAPSHOTS` (after `STORED`).
+fn stored_as(c: &mut Cursor, snapshot: bool, at: Location) -> Result<ScdType> {
+    c.expect_keyword("AS")?;
+    if c.eat_keyword("SNAPSHOTS") {
+        if !snapshot {
+            return Err(c.error_at(
+                at,
+                "STORED AS SNAPSHOTS needs snapshots: use it with AUTO CDC FROM SNAPSHOT",
+            ));
+        }
+        return Ok(ScdType::Snapshots);
+    }
+    c.expect_keyword("SCD")?;
+    c.expect_keyword("TYPE")?;
+    let scd = match c.peek().map(|t| &t.token) {
+        Some(Token::Number(n, _)) if n == "1" => ScdType::Type1,
+        Some(Token::Number(n, _)) if n == "2" => ScdType::Type2,
+        _ => return Err(c.expected("1 or 2")),
     };
-    let flow = CdcFlow {
-        name: name.unwrap_or_else(|| target.name.clone()),
-        kind,
-        target,
-        source,
-        keys,
-        ignore_null_updates: ignore_null_updates.unwrap_or(false),
-        delete_when,
-        truncate_when,
-        sequence_by,
-        columns: columns.unwrap_or_default(),
-        stored_as: stored_as.unwrap_or_default(),
-        track_history,
-        location: at,
-    };
-    Ok((flow, log))
+    c.next();
+    Ok(scd)
 }
 
 /// `FROM STREAM read_database('conn', table => ..., mode => 'cdc')` in an AUTO CDC flow:
@@ -1826,6 +2000,7 @@ fn change_log(c: &mut Cursor, target: &TableName, at: Location) -> Result<Option
             source: QuerySource::ReadDatabase(read),
             reads: Vec::new(),
         }),
+        private: false,
         location: at,
     }))
 }

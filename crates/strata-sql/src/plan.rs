@@ -45,6 +45,21 @@ pub struct PipelinePlan {
 }
 
 impl PipelinePlan {
+    /// The datasets declared `PRIVATE`: stored where only this pipeline reads them.
+    pub fn private_tables(&self) -> std::collections::BTreeSet<TableName> {
+        let tables = self
+            .tables
+            .iter()
+            .filter(|(_, t)| t.private)
+            .map(|(n, _)| n);
+        let views = self
+            .materialized
+            .iter()
+            .filter(|(_, v)| v.private)
+            .map(|(n, _)| n);
+        tables.chain(views).cloned().collect()
+    }
+
     /// The tables `node` writes.
     pub fn writes(&self, node: &Node) -> Option<TableName> {
         match node {
@@ -166,50 +181,48 @@ fn plan_error(location: Location, message: impl Into<String>) -> SqlError {
 
 /// Validates the graph of `pipeline`.
 pub fn plan_pipeline(pipeline: Pipeline) -> Result<PipelinePlan> {
-    // Statement index of each node: the tie-breaker of the execution order.
-    let mut tables: BTreeMap<TableName, StreamingTable> = BTreeMap::new();
-    let mut flows: Vec<CdcFlow> = Vec::new();
-    let mut appends: Vec<AppendFlow> = Vec::new();
-    let mut materialized: BTreeMap<TableName, MaterializedView> = BTreeMap::new();
-    let mut views: BTreeMap<TableName, View> = BTreeMap::new();
-    let mut pits: Vec<PitTable> = Vec::new();
-    let mut connections: BTreeMap<String, Connection> = BTreeMap::new();
+    let (mut plan, stmt_of) = declare_all(pipeline)?;
+    check_connections(&plan)?;
+    check_streaming_tables(&plan)?;
+    check_append_flows(&plan)?;
+    check_self_reads(&plan)?;
+    check_views(&plan.views)?;
+    check_flows(&plan)?;
+    for (i, p) in plan.pits.iter().enumerate() {
+        check_pit(p, &plan.pits[..i], &plan.tables, &plan.flows)?;
+    }
+    plan.order = order(&plan, stmt_of)?;
+    Ok(plan)
+}
+
+/// The first pass: every statement's dataset, flow or connection in the plan (a name
+/// declared twice refused), with the statement index of each node, the tie-breaker of the
+/// execution order. The plan's `order` is still empty.
+fn declare_all(pipeline: Pipeline) -> Result<(PipelinePlan, Vec<(Node, usize)>)> {
+    let mut plan = PipelinePlan {
+        tables: BTreeMap::new(),
+        flows: Vec::new(),
+        appends: Vec::new(),
+        materialized: BTreeMap::new(),
+        views: BTreeMap::new(),
+        pits: Vec::new(),
+        connections: BTreeMap::new(),
+        order: Vec::new(),
+        default_schema: pipeline.default_schema,
+    };
     let mut stmt_of: Vec<(Node, usize)> = Vec::new();
-    // Every dataset name with where it was declared, to refuse a name declared twice.
-    let mut names: BTreeMap<TableName, Location> = BTreeMap::new();
-    let mut declare = |name: &TableName, at: Location| -> Result<()> {
-        if let Some(first) = names.get(name) {
-            return Err(SqlError::Plan {
-                location: at,
-                message: format!("table {name} is declared twice"),
-                first: Some(*first),
-            });
-        }
-        names.insert(name.clone(), at);
-        Ok(())
-    };
-    let mut flow_names: BTreeMap<String, Location> = BTreeMap::new();
-    let mut declare_flow = |name: &str, at: Location| -> Result<()> {
-        if let Some(first) = flow_names.get(name) {
-            return Err(SqlError::Plan {
-                location: at,
-                message: format!("flow {name} is declared twice"),
-                first: Some(*first),
-            });
-        }
-        flow_names.insert(name.to_string(), at);
-        Ok(())
-    };
-    let default_schema = pipeline.default_schema;
+    // Every dataset and flow name with where it was declared.
+    let mut names = Declared::new("table");
+    let mut flow_names = Declared::new("flow");
     for (i, statement) in pipeline.statements.into_iter().enumerate() {
         match statement {
             Statement::PointInTime(p) => {
-                declare(&p.name, p.location)?;
-                stmt_of.push((Node::PointInTime(pits.len()), i));
-                pits.push(p)
+                names.declare(&p.name, p.location)?;
+                stmt_of.push((Node::PointInTime(plan.pits.len()), i));
+                plan.pits.push(p)
             }
             Statement::StreamingTable(mut t) => {
-                declare(&t.name, t.location)?;
+                names.declare(&t.name, t.location)?;
                 clustering(
                     &mut t.properties,
                     &t.partitioned_by,
@@ -217,20 +230,20 @@ pub fn plan_pipeline(pipeline: Pipeline) -> Result<PipelinePlan> {
                     t.location,
                 )?;
                 stmt_of.push((Node::Ingest(t.name.clone()), i));
-                tables.insert(t.name.clone(), t);
+                plan.tables.insert(t.name.clone(), t);
             }
             Statement::Flow(f) => {
-                declare_flow(&f.name, f.location)?;
-                stmt_of.push((Node::Flow(flows.len()), i));
-                flows.push(f);
+                flow_names.declare(&f.name, f.location)?;
+                stmt_of.push((Node::Flow(plan.flows.len()), i));
+                plan.flows.push(f);
             }
             Statement::AppendFlow(f) => {
-                declare_flow(&f.name, f.location)?;
-                stmt_of.push((Node::Append(appends.len()), i));
-                appends.push(f);
+                flow_names.declare(&f.name, f.location)?;
+                stmt_of.push((Node::Append(plan.appends.len()), i));
+                plan.appends.push(f);
             }
             Statement::MaterializedView(mut m) => {
-                declare(&m.name, m.location)?;
+                names.declare(&m.name, m.location)?;
                 clustering(
                     &mut m.properties,
                     &m.partitioned_by,
@@ -238,48 +251,97 @@ pub fn plan_pipeline(pipeline: Pipeline) -> Result<PipelinePlan> {
                     m.location,
                 )?;
                 stmt_of.push((Node::MaterializedView(m.name.clone()), i));
-                materialized.insert(m.name.clone(), m);
+                plan.materialized.insert(m.name.clone(), m);
             }
             Statement::View(v) => {
-                declare(&v.name, v.location)?;
-                views.insert(v.name.clone(), v);
+                names.declare(&v.name, v.location)?;
+                plan.views.insert(v.name.clone(), v);
             }
             Statement::Connection(c) => {
-                if let Some(first) = connections.get(&c.name) {
+                if let Some(first) = plan.connections.get(&c.name) {
                     return Err(SqlError::Plan {
                         location: c.location,
                         message: format!("connection {} is declared twice", c.name),
                         first: Some(first.location),
                     });
                 }
-                connections.insert(c.name.clone(), c);
+                plan.connections.insert(c.name.clone(), c);
             }
         }
     }
-    let queries = tables
-        .values()
-        .filter_map(|t| t.query.as_ref())
-        .chain(appends.iter().map(|f| &f.query));
-    for q in queries {
-        if let QuerySource::ReadDatabase(rd) = &q.source {
-            if !connections.contains_key(&rd.connection) {
-                let known = match connections.keys().map(String::as_str).collect::<Vec<_>>() {
-                    k if k.is_empty() => "no connection is declared".to_string(),
-                    k => format!("declared: {}", k.join(", ")),
-                };
-                return Err(plan_error(
-                    rd.location,
-                    format!(
-                        "read_database names connection '{}', which is not declared ({known}); \
-                         declare it with CREATE CONNECTION {} TYPE postgresql OPTIONS (...)",
-                        rd.connection, rd.connection
-                    ),
-                ));
-            }
+    Ok((plan, stmt_of))
+}
+
+/// Names declared so far (of datasets, or of flows), with where: a second declaration of
+/// one is an error pointing at both.
+struct Declared<K> {
+    what: &'static str,
+    first: BTreeMap<K, Location>,
+}
+
+impl<K: Ord + Clone + std::fmt::Display> Declared<K> {
+    fn new(what: &'static str) -> Self {
+        Declared {
+            what,
+            first: BTreeMap::new(),
         }
     }
 
-    for t in tables.values() {
+    fn declare<Q>(&mut self, name: &Q, at: Location) -> Result<()>
+    where
+        K: std::borrow::Borrow<Q>,
+        Q: Ord + ?Sized + std::fmt::Display + ToOwned<Owned = K>,
+    {
+        if let Some(first) = self.first.get(name) {
+            return Err(SqlError::Plan {
+                location: at,
+                message: format!("{} {name} is declared twice", self.what),
+                first: Some(*first),
+            });
+        }
+        self.first.insert(name.to_owned(), at);
+        Ok(())
+    }
+}
+
+/// Every `read_database` names a declared connection.
+fn check_connections(plan: &PipelinePlan) -> Result<()> {
+    let queries = plan
+        .tables
+        .values()
+        .filter_map(|t| t.query.as_ref())
+        .chain(plan.appends.iter().map(|f| &f.query));
+    for q in queries {
+        let QuerySource::ReadDatabase(rd) = &q.source else {
+            continue;
+        };
+        if plan.connections.contains_key(&rd.connection) {
+            continue;
+        }
+        let known = match plan
+            .connections
+            .keys()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+        {
+            k if k.is_empty() => "no connection is declared".to_string(),
+            k => format!("declared: {}", k.join(", ")),
+        };
+        return Err(plan_error(
+            rd.location,
+            format!(
+                "read_database names connection '{}', which is not declared ({known}); \
+                 declare it with CREATE CONNECTION {} TYPE postgresql OPTIONS (...)",
+                rd.connection, rd.connection
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A streaming table's `STREAM(src)` names a stream; an AUTO CDC target has no expectations.
+fn check_streaming_tables(plan: &PipelinePlan) -> Result<()> {
+    for t in plan.tables.values() {
         if let Some(SourceQuery {
             source: QuerySource::Table(src),
             ..
@@ -289,12 +351,12 @@ pub fn plan_pipeline(pipeline: Pipeline) -> Result<PipelinePlan> {
                 src,
                 &format!("table {}", t.name),
                 t.location,
-                &tables,
-                &materialized,
-                &views,
+                &plan.tables,
+                &plan.materialized,
+                &plan.views,
             )?;
         }
-        if !t.expectations.is_empty() && flows.iter().any(|f| f.target == t.name) {
+        if !t.expectations.is_empty() && plan.flows.iter().any(|f| f.target == t.name) {
             return Err(plan_error(
                 t.expectations[0].location,
                 format!(
@@ -305,8 +367,14 @@ pub fn plan_pipeline(pipeline: Pipeline) -> Result<PipelinePlan> {
             ));
         }
     }
-    for f in &appends {
-        match tables.get(&f.target) {
+    Ok(())
+}
+
+/// An append flow inserts into a declared streaming table no AUTO CDC flow writes, from a
+/// stream.
+fn check_append_flows(plan: &PipelinePlan) -> Result<()> {
+    for f in &plan.appends {
+        match plan.tables.get(&f.target) {
             None => {
                 return Err(plan_error(
                     f.location,
@@ -317,7 +385,7 @@ pub fn plan_pipeline(pipeline: Pipeline) -> Result<PipelinePlan> {
                     ),
                 ))
             }
-            Some(_) if flows.iter().any(|g| g.target == f.target) => {
+            Some(_) if plan.flows.iter().any(|g| g.target == f.target) => {
                 return Err(plan_error(
                     f.location,
                     format!(
@@ -334,15 +402,21 @@ pub fn plan_pipeline(pipeline: Pipeline) -> Result<PipelinePlan> {
                 src,
                 &format!("flow {}", f.name),
                 f.location,
-                &tables,
-                &materialized,
-                &views,
+                &plan.tables,
+                &plan.materialized,
+                &plan.views,
             )?;
         }
     }
+    Ok(())
+}
+
+/// No dataset reads what it writes: a streaming table its own changes or itself, an append
+/// flow its target, a materialized view itself.
+fn check_self_reads(plan: &PipelinePlan) -> Result<()> {
     let joins_itself =
-        |q: &SourceQuery, table: &TableName| expand_views(&q.reads, &views).contains(table);
-    for t in tables.values() {
+        |q: &SourceQuery, table: &TableName| expand_views(&q.reads, &plan.views).contains(table);
+    for t in plan.tables.values() {
         if let Some(QuerySource::Changes(TableChanges {
             source: ChangeSource::Table(src),
             location,
@@ -363,7 +437,7 @@ pub fn plan_pipeline(pipeline: Pipeline) -> Result<PipelinePlan> {
             ));
         }
     }
-    for f in &appends {
+    for f in &plan.appends {
         if joins_itself(&f.query, &f.target) {
             return Err(plan_error(
                 f.location,
@@ -374,7 +448,7 @@ pub fn plan_pipeline(pipeline: Pipeline) -> Result<PipelinePlan> {
             ));
         }
     }
-    for m in materialized.values() {
+    for m in plan.materialized.values() {
         if m.query.reads.contains(&m.name) {
             return Err(plan_error(
                 m.location,
@@ -382,62 +456,51 @@ pub fn plan_pipeline(pipeline: Pipeline) -> Result<PipelinePlan> {
             ));
         }
     }
-    check_views(&views)?;
+    Ok(())
+}
 
+/// Each AUTO CDC flow on its own ([`check_flow`]), then flows into one table: they share its
+/// layout and merge semantics, so they must agree.
+fn check_flows(plan: &PipelinePlan) -> Result<()> {
+    let flows = &plan.flows;
     for (i, f) in flows.iter().enumerate() {
-        check_flow(f, &tables)?;
-        // Flows into one table share its layout and merge semantics, so they must agree.
-        if let Some(other) = flows[..i].iter().find(|g| g.target == f.target) {
-            let snapshot = |g: &CdcFlow| matches!(g.kind, FlowKind::Snapshot { .. });
-            if snapshot(other) != snapshot(f) {
-                return Err(plan_error(
-                    f.location,
-                    format!(
-                        "flows {} and {} cannot share a target: {} is written by both an AUTO CDC \
-                         FROM SNAPSHOT flow and a change-event AUTO CDC flow; give each its own table",
-                        other.name, f.name, f.target
-                    ),
-                ));
-            }
-            if snapshot(f) {
-                return Err(plan_error(
-                    f.location,
-                    format!(
-                        "flows {} and {} cannot share a target: {} already receives snapshots from {}; \
-                         a snapshot flow must be the only flow into its target",
-                        other.name, f.name, f.target, other.name
-                    ),
-                ));
-            }
-            if other.stored_as != f.stored_as || !same_keys(&other.keys, &f.keys) {
-                return Err(plan_error(
-                    f.location,
-                    format!(
-                        "flows {} and {} both write {} but with different keys or SCD type; \
-                         flows into one table must agree on both",
-                        other.name, f.name, f.target
-                    ),
-                ));
-            }
+        check_flow(f, &plan.tables)?;
+        let Some(other) = flows[..i].iter().find(|g| g.target == f.target) else {
+            continue;
+        };
+        let snapshot = |g: &CdcFlow| matches!(g.kind, FlowKind::Snapshot { .. });
+        if snapshot(other) != snapshot(f) {
+            return Err(plan_error(
+                f.location,
+                format!(
+                    "flows {} and {} cannot share a target: {} is written by both an AUTO CDC \
+                     FROM SNAPSHOT flow and a change-event AUTO CDC flow; give each its own table",
+                    other.name, f.name, f.target
+                ),
+            ));
+        }
+        if snapshot(f) {
+            return Err(plan_error(
+                f.location,
+                format!(
+                    "flows {} and {} cannot share a target: {} already receives snapshots from {}; \
+                     a snapshot flow must be the only flow into its target",
+                    other.name, f.name, f.target, other.name
+                ),
+            ));
+        }
+        if other.stored_as != f.stored_as || !same_keys(&other.keys, &f.keys) {
+            return Err(plan_error(
+                f.location,
+                format!(
+                    "flows {} and {} both write {} but with different keys or SCD type; \
+                     flows into one table must agree on both",
+                    other.name, f.name, f.target
+                ),
+            ));
         }
     }
-    for (i, p) in pits.iter().enumerate() {
-        check_pit(p, &pits[..i], &tables, &flows)?;
-    }
-
-    let mut plan = PipelinePlan {
-        tables,
-        flows,
-        appends,
-        materialized,
-        views,
-        pits,
-        connections,
-        order: Vec::new(),
-        default_schema,
-    };
-    plan.order = order(&plan, stmt_of)?;
-    Ok(plan)
+    Ok(())
 }
 
 /// `STREAM(src)` must name a streaming table of the pipeline (an append-only table or the

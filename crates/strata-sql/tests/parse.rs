@@ -122,6 +122,7 @@ fn documented_example_parses_exactly() {
                     }),
                     reads: Vec::new(),
                 }),
+                private: false,
                 location: loc(1, 1),
             }),
             Statement::StreamingTable(StreamingTable {
@@ -133,6 +134,7 @@ fn documented_example_parses_exactly() {
                 partitioned_by: Vec::new(),
                 cluster_by: Vec::new(),
                 query: None,
+                private: false,
                 location: loc(5, 1),
             }),
             Statement::Flow(CdcFlow {
@@ -151,6 +153,7 @@ fn documented_example_parses_exactly() {
                 ]),
                 stored_as: ScdType::Type2,
                 track_history: Some(ColumnSelection::Except(vec!["city".to_string()])),
+                once: false,
                 location: loc(7, 1),
             }),
         ],
@@ -1379,4 +1382,88 @@ fn cloud_files_errors_say_where() {
     );
     assert_eq!((l, c), (1, 58));
     assert!(m.contains("exactly one streaming source"), "{m}");
+}
+
+#[test]
+fn private_datasets_parse_with_their_kind() {
+    let p = parse(
+        "CREATE OR REFRESH PRIVATE STREAMING TABLE raw AS SELECT * FROM STREAM(src);\n\
+         CREATE PRIVATE MATERIALIZED VIEW mv AS SELECT * FROM raw;\n\
+         CREATE PRIVATE LIVE TABLE legacy AS SELECT * FROM raw;\n\
+         CREATE STREAMING TABLE public_t AS SELECT * FROM STREAM(src);",
+    );
+    let private: Vec<(String, bool)> = p
+        .statements
+        .iter()
+        .map(|s| match s {
+            Statement::StreamingTable(t) => (t.name.name.clone(), t.private),
+            Statement::MaterializedView(m) => (m.name.name.clone(), m.private),
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        private,
+        [
+            ("raw".to_string(), true),
+            ("mv".to_string(), true),
+            ("legacy".to_string(), true),
+            ("public_t".to_string(), false)
+        ]
+    );
+    let (l, c, m, _) = syntax_error("CREATE OR REFRESH PRIVATE VIEW v AS SELECT 1");
+    assert!(
+        m.contains("PRIVATE applies to a streaming table or a materialized view"),
+        "{m}"
+    );
+    assert_eq!((l, c), (1, 19));
+}
+
+#[test]
+fn auto_cdc_once_is_a_private_copy_a_once_append_and_the_flow() {
+    let p = parse(
+        "CREATE FLOW backfill AS AUTO CDC ONCE INTO users FROM history KEYS (id) \
+         SEQUENCE BY seq STORED AS SCD TYPE 2",
+    );
+    let [Statement::StreamingTable(t), Statement::AppendFlow(a), Statement::Flow(f)] =
+        &p.statements[..]
+    else {
+        panic!("{:?}", p.statements)
+    };
+    let staging = TableName::new(None, "__once_backfill");
+    assert_eq!((&t.name, t.private, &t.query), (&staging, true, &None));
+    assert_eq!(
+        (a.name.as_str(), &a.target, a.once),
+        ("backfill__backfill", &staging, true)
+    );
+    assert_eq!(a.query.source, QuerySource::Batch);
+    assert_eq!(a.query.reads, [TableName::new(None, "history")]);
+    assert_eq!(a.query.sql, "SELECT * FROM \"default\".\"history\"");
+    assert_eq!(
+        (f.name.as_str(), &f.source, f.once),
+        ("backfill", &staging, true)
+    );
+    assert_eq!(f.target, TableName::new(None, "users"));
+    assert_eq!(f.stored_as, ScdType::Type2);
+    // A table called `once` is still a target.
+    assert!(
+        !only_flow("CREATE FLOW f AS AUTO CDC INTO once FROM STREAM(s) KEYS (id) SEQUENCE BY s")
+            .once
+    );
+    let cases: [(&str, (u64, u64), &str); 2] = [
+        (
+            "CREATE FLOW b AS AUTO CDC ONCE INTO t FROM STREAM(s) KEYS (id) SEQUENCE BY s",
+            (1, 44),
+            "AUTO CDC ONCE reads its source in batch",
+        ),
+        (
+            "CREATE FLOW b AS AUTO CDC ONCE FROM SNAPSHOT INTO t FROM s KEYS (id)",
+            (1, 27),
+            "AUTO CDC ONCE applies change events",
+        ),
+    ];
+    for (text, (line, column), message) in cases {
+        let (l, c, m, _) = syntax_error(text);
+        assert!(m.contains(message), "{text}: {m}");
+        assert_eq!((l, c), (line, column), "{text}: {m}");
+    }
 }

@@ -9,6 +9,9 @@
 //! ```text
 //! pipelines.numUpdateRetryAttempts      2        retries of a run that failed transiently
 //! strata.updateRetryBackoff             10s      pause before the first retry, doubling
+//! pipelines.maxFlowRetryAttempts        2        retries of one flow (dataset) that failed
+//!                                                transiently, inside the run (default 2)
+//! strata.flowRetryBackoff               1s       pause before a flow's first retry, doubling
 //! pipelines.notifications.webhook       URL      one notification entry from the three
 //! pipelines.notifications.email_recipients  a@x,b@y     keys (the spec's list may hold
 //! pipelines.notifications.alerts        on-update-failure,on-flow-failure   several)
@@ -34,6 +37,95 @@ pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(600);
 
 const RETRIES_KEY: &str = "pipelines.numUpdateRetryAttempts";
 const BACKOFF_KEY: &str = "strata.updateRetryBackoff";
+const FLOW_RETRIES_KEY: &str = "pipelines.maxFlowRetryAttempts";
+const FLOW_BACKOFF_KEY: &str = "strata.flowRetryBackoff";
+
+/// How many times one flow that failed transiently is tried again within a run, when
+/// nothing says: Lakeflow's default (three attempts in all).
+pub(crate) const DEFAULT_FLOW_RETRIES: u32 = 2;
+/// The pause before a flow's first retry; each later one waits twice as long.
+pub(crate) const DEFAULT_FLOW_BACKOFF: Duration = Duration::from_secs(1);
+/// The longest pause between two attempts of a flow.
+pub(crate) const MAX_FLOW_BACKOFF: Duration = Duration::from_secs(60);
+
+/// Per-flow retries (`pipelines.maxFlowRetryAttempts`): a dataset or flow whose attempt
+/// failed transiently (see [`crate::EngineError::is_transient`]) is prepared and run again
+/// inside the same run, before the run as a whole fails (and before
+/// `pipelines.numUpdateRetryAttempts` retries the run). A data or pipeline error is never
+/// retried. Safe because a node commits all it wrote in one commit, or nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FlowRetries {
+    /// Attempts after the first one.
+    pub(crate) retries: u32,
+    /// The pause before the first retry.
+    pub(crate) backoff: Duration,
+}
+
+impl Default for FlowRetries {
+    fn default() -> Self {
+        FlowRetries {
+            retries: DEFAULT_FLOW_RETRIES,
+            backoff: DEFAULT_FLOW_BACKOFF,
+        }
+    }
+}
+
+impl FlowRetries {
+    /// The configuration's [`FLOW_RETRIES_KEY`] and [`FLOW_BACKOFF_KEY`], else the defaults;
+    /// a value that does not parse is an error naming its key.
+    pub(crate) fn resolve(configuration: &BTreeMap<String, String>) -> Result<FlowRetries, String> {
+        let mut f = FlowRetries::default();
+        let get = |k: &str| {
+            configuration
+                .get(k)
+                .map(|v| v.trim())
+                .filter(|v| !v.is_empty())
+        };
+        if let Some(v) = get(FLOW_RETRIES_KEY) {
+            f.retries = v.parse().map_err(|_| {
+                format!("{FLOW_RETRIES_KEY}: expected a whole number of retries, got `{v}`")
+            })?;
+        }
+        if let Some(v) = get(FLOW_BACKOFF_KEY) {
+            f.backoff = parse_duration(v).map_err(|m| format!("{FLOW_BACKOFF_KEY}: {m}"))?;
+        }
+        Ok(f)
+    }
+
+    /// Whether a flow whose attempt `attempt` (1-based) failed with `e` is tried again: a
+    /// transient failure, other than losing a race with another writer (the scheduler
+    /// retries those on its own count), with retries left.
+    pub(crate) fn retries_after(&self, attempt: u32, e: &crate::EngineError) -> bool {
+        attempt <= self.retries && e.is_transient() && !e.is_conflict()
+    }
+
+    /// The pause after failed attempt `attempt` (1-based): the backoff, doubled for each
+    /// attempt before, at most [`MAX_FLOW_BACKOFF`].
+    pub(crate) fn pause_after(&self, attempt: u32) -> Duration {
+        let factor = 1u32 << attempt.saturating_sub(1).min(16);
+        self.backoff.saturating_mul(factor).min(MAX_FLOW_BACKOFF)
+    }
+
+    /// The message of a retry: which attempt failed, and when the next one starts.
+    pub(crate) fn message(&self, attempt: u32, pause: Duration) -> String {
+        format!(
+            "attempt {attempt} of {} of this flow failed with a transient error; retrying the \
+             flow in {} ({FLOW_RETRIES_KEY} = {})",
+            self.retries + 1,
+            humanize(pause),
+            self.retries
+        )
+    }
+}
+
+/// A pause as messages say it: `500 ms`, `10 s`.
+pub(crate) fn humanize(d: Duration) -> String {
+    if d.subsec_millis() != 0 || d.is_zero() {
+        format!("{} ms", d.as_millis())
+    } else {
+        format!("{} s", d.as_secs())
+    }
+}
 const NOTIFY_PREFIX: &str = "pipelines.notifications.";
 const SMTP_PREFIX: &str = "strata.smtp.";
 
@@ -211,6 +303,8 @@ impl UpdateSettings {
         if let Some(v) = get(BACKOFF_KEY) {
             s.backoff = parse_duration(v).map_err(|m| format!("{BACKOFF_KEY}: {m}"))?;
         }
+        // Read by each run; checked here so that a bad value fails before anything runs.
+        FlowRetries::resolve(configuration)?;
         for key in configuration.keys() {
             let known = match key.strip_prefix(NOTIFY_PREFIX) {
                 Some(rest) => ["webhook", "email_recipients", "alerts"].contains(&rest),
@@ -440,6 +534,46 @@ mod tests {
         let pauses: Vec<u64> = (1..=4).map(|a| s.pause_after(a).as_secs()).collect();
         assert_eq!(pauses, [1, 2, 4, 8]);
         assert_eq!(s.pause_after(40), MAX_BACKOFF);
+    }
+
+    #[test]
+    fn flows_are_retried_twice_by_default_and_only_on_transient_failures() {
+        let f = FlowRetries::resolve(&string_map(&[])).unwrap();
+        assert_eq!(f, FlowRetries::default());
+        assert_eq!((f.retries, f.backoff), (2, Duration::from_secs(1)));
+        let refused = crate::EngineError::Io {
+            context: "connection shop".into(),
+            source: std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+        };
+        let data = crate::EngineError::BadInput("a NULL key".into());
+        assert!(f.retries_after(1, &refused));
+        assert!(f.retries_after(2, &refused));
+        assert!(!f.retries_after(3, &refused), "three attempts in all");
+        assert!(!f.retries_after(1, &data), "a data error is never retried");
+        let pauses: Vec<u64> = (1..=3).map(|a| f.pause_after(a).as_secs()).collect();
+        assert_eq!(pauses, [1, 2, 4]);
+        assert_eq!(f.pause_after(30), MAX_FLOW_BACKOFF);
+        let none = FlowRetries::resolve(&string_map(&[
+            ("pipelines.maxFlowRetryAttempts", "0"),
+            ("strata.flowRetryBackoff", "250ms"),
+        ]))
+        .unwrap();
+        assert!(!none.retries_after(1, &refused));
+        assert_eq!(
+            f.message(1, Duration::from_millis(250)),
+            "attempt 1 of 3 of this flow failed with a transient error; retrying the flow in \
+             250 ms (pipelines.maxFlowRetryAttempts = 2)"
+        );
+        let err = UpdateSettings::resolve(
+            Vec::new(),
+            None,
+            &string_map(&[("pipelines.maxFlowRetryAttempts", "few")]),
+        )
+        .unwrap_err();
+        assert!(
+            err.contains("pipelines.maxFlowRetryAttempts: expected a whole number"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -289,6 +289,17 @@ pub fn load_pipeline_with_python(
     load(path, configuration, true)
 }
 
+/// A pipeline's name: a spec's `name`, else its file's name. It keys the pipeline's lock
+/// and the folder of its private datasets.
+pub(crate) fn pipeline_name(spec_name: Option<&str>, path: &Path) -> String {
+    spec_name.map(str::to_string).unwrap_or_else(|| {
+        path.file_name().map_or_else(
+            || path.display().to_string(),
+            |f| f.to_string_lossy().into(),
+        )
+    })
+}
+
 /// Reads a pipeline; `python`: whether a spec's `.py` libraries are kept aside (else they
 /// are an error).
 fn load(

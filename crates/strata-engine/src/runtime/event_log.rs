@@ -19,6 +19,7 @@ use deltalake::arrow::datatypes::{DataType, Field, Fields, Schema, SchemaRef, Ti
 use deltalake::protocol::SaveMode;
 use deltalake::DeltaTable;
 use std::sync::Arc;
+use strata_sql::{FlowKind, Node, PipelinePlan};
 
 pub use crate::storage::warehouse::EVENT_LOG_TABLE;
 
@@ -78,6 +79,25 @@ pub struct EventRecord {
 }
 
 impl EventRecord {
+    /// The record of plan node `node` (its table, flow and kind), started at `started`,
+    /// with every count at 0.
+    pub(crate) fn for_node(
+        run_id: &str,
+        pipeline: &str,
+        plan: &PipelinePlan,
+        node: &Node,
+        started: chrono::DateTime<chrono::Utc>,
+    ) -> Self {
+        EventRecord::new(
+            run_id,
+            pipeline,
+            plan.writes(node).map(|t| t.to_string()).unwrap_or_default(),
+            node_flow_name(plan, node),
+            node_kind(plan, node),
+            started,
+        )
+    }
+
     /// A record with every count at 0.
     pub(crate) fn new(
         run_id: &str,
@@ -316,4 +336,28 @@ pub(crate) async fn append(wh: &Warehouse, records: &[EventRecord]) -> Result<()
     crate::util::steps::step!(debug, steps, "appended");
     wh.keep_event_log(table);
     Ok(())
+}
+
+/// The event log's `kind` of a node.
+fn node_kind(plan: &PipelinePlan, node: &Node) -> &'static str {
+    match node {
+        Node::Ingest(_) => "ingest",
+        Node::Append(_) => "append",
+        Node::Flow(i) => match plan.flows.get(*i).map(|f| &f.kind) {
+            Some(FlowKind::Snapshot { .. }) => "snapshot",
+            _ => "cdc",
+        },
+        Node::MaterializedView(_) => "materialized_view",
+        Node::PointInTime(_) => "point_in_time",
+    }
+}
+
+/// The event log's `flow` of a node: the flow's name, else the table's.
+fn node_flow_name(plan: &PipelinePlan, node: &Node) -> String {
+    match node {
+        Node::Flow(i) => plan.flows.get(*i).map(|f| f.name.clone()),
+        Node::Append(i) => plan.appends.get(*i).map(|f| f.name.clone()),
+        other => plan.writes(other).map(|t| t.name),
+    }
+    .unwrap_or_default()
 }

@@ -25,8 +25,10 @@ use crate::error::{EngineError, Result};
 use crate::eventstore::handoff::Handoff;
 use crate::load::file::plan_file;
 use crate::load::sources::{PipelineSource, PlannedPipeline};
+use crate::load::spec::pipeline_name;
 use crate::runtime::full_refresh::{check_reset_allowed, set_aside};
 use crate::runtime::prepare::prepare_all;
+use crate::runtime::retry::FlowRetry;
 use crate::runtime::scheduler::{run_nodes, Run};
 use crate::runtime::select::{refresh_set, select};
 use crate::runtime::update::{new_run_id, Ended, Update};
@@ -90,13 +92,14 @@ async fn run_loaded(
     wh: &Warehouse,
     options: &RunOptions,
 ) -> Result<RunReport> {
-    let name = loaded.name.clone().unwrap_or_else(|| {
-        path.file_name().map_or_else(
-            || path.display().to_string(),
-            |f| f.to_string_lossy().into(),
-        )
-    });
+    let name = pipeline_name(loaded.name.as_deref(), path);
     let pipeline = path.display().to_string();
+    // A spec's configuration, with the caller's values over it, is the run's: its memory
+    // limit and flow retries are read from it as from `--conf`.
+    let options = &RunOptions {
+        configuration: loaded.configuration.clone(),
+        ..options.clone()
+    };
     let mut update = Update::new(wh, pipeline, name.clone(), &loaded.settings, options);
     let lock = match options.lock {
         Some(mode) => Some(lock::acquire(wh, &name, update.run_id(), mode).await?),
@@ -137,26 +140,49 @@ async fn attempt(
                 (_, c) => c,
             },
         )?;
-        return run_plan(plan, path, loaded.dir.clone(), wh, options, run_id, ended)
+        let file = PipelineFile::new(path, loaded.name.as_deref(), loaded.dir.clone());
+        return run_plan(plan, &file, wh, options, run_id, ended)
             .await
             .map_err(|e| e.locate(|line| map.text_of(line)));
     }
     let (plan, pipeline_dir) = plan_file(path, &options.configuration, wh.catalog())?;
-    run_plan(plan, path, pipeline_dir, wh, options, run_id, ended).await
+    let file = PipelineFile::new(path, None, pipeline_dir);
+    run_plan(plan, &file, wh, options, run_id, ended).await
 }
 
-/// Runs a planned pipeline read from `path`; relative paths resolve against `pipeline_dir`.
-/// A run: its id; a full refresh sets the old tables aside; every node is prepared (nothing
-/// written yet); then the selected nodes run (`scheduler.rs`).
+/// Which pipeline a run is of.
+pub(crate) struct PipelineFile<'a> {
+    /// The pipeline file, as the event log names it.
+    path: &'a Path,
+    /// Its name ([`pipeline_name`]).
+    name: String,
+    /// The folder relative paths in it resolve against.
+    dir: PathBuf,
+}
+
+impl<'a> PipelineFile<'a> {
+    fn new(path: &'a Path, spec_name: Option<&str>, dir: PathBuf) -> Self {
+        PipelineFile {
+            path,
+            name: pipeline_name(spec_name, path),
+            dir,
+        }
+    }
+}
+
+/// Runs a planned pipeline of `file`. A run: its id; a full refresh sets the old tables
+/// aside; every node is prepared (nothing written yet); then the selected nodes run
+/// (`scheduler.rs`).
 pub(crate) async fn run_plan(
     plan: PipelinePlan,
-    path: &Path,
-    pipeline_dir: PathBuf,
+    file: &PipelineFile<'_>,
     wh: &Warehouse,
     options: &RunOptions,
     run_id: &str,
     ended: &Ended,
 ) -> Result<RunReport> {
+    // The pipeline's PRIVATE datasets live in its own folder, seen by this run alone.
+    let wh = &wh.with_private(&file.name, plan.private_tables());
     let selected = select(&plan, options.select.as_ref())?;
     let run_id = run_id.to_string();
     let mut report = RunReport {
@@ -170,16 +196,27 @@ pub(crate) async fn run_plan(
     }
     let memory = crate::util::memory::resolve(&options.configuration)
         .map_err(crate::error::EngineError::BadInput)?;
-    let prepared = prepare_all(wh, &plan, &pipeline_dir).await?;
+    let flow_retries = crate::load::settings::FlowRetries::resolve(&options.configuration)
+        .map_err(crate::error::EngineError::BadInput)?;
+    let pipeline = file.path.display().to_string();
+    let retry = FlowRetry {
+        wh,
+        options,
+        run_id: &run_id,
+        pipeline: &pipeline,
+        policy: flow_retries,
+    };
+    let prepared = prepare_all(wh, &plan, &file.dir, &retry).await?;
     let run = Run {
         wh,
         prepared: &prepared,
         options,
         memory,
         run_id: &run_id,
-        pipeline: path.display().to_string(),
+        pipeline,
         handoff: Handoff::default(),
         ended,
+        flow_retries,
     };
     run_nodes(&run, &selected, &mut report).await?;
     let written: Vec<_> = selected.iter().filter_map(|n| plan.writes(n)).collect();
@@ -206,8 +243,7 @@ pub async fn run_planned(
     let PlannedPipeline { plan, map } = planned;
     run_plan(
         plan,
-        path,
-        dir,
+        &PipelineFile::new(path, None, dir),
         wh,
         options,
         &new_run_id(),

@@ -11,7 +11,6 @@ use crate::runtime::event_log::Status;
 use crate::runtime::options::RunReport;
 use crate::runtime::prepare::Prepared;
 use std::collections::BTreeSet;
-use strata_sql::FlowKind;
 use strata_sql::Node;
 use strata_sql::PipelinePlan;
 use strata_sql::TableName;
@@ -162,26 +161,4 @@ pub(crate) fn summary(r: &EventRecord) -> String {
         (_, Some(m)) => m.clone(),
         (s, None) => s.as_str().to_string(),
     }
-}
-
-pub(crate) fn node_kind(plan: &PipelinePlan, node: &Node) -> &'static str {
-    match node {
-        Node::Ingest(_) => "ingest",
-        Node::Append(_) => "append",
-        Node::Flow(i) => match plan.flows.get(*i).map(|f| &f.kind) {
-            Some(FlowKind::Snapshot { .. }) => "snapshot",
-            _ => "cdc",
-        },
-        Node::MaterializedView(_) => "materialized_view",
-        Node::PointInTime(_) => "point_in_time",
-    }
-}
-
-pub(crate) fn node_flow_name(plan: &PipelinePlan, node: &Node) -> String {
-    match node {
-        Node::Flow(i) => plan.flows.get(*i).map(|f| f.name.clone()),
-        Node::Append(i) => plan.appends.get(*i).map(|f| f.name.clone()),
-        other => plan.writes(other).map(|t| t.name),
-    }
-    .unwrap_or_default()
 }

@@ -4,6 +4,7 @@
 
 use crate::error::{EngineError, Result};
 use crate::ops::ingest::{IngestReport, IngestSetup, PipelineContext, Readiness};
+use crate::runtime::retry::FlowRetry;
 use crate::semantics::flow::FlowSetup;
 use crate::storage::warehouse::Warehouse;
 use deltalake::arrow::datatypes::SchemaRef;
@@ -68,6 +69,7 @@ pub(crate) async fn prepare_all<'a>(
     wh: &Warehouse,
     plan: &'a PipelinePlan,
     dir: &'a Path,
+    retry: &FlowRetry<'_>,
 ) -> Result<PreparedPlan<'a>> {
     check_batch_reads(wh, plan).await?;
     let properties = (plan.tables.iter().map(|(n, t)| (n, &t.properties)))
@@ -94,7 +96,7 @@ pub(crate) async fn prepare_all<'a>(
     for node in &plan.order {
         let (p, known) = match node {
             Node::Ingest(_) | Node::Append(_) => {
-                let p = prepare_ingestion(&prepared.context(wh), node, &schemas).await?;
+                let p = prepare_with_retries(&prepared.context(wh), node, &schemas, retry).await?;
                 let known = schemas.clone();
                 match &p {
                     Prepared::Ingest(setup) => {
@@ -142,6 +144,30 @@ pub(crate) async fn prepare_all<'a>(
         with_downstream(&mut n.prepared, &flows);
     }
     Ok(prepared)
+}
+
+/// [`prepare_ingestion`], tried again after a transient failure (a database that refused
+/// the connection its schema is read through) as the pipeline's flow retries allow.
+async fn prepare_with_retries(
+    context: &PipelineContext<'_>,
+    node: &Node,
+    schemas: &Schemas,
+    retry: &FlowRetry<'_>,
+) -> Result<Prepared> {
+    let started = chrono::Utc::now();
+    let mut tries = 1;
+    loop {
+        match prepare_ingestion(context, node, schemas).await {
+            Err(e) => {
+                let record = retry.record(context.plan, node, started);
+                if !retry.again(tries, &e, record).await {
+                    return Err(e);
+                }
+                tries += 1;
+            }
+            ok => return ok,
+        }
+    }
 }
 
 /// Prepares AUTO CDC flow `i` against its source's schema (its change feed's for a target

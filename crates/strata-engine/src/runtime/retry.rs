@@ -1,9 +1,14 @@
-//! Starting a node again when it lost a race with another writer (its commit conflicted),
-//! and the error of a node that kept losing.
+//! Starting a node again: when it lost a race with another writer (its commit conflicted),
+//! with the error of a node that kept losing; and when it failed transiently, up to
+//! `pipelines.maxFlowRetryAttempts` times ([`FlowRetry`]), each failed attempt recorded.
 
 use crate::error::EngineError;
+use crate::load::settings::FlowRetries;
+use crate::runtime::event_log::{self, EventRecord, Status};
+use crate::runtime::options::RunOptions;
+use crate::runtime::update::{stop_requested, wait};
 use crate::storage::warehouse::Warehouse;
-use strata_sql::TableName;
+use strata_sql::{Node, PipelinePlan, TableName};
 
 /// How many times a node that keeps losing races with other writers is tried.
 pub(crate) const CONFLICT_ATTEMPTS: u32 = 6;
@@ -63,5 +68,55 @@ pub(crate) async fn gave_up(
             EngineError::Conflict { source, .. } => source,
             other => Box::new(deltalake::DeltaTableError::Generic(other.to_string())),
         },
+    }
+}
+
+/// What a flow's retry needs to record itself: the run, its options (a stop request ends
+/// the pause) and the pipeline's [`FlowRetries`].
+pub(crate) struct FlowRetry<'a> {
+    pub(crate) wh: &'a Warehouse,
+    pub(crate) options: &'a RunOptions,
+    pub(crate) run_id: &'a str,
+    /// The pipeline file, as the event log names it.
+    pub(crate) pipeline: &'a str,
+    pub(crate) policy: FlowRetries,
+}
+
+impl FlowRetry<'_> {
+    /// The record of node `node`'s attempt, started at `started`, for the event log.
+    pub(crate) fn record(
+        &self,
+        plan: &PipelinePlan,
+        node: &Node,
+        started: chrono::DateTime<chrono::Utc>,
+    ) -> EventRecord {
+        EventRecord::for_node(self.run_id, self.pipeline, plan, node, started)
+    }
+
+    /// After attempt `attempt` (1-based) of a flow failed with `e`: whether to try it
+    /// again. When so, the failed attempt is recorded (`record`, as a `RETRYING` record
+    /// with its error, in the event log and as a warning) and the pause waited; a run asked
+    /// to stop meanwhile is not retried.
+    pub(crate) async fn again(&self, attempt: u32, e: &EngineError, record: EventRecord) -> bool {
+        if !self.policy.retries_after(attempt, e) || stop_requested(self.options) {
+            return false;
+        }
+        let pause = self.policy.pause_after(attempt);
+        let message = self.policy.message(attempt, pause);
+        tracing::warn!(
+            "{} {}: {message}: {}",
+            record.kind,
+            record.flow,
+            crate::error::chain(e)
+        );
+        let mut r = record;
+        r.status = Status::Retrying;
+        r.ended_at = chrono::Utc::now();
+        r.error = Some(crate::error::chain(e));
+        r.message = Some(message);
+        if let Err(log) = event_log::append(self.wh, std::slice::from_ref(&r)).await {
+            tracing::warn!("could not record the retry: {}", crate::error::chain(&log));
+        }
+        wait(pause, self.options).await
     }
 }

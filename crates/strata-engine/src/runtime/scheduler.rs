@@ -1,18 +1,20 @@
 //! Running the prepared nodes: each after the nodes that write what it reads (and after the
 //! earlier writers of its own table), independent ones side by side (up to four at a
-//! time), each retried when another writer committed first, each recorded in the event log
-//! as soon as it ends. A failure lets the nodes in flight finish and starts nothing more.
+//! time), each retried when another writer committed first or when it failed transiently
+//! (`pipelines.maxFlowRetryAttempts`), each recorded in the event log as soon as it ends. A
+//! failure lets the nodes in flight finish and starts nothing more.
 
 use crate::error::{EngineError, Result};
 use crate::eventstore::handoff::Handoff;
+use crate::load::settings::FlowRetries;
 use crate::ops::Scope;
 use crate::runtime::event_log::{self, EventRecord, Status};
-use crate::runtime::node::{node_flow_name, node_kind, run_node, summary, NodeOutput};
+use crate::runtime::node::{run_node, summary, NodeOutput};
 use crate::runtime::options::{Progress, RunOptions, RunReport};
 use crate::runtime::prepare::{
     prepare_ingestion, with_downstream, Prepared, PreparedNode, PreparedPlan,
 };
-use crate::runtime::retry::{conflict_backoff, gave_up, CONFLICT_ATTEMPTS};
+use crate::runtime::retry::{conflict_backoff, gave_up, FlowRetry, CONFLICT_ATTEMPTS};
 use crate::storage::warehouse::Warehouse;
 use futures::StreamExt;
 use std::time::{Duration, Instant};
@@ -33,6 +35,20 @@ pub(crate) struct Run<'a> {
     pub(crate) handoff: Handoff,
     /// Each node's record as it ends (for the run's outcome and its notifications).
     pub(crate) ended: &'a crate::runtime::update::Ended,
+    /// How often a node that failed transiently is tried again.
+    pub(crate) flow_retries: FlowRetries,
+}
+
+impl Run<'_> {
+    pub(crate) fn flow_retry(&self) -> FlowRetry<'_> {
+        FlowRetry {
+            wh: self.wh,
+            options: self.options,
+            run_id: self.run_id,
+            pipeline: &self.pipeline,
+            policy: self.flow_retries,
+        }
+    }
 }
 
 /// A node that ended: its index, description, duration, record and outcome.
@@ -151,16 +167,8 @@ async fn run_one(run: &Run<'_>, i: usize, n: &PreparedNode) -> Ended {
             node: describe.clone(),
         });
     }
-    let record = EventRecord::new(
-        run.run_id,
-        &run.pipeline,
-        plan.writes(&n.node)
-            .map(|t| t.to_string())
-            .unwrap_or_default(),
-        node_flow_name(plan, &n.node),
-        node_kind(plan, &n.node),
-        chrono::Utc::now(),
-    );
+    let record =
+        EventRecord::for_node(run.run_id, &run.pipeline, plan, &n.node, chrono::Utc::now());
     let progress = run.options.progress.clone();
     let node_name = describe.clone();
     let update = move |detail: String| {
@@ -179,7 +187,9 @@ async fn run_one(run: &Run<'_>, i: usize, n: &PreparedNode) -> Ended {
 
 /// Runs a node; one that lost a race with another writer starts again from the start, on
 /// the tables as they now are (an ingestion is prepared again: the files it meant to take
-/// may be taken), up to [`CONFLICT_ATTEMPTS`] times.
+/// may be taken), up to [`CONFLICT_ATTEMPTS`] times; one that failed transiently starts
+/// again the same way after a pause, as often as [`FlowRetries`] allows, each failed
+/// attempt recorded.
 async fn run_with_retries(
     run: &Run<'_>,
     n: &PreparedNode,
@@ -195,39 +205,55 @@ async fn run_with_retries(
         memory: run.memory,
         update,
     };
+    let retry = run.flow_retry();
     let mut again: Option<Prepared> = None;
     let mut attempt = 1;
+    let mut tries = 1;
     loop {
         let mut record = first.clone();
         let p = again.as_ref().unwrap_or(&n.prepared);
         let outcome = run_node(&scope, plan, p, &run.prepared.declared, &mut record).await;
-        let e = match outcome {
-            Err(e) if e.is_conflict() => e,
-            other => return (record, other),
-        };
-        if attempt >= CONFLICT_ATTEMPTS {
-            let table = plan.writes(&n.node);
-            return (
-                record,
-                Err(gave_up(run.wh, table.as_ref(), e, attempt).await),
-            );
-        }
-        tracing::warn!(
-            node = %plan.describe(&n.node),
-            attempt,
-            "another writer committed first ({e}); starting this dataset again"
-        );
-        tokio::time::sleep(conflict_backoff(attempt)).await;
-        attempt += 1;
-        if let (Node::Ingest(_) | Node::Append(_), Some(known)) = (&n.node, &n.known) {
-            let context = run.prepared.context(run.wh);
-            match prepare_ingestion(&context, &n.node, known).await {
-                Ok(mut p) => {
-                    with_downstream(&mut p, &run.prepared.flows);
-                    again = Some(p);
+        match outcome {
+            Err(e) if e.is_conflict() => {
+                if attempt >= CONFLICT_ATTEMPTS {
+                    let table = plan.writes(&n.node);
+                    return (
+                        record,
+                        Err(gave_up(run.wh, table.as_ref(), e, attempt).await),
+                    );
                 }
-                Err(e) => return (record, Err(e)),
+                tracing::warn!(
+                    node = %plan.describe(&n.node),
+                    attempt,
+                    "another writer committed first ({e}); starting this dataset again"
+                );
+                tokio::time::sleep(conflict_backoff(attempt)).await;
+                attempt += 1;
             }
+            Err(e) => {
+                if !retry.again(tries, &e, record.clone()).await {
+                    return (record, Err(e));
+                }
+                tries += 1;
+            }
+            ok => return (record, ok),
+        }
+        match prepare_again(run, n).await {
+            Ok(Some(p)) => again = Some(p),
+            Ok(None) => {}
+            Err(e) => return (record, Err(e)),
         }
     }
+}
+
+/// An ingestion prepared anew for another attempt (the files or rows it meant to take may
+/// have been taken meanwhile); `None` for the other nodes, which prepare as they run.
+async fn prepare_again(run: &Run<'_>, n: &PreparedNode) -> Result<Option<Prepared>> {
+    let (Node::Ingest(_) | Node::Append(_), Some(known)) = (&n.node, &n.known) else {
+        return Ok(None);
+    };
+    let context = run.prepared.context(run.wh);
+    let mut p = prepare_ingestion(&context, &n.node, known).await?;
+    with_downstream(&mut p, &run.prepared.flows);
+    Ok(Some(p))
 }

@@ -96,6 +96,15 @@ pub(crate) fn refresh_set(plan: &PipelinePlan, names: &[String]) -> Result<Vec<T
     for n in names {
         tables.push(parse_table_name(n, &plan.default_schema));
     }
+    // An AUTO CDC ONCE flow's backfill runs again when its target is refreshed: its
+    // private staging table is refreshed with it.
+    let staging: Vec<TableName> = plan
+        .flows
+        .iter()
+        .filter(|f| f.once && tables.contains(&f.target))
+        .map(|f| f.source.clone())
+        .collect();
+    tables.extend(staging);
     tables.sort();
     tables.dedup();
     Ok(tables)

@@ -8,7 +8,7 @@
 //! whether it was retried and why not), naming the flow that failed.
 
 use crate::error::{EngineError, Result};
-use crate::load::settings::UpdateSettings;
+use crate::load::settings::{humanize, UpdateSettings};
 use crate::runtime::event_log::{self, EventRecord, Status};
 use crate::runtime::notify::{self, message::Outcome};
 use crate::runtime::options::{RunOptions, RunReport};
@@ -220,7 +220,7 @@ fn first_failed(ended: &[EventRecord]) -> Option<&EventRecord> {
     ended.iter().find(|r| r.status == Status::Failed)
 }
 
-fn stop_requested(options: &RunOptions) -> bool {
+pub(crate) fn stop_requested(options: &RunOptions) -> bool {
     options
         .stop
         .as_ref()
@@ -228,7 +228,7 @@ fn stop_requested(options: &RunOptions) -> bool {
 }
 
 /// Waits `pause`; false when the run was asked to stop meanwhile.
-async fn wait(pause: Duration, options: &RunOptions) -> bool {
+pub(crate) async fn wait(pause: Duration, options: &RunOptions) -> bool {
     let until = tokio::time::Instant::now() + pause;
     while tokio::time::Instant::now() < until {
         if stop_requested(options) {
@@ -238,12 +238,4 @@ async fn wait(pause: Duration, options: &RunOptions) -> bool {
         tokio::time::sleep(left.min(Duration::from_millis(100))).await;
     }
     !stop_requested(options)
-}
-
-fn humanize(d: Duration) -> String {
-    if d.subsec_millis() != 0 || d.is_zero() {
-        format!("{} ms", d.as_millis())
-    } else {
-        format!("{} s", d.as_secs())
-    }
 }

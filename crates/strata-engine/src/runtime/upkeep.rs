@@ -108,7 +108,7 @@ async fn pipeline_plans(
     };
     let mut plans = Vec::new();
     for path in paths {
-        let plan = plan_any(&path, configuration, wh.catalog()).map_err(|e| {
+        let (plan, _) = plan_any(&path, configuration, wh.catalog()).map_err(|e| {
             format!(
                 "pipeline {} cannot be planned ({}); name the pipelines with --pipeline FILE \
                  (and their --conf values)",
@@ -507,7 +507,7 @@ async fn pipeline_readers(
     let mut readers = Vec::new();
     for path in paths {
         let shown = path.display().to_string();
-        let plan = plan_any(&path, &options.configuration, wh.catalog()).map_err(|e| {
+        let (plan, name) = plan_any(&path, &options.configuration, wh.catalog()).map_err(|e| {
             EngineError::plan(format!(
                 "vacuum refused: pipeline {shown}{} cannot be planned, so the readers it \
                  declares cannot be protected ({}); nothing was removed. Name the pipelines \
@@ -520,17 +520,20 @@ async fn pipeline_readers(
                 crate::error::chain(&e)
             ))
         })?;
+        // The pipeline's private datasets are readers too, in its private folder.
+        let wh = &wh.with_private(&name, plan.private_tables());
         readers.extend(readers_of(wh, &plan, &shown).await?);
         names.push(shown);
     }
     Ok((names, readers))
 }
 
+/// The plan of the pipeline at `path`, and the pipeline's name.
 fn plan_any(
     path: &Path,
     configuration: &BTreeMap<String, String>,
     catalog: &str,
-) -> Result<PipelinePlan> {
+) -> Result<(PipelinePlan, String)> {
     if crate::load::spec::is_spec(path) {
         let loaded = crate::load::spec::load_pipeline(path, configuration)?;
         let planned = crate::load::sources::plan_sources(
@@ -539,9 +542,11 @@ fn plan_any(
             &loaded.schema,
             loaded.catalog.as_deref().unwrap_or(catalog),
         )?;
-        return Ok(planned.plan);
+        let name = crate::load::spec::pipeline_name(loaded.name.as_deref(), path);
+        return Ok((planned.plan, name));
     }
-    Ok(crate::load::file::plan_file(path, configuration, catalog)?.0)
+    let plan = crate::load::file::plan_file(path, configuration, catalog)?.0;
+    Ok((plan, crate::load::spec::pipeline_name(None, path)))
 }
 
 /// Every distinct pipeline the event log records.

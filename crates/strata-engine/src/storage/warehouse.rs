@@ -3,14 +3,20 @@
 //! ```text
 //!   <warehouse>/<schema>/<table>/_delta_log          user-visible Delta tables
 //!   <warehouse>/_strata/<schema>/<table>/events      event store of an AUTO CDC target
+//!   <warehouse>/_strata/private/<pipeline>/<schema>/<table>
+//!                                                    a pipeline's PRIVATE datasets, their
+//!                                                    state under .../<pipeline>/_strata/
 //! ```
 //!
 //! Folders starting with `_` or `.` at the top level are strata's own and are not tables.
+//! A pipeline's run sees its private datasets by their names ([`Warehouse::with_private`]);
+//! nothing else does (`strata query`, other pipelines).
 
 use crate::error::{Context, Result};
 use crate::storage::location::Location;
 use crate::storage::table::open_delta;
 use deltalake::DeltaTable;
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use strata_sql::TableName;
@@ -27,6 +33,30 @@ pub struct Warehouse {
     /// The event log as this process last committed to it (see `event_log::append`), so
     /// that a run's records do not each open it again.
     event_log: Arc<Mutex<Option<DeltaTable>>>,
+    /// The private datasets of the pipeline this handle runs, if any.
+    private: Option<Arc<Private>>,
+}
+
+/// A pipeline's private datasets: their names and the folder they live in.
+#[derive(Debug)]
+struct Private {
+    /// `_strata/private/<pipeline>`.
+    root: Location,
+    names: BTreeSet<TableName>,
+}
+
+/// A pipeline's name as a folder name: letters, digits, `-`, `.` kept, the rest `_`.
+fn folder_name(pipeline: &str) -> String {
+    pipeline
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
 }
 
 impl Warehouse {
@@ -51,7 +81,33 @@ impl Warehouse {
             root,
             catalog: strata_sql::TableName::CATALOGS[0].to_string(),
             event_log: Arc::default(),
+            private: None,
         })
+    }
+
+    /// The warehouse as pipeline `pipeline` sees it: its `PRIVATE` datasets `names` live
+    /// in `_strata/private/<pipeline>/` (with their state), are listed and opened by name by
+    /// this handle, and by no other (`strata query` and other pipelines do not see them).
+    pub(crate) fn with_private(&self, pipeline: &str, names: BTreeSet<TableName>) -> Warehouse {
+        let mut wh = self.clone();
+        wh.private = (!names.is_empty()).then(|| {
+            Arc::new(Private {
+                root: self
+                    .state_root()
+                    .join("private")
+                    .join(&folder_name(pipeline)),
+                names,
+            })
+        });
+        wh
+    }
+
+    /// The private folder of `name`, when it is a private dataset of this handle's pipeline.
+    fn private_root(&self, name: &TableName) -> Option<&Location> {
+        self.private
+            .as_ref()
+            .filter(|p| p.names.contains(name))
+            .map(|p| &p.root)
     }
 
     /// The warehouse answering to catalog name `catalog` in three-part names (besides
@@ -88,8 +144,13 @@ impl Warehouse {
         self.root.local().is_none()
     }
 
+    /// Where table `name` lives: `<warehouse>/<schema>/<name>`, or in its pipeline's
+    /// private folder.
     pub fn table_location(&self, name: &TableName) -> Location {
-        self.root.join(&name.schema).join(&name.name)
+        self.private_root(name)
+            .unwrap_or(&self.root)
+            .join(&name.schema)
+            .join(&name.name)
     }
 
     /// Where strata keeps its own state (`_strata`: event stores, the event log, caches,
@@ -101,7 +162,12 @@ impl Warehouse {
     /// Where strata keeps its own state of table `name` (event store, caches):
     /// `_strata/<schema>/<name>`.
     fn state_location(&self, name: &TableName) -> Location {
-        self.state_root().join(&name.schema).join(&name.name)
+        match self.private_root(name) {
+            Some(private) => private.join("_strata"),
+            None => self.state_root(),
+        }
+        .join(&name.schema)
+        .join(&name.name)
     }
 
     /// The event log: one record per dataset or flow per run (`runtime/event_log.rs`).
@@ -120,20 +186,29 @@ impl Warehouse {
         self.state_location(name).join("taken")
     }
 
-    /// Every table of the warehouse, sorted. Folders starting with `_` or `.` are
-    /// strata's own (or hidden) and hold no tables.
+    /// Every table of the warehouse, sorted, with the private datasets of this handle's
+    /// pipeline that exist (in place of public tables of the same names). Folders starting
+    /// with `_` or `.` are strata's own (or hidden) and hold no tables.
     pub async fn list_tables(&self) -> Result<Vec<TableName>> {
         let visible = |n: &String| !n.starts_with('_') && !n.starts_with('.');
-        let mut out = Vec::new();
+        let mut out = BTreeSet::new();
         for schema in self.root.list_dirs().await?.into_iter().filter(visible) {
             let schema_dir = self.root.join(&schema);
             for table in schema_dir.list_dirs().await?.into_iter().filter(visible) {
                 if schema_dir.join(&table).has_delta_log().await? {
-                    out.push(TableName::new(Some(&schema), &table));
+                    out.insert(TableName::new(Some(&schema), &table));
                 }
             }
         }
-        Ok(out)
+        if let Some(private) = &self.private {
+            for name in &private.names {
+                out.remove(name);
+                if self.table_location(name).has_delta_log().await? {
+                    out.insert(name.clone());
+                }
+            }
+        }
+        Ok(out.into_iter().collect())
     }
 
     /// Opens an existing table; `None` if there is no Delta table at its location.
