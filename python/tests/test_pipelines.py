@@ -329,7 +329,7 @@ def test_private_datasets_are_read_by_their_pipeline_only(tmp_path):
     assert sum(r["n"] for r in got) > 0
     # ...which the warehouse's catalog does not show, nor let a query read.
     shown = strata.query("SHOW TABLES", warehouse=wh).to_pylist()
-    assert sorted(r["tableName"] for r in shown) == ["ops"]
+    assert sorted(r["tableName"] for r in shown) == ["event_log", "ops"]
     with pytest.raises(strata.StrataError, match="events_clean"):
         strata.query("SELECT * FROM events_clean", warehouse=wh)
     # They are Delta tables all the same, in the pipeline's private folder.
