@@ -385,6 +385,18 @@ pub fn plan_pipeline(pipeline: Pipeline) -> Result<PipelinePlan> {
     check_views(&views)?;
 
     for (i, f) in flows.iter().enumerate() {
+        // A flow from a materialized view or a view gets the reason, not "not declared".
+        if materialized.contains_key(&f.source) || views.contains_key(&f.source) {
+            let reader = format!("flow {}", f.name);
+            check_stream_source(
+                &f.source,
+                &reader,
+                f.location,
+                &tables,
+                &materialized,
+                &views,
+            )?;
+        }
         check_flow(f, &tables)?;
         // Flows into one table share its layout and merge semantics, so they must agree.
         if let Some(other) = flows[..i].iter().find(|g| g.target == f.target) {

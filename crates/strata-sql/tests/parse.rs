@@ -1380,3 +1380,37 @@ fn cloud_files_errors_say_where() {
     assert_eq!((l, c), (1, 58));
     assert!(m.contains("exactly one streaming source"), "{m}");
 }
+
+/// A Databricks notebook exported as a `.sql` file separates its cells with
+/// `-- COMMAND ----------` lines and needs no `;` between them: each cell is a statement.
+#[test]
+fn notebook_cell_boundaries_end_statements() {
+    let p = parse(
+        "-- Databricks notebook source\n\
+         CREATE LIVE TABLE a AS SELECT 1 AS x\n\
+         \n\
+         -- COMMAND ----------\n\
+         \n\
+         CREATE LIVE TABLE b AS SELECT x FROM a\n\
+         -- COMMAND --------- (not a boundary: one dash short)\n",
+    );
+    assert_eq!(p.statements.len(), 2);
+    // Only the exact line is a boundary; any other comment is still a comment.
+    let err = parse_pipeline(
+        "CREATE LIVE TABLE a AS SELECT 1 AS x\n-- COMMAND\nCREATE LIVE TABLE b AS SELECT 2 AS y",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("3:1"), "{err}");
+}
+
+/// `CREATE MATERIALIZED VIEW IF NOT EXISTS name` (Databricks SQL's spelling) declares `name`,
+/// as `CREATE STREAMING TABLE IF NOT EXISTS` does.
+#[test]
+fn materialized_view_if_not_exists() {
+    let p = parse("CREATE MATERIALIZED VIEW IF NOT EXISTS mv AS SELECT 1 AS x;");
+    match p.statements.as_slice() {
+        [Statement::MaterializedView(m)] => assert_eq!(m.name.name, "mv"),
+        _ => panic!("one materialized view expected"),
+    }
+}
