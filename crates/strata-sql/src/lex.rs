@@ -12,7 +12,7 @@ use crate::ast::Location;
 use crate::error::{Result, SqlError};
 use sqlparser::dialect::{Dialect, GenericDialect};
 use sqlparser::parser::{Parser, ParserError};
-use sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer};
+use sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer, Whitespace};
 
 /// The dialect used to parse embedded expressions and queries. Its printed SQL is what
 /// DataFusion's default dialect reads back.
@@ -114,7 +114,9 @@ pub(crate) fn location(l: sqlparser::tokenizer::Location) -> Location {
 }
 
 /// Tokenizes `text` with Spark's rules: no whitespace or comment tokens, and every
-/// double-quoted token turned into a single-quoted string literal.
+/// double-quoted token turned into a single-quoted string literal. A `-- COMMAND ----------`
+/// line, the cell boundary of a Databricks notebook exported as a `.sql` file, ends a
+/// statement as `;` does (each cell is a statement, and cells need no `;`).
 pub(crate) fn tokenize(src: &Source, text: &str) -> Result<Vec<TokenWithSpan>> {
     let dialect = SparkLexDialect;
     let tokens = Tokenizer::new(&dialect, text)
@@ -141,9 +143,10 @@ pub(crate) fn tokenize(src: &Source, text: &str) -> Result<Vec<TokenWithSpan>> {
     }
     Ok(tokens
         .into_iter()
-        .filter(|t| !matches!(t.token, Token::Whitespace(_)))
+        .filter(|t| !matches!(t.token, Token::Whitespace(_)) || is_notebook_cell_boundary(&t.token))
         .map(|t| {
             let token = match t.token {
+                Token::Whitespace(_) => Token::SemiColon,
                 Token::DoubleQuotedString(s) => Token::SingleQuotedString(s),
                 Token::Word(w) if w.quote_style == Some('"') => Token::SingleQuotedString(w.value),
                 other => other,
@@ -151,6 +154,12 @@ pub(crate) fn tokenize(src: &Source, text: &str) -> Result<Vec<TokenWithSpan>> {
             TokenWithSpan::new(token, t.span)
         })
         .collect())
+}
+
+/// `-- COMMAND ----------`: the line between two cells of an exported Databricks notebook.
+fn is_notebook_cell_boundary(token: &Token) -> bool {
+    matches!(token, Token::Whitespace(Whitespace::SingleLineComment { comment, prefix })
+        if prefix == "--" && comment.trim() == "COMMAND ----------")
 }
 
 fn lower_first(s: &mut String) {

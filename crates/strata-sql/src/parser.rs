@@ -358,6 +358,7 @@ fn dataset_head(c: &mut Cursor) -> Result<DatasetHead> {
 // CREATE MATERIALIZED VIEW / CREATE VIEW
 
 fn materialized_view(c: &mut Cursor, at: Location) -> Result<MaterializedView> {
+    if_not_exists(c)?;
     let head = dataset_head(c)?;
     if !c.eat_keyword("AS") {
         return Err(c.expected(if head.what_next().starts_with("a column") {

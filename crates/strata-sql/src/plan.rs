@@ -464,6 +464,18 @@ fn check_self_reads(plan: &PipelinePlan) -> Result<()> {
 fn check_flows(plan: &PipelinePlan) -> Result<()> {
     let flows = &plan.flows;
     for (i, f) in flows.iter().enumerate() {
+        // A flow from a materialized view or a view gets the reason, not "not declared".
+        if plan.materialized.contains_key(&f.source) || plan.views.contains_key(&f.source) {
+            let reader = format!("flow {}", f.name);
+            check_stream_source(
+                &f.source,
+                &reader,
+                f.location,
+                &plan.tables,
+                &plan.materialized,
+                &plan.views,
+            )?;
+        }
         check_flow(f, &plan.tables)?;
         let Some(other) = flows[..i].iter().find(|g| g.target == f.target) else {
             continue;

@@ -1465,5 +1465,36 @@ fn auto_cdc_once_is_a_private_copy_a_once_append_and_the_flow() {
         let (l, c, m, _) = syntax_error(text);
         assert!(m.contains(message), "{text}: {m}");
         assert_eq!((l, c), (line, column), "{text}: {m}");
+/// A Databricks notebook exported as a `.sql` file separates its cells with
+/// `-- COMMAND ----------` lines and needs no `;` between them: each cell is a statement.
+#[test]
+fn notebook_cell_boundaries_end_statements() {
+    let p = parse(
+        "-- Databricks notebook source\n\
+         CREATE LIVE TABLE a AS SELECT 1 AS x\n\
+         \n\
+         -- COMMAND ----------\n\
+         \n\
+         CREATE LIVE TABLE b AS SELECT x FROM a\n\
+         -- COMMAND --------- (not a boundary: one dash short)\n",
+    );
+    assert_eq!(p.statements.len(), 2);
+    // Only the exact line is a boundary; any other comment is still a comment.
+    let err = parse_pipeline(
+        "CREATE LIVE TABLE a AS SELECT 1 AS x\n-- COMMAND\nCREATE LIVE TABLE b AS SELECT 2 AS y",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("3:1"), "{err}");
+}
+
+/// `CREATE MATERIALIZED VIEW IF NOT EXISTS name` (Databricks SQL's spelling) declares `name`,
+/// as `CREATE STREAMING TABLE IF NOT EXISTS` does.
+#[test]
+fn materialized_view_if_not_exists() {
+    let p = parse("CREATE MATERIALIZED VIEW IF NOT EXISTS mv AS SELECT 1 AS x;");
+    match p.statements.as_slice() {
+        [Statement::MaterializedView(m)] => assert_eq!(m.name.name, "mv"),
+        _ => panic!("one materialized view expected"),
     }
 }

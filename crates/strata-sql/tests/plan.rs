@@ -311,6 +311,14 @@ fn materialized_view_and_append_flow_errors() {
             "STREAM(default.m), which is a materialized view",
         ),
         (
+            // An AUTO CDC flow from a live table (a materialized view) says what the source
+            // is, not that it is undeclared.
+            "CREATE LIVE TABLE m AS SELECT 1 AS id, 1 AS ts;\nCREATE STREAMING TABLE t;\n\
+             APPLY CHANGES INTO t FROM stream(m) KEYS (id) SEQUENCE BY ts;",
+            3,
+            "flow t reads STREAM(default.m), which is a materialized view",
+        ),
+        (
             "CREATE FLOW f AS INSERT INTO nowhere BY NAME SELECT * FROM STREAM read_files('d', format => 'json');",
             1,
             "inserts into default.nowhere, which is not declared",
