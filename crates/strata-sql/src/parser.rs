@@ -1037,8 +1037,14 @@ struct FileOptions {
 /// lower-cased: those the engine's `read_files` takes besides `format`, `schema`, `header`
 /// and `sep` (crates/strata-engine/src/ops/ingest/prepare.rs). `cloud_files` refuses the
 /// others at their place.
-const PASSED_FILE_OPTIONS: [&str; 4] =
-    ["multiline", "inferschema", "encoding", "rescueddatacolumn"];
+const PASSED_FILE_OPTIONS: [&str; 6] = [
+    "multiline",
+    "inferschema",
+    "encoding",
+    "rescueddatacolumn",
+    "infercolumntypes",
+    "infertimestamp",
+];
 
 impl FileOptions {
     /// Notes option `key` (lower-cased), written `written` at `key_at`, refusing one given
@@ -1274,8 +1280,8 @@ fn option_map(src: &Source, e: &Expr, at: Location) -> Result<Vec<MapOption>> {
 }
 
 /// One option of cloud_files' map, names in any case: `cloudFiles.format` (or `format`)
-/// must name the second argument's format; `cloudFiles.inferColumnTypes` must be true, as
-/// read_files always infers types; `cloudFiles.schemaEvolutionMode` is kept in `evolution`
+/// must name the second argument's format; `cloudFiles.inferColumnTypes` (true or false) is
+/// read_files' `inferColumnTypes`; `cloudFiles.schemaEvolutionMode` is kept in `evolution`
 /// to be checked against what read_files does ([`evolution_agrees`]); read_files' own
 /// options (`header`, `sep`, `delimiter`, `schema` and [`PASSED_FILE_OPTIONS`]) are set as
 /// read_files sets them. Any other name is an error at its place.
@@ -1289,17 +1295,12 @@ fn cloud_files_option(
     let lower = option.name.to_ascii_lowercase();
     let key = match lower.as_str() {
         "cloudfiles.format" => "format",
+        "cloudfiles.infercolumntypes" => "infercolumntypes",
         other => other,
     };
     let known = matches!(
         key,
-        "format"
-            | "cloudfiles.infercolumntypes"
-            | "cloudfiles.schemaevolutionmode"
-            | "header"
-            | "sep"
-            | "delimiter"
-            | "schema"
+        "format" | "cloudfiles.schemaevolutionmode" | "header" | "sep" | "delimiter" | "schema"
     ) || PASSED_FILE_OPTIONS.contains(&key);
     if !known {
         return Err(src.error(
@@ -1307,8 +1308,8 @@ fn cloud_files_option(
             format!(
                 "cloud_files option '{}' is not supported: cloud_files takes the options of \
                  read_files (header, sep, delimiter, schema, multiLine, inferSchema, encoding, \
-                 rescuedDataColumn) and cloudFiles.format, cloudFiles.inferColumnTypes and \
-                 cloudFiles.schemaEvolutionMode",
+                 rescuedDataColumn, inferColumnTypes, inferTimestamp) and cloudFiles.format, \
+                 cloudFiles.inferColumnTypes and cloudFiles.schemaEvolutionMode",
                 option.name
             ),
         ));
@@ -1332,25 +1333,20 @@ fn cloud_files_option(
                 ));
             }
         }
-        "cloudfiles.infercolumntypes" => match value.to_ascii_lowercase().as_str() {
-            "true" => {}
-            "false" => {
-                return Err(src.error(
-                    value_at,
-                    format!(
-                        "option '{name}' is 'false' (every inferred column a STRING), which \
-                         read_files does not do: it infers BIGINT, DOUBLE, BOOLEAN and STRING \
-                         columns; set it to 'true', or declare the columns with 'schema'"
-                    ),
-                ))
-            }
-            _ => {
+        "infercolumntypes" | "infertimestamp" => {
+            if !value.eq_ignore_ascii_case("true") && !value.eq_ignore_ascii_case("false") {
                 return Err(src.error(
                     value_at,
                     format!("option '{name}' must be true or false, found '{value}'"),
-                ))
+                ));
             }
-        },
+            // `cloudFiles.inferColumnTypes` true is read_files' default: the same source as
+            // read_files without it.
+            let value = value.to_ascii_lowercase();
+            if !(key == "infercolumntypes" && value == "true") {
+                options.set(src, key, &name, value, value_at)?
+            }
+        }
         "cloudfiles.schemaevolutionmode" => *evolution = Some((name, value, value_at)),
         _ => options.set(src, key, &name, value, value_at)?,
     }

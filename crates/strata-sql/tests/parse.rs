@@ -1209,6 +1209,15 @@ fn cloud_files_is_read_files() {
              inferSchema => 'true')",
         ),
         (
+            "cloud_files('p', 'csv', map('header', 'true', 'cloudFiles.inferColumnTypes', 'FALSE'))",
+            "read_files('p', format => 'csv', header => true, inferColumnTypes => false)",
+        ),
+        (
+            "cloud_files('p', 'json', map('inferColumnTypes', 'false', 'inferTimestamp', 'True'))",
+            "read_files('p', format => 'json', inferColumnTypes => 'false', \
+             inferTimestamp => true)",
+        ),
+        (
             "cloud_files('s3://bucket/in', 'parquet', map())",
             "read_files('s3://bucket/in', format => 'parquet')",
         ),
@@ -1313,14 +1322,19 @@ fn cloud_files_errors_say_where() {
             "option 'cloudFiles.format' is 'csv', but the format of cloud_files (its second argument) is 'json'",
         ),
         (
-            "cloud_files('in', 'json', map('cloudFiles.inferColumnTypes', 'false'))",
-            "'false'",
-            "option 'cloudFiles.inferColumnTypes' is 'false' (every inferred column a STRING)",
-        ),
-        (
             "cloud_files('in', 'json', map('cloudFiles.inferColumnTypes', 'yes'))",
             "'yes'",
             "option 'cloudFiles.inferColumnTypes' must be true or false, found 'yes'",
+        ),
+        (
+            "cloud_files('in', 'json', map('inferTimestamp', '1'))",
+            "'1'",
+            "option 'inferTimestamp' must be true or false, found '1'",
+        ),
+        (
+            "cloud_files('in', 'json', map('cloudFiles.inferColumnTypes', 'false', 'inferColumnTypes', 'false'))",
+            "'inferColumnTypes'",
+            "option 'inferColumnTypes' is given twice",
         ),
         (
             "cloud_files('in', 'json', map('cloudFiles.schemaEvolutionMode', 'addNewColumns', 'schema', 'a INT'))",

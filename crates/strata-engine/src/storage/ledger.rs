@@ -250,45 +250,73 @@ fn body_of(cache: &Cache) -> Value {
 /// The commit-info key under which an ingestion records its inferred input columns.
 pub(crate) const SCHEMA_KEY: &str = "strata.inputSchema";
 
-/// `columns` as recorded in a commit: `[["name", "BIGINT"], ...]`.
+/// `columns` as recorded in a commit: `[["name", "BIGINT"], ["at", "TIMESTAMP"], ...]`, each
+/// type by its SQL name.
 pub(crate) fn columns_to_json(columns: &[(String, DataType)]) -> Value {
     Value::Array(
         columns
             .iter()
             .map(|(n, t)| {
-                let name = match t {
-                    DataType::Int64 => "BIGINT",
-                    DataType::Float64 => "DOUBLE",
-                    DataType::Boolean => "BOOLEAN",
-                    _ => "STRING",
-                };
-                Value::Array(vec![Value::String(n.clone()), Value::String(name.into())])
+                let name = crate::util::arrow::sql_type_name(t);
+                Value::Array(vec![Value::String(n.clone()), Value::String(name)])
             })
             .collect(),
     )
 }
 
-/// The columns recorded by [`columns_to_json`].
+/// The columns recorded by [`columns_to_json`]; a type it cannot read is STRING.
 pub(crate) fn columns_from_json(v: &Value) -> Option<Vec<(String, DataType)>> {
     v.as_array()?
         .iter()
         .map(|pair| {
             let pair = pair.as_array()?;
             let name = pair.first()?.as_str()?.to_string();
-            let t = match pair.get(1)?.as_str()? {
-                "BIGINT" => DataType::Int64,
-                "DOUBLE" => DataType::Float64,
-                "BOOLEAN" => DataType::Boolean,
-                _ => DataType::Utf8,
-            };
-            Some((name, t))
+            Some((name, recorded_type(pair.get(1)?.as_str()?)))
         })
         .collect()
+}
+
+/// A recorded SQL type name as the type a declared column of it has.
+fn recorded_type(sql: &str) -> DataType {
+    strata_sql::parse_ddl_schema(&format!("c {sql}"))
+        .ok()
+        .and_then(|cols| cols.into_iter().next())
+        .map_or(DataType::Utf8, |c| c.data_type)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn recorded_columns_read_back_with_their_types() {
+        use deltalake::arrow::datatypes::TimeUnit;
+        let columns = vec![
+            ("i".to_string(), DataType::Int32),
+            ("b".to_string(), DataType::Int64),
+            ("d".to_string(), DataType::Decimal128(20, 0)),
+            ("f".to_string(), DataType::Float64),
+            ("on".to_string(), DataType::Boolean),
+            ("day".to_string(), DataType::Date32),
+            (
+                "at".to_string(),
+                DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            ),
+            ("s".to_string(), DataType::Utf8),
+        ];
+        let recorded = columns_to_json(&columns);
+        assert_eq!(recorded[6], json!(["at", "TIMESTAMP"]));
+        assert_eq!(columns_from_json(&recorded), Some(columns));
+        // Types recorded by earlier versions read as they did.
+        assert_eq!(
+            columns_from_json(&json!([["a", "BIGINT"], ["b", "STRING"], ["c", "?"]])),
+            Some(vec![
+                ("a".to_string(), DataType::Int64),
+                ("b".to_string(), DataType::Utf8),
+                ("c".to_string(), DataType::Utf8),
+            ])
+        );
+    }
 
     fn cache(id: &str, version: i64, files: &[&str]) -> Cache {
         Cache {

@@ -1,12 +1,14 @@
 //! `read_files` like Databricks Auto Loader: schema inference, schema evolution and rescued
 //! data for JSON and CSV.
 //!
-//! Without `schema =>`, the columns are inferred from the files new in a run (JSON: integer
-//! → BIGINT, other number → DOUBLE, boolean → BOOLEAN, string → STRING, object or array →
-//! STRING holding its JSON text; CSV: a column of integers → BIGINT, of numbers → DOUBLE, of
-//! booleans → BOOLEAN, else STRING) and merged with the columns of earlier runs, which keep
+//! Without `schema =>`, the columns are inferred from the files new in a run, each value
+//! typed as Databricks' read_files types it (`infer.rs`: CSV cells INT, BIGINT, DECIMAL,
+//! DOUBLE, DATE, TIMESTAMP, BOOLEAN or STRING, JSON values by their JSON kind; a column's
+//! values widened to one type), and merged with the columns of earlier runs, which keep
 //! their types: new columns are added at the end, none is dropped. The inferred columns are
-//! recorded in each ingestion commit, so the next run starts from them.
+//! recorded in each ingestion commit, so the next run starts from them. `inferColumnTypes
+//! => false` makes every CSV column STRING; `inferTimestamp => true` types JSON timestamp
+//! strings.
 //!
 //! A value that does not fit its column's type is not lost and does not fail the run: the
 //! column is NULL and `_rescued_data` holds a JSON object with the original value under the
@@ -14,6 +16,7 @@
 //! `schema =>`, the same happens when the option `rescuedDataColumn` names the column; fields
 //! of the file outside the schema are rescued too.
 
+use super::infer::{self, Rules};
 use crate::error::{Context, EngineError, Result};
 use deltalake::arrow::array::{new_null_array, Array, ArrayRef, RecordBatch, StringArray};
 use deltalake::arrow::compute::{cast_with_options, CastOptions};
@@ -50,6 +53,7 @@ pub(crate) fn mode(spec: &ReadFiles) -> Result<Mode> {
                     spec.path
                 )));
             }
+            rules(spec)?;
             Ok(Mode::Autoload {
                 rescued: rescued.unwrap_or_else(|| RESCUED.to_string()),
                 inferred: schema.is_none(),
@@ -58,25 +62,26 @@ pub(crate) fn mode(spec: &ReadFiles) -> Result<Mode> {
     }
 }
 
-/// A column type as inference sees it; `None` is "only NULLs so far".
-fn widen(a: Option<DataType>, b: Option<DataType>) -> Option<DataType> {
-    match (a, b) {
-        (None, x) | (x, None) => x,
-        (Some(x), Some(y)) if x == y => Some(x),
-        (Some(DataType::Int64), Some(DataType::Float64))
-        | (Some(DataType::Float64), Some(DataType::Int64)) => Some(DataType::Float64),
-        _ => Some(DataType::Utf8),
-    }
-}
-
-fn json_type(v: &Value) -> Option<DataType> {
-    match v {
-        Value::Null => None,
-        Value::Bool(_) => Some(DataType::Boolean),
-        Value::Number(n) if n.is_i64() || n.is_u64() => Some(DataType::Int64),
-        Value::Number(_) => Some(DataType::Float64),
-        _ => Some(DataType::Utf8),
-    }
+/// How values are typed, from the options `inferColumnTypes` (default true) and, for JSON,
+/// `inferTimestamp` (default false), each `true` or `false` in any case.
+pub(crate) fn rules(spec: &ReadFiles) -> Result<Rules> {
+    let flag = |key: &str, written: &str, default: bool| -> Result<bool> {
+        match spec.other_options.get(key) {
+            None => Ok(default),
+            Some(v) if v.eq_ignore_ascii_case("true") => Ok(true),
+            Some(v) if v.eq_ignore_ascii_case("false") => Ok(false),
+            Some(v) => Err(EngineError::plan(format!(
+                "read_files('{}'): option {written} must be true or false, found '{v}'",
+                spec.path
+            ))),
+        }
+    };
+    let column_types = flag("infercolumntypes", "inferColumnTypes", true)?;
+    let timestamps = flag("infertimestamp", "inferTimestamp", false)?;
+    Ok(Rules {
+        column_types,
+        json_timestamps: column_types && timestamps && spec.format == FileFormat::Json,
+    })
 }
 
 /// One input row: its fields in the order written.
@@ -159,10 +164,11 @@ pub(crate) fn infer(
     files: &[std::path::PathBuf],
     spec: &ReadFiles,
 ) -> Result<Vec<(String, DataType)>> {
+    let rules = rules(spec)?;
     let mut columns: Vec<(String, Option<DataType>)> = Vec::new();
     let mut add =
         |name: &str, t: Option<DataType>| match columns.iter_mut().find(|(n, _)| n == name) {
-            Some((_, old)) => *old = widen(old.take(), t),
+            Some((_, old)) => *old = infer::widen(old.take(), t),
             None => columns.push((name.to_string(), t)),
         };
     for path in files {
@@ -170,25 +176,19 @@ pub(crate) fn infer(
             FileFormat::Json => {
                 for record in json_records(path)? {
                     for (k, v) in &record {
-                        add(k, json_type(v));
+                        add(k, infer::json_type(v, rules));
                     }
                 }
             }
             FileFormat::Csv => {
-                let file = std::fs::File::open(path)
-                    .context(|| format!("cannot read {}", path.display()))?;
-                let (schema, _) = csv_format(spec)
-                    .infer_schema(file, None)
-                    .map_err(|e| EngineError::BadInput(format!("file {}: {e}", path.display())))?;
-                for f in schema.fields() {
-                    let t = match f.data_type() {
-                        DataType::Null => None,
-                        DataType::Int64 | DataType::Float64 | DataType::Boolean => {
-                            Some(f.data_type().clone())
-                        }
-                        _ => Some(DataType::Utf8),
-                    };
-                    add(f.name(), t);
+                let (names, rows) = csv_rows(path, spec)?;
+                for name in &names {
+                    add(name, None);
+                }
+                for row in &rows {
+                    for (k, v) in row {
+                        add(k, v.as_str().map(|text| infer::csv_type(text, rules)));
+                    }
                 }
             }
             FileFormat::Parquet | FileFormat::Debezium => {}
@@ -343,10 +343,7 @@ fn field_texts(field: &Field, rows: &[Record], is_csv: bool) -> (Vec<Option<Stri
             None => texts.push(None),
             Some(v) if is_csv => {
                 let t = v.as_str().unwrap_or_default();
-                let strict_bool = field.data_type() == &DataType::Boolean
-                    && !t.eq_ignore_ascii_case("true")
-                    && !t.eq_ignore_ascii_case("false");
-                if strict_bool {
+                if !csv_text_fits(t, field.data_type()) {
                     texts.push(None);
                     misfit[i] = true;
                 } else {
@@ -363,6 +360,22 @@ fn field_texts(field: &Field, rows: &[Record], is_csv: bool) -> (Vec<Option<Stri
         }
     }
     (texts, misfit)
+}
+
+/// Whether a CSV cell may be cast to `t`: a BOOLEAN is `true` or `false` (in any case; a
+/// cast would take `yes` and `1` too), a DECIMAL without a scale a whole number (a cast
+/// would round `1.5`). Other misfits are the cells whose cast fails.
+fn csv_text_fits(text: &str, t: &DataType) -> bool {
+    match t {
+        DataType::Boolean => {
+            text.eq_ignore_ascii_case("true") || text.eq_ignore_ascii_case("false")
+        }
+        DataType::Decimal128(_, 0) => {
+            let digits = text.strip_prefix('-').unwrap_or(text);
+            !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
+        }
+        _ => true,
+    }
 }
 
 /// `texts` cast to `field`'s type; the original values of the rows that did not fit or

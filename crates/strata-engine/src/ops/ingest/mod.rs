@@ -23,6 +23,7 @@ mod commit;
 mod database;
 mod files;
 mod history;
+mod infer;
 mod once;
 mod prepare;
 mod rows;

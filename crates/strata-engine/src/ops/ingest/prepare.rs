@@ -261,7 +261,12 @@ async fn files_input(
     for key in spec.other_options.keys() {
         if !matches!(
             key.as_str(),
-            "multiline" | "inferschema" | "encoding" | "rescueddatacolumn"
+            "multiline"
+                | "inferschema"
+                | "encoding"
+                | "rescueddatacolumn"
+                | "infercolumntypes"
+                | "infertimestamp"
         ) {
             return Err(setup.err(format!("read_files option `{key}` is not supported")));
         }
