@@ -256,16 +256,13 @@ impl StructCol {
 /// [`ArrayCol::end_value`].
 pub(crate) struct ArrayCol {
     pub elements: Box<ColBuilder>,
-    offsets: Vec<i32>,
-    nulls: NullBufferBuilder,
+    rows: ListRows,
 }
 
 impl ArrayCol {
     /// Ends a (non-NULL) value whose elements were appended.
     pub fn end_value(&mut self) -> Result<(), String> {
-        end_offsets(&mut self.offsets, self.elements.len())?;
-        self.nulls.append_non_null();
-        Ok(())
+        self.rows.end_value(self.elements.len())
     }
 }
 
@@ -274,33 +271,61 @@ impl ArrayCol {
 pub(crate) struct MapCol {
     pub keys: Box<ColBuilder>,
     pub values: Box<ColBuilder>,
-    offsets: Vec<i32>,
-    nulls: NullBufferBuilder,
+    rows: ListRows,
 }
 
 impl MapCol {
     /// Ends a (non-NULL) value whose entries were appended.
     pub fn end_value(&mut self) -> Result<(), String> {
-        end_offsets(&mut self.offsets, self.keys.len())?;
-        self.nulls.append_non_null();
-        Ok(())
+        self.rows.end_value(self.keys.len())
     }
 }
 
-/// Ends a list's value at `len` children (Arrow's lists count them in 32 bits).
-fn end_offsets(offsets: &mut Vec<i32>, len: usize) -> Result<(), String> {
-    let end = i32::try_from(len).map_err(|_| {
-        "more than 2^31 nested values in one batch; read smaller batches".to_string()
-    })?;
-    offsets.push(end);
-    Ok(())
+/// The rows of a list-shaped column (ARRAY, MAP): where each ends among the children, and
+/// which are NULL.
+struct ListRows {
+    offsets: Vec<i32>,
+    nulls: NullBufferBuilder,
 }
 
-/// The offsets of a finished list column; `offsets` starts again at 0.
-fn take_offsets(offsets: &mut Vec<i32>) -> OffsetBuffer<i32> {
-    let done = std::mem::replace(offsets, vec![0]);
-    // Starts at 0 and never decreases: children only grow.
-    OffsetBuffer::new(ScalarBuffer::from(done))
+impl ListRows {
+    fn new(capacity: usize) -> ListRows {
+        ListRows {
+            offsets: vec![0],
+            nulls: NullBufferBuilder::new(capacity),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
+    /// Ends a value at `children` children (Arrow's lists count them in 32 bits).
+    fn end_value(&mut self, children: usize) -> Result<(), String> {
+        let end = i32::try_from(children).map_err(|_| {
+            "more than 2^31 nested values in one batch; read smaller batches".to_string()
+        })?;
+        self.offsets.push(end);
+        self.nulls.append_non_null();
+        Ok(())
+    }
+
+    /// A NULL value: no children.
+    fn append_null(&mut self) {
+        let end = self.offsets.last().copied().unwrap_or(0);
+        self.offsets.push(end);
+        self.nulls.append_null();
+    }
+
+    /// The offsets and NULLs so far; starts again empty.
+    fn finish(&mut self) -> (OffsetBuffer<i32>, Option<arrow_buffer::NullBuffer>) {
+        let done = std::mem::replace(&mut self.offsets, vec![0]);
+        // Starts at 0 and never decreases: children only grow.
+        (
+            OffsetBuffer::new(ScalarBuffer::from(done)),
+            self.nulls.finish(),
+        )
+    }
 }
 
 impl ColBuilder {
@@ -341,14 +366,12 @@ impl ColBuilder {
             }),
             ColumnKind::Array(element) => ColBuilder::Array(ArrayCol {
                 elements: Box::new(ColBuilder::new(element, cap)),
-                offsets: vec![0],
-                nulls: NullBufferBuilder::new(cap),
+                rows: ListRows::new(cap),
             }),
             ColumnKind::Map(key, value) => ColBuilder::Map(MapCol {
                 keys: Box::new(ColBuilder::new(key, cap)),
                 values: Box::new(ColBuilder::new(value, cap)),
-                offsets: vec![0],
-                nulls: NullBufferBuilder::new(cap),
+                rows: ListRows::new(cap),
             }),
         }
     }
@@ -383,16 +406,8 @@ impl ColBuilder {
                 }
                 s.nulls.append_null();
             }
-            ColBuilder::Array(a) => {
-                let end = a.offsets.last().copied().unwrap_or(0);
-                a.offsets.push(end);
-                a.nulls.append_null();
-            }
-            ColBuilder::Map(m) => {
-                let end = m.offsets.last().copied().unwrap_or(0);
-                m.offsets.push(end);
-                m.nulls.append_null();
-            }
+            ColBuilder::Array(a) => a.rows.append_null(),
+            ColBuilder::Map(m) => m.rows.append_null(),
         }
     }
 
@@ -478,13 +493,13 @@ impl ColBuilder {
             }
             ColBuilder::Array(a) => {
                 let elements = a.elements.finish()?;
-                let offsets = take_offsets(&mut a.offsets);
+                let (offsets, nulls) = a.rows.finish();
                 Arc::new(
                     ListArray::try_new(
                         element_field(elements.data_type().clone()),
                         offsets,
                         elements,
-                        a.nulls.finish(),
+                        nulls,
                     )
                     .map_err(|e| format!("internal: {e}"))?,
                 )
@@ -499,9 +514,9 @@ impl ColBuilder {
                 };
                 let entries = StructArray::try_new(kv.clone(), vec![keys, values], None)
                     .map_err(|e| format!("internal: {e}"))?;
-                let offsets = take_offsets(&mut m.offsets);
+                let (offsets, nulls) = m.rows.finish();
                 Arc::new(
-                    MapArray::try_new(entries_field, offsets, entries, m.nulls.finish(), false)
+                    MapArray::try_new(entries_field, offsets, entries, nulls, false)
                         .map_err(|e| format!("internal: {e}"))?,
                 )
             }
@@ -524,8 +539,8 @@ impl ColBuilder {
             ColBuilder::Date(b) => b.len(),
             ColBuilder::Ts(b) | ColBuilder::TsUtc(b) => b.len(),
             ColBuilder::Struct(s) => s.nulls.len(),
-            ColBuilder::Array(a) => a.offsets.len() - 1,
-            ColBuilder::Map(m) => m.offsets.len() - 1,
+            ColBuilder::Array(a) => a.rows.len(),
+            ColBuilder::Map(m) => m.rows.len(),
         }
     }
 }

@@ -459,6 +459,15 @@ fn declared(ddl: &str) -> Arc<Schema> {
     ))
 }
 
+/// `batch`'s columns named in `ddl` have the types `ddl` declares.
+fn assert_types(batch: &arrow_array::RecordBatch, ddl: &str) {
+    let schema = batch.schema();
+    for f in declared(ddl).fields() {
+        let got = schema.field_with_name(f.name()).unwrap().data_type();
+        assert_eq!(got, f.data_type(), "{}", f.name());
+    }
+}
+
 const NESTED_DDL: &str = "id INT, addr STRUCT<city: STRING, zip: STRING, \
      geo: STRUCT<lat: DOUBLE, lon: DOUBLE>>, tags ARRAY<STRING>, attrs MAP<STRING, INT>";
 
@@ -506,19 +515,7 @@ fn declared_structs_arrays_and_maps_with_nulls_at_every_level() {
     };
     let batches = read_debezium(text.as_bytes(), "people.json", opts).unwrap();
     // The columns have the declared types, as Delta stores them.
-    let want = declared(NESTED_DDL);
-    for f in want.fields() {
-        assert_eq!(
-            batches[0]
-                .schema()
-                .field_with_name(f.name())
-                .unwrap()
-                .data_type(),
-            f.data_type(),
-            "{}",
-            f.name()
-        );
-    }
+    assert_types(&batches[0], NESTED_DDL);
     assert_eq!(
         rows(&batches, &["id", "addr", "tags", "attrs", "_change_type"]),
         vec![
@@ -583,22 +580,11 @@ fn embedded_struct_array_and_map_schemas() {
     ]
     .join("\n");
     let batches = read_debezium(text.as_bytes(), "f.json", DebeziumOptions::default()).unwrap();
-    let want = declared(
+    assert_types(
+        &batches[0],
         "id INT, addr STRUCT<city: STRING, rent: DECIMAL(8,2), geo: STRUCT<lat: DOUBLE>>, \
          seen ARRAY<TIMESTAMP_NTZ>, attrs MAP<STRING, ARRAY<SMALLINT>>, by_day MAP<DATE, STRING>",
     );
-    for f in want.fields() {
-        assert_eq!(
-            batches[0]
-                .schema()
-                .field_with_name(f.name())
-                .unwrap()
-                .data_type(),
-            f.data_type(),
-            "{}",
-            f.name()
-        );
-    }
     assert_eq!(
         rows(&batches, &["id", "addr", "seen", "attrs", "by_day"]),
         vec![
