@@ -1,5 +1,6 @@
-//! The Arrow side: column kinds every source maps into, column builders, and the buffer that
-//! collects change rows per table (with schema widening).
+//! The Arrow side: column kinds every source maps into (scalars, and the nested STRUCT, ARRAY
+//! and MAP of Debezium's payloads), column builders, and the buffer that collects change rows
+//! per table (with schema widening).
 
 use std::sync::Arc;
 
@@ -8,12 +9,16 @@ use arrow_array::builder::{
     Float64Builder, Int16Builder, Int32Builder, Int64Builder, Int8Builder, ListBuilder,
     StringBuilder, TimestampMicrosecondBuilder,
 };
-use arrow_array::{ArrayRef, BinaryArray, RecordBatch, StringArray};
-use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use arrow_array::{
+    ArrayRef, BinaryArray, ListArray, MapArray, RecordBatch, StringArray, StructArray,
+};
+use arrow_buffer::{NullBufferBuilder, OffsetBuffer, ScalarBuffer};
+use arrow_schema::{DataType, Field, FieldRef, Fields, Schema, SchemaRef, TimeUnit};
 
 /// The Arrow (and Delta) type of a source column. Delta has no unsigned integers, no time of
-/// day and no intervals; every kind here has a Delta type.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// day and no intervals; every kind here has a Delta type. Database columns are scalars;
+/// Debezium payloads also hold the nested kinds.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum ColumnKind {
     /// BOOLEAN.
     Boolean,
@@ -46,11 +51,46 @@ pub enum ColumnKind {
     Timestamp,
     /// TIMESTAMP (an instant): `Timestamp(Microsecond, "UTC")`.
     TimestampUtc,
+    /// STRUCT<name: T, ...>, its fields in order.
+    Struct(Vec<StructField>),
+    /// ARRAY<T>: a list whose elements may be NULL (Arrow's element field is `element`).
+    Array(Box<ColumnKind>),
+    /// MAP<K, V>: keys never NULL, values may be (Arrow's entries are `key_value` of `key`
+    /// and `value`, as Delta names them).
+    Map(Box<ColumnKind>, Box<ColumnKind>),
+}
+
+/// One field of a [`ColumnKind::Struct`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct StructField {
+    /// Field name.
+    pub name: String,
+    /// Its type.
+    pub kind: ColumnKind,
+    /// False for a field declared NOT NULL (a value without it is refused).
+    pub nullable: bool,
+}
+
+/// The Arrow field of an ARRAY's elements.
+fn element_field(t: DataType) -> FieldRef {
+    Arc::new(Field::new("element", t, true))
+}
+
+/// The Arrow entries field of a MAP.
+fn map_entries(key: DataType, value: DataType) -> FieldRef {
+    Arc::new(Field::new(
+        "key_value",
+        DataType::Struct(Fields::from(vec![
+            Field::new("key", key, false),
+            Field::new("value", value, true),
+        ])),
+        false,
+    ))
 }
 
 impl ColumnKind {
     /// The Arrow type.
-    pub fn data_type(self) -> DataType {
+    pub fn data_type(&self) -> DataType {
         match self {
             ColumnKind::Boolean => DataType::Boolean,
             ColumnKind::Int8 => DataType::Int8,
@@ -59,7 +99,7 @@ impl ColumnKind {
             ColumnKind::Int64 => DataType::Int64,
             ColumnKind::Float32 => DataType::Float32,
             ColumnKind::Float64 => DataType::Float64,
-            ColumnKind::Decimal { precision, scale } => DataType::Decimal128(precision, scale),
+            ColumnKind::Decimal { precision, scale } => DataType::Decimal128(*precision, *scale),
             ColumnKind::Utf8 => DataType::Utf8,
             ColumnKind::Binary => DataType::Binary,
             ColumnKind::Date => DataType::Date32,
@@ -67,7 +107,22 @@ impl ColumnKind {
             ColumnKind::TimestampUtc => {
                 DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
             }
+            ColumnKind::Struct(fields) => DataType::Struct(
+                fields
+                    .iter()
+                    .map(|f| Field::new(&f.name, f.kind.data_type(), f.nullable))
+                    .collect(),
+            ),
+            ColumnKind::Array(element) => DataType::List(element_field(element.data_type())),
+            ColumnKind::Map(key, value) => {
+                DataType::Map(map_entries(key.data_type(), value.data_type()), false)
+            }
         }
+    }
+
+    /// The type as SQL spells it (`INT`, `STRUCT<city: STRING>`), for messages.
+    pub fn sql_name(&self) -> String {
+        strata_sql::sql_type_name(&self.data_type())
     }
 
     /// The kind of an Arrow type, if it is one strata produces.
@@ -89,6 +144,28 @@ impl ColumnKind {
             DataType::Date32 => ColumnKind::Date,
             DataType::Timestamp(TimeUnit::Microsecond, None) => ColumnKind::Timestamp,
             DataType::Timestamp(TimeUnit::Microsecond, Some(_)) => ColumnKind::TimestampUtc,
+            DataType::Struct(fields) => ColumnKind::Struct(
+                fields
+                    .iter()
+                    .map(|f| {
+                        Some(StructField {
+                            name: f.name().clone(),
+                            kind: ColumnKind::from_data_type(f.data_type())?,
+                            nullable: f.is_nullable(),
+                        })
+                    })
+                    .collect::<Option<_>>()?,
+            ),
+            DataType::List(f) => {
+                ColumnKind::Array(Box::new(ColumnKind::from_data_type(f.data_type())?))
+            }
+            DataType::Map(entries, false) => match entries.data_type() {
+                DataType::Struct(kv) if kv.len() == 2 => ColumnKind::Map(
+                    Box::new(ColumnKind::from_data_type(kv[0].data_type())?),
+                    Box::new(ColumnKind::from_data_type(kv[1].data_type())?),
+                ),
+                _ => return None,
+            },
             _ => return None,
         })
     }
@@ -156,16 +233,109 @@ pub(crate) enum ColBuilder {
     Date(Date32Builder),
     Ts(TimestampMicrosecondBuilder),
     TsUtc(TimestampMicrosecondBuilder),
+    Struct(StructCol),
+    Array(ArrayCol),
+    Map(MapCol),
+}
+
+/// A STRUCT column being built: a builder per field, and which rows are NULL. A value is
+/// one value appended to every field, then [`StructCol::end_value`].
+pub(crate) struct StructCol {
+    pub fields: Vec<(StructField, ColBuilder)>,
+    nulls: NullBufferBuilder,
+}
+
+impl StructCol {
+    /// Ends a (non-NULL) value whose fields were appended.
+    pub fn end_value(&mut self) {
+        self.nulls.append_non_null();
+    }
+}
+
+/// An ARRAY column being built: a value is its elements appended to `elements`, then
+/// [`ArrayCol::end_value`].
+pub(crate) struct ArrayCol {
+    pub elements: Box<ColBuilder>,
+    rows: ListRows,
+}
+
+impl ArrayCol {
+    /// Ends a (non-NULL) value whose elements were appended.
+    pub fn end_value(&mut self) -> Result<(), String> {
+        self.rows.end_value(self.elements.len())
+    }
+}
+
+/// A MAP column being built: a value is its entries appended to `keys` and `values` (one
+/// each, keys never NULL), then [`MapCol::end_value`].
+pub(crate) struct MapCol {
+    pub keys: Box<ColBuilder>,
+    pub values: Box<ColBuilder>,
+    rows: ListRows,
+}
+
+impl MapCol {
+    /// Ends a (non-NULL) value whose entries were appended.
+    pub fn end_value(&mut self) -> Result<(), String> {
+        self.rows.end_value(self.keys.len())
+    }
+}
+
+/// The rows of a list-shaped column (ARRAY, MAP): where each ends among the children, and
+/// which are NULL.
+struct ListRows {
+    offsets: Vec<i32>,
+    nulls: NullBufferBuilder,
+}
+
+impl ListRows {
+    fn new(capacity: usize) -> ListRows {
+        ListRows {
+            offsets: vec![0],
+            nulls: NullBufferBuilder::new(capacity),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
+    /// Ends a value at `children` children (Arrow's lists count them in 32 bits).
+    fn end_value(&mut self, children: usize) -> Result<(), String> {
+        let end = i32::try_from(children).map_err(|_| {
+            "more than 2^31 nested values in one batch; read smaller batches".to_string()
+        })?;
+        self.offsets.push(end);
+        self.nulls.append_non_null();
+        Ok(())
+    }
+
+    /// A NULL value: no children.
+    fn append_null(&mut self) {
+        let end = self.offsets.last().copied().unwrap_or(0);
+        self.offsets.push(end);
+        self.nulls.append_null();
+    }
+
+    /// The offsets and NULLs so far; starts again empty.
+    fn finish(&mut self) -> (OffsetBuffer<i32>, Option<arrow_buffer::NullBuffer>) {
+        let done = std::mem::replace(&mut self.offsets, vec![0]);
+        // Starts at 0 and never decreases: children only grow.
+        (
+            OffsetBuffer::new(ScalarBuffer::from(done)),
+            self.nulls.finish(),
+        )
+    }
 }
 
 impl ColBuilder {
-    pub fn new(kind: ColumnKind, capacity: usize) -> ColBuilder {
+    pub fn new(kind: &ColumnKind, capacity: usize) -> ColBuilder {
         Self::with_value_bytes(kind, capacity, capacity.min(1 << 16) * 8)
     }
 
     /// A builder for `capacity` rows whose text or binary values take about `value_bytes`
     /// (the size of the previous batch's: no buffer regrown and copied on the way).
-    pub fn with_value_bytes(kind: ColumnKind, capacity: usize, value_bytes: usize) -> ColBuilder {
+    pub fn with_value_bytes(kind: &ColumnKind, capacity: usize, value_bytes: usize) -> ColBuilder {
         let cap = capacity.min(1 << 16);
         match kind {
             ColumnKind::Boolean => ColBuilder::Bool(BooleanBuilder::with_capacity(cap)),
@@ -176,7 +346,7 @@ impl ColBuilder {
             ColumnKind::Float32 => ColBuilder::F32(Float32Builder::with_capacity(cap)),
             ColumnKind::Float64 => ColBuilder::F64(Float64Builder::with_capacity(cap)),
             ColumnKind::Decimal { precision, scale } => {
-                ColBuilder::Dec(Decimal128Builder::with_capacity(cap), precision, scale)
+                ColBuilder::Dec(Decimal128Builder::with_capacity(cap), *precision, *scale)
             }
             ColumnKind::Utf8 => ColBuilder::Str(BinaryBuilder::with_capacity(cap, value_bytes)),
             ColumnKind::Binary => ColBuilder::Bin(BinaryBuilder::with_capacity(cap, value_bytes)),
@@ -187,6 +357,22 @@ impl ColBuilder {
             ColumnKind::TimestampUtc => {
                 ColBuilder::TsUtc(TimestampMicrosecondBuilder::with_capacity(cap))
             }
+            ColumnKind::Struct(fields) => ColBuilder::Struct(StructCol {
+                fields: fields
+                    .iter()
+                    .map(|f| (f.clone(), ColBuilder::new(&f.kind, cap)))
+                    .collect(),
+                nulls: NullBufferBuilder::new(cap),
+            }),
+            ColumnKind::Array(element) => ColBuilder::Array(ArrayCol {
+                elements: Box::new(ColBuilder::new(element, cap)),
+                rows: ListRows::new(cap),
+            }),
+            ColumnKind::Map(key, value) => ColBuilder::Map(MapCol {
+                keys: Box::new(ColBuilder::new(key, cap)),
+                values: Box::new(ColBuilder::new(value, cap)),
+                rows: ListRows::new(cap),
+            }),
         }
     }
 
@@ -213,6 +399,15 @@ impl ColBuilder {
             ColBuilder::Bin(b) => b.append_null(),
             ColBuilder::Date(b) => b.append_null(),
             ColBuilder::Ts(b) | ColBuilder::TsUtc(b) => b.append_null(),
+            // A NULL struct still has a (NULL) value in each field.
+            ColBuilder::Struct(s) => {
+                for (_, f) in &mut s.fields {
+                    f.append_null();
+                }
+                s.nulls.append_null();
+            }
+            ColBuilder::Array(a) => a.rows.append_null(),
+            ColBuilder::Map(m) => m.rows.append_null(),
         }
     }
 
@@ -273,6 +468,58 @@ impl ColBuilder {
             ColBuilder::Date(b) => Arc::new(b.finish()),
             ColBuilder::Ts(b) => Arc::new(b.finish()),
             ColBuilder::TsUtc(b) => Arc::new(b.finish().with_timezone("UTC")),
+            ColBuilder::Struct(s) => {
+                let rows = s.nulls.len();
+                let nulls = s.nulls.finish();
+                let children = s
+                    .fields
+                    .iter_mut()
+                    .map(|(_, b)| b.finish())
+                    .collect::<Result<Vec<_>, _>>()?;
+                if children.is_empty() {
+                    Arc::new(StructArray::new_empty_fields(rows, nulls))
+                } else {
+                    let fields: Fields = s
+                        .fields
+                        .iter()
+                        .zip(&children)
+                        .map(|((f, _), c)| Field::new(&f.name, c.data_type().clone(), f.nullable))
+                        .collect();
+                    Arc::new(
+                        StructArray::try_new(fields, children, nulls)
+                            .map_err(|e| format!("internal: {e}"))?,
+                    )
+                }
+            }
+            ColBuilder::Array(a) => {
+                let elements = a.elements.finish()?;
+                let (offsets, nulls) = a.rows.finish();
+                Arc::new(
+                    ListArray::try_new(
+                        element_field(elements.data_type().clone()),
+                        offsets,
+                        elements,
+                        nulls,
+                    )
+                    .map_err(|e| format!("internal: {e}"))?,
+                )
+            }
+            ColBuilder::Map(m) => {
+                let keys = m.keys.finish()?;
+                let values = m.values.finish()?;
+                let entries_field =
+                    map_entries(keys.data_type().clone(), values.data_type().clone());
+                let DataType::Struct(kv) = entries_field.data_type() else {
+                    return Err("internal: map entries are not a struct".into());
+                };
+                let entries = StructArray::try_new(kv.clone(), vec![keys, values], None)
+                    .map_err(|e| format!("internal: {e}"))?;
+                let (offsets, nulls) = m.rows.finish();
+                Arc::new(
+                    MapArray::try_new(entries_field, offsets, entries, nulls, false)
+                        .map_err(|e| format!("internal: {e}"))?,
+                )
+            }
         })
     }
 
@@ -291,6 +538,9 @@ impl ColBuilder {
             ColBuilder::Bin(b) => b.len(),
             ColBuilder::Date(b) => b.len(),
             ColBuilder::Ts(b) | ColBuilder::TsUtc(b) => b.len(),
+            ColBuilder::Struct(s) => s.nulls.len(),
+            ColBuilder::Array(a) => a.rows.len(),
+            ColBuilder::Map(m) => m.rows.len(),
         }
     }
 }
@@ -430,7 +680,7 @@ impl ChangeBuffer {
         ChangeBuffer {
             columns: columns
                 .iter()
-                .map(|(n, k)| (n.clone(), *k, ColBuilder::new(*k, capacity)))
+                .map(|(n, k)| (n.clone(), k.clone(), ColBuilder::new(k, capacity)))
                 .collect(),
             change_type: StringBuilder::new(),
             commit_lsn: Int64Builder::new(),
@@ -447,7 +697,7 @@ impl ChangeBuffer {
 
     /// Add a column at the end; rows already collected get NULL.
     pub fn add_column(&mut self, name: &str, kind: ColumnKind) -> usize {
-        let mut b = ColBuilder::new(kind, self.rows.max(16));
+        let mut b = ColBuilder::new(&kind, self.rows.max(16));
         b.append_nulls(self.rows);
         self.columns.push((name.to_string(), kind, b));
         self.columns.len() - 1
@@ -542,7 +792,7 @@ mod tests {
 
     #[test]
     fn text_is_checked_as_utf8_when_finished() {
-        let mut b = ColBuilder::new(ColumnKind::Utf8, 4);
+        let mut b = ColBuilder::new(&ColumnKind::Utf8, 4);
         b.append_value(&Cell::Str("añ".into())).unwrap();
         b.append_null();
         let ColBuilder::Str(raw) = &mut b else {
@@ -567,7 +817,7 @@ mod tests {
     #[test]
     fn decimal_precision_checked() {
         let mut b = ColBuilder::new(
-            ColumnKind::Decimal {
+            &ColumnKind::Decimal {
                 precision: 3,
                 scale: 1,
             },
@@ -580,5 +830,142 @@ mod tests {
         assert!(fits_precision(POW10[38] - 1, 38) && !fits_precision(POW10[38], 38));
         assert!(!fits_precision(-POW10[37], 37) && fits_precision(0, 0) && !fits_precision(1, 0));
         assert_eq!(digits(i128::MIN), 39);
+    }
+
+    /// `STRUCT<city: STRING, zip: INT NOT NULL>`, `ARRAY<INT>`, `MAP<STRING, ARRAY<INT>>`.
+    fn nested_kinds() -> [ColumnKind; 3] {
+        [
+            ColumnKind::Struct(vec![
+                StructField {
+                    name: "city".into(),
+                    kind: ColumnKind::Utf8,
+                    nullable: true,
+                },
+                StructField {
+                    name: "zip".into(),
+                    kind: ColumnKind::Int32,
+                    nullable: false,
+                },
+            ]),
+            ColumnKind::Array(Box::new(ColumnKind::Int32)),
+            ColumnKind::Map(
+                Box::new(ColumnKind::Utf8),
+                Box::new(ColumnKind::Array(Box::new(ColumnKind::Int32))),
+            ),
+        ]
+    }
+
+    #[test]
+    fn nested_kinds_are_the_declared_types() {
+        let ddl = strata_sql::parse_ddl_schema(
+            "a STRUCT<city: STRING, zip: INT NOT NULL>, b ARRAY<INT>, c MAP<STRING, ARRAY<INT>>",
+        )
+        .unwrap();
+        for (kind, col) in nested_kinds().iter().zip(&ddl) {
+            // The same Arrow type as the SQL declaration, both ways.
+            assert_eq!(kind.data_type(), col.data_type);
+            assert_eq!(
+                ColumnKind::from_data_type(&col.data_type).as_ref(),
+                Some(kind)
+            );
+        }
+        assert_eq!(
+            nested_kinds().map(|k| k.sql_name()),
+            [
+                "STRUCT<city: STRING, zip: INT>",
+                "ARRAY<INT>",
+                "MAP<STRING, ARRAY<INT>>"
+            ]
+        );
+        let time = DataType::Time64(TimeUnit::Microsecond);
+        let list = DataType::List(element_field(time));
+        assert_eq!(ColumnKind::from_data_type(&list), None);
+    }
+
+    #[test]
+    fn nested_columns_hold_nulls_at_every_level() {
+        let [st, arr, map] = nested_kinds();
+        let mut b = ChangeBuffer::new(&[("s".into(), st), ("a".into(), arr), ("m".into(), map)], 2);
+        // Row 1: s = {city: NULL, zip: 1}, a = [7, NULL], m = {"k": [NULL], "n": NULL}.
+        let [s, a, m] = &mut b.columns[..] else {
+            panic!()
+        };
+        let ColBuilder::Struct(s) = &mut s.2 else {
+            panic!()
+        };
+        s.fields[0].1.append_null();
+        s.fields[1].1.append_value(&Cell::Int(1)).unwrap();
+        s.end_value();
+        let ColBuilder::Array(a) = &mut a.2 else {
+            panic!()
+        };
+        a.elements.append_value(&Cell::Int(7)).unwrap();
+        a.elements.append_null();
+        a.end_value().unwrap();
+        let ColBuilder::Map(m) = &mut m.2 else {
+            panic!()
+        };
+        m.keys.append_value(&Cell::Str("k".into())).unwrap();
+        let ColBuilder::Array(inner) = m.values.as_mut() else {
+            panic!()
+        };
+        inner.elements.append_null();
+        inner.end_value().unwrap();
+        m.keys.append_value(&Cell::Str("n".into())).unwrap();
+        m.values.append_null();
+        m.end_value().unwrap();
+        b.end_row("insert", 1, 0, None, &[]);
+        // Row 2: every column NULL (the NOT NULL field is masked by its NULL struct).
+        b.end_row("delete", 2, 0, None, &[]);
+        let batch = b.finish().unwrap();
+        assert_eq!(batch.num_rows(), 2);
+        for c in 0..3 {
+            assert!(
+                batch.column(c).is_valid(0) && batch.column(c).is_null(1),
+                "{c}"
+            );
+        }
+        let s = batch
+            .column(0)
+            .as_any()
+            .downcast_ref::<StructArray>()
+            .unwrap();
+        assert!(s.column(0).is_null(0));
+        let zip = s
+            .column(1)
+            .as_any()
+            .downcast_ref::<arrow_array::Int32Array>()
+            .unwrap();
+        assert_eq!(zip.value(0), 1);
+        let a = batch
+            .column(1)
+            .as_any()
+            .downcast_ref::<ListArray>()
+            .unwrap();
+        assert_eq!(a.value_offsets(), &[0, 2, 2]);
+        let items = a.value(0);
+        assert!(items.is_valid(0) && items.is_null(1));
+        let m = batch.column(2).as_any().downcast_ref::<MapArray>().unwrap();
+        assert_eq!(m.value_offsets(), &[0, 2, 2]);
+        let values = m.values().as_any().downcast_ref::<ListArray>().unwrap();
+        assert!(values.is_valid(0) && values.value(0).is_null(0) && values.is_null(1));
+        // Finished builders start again empty, in the same types.
+        b.end_row("insert", 3, 0, None, &[]);
+        let again = b.finish().unwrap();
+        assert_eq!(again.schema(), batch.schema());
+        assert_eq!(again.num_rows(), 1);
+    }
+
+    #[test]
+    fn empty_struct_counts_its_rows() {
+        let mut b = ColBuilder::new(&ColumnKind::Struct(vec![]), 2);
+        let ColBuilder::Struct(s) = &mut b else {
+            panic!()
+        };
+        s.end_value();
+        b.append_null();
+        let arr = b.finish().unwrap();
+        assert_eq!((arr.len(), arr.null_count()), (2, 1));
+        assert_eq!(arr.data_type(), &DataType::Struct(Fields::empty()));
     }
 }

@@ -14,18 +14,23 @@
 //! * `_commit_timestamp`: `source.ts_us`, else `source.ts_ms`, else the envelope's `ts_us` /
 //!   `ts_ms`.
 //! * Types: from the embedded schema (Kafka Connect types and Debezium logical types, see
-//!   the README's table); without one, from the caller's Arrow schema.
+//!   the README's table); without one, from the caller's Arrow schema. Kafka Connect's
+//!   `struct`, `array` and `map` (and a declared STRUCT, ARRAY or MAP) become Delta structs,
+//!   arrays and maps, to any depth: a struct is a JSON object, an array a JSON array, a map a
+//!   JSON object (string keys) or an array of `[key, value]` pairs, with NULL at any level. A
+//!   value that does not fit is reported with its path (`addr.zip`, `tags[2]`,
+//!   `attrs['k']`).
 //! * `__debezium_unavailable_value` (an unchanged TOASTed value) becomes NULL and the column's
 //!   name in `_unchanged_cols`, as in PostgreSQL CDC.
 
 use std::io::BufRead;
 
 use arrow_array::RecordBatch;
-use arrow_schema::{DataType, SchemaRef, TimeUnit};
+use arrow_schema::{SchemaRef, TimeUnit};
 use base64::Engine;
 use serde_json::Value as Json;
 
-use crate::batch::{meta, Cell, ChangeBuffer, ColumnKind};
+use crate::batch::{meta, Cell, ChangeBuffer, ColBuilder, ColumnKind, StructField};
 use crate::error::{Result, SourceError};
 use crate::read::DEFAULT_BATCH_ROWS;
 use crate::value::{parse_date, parse_decimal, parse_timestamp, parse_timestamptz};
@@ -37,7 +42,8 @@ pub const UNAVAILABLE_VALUE: &str = "__debezium_unavailable_value";
 #[derive(Clone, Debug)]
 pub struct DebeziumOptions {
     /// The table's columns, for lines without an embedded schema (ignored for lines that have
-    /// one). Fields must be of the Arrow types strata produces (see [`ColumnKind`]).
+    /// one). Fields must be of the Arrow types strata produces (see [`ColumnKind`]), nested
+    /// ones included.
     pub schema: Option<SchemaRef>,
     /// Without an embedded schema: the unit of integer timestamps (Debezium's
     /// `io.debezium.time.Timestamp` is milliseconds, `MicroTimestamp` microseconds).
@@ -89,18 +95,43 @@ enum Dec {
     TimestampUtc(TimeUnit),
 }
 
+/// How a JSON value becomes a value of a column (or of a part of one).
+#[derive(Clone, Debug)]
+enum Decode {
+    /// A scalar, read as `Dec` into a column of the kind (named in messages).
+    Leaf(Dec, ColumnKind),
+    /// A JSON object, its fields in the order of the struct's.
+    Struct(Vec<Decode>),
+    /// A JSON array.
+    Array(Box<Decode>),
+    /// A JSON object (string keys) or an array of `[key, value]` pairs.
+    Map(Box<Decode>, Box<Decode>),
+}
+
 #[derive(Clone, Debug)]
 struct Col {
     name: String,
     kind: ColumnKind,
-    dec: Dec,
+    dec: Decode,
 }
 
-fn map_field(f: &Json) -> std::result::Result<Option<Col>, String> {
+/// A column of the embedded schema (a field of `after` / `before`).
+fn map_field(f: &Json) -> std::result::Result<Col, String> {
     let name = f
         .get("field")
         .and_then(Json::as_str)
         .ok_or("a schema field without \"field\"")?;
+    let (kind, dec) = map_schema(f, name)?;
+    Ok(Col {
+        name: name.to_string(),
+        kind,
+        dec,
+    })
+}
+
+/// A Kafka Connect schema (a column's, a struct field's, an array's items, a map's keys or
+/// values) as a column kind and its decoding; `path` names it in messages.
+fn map_schema(f: &Json, path: &str) -> std::result::Result<(ColumnKind, Decode), String> {
     let ty = f.get("type").and_then(Json::as_str).unwrap_or("");
     let logical = f.get("name").and_then(Json::as_str).unwrap_or("");
     let param = |k: &str| -> Option<i64> {
@@ -111,10 +142,18 @@ fn map_field(f: &Json) -> std::result::Result<Option<Col>, String> {
     };
     let unsupported = |why: &str| {
         Err(format!(
-            "column '{name}' has type {ty}{}{}: {why}",
+            "column '{path}' has type {ty}{}{}: {why}",
             if logical.is_empty() { "" } else { " / " },
             logical
         ))
+    };
+    let part = |key: &str, what: &str| -> std::result::Result<(ColumnKind, Decode), String> {
+        match f.get(key) {
+            Some(s) if s.is_object() => map_schema(s, &format!("{path}{what}")),
+            _ => Err(format!(
+                "column '{path}' has type {ty} without its \"{key}\" schema"
+            )),
+        }
     };
     let (kind, dec) = match (ty, logical) {
         ("int32", "io.debezium.time.Date" | "org.apache.kafka.connect.data.Date") => {
@@ -179,15 +218,49 @@ fn map_field(f: &Json) -> std::result::Result<Option<Col>, String> {
             },
             Dec::VarDecimal { scale: 18 },
         ),
-        _ => return unsupported("no Delta mapping for this type (exclude the column)"),
+        ("struct", _) => {
+            let fields = f
+                .get("fields")
+                .and_then(Json::as_array)
+                .ok_or_else(|| format!("column '{path}' has type struct without its \"fields\""))?;
+            let mut kinds = Vec::with_capacity(fields.len());
+            let mut decs = Vec::with_capacity(fields.len());
+            for field in fields {
+                let name = field.get("field").and_then(Json::as_str).ok_or_else(|| {
+                    format!("column '{path}' has a struct field without \"field\"")
+                })?;
+                let (kind, dec) = map_schema(field, &format!("{path}.{name}"))?;
+                // Optional or not, as the table's top-level columns: every value may be NULL.
+                kinds.push(StructField {
+                    name: name.to_string(),
+                    kind,
+                    nullable: true,
+                });
+                decs.push(dec);
+            }
+            return Ok((ColumnKind::Struct(kinds), Decode::Struct(decs)));
+        }
+        ("array", _) => {
+            let (kind, dec) = part("items", "[]")?;
+            return Ok((
+                ColumnKind::Array(Box::new(kind)),
+                Decode::Array(Box::new(dec)),
+            ));
+        }
+        ("map", _) => {
+            let (key, key_dec) = part("keys", ".key")?;
+            let (value, value_dec) = part("values", ".value")?;
+            return Ok((
+                ColumnKind::Map(Box::new(key), Box::new(value)),
+                Decode::Map(Box::new(key_dec), Box::new(value_dec)),
+            ));
+        }
+        _ => return unsupported("no Delta mapping for this type"),
     };
-    Ok(Some(Col {
-        name: name.to_string(),
-        kind,
-        dec,
-    }))
+    Ok((kind.clone(), Decode::Leaf(dec, kind)))
 }
 
+/// The columns of a declared schema.
 fn cols_from_arrow(schema: &SchemaRef, unit: TimeUnit) -> std::result::Result<Vec<Col>, String> {
     schema
         .fields()
@@ -195,29 +268,179 @@ fn cols_from_arrow(schema: &SchemaRef, unit: TimeUnit) -> std::result::Result<Ve
         .map(|f| {
             let kind = ColumnKind::from_data_type(f.data_type()).ok_or_else(|| {
                 format!(
-                    "column '{}': Arrow type {} is not one strata produces",
+                    "column '{}': type {} is not one strata reads from Debezium files",
                     f.name(),
-                    f.data_type()
+                    strata_sql::sql_type_name(f.data_type())
                 )
             })?;
-            let dec = match f.data_type() {
-                DataType::Boolean => Dec::Bool,
-                DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => Dec::Int,
-                DataType::Float32 | DataType::Float64 => Dec::Float,
-                DataType::Decimal128(_, s) => Dec::LooseDecimal { scale: *s },
-                DataType::Utf8 => Dec::Str,
-                DataType::Binary => Dec::Bytes,
-                DataType::Date32 => Dec::Date,
-                DataType::Timestamp(_, None) => Dec::Timestamp(unit),
-                _ => Dec::TimestampUtc(unit),
-            };
             Ok(Col {
                 name: f.name().clone(),
+                dec: declared_decode(&kind, unit),
                 kind,
-                dec,
             })
         })
         .collect()
+}
+
+/// How a value of a declared column kind is read (`unit`: of integer timestamps).
+fn declared_decode(kind: &ColumnKind, unit: TimeUnit) -> Decode {
+    let dec = match kind {
+        ColumnKind::Boolean => Dec::Bool,
+        ColumnKind::Int8 | ColumnKind::Int16 | ColumnKind::Int32 | ColumnKind::Int64 => Dec::Int,
+        ColumnKind::Float32 | ColumnKind::Float64 => Dec::Float,
+        ColumnKind::Decimal { scale, .. } => Dec::LooseDecimal { scale: *scale },
+        ColumnKind::Utf8 => Dec::Str,
+        ColumnKind::Binary => Dec::Bytes,
+        ColumnKind::Date => Dec::Date,
+        ColumnKind::Timestamp => Dec::Timestamp(unit),
+        ColumnKind::TimestampUtc => Dec::TimestampUtc(unit),
+        ColumnKind::Struct(fields) => {
+            return Decode::Struct(
+                fields
+                    .iter()
+                    .map(|f| declared_decode(&f.kind, unit))
+                    .collect(),
+            )
+        }
+        ColumnKind::Array(element) => {
+            return Decode::Array(Box::new(declared_decode(element, unit)))
+        }
+        ColumnKind::Map(key, value) => {
+            return Decode::Map(
+                Box::new(declared_decode(key, unit)),
+                Box::new(declared_decode(value, unit)),
+            )
+        }
+    };
+    Decode::Leaf(dec, kind.clone())
+}
+
+/// Where a value is within its column, for messages: `addr.zip`, `tags[2]`, `attrs['k']`.
+/// Built on the stack as the value is walked, written out only for an error.
+enum At<'a> {
+    Column(&'a str),
+    Field(&'a At<'a>, &'a str),
+    Index(&'a At<'a>, usize),
+    Key(&'a At<'a>, &'a Json),
+}
+
+impl std::fmt::Display for At<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            At::Column(name) => write!(f, "{name}"),
+            At::Field(up, name) => write!(f, "{up}.{name}"),
+            At::Index(up, i) => write!(f, "{up}[{i}]"),
+            At::Key(up, Json::String(k)) => write!(f, "{up}['{k}']"),
+            At::Key(up, k) => write!(f, "{up}[{k}]"),
+        }
+    }
+}
+
+/// Appends `v` to `b`, read as `dec` says. `Ok(false)` when `v` is Debezium's
+/// unavailable-value placeholder (appended as NULL). Errors name the value's place.
+fn append_json(
+    b: &mut ColBuilder,
+    dec: &Decode,
+    v: &Json,
+    at: &At,
+) -> std::result::Result<bool, String> {
+    let fail = |e: String| format!("column '{at}': {e}");
+    if v.is_null() {
+        b.append_null();
+        return Ok(true);
+    }
+    if !matches!(dec, Decode::Leaf(..)) && unavailable(v) {
+        b.append_null();
+        return Ok(false);
+    }
+    let wrong = |what: &str| fail(format!("JSON value {v} is not {what}"));
+    match (dec, b) {
+        (Decode::Leaf(dec, kind), b) => match cell(*dec, kind, v).map_err(fail)? {
+            Some(c) => b.append_value(&c).map_err(fail)?,
+            None => {
+                b.append_null();
+                return Ok(false);
+            }
+        },
+        (Decode::Struct(decs), ColBuilder::Struct(s)) => {
+            let Json::Object(o) = v else {
+                return Err(wrong("a STRUCT (a JSON object)"));
+            };
+            for (dec, (field, child)) in decs.iter().zip(&mut s.fields) {
+                let value = o.get(&field.name).unwrap_or(&Json::Null);
+                let at = At::Field(at, &field.name);
+                if value.is_null() && !field.nullable {
+                    return Err(format!("column '{at}': NULL in a field declared NOT NULL"));
+                }
+                append_json(child, dec, value, &at)?;
+            }
+            s.end_value();
+        }
+        (Decode::Array(dec), ColBuilder::Array(a)) => {
+            let Json::Array(items) = v else {
+                return Err(wrong("an ARRAY (a JSON array)"));
+            };
+            for (i, item) in items.iter().enumerate() {
+                append_json(&mut a.elements, dec, item, &At::Index(at, i))?;
+            }
+            a.end_value().map_err(fail)?;
+        }
+        (Decode::Map(key_dec, value_dec), ColBuilder::Map(m)) => {
+            let mut entry = |key: &Json, value: &Json| -> std::result::Result<(), String> {
+                if key.is_null() {
+                    return Err(fail("a MAP key is NULL".into()));
+                }
+                if !append_json(&mut m.keys, key_dec, key, at)? {
+                    return Err(fail("a MAP key is Debezium's unavailable value".into()));
+                }
+                append_json(&mut m.values, value_dec, value, &At::Key(at, key))?;
+                Ok(())
+            };
+            match v {
+                Json::Object(o) => {
+                    for (k, value) in o {
+                        entry(&Json::String(k.clone()), value)?;
+                    }
+                }
+                Json::Array(pairs) => {
+                    for pair in pairs {
+                        match pair.as_array().map(Vec::as_slice) {
+                            Some([k, value]) => entry(k, value)?,
+                            _ => {
+                                return Err(fail(format!(
+                                    "map entry {pair} is not a [key, value] pair"
+                                )))
+                            }
+                        }
+                    }
+                }
+                _ => {
+                    return Err(wrong(
+                        "a MAP (a JSON object, or an array of [key, value] pairs)",
+                    ))
+                }
+            }
+            m.end_value().map_err(fail)?;
+        }
+        _ => {
+            return Err(fail(
+                "internal: the column's builder does not match its type".into(),
+            ))
+        }
+    }
+    Ok(true)
+}
+
+/// Debezium's placeholder for a nested value it did not receive: the text, or (PostgreSQL
+/// arrays) an array holding only the text.
+fn unavailable(v: &Json) -> bool {
+    match v {
+        Json::String(s) => s == UNAVAILABLE_VALUE,
+        Json::Array(items) => {
+            matches!(items.as_slice(), [Json::String(s)] if s == UNAVAILABLE_VALUE)
+        }
+        _ => false,
+    }
 }
 
 fn to_micros(v: i64, unit: TimeUnit) -> std::result::Result<i64, String> {
@@ -282,15 +505,16 @@ fn rescale(v: i128, from: i64, to: i8) -> std::result::Result<i128, String> {
     }
 }
 
-/// A JSON value as a cell; `Ok(None)` for the unavailable-value placeholder.
-fn cell(dec: Dec, v: &Json) -> std::result::Result<Option<Cell>, String> {
+/// A JSON value as a cell of a column of `kind`; `Ok(None)` for the unavailable-value
+/// placeholder.
+fn cell(dec: Dec, kind: &ColumnKind, v: &Json) -> std::result::Result<Option<Cell>, String> {
     if v.is_null() {
         return Ok(Some(Cell::Null));
     }
     if v.as_str() == Some(UNAVAILABLE_VALUE) {
         return Ok(None);
     }
-    let wrong = || format!("unexpected JSON value {v} for a {dec:?} column");
+    let wrong = || format!("JSON value {v} is not a valid {}", kind.sql_name());
     Ok(Some(match dec {
         Dec::Int => Cell::Int(match v {
             Json::Number(n) => n.as_i64().ok_or_else(wrong)?,
@@ -327,7 +551,7 @@ fn cell(dec: Dec, v: &Json) -> std::result::Result<Option<Cell>, String> {
                 }
                 Cell::Decimal(be_signed(&bytes)?)
             }
-            Json::Object(_) => return cell(Dec::VarDecimal { scale }, v),
+            Json::Object(_) => return cell(Dec::VarDecimal { scale }, kind, v),
             _ => return Err(wrong()),
         },
         Dec::LooseDecimal { scale } => match v {
@@ -341,7 +565,7 @@ fn cell(dec: Dec, v: &Json) -> std::result::Result<Option<Cell>, String> {
                 Cell::Decimal(rescale(u, sc as i64, scale)?)
             }
             // ...precise mode gives base64 bytes.
-            _ => return cell(Dec::Decimal { scale }, v),
+            _ => return cell(Dec::Decimal { scale }, kind, v),
         },
         Dec::VarDecimal { scale } => {
             let s = v.get("scale").and_then(Json::as_i64).ok_or_else(wrong)?;
@@ -462,23 +686,27 @@ impl<R: BufRead> DebeziumReader<R> {
             .collect();
         match &mut self.buf {
             None => {
-                let spec: Vec<(String, ColumnKind)> =
-                    cols.iter().map(|c| (c.name.clone(), c.kind)).collect();
+                let spec: Vec<(String, ColumnKind)> = cols
+                    .iter()
+                    .map(|c| (c.name.clone(), c.kind.clone()))
+                    .collect();
                 self.buf = Some(ChangeBuffer::new(&spec, self.options.batch_rows));
             }
             Some(buf) => {
                 for c in &cols {
                     match buf.position(&c.name) {
                         None => {
-                            buf.add_column(&c.name, c.kind);
+                            buf.add_column(&c.name, c.kind.clone());
                         }
                         Some(i) if buf.columns[i].1 != c.kind => {
                             return Err(SourceError::Debezium {
                                 file: self.file.clone(),
                                 line: self.line_no,
                                 detail: format!(
-                                    "column '{}' changed type from {:?} to {:?} within the file",
-                                    c.name, buf.columns[i].1, c.kind
+                                    "column '{}' changed type from {} to {} within the file",
+                                    c.name,
+                                    buf.columns[i].1.sql_name(),
+                                    c.kind.sql_name()
                                 ),
                             })
                         }
@@ -547,8 +775,7 @@ impl<R: BufRead> DebeziumReader<R> {
                         continue;
                     }
                     match map_field(f) {
-                        Ok(Some(c)) => cols.push(c),
-                        Ok(None) => {}
+                        Ok(c) => cols.push(c),
                         Err(e) => return Err(self.err(format!("{e}; exclude the column"))),
                     }
                 }
@@ -625,26 +852,17 @@ impl<R: BufRead> DebeziumReader<R> {
                     continue;
                 };
                 let v = row.get(&c.name).unwrap_or(&Json::Null);
-                let cell = cell(c.dec, v).map_err(|e| SourceError::Debezium {
-                    file: self.file.clone(),
-                    line: self.line_no,
-                    detail: format!("column '{}': {e}", c.name),
-                })?;
-                let cell = match cell {
-                    Some(c) => c,
-                    None => {
-                        unchanged.push(c.name.clone());
-                        Cell::Null
-                    }
-                };
-                buf.columns[idx]
-                    .2
-                    .append_value(&cell)
-                    .map_err(|e| SourceError::Debezium {
-                        file: self.file.clone(),
-                        line: self.line_no,
-                        detail: format!("column '{}': {e}", c.name),
-                    })?;
+                let available =
+                    append_json(&mut buf.columns[idx].2, &c.dec, v, &At::Column(&c.name)).map_err(
+                        |detail| SourceError::Debezium {
+                            file: self.file.clone(),
+                            line: self.line_no,
+                            detail,
+                        },
+                    )?;
+                if !available {
+                    unchanged.push(c.name.clone());
+                }
             }
         }
         buf.end_row(change_type, lsn, seq, ts, &unchanged);

@@ -228,12 +228,12 @@ fn rescale(unscaled: i128, from: i8, to: i8) -> std::result::Result<i128, String
     Ok(unscaled / div)
 }
 
-pub(crate) fn cell_watermark(kind: ColumnKind, c: &Cell) -> Option<WatermarkValue> {
+pub(crate) fn cell_watermark(kind: &ColumnKind, c: &Cell) -> Option<WatermarkValue> {
     Some(match (kind, c) {
         (_, Cell::Null) => return None,
         (ColumnKind::Decimal { scale, .. }, Cell::Decimal(v)) => WatermarkValue::Decimal {
             unscaled: *v,
-            scale,
+            scale: *scale,
         },
         (ColumnKind::TimestampUtc, Cell::Micros(t)) => WatermarkValue::TimestampUtc(*t),
         (_, Cell::Micros(t)) => WatermarkValue::Timestamp(*t),
@@ -347,7 +347,7 @@ pub(crate) async fn start(
         let n = lb.watermark.values.len();
         let placeholders: Vec<String> = wm_idx[..n]
             .iter()
-            .map(|&i| match schema.columns[i].kind {
+            .map(|&i| match &schema.columns[i].kind {
                 // A string compared with a DECIMAL would be compared as a double.
                 ColumnKind::Decimal { precision, scale } => {
                     format!("CAST(? AS DECIMAL({precision},{scale}))")
@@ -439,7 +439,7 @@ impl ReadTask {
                 .schema
                 .columns
                 .iter()
-                .map(|c| ColBuilder::new(c.kind, self.batch_rows))
+                .map(|c| ColBuilder::new(&c.kind, self.batch_rows))
                 .collect();
             let mut n = 0;
             let mut last_wm: Vec<Cell> = Vec::new();
@@ -470,7 +470,7 @@ impl ReadTask {
                 .wm_idx
                 .iter()
                 .zip(&last_wm)
-                .filter_map(|(&i, c)| cell_watermark(self.schema.columns[i].kind, c))
+                .filter_map(|(&i, c)| cell_watermark(&self.schema.columns[i].kind, c))
                 .collect();
             let wm = (values.len() == self.wm_idx.len()).then(|| Watermark {
                 columns: self.wm_names.clone(),

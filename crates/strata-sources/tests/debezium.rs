@@ -448,3 +448,360 @@ fn doubles_are_read_exactly() {
         .collect();
     assert!(wrong.is_empty(), "doubles changed: {wrong:?}");
 }
+
+/// An Arrow schema from a SQL column list, as `schema => '...'` declares it.
+fn declared(ddl: &str) -> Arc<Schema> {
+    let cols = strata_sql::parse_ddl_schema(ddl).unwrap();
+    Arc::new(Schema::new(
+        cols.into_iter()
+            .map(|c| Field::new(c.name, c.data_type, c.nullable))
+            .collect::<Vec<_>>(),
+    ))
+}
+
+/// `batch`'s columns named in `ddl` have the types `ddl` declares.
+fn assert_types(batch: &arrow_array::RecordBatch, ddl: &str) {
+    let schema = batch.schema();
+    for f in declared(ddl).fields() {
+        let got = schema.field_with_name(f.name()).unwrap().data_type();
+        assert_eq!(got, f.data_type(), "{}", f.name());
+    }
+}
+
+const NESTED_DDL: &str = "id INT, addr STRUCT<city: STRING, zip: STRING, \
+     geo: STRUCT<lat: DOUBLE, lon: DOUBLE>>, tags ARRAY<STRING>, attrs MAP<STRING, INT>";
+
+/// A bare PostgreSQL connector payload.
+fn bare(op: &str, after: &str, lsn: i64) -> String {
+    let (before, after) = if op == "d" {
+        (after, "null")
+    } else {
+        ("null", after)
+    };
+    format!(
+        r#"{{"before":{before},"after":{after},"source":{{"connector":"postgresql","lsn":{lsn}}},"op":"{op}","ts_ms":1}}"#
+    )
+}
+
+#[test]
+fn declared_structs_arrays_and_maps_with_nulls_at_every_level() {
+    let text = [
+        bare(
+            "r",
+            r#"{"id":1,"addr":{"city":"Oslo","zip":"0150","geo":{"lat":59.9,"lon":10.75}},"tags":["a","b"],"attrs":{"x":1,"y":null}}"#,
+            1,
+        ),
+        // A NULL struct, a NULL element, a NULL map.
+        bare("c", r#"{"id":2,"addr":null,"tags":[null,"c"],"attrs":null}"#, 2),
+        // A NULL field, a field left out, a NULL nested struct, empty array and map.
+        bare(
+            "c",
+            r#"{"id":3,"addr":{"city":null,"geo":null},"tags":[],"attrs":{}}"#,
+            3,
+        ),
+        // A map as [key, value] pairs (a non-string key's form), a NULL array, a column
+        // left out.
+        bare(
+            "u",
+            r#"{"id":1,"addr":{"city":"Bergen","zip":"5003","geo":{"lat":null,"lon":-1.5}},"tags":null,"attrs":[["z",3],["w",null]]}"#,
+            4,
+        ),
+        bare("d", r#"{"id":2}"#, 5),
+    ]
+    .join("\n");
+    let opts = DebeziumOptions {
+        schema: Some(declared(NESTED_DDL)),
+        ..Default::default()
+    };
+    let batches = read_debezium(text.as_bytes(), "people.json", opts).unwrap();
+    // The columns have the declared types, as Delta stores them.
+    assert_types(&batches[0], NESTED_DDL);
+    assert_eq!(
+        rows(&batches, &["id", "addr", "tags", "attrs", "_change_type"]),
+        vec![
+            vec![
+                s("1"),
+                s("{city: Oslo, zip: 0150, geo: {lat: 59.9, lon: 10.75}}"),
+                s("[a,b]"),
+                s("{x: 1, y: NULL}"),
+                s("snapshot")
+            ],
+            vec![s("2"), s("NULL"), s("[NULL,c]"), s("NULL"), s("insert")],
+            vec![
+                s("3"),
+                s("{city: NULL, zip: NULL, geo: NULL}"),
+                s("[]"),
+                s("{}"),
+                s("insert")
+            ],
+            vec![
+                s("1"),
+                s("{city: Bergen, zip: 5003, geo: {lat: NULL, lon: -1.5}}"),
+                s("NULL"),
+                s("{z: 3, w: NULL}"),
+                s("update")
+            ],
+            vec![s("2"), s("NULL"), s("NULL"), s("NULL"), s("delete")],
+        ]
+    );
+}
+
+/// Kafka Connect's `struct`, `array` and `map` schemas (with logical types inside) give the
+/// types the same SQL declaration gives.
+#[test]
+fn embedded_struct_array_and_map_schemas() {
+    let fields = r#"[
+      {"type":"int32","optional":false,"field":"id"},
+      {"type":"struct","optional":true,"name":"srv.public.address","field":"addr","fields":[
+        {"type":"string","optional":true,"field":"city"},
+        {"type":"bytes","optional":true,"field":"rent","name":"org.apache.kafka.connect.data.Decimal","parameters":{"scale":"2","connect.decimal.precision":"8"}},
+        {"type":"struct","optional":true,"field":"geo","fields":[{"type":"double","optional":true,"field":"lat"}]}]},
+      {"type":"array","optional":true,"field":"seen","items":{"type":"int64","optional":true,"name":"io.debezium.time.MicroTimestamp"}},
+      {"type":"map","optional":true,"field":"attrs","keys":{"type":"string","optional":false},"values":{"type":"array","optional":true,"items":{"type":"int16","optional":true}}},
+      {"type":"map","optional":true,"field":"by_day","keys":{"type":"int32","optional":false,"name":"io.debezium.time.Date"},"values":{"type":"string","optional":true}}]"#;
+    let event = |op: &str, after: &str, lsn: i64| {
+        format!(
+            r#"{{"schema":{{"type":"struct","fields":[{{"type":"struct","field":"after","optional":true,"fields":{fields}}}]}},"payload":{{"before":null,"after":{after},"source":{{"lsn":{lsn}}},"op":"{op}"}}}}"#
+        )
+        .replace('\n', "")
+    };
+    // rent 12.34 = 1234 = 0x04D2 -> "BNI="
+    let text = [
+        event(
+            "c",
+            r#"{"id":1,"addr":{"city":"Oslo","rent":"BNI=","geo":{"lat":0.18980066596326006}},"seen":[1706702400123456,null],"attrs":{"k":[1,null,-2]},"by_day":[[19782,"a"],[0,null]]}"#,
+            1,
+        ),
+        event(
+            "c",
+            r#"{"id":2,"addr":{"city":null,"rent":null,"geo":null},"seen":[],"attrs":{"k":null},"by_day":null}"#,
+            2,
+        ),
+    ]
+    .join("\n");
+    let batches = read_debezium(text.as_bytes(), "f.json", DebeziumOptions::default()).unwrap();
+    assert_types(
+        &batches[0],
+        "id INT, addr STRUCT<city: STRING, rent: DECIMAL(8,2), geo: STRUCT<lat: DOUBLE>>, \
+         seen ARRAY<TIMESTAMP_NTZ>, attrs MAP<STRING, ARRAY<SMALLINT>>, by_day MAP<DATE, STRING>",
+    );
+    assert_eq!(
+        rows(&batches, &["id", "addr", "seen", "attrs", "by_day"]),
+        vec![
+            vec![
+                s("1"),
+                s("{city: Oslo, rent: 1234e-2, geo: {lat: 0.18980066596326006}}"),
+                s("[1706702400123456,NULL]"),
+                s("{k: [1,NULL,-2]}"),
+                s("{19782: a, 0: NULL}")
+            ],
+            vec![
+                s("2"),
+                s("{city: NULL, rent: NULL, geo: NULL}"),
+                s("[]"),
+                s("{k: NULL}"),
+                s("NULL")
+            ],
+        ]
+    );
+    // An unsupported type inside a struct names its path; excluding the column works.
+    let bad = event("c", r#"{"id":1}"#, 1).replace(
+        r#"{"type":"double","optional":true,"field":"lat"}"#,
+        r#"{"type":"int64","optional":true,"field":"t","name":"io.debezium.time.MicroTime"}"#,
+    );
+    let e = read_debezium(bad.as_bytes(), "f.json", DebeziumOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("column 'addr.geo.t'") && e.contains("time-of-day"),
+        "{e}"
+    );
+    let b = read_debezium(
+        bad.as_bytes(),
+        "f.json",
+        DebeziumOptions {
+            exclude_columns: vec!["addr".into()],
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(b[0].schema().field_with_name("addr").is_err());
+}
+
+#[test]
+fn nested_values_that_do_not_fit_name_file_line_and_path() {
+    let ddl = "id INT, addr STRUCT<city: STRING, zip: INT, id: INT NOT NULL>, \
+               tags ARRAY<TINYINT>, attrs MAP<STRING, DECIMAL(4,2)>, m MAP<INT, STRING>";
+    let ok = r#"{"id":1,"addr":{"city":"a","zip":1,"id":7},"tags":[1],"attrs":{"k":"1.5"},"m":{"1":"x"}}"#;
+    let cases = [
+        (
+            r#""zip":1"#,
+            r#""zip":"abc""#,
+            "column 'addr.zip': JSON value \"abc\" is not a valid INT",
+        ),
+        (
+            r#""zip":1"#,
+            r#""zip":4294967296"#,
+            "column 'addr.zip': value 4294967296 is out of range for INT",
+        ),
+        (
+            r#""tags":[1]"#,
+            r#""tags":[1,2,300]"#,
+            "column 'tags[2]': value 300 is out of range for TINYINT",
+        ),
+        (
+            r#""tags":[1]"#,
+            r#""tags":{"a":1}"#,
+            "column 'tags': JSON value {\"a\":1} is not an ARRAY",
+        ),
+        (
+            r#""k":"1.5""#,
+            r#""k":"123.45""#,
+            "column 'attrs['k']': value with 5 digits exceeds DECIMAL precision 4",
+        ),
+        (
+            r#""k":"1.5""#,
+            r#""k":"0.125""#,
+            "column 'attrs['k']': decimal has more than 2 decimals",
+        ),
+        (
+            r#""m":{"1":"x"}"#,
+            r#""m":{"one":"x"}"#,
+            "column 'm': JSON value \"one\" is not a valid INT",
+        ),
+        (
+            r#""m":{"1":"x"}"#,
+            r#""m":[[null,"x"]]"#,
+            "column 'm': a MAP key is NULL",
+        ),
+        (
+            r#""m":{"1":"x"}"#,
+            r#""m":[[1]]"#,
+            "column 'm': map entry [1] is not a [key, value] pair",
+        ),
+        (
+            r#""addr":{"#,
+            r#""addr":5,"x":{"#,
+            "column 'addr': JSON value 5 is not a STRUCT",
+        ),
+        (
+            r#","id":7"#,
+            "",
+            "column 'addr.id': NULL in a field declared NOT NULL",
+        ),
+    ];
+    for (from, to, want) in cases {
+        let bad = ok.replacen(from, to, 1);
+        assert_ne!(bad, ok, "{from}");
+        let text = [bare("c", ok, 1), bare("c", &bad, 2)].join("\n");
+        let opts = DebeziumOptions {
+            schema: Some(declared(ddl)),
+            ..Default::default()
+        };
+        let e = read_debezium(text.as_bytes(), "cdc/part-7.json", opts).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            matches!(&e, SourceError::Debezium { line: 2, .. })
+                && msg.starts_with("cdc/part-7.json:2:")
+                && msg.contains(want),
+            "{msg}\nwanted: {want}"
+        );
+    }
+}
+
+/// Doubles nested in structs, arrays and maps are read bit for bit too.
+#[test]
+fn nested_doubles_are_read_exactly() {
+    let mut seed: u64 = 0x2545_F491_4F6C_DD1D;
+    let mut values = Vec::new();
+    while values.len() < 3_000 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let v = f64::from_bits(seed);
+        if v.is_finite() {
+            values.push(v);
+        }
+    }
+    let text: Vec<String> = values
+        .chunks(3)
+        .enumerate()
+        .map(|(i, v)| {
+            bare(
+                "c",
+                &format!(
+                    r#"{{"id":{i},"p":{{"x":{:?}}},"xs":[{:?}],"m":{{"k":{:?}}}}}"#,
+                    v[0], v[1], v[2]
+                ),
+                i as i64,
+            )
+        })
+        .collect();
+    let opts = DebeziumOptions {
+        schema: Some(declared(
+            "id INT, p STRUCT<x: DOUBLE>, xs ARRAY<DOUBLE>, m MAP<STRING, DOUBLE>",
+        )),
+        ..Default::default()
+    };
+    let batches = read_debezium(text.join("\n").as_bytes(), "d.json", opts).unwrap();
+    let mut got = Vec::new();
+    for b in &batches {
+        let p = b.column_by_name("p").unwrap().as_struct();
+        let xs = b.column_by_name("xs").unwrap().as_list::<i32>();
+        let m = b.column_by_name("m").unwrap().as_map();
+        for r in 0..b.num_rows() {
+            got.push(p.column(0).as_primitive::<Float64Type>().value(r));
+            got.push(xs.value(r).as_primitive::<Float64Type>().value(0));
+            got.push(m.value(r).column(1).as_primitive::<Float64Type>().value(0));
+        }
+    }
+    assert_eq!(got.len(), values.len());
+    assert!(values
+        .iter()
+        .zip(&got)
+        .all(|(a, b)| a.to_bits() == b.to_bits()));
+}
+
+/// An unchanged TOASTed array (PostgreSQL: an array holding only the placeholder) is NULL
+/// and named in `_unchanged_cols`, like a scalar; a column's type change names SQL types.
+#[test]
+fn unavailable_nested_values_and_type_changes() {
+    let opts = || DebeziumOptions {
+        schema: Some(declared("id INT, tags ARRAY<STRING>, a STRUCT<x: INT>")),
+        ..Default::default()
+    };
+    let text = [
+        bare("c", r#"{"id":1,"tags":["x"],"a":{"x":1}}"#, 1),
+        bare(
+            "u",
+            r#"{"id":1,"tags":["__debezium_unavailable_value"],"a":"__debezium_unavailable_value"}"#,
+            2,
+        ),
+    ]
+    .join("\n");
+    let b = read_debezium(text.as_bytes(), "t.json", opts()).unwrap();
+    assert_eq!(
+        rows(&b, &["tags", "a", "_unchanged_cols"]),
+        vec![
+            vec![s("[x]"), s("{x: 1}"), s("NULL")],
+            vec![s("NULL"), s("NULL"), s("[tags,a]")],
+        ]
+    );
+    let ev = |ty: &str, v: &str, lsn: i64| {
+        format!(
+            r#"{{"schema":{{"type":"struct","fields":[{{"type":"struct","field":"after","fields":[{{"type":"int32","field":"id"}},{{"field":"a",{ty}}}]}}]}},"payload":{{"before":null,"after":{{"id":1,"a":{v}}},"source":{{"lsn":{lsn}}},"op":"c"}}}}"#
+        )
+    };
+    let text = [
+        ev(r#""type":"array","items":{"type":"int32"}"#, "[1]", 1),
+        ev(r#""type":"array","items":{"type":"string"}"#, r#"["1"]"#, 2),
+    ]
+    .join("\n");
+    let e = read_debezium(text.as_bytes(), "t.json", DebeziumOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("column 'a' changed type from ARRAY<INT> to ARRAY<STRING>"),
+        "{e}"
+    );
+}

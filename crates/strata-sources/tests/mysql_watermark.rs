@@ -125,7 +125,15 @@ async fn type_mapping_exact_values() {
     let src = Source::connect(&spec).await.unwrap();
     let obj = SourceObject::table(&t).unwrap();
     let schema = src.describe(&obj, &[]).await.unwrap();
-    let k = |n: &str| schema.columns.iter().find(|c| c.name == n).unwrap().kind;
+    let k = |n: &str| {
+        schema
+            .columns
+            .iter()
+            .find(|c| c.name == n)
+            .unwrap()
+            .kind
+            .clone()
+    };
     assert_eq!(k("ti"), ColumnKind::Int8);
     assert_eq!(k("tu"), ColumnKind::Int16);
     assert_eq!(k("su"), ColumnKind::Int32);

@@ -220,9 +220,9 @@ async fn type_mapping_exact_values() {
     let kinds: Vec<(String, ColumnKind)> = schema
         .columns
         .iter()
-        .map(|c| (c.name.clone(), c.kind))
+        .map(|c| (c.name.clone(), c.kind.clone()))
         .collect();
-    let k = |n: &str| kinds.iter().find(|(c, _)| c == n).unwrap().1;
+    let k = |n: &str| kinds.iter().find(|(c, _)| c == n).unwrap().1.clone();
     assert_eq!(k("s"), ColumnKind::Int16);
     assert_eq!(
         k("n12"),

@@ -33,4 +33,4 @@ pub use config::substitute;
 pub use error::{Result, SqlError};
 pub use parser::{parse_pipeline, parse_pipeline_in, TABLE_MODE_VERSION_SQL};
 pub use plan::{plan_pipeline, Node, PipelinePlan};
-pub use types::parse_ddl_schema;
+pub use types::{parse_ddl_schema, sql_type_name};

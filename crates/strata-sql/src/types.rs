@@ -348,6 +348,56 @@ fn scalar_type(c: &mut Cursor) -> Result<DataType> {
     Ok(data_type)
 }
 
+/// An Arrow type as Spark SQL spells it (`INT`, `STRING`, `TIMESTAMP`, `DECIMAL(10,2)`,
+/// `STRUCT<city: STRING>`, `ARRAY<INT>`, `MAP<STRING, INT>`): the inverse of the type names
+/// [`parse_ddl_schema`] reads, for messages (users read SQL types, not Arrow's). Types with no
+/// SQL name (unsigned integers, for one) keep Arrow's.
+pub fn sql_type_name(t: &DataType) -> String {
+    use DataType::*;
+    match t {
+        Int8 => "TINYINT".into(),
+        Int16 => "SMALLINT".into(),
+        Int32 => "INT".into(),
+        Int64 => "BIGINT".into(),
+        Float32 => "FLOAT".into(),
+        Float64 => "DOUBLE".into(),
+        Boolean => "BOOLEAN".into(),
+        Utf8 | Utf8View | LargeUtf8 => "STRING".into(),
+        Binary | BinaryView | LargeBinary | FixedSizeBinary(_) => "BINARY".into(),
+        Date32 | Date64 => "DATE".into(),
+        // Any unit: Delta has microseconds only, and a SQL type name has no unit.
+        Timestamp(_, Some(_)) => "TIMESTAMP".into(),
+        Timestamp(_, None) => "TIMESTAMP_NTZ".into(),
+        Time32(_) | Time64(_) => "TIME".into(),
+        Duration(_) | Interval(_) => "INTERVAL".into(),
+        Decimal32(p, s) | Decimal64(p, s) | Decimal128(p, s) | Decimal256(p, s) => {
+            format!("DECIMAL({p},{s})")
+        }
+        List(f) | LargeList(f) | ListView(f) | LargeListView(f) | FixedSizeList(f, _) => {
+            format!("ARRAY<{}>", sql_type_name(f.data_type()))
+        }
+        Map(entries, _) => match entries.data_type() {
+            Struct(kv) if kv.len() == 2 => format!(
+                "MAP<{}, {}>",
+                sql_type_name(kv[0].data_type()),
+                sql_type_name(kv[1].data_type())
+            ),
+            other => sql_type_name(other),
+        },
+        Struct(fields) => format!(
+            "STRUCT<{}>",
+            fields
+                .iter()
+                .map(|f| format!("{}: {}", f.name(), sql_type_name(f.data_type())))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Dictionary(_, values) => sql_type_name(values),
+        Null => "VOID".into(),
+        other => other.to_string(),
+    }
+}
+
 /// `(n)` or `(n, m)`: between `min` and `max` small unsigned integers.
 fn type_args(c: &mut Cursor, min: usize, max: usize) -> Result<Vec<u32>> {
     c.expect_token(&Token::LParen)?;
@@ -462,6 +512,60 @@ mod tests {
             "a ARRAY<ARRAY<INT>>>",
         ] {
             assert!(parse_ddl_schema(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn sql_type_names_read_back_as_the_same_type() {
+        let ddl = "a TINYINT, b SMALLINT, c INT, d BIGINT, e FLOAT, f DOUBLE, g BOOLEAN, \
+                   h STRING, i BINARY, j DATE, k TIMESTAMP, l TIMESTAMP_NTZ, m DECIMAL(12,3), \
+                   n ARRAY<INT>, o MAP<STRING, ARRAY<BIGINT>>, \
+                   p STRUCT<city: STRING, zip: STRING, tags: ARRAY<STRUCT<x: DOUBLE>>>, \
+                   q STRUCT<>, r ARRAY<MAP<INT, DECIMAL(5,2)>>";
+        let cols = parse_ddl_schema(ddl).unwrap();
+        let names: Vec<String> = cols
+            .iter()
+            .map(|c| format!("{} {}", c.name, sql_type_name(&c.data_type)))
+            .collect();
+        assert_eq!(names.join(", "), ddl);
+        // The names parse back into the same types.
+        let again = parse_ddl_schema(&names.join(", ")).unwrap();
+        assert_eq!(
+            again.iter().map(|c| &c.data_type).collect::<Vec<_>>(),
+            cols.iter().map(|c| &c.data_type).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn arrow_types_without_a_ddl_spelling_are_named() {
+        use arrow_schema::IntervalUnit;
+        let cases = [
+            (DataType::LargeUtf8, "STRING"),
+            (DataType::Utf8View, "STRING"),
+            (
+                DataType::Timestamp(TimeUnit::Nanosecond, Some("+02:00".into())),
+                "TIMESTAMP",
+            ),
+            (
+                DataType::Timestamp(TimeUnit::Millisecond, None),
+                "TIMESTAMP_NTZ",
+            ),
+            (DataType::Time64(TimeUnit::Microsecond), "TIME"),
+            (DataType::Interval(IntervalUnit::DayTime), "INTERVAL"),
+            (DataType::Decimal256(50, 4), "DECIMAL(50,4)"),
+            (
+                DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
+                "STRING",
+            ),
+            (
+                DataType::LargeList(Arc::new(Field::new("item", DataType::Date32, true))),
+                "ARRAY<DATE>",
+            ),
+            (DataType::Null, "VOID"),
+            (DataType::UInt32, "UInt32"),
+        ];
+        for (t, name) in cases {
+            assert_eq!(sql_type_name(&t), name, "{t:?}");
         }
     }
 

@@ -101,8 +101,12 @@ pub(crate) fn scalar_of(v: &WatermarkValue, dt: &DataType) -> Result<ScalarValue
             ScalarValue::TimestampMicrosecond(Some(*t), Some("UTC".into()))
         }
     };
-    raw.cast_to(dt)
-        .map_err(|e| EngineError::Internal(format!("the overlap's lower bound as {dt}: {e}")))
+    raw.cast_to(dt).map_err(|e| {
+        EngineError::Internal(format!(
+            "the overlap's lower bound as {}: {e}",
+            crate::util::arrow::sql_type_name(dt)
+        ))
+    })
 }
 
 /// The rows of `table` whose `column` is at or above `from`, in the columns and types of

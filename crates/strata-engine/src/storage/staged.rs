@@ -123,7 +123,8 @@ pub(crate) fn delta_type(t: &DataType) -> std::result::Result<DataType, String> 
         | DataType::Duration(_)
         | DataType::Interval(_) => {
             return Err(format!(
-                "{t} has no Delta type (store it as a string or a number of units)"
+                "{} has no Delta type (store it as a string or a number of units)",
+                strata_sql::sql_type_name(t)
             ))
         }
         other => other.clone(),

@@ -355,53 +355,9 @@ pub(crate) fn storage_type(t: &DataType) -> DataType {
     }
 }
 
-/// A type as Spark SQL spells it (`INT`, `STRING`, `TIMESTAMP`, `STRUCT<a: INT>`), for
-/// messages: users read SQL types, not Arrow's.
-pub(crate) fn sql_type_name(t: &DataType) -> String {
-    use DataType::*;
-    match t {
-        Int8 => "TINYINT".into(),
-        Int16 => "SMALLINT".into(),
-        Int32 => "INT".into(),
-        Int64 => "BIGINT".into(),
-        Float32 => "FLOAT".into(),
-        Float64 => "DOUBLE".into(),
-        Boolean => "BOOLEAN".into(),
-        Utf8 | Utf8View | LargeUtf8 => "STRING".into(),
-        Binary | BinaryView | LargeBinary => "BINARY".into(),
-        Date32 => "DATE".into(),
-        // Any unit: Delta has microseconds only, and a SQL type name has no unit.
-        Timestamp(_, Some(_)) => "TIMESTAMP".into(),
-        Timestamp(_, None) => "TIMESTAMP_NTZ".into(),
-        Date64 => "DATE".into(),
-        Decimal32(p, s) | Decimal64(p, s) => format!("DECIMAL({p},{s})"),
-        Decimal256(p, s) => format!("DECIMAL({p},{s})"),
-        LargeList(f) | ListView(f) | LargeListView(f) | FixedSizeList(f, _) => {
-            format!("ARRAY<{}>", sql_type_name(f.data_type()))
-        }
-        Map(entries, _) => match entries.data_type() {
-            Struct(kv) if kv.len() == 2 => format!(
-                "MAP<{}, {}>",
-                sql_type_name(kv[0].data_type()),
-                sql_type_name(kv[1].data_type())
-            ),
-            other => sql_type_name(other),
-        },
-        FixedSizeBinary(_) => "BINARY".into(),
-        Null => "VOID".into(),
-        Decimal128(p, s) => format!("DECIMAL({p},{s})"),
-        List(f) => format!("ARRAY<{}>", sql_type_name(f.data_type())),
-        Struct(fields) => format!(
-            "STRUCT<{}>",
-            fields
-                .iter()
-                .map(|f| format!("{}: {}", f.name(), sql_type_name(f.data_type())))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-        other => other.to_string(),
-    }
-}
+/// A type as Spark SQL spells it (`INT`, `STRING`, `STRUCT<a: INT>`), for messages: one
+/// function for every crate, beside the SQL type names it inverts.
+pub(crate) use strata_sql::sql_type_name;
 
 /// `a INT, b STRING` for messages.
 pub(crate) fn describe_fields(schema: &Schema) -> String {

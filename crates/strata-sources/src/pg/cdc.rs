@@ -1303,7 +1303,7 @@ impl ChangeReader {
                 .columns
                 .iter()
                 .zip(&mapped)
-                .filter_map(|(c, m)| m.as_ref().map(|m| (c.name.clone(), m.kind)))
+                .filter_map(|(c, m)| m.as_ref().map(|m| (c.name.clone(), m.kind.clone())))
                 .collect();
             (ChangeBuffer::new(&cols, batch_rows), vec![])
         });
@@ -1332,7 +1332,7 @@ impl ChangeReader {
                 }
                 None => {
                     added.push(c.name.clone());
-                    buf.add_column(&c.name, m.kind)
+                    buf.add_column(&c.name, m.kind.clone())
                 }
             };
             cols.push(Some((idx, m.decode)));

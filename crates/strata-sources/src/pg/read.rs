@@ -429,7 +429,7 @@ impl PgRowReader {
             .columns
             .iter()
             .zip(&self.value_bytes)
-            .map(|(c, &bytes)| ColBuilder::with_value_bytes(c.kind, self.batch_rows, bytes))
+            .map(|(c, &bytes)| ColBuilder::with_value_bytes(&c.kind, self.batch_rows, bytes))
             .collect();
         let mut n = 0usize;
         while n < self.batch_rows && !self.exhausted {

@@ -136,6 +136,15 @@ pub fn rows(batches: &[RecordBatch], columns: &[&str]) -> Vec<Vec<String>> {
 }
 
 /// A cell as text.
+/// A value as [`arrow_cast_display`] writes it, `NULL` for a NULL (nested values too).
+pub fn value_text(a: &dyn Array, r: usize) -> String {
+    if a.is_null(r) {
+        "NULL".to_string()
+    } else {
+        arrow_cast_display(a, r)
+    }
+}
+
 pub fn arrow_cast_display(a: &dyn Array, r: usize) -> String {
     use arrow_array::cast::AsArray;
     use arrow_array::types::*;
@@ -161,13 +170,38 @@ pub fn arrow_cast_display(a: &dyn Array, r: usize) -> String {
             .to_string(),
         DataType::List(_) => {
             let l = a.as_list::<i32>().value(r);
-            let s = l.as_string::<i32>();
             format!(
                 "[{}]",
-                (0..s.len())
-                    .map(|i| s.value(i).to_string())
+                (0..l.len())
+                    .map(|i| value_text(l.as_ref(), i))
                     .collect::<Vec<_>>()
                     .join(",")
+            )
+        }
+        DataType::Struct(fields) => {
+            let s = a.as_struct();
+            format!(
+                "{{{}}}",
+                fields
+                    .iter()
+                    .zip(s.columns())
+                    .map(|(f, c)| format!("{}: {}", f.name(), value_text(c.as_ref(), r)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        }
+        DataType::Map(..) => {
+            let m = a.as_map().value(r);
+            format!(
+                "{{{}}}",
+                (0..m.len())
+                    .map(|i| format!(
+                        "{}: {}",
+                        value_text(m.column(0).as_ref(), i),
+                        value_text(m.column(1).as_ref(), i)
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )
         }
         other => format!("<{other}>"),

@@ -498,7 +498,10 @@ async fn plan_events(
             if !matches!(t, DataType::Boolean | DataType::Null) {
                 return Err(flow_err(
                     flow,
-                    format!("{clause} {c}: the condition is of type {t}, not BOOLEAN"),
+                    format!(
+                        "{clause} {c}: the condition is of type {}, not BOOLEAN",
+                        strata_sql::sql_type_name(t)
+                    ),
                 ));
             }
         }
