@@ -1479,6 +1479,9 @@ fn auto_cdc_once_is_a_private_copy_a_once_append_and_the_flow() {
         let (l, c, m, _) = syntax_error(text);
         assert!(m.contains(message), "{text}: {m}");
         assert_eq!((l, c), (line, column), "{text}: {m}");
+    }
+}
+
 /// A Databricks notebook exported as a `.sql` file separates its cells with
 /// `-- COMMAND ----------` lines and needs no `;` between them: each cell is a statement.
 #[test]
