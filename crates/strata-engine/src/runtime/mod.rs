@@ -170,14 +170,15 @@ pub(crate) async fn run_plan(
     }
     let memory = crate::util::memory::resolve(&options.configuration)
         .map_err(crate::error::EngineError::BadInput)?;
-    let prepared = prepare_all(wh, &plan, &pipeline_dir).await?;
+    let pipeline = path.display().to_string();
+    let prepared = prepare_all(wh, &plan, &pipeline, &pipeline_dir).await?;
     let run = Run {
         wh,
         prepared: &prepared,
         options,
         memory,
         run_id: &run_id,
-        pipeline: path.display().to_string(),
+        pipeline: pipeline.clone(),
         handoff: Handoff::default(),
         ended,
     };
