@@ -399,6 +399,61 @@ fn a_large_watermark_load_commits_in_chunks_that_never_split_a_watermark() {
     assert_eq!(commits(&dir), before, "a run with nothing new committed");
 }
 
+/// `chunk_rows` below `batch_rows` (here its default, 65,536, so the whole load is one
+/// batch): a chunk ends inside the batch, at the first change of the watermark once it
+/// holds `chunk_rows` rows, so 1,000 rows with seven to a watermark value make three
+/// commits (405, 406 and 189 rows), none splitting a value; the next run reads after the
+/// last one and is cut the same way.
+#[test]
+fn chunk_rows_cuts_a_watermark_load_inside_a_batch_where_the_watermark_changes() {
+    let server = Server::from_env("STRATA_TEST_PG");
+    let table = unique("cut");
+    pg(
+        &server,
+        &format!(
+            "CREATE TABLE {table} (id bigint PRIMARY KEY, grp bigint NOT NULL, pad text);
+             INSERT INTO {table} SELECT i, i / 7, 'x' FROM generate_series(1, 1000) i;"
+        ),
+    );
+    let p = Project::new(&format!(
+        "{}CREATE STREAMING TABLE cut_raw AS SELECT * FROM STREAM read_database('shop', \
+         table => 'public.{table}', watermark => 'grp', chunk_rows => 400, first_load => 'chunks');
+",
+        server.connection("postgresql")
+    ));
+    run_ok(&p, &server.password);
+    let dir = p.path("warehouse/default/cut_raw");
+    assert_eq!(
+        p.csv("SELECT count(*) AS n, count(DISTINCT id) AS ids, min(id) AS lo, max(id) AS hi FROM cut_raw"),
+        "n,ids,lo,hi\n1000,1000,1,1000\n"
+    );
+    assert_eq!(
+        chunks_of(&dir, "grp"),
+        [(0, 57, 57), (58, 115, 115), (116, 142, 142)]
+    );
+    let rows: Vec<i64> = positions(&dir, "strata.watermark")
+        .into_iter()
+        .map(|(_, n)| n)
+        .collect();
+    assert_eq!(rows, [405, 406, 189]);
+    pg(
+        &server,
+        &format!("INSERT INTO {table} SELECT i, i / 7, 'y' FROM generate_series(1001, 2000) i;"),
+    );
+    run_ok(&p, &server.password);
+    assert_eq!(
+        p.csv("SELECT count(*) AS n, count(DISTINCT id) AS ids, max(id) AS hi FROM cut_raw"),
+        "n,ids,hi\n2000,2000,2000\n"
+    );
+    assert_eq!(
+        chunks_of(&dir, "grp")[3..],
+        [(143, 200, 200), (201, 258, 258), (259, 285, 285)]
+    );
+    let before = commits(&dir);
+    run_ok(&p, &server.password);
+    assert_eq!(commits(&dir), before, "a run with nothing new committed");
+}
+
 /// A first load (`first_load => 'scan'`, the default) reads the table in ranges of its
 /// pages, in any order, and commits once with the highest watermark, which the server finds
 /// in the same snapshot: here the rows lie on disk against watermark order, some have no
@@ -1145,4 +1200,186 @@ COLUMNS * EXCEPT (_change_type, _commit_lsn, _change_seq, _commit_timestamp, _un
     for s in [slot.clone(), format!("{slot}_b")] {
         pg(&server, &format!("SELECT pg_drop_replication_slot('{s}')"));
     }
+}
+
+/// `ALTER TABLE ... ADD COLUMN` on a replicated table: the change table gains the column
+/// after its own (NULL in the rows before; no data file rewritten), and SCD1 and SCD2
+/// targets with `COLUMNS * EXCEPT (...)` gain it too. Changes before and after the ALTER
+/// in one run, committed in parts of one transaction, land without and with it; a column
+/// added between runs reaches the tables with the next change, and a run with nothing new
+/// commits nothing.
+#[test]
+fn a_column_added_to_a_replicated_table_reaches_the_change_table_and_its_targets() {
+    let server = Server::from_env("STRATA_TEST_PG");
+    let table = unique("grow");
+    let slot = unique("strata_slot");
+    pg(
+        &server,
+        &format!(
+            "CREATE TABLE {table} (id int PRIMARY KEY, name text);
+             INSERT INTO {table} VALUES (1, 'Ann'), (2, 'Bob');"
+        ),
+    );
+    let columns = "COLUMNS * EXCEPT (_change_type, _commit_lsn, _change_seq, _commit_timestamp, \
+                   _unchanged_cols)";
+    let p = Project::new(&format!(
+        "{}CREATE STREAMING TABLE grow_changes AS SELECT * FROM STREAM read_database('shop', \
+         table => 'public.{table}', mode => 'cdc', slot => '{slot}', publication => '{slot}', \
+         chunk_rows => '1');
+CREATE STREAMING TABLE grow_now;
+CREATE FLOW grow_now_flow AS AUTO CDC INTO grow_now FROM STREAM(grow_changes) KEYS (id)
+APPLY AS DELETE WHEN _change_type = 'delete'
+SEQUENCE BY STRUCT(_commit_lsn, _change_seq)
+{columns};
+CREATE STREAMING TABLE grow_history;
+CREATE FLOW grow_history_flow AS AUTO CDC INTO grow_history FROM STREAM(grow_changes) KEYS (id)
+APPLY AS DELETE WHEN _change_type = 'delete'
+SEQUENCE BY STRUCT(_commit_lsn, _change_seq)
+{columns}
+STORED AS SCD TYPE 2;
+",
+        server.connection("postgresql")
+    ));
+    run_ok(&p, &server.password);
+    let dir = p.path("warehouse/default/grow_changes");
+    let before = commits(&dir);
+    // One run's changes, each its own transaction: an update before the ALTER, then
+    // changes that fill the column.
+    for transaction in [
+        format!("UPDATE {table} SET name = 'Anna' WHERE id = 1"),
+        format!("ALTER TABLE {table} ADD COLUMN city text"),
+        format!("UPDATE {table} SET city = 'Oslo' WHERE id = 1"),
+        format!("INSERT INTO {table} VALUES (3, 'Cy', 'Nice')"),
+        format!("DELETE FROM {table} WHERE id = 2"),
+    ] {
+        pg(&server, &transaction);
+    }
+    run_ok(&p, &server.password);
+    assert_eq!(
+        commits(&dir),
+        before + 4,
+        "one commit per transaction with changes"
+    );
+    assert_eq!(
+        p.csv(
+            "SELECT id, name, city, _change_type FROM grow_changes \
+             ORDER BY _commit_lsn, _change_seq, id"
+        ),
+        "id,name,city,_change_type\n1,Ann,,snapshot\n2,Bob,,snapshot\n1,Anna,,update\n\
+         1,Anna,Oslo,update\n3,Cy,Nice,insert\n2,,,delete\n"
+    );
+    assert_eq!(
+        p.csv(
+            "SELECT column_name FROM information_schema.columns \
+             WHERE table_name = 'grow_changes' ORDER BY ordinal_position"
+        ),
+        "column_name\nid\nname\n_change_type\n_commit_lsn\n_change_seq\n_commit_timestamp\n\
+         _unchanged_cols\ncity\n"
+    );
+    assert_eq!(
+        p.csv("SELECT id, name, city FROM grow_now ORDER BY id"),
+        "id,name,city\n1,Anna,Oslo\n3,Cy,Nice\n"
+    );
+    assert_eq!(
+        p.csv(
+            "SELECT id, name, city, __END_AT IS NULL AS open FROM grow_history \
+             ORDER BY id, __START_AT"
+        ),
+        "id,name,city,open\n1,Ann,,false\n1,Anna,,false\n1,Anna,Oslo,true\n2,Bob,,false\n\
+         3,Cy,Nice,true\n"
+    );
+    let removed = commit_log(&dir)
+        .iter()
+        .flatten()
+        .filter(|a| a.get("remove").is_some())
+        .count();
+    assert_eq!(removed, 0, "no data file of the change table was rewritten");
+    // A column added between runs: nothing to commit until a change comes, which carries it.
+    pg(
+        &server,
+        &format!("ALTER TABLE {table} ADD COLUMN score int;"),
+    );
+    let before = commits(&dir);
+    run_ok(&p, &server.password);
+    assert_eq!(commits(&dir), before, "no change, no commit");
+    pg(
+        &server,
+        &format!("UPDATE {table} SET score = 9 WHERE id = 3;"),
+    );
+    run_ok(&p, &server.password);
+    assert_eq!(
+        p.csv("SELECT id, name, city, score FROM grow_now ORDER BY id"),
+        "id,name,city,score\n1,Anna,Oslo,\n3,Cy,Nice,9\n"
+    );
+    assert_eq!(
+        p.csv(
+            "SELECT id, city, score, __END_AT IS NULL AS open FROM grow_history \
+             WHERE id = 3 ORDER BY __START_AT"
+        ),
+        "id,city,score,open\n3,Nice,,false\n3,Nice,9,true\n"
+    );
+    assert!(p.ok(&["validate", "grow_history"]).contains("ok"));
+    pg(
+        &server,
+        &format!("SELECT pg_drop_replication_slot('{slot}')"),
+    );
+}
+
+/// A replicated table that lost a column and had another retyped: the run fails (exit
+/// code 2, nothing written) naming each column and what happened to it, and the command
+/// that reads the source again, which then brings the tables in step.
+#[test]
+fn a_dropped_or_retyped_source_column_names_the_column_and_the_full_refresh_command() {
+    let server = Server::from_env("STRATA_TEST_PG");
+    let table = unique("shrink");
+    let slot = unique("strata_slot");
+    pg(
+        &server,
+        &format!(
+            "CREATE TABLE {table} (id int PRIMARY KEY, name text, city text, n int);
+             INSERT INTO {table} VALUES (1, 'Ann', 'Oslo', 1);"
+        ),
+    );
+    let p = cdc_history(&server, "shrink", &table, &slot, "");
+    run_ok(&p, &server.password);
+    pg(
+        &server,
+        &format!(
+            "ALTER TABLE {table} DROP COLUMN city;
+             ALTER TABLE {table} ALTER COLUMN n TYPE bigint;
+             UPDATE {table} SET name = 'Anna' WHERE id = 1;"
+        ),
+    );
+    let dir = p.path("warehouse/default/shrink_changes");
+    let before = commits(&dir);
+    let out = run(&p, &server.password);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(
+            "column `city` (STRING) is no longer produced: the source dropped or renamed it"
+        ) && err.contains("column `n` is now BIGINT but the table has it as INT"),
+        "{err}"
+    );
+    assert!(
+        err.contains("`strata run pipeline.sql --full-refresh default.shrink_changes`")
+            || err.contains("`strata run pipeline.sql --full-refresh shrink_changes`"),
+        "{err}"
+    );
+    assert_eq!(commits(&dir), before, "nothing written");
+    let out = p
+        .command(&["run", "pipeline.sql", "--full-refresh", "shrink_changes"])
+        .env("SHOP_PW", &server.password)
+        .env_remove("PGPASSWORD")
+        .output()
+        .expect("strata runs");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        p.csv("SELECT id, name, n FROM shrink WHERE __END_AT IS NULL"),
+        "id,name,n\n1,Anna,1\n"
+    );
+    pg(
+        &server,
+        &format!("SELECT pg_drop_replication_slot('{slot}')"),
+    );
 }

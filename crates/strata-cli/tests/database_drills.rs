@@ -89,8 +89,17 @@ fn rounds() -> usize {
 type History = BTreeMap<i64, Vec<Option<i64>>>;
 
 /// Changes `table` (keys 1..=20, one statement per transaction) until `stop`, recording
-/// every change; values are unique so every update is a new version.
-fn write_until(config: String, table: String, seed: u64, stop: Arc<AtomicBool>) -> History {
+/// every change; values are unique so every update is a new version. With `alter_at`, the
+/// change of that value is preceded by `ALTER TABLE ... ADD COLUMN w bigint`, and it and
+/// every later change set `w` to the value too (the writer goes on past it whatever
+/// `stop` says).
+fn write_until(
+    config: String,
+    table: String,
+    seed: u64,
+    stop: Arc<AtomicBool>,
+    alter_at: Option<i64>,
+) -> History {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -103,9 +112,19 @@ fn write_until(config: String, table: String, seed: u64, stop: Arc<AtomicBool>) 
         let mut rng = Rng(seed);
         let mut history: History = BTreeMap::new();
         let mut value = 0i64;
-        while !stop.load(Ordering::SeqCst) {
+        while !stop.load(Ordering::SeqCst) || alter_at.is_some_and(|a| value < a + 20) {
             let key = 1 + rng.below(20) as i64;
             value += 1;
+            if alter_at == Some(value) {
+                client
+                    .batch_execute(&format!("ALTER TABLE {table} ADD COLUMN w bigint"))
+                    .await
+                    .expect("writer adds a column");
+            }
+            let (w_col, w_val, w_set) = match alter_at.is_some_and(|a| value >= a) {
+                true => (", w", format!(", {value}"), format!(", w = {value}")),
+                false => ("", String::new(), String::new()),
+            };
             let exists = history
                 .get(&key)
                 .and_then(|h| h.last().copied())
@@ -113,11 +132,11 @@ fn write_until(config: String, table: String, seed: u64, stop: Arc<AtomicBool>) 
                 .is_some();
             let sql = match (exists, rng.below(10)) {
                 (false, _) => format!(
-                    "INSERT INTO {table} (id, v, updated_at) VALUES ({key}, {value}, clock_timestamp())"
+                    "INSERT INTO {table} (id, v, updated_at{w_col}) VALUES ({key}, {value}, clock_timestamp(){w_val})"
                 ),
                 (true, 0) => format!("DELETE FROM {table} WHERE id = {key}"),
                 (true, _) => format!(
-                    "UPDATE {table} SET v = {value}, updated_at = clock_timestamp() WHERE id = {key}"
+                    "UPDATE {table} SET v = {value}, updated_at = clock_timestamp(){w_set} WHERE id = {key}"
                 ),
             };
             client.batch_execute(&sql).await.expect("writer changes");
@@ -177,8 +196,15 @@ fn pg(config: &str, sql: &str) {
     });
 }
 
-/// Runs the drill on `pipeline` (reading `table`) and returns what the writer did.
-fn drill(server: &Server, table: &str, pipeline: &str, seed: u64) -> (Project, History) {
+/// Runs the drill on `pipeline` (reading `table`) and returns what the writer did (which
+/// adds a column at `alter_at`, see [`write_until`]).
+fn drill(
+    server: &Server,
+    table: &str,
+    pipeline: &str,
+    seed: u64,
+    alter_at: Option<i64>,
+) -> (Project, History) {
     pg(
         &server.config,
         &format!("CREATE TABLE {table} (id bigint PRIMARY KEY, v bigint, updated_at timestamptz NOT NULL)"),
@@ -190,7 +216,7 @@ fn drill(server: &Server, table: &str, pipeline: &str, seed: u64) -> (Project, H
     let stop = Arc::new(AtomicBool::new(false));
     let writer = {
         let (config, table, stop) = (server.config.clone(), table.to_string(), stop.clone());
-        std::thread::spawn(move || write_until(config, table, seed, stop))
+        std::thread::spawn(move || write_until(config, table, seed, stop, alter_at))
     };
     let mut rng = Rng(seed ^ 0x9E37_79B9_7F4A_7C15);
     run_and_kill(&p, &server.password, &mut rng, rounds());
@@ -205,17 +231,26 @@ fn drill(server: &Server, table: &str, pipeline: &str, seed: u64) -> (Project, H
 
 #[test]
 fn killed_cdc_runs_lose_and_double_no_change() {
-    cdc_drill("cdc", "");
+    cdc_drill("cdc", "", None);
 }
 
 /// The same with each run committing its changes in parts of a few transactions, so that
 /// kills also land between the parts of one run.
 #[test]
 fn killed_cdc_runs_committing_in_parts_lose_and_double_no_change() {
-    cdc_drill("cdc_parts", ", chunk_rows => '50'");
+    cdc_drill("cdc_parts", ", chunk_rows => '50'", None);
 }
 
-fn cdc_drill(prefix: &str, options: &str) {
+/// The same while the writer adds a column to the table (`ALTER TABLE ... ADD COLUMN w`)
+/// after its 100th change and fills it from then on: the change table and the SCD2 target
+/// (`COLUMNS * EXCEPT (...)`) gain it, every version before the ALTER has it NULL and
+/// every one after has its value, whichever runs were killed around it.
+#[test]
+fn killed_cdc_runs_across_an_added_column_lose_and_double_no_change() {
+    cdc_drill("cdc_alter", ", chunk_rows => '50'", Some(100));
+}
+
+fn cdc_drill(prefix: &str, options: &str, alter_at: Option<i64>) {
     let server = Server::from_env();
     let seed = seed();
     eprintln!("drill seed {seed} (STRATA_DRILL_SEED={seed} replays it)");
@@ -231,22 +266,35 @@ CREATE STREAMING TABLE hist;
 CREATE FLOW hist_flow AS AUTO CDC INTO hist FROM STREAM(changes) KEYS (id)
 APPLY AS DELETE WHEN _change_type = 'delete'
 SEQUENCE BY STRUCT(_commit_lsn, _change_seq)
-COLUMNS id, v
+{columns}
 STORED AS SCD TYPE 2;
-"
+",
+            columns = match alter_at {
+                Some(_) => "COLUMNS * EXCEPT (_change_type, _commit_lsn, _change_seq, \
+                            _commit_timestamp, _unchanged_cols, updated_at)",
+                None => "COLUMNS id, v",
+            }
         ),
         seed,
+        alter_at,
     );
-    // Every value ever written is one version, in order; a key deleted last has no open one.
-    let rows = p.csv("SELECT id, v, __END_AT IS NULL AS open FROM hist ORDER BY id, __START_AT");
-    let mut got: BTreeMap<i64, Vec<(i64, bool)>> = BTreeMap::new();
+    // Every value ever written is one version, in order, with `w` set from the ALTER on; a
+    // key deleted last has no open one.
+    let w = if alter_at.is_some() { "w" } else { "NULL" };
+    let rows = p.csv(&format!(
+        "SELECT id, v, {w} AS w, __END_AT IS NULL AS open FROM hist ORDER BY id, __START_AT"
+    ));
+    type Versions = BTreeMap<i64, Vec<(i64, Option<i64>, bool)>>;
+    let mut got: Versions = BTreeMap::new();
     for line in rows.lines().skip(1) {
         let f: Vec<&str> = line.split(',').collect();
-        got.entry(f[0].parse().unwrap())
-            .or_default()
-            .push((f[1].parse().unwrap(), f[2] == "true"));
+        got.entry(f[0].parse().unwrap()).or_default().push((
+            f[1].parse().unwrap(),
+            f[2].parse().ok(),
+            f[3] == "true",
+        ));
     }
-    let mut want: BTreeMap<i64, Vec<(i64, bool)>> = BTreeMap::new();
+    let mut want: Versions = BTreeMap::new();
     for (key, changes) in &history {
         let values: Vec<i64> = changes.iter().flatten().copied().collect();
         let open_last = changes.last().is_some_and(Option::is_some);
@@ -256,7 +304,10 @@ STORED AS SCD TYPE 2;
             values
                 .into_iter()
                 .enumerate()
-                .map(|(i, v)| (v, open_last && i + 1 == n))
+                .map(|(i, v)| {
+                    let w = alter_at.filter(|a| v >= *a).map(|_| v);
+                    (v, w, open_last && i + 1 == n)
+                })
                 .collect(),
         );
     }
@@ -294,6 +345,7 @@ SEQUENCE BY updated_at COLUMNS id, v STORED AS SCD TYPE 1;
 "
         ),
         seed,
+        None,
     );
     // A watermark load cannot see deletes: the target holds the last value each key had
     // while it existed at a load; keys never deleted must match the table exactly.
@@ -326,7 +378,18 @@ SEQUENCE BY updated_at COLUMNS id, v STORED AS SCD TYPE 1;
 
 #[test]
 fn killed_chunked_loads_take_every_row_once() {
-    chunked_load_drill("drill_chunks", ", first_load => 'chunks'", "");
+    chunked_load_drill(
+        "drill_chunks",
+        ", batch_rows => 250, first_load => 'chunks'",
+        "",
+    );
+}
+
+/// The same with the default `batch_rows` (65,536): every chunk of 1,000 rows ends inside a
+/// batch, at a change of the watermark.
+#[test]
+fn killed_chunked_loads_cut_inside_batches_take_every_row_once() {
+    chunked_load_drill("drill_cut_chunks", ", first_load => 'chunks'", "");
 }
 
 /// A first load read as a scan (the default: page ranges on three connections, one
@@ -334,7 +397,7 @@ fn killed_chunked_loads_take_every_row_once() {
 /// chunked. Every row once.
 #[test]
 fn killed_first_load_scans_take_every_row_once() {
-    chunked_load_drill("drill_scan", ", parallel => 3", "");
+    chunked_load_drill("drill_scan", ", batch_rows => 250, parallel => 3", "");
 }
 
 /// The same with the load read in ranges of `grp` on three connections, in one snapshot:
@@ -345,12 +408,12 @@ fn killed_first_load_scans_take_every_row_once() {
 fn killed_parallel_chunked_loads_take_every_row_once() {
     chunked_load_drill(
         "drill_par_chunks",
-        ", parallel => 3, first_load => 'chunks'",
+        ", batch_rows => 250, parallel => 3, first_load => 'chunks'",
         "",
     );
     chunked_load_drill(
         "drill_par_idx_chunks",
-        ", parallel => 3, first_load => 'chunks'",
+        ", batch_rows => 250, parallel => 3, first_load => 'chunks'",
         "CREATE INDEX ON {table} (grp); ANALYZE {table};",
     );
 }
@@ -376,7 +439,7 @@ fn chunked_load_drill(prefix: &str, options: &str, setup: &str) {
     );
     let p = Project::new(&format!(
         "{}CREATE STREAMING TABLE bulk_raw AS SELECT * FROM STREAM read_database('shop', \
-         table => 'public.{table}', watermark => 'grp', batch_rows => 250, chunk_rows => 1000{options});
+         table => 'public.{table}', watermark => 'grp', chunk_rows => 1000{options});
 ",
         server.connection
     ));

@@ -218,6 +218,25 @@ impl WatermarkValue {
 }
 
 impl Watermark {
+    /// The watermark of row `row` of `batch` (as a reader gave it), from its Arrow values of
+    /// `columns`: the same values the reader reports for its last row
+    /// ([`crate::WatermarkReader::max_watermark`]) for every column type a watermark may
+    /// have. `None` when a column is missing, NULL, or of a type a watermark does not take.
+    pub fn from_row(
+        columns: &[String],
+        batch: &arrow_array::RecordBatch,
+        row: usize,
+    ) -> Option<Watermark> {
+        let values = columns
+            .iter()
+            .map(|c| value_at(batch.column_by_name(c)?.as_ref(), row))
+            .collect::<Option<Vec<_>>>()?;
+        Some(Watermark {
+            columns: columns.to_vec(),
+            values,
+        })
+    }
+
     /// The JSON text to store: `{"columns":[...],"values":[{"type":..,"value":..},...]}`.
     pub fn to_json(&self) -> String {
         json!({
@@ -385,6 +404,42 @@ pub(crate) fn parse_timestamptz(s: &str) -> std::result::Result<i64, String> {
 /// One day in microseconds.
 pub(crate) const DAY_MICROS: i64 = 86_400_000_000;
 
+/// One Arrow value as a watermark value (`None`: NULL, out of range, or a type a
+/// watermark does not take).
+fn value_at(array: &dyn arrow_array::Array, row: usize) -> Option<WatermarkValue> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::*;
+    use arrow_schema::{DataType, TimeUnit};
+    if row >= array.len() || array.is_null(row) {
+        return None;
+    }
+    Some(match array.data_type() {
+        DataType::Boolean => WatermarkValue::Bool(array.as_boolean().value(row)),
+        DataType::Int8 => WatermarkValue::Int(array.as_primitive::<Int8Type>().value(row).into()),
+        DataType::Int16 => WatermarkValue::Int(array.as_primitive::<Int16Type>().value(row).into()),
+        DataType::Int32 => WatermarkValue::Int(array.as_primitive::<Int32Type>().value(row).into()),
+        DataType::Int64 => WatermarkValue::Int(array.as_primitive::<Int64Type>().value(row)),
+        DataType::Float32 => {
+            WatermarkValue::Float(array.as_primitive::<Float32Type>().value(row).into())
+        }
+        DataType::Float64 => WatermarkValue::Float(array.as_primitive::<Float64Type>().value(row)),
+        DataType::Decimal128(_, scale) => WatermarkValue::Decimal {
+            unscaled: array.as_primitive::<Decimal128Type>().value(row),
+            scale: *scale,
+        },
+        DataType::Utf8 => WatermarkValue::Str(array.as_string::<i32>().value(row).to_string()),
+        DataType::Date32 => WatermarkValue::Date(array.as_primitive::<Date32Type>().value(row)),
+        DataType::Timestamp(TimeUnit::Microsecond, zone) => {
+            let micros = array.as_primitive::<TimestampMicrosecondType>().value(row);
+            match zone {
+                Some(_) => WatermarkValue::TimestampUtc(micros),
+                None => WatermarkValue::Timestamp(micros),
+            }
+        }
+        _ => return None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -537,5 +592,60 @@ mod tests {
             parse_timestamptz("1970-01-01T00:00:01Z").unwrap(),
             1_000_000
         );
+    }
+
+    #[test]
+    fn a_rows_watermark_from_its_arrow_values() {
+        use arrow_array::{
+            ArrayRef, Date32Array, Decimal128Array, Int32Array, RecordBatch, StringArray,
+            TimestampMicrosecondArray,
+        };
+        use std::sync::Arc;
+        let columns: Vec<(&str, ArrayRef)> = vec![
+            ("n", Arc::new(Int32Array::from(vec![Some(7), None]))),
+            (
+                "amount",
+                Arc::new(
+                    Decimal128Array::from(vec![-1250, 1])
+                        .with_precision_and_scale(10, 2)
+                        .unwrap(),
+                ),
+            ),
+            ("name", Arc::new(StringArray::from(vec!["a", "b"]))),
+            ("day", Arc::new(Date32Array::from(vec![19753, 0]))),
+            (
+                "at",
+                Arc::new(TimestampMicrosecondArray::from(vec![5, 6]).with_timezone("UTC")),
+            ),
+            (
+                "local",
+                Arc::new(TimestampMicrosecondArray::from(vec![8, 9])),
+            ),
+        ];
+        let batch = RecordBatch::try_from_iter(columns).unwrap();
+        let names: Vec<String> = ["n", "amount", "name", "day", "at", "local"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let w = Watermark::from_row(&names, &batch, 0).unwrap();
+        assert_eq!(
+            w.values,
+            vec![
+                WatermarkValue::Int(7),
+                WatermarkValue::Decimal {
+                    unscaled: -1250,
+                    scale: 2
+                },
+                WatermarkValue::Str("a".into()),
+                WatermarkValue::Date(19753),
+                WatermarkValue::TimestampUtc(5),
+                WatermarkValue::Timestamp(8),
+            ]
+        );
+        assert_eq!(w.columns, names);
+        // A NULL value, a missing column, a row past the end: none.
+        assert_eq!(Watermark::from_row(&names, &batch, 1), None);
+        assert_eq!(Watermark::from_row(&["x".to_string()], &batch, 0), None);
+        assert_eq!(Watermark::from_row(&names[1..], &batch, 2), None);
     }
 }

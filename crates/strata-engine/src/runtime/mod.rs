@@ -206,14 +206,14 @@ pub(crate) async fn run_plan(
         pipeline: &pipeline,
         policy: flow_retries,
     };
-    let prepared = prepare_all(wh, &plan, &file.dir, &retry).await?;
+    let prepared = prepare_all(wh, &plan, &pipeline, &file.dir, &retry).await?;
     let run = Run {
         wh,
         prepared: &prepared,
         options,
         memory,
         run_id: &run_id,
-        pipeline,
+        pipeline: pipeline.clone(),
         handoff: Handoff::default(),
         ended,
         flow_retries,

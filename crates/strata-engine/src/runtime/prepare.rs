@@ -39,6 +39,8 @@ pub(crate) struct PreparedNode {
 /// Every node of a plan, prepared, and what their runs share.
 pub(crate) struct PreparedPlan<'a> {
     pub(crate) plan: &'a PipelinePlan,
+    /// The pipeline file as the user named it (for the commands errors suggest).
+    pub(crate) pipeline: &'a str,
     /// The pipeline's folder (`read_files` paths are relative to it).
     pub(crate) dir: &'a Path,
     pub(crate) nodes: Vec<PreparedNode>,
@@ -60,6 +62,7 @@ impl<'a> PreparedPlan<'a> {
             plan: self.plan,
             dir: self.dir,
             feeds: &self.feeds,
+            pipeline: self.pipeline,
         }
     }
 }
@@ -68,6 +71,7 @@ impl<'a> PreparedPlan<'a> {
 pub(crate) async fn prepare_all<'a>(
     wh: &Warehouse,
     plan: &'a PipelinePlan,
+    pipeline: &'a str,
     dir: &'a Path,
     retry: &FlowRetry<'_>,
 ) -> Result<PreparedPlan<'a>> {
@@ -80,6 +84,7 @@ pub(crate) async fn prepare_all<'a>(
     }
     let mut prepared = PreparedPlan {
         plan,
+        pipeline,
         dir,
         nodes: Vec::new(),
         flows: Vec::new(),

@@ -121,7 +121,8 @@ pub(super) async fn take_database(
 
 /// The rows above the table's watermark, read, run through the query, checked and
 /// committed in chunks ([`ChunkSize`]): each chunk is one Delta commit carrying the
-/// watermark of its last row, cut only where the watermark changes, so a crash between
+/// watermark of its last row, cut only where the watermark changes (inside a batch when
+/// `chunk_rows` fills there, [`Boundary::cuts`]), so a crash between
 /// chunks resumes after the last one committed. The last chunk is returned for the
 /// ordinary commit; `None` (the report says why) when the database has nothing new.
 async fn take_watermark(
@@ -215,21 +216,43 @@ async fn take_watermark(
                 continue;
             }
             batch = batch.slice(same, batch.num_rows() - same);
-            let table = match &base {
-                Some(t) => Some(t),
-                None => existing,
-            };
-            let json = reached.to_json();
-            report.watermark = Some(describe_watermark(&reached));
-            let part = std::mem::take(&mut chunk);
-            base = Some(commit_part(scope, setup, table, &key, json.clone(), part, report).await?);
-            held = Some(json);
+            held = Some(
+                commit_chunk(
+                    scope, setup, existing, &mut base, &key, &reached, &mut chunk, report,
+                )
+                .await?,
+            );
             (scope.update)(format!(
                 "{} row(s) read, committed up to {}",
                 reader.rows_read(),
                 describe_watermark(&reached)
             ));
         }
+        // A chunk of `chunk_rows` that fills inside this batch ends there, at the first
+        // change of the watermark.
+        let cuts = match size.rows {
+            Some(limit) => boundary.cuts(&batch, chunk.rows, limit, reader.max_watermark())?,
+            None => Vec::new(),
+        };
+        let mut start = 0;
+        for (at, reached) in cuts {
+            chunk
+                .add(&checks, batch.slice(start, at - start), report)
+                .await?;
+            held = Some(
+                commit_chunk(
+                    scope, setup, existing, &mut base, &key, &reached, &mut chunk, report,
+                )
+                .await?,
+            );
+            (scope.update)(format!(
+                "{} row(s) read, committed up to {}",
+                reader.rows_read(),
+                describe_watermark(&reached)
+            ));
+            start = at;
+        }
+        let batch = batch.slice(start, batch.num_rows() - start);
         boundary.remember_last(&batch)?;
         chunk.add(&checks, batch, report).await?;
         if size.full(chunk.rows, chunk.bytes) {
@@ -454,6 +477,29 @@ async fn commit_part(
     table_at(scope, setup, version).await
 }
 
+/// Commits a watermark load's `chunk` (left empty) with the watermark `reached`, building
+/// on the chunk committed before (`base`, then this one), else on `existing`; returns the
+/// position the table now holds.
+#[allow(clippy::too_many_arguments)]
+async fn commit_chunk(
+    scope: &Scope<'_>,
+    setup: &IngestSetup,
+    existing: Option<&DeltaTable>,
+    base: &mut Option<DeltaTable>,
+    key: &str,
+    reached: &Watermark,
+    chunk: &mut Chunk,
+    report: &mut IngestReport,
+) -> Result<String> {
+    let json = reached.to_json();
+    report.watermark = Some(describe_watermark(reached));
+    let part = std::mem::take(chunk);
+    let table = base.as_ref().or(existing);
+    let committed = commit_part(scope, setup, table, key, json.clone(), part, report).await?;
+    *base = Some(committed);
+    Ok(json)
+}
+
 /// The table as of `version`, the one this run's chunk just committed: the next chunk
 /// builds on it, so that another writer's commit of the same position since conflicts.
 async fn table_at(scope: &Scope<'_>, setup: &IngestSetup, version: i64) -> Result<DeltaTable> {
@@ -527,6 +573,44 @@ impl Boundary {
         let last = batch.slice(batch.num_rows() - 1, 1);
         self.last = Some(self.rows(&last)?.row(0).owned());
         Ok(())
+    }
+
+    /// Where chunks of `limit` rows end inside `batch`, the chunk in progress holding
+    /// `held` rows: each at the first row, from the one that fills the chunk on, whose
+    /// watermark differs from the row before it, with the watermark of that row before
+    /// (which the chunk is committed with, and the next read starts after). Empty when no
+    /// chunk fills before the batch's last row, or when the batch's values of the last row
+    /// do not give exactly the watermark the reader reports for it (`last`): such a batch
+    /// is only cut at its end.
+    fn cuts(
+        &mut self,
+        batch: &RecordBatch,
+        held: usize,
+        limit: usize,
+        last: Option<&Watermark>,
+    ) -> Result<Vec<(usize, Watermark)>> {
+        let n = batch.num_rows();
+        let mut from = limit.saturating_sub(held).max(1);
+        if from >= n {
+            return Ok(Vec::new());
+        }
+        let own = Watermark::from_row(&self.columns, batch, n - 1);
+        if own.is_none() || own.as_ref() != last {
+            return Ok(Vec::new());
+        }
+        let rows = self.rows(batch)?;
+        let mut out = Vec::new();
+        while from < n {
+            let Some(at) = (from..n).find(|&i| rows.row(i) != rows.row(i - 1)) else {
+                break;
+            };
+            let reached = Watermark::from_row(&self.columns, batch, at - 1).ok_or_else(|| {
+                EngineError::Internal(format!("no watermark in row {} of a batch", at - 1))
+            })?;
+            out.push((at, reached));
+            from = at + limit.max(1);
+        }
+        Ok(out)
     }
 
     /// How many rows at the start of `batch` have the watermark of the last row read.
@@ -648,6 +732,7 @@ async fn take_changes(
         let mut key_changes = std::collections::HashSet::new();
         part_rows = 0usize;
         while let Some(tb) = changes.next_batch().await.context(fail)? {
+            check_columns_known(scope, setup, input, &place, &tb.batch)?;
             part_rows += tb.batch.num_rows();
             read_rows += tb.batch.num_rows();
             raw.push(tb.batch);
@@ -698,6 +783,43 @@ async fn take_changes(
         base,
         ..Taken::rows(chunk.parts, chunk.events, commit)
     }))
+}
+
+/// A batch of changes has only columns the run was prepared with (`input`): a column the
+/// source table gained after the run described it (the change log's Relation message
+/// brings it mid-stream) is an error rather than dropped, and the part holding it is not
+/// committed; the next run, prepared with the column, reads that part again.
+fn check_columns_known(
+    scope: &Scope<'_>,
+    setup: &IngestSetup,
+    input: &SchemaRef,
+    place: &str,
+    batch: &RecordBatch,
+) -> Result<()> {
+    let schema = batch.schema();
+    let unknown: Vec<String> = schema
+        .fields()
+        .iter()
+        .filter(|f| {
+            !input
+                .fields()
+                .iter()
+                .any(|g| g.name().eq_ignore_ascii_case(f.name()))
+        })
+        .map(|f| format!("`{}`", f.name()))
+        .collect();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    Err(setup.err(format!(
+        "{place}: the change log has column(s) {} that the source table did not have when this \
+         run read its columns (added during the run); the changes since the last commit were \
+         not written: run again to add the column(s), or, if the source no longer has them \
+         (added and dropped again), `strata run {} --full-refresh {}`",
+        unknown.join(", "),
+        scope.pipeline,
+        setup.table.name
+    )))
 }
 
 /// A change read that failed: one that only a new snapshot recovers from (the slot was
@@ -885,4 +1007,52 @@ fn describe_watermark(w: &Watermark) -> String {
         .map(|(c, v)| format!("{c} = {}", v.to_sql_text()))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deltalake::arrow::array::{ArrayRef, Int64Array};
+    use strata_sources::WatermarkValue;
+
+    fn grp(values: &[i64]) -> RecordBatch {
+        let column: ArrayRef = Arc::new(Int64Array::from(values.to_vec()));
+        RecordBatch::try_from_iter([("grp", column)]).unwrap()
+    }
+
+    fn mark(v: i64) -> Watermark {
+        Watermark {
+            columns: vec!["grp".into()],
+            values: vec![WatermarkValue::Int(v)],
+        }
+    }
+
+    #[test]
+    fn chunks_end_inside_a_batch_at_the_first_change_of_the_watermark() {
+        let mut boundary = Boundary::new(&["grp".to_string()]);
+        let batch = grp(&[0, 0, 1, 1, 1, 2, 3, 3, 3, 3, 4]);
+        // Full after rows 0..3: the rows of 1 stay together, the chunk ends before the 2;
+        // the next is full after three more rows (2, 3, 3), and ends before the 4.
+        let cuts = boundary.cuts(&batch, 0, 3, Some(&mark(4))).unwrap();
+        assert_eq!(cuts, [(5, mark(1)), (10, mark(3))]);
+        // A chunk holding two rows already is full after the first row of this batch.
+        let cuts = boundary.cuts(&batch, 2, 3, Some(&mark(4))).unwrap();
+        assert_eq!(cuts, [(2, mark(0)), (5, mark(1)), (10, mark(3))]);
+        // No change after the chunk fills: no cut (the chunk closes at a later batch).
+        assert!(boundary
+            .cuts(&grp(&[1, 1, 1, 1]), 0, 2, Some(&mark(1)))
+            .unwrap()
+            .is_empty());
+        // The batch fills no chunk.
+        assert!(boundary
+            .cuts(&batch, 0, 11, Some(&mark(4)))
+            .unwrap()
+            .is_empty());
+        // Values that do not give the reader's own watermark of the last row: cut only
+        // between batches.
+        assert!(boundary
+            .cuts(&batch, 0, 3, Some(&mark(9)))
+            .unwrap()
+            .is_empty());
+    }
 }

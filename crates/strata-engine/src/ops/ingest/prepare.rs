@@ -69,6 +69,8 @@ pub(crate) struct PipelineContext<'a> {
     pub dir: &'a Path,
     /// The AUTO CDC targets (read through their change feed).
     pub feeds: &'a BTreeSet<TableName>,
+    /// The pipeline file as the user named it (for the commands errors suggest).
+    pub pipeline: &'a str,
 }
 
 /// Checks a streaming table's query (or, with `append`, an append flow into it) and finds
@@ -146,7 +148,7 @@ pub(crate) async fn prepare_ingest(
     };
     let schema = match append {
         Some(_) => append_schema(&setup, table, planned, existing, known)?,
-        None => table_schema(&setup, table, planned, existing)?,
+        None => table_schema(pipeline, &setup, table, planned, existing)?,
     };
     let Some(RowSchema { schema, evolve }) = schema else {
         return Ok(Readiness::Waiting(NO_INPUT.to_string()));
@@ -470,6 +472,7 @@ fn append_schema(
 /// A streaming table's schema, evolved when its input gained columns; `None` when it cannot
 /// be known yet.
 fn table_schema(
+    pipeline: &PipelineContext<'_>,
     setup: &IngestSetup,
     table: &StreamingTable,
     planned: Option<SchemaRef>,
@@ -481,6 +484,22 @@ fn table_schema(
         // A change-history table gains columns by name, after the feed's own.
         let (schema, evolve) = super::history::evolved_schema(setup, p, e)?;
         return Ok(Some(RowSchema { schema, evolve }));
+    }
+    if let (Source::Database { .. }, Some(p), Some(e), None) =
+        (&setup.source, &planned, &existing, &table.columns)
+    {
+        // A database table gains columns by name, after the table's own (in CDC mode the
+        // change columns come before them).
+        return match followed_columns(p, e) {
+            Ok((schema, evolve)) => Ok(Some(RowSchema { schema, evolve })),
+            Err(changes) => Err(setup.err(format!(
+                "{}; the rows already written hold the old columns: `strata run {} \
+                 --full-refresh {}` reads the source again",
+                describe_changes(&changes, p, e),
+                pipeline.pipeline,
+                table.name
+            ))),
+        };
     }
     let schema = match (planned, existing, &table.columns) {
         (Some(p), _, Some(cols)) => {
@@ -507,13 +526,13 @@ fn table_schema(
                 .iter()
                 .zip(e.fields())
                 .all(|(a, b)| a.name() == b.name());
-            // Auto Loader input and database tables gain columns as their source does.
+            // Auto Loader input gains columns as its files do.
             let auto = matches!(
                 setup.source,
                 Source::Files {
                     mode: autoload::Mode::Autoload { .. },
                     ..
-                } | Source::Database { .. }
+                }
             );
             if prefix && auto && p.fields().len() > e.fields().len() {
                 // Schema evolution: the new input columns are added to the table.
@@ -548,4 +567,199 @@ fn table_schema(
         schema,
         evolve: false,
     }))
+}
+
+/// How a column of a database source's streaming table no longer matches the query's.
+#[derive(Debug, Clone, PartialEq)]
+enum ColumnChange {
+    /// The query no longer produces it: the source dropped or renamed it.
+    Gone { name: String, was: DataType },
+    /// The query produces it in another type: the source changed its type.
+    Retyped {
+        name: String,
+        was: DataType,
+        now: DataType,
+    },
+}
+
+/// A database source's streaming table as its query now fills it (`planned`): the table's
+/// columns (`existing`), matched by name, then the query's new columns, nullable (rows
+/// already written read NULL there; nothing is rewritten). The flag says whether columns
+/// were added. Columns the query no longer produces, or produces in another type, cannot
+/// be followed: they are returned, every one.
+fn followed_columns(
+    planned: &Schema,
+    existing: &Schema,
+) -> std::result::Result<(SchemaRef, bool), Vec<ColumnChange>> {
+    let mut changes = Vec::new();
+    for e in existing.fields() {
+        match planned.field_with_name(e.name()) {
+            Err(_) => changes.push(ColumnChange::Gone {
+                name: e.name().clone(),
+                was: e.data_type().clone(),
+            }),
+            Ok(p) => {
+                let now = arrow::storage_type(p.data_type());
+                if !stored_as(&now, e.data_type()) {
+                    changes.push(ColumnChange::Retyped {
+                        name: e.name().clone(),
+                        was: e.data_type().clone(),
+                        now,
+                    });
+                }
+            }
+        }
+    }
+    if !changes.is_empty() {
+        return Err(changes);
+    }
+    let mut fields: Vec<Field> = existing
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    let added: Vec<Field> = planned
+        .fields()
+        .iter()
+        .filter(|p| existing.field_with_name(p.name()).is_err())
+        .map(|p| Field::new(p.name(), arrow::storage_type(p.data_type()), true))
+        .collect();
+    let evolve = !added.is_empty();
+    fields.extend(added);
+    Ok((Arc::new(Schema::new(fields)), evolve))
+}
+
+/// Whether values of type `now` (a query's column) are stored in a column of type `stored`
+/// (read back from Delta) as they were before: the same type, a timestamp of any unit
+/// (Delta keeps microseconds) with or without a time zone as before, or NULLs; lists and
+/// structs by their elements and fields (Delta names a list's element field its own way).
+fn stored_as(now: &DataType, stored: &DataType) -> bool {
+    match (now, stored) {
+        (DataType::Timestamp(_, z1), DataType::Timestamp(_, z2)) => z1.is_some() == z2.is_some(),
+        (DataType::Null, _) => true,
+        (
+            DataType::List(a) | DataType::LargeList(a) | DataType::ListView(a),
+            DataType::List(b) | DataType::LargeList(b),
+        ) => stored_as(a.data_type(), b.data_type()),
+        (DataType::Struct(a), DataType::Struct(b)) => {
+            a.len() == b.len()
+                && a.iter()
+                    .zip(b.iter())
+                    .all(|(x, y)| x.name() == y.name() && stored_as(x.data_type(), y.data_type()))
+        }
+        _ => arrow::same_type(now, stored),
+    }
+}
+
+/// `changes` in words, with SQL type names; a column gone while others are new may have
+/// been renamed, so the new ones are named too.
+fn describe_changes(changes: &[ColumnChange], planned: &Schema, existing: &Schema) -> String {
+    let mut parts: Vec<String> = changes
+        .iter()
+        .map(|c| match c {
+            ColumnChange::Gone { name, was } => format!(
+                "column `{name}` ({}) is no longer produced: the source dropped or renamed it",
+                arrow::sql_type_name(was)
+            ),
+            ColumnChange::Retyped { name, was, now } => format!(
+                "column `{name}` is now {} but the table has it as {}: the source changed its type",
+                arrow::sql_type_name(now),
+                arrow::sql_type_name(was)
+            ),
+        })
+        .collect();
+    let new: Vec<String> = planned
+        .fields()
+        .iter()
+        .filter(|p| existing.field_with_name(p.name()).is_err())
+        .map(|p| format!("`{}` ({})", p.name(), arrow::sql_type_name(p.data_type())))
+        .collect();
+    let gone = changes
+        .iter()
+        .any(|c| matches!(c, ColumnChange::Gone { .. }));
+    if gone && !new.is_empty() {
+        parts.push(format!("new column(s) {}", new.join(", ")));
+    }
+    format!(
+        "the source's columns changed in a way the table cannot follow: {}",
+        parts.join("; ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn schema(cols: &[(&str, DataType)]) -> Schema {
+        Schema::new(
+            cols.iter()
+                .map(|(n, t)| Field::new(*n, t.clone(), true))
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    #[test]
+    fn a_database_table_gains_new_columns_after_its_own() {
+        // CDC: the source's new column comes before the change columns in the query's
+        // output; the table keeps its order and takes it at the end.
+        let existing = schema(&[("id", DataType::Int32), ("_change_type", DataType::Utf8)]);
+        let planned = schema(&[
+            ("id", DataType::Int32),
+            ("city", DataType::Utf8View),
+            ("_change_type", DataType::Utf8),
+        ]);
+        let (got, evolve) = followed_columns(&planned, &existing).unwrap();
+        assert!(evolve);
+        let names: Vec<&str> = got.fields().iter().map(|f| f.name().as_str()).collect();
+        assert_eq!(names, ["id", "_change_type", "city"]);
+        assert_eq!(got.field(2).data_type(), &DataType::Utf8);
+        assert!(got.field(2).is_nullable());
+        // The same columns in another order: nothing to add.
+        let reordered = schema(&[("_change_type", DataType::Utf8), ("id", DataType::Int32)]);
+        let (got, evolve) = followed_columns(&reordered, &existing).unwrap();
+        assert!(!evolve);
+        assert_eq!(got.as_ref(), &existing);
+        // A list whose element field Delta names differently is the same column.
+        let list =
+            |element: &str| DataType::List(Arc::new(Field::new(element, DataType::Utf8, true)));
+        let stored = schema(&[("_unchanged_cols", list("element"))]);
+        let produced = schema(&[("_unchanged_cols", list("item"))]);
+        assert!(followed_columns(&produced, &stored).is_ok());
+    }
+
+    #[test]
+    fn dropped_renamed_and_retyped_columns_are_each_named() {
+        let existing = schema(&[
+            ("id", DataType::Int32),
+            ("city", DataType::Utf8),
+            ("n", DataType::Int32),
+        ]);
+        let planned = schema(&[
+            ("id", DataType::Int32),
+            ("town", DataType::Utf8),
+            ("n", DataType::Int64),
+        ]);
+        let changes = followed_columns(&planned, &existing).unwrap_err();
+        assert_eq!(
+            changes,
+            [
+                ColumnChange::Gone {
+                    name: "city".into(),
+                    was: DataType::Utf8
+                },
+                ColumnChange::Retyped {
+                    name: "n".into(),
+                    was: DataType::Int32,
+                    now: DataType::Int64
+                }
+            ]
+        );
+        assert_eq!(
+            describe_changes(&changes, &planned, &existing),
+            "the source's columns changed in a way the table cannot follow: column `city` \
+             (STRING) is no longer produced: the source dropped or renamed it; column `n` is \
+             now BIGINT but the table has it as INT: the source changed its type; new \
+             column(s) `town` (STRING)"
+        );
+    }
 }

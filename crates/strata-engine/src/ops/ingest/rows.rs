@@ -78,7 +78,12 @@ async fn apply_query(
     let cast = batches
         .iter()
         .map(|b| {
-            if setup.append_flow.is_some() || matches!(setup.source, Source::Changes(_)) {
+            // A database table that gained columns has them after its own, where the
+            // query (in CDC mode) has them before the change columns.
+            let database =
+                matches!(setup.source, Source::Database { .. }) && setup.table.columns.is_none();
+            if setup.append_flow.is_some() || database || matches!(setup.source, Source::Changes(_))
+            {
                 arrow::align_by_name(b, &setup.schema)
             } else {
                 arrow::cast_batch(b, &setup.schema)
