@@ -63,27 +63,39 @@ fn proxy(listener: TcpListener, target: String) {
     });
 }
 
-#[test]
-fn a_refused_database_connection_is_retried_and_the_run_succeeds() {
+/// A fresh table `<prefix>_<pid>_<nanos>` on the test PostgreSQL holding `n` orders with
+/// rising `updated_at`; its name.
+fn seeded_orders(prefix: &str, n: usize) -> String {
     let table = format!(
-        "retry_orders_{}_{}",
+        "{prefix}_{}_{}",
         std::process::id(),
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .expect("clock")
             .subsec_nanos()
     );
+    let rows: Vec<String> = (1..=n)
+        .map(|i| format!("({i}, 'new', '2024-01-01 {:02}:00:00+00')", 9 + i))
+        .collect();
     pg(&format!(
         "CREATE TABLE {table} (id int PRIMARY KEY, status text, updated_at timestamptz NOT NULL);
-         INSERT INTO {table} VALUES (1, 'new', '2024-01-01 10:00:00+00'),
-                                    (2, 'new', '2024-01-01 11:00:00+00');"
+         INSERT INTO {table} VALUES {};",
+        rows.join(", ")
     ));
-    // A port nothing listens on yet.
-    let port = TcpListener::bind("127.0.0.1:0")
+    table
+}
+
+/// A port on loopback nothing listens on yet.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
-        .port();
-    let p = Project::new(&format!(
+        .port()
+}
+
+/// A project loading `table` by watermark through `127.0.0.1:port`.
+fn pipeline_through(port: u16, table: &str) -> Project {
+    Project::new(&format!(
         "CREATE CONNECTION shop TYPE postgresql OPTIONS (host '127.0.0.1', port '{port}', \
          database '{}', user '{}', password_env 'SHOP_PW');
 CREATE STREAMING TABLE orders_raw AS SELECT * FROM STREAM read_database('shop', \
@@ -91,33 +103,35 @@ CREATE STREAMING TABLE orders_raw AS SELECT * FROM STREAM read_database('shop', 
 ",
         var("STRATA_TEST_PG_DATABASE"),
         var("STRATA_TEST_PG_USER"),
-    ));
+    ))
+}
+
+/// Runs `strata run pipeline.sql ARGS` in `p`; once `ready` has returned true for the
+/// stderr lines so far, opens `port` as a proxy to the test PostgreSQL. Whether the run
+/// succeeded, and everything it said on stderr.
+fn run_opening_port(
+    p: &Project,
+    args: &[&str],
+    port: u16,
+    mut ready: impl FnMut(&str) -> bool,
+) -> (bool, String) {
+    let mut all = vec!["run", "pipeline.sql"];
+    all.extend_from_slice(args);
     let mut child = p
-        .command(&[
-            "run",
-            "pipeline.sql",
-            "--retries",
-            "2",
-            "--conf",
-            "strata.updateRetryBackoff=1s",
-            // The run as a whole is retried here, not the flow inside it.
-            "--conf",
-            "pipelines.maxFlowRetryAttempts=0",
-        ])
+        .command(&all)
         .env("SHOP_PW", var("STRATA_TEST_PG_PASSWORD"))
         .env_remove("PGPASSWORD")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("strata starts");
-    // Wait for strata to say it will try again, then open the port.
     let mut said = String::new();
     let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
     for line in lines.by_ref() {
         let line = line.expect("stderr line");
         said.push_str(&line);
         said.push('\n');
-        if line.contains("trying again") {
+        if ready(&line) {
             let listener = TcpListener::bind(("127.0.0.1", port)).expect("the port is still free");
             proxy(
                 listener,
@@ -135,7 +149,26 @@ CREATE STREAMING TABLE orders_raw AS SELECT * FROM STREAM read_database('shop', 
         said.push('\n');
     }
     let status = child.wait().expect("strata ends");
-    assert!(status.success(), "the retried run failed: {said}");
+    (status.success(), said)
+}
+
+#[test]
+fn a_refused_database_connection_is_retried_and_the_run_succeeds() {
+    let table = seeded_orders("retry_orders", 2);
+    let port = free_port();
+    let p = pipeline_through(port, &table);
+    let args = [
+        "--retries",
+        "2",
+        "--conf",
+        "strata.updateRetryBackoff=1s",
+        // The run as a whole is retried here, not the flow inside it.
+        "--conf",
+        "pipelines.maxFlowRetryAttempts=0",
+    ];
+    // Once strata says it will try again, open the port.
+    let (ok, said) = run_opening_port(&p, &args, port, |line| line.contains("trying again"));
+    assert!(ok, "the retried run failed: {said}");
     assert!(
         said.contains("attempt 1 of 3 failed with a transient error"),
         "{said}"
@@ -177,19 +210,7 @@ CREATE STREAMING TABLE orders_raw AS SELECT * FROM STREAM read_database('shop', 
 /// writes nothing.
 #[test]
 fn a_refused_database_connection_exits_as_an_environment_failure() {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let p = Project::new(&format!(
-        "CREATE CONNECTION shop TYPE postgresql OPTIONS (host '127.0.0.1', port '{port}', \
-         database '{}', user '{}', password_env 'SHOP_PW');
-CREATE STREAMING TABLE orders_raw AS SELECT * FROM STREAM read_database('shop', \
-         table => 'public.orders', watermark => 'updated_at');
-",
-        var("STRATA_TEST_PG_DATABASE"),
-        var("STRATA_TEST_PG_USER"),
-    ));
+    let p = pipeline_through(free_port(), "orders");
     let out = p
         .command(&["run", "pipeline.sql"])
         .env("SHOP_PW", var("STRATA_TEST_PG_PASSWORD"))
@@ -211,78 +232,22 @@ CREATE STREAMING TABLE orders_raw AS SELECT * FROM STREAM read_database('shop', 
 /// as `RETRYING` with its error, and the run succeeds once the connection works.
 #[test]
 fn a_flow_that_failed_transiently_is_retried_inside_the_run() {
-    let table = format!(
-        "flow_retry_orders_{}_{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock")
-            .subsec_nanos()
-    );
-    pg(&format!(
-        "CREATE TABLE {table} (id int PRIMARY KEY, status text, updated_at timestamptz NOT NULL);
-         INSERT INTO {table} VALUES (1, 'new', '2024-01-01 10:00:00+00'),
-                                    (2, 'new', '2024-01-01 11:00:00+00'),
-                                    (3, 'paid', '2024-01-01 12:00:00+00');"
-    ));
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let p = Project::new(&format!(
-        "CREATE CONNECTION shop TYPE postgresql OPTIONS (host '127.0.0.1', port '{port}', \
-         database '{}', user '{}', password_env 'SHOP_PW');
-CREATE STREAMING TABLE orders_raw AS SELECT * FROM STREAM read_database('shop', \
-         table => 'public.{table}', watermark => 'updated_at');
-",
-        var("STRATA_TEST_PG_DATABASE"),
-        var("STRATA_TEST_PG_USER"),
-    ));
-    let mut child = p
-        .command(&[
-            "run",
-            "pipeline.sql",
-            "--conf",
-            "pipelines.maxFlowRetryAttempts=3",
-            "--conf",
-            "strata.flowRetryBackoff=500ms",
-        ])
-        .env("SHOP_PW", var("STRATA_TEST_PG_PASSWORD"))
-        .env_remove("PGPASSWORD")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("strata starts");
+    let table = seeded_orders("flow_retry_orders", 3);
+    let port = free_port();
+    let p = pipeline_through(port, &table);
+    let args = [
+        "--conf",
+        "pipelines.maxFlowRetryAttempts=3",
+        "--conf",
+        "strata.flowRetryBackoff=500ms",
+    ];
     // Let two attempts fail, then open the port.
-    let mut said = String::new();
     let mut retries = 0;
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    for line in lines.by_ref() {
-        let line = line.expect("stderr line");
-        said.push_str(&line);
-        said.push('\n');
-        if line.contains("retrying the flow") {
-            retries += 1;
-        }
-        if retries == 2 {
-            let listener = TcpListener::bind(("127.0.0.1", port)).expect("the port is still free");
-            proxy(
-                listener,
-                format!(
-                    "{}:{}",
-                    var("STRATA_TEST_PG_HOST"),
-                    var("STRATA_TEST_PG_PORT")
-                ),
-            );
-            break;
-        }
-    }
-    for line in lines {
-        said.push_str(&line.expect("stderr line"));
-        said.push('\n');
-    }
-    let status = child.wait().expect("strata ends");
-    assert!(status.success(), "the retried flow failed: {said}");
+    let (ok, said) = run_opening_port(&p, &args, port, |line| {
+        retries += usize::from(line.contains("retrying the flow"));
+        retries == 2
+    });
+    assert!(ok, "the retried flow failed: {said}");
     assert!(
         said.contains("attempt 1 of 4 of this flow failed with a transient error"),
         "{said}"

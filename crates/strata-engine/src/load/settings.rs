@@ -74,22 +74,13 @@ impl FlowRetries {
     /// The configuration's [`FLOW_RETRIES_KEY`] and [`FLOW_BACKOFF_KEY`], else the defaults;
     /// a value that does not parse is an error naming its key.
     pub(crate) fn resolve(configuration: &BTreeMap<String, String>) -> Result<FlowRetries, String> {
-        let mut f = FlowRetries::default();
-        let get = |k: &str| {
-            configuration
-                .get(k)
-                .map(|v| v.trim())
-                .filter(|v| !v.is_empty())
-        };
-        if let Some(v) = get(FLOW_RETRIES_KEY) {
-            f.retries = v.parse().map_err(|_| {
-                format!("{FLOW_RETRIES_KEY}: expected a whole number of retries, got `{v}`")
-            })?;
-        }
-        if let Some(v) = get(FLOW_BACKOFF_KEY) {
-            f.backoff = parse_duration(v).map_err(|m| format!("{FLOW_BACKOFF_KEY}: {m}"))?;
-        }
-        Ok(f)
+        let d = FlowRetries::default();
+        let (retries, backoff) = retries_and_backoff(
+            configuration,
+            (FLOW_RETRIES_KEY, FLOW_BACKOFF_KEY),
+            (d.retries, d.backoff),
+        )?;
+        Ok(FlowRetries { retries, backoff })
     }
 
     /// Whether a flow whose attempt `attempt` (1-based) failed with `e` is tried again: a
@@ -116,6 +107,35 @@ impl FlowRetries {
             self.retries
         )
     }
+}
+
+/// The value of configuration key `k`, trimmed; `None` when unset or blank.
+fn setting<'a>(configuration: &'a BTreeMap<String, String>, k: &str) -> Option<&'a str> {
+    configuration
+        .get(k)
+        .map(|v| v.trim())
+        .filter(|v| !v.is_empty())
+}
+
+/// A number of retries and the pause before the first, from the configuration's keys
+/// `(retries, backoff)`, each `default` when unset; a value that does not parse is an error
+/// naming its key.
+fn retries_and_backoff(
+    configuration: &BTreeMap<String, String>,
+    (retries_key, backoff_key): (&str, &str),
+    default: (u32, Duration),
+) -> Result<(u32, Duration), String> {
+    let retries = match setting(configuration, retries_key) {
+        Some(v) => v
+            .parse()
+            .map_err(|_| format!("{retries_key}: expected a whole number of retries, got `{v}`"))?,
+        None => default.0,
+    };
+    let backoff = match setting(configuration, backoff_key) {
+        Some(v) => parse_duration(v).map_err(|m| format!("{backoff_key}: {m}"))?,
+        None => default.1,
+    };
+    Ok((retries, backoff))
 }
 
 /// A pause as messages say it: `500 ms`, `10 s`.
@@ -289,20 +309,12 @@ impl UpdateSettings {
             smtp: spec_smtp,
             ..Default::default()
         };
-        let get = |k: &str| {
-            configuration
-                .get(k)
-                .map(|v| v.trim())
-                .filter(|v| !v.is_empty())
-        };
-        if let Some(v) = get(RETRIES_KEY) {
-            s.retries = v.parse().map_err(|_| {
-                format!("{RETRIES_KEY}: expected a whole number of retries, got `{v}`")
-            })?;
-        }
-        if let Some(v) = get(BACKOFF_KEY) {
-            s.backoff = parse_duration(v).map_err(|m| format!("{BACKOFF_KEY}: {m}"))?;
-        }
+        let get = |k: &str| setting(configuration, k);
+        (s.retries, s.backoff) = retries_and_backoff(
+            configuration,
+            (RETRIES_KEY, BACKOFF_KEY),
+            (s.retries, s.backoff),
+        )?;
         // Read by each run; checked here so that a bad value fails before anything runs.
         FlowRetries::resolve(configuration)?;
         for key in configuration.keys() {
