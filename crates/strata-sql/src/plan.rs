@@ -464,8 +464,12 @@ fn check_self_reads(plan: &PipelinePlan) -> Result<()> {
 fn check_flows(plan: &PipelinePlan) -> Result<()> {
     let flows = &plan.flows;
     for (i, f) in flows.iter().enumerate() {
-        // A flow from a materialized view or a view gets the reason, not "not declared".
-        if plan.materialized.contains_key(&f.source) || plan.views.contains_key(&f.source) {
+        // A change-event flow from a materialized view or a view gets the reason, not "not
+        // declared" (it streams its source; a snapshot flow reads it whole).
+        let streams = matches!(f.kind, FlowKind::Changes);
+        if streams
+            && (plan.materialized.contains_key(&f.source) || plan.views.contains_key(&f.source))
+        {
             let reader = format!("flow {}", f.name);
             check_stream_source(
                 &f.source,
