@@ -222,11 +222,7 @@ async fn take_watermark(
                 )
                 .await?,
             );
-            (scope.update)(format!(
-                "{} row(s) read, committed up to {}",
-                reader.rows_read(),
-                describe_watermark(&reached)
-            ));
+            (scope.update)(committed_up_to(reader.rows_read(), &reached));
         }
         // A chunk of `chunk_rows` that fills inside this batch ends there, at the first
         // change of the watermark.
@@ -245,11 +241,7 @@ async fn take_watermark(
                 )
                 .await?,
             );
-            (scope.update)(format!(
-                "{} row(s) read, committed up to {}",
-                reader.rows_read(),
-                describe_watermark(&reached)
-            ));
+            (scope.update)(committed_up_to(reader.rows_read(), &reached));
             start = at;
         }
         let batch = batch.slice(start, batch.num_rows() - start);
@@ -1000,6 +992,14 @@ async fn lower_bound(
 }
 
 /// `updated_at = 2024-01-31 12:00:00+00, id = 7`: for reports and errors.
+/// The progress line after a chunk's commit: rows read so far, the watermark committed.
+fn committed_up_to(rows_read: impl std::fmt::Display, reached: &Watermark) -> String {
+    format!(
+        "{rows_read} row(s) read, committed up to {}",
+        describe_watermark(reached)
+    )
+}
+
 fn describe_watermark(w: &Watermark) -> String {
     w.columns
         .iter()
