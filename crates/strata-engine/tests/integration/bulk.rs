@@ -1,7 +1,6 @@
 //! Bulk loads in bounded memory (`ops/cdc/bulk.rs`): a first load of more events than the
-//! run's memory limit holds is sorted by DataFusion (spilling to disk past half the limit),
-//! folded a chunk of keys at a time and written to the event store and the target in one
-//! pass. Its targets, event store and later batches equal those of the in-memory path on
+//! run's memory limit holds is split into parts by a hash of the key on local disk, and
+//! folded and written to the event store and the target a part at a time. Its targets, event store and later batches equal those of the in-memory path on
 //! the same files; a target lost after the store's commit is rebuilt from the store.
 
 use crate::common;
@@ -132,19 +131,20 @@ async fn a_bulk_load_in_a_small_memory_limit_equals_the_in_memory_load() {
             write_events(&file, 75_000, 20_000, n * 1_000_000, seed);
         }
     }
-    // 300,000 events: in a 16 MiB limit the first load is a bulk load whose sort (8 MiB)
-    // spills; with the default limit it is folded in memory.
+    // 300,000 events: in a 16 MiB limit the first load is a bulk load, split into parts;
+    // with the default limit it is folded in memory.
     let report = run(&pipeline, &bounded, Some("16MiB")).await;
     assert_eq!(report.flows.len(), 2);
     for f in &report.flows {
         assert_eq!(f.events, 300_000, "{f:?}");
         assert!(f.versions_opened > 0 || f.keys_upserted > 0, "{f:?}");
+        // 300,000 events at 200 bytes each, and a quarter to spare: 5 parts of 16 MiB.
         let note = f
             .notes
             .iter()
-            .find(|n| n.starts_with("bulk load: 300000 event(s) sorted within 8 MiB"))
+            .find(|n| n.starts_with("bulk load: 300000 event(s) folded in 5 part(s)"))
             .unwrap_or_else(|| panic!("a bulk load: {:?}", f.notes));
-        assert!(note.contains("spilled to disk"), "{note}");
+        assert!(note.contains("on local disk"), "{note}");
     }
     let report_in_memory = run(&memory_pipeline, &in_memory, None).await;
     assert!(

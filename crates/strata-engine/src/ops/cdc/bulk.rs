@@ -3,20 +3,23 @@
 //! store after a bulk load was killed between its two commits.
 //!
 //! ```text
-//!  source rows ─▶ events (the flow's SELECT) ─▶ ORDER BY key, sequence ─▶ chunks cut between
-//!  (the store's     (each chunk checked: R4)     (DataFusion, spilling     keys (util/chunks.rs)
-//!   events, when                                  to disk past the limit)        │
-//!   rebuilding)                                                                  ▼
-//!       event store files ◀── each chunk's events, once, in key order ◀── fold (strata-core)
-//!       target files      ◀── each chunk's folded rows, checked ◀─────────────────┘
+//!  source rows ─▶ events (the flow's SELECT, ─▶ split into parts by a hash of the key
+//!  (the store's    one stream per core)           (util/spill.rs: Arrow IPC files in TMPDIR,
+//!   events, when                                   each part small enough for memory)
+//!   rebuilding)                                              │ a part at a time
+//!                                                            ▼
+//!       event store files ◀── the part's events in key order, checked (R4), once ◀──┤
+//!       target files      ◀── its folded rows, checked ◀── fold (strata-core) ◀─────┘
 //!  then: one event-store commit (with the source position), one target commit (with it)
 //! ```
 //!
-//! Every event is sorted once and written once to the store; the target gets the folded
-//! versions of the same pass. Memory holds the sort's budget, one chunk and the writers'
-//! row groups, whatever the number of events. Files written before a failure are in no
-//! commit (a vacuum removes them); a run killed after the store commit leaves an empty
-//! target, which the next run rebuilds from the store the same way.
+//! Every key's events are in one part, so a part folds on its own, exactly as a load that
+//! fits in memory folds all of them (the same code: `with_run`, `fold_checked`). Memory holds
+//! one part, the split's buffers and the writers' row groups, whatever the number of events;
+//! the events are read once, written once to local disk and once to the event store. Files
+//! written before a failure are in no commit (a vacuum removes them); a run killed after the
+//! store commit leaves an empty target, which the next run rebuilds from the store the same
+//! way.
 
 use crate::error::{Context, EngineError, Result};
 use crate::eventstore::tombstones;
@@ -25,35 +28,33 @@ use crate::ops::Scope;
 use crate::semantics::compare::count_first_rows;
 use crate::semantics::events::{validate_events, with_run, without_run};
 use crate::semantics::flow::FlowSetup;
-use crate::semantics::fold::{RUN_COL, SEQ_COL};
+use crate::semantics::fold::RUN_COL;
 use crate::storage::commit::{AppId, PendingCommit};
 use crate::storage::location::Location;
 use crate::storage::write::FileStream;
-use crate::util::chunks::KeyChunks;
 use crate::util::memory::show_size;
-use crate::util::sql::quote_ident;
+use crate::util::spill::{SpillDir, Spilled, Spiller};
 use crate::util::threads::off_scheduler;
 use deltalake::arrow::array::RecordBatch;
-use deltalake::arrow::datatypes::DataType;
+use deltalake::arrow::datatypes::{DataType, SchemaRef};
 use deltalake::DeltaTable;
 use futures::StreamExt;
 use std::collections::BTreeMap;
-
-/// Events per chunk folded at once: enough for the fold's threads, small next to the
-/// memory limit.
-const CHUNK_EVENTS: usize = 1 << 20;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// Bytes an event takes in the in-memory path, all copies counted (the hand-off, the
 /// concatenated events, the fold's indices and its output): the 10M-event benchmark peaks
-/// at about 1.5-1.8 GiB. A load whose events would take more than the limit streams.
+/// at about 1.5-1.8 GiB. A load whose events would take more than the limit streams, and
+/// a part of a bulk load holds as many events as fit at this size.
 const EVENT_BYTES_IN_MEMORY: u64 = 200;
 
-/// The share of the memory limit the sort may hold before it spills; the rest is for the
-/// chunk being folded, the writers' row groups and the reads.
-const SORT_SHARE: u64 = 2;
+/// The share of the memory limit the split's buffers may hold in all (each part's buffer
+/// is written out as a file when it holds its share of it).
+const SPLIT_BUFFER_SHARE: u64 = 4;
 
-/// The sort memory below which one sorter sorts every event.
-const PARALLEL_SORT_MIN_MEMORY: usize = 256 << 20;
+/// Rows handed to a file writer at a time: the writers encode side by side.
+const WRITE_ROWS: usize = 1 << 18;
 
 /// Where the bulk load's events come from.
 pub(super) enum Input<'a> {
@@ -136,20 +137,15 @@ pub(super) async fn run_bulk(
     report: &mut FlowReport,
 ) -> Result<()> {
     let flow = &setup.flow;
-    // Events an ingestion of this run kept for the flow are let go: the sort reads the files.
+    // Events an ingestion of this run kept for the flow are let go: the split reads the files.
     drop(
         scope
             .handoff
             .take(&flow.source, &flow.name, None, bulk.source_version),
     );
-    let sort_memory = (scope.memory / SORT_SHARE) as usize;
-    // A sorter per core, merged at the end; in a small budget one sorter keeps it all (the
-    // merge of several takes memory the sorters cannot give back).
-    let sorters = match sort_memory < PARALLEL_SORT_MIN_MEMORY {
-        true => 1,
-        false => crate::util::threads::parallelism(),
-    };
-    let ctx = crate::storage::session::spilling_session(sort_memory, sorters)?;
+    let parts = part_count(bulk.expected, scope.memory)
+        .map_err(|e| e.within(|| format!("flow {}", flow.name)))?;
+    let ctx = crate::storage::session::file_session();
     let (sql, run) = register_input(&ctx, setup, &bulk.from).await?;
     let place = match &bulk.from {
         Input::Source { from, .. } => format!(
@@ -159,6 +155,27 @@ pub(super) async fn run_bulk(
         ),
         Input::Store { .. } => format!("the event store of {}", flow.target),
     };
+    let split_schema = match &bulk.from {
+        Input::Source { .. } => without_run(setup),
+        Input::Store { .. } => setup.event_schema.clone(),
+    };
+    let dir = SpillDir::new()?;
+    let flush_bytes = (scope.memory / SPLIT_BUFFER_SHARE) as usize
+        / (parts * crate::util::threads::parallelism()).max(1);
+    let split = split_events(
+        scope,
+        setup,
+        &ctx,
+        &sql,
+        &dir,
+        SplitShape {
+            parts,
+            schema: split_schema,
+            flush_bytes,
+            expected: bulk.expected,
+        },
+    )
+    .await?;
     let store = match &bulk.from {
         Input::Source { store: Some(s), .. } => Some(s.clone()),
         Input::Source { store: None, .. } => Some(
@@ -170,69 +187,32 @@ pub(super) async fn run_bulk(
         Some(t) => t,
         None => super::target::create_target(scope, setup, target_properties).await?,
     };
-    let plan = ctx
-        .sql(&sql)
-        .await
-        .context(|| format!("flow {}: planning the bulk sort", flow.name))?
-        .create_physical_plan()
-        .await
-        .context(|| format!("flow {}: planning the bulk sort", flow.name))?;
-    let mut stream =
-        deltalake::datafusion::physical_plan::execute_stream(plan.clone(), ctx.task_ctx())
-            .map_err(|e| sort_error(setup, scope.memory, e))?;
     let mut store_files = store.as_ref().map(FileStream::start).transpose()?;
     let mut target_files = FileStream::start(&target)?;
-    let sorted_schema = match &bulk.from {
-        Input::Source { .. } => without_run(setup),
-        Input::Store { .. } => setup.event_schema.clone(),
-    };
-    let mut chunks = KeyChunks::new(sorted_schema.clone(), setup.spec.keys.clone(), CHUNK_EVENTS);
     let mut folded_events = 0usize;
     let decided_at = chrono::Utc::now().timestamp_millis();
-    loop {
-        let next = stream.next().await;
-        let ready = match &next {
-            Some(batch) => {
-                let batch = batch
-                    .as_ref()
-                    .map_err(|e| sort_error(setup, scope.memory, e.to_string()))?;
-                chunks.push(crate::util::arrow::cast_batch(batch, &sorted_schema)?)?
-            }
-            None => chunks.finish()?,
+    let started = std::time::Instant::now();
+    for part in 0..parts {
+        let Some(events) = read_part(setup, &split, part, run, &place).await? else {
+            continue;
         };
-        for chunk in ready {
-            validate_events(setup, std::slice::from_ref(&chunk), &place)?;
-            let events = match run {
-                Some(run) => with_run(setup, vec![chunk], run)?,
-                None => chunk,
-            };
-            folded_events += events.num_rows();
-            if let Some(files) = &mut store_files {
-                files.write(events.clone()).await?;
-            }
-            let rows = fold_chunk(setup, events).await?;
-            report.count(&count_first_rows(setup, &rows.0));
-            report.rows_inserted += rows.0.num_rows();
-            report.keys_touched += rows.1;
-            target_files.write(rows.0).await?;
-            (scope.update)(progress(folded_events, bulk.expected));
+        folded_events += events.num_rows();
+        if let Some(files) = &mut store_files {
+            write_sliced(files, &events).await?;
         }
-        if next.is_none() {
-            break;
-        }
+        let rows = fold_part(setup, events).await?;
+        report.count(&count_first_rows(setup, &rows.0));
+        report.rows_inserted += rows.0.num_rows();
+        report.keys_touched += rows.1;
+        write_sliced(&mut target_files, &rows.0).await?;
+        (scope.update)(progress(folded_events, bulk.expected, started.elapsed()));
     }
+    drop(dir);
     report.keys_changed = report.keys_touched;
-    let (spills, spilled) = spilled(&plan);
     report.notes.push(format!(
-        "bulk load: {folded_events} event(s) sorted within {} of memory{}",
-        show_size(sort_memory as u64),
-        match spills {
-            0 => String::new(),
-            n => format!(
-                ", {n} sorted run(s) ({}) spilled to disk",
-                show_size(spilled as u64)
-            ),
-        }
+        "bulk load: {folded_events} event(s) folded in {parts} part(s) of whole keys, {} \
+         on local disk between the read and the fold",
+        show_size(split.bytes)
     ));
     let store_version = match (&store, store_files) {
         (Some(store), Some(files)) => {
@@ -260,21 +240,188 @@ pub(super) async fn run_bulk(
     Ok(())
 }
 
-/// Registers the bulk load's input in `ctx` and returns the sorting query and the run number
-/// new events are stored under (`None` when rebuilding from the store).
+/// The parts a load of `expected` events is split into within `memory`: at least 3 when
+/// `STRATA_STREAM_MIN_ROWS` sends small loads here (so that tests split them too).
+fn part_count(expected: u64, memory: u64) -> Result<usize> {
+    let parts = crate::util::spill::parts_for(expected, EVENT_BYTES_IN_MEMORY, memory)?;
+    Ok(match min_rows_override() {
+        Some(_) => parts.max(3),
+        None => parts,
+    })
+}
+
+/// How the events are split.
+struct SplitShape {
+    parts: usize,
+    schema: SchemaRef,
+    /// A part's buffer is written out once it holds this many bytes.
+    flush_bytes: usize,
+    /// The events the input holds (for progress).
+    expected: u64,
+}
+
+/// Runs the query `sql` of `ctx` (the flow's events) and splits its rows into parts on local
+/// disk in `dir`, one splitter per output stream of the query (on the blocking pool).
+async fn split_events(
+    scope: &Scope<'_>,
+    setup: &FlowSetup,
+    ctx: &deltalake::datafusion::prelude::SessionContext,
+    sql: &str,
+    dir: &SpillDir,
+    shape: SplitShape,
+) -> Result<Spilled> {
+    let what = || {
+        format!(
+            "flow {}: reading the events of the bulk load",
+            setup.flow.name
+        )
+    };
+    let plan = ctx
+        .sql(sql)
+        .await
+        .context(what)?
+        .create_physical_plan()
+        .await
+        .context(what)?;
+    let streams =
+        deltalake::datafusion::physical_plan::execute_stream_partitioned(plan, ctx.task_ctx())
+            .context(what)?;
+    let read = Arc::new(AtomicUsize::new(0));
+    let handle = tokio::runtime::Handle::current();
+    let mut splitters = Vec::new();
+    for (input, mut stream) in streams.into_iter().enumerate() {
+        let mut spiller = Spiller::new(
+            dir,
+            input,
+            shape.parts,
+            setup.spec.keys.clone(),
+            shape.schema.clone(),
+            shape.flush_bytes,
+        );
+        let (schema, read, handle, flow) = (
+            shape.schema.clone(),
+            read.clone(),
+            handle.clone(),
+            setup.flow.name.clone(),
+        );
+        splitters.push(tokio::task::spawn_blocking(move || {
+            while let Some(batch) = handle.block_on(stream.next()) {
+                let batch = batch.map_err(|e| {
+                    EngineError::of_query(
+                        format!("flow {flow}: reading the events of the bulk load"),
+                        e,
+                    )
+                })?;
+                spiller.push(&crate::util::arrow::cast_batch(&batch, &schema)?)?;
+                read.fetch_add(batch.num_rows(), Ordering::Relaxed);
+            }
+            spiller.finish()
+        }));
+    }
+    let mut all = futures::future::try_join_all(splitters);
+    let done = loop {
+        tokio::select! {
+            done = &mut all => break done,
+            _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {
+                (scope.update)(split_progress(read.load(Ordering::Relaxed), shape.expected));
+            }
+        }
+    };
+    let mut spilled = Spilled::default();
+    for s in done.map_err(|e| EngineError::Internal(format!("{}: {e}", what())))? {
+        spilled = spilled.merge(s?);
+    }
+    Ok(spilled)
+}
+
+/// Part `part` of `split` as one batch of events in key order with their run (`run`, when
+/// new), checked (R4); `None` when the part is empty.
+async fn read_part(
+    setup: &FlowSetup,
+    split: &Spilled,
+    part: usize,
+    run: Option<i64>,
+    place: &str,
+) -> Result<Option<RecordBatch>> {
+    if split.rows.get(part).is_none_or(|&r| r == 0) {
+        return Ok(None);
+    }
+    let files = split.files[part].clone();
+    let (setup, place) = (setup.clone(), place.to_string());
+    off_scheduler("reading a part of the bulk load", move || {
+        let batches = crate::util::spill::read_part(&files)?;
+        validate_events(&setup, &batches, &place)?;
+        let events = match run {
+            // New events: with one integer key, `with_run` puts them in key order itself.
+            Some(run) => match setup.spec.keys.len() == 1 && single_int_key(&setup) {
+                true => with_run(&setup, batches, run)?,
+                false => with_run(&setup, vec![in_key_order(&setup, batches, false)?], run)?,
+            },
+            None => in_key_order(&setup, batches, true)?,
+        };
+        Ok(Some(events))
+    })
+    .await
+}
+
+/// Whether the flow's one key column is integer-like (then `with_run` orders by it).
+fn single_int_key(setup: &FlowSetup) -> bool {
+    let field = setup.event_schema.field(setup.spec.keys[0]);
+    crate::util::arrow::fits_i64(field.data_type())
+}
+
+/// `batches` as one batch sorted by key, then sequence (where it sorts), then run (`by_run`:
+/// stored events).
+fn in_key_order(setup: &FlowSetup, batches: Vec<RecordBatch>, by_run: bool) -> Result<RecordBatch> {
+    use deltalake::arrow::compute::{lexsort_to_indices, take_record_batch, SortColumn};
+    let schema = batches
+        .first()
+        .map(RecordBatch::schema)
+        .unwrap_or_else(|| without_run(setup));
+    let all = deltalake::arrow::compute::concat_batches(&schema, &batches)
+        .context(|| "gathering a part's events".into())?;
+    drop(batches);
+    let mut columns: Vec<usize> = setup.spec.keys.clone();
+    let seq = setup.spec.n_out;
+    if !matches!(all.column(seq).data_type(), DataType::Struct(_)) {
+        columns.push(seq);
+    }
+    if by_run {
+        columns.push(
+            all.schema()
+                .index_of(RUN_COL)
+                .context(|| "the run column".into())?,
+        );
+    }
+    let sort: Vec<SortColumn> = columns
+        .iter()
+        .map(|&c| SortColumn {
+            values: all.column(c).clone(),
+            options: None,
+        })
+        .collect();
+    let order = lexsort_to_indices(&sort, None).context(|| "sorting a part's events".into())?;
+    take_record_batch(&all, &order).context(|| "sorting a part's events".into())
+}
+
+/// `batch` handed to `files` in slices of [`WRITE_ROWS`], so that every writer encodes.
+async fn write_sliced(files: &mut FileStream, batch: &RecordBatch) -> Result<()> {
+    let mut offset = 0;
+    while offset < batch.num_rows() {
+        let len = WRITE_ROWS.min(batch.num_rows() - offset);
+        files.write(batch.slice(offset, len)).await?;
+        offset += len;
+    }
+    Ok(())
+}
+
+/// Registers the bulk load's input in `ctx` and returns the query of its events and the run
+/// number new events are stored under (`None` when rebuilding from the store).
 async fn register_input(
     ctx: &deltalake::datafusion::prelude::SessionContext,
     setup: &FlowSetup,
     from: &Input<'_>,
 ) -> Result<(String, Option<i64>)> {
-    let mut order: Vec<String> = setup.key_names.iter().map(|k| quote_ident(k)).collect();
-    let seq_sortable = !matches!(
-        setup.event_schema.field(setup.spec.n_out).data_type(),
-        DataType::Struct(_)
-    );
-    if seq_sortable {
-        order.push(quote_ident(SEQ_COL));
-    }
     match from {
         Input::Source {
             source,
@@ -292,28 +439,18 @@ async fn register_input(
                 changes,
             )
             .await?;
-            let sql = format!(
-                "SELECT * FROM ({}) AS __strata_new ORDER BY {}",
-                setup.select_sql,
-                order.join(", ")
-            );
-            Ok((sql, Some(*run)))
+            Ok((setup.select_sql.clone(), Some(*run)))
         }
         Input::Store { store } => {
             crate::storage::session::register_table(ctx, "__strata_events", store, None).await?;
-            order.push(quote_ident(RUN_COL));
-            let sql = format!(
-                "SELECT * FROM __strata_events ORDER BY {}",
-                order.join(", ")
-            );
-            Ok((sql, None))
+            Ok(("SELECT * FROM __strata_events".to_string(), None))
         }
     }
 }
 
-/// One chunk's events folded into its target rows and checked (`target::fold_checked`), on
+/// One part's events folded into its target rows and checked (`target::fold_checked`), on
 /// a blocking thread; with the number of keys.
-async fn fold_chunk(setup: &FlowSetup, events: RecordBatch) -> Result<(RecordBatch, usize)> {
+async fn fold_part(setup: &FlowSetup, events: RecordBatch) -> Result<(RecordBatch, usize)> {
     let setup = setup.clone();
     off_scheduler("the fold", move || {
         super::target::fold_checked(&setup, events)
@@ -321,58 +458,44 @@ async fn fold_chunk(setup: &FlowSetup, events: RecordBatch) -> Result<(RecordBat
     .await
 }
 
-/// How many sorted runs the sort of `plan` spilled to disk, and their bytes.
-fn spilled(
-    plan: &std::sync::Arc<dyn deltalake::datafusion::physical_plan::ExecutionPlan>,
-) -> (usize, usize) {
-    let own = plan.metrics().map_or((0, 0), |m| {
-        (m.spill_count().unwrap_or(0), m.spilled_bytes().unwrap_or(0))
-    });
-    plan.children().into_iter().fold(own, |(n, b), child| {
-        let (cn, cb) = spilled(child);
-        (n + cn, b + cb)
-    })
-}
-
-/// The progress line of a bulk load: `done` of `total` events folded.
-fn progress(done: usize, total: u64) -> String {
+/// The progress line while the events are split: `done` of `total` read.
+fn split_progress(done: usize, total: u64) -> String {
     match total {
-        0 => format!("bulk load: folded {done} event(s)"),
+        0 => format!("bulk load: split {done} event(s) into parts"),
         t => format!(
-            "bulk load: folded {done} of {t} event(s) ({}%)",
+            "bulk load: split {done} of {t} event(s) into parts ({}%)",
             (done as u64 * 100 / t).min(100)
         ),
     }
 }
 
-/// A failure of the sort: one that ran out of its memory says which limit to raise.
-fn sort_error(setup: &FlowSetup, memory: u64, e: impl std::fmt::Display) -> EngineError {
-    sort_error_of(&setup.flow.name, memory, &e.to_string())
-}
-
-#[cfg(test)]
-fn sort_error_text(flow: &str, memory: u64, text: &str) -> String {
-    sort_error_of(flow, memory, text).to_string()
-}
-
-fn sort_error_of(flow: &str, memory: u64, text: &str) -> EngineError {
-    if let Some(exhausted) = text
-        .lines()
-        .find(|l| l.contains("Resources exhausted"))
-        .map(str::trim)
-    {
-        // DataFusion's own advice names its settings, not strata's.
-        let text = exhausted;
-        return EngineError::BadInput(format!(
-            "flow {flow}: the memory limit ({}) is too small to sort its events ({text}); raise \
-             it with --memory-limit or {}; nothing was committed",
-            show_size(memory),
-            crate::util::memory::CONFIG_KEY
-        ));
+/// The progress line of a bulk load: `done` of `total` events folded in `elapsed`, with an
+/// estimate of the time left at the rate so far (once there is a rate to go by).
+fn progress(done: usize, total: u64, elapsed: std::time::Duration) -> String {
+    if total == 0 {
+        return format!("bulk load: folded {done} event(s)");
     }
-    EngineError::Internal(format!(
-        "flow {flow}: sorting the events of the bulk load: {text}"
-    ))
+    let done = (done as u64).min(total);
+    let share = format!(
+        "bulk load: folded {done} of {total} event(s) ({}%)",
+        done * 100 / total
+    );
+    let secs = elapsed.as_secs_f64();
+    if done == 0 || done == total || secs < 1.0 {
+        return share;
+    }
+    let left = secs * (total - done) as f64 / done as f64;
+    format!("{share}, about {} left", show_secs(left))
+}
+
+/// `secs` rounded for a person: `40 s`, `3 min`, `1 h 20 min`.
+fn show_secs(secs: f64) -> String {
+    let secs = secs.round() as u64;
+    match secs {
+        0..=89 => format!("{} s", secs.max(1)),
+        90..=5399 => format!("{} min", (secs + 30) / 60),
+        _ => format!("{} h {} min", secs / 3600, (secs % 3600 + 30) / 60),
+    }
 }
 
 #[cfg(test)]
@@ -381,31 +504,34 @@ mod tests {
 
     #[test]
     fn progress_says_how_far_and_what_is_left() {
+        let secs = std::time::Duration::from_secs;
         assert_eq!(
-            progress(250, 1000),
+            progress(250, 1000, secs(0)),
             "bulk load: folded 250 of 1000 event(s) (25%)"
         );
-        assert_eq!(progress(5, 0), "bulk load: folded 5 event(s)");
-    }
-
-    /// DataFusion's "not enough memory" (whose advice names its own settings) becomes
-    /// strata's error naming the limit and how to raise it.
-    #[test]
-    fn a_sort_out_of_memory_names_the_limit_to_raise() {
-        let df = "Not enough memory to continue external sort. Consider increasing the memory \
-                  limit config: 'datafusion.runtime.memory_limit'.\ncaused by\nResources \
-                  exhausted: Failed to allocate additional 1024.0 KB for ExternalSorterMerge[0]";
-        let e = sort_error_text("f", 16 << 20, df);
-        assert!(
-            e.starts_with("flow f: the memory limit (16 MiB) is too small"),
-            "{e}"
+        // A quarter in 20 s: three quarters left at that rate.
+        assert_eq!(
+            progress(250, 1000, secs(20)),
+            "bulk load: folded 250 of 1000 event(s) (25%), about 60 s left"
         );
-        assert!(e.contains("Resources exhausted: Failed to allocate"), "{e}");
-        assert!(
-            e.contains("--memory-limit") && !e.contains("datafusion.runtime"),
-            "{e}"
+        assert_eq!(
+            progress(100, 1000, secs(600)),
+            "bulk load: folded 100 of 1000 event(s) (10%), about 1 h 30 min left"
         );
-        let other = sort_error_text("f", 16 << 20, "No such file");
-        assert!(other.contains("sorting the events of the bulk load: No such file"));
+        assert_eq!(
+            progress(1000, 1000, secs(20)),
+            "bulk load: folded 1000 of 1000 event(s) (100%)"
+        );
+        // More events than the log's statistics said: never past 100%.
+        assert_eq!(
+            progress(1200, 1000, secs(20)),
+            "bulk load: folded 1000 of 1000 event(s) (100%)"
+        );
+        assert_eq!(progress(5, 0, secs(3)), "bulk load: folded 5 event(s)");
+        assert_eq!(show_secs(95.0), "2 min");
+        assert_eq!(
+            split_progress(5, 10),
+            "bulk load: split 5 of 10 event(s) into parts (50%)"
+        );
     }
 }
