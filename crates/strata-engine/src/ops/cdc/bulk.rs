@@ -504,30 +504,30 @@ mod tests {
 
     #[test]
     fn progress_says_how_far_and_what_is_left() {
-        let secs = std::time::Duration::from_secs;
-        assert_eq!(
-            progress(250, 1000, secs(0)),
-            "bulk load: folded 250 of 1000 event(s) (25%)"
-        );
-        // A quarter in 20 s: three quarters left at that rate.
-        assert_eq!(
-            progress(250, 1000, secs(20)),
-            "bulk load: folded 250 of 1000 event(s) (25%), about 60 s left"
-        );
-        assert_eq!(
-            progress(100, 1000, secs(600)),
-            "bulk load: folded 100 of 1000 event(s) (10%), about 1 h 30 min left"
-        );
-        assert_eq!(
-            progress(1000, 1000, secs(20)),
-            "bulk load: folded 1000 of 1000 event(s) (100%)"
-        );
-        // More events than the log's statistics said: never past 100%.
-        assert_eq!(
-            progress(1200, 1000, secs(20)),
-            "bulk load: folded 1000 of 1000 event(s) (100%)"
-        );
-        assert_eq!(progress(5, 0, secs(3)), "bulk load: folded 5 event(s)");
+        let f = "bulk load: folded";
+        for (done, total, secs, line) in [
+            (250, 1000, 0, format!("{f} 250 of 1000 event(s) (25%)")),
+            // A quarter in 20 s: three quarters left at that rate.
+            (
+                250,
+                1000,
+                20,
+                format!("{f} 250 of 1000 event(s) (25%), about 60 s left"),
+            ),
+            (
+                100,
+                1000,
+                600,
+                format!("{f} 100 of 1000 event(s) (10%), about 1 h 30 min left"),
+            ),
+            (1000, 1000, 20, format!("{f} 1000 of 1000 event(s) (100%)")),
+            // More events than the log's statistics said: never past 100%.
+            (1200, 1000, 20, format!("{f} 1000 of 1000 event(s) (100%)")),
+            (5, 0, 3, format!("{f} 5 event(s)")),
+        ] {
+            let elapsed = std::time::Duration::from_secs(secs);
+            assert_eq!(progress(done, total, elapsed), line);
+        }
         assert_eq!(show_secs(95.0), "2 min");
         assert_eq!(
             split_progress(5, 10),
