@@ -64,10 +64,16 @@ pub(crate) struct SpillDir {
     dir: tempfile::TempDir,
 }
 
+/// The name every spill dir starts with; the creating process's id follows.
+const DIR_PREFIX: &str = "strata-bulk-";
+
 impl SpillDir {
+    /// A new dir in the temp dir (`TMPDIR`), after removing those that processes which no
+    /// longer run left behind (a load killed with `kill -9` drops nothing).
     pub(crate) fn new() -> Result<SpillDir> {
+        remove_orphans(&std::env::temp_dir());
         let dir = tempfile::Builder::new()
-            .prefix("strata-bulk-")
+            .prefix(&format!("{DIR_PREFIX}{}-", std::process::id()))
             .tempdir()
             .map_err(|e| {
                 EngineError::Internal(format!(
@@ -80,6 +86,32 @@ impl SpillDir {
 
     pub(crate) fn path(&self) -> &Path {
         self.dir.path()
+    }
+}
+
+/// Removes the spill dirs in `temp` whose process is gone. Only where `/proc` tells which
+/// processes run (Linux); elsewhere a killed load's dir stays until the temp dir is cleaned.
+fn remove_orphans(temp: &Path) {
+    let proc = Path::new("/proc/self");
+    if !proc.exists() {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(temp) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(DIR_PREFIX))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid.to_string()).exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
     }
 }
 
@@ -337,5 +369,26 @@ mod tests {
         let path = dir.path().to_path_buf();
         drop(dir);
         assert!(!path.exists(), "the files go with the dir");
+    }
+
+    /// A dir left by a process that no longer runs is removed when the next load starts; one
+    /// of a running process (this one) is not.
+    #[test]
+    fn a_killed_loads_dir_is_removed_by_the_next() {
+        let temp = tempfile::tempdir().expect("temp");
+        // Above any pid Linux hands out (pid_max is at most 2^22).
+        let dead = temp.path().join(format!("{DIR_PREFIX}4294967295-abc"));
+        let alive = temp
+            .path()
+            .join(format!("{DIR_PREFIX}{}-abc", std::process::id()));
+        let other = temp.path().join("strata-bulk-notapid");
+        for d in [&dead, &alive, &other] {
+            std::fs::create_dir_all(d.join("sub")).expect("dir");
+        }
+        remove_orphans(temp.path());
+        if Path::new("/proc/self").exists() {
+            assert!(!dead.exists());
+        }
+        assert!(alive.exists() && other.exists());
     }
 }
