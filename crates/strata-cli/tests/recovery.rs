@@ -4,8 +4,9 @@
 //! refreshes; then the states a crash leaves at known places, pinned one by one: a target
 //! behind its event store (killed between the two commits), an ingest killed after copying
 //! an adopted Parquet file, a table set aside by a full refresh and moved back, continuous
-//! mode stopped by SIGINT, and input files still being written. After each, runs converge to
-//! what one run over all the input gives on a fresh warehouse.
+//! mode stopped by SIGINT, and input files still being written; and bulk loads (split on
+//! local disk) killed at random moments. After each, runs converge to what one run over all
+//! the input gives on a fresh warehouse.
 //!
 //! `STRATA_DRILL_ROUNDS` sets the crash drill's rounds (8 by default, as CI runs it) and
 //! `STRATA_DRILL_SEED` its seed (printed).
@@ -215,6 +216,80 @@ fn runs_killed_at_random_moments_converge_to_one_run_over_all_the_input() {
          ({full_refresh_kills} of them full refreshes), {:.0} s",
         started.elapsed().as_secs_f64()
     );
+    assert!(
+        kills > 0,
+        "no run was still running when killed: the drill tested nothing"
+    );
+}
+
+/// Bulk loads (`STRATA_STREAM_MIN_ROWS=1` makes every first load and full refresh of a change
+/// flow one, split into at least three parts on local disk) killed at random moments, before,
+/// during and between their commits: the tables converge to one in-memory run over all the
+/// input, and the temp dirs of killed loads are gone once a later bulk load has started.
+#[test]
+fn bulk_loads_killed_at_random_moments_converge() {
+    let rounds = env_usize("STRATA_DRILL_ROUNDS", 8);
+    let seed = drill_seed();
+    eprintln!("bulk drill: seed {seed} (STRATA_DRILL_SEED={seed} replays it)");
+    let mut rng = Rng(seed);
+    let p = new_project();
+    let tmp = p.path("tmp");
+    std::fs::create_dir_all(&tmp).expect("tmp");
+    let mut input = Input {
+        next_eid: 1,
+        delivered: 0,
+    };
+    for round in 0..3 {
+        input.deliver(&p, round, &mut rng);
+    }
+    let bulk = |args: &[&str]| {
+        let mut c = p.command(args);
+        c.env("STRATA_STREAM_MIN_ROWS", "1").env("TMPDIR", &tmp);
+        c
+    };
+    let refresh = ["run", "pipeline.sql", "--full-refresh", "people_history"];
+    let started = Instant::now();
+    let out = bulk(&["run", "pipeline.sql"])
+        .output()
+        .expect("strata runs");
+    assert!(out.status.success(), "first bulk load: {}", stderr(&out));
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+    assert!(said.contains("bulk load: "), "not a bulk load: {said}");
+    let typical = started.elapsed().as_millis() as u64;
+    let mut kills = 0;
+    for round in 3..rounds + 3 {
+        input.deliver(&p, round, &mut rng);
+        let after = Duration::from_millis(10 + rng.below(typical + typical / 4));
+        let mut child = bulk(&refresh)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("strata starts");
+        std::thread::sleep(after);
+        if child.try_wait().expect("wait").is_none() {
+            kills += 1;
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        check_after_crash(&p, &format!("bulk round {round} (killed after {after:?})"));
+        if round % 2 == 0 {
+            let out = bulk(&["run", "pipeline.sql"])
+                .output()
+                .expect("strata runs");
+            assert!(out.status.success(), "round {round}: {}", stderr(&out));
+        }
+    }
+    let out = bulk(&refresh).output().expect("strata runs");
+    assert!(out.status.success(), "last bulk load: {}", stderr(&out));
+    assert_converged(&p, "after the bulk drill");
+    let left: Vec<_> = std::fs::read_dir(&tmp)
+        .expect("tmp")
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n.to_string_lossy().starts_with("strata-bulk-"))
+        .collect();
+    assert!(left.is_empty(), "spill dirs left behind: {left:?}");
+    eprintln!("bulk drill: {rounds} rounds, {kills} bulk loads killed while running");
     assert!(
         kills > 0,
         "no run was still running when killed: the drill tested nothing"
