@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What the service scripts share (postgres.sh, mariadb.sh, s3.sh, azurite.sh): messages on
-# stderr, failing with the tail of the service's log, the usage text, free TCP ports.
+# stderr, failing with the tail of the service's log, the usage text, free TCP ports, test TLS
+# certificates.
 #
 # Sourced after the script sets ME (its name in messages) and USAGE_LINES (the lines of its
 # header comment that `usage` prints, e.g. 2,8); LOG names the log whose tail a failure shows
@@ -91,4 +92,32 @@ stop_pidfile() {
     kill -9 "$pid" 2>/dev/null || true
   fi
   rm -f "$file"
+}
+
+# make_test_certs DIR: the TLS files the database services use, made once per DIR with openssl:
+# a CA (ca.crt), a server certificate it signed (server.crt, server.key; EC P-256) for the
+# name `localhost` only, and an unrelated CA (other-ca.crt), for tests that must see a
+# certificate refused. The name is deliberately not 127.0.0.1: a client that checks the host
+# name accepts the server as `localhost` and refuses it as `127.0.0.1`.
+make_test_certs() {
+  local d="$1" ca
+  local ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+  command -v openssl >/dev/null 2>&1 || fail "openssl is needed to make the test TLS certificates (apt-get install openssl)"
+  [ -s "$d/server.crt" ] && [ -s "$d/other-ca.crt" ] && return 0
+  mkdir -p "$d"
+  for ca in ca other-ca; do
+    openssl req -x509 "${ec[@]}" -days 3650 -subj "/CN=strata test $ca" \
+      -keyout "$d/$ca.key" -out "$d/$ca.crt" \
+      -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null ||
+      fail "openssl could not make the test CA $d/$ca.crt"
+  done
+  openssl req "${ec[@]}" -subj "/CN=localhost" -keyout "$d/server.key" -out "$d/server.csr" 2>/dev/null ||
+    fail "openssl could not make the test server key"
+  printf '%s\n' "subjectAltName=DNS:localhost" "basicConstraints=critical,CA:FALSE" \
+    "keyUsage=critical,digitalSignature" "extendedKeyUsage=serverAuth" >"$d/server.ext"
+  openssl x509 -req -in "$d/server.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial \
+    -days 3650 -out "$d/server.crt" -extfile "$d/server.ext" 2>/dev/null ||
+    fail "openssl could not sign the test server certificate"
+  chmod 600 "$d/server.key" "$d/ca.key" "$d/other-ca.key"
+  chmod 644 "$d/ca.crt" "$d/other-ca.crt" "$d/server.crt"
 }

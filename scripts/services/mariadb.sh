@@ -15,10 +15,15 @@
 # user `strata_test` (password `strata_test_pw`) at '%', '127.0.0.1' and 'localhost', with all
 # privileges (on every database, WITH GRANT OPTION, so tests can create their own databases
 # and users). The server's root account has no password and is reachable only through the
-# socket in DIR. It waits until `strata_test` can log in over TCP, then prints shell lines on
-# stdout and writes them to DIR/mariadb.env:
+# socket in DIR. TLS is on, with a certificate for `localhost` signed by a test CA made at the
+# first start (DIR/mariadb/tls, see make_test_certs in common.sh); the user `strata_tls` (same
+# password and privileges as `strata_test`) is created REQUIRE SSL, so a test that logs in as
+# it proves TLS was used. It waits until `strata_test` can log in over TCP, then prints shell
+# lines on stdout and writes them to DIR/mariadb.env:
 #
 #   export STRATA_TEST_MYSQL_HOST=127.0.0.1 ... export STRATA_TEST_MYSQL_URL=mysql://strata_test:...@127.0.0.1:PORT/strata_test
+#   export STRATA_TEST_MYSQL_TLS_USER=strata_tls STRATA_TEST_MYSQL_SSL_CA=DIR/mariadb/tls/ca.crt
+#   export STRATA_TEST_MYSQL_OTHER_CA=DIR/mariadb/tls/other-ca.crt   (a CA that signed nothing here)
 #
 # Use them with `eval "$(scripts/services/mariadb.sh start DIR)"` or `. DIR/mariadb.env`.
 # All progress and error messages go to stderr; stdout carries only those lines.
@@ -29,6 +34,7 @@ set -Eeuo pipefail
 
 ME="mariadb.sh"
 M_USER="strata_test"
+M_TLS_USER="strata_tls"
 M_PASSWORD="strata_test_pw"
 M_DATABASE="strata_test"
 M_HOST="127.0.0.1"
@@ -126,7 +132,7 @@ pid_alive() {
 server_pid() { cat "$PIDF" 2>/dev/null || true; }
 
 root_sql() {
-  "$CLIENT" --no-defaults --protocol=socket --socket="$SOCK" -uroot --connect-timeout=5
+  "$CLIENT" --no-defaults --protocol=socket --socket="$SOCK" -uroot --connect-timeout=5 "$@"
 }
 
 tcp_sql() {
@@ -143,6 +149,9 @@ export STRATA_TEST_MYSQL_PASSWORD=$M_PASSWORD
 export STRATA_TEST_MYSQL_DATABASE=$M_DATABASE
 export STRATA_TEST_MYSQL_SOCKET=$SOCK
 export STRATA_TEST_MYSQL_URL=mysql://$M_USER:$M_PASSWORD@$M_HOST:$PORT/$M_DATABASE
+export STRATA_TEST_MYSQL_TLS_USER=$M_TLS_USER
+export STRATA_TEST_MYSQL_SSL_CA=$TLS/ca.crt
+export STRATA_TEST_MYSQL_OTHER_CA=$TLS/other-ca.crt
 EOF
 }
 
@@ -177,6 +186,10 @@ port=$PORT
 bind-address=$M_HOST
 skip-networking=0
 skip-name-resolve
+# TLS with the test CA's certificate for localhost (MariaDB 10.11 makes none of its own).
+ssl-ca=$TLS/ca.crt
+ssl-cert=$TLS/server.crt
+ssl-key=$TLS/server.key
 $binlog
 character-set-server=utf8mb4
 collation-server=utf8mb4_general_ci
@@ -259,6 +272,7 @@ do_start() {
   fi
 
   mkdir -p "$MROOT/tmp"
+  make_test_certs "$TLS"
   PORT="$(cat "$PORTF" 2>/dev/null || true)"
   if [ -z "$PORT" ] || ! port_free "$PORT"; then
     PORT="$(free_port)" || fail "could not find a free TCP port"
@@ -293,7 +307,12 @@ CREATE USER IF NOT EXISTS '$M_USER'@'localhost' IDENTIFIED BY '$M_PASSWORD';
 GRANT ALL PRIVILEGES ON *.* TO '$M_USER'@'%' WITH GRANT OPTION;
 GRANT ALL PRIVILEGES ON *.* TO '$M_USER'@'127.0.0.1' WITH GRANT OPTION;
 GRANT ALL PRIVILEGES ON *.* TO '$M_USER'@'localhost' WITH GRANT OPTION;
+CREATE USER IF NOT EXISTS '$M_TLS_USER'@'%' IDENTIFIED BY '$M_PASSWORD' REQUIRE SSL;
+CREATE USER IF NOT EXISTS '$M_TLS_USER'@'127.0.0.1' IDENTIFIED BY '$M_PASSWORD' REQUIRE SSL;
+GRANT ALL PRIVILEGES ON *.* TO '$M_TLS_USER'@'%' WITH GRANT OPTION;
+GRANT ALL PRIVILEGES ON *.* TO '$M_TLS_USER'@'127.0.0.1' WITH GRANT OPTION;
 EOF
+  [ "$(root_sql -N -e 'SELECT @@have_ssl' </dev/null)" = YES ] || fail "MariaDB started without TLS (have_ssl is not YES)"
   tcp_sql -e 'SELECT 1' "$M_DATABASE" >/dev/null ||
     fail "server started but $M_USER cannot log in over TCP on $M_HOST:$PORT"
   note "MariaDB ready on $M_HOST:$PORT (data $DATA, log $LOG)"
@@ -359,6 +378,7 @@ set_paths() {
   CNF="$MROOT/my.cnf"
   PORTF="$MROOT/port"
   LOG="$MROOT/mariadb.log"
+  TLS="$MROOT/tls"
   ENV_FILE="$DIR/mariadb.env"
   # A unix socket path must fit in sun_path (107 bytes).
   [ "${#SOCK}" -le 100 ] ||

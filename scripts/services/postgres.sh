@@ -11,10 +11,16 @@
 # only, on a free port it picks itself, with its unix socket in DIR/pg/sock, and trades
 # durability for speed (fsync=off, synchronous_commit=off, full_page_writes=off). The
 # superuser `strata_test` (password `strata_test_pw`, checked with scram-sha-256 on TCP; may
-# also replicate) owns the database `strata_test`. It waits until the server accepts a
-# password login over TCP, then prints shell lines on stdout and writes them to DIR/pg.env:
+# also replicate) owns the database `strata_test`. TLS is on (ssl = on) with a certificate
+# for `localhost` signed by a test CA made at the first start (DIR/pg/tls, see make_test_certs
+# in common.sh); `strata_test` may connect with or without it, the superuser `strata_tls`
+# (same password, may replicate) only with it (pg_hba rejects it in plain, so a test that
+# logs in as it proves TLS was used). It waits until the server accepts a password login
+# over TCP, then prints shell lines on stdout and writes them to DIR/pg.env:
 #
 #   export PGHOST=127.0.0.1 ... export STRATA_TEST_PG_URL=postgres://strata_test:...@127.0.0.1:PORT/strata_test
+#   export STRATA_TEST_PG_TLS_USER=strata_tls STRATA_TEST_PG_SSLROOTCERT=DIR/pg/tls/ca.crt
+#   export STRATA_TEST_PG_OTHER_CA=DIR/pg/tls/other-ca.crt   (a CA that signed nothing here)
 #
 # Use them with `eval "$(scripts/services/postgres.sh start DIR)"` or `. DIR/pg.env`.
 # All progress and error messages go to stderr; stdout carries only those lines.
@@ -29,6 +35,7 @@ set -Eeuo pipefail
 
 ME="postgres.sh"
 PG_USER="strata_test"
+PG_TLS_USER="strata_tls"
 PG_PASSWORD="strata_test_pw"
 PG_DATABASE="strata_test"
 PG_HOST="127.0.0.1"
@@ -132,6 +139,9 @@ export STRATA_TEST_PG_PASSWORD=$PG_PASSWORD
 export STRATA_TEST_PG_DATABASE=$PG_DATABASE
 export STRATA_TEST_PG_SOCKET_DIR=$SOCK
 export STRATA_TEST_PG_URL=postgres://$PG_USER:$PG_PASSWORD@$PG_HOST:$PORT/$PG_DATABASE
+export STRATA_TEST_PG_TLS_USER=$PG_TLS_USER
+export STRATA_TEST_PG_SSLROOTCERT=$TLS/ca.crt
+export STRATA_TEST_PG_OTHER_CA=$TLS/other-ca.crt
 EOF
 }
 
@@ -161,8 +171,34 @@ timezone = 'UTC'
 log_timezone = 'UTC'
 logging_collector = off
 log_line_prefix = '%m [%p] '
+ssl = on
+ssl_cert_file = '$TLS/server.crt'
+ssl_key_file = '$TLS/server.key'
 EOF
   if [ "$(id -u)" -eq 0 ]; then chown "$OS_USER:" "$DATA/strata.conf"; fi
+}
+
+write_hba() {
+  # Rewritten on every start, so that a cluster made by an older version of this script gets
+  # the TLS-only user's lines too. TCP needs the password (scram); the private unix socket in
+  # DIR trusts local users; strata_tls is rejected without TLS.
+  cat >"$DATA/pg_hba.conf" <<EOF
+# Written by scripts/services/postgres.sh on each start; edits are lost.
+# TYPE     DATABASE     USER        ADDRESS        METHOD
+local      all          all                        trust
+local      replication  all                        trust
+hostnossl  all          $PG_TLS_USER  127.0.0.1/32   reject
+hostnossl  replication  $PG_TLS_USER  127.0.0.1/32   reject
+host       all          all         127.0.0.1/32   scram-sha-256
+host       replication  all         127.0.0.1/32   scram-sha-256
+EOF
+  if [ "$(id -u)" -eq 0 ]; then chown "$OS_USER:" "$DATA/pg_hba.conf"; fi
+}
+
+# The test CA and server certificate (made once); the server wants its key owned by it, 0600.
+setup_tls() {
+  make_test_certs "$TLS"
+  if [ "$(id -u)" -eq 0 ]; then chown -R "$OS_USER:" "$TLS"; fi
 }
 
 init_cluster() {
@@ -184,17 +220,7 @@ init_cluster() {
     fail "initdb failed"
   fi
   rm -f "$pwfile"
-  # TCP needs the password (scram); the private unix socket in DIR trusts local users.
-  cat >"$DATA/pg_hba.conf" <<EOF
-# Written by scripts/services/postgres.sh
-# TYPE  DATABASE     USER  ADDRESS        METHOD
-local   all          all                  trust
-local   replication  all                  trust
-host    all          all   127.0.0.1/32   scram-sha-256
-host    replication  all   127.0.0.1/32   scram-sha-256
-EOF
   printf "\n# Settings for strata's tests\ninclude = 'strata.conf'\n" >>"$DATA/postgresql.conf"
-  if [ "$(id -u)" -eq 0 ]; then chown "$OS_USER:" "$DATA/pg_hba.conf"; fi
 }
 
 # --- commands --------------------------------------------------------------------------------
@@ -218,6 +244,8 @@ do_start() {
   [ -f "$DATA/PG_VERSION" ] || init_cluster
   mkdir -p "$SOCK"
   if [ "$(id -u)" -eq 0 ]; then chown "$OS_USER:" "$SOCK"; fi
+  setup_tls
+  write_hba
 
   # Reuse the previous port if it is still free, else pick one; retry if another process
   # binds the chosen port before the server does.
@@ -259,6 +287,12 @@ do_start() {
     psql_tcp -d postgres -c "CREATE DATABASE $PG_DATABASE OWNER $PG_USER" >/dev/null ||
       fail "could not create database $PG_DATABASE"
   fi
+  psql_tcp -d postgres -c "DO \$\$ BEGIN
+      IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$PG_TLS_USER') THEN
+        CREATE ROLE $PG_TLS_USER LOGIN SUPERUSER REPLICATION PASSWORD '$PG_PASSWORD';
+      END IF;
+    END \$\$" >/dev/null || fail "could not create the role $PG_TLS_USER"
+  [ "$(psql_tcp -d postgres -At -c 'SHOW ssl')" = on ] || fail "PostgreSQL started without TLS"
   note "PostgreSQL ready on $PG_HOST:$PORT (data $DATA, log $LOG)"
   emit_facts
 }
@@ -326,6 +360,7 @@ set_paths() {
   DATA="$PGROOT/data"
   SOCK="$PGROOT/sock"
   LOG="$PGROOT/postgres.log"
+  TLS="$PGROOT/tls"
   ENV_FILE="$DIR/pg.env"
   # A unix socket path must fit in sun_path (107 bytes).
   [ "${#SOCK}" -le 90 ] ||

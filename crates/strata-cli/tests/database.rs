@@ -6,147 +6,11 @@
 
 mod common;
 
-use common::{stderr, stdout, Project};
+use common::database::{
+    cdc_history, commits, files_containing, mysql, pg, pg_value, run, run_ok, unique, Server,
+};
+use common::{stderr, Project};
 use std::path::Path;
-
-/// One of the test servers, from the variables with-services.sh exports; the test fails
-/// (it does not skip) when they are missing.
-struct Server {
-    host: String,
-    port: String,
-    database: String,
-    user: String,
-    password: String,
-}
-
-impl Server {
-    fn from_env(prefix: &str) -> Server {
-        let var = |name: &str| {
-            let key = format!("{prefix}_{name}");
-            std::env::var(&key).unwrap_or_else(|_| {
-                panic!(
-                    "{key} is not set: run the tests under scripts/services/with-services.sh \
-                     (the README's test command does)"
-                )
-            })
-        };
-        Server {
-            host: var("HOST"),
-            port: var("PORT"),
-            database: var("DATABASE"),
-            user: var("USER"),
-            password: var("PASSWORD"),
-        }
-    }
-
-    /// `CREATE CONNECTION shop TYPE kind OPTIONS (...)` with the password in `SHOP_PW`.
-    fn connection(&self, kind: &str) -> String {
-        format!(
-            "CREATE CONNECTION shop TYPE {kind} OPTIONS (host '{}', port '{}', database '{}', \
-             user '{}', password_env 'SHOP_PW');\n",
-            self.host, self.port, self.database, self.user
-        )
-    }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
-
-/// Runs `sql` (statements separated by `;`) on the test PostgreSQL.
-fn pg(server: &Server, sql: &str) {
-    runtime().block_on(async {
-        let config = format!(
-            "host={} port={} dbname={} user={} password={}",
-            server.host, server.port, server.database, server.user, server.password
-        );
-        let (client, conn) = tokio_postgres::connect(&config, tokio_postgres::NoTls)
-            .await
-            .expect("connect to the test PostgreSQL");
-        let task = tokio::spawn(conn);
-        client.batch_execute(sql).await.expect("seed PostgreSQL");
-        drop(client);
-        let _ = task.await;
-    });
-}
-
-/// Runs `sql` (one statement per entry) on the test MariaDB.
-fn mysql(server: &Server, statements: &[&str]) {
-    use mysql_async::prelude::Queryable;
-    runtime().block_on(async {
-        let opts = mysql_async::OptsBuilder::default()
-            .ip_or_hostname(server.host.clone())
-            .tcp_port(server.port.parse().expect("port"))
-            .db_name(Some(server.database.clone()))
-            .user(Some(server.user.clone()))
-            .pass(Some(server.password.clone()));
-        let mut conn = mysql_async::Conn::new(opts)
-            .await
-            .expect("connect to MariaDB");
-        for s in statements {
-            conn.query_drop(*s).await.expect("seed MariaDB");
-        }
-        conn.disconnect().await.expect("disconnect");
-    });
-}
-
-/// A table name no other test run uses.
-fn unique(prefix: &str) -> String {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .subsec_nanos();
-    format!("{prefix}_{}_{t}", std::process::id())
-}
-
-/// `strata run` with the password in `SHOP_PW` only (the client's own variables removed).
-fn run(p: &Project, password: &str) -> std::process::Output {
-    p.command(&["run", "pipeline.sql"])
-        .env("SHOP_PW", password)
-        .env_remove("PGPASSWORD")
-        .env_remove("MYSQL_PWD")
-        .output()
-        .expect("strata runs")
-}
-
-fn run_ok(p: &Project, password: &str) -> String {
-    let out = run(p, password);
-    assert!(out.status.success(), "run failed: {}", stderr(&out));
-    stdout(&out) + &stderr(&out)
-}
-
-/// The number of commits in a table's log.
-fn commits(table_dir: &Path) -> usize {
-    std::fs::read_dir(table_dir.join("_delta_log"))
-        .expect("log")
-        .filter(|e| {
-            e.as_ref()
-                .is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".json"))
-        })
-        .count()
-}
-
-/// Every file under `dir` whose bytes contain `needle`.
-fn files_containing(dir: &Path, needle: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).expect("read dir").flatten() {
-            let path = e.path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if std::fs::read(&path)
-                .is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes()))
-            {
-                out.push(path.display().to_string());
-            }
-        }
-    }
-    out
-}
 
 #[test]
 fn postgres_watermark_loads_feed_an_scd2_target_exactly_once() {
@@ -624,24 +488,6 @@ fn database_source_errors_name_the_place_and_nothing_is_written() {
     );
 }
 
-/// The value of a one-row, one-column query on the test PostgreSQL.
-fn pg_value(server: &Server, sql: &str) -> Option<String> {
-    runtime().block_on(async {
-        let config = format!(
-            "host={} port={} dbname={} user={} password={}",
-            server.host, server.port, server.database, server.user, server.password
-        );
-        let (client, conn) = tokio_postgres::connect(&config, tokio_postgres::NoTls)
-            .await
-            .expect("connect to the test PostgreSQL");
-        let task = tokio::spawn(conn);
-        let row = client.query_opt(sql, &[]).await.expect("query");
-        drop(client);
-        let _ = task.await;
-        row.and_then(|r| r.get::<_, Option<String>>(0))
-    })
-}
-
 /// Creates `table` with a `body` stored out of line, uncompressed (EXTERNAL: an update of
 /// `n` alone does not send it under REPLICA IDENTITY DEFAULT), holding keys 1 and 2.
 fn toasted_table(server: &Server, table: &str) {
@@ -653,23 +499,6 @@ fn toasted_table(server: &Server, table: &str) {
              INSERT INTO {table} VALUES (1, repeat('a', 5000), 0), (2, repeat('b', 6000), 0);"
         ),
     );
-}
-
-/// A pipeline reading `table`'s change log through `slot` (and `options`) into the change
-/// table `{name}_changes`, applied to the SCD2 target `name` by key `id`.
-fn cdc_history(server: &Server, name: &str, table: &str, slot: &str, options: &str) -> Project {
-    Project::new(&format!(
-        "{}CREATE STREAMING TABLE {name}_changes AS SELECT * FROM STREAM read_database('shop', \
-         table => 'public.{table}', mode => 'cdc', slot => '{slot}', publication => '{slot}'{options});
-CREATE STREAMING TABLE {name};
-CREATE FLOW {name}_flow AS AUTO CDC INTO {name} FROM STREAM({name}_changes) KEYS (id)
-APPLY AS DELETE WHEN _change_type = 'delete'
-SEQUENCE BY STRUCT(_commit_lsn, _change_seq)
-COLUMNS * EXCEPT (_change_type, _commit_lsn, _change_seq, _commit_timestamp, _unchanged_cols)
-STORED AS SCD TYPE 2;
-",
-        server.connection("postgresql")
-    ))
 }
 
 /// Asserts that `slot` was advanced at least to the last change `changes` (a change table)

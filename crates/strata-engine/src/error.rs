@@ -350,7 +350,8 @@ fn source_chain_io(e: &(dyn std::error::Error + 'static)) -> Option<std::io::Err
 
 /// A database source: no connection (refused, timed out, dropped) or a replication stream
 /// that broke is transient; a refused password, a database, table or column that does not
-/// exist, a type or value strata cannot read are not.
+/// exist, a type or value strata cannot read, TLS that failed (`Tls`: an untrusted
+/// certificate, a server without TLS) are not.
 fn transient_source(e: &strata_sources::SourceError) -> bool {
     use strata_sources::SourceError as S;
     let dropped = |detail: &str| {
@@ -493,6 +494,21 @@ mod tests {
             io(ErrorKind::InvalidData),
             connect("password authentication failed for user \"etl\""),
             connect("database \"shop\" does not exist"),
+            // A certificate strata must not trust stays untrusted however often it is tried.
+            EngineError::Source {
+                context: "table orders_raw".into(),
+                source: Box::new(strata_sources::SourceError::Tls {
+                    connection: "shop".into(),
+                    kind: "PostgreSQL",
+                    host: "db".into(),
+                    port: 5432,
+                    settings: "sslmode 'verify-full', sslrootcert '/etc/ca.pem'".into(),
+                    detail: "error performing TLS handshake: invalid peer certificate: \
+                             UnknownIssuer; the server's certificate is not signed by a CA in \
+                             sslrootcert"
+                        .into(),
+                }),
+            },
         ] {
             assert!(!e.is_transient(), "{e}");
         }

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use crate::error::{Result, SourceError};
 use crate::secret::Secret;
+use crate::tls::{self, PgTls, TlsMode, TlsSettings};
 
 /// Which database a connection talks to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -60,9 +61,15 @@ impl fmt::Display for SourceKind {
 /// A named connection as a pipeline declares it. `Debug` prints the password as `***`.
 ///
 /// Options (all optional):
-/// * PostgreSQL: `sslmode` (`disable`, `allow`, `prefer`; `require`/`verify-ca`/`verify-full`
-///   are refused: this build has no TLS), `connect_timeout` (seconds), `application_name`.
-/// * MySQL: `connect_timeout` (seconds).
+/// * PostgreSQL: `sslmode` (`disable`, `allow` (the default: no TLS), `prefer`, `require`,
+///   `verify-ca`, `verify-full`, as in libpq), `sslrootcert` (the CA's PEM file, or `system`;
+///   default `~/.postgresql/root.crt` when it exists), `connect_timeout` (seconds),
+///   `application_name`.
+/// * MySQL: `ssl_mode` (`DISABLED` (the default), `PREFERRED`, `REQUIRED`, `VERIFY_CA`,
+///   `VERIFY_IDENTITY`) or libpq's `sslmode`, `ssl_ca` or `sslrootcert`, `connect_timeout`
+///   (seconds).
+///
+/// The TLS modes mean what libpq's do (the `tls` module has the table).
 #[derive(Clone, Debug)]
 pub struct ConnectionSpec {
     /// The connection's name in the pipeline (appears in every error).
@@ -215,18 +222,18 @@ impl ConnectionSpec {
         }
     }
 
-    /// The `sslmode` option: `disable` and `allow` (the default) connect without TLS, `prefer`
-    /// tries it; the modes that require TLS are refused, as this build has none.
-    fn pg_ssl_mode(&self) -> Result<tokio_postgres::config::SslMode> {
-        use tokio_postgres::config::SslMode;
-        match self.options.get("sslmode").map(|s| s.as_str()) {
-            None | Some("disable") | Some("allow") => Ok(SslMode::Disable),
-            Some("prefer") => Ok(SslMode::Prefer),
-            Some(other) => Err(self.config_error(format!(
-                "sslmode '{other}' needs TLS, which this build of strata does not include yet; \
-                 use sslmode=disable/prefer over a trusted network or an SSH tunnel"
-            ))),
-        }
+    /// The TLS the options ask for (`sslmode`, `sslrootcert`; MySQL's `ssl_mode`, `ssl_ca`),
+    /// with libpq's default CA file under `env`'s home directory. A mode strata does not know,
+    /// a CA file that is missing or holds no certificate, or a verifying mode without a CA
+    /// is an error naming the option.
+    pub(crate) fn tls_settings_in(&self, env: &PasswordLookup) -> Result<TlsSettings> {
+        tls::settings(
+            self.kind,
+            &self.options,
+            env.home.as_deref(),
+            &tls::system_bundle,
+        )
+        .map_err(|e| self.config_error(e))
     }
 
     fn connect_timeout(&self) -> Result<Option<Duration>> {
@@ -543,9 +550,15 @@ const PG_SESSION_OPTIONS: &str =
 pub(crate) struct Resolved {
     pub spec: ConnectionSpec,
     pub password: ResolvedPassword,
+    /// The TLS the options ask for.
+    pub tls: TlsSettings,
+    /// tokio-postgres's TLS (a PostgreSQL connection whose mode tries TLS), built once.
+    pg_tls: Option<PgTls>,
 }
 
 impl Resolved {
+    /// The spec with its password and TLS settings; bad TLS options fail here, before any
+    /// connection is tried.
     pub fn new(spec: &ConnectionSpec) -> Result<Self> {
         if spec.name.trim().is_empty() {
             return Err(SourceError::Config {
@@ -553,10 +566,20 @@ impl Resolved {
                 detail: "the connection has no name".into(),
             });
         }
-        let password = spec.resolve_password()?;
+        let env = PasswordLookup::from_process();
+        let password = spec.resolve_password_in(&env)?;
+        let tls = spec.tls_settings_in(&env)?;
+        let pg_tls = match spec.kind {
+            SourceKind::Postgres => tls::client_config(&tls)
+                .map_err(|e| spec.config_error(e))?
+                .map(|c| PgTls(std::sync::Arc::new(c))),
+            SourceKind::Mysql => None,
+        };
         Ok(Resolved {
             spec: spec.clone(),
             password,
+            tls,
+            pg_tls,
         })
     }
 
@@ -575,8 +598,22 @@ impl Resolved {
     /// The error for a failed connection attempt: a missing password when none was found and
     /// the server asked for one, else the driver's reason.
     pub fn connect_error(&self, detail: String) -> SourceError {
-        let detail = self.scrub(&detail);
+        let mut detail = self.scrub(&detail);
         let lower = detail.to_ascii_lowercase();
+        if let Some(hint) = self.tls_failure_hint(&lower) {
+            return self.tls_error(detail, hint);
+        }
+        if self.tls.mode.tries_tls() {
+            detail.push_str(&format!(" (TLS: {})", self.tls));
+        } else if self.spec.kind == SourceKind::Postgres && lower.contains("no encryption") {
+            detail.push_str(&format!(
+                "; the server takes this user only over TLS: set {} to '{}' (or '{}' with {})",
+                self.tls.mode_option(),
+                self.tls.spell(TlsMode::Require),
+                self.tls.spell(TlsMode::VerifyFull),
+                self.tls.ca_option(),
+            ));
+        }
         let asked_for_password = lower.contains("password")
             || lower.contains("access denied")
             || lower.contains("authentication");
@@ -601,6 +638,102 @@ impl Resolved {
             user: self.spec.user.clone(),
             detail,
         }
+    }
+
+    /// The error for TLS that failed (the server offers none, or its certificate is not
+    /// trusted for the host): permanent, naming the host, the TLS options and the way out.
+    pub fn tls_error(&self, detail: String, hint: String) -> SourceError {
+        SourceError::Tls {
+            connection: self.spec.name.clone(),
+            kind: self.spec.kind.label(),
+            host: self.spec.host.clone(),
+            port: self.spec.port(),
+            settings: self.tls.to_string(),
+            detail: format!("{}; {hint}", self.scrub(&detail)),
+        }
+    }
+
+    /// When a driver's message (lower case) says that TLS itself failed, what to do about it.
+    /// A connection lost during the handshake is not such a failure: it may pass.
+    pub fn tls_failure_hint(&self, lower: &str) -> Option<String> {
+        let s = &self.tls;
+        if !s.mode.tries_tls() {
+            return None;
+        }
+        let host = &self.spec.host;
+        let ca = || {
+            s.root_cert
+                .as_deref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
+        };
+        if lower.contains("not valid for name") || lower.contains("notvalidforname") {
+            let mut hint = format!(
+                "the server's certificate does not name the host '{host}': connect by a name \
+                 the certificate lists"
+            );
+            if s.mode == TlsMode::VerifyFull {
+                hint.push_str(&format!(
+                    ", or use {} '{}' to check the CA but not the name",
+                    s.mode_option(),
+                    s.spell(TlsMode::VerifyCa)
+                ));
+            }
+            if s.mode == TlsMode::VerifyCa && self.spec.kind == SourceKind::Mysql {
+                hint.push_str(
+                    "; mysql_async 0.37 checks the name in VERIFY_CA too (its issue #404, \
+                     fixed upstream but not released yet), so VERIFY_CA works only by a name \
+                     the certificate lists for now",
+                );
+            }
+            return Some(hint);
+        }
+        if lower.contains("unknownissuer")
+            || lower.contains("unknown issuer")
+            || lower.contains("badsignature")
+        {
+            return Some(format!(
+                "the server's certificate is not signed by a CA in {} ({}): give the CA that \
+                 signed it",
+                s.ca_option(),
+                ca()
+            ));
+        }
+        if lower.contains("certificate expired") || lower.contains("certificate not valid yet") {
+            return Some(
+                "the server's certificate is out of its validity period: the server needs a \
+                 current one (or this machine's clock is wrong)"
+                    .to_string(),
+            );
+        }
+        if lower.contains("does not support tls")
+            || lower.contains("sslrequest rejected")
+            || lower.contains("asked for ssl")
+        {
+            let weaker = match self.spec.kind {
+                SourceKind::Postgres => "ssl = on in postgresql.conf",
+                SourceKind::Mysql => "ssl_cert and ssl_key in the server's configuration",
+            };
+            return Some(format!(
+                "the server does not offer TLS: turn it on there ({weaker}), or set {} to '{}' \
+                 to connect without it where the network is trusted",
+                s.mode_option(),
+                s.spell(TlsMode::Disable)
+            ));
+        }
+        if lower.contains("invalid peer certificate")
+            || lower.contains("received fatal alert")
+            || lower.contains("peer is incompatible")
+            || lower.contains("peer misbehaved")
+        {
+            return Some(format!(
+                "the TLS handshake with {host} failed; check the server's certificate and TLS \
+                 settings against {} and {}",
+                s.mode_option(),
+                s.ca_option()
+            ));
+        }
+        None
     }
 
     pub fn query_error(&self, object: impl Into<String>, detail: impl fmt::Display) -> SourceError {
@@ -639,7 +772,12 @@ impl Resolved {
         if spec.kind != SourceKind::Postgres {
             return Err(spec.config_error("this is not a PostgreSQL connection"));
         }
-        self.check_options(&["sslmode", "connect_timeout", "application_name"])?;
+        self.check_options(&[
+            "sslmode",
+            "sslrootcert",
+            "connect_timeout",
+            "application_name",
+        ])?;
         let mut cfg = tokio_postgres::Config::new();
         cfg.host(&spec.host)
             .port(spec.port())
@@ -652,18 +790,38 @@ impl Resolved {
                     .unwrap_or("strata"),
             )
             .options(PG_SESSION_OPTIONS);
-        cfg.ssl_mode(spec.pg_ssl_mode()?);
+        cfg.ssl_mode(pg_ssl_mode(self.tls.mode));
         if let Some(t) = spec.connect_timeout()? {
             cfg.connect_timeout(t);
         }
         if let Some(p) = &self.password.secret {
             cfg.password(p.expose());
         }
-        let (client, connection) = cfg
-            .connect(tokio_postgres::NoTls)
-            .await
-            .map_err(|e| self.connect_error(pg_error_text(&e)))?;
-        let name = spec.name.clone();
+        let opened = match &self.pg_tls {
+            None => cfg
+                .connect(tokio_postgres::NoTls)
+                .await
+                .map(|(client, connection)| self.spawn_connection(client, connection)),
+            Some(tls) => cfg
+                .connect(tls.clone())
+                .await
+                .map(|(client, connection)| self.spawn_connection(client, connection)),
+        };
+        opened.map_err(|e| self.connect_error(pg_error_text(&e)))
+    }
+
+    /// Runs a tokio-postgres connection's task on the current runtime (its end is logged,
+    /// password scrubbed) and returns its client.
+    fn spawn_connection<S, T>(
+        &self,
+        client: tokio_postgres::Client,
+        connection: tokio_postgres::Connection<S, T>,
+    ) -> tokio_postgres::Client
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let name = self.spec.name.clone();
         let scrubber = self.password.secret.clone();
         tokio::spawn(async move {
             if let Err(e) = connection.await {
@@ -672,7 +830,7 @@ impl Resolved {
                 tracing::debug!(connection = %name, "PostgreSQL connection ended: {text}");
             }
         });
-        Ok(client)
+        client
     }
 
     /// Options for a replication (walsender) connection to the same server.
@@ -682,7 +840,6 @@ impl Resolved {
         publication: &str,
     ) -> Result<pgwire_replication::ReplicationConfig> {
         let spec = &self.spec;
-        spec.pg_ssl_mode()?;
         Ok(pgwire_replication::ReplicationConfig::new(
             spec.host.clone(),
             spec.user.clone(),
@@ -693,7 +850,35 @@ impl Resolved {
         )
         .with_port(spec.port())
         .with_application_name("strata-cdc")
-        .with_options(PG_SESSION_OPTIONS))
+        .with_options(PG_SESSION_OPTIONS)
+        .with_tls(self.pgwire_tls()))
+    }
+
+    /// The replication connection's TLS, in pgwire-replication's terms. Its `verify-ca`
+    /// checks the host name too (pgwire-replication 0.5 forgives only the error variant
+    /// rustls 0.23 no longer reports): it fails closed, and `repl_error` says so.
+    fn pgwire_tls(&self) -> pgwire_replication::TlsConfig {
+        use pgwire_replication::{SslMode as M, TlsConfig as T};
+        let ca = self.tls.root_cert.clone();
+        let t = match self.tls.mode {
+            TlsMode::Disable | TlsMode::Allow => T::disabled(),
+            TlsMode::Prefer => T {
+                mode: M::Prefer,
+                ..T::default()
+            },
+            TlsMode::Require => T::require(),
+            TlsMode::VerifyCa => T::verify_ca(ca),
+            TlsMode::VerifyFull => T::verify_full(ca),
+        };
+        // pgwire refuses verify-full by an IP address unless told the name to check: the
+        // address itself, which rustls then checks against the certificate's IP entries.
+        if self.tls.mode == TlsMode::VerifyFull
+            && self.spec.host.parse::<std::net::IpAddr>().is_ok()
+        {
+            t.with_sni_hostname(self.spec.host.clone())
+        } else {
+            t
+        }
     }
 
     /// Open a MySQL / MariaDB connection (session time zone `+00:00`, utf8mb4).
@@ -702,7 +887,13 @@ impl Resolved {
         if spec.kind != SourceKind::Mysql {
             return Err(spec.config_error("this is not a MySQL connection"));
         }
-        self.check_options(&["connect_timeout"])?;
+        self.check_options(&[
+            "connect_timeout",
+            "ssl_mode",
+            "ssl_ca",
+            "sslmode",
+            "sslrootcert",
+        ])?;
         let timeout = spec.connect_timeout()?;
         let opts = mysql_async::OptsBuilder::default()
             .ip_or_hostname(spec.host.clone())
@@ -715,14 +906,73 @@ impl Resolved {
                 "SET time_zone = '+00:00'".to_string(),
                 "SET NAMES utf8mb4".to_string(),
             ]);
-        let fut = mysql_async::Conn::new(opts);
-        let conn = match timeout {
-            Some(t) => tokio::time::timeout(t, fut)
-                .await
-                .map_err(|_| self.connect_error(format!("no answer within {} s", t.as_secs())))?,
-            None => fut.await,
+        let ssl = self.mysql_ssl_opts();
+        if ssl.is_some() {
+            tls::install_default_provider();
+        }
+        let conn = match self.mysql_open(opts.clone().ssl_opts(ssl), timeout).await? {
+            // `prefer`: a server without TLS is talked to in plain.
+            Err(mysql_async::Error::Driver(
+                mysql_async::DriverError::NoClientSslFlagFromServer,
+            )) if self.tls.mode == TlsMode::Prefer => {
+                self.mysql_open(opts.ssl_opts(None::<mysql_async::SslOpts>), timeout)
+                    .await?
+            }
+            other => other,
         };
         conn.map_err(|e| self.connect_error(e.to_string()))
+    }
+
+    /// One MySQL connection attempt; the outer error is the timeout.
+    async fn mysql_open(
+        &self,
+        opts: mysql_async::OptsBuilder,
+        timeout: Option<Duration>,
+    ) -> Result<std::result::Result<mysql_async::Conn, mysql_async::Error>> {
+        let fut = mysql_async::Conn::new(opts);
+        match timeout {
+            Some(t) => tokio::time::timeout(t, fut)
+                .await
+                .map_err(|_| self.connect_error(format!("no answer within {} s", t.as_secs()))),
+            None => Ok(fut.await),
+        }
+    }
+
+    /// mysql_async's TLS options for the mode (`None`: plain). `prefer` and `require` take
+    /// any certificate; the verifying modes trust the CA file alone (not the built-in public
+    /// CAs). mysql_async 0.37's VERIFY_CA checks the host name too (see `tls_failure_hint`).
+    fn mysql_ssl_opts(&self) -> Option<mysql_async::SslOpts> {
+        use mysql_async::SslOpts;
+        let with_ca = |ca: &Path| {
+            SslOpts::default()
+                .with_root_certs(vec![ca.to_path_buf().into()])
+                .with_disable_built_in_roots(true)
+        };
+        match (self.tls.mode, self.tls.root_cert.as_deref()) {
+            (TlsMode::Disable | TlsMode::Allow, _) => None,
+            (TlsMode::Prefer | TlsMode::Require, _) => {
+                Some(SslOpts::default().with_danger_accept_invalid_certs(true))
+            }
+            (TlsMode::VerifyCa, Some(ca)) => {
+                Some(with_ca(ca).with_danger_skip_domain_validation(true))
+            }
+            (TlsMode::VerifyFull, Some(ca)) => Some(with_ca(ca)),
+            // Refused when the settings were made; fail closed all the same (no CA at all).
+            (TlsMode::VerifyCa | TlsMode::VerifyFull, None) => {
+                Some(SslOpts::default().with_disable_built_in_roots(true))
+            }
+        }
+    }
+}
+
+/// tokio-postgres's mode: the verifying modes are `require` to it (the certificate checks are
+/// in the rustls configuration).
+fn pg_ssl_mode(mode: TlsMode) -> tokio_postgres::config::SslMode {
+    use tokio_postgres::config::SslMode;
+    match mode {
+        TlsMode::Disable | TlsMode::Allow => SslMode::Disable,
+        TlsMode::Prefer => SslMode::Prefer,
+        TlsMode::Require | TlsMode::VerifyCa | TlsMode::VerifyFull => SslMode::Require,
     }
 }
 
@@ -940,30 +1190,68 @@ password=plain # trailing comment
     }
 
     /// The error opening a connection with these options (with a password, so none is looked
-    /// up) that must fail before connecting.
-    async fn refused(kind: SourceKind, option: &str, value: &str) -> String {
-        let spec = ConnectionSpec::new("src", kind, "db.local", "shop", "app")
-            .with_password(Secret::new("pw-123456"))
-            .with_option(option, value);
-        let r = Resolved::new(&spec).unwrap();
-        let opened = match kind {
-            SourceKind::Postgres => r.pg_connect().await.map(drop),
-            SourceKind::Mysql => r.mysql_connect().await.map(drop),
+    /// up) that must fail before connecting (the host does not exist: a connection tried
+    /// would fail differently).
+    async fn refused(kind: SourceKind, options: &[(&str, &str)]) -> String {
+        let mut spec = ConnectionSpec::new("src", kind, "db.invalid", "shop", "app")
+            .with_password(Secret::new("pw-123456"));
+        for (k, v) in options {
+            spec = spec.with_option(*k, *v);
+        }
+        let e = match Resolved::new(&spec) {
+            Err(e) => e,
+            Ok(r) => match kind {
+                SourceKind::Postgres => r.pg_connect().await.map(drop).unwrap_err(),
+                SourceKind::Mysql => r.mysql_connect().await.map(drop).unwrap_err(),
+            },
         };
-        opened.unwrap_err().to_string()
+        assert!(
+            matches!(e, SourceError::Config { .. }),
+            "not refused before connecting: {e}"
+        );
+        let e = e.to_string();
+        assert!(
+            e.starts_with("connection 'src': ") && !e.contains("pw-123456"),
+            "{e}"
+        );
+        e
     }
 
     #[tokio::test]
     async fn bad_options_are_refused_before_connecting() {
-        let e = refused(SourceKind::Postgres, "sslmode", "require").await;
-        assert!(e.contains("'src'") && e.contains("TLS"), "{e}");
-        let e = refused(SourceKind::Postgres, "sslmod", "disable").await;
+        use SourceKind::{Mysql, Postgres};
+        let e = refused(Postgres, &[("sslmod", "disable")]).await;
         assert!(e.contains("unknown option 'sslmod'"), "{e}");
-        let e = refused(SourceKind::Mysql, "connect_timeout", "soon").await;
+        let e = refused(Mysql, &[("connect_timeout", "soon")]).await;
+        assert!(e.contains("connect_timeout"), "{e}");
+        let e = refused(Postgres, &[("sslmode", "bogus")]).await;
+        assert!(e.contains("sslmode = 'bogus'"), "{e}");
+        let e = refused(Mysql, &[("ssl_mode", "VERIFY_CA")]).await;
         assert!(
-            e.contains("connect_timeout") && !e.contains("pw-123456"),
+            e.contains("ssl_mode 'VERIFY_CA'") && e.contains("ssl_ca"),
             "{e}"
         );
+        let e = refused(
+            Postgres,
+            &[
+                ("sslmode", "verify-full"),
+                ("sslrootcert", "/nonexistent/ca.pem"),
+            ],
+        )
+        .await;
+        assert!(
+            e.contains("sslrootcert") && e.contains("/nonexistent/ca.pem"),
+            "{e}"
+        );
+        let e = refused(
+            Postgres,
+            &[("sslmode", "require"), ("sslrootcert", "system")],
+        )
+        .await;
+        assert!(e.contains("sslrootcert 'system'"), "{e}");
+        // A MySQL option on a PostgreSQL connection.
+        let e = refused(Postgres, &[("ssl_ca", "/etc/ca.pem")]).await;
+        assert!(e.contains("unknown option 'ssl_ca'"), "{e}");
         let e =
             Resolved::new(&ConnectionSpec::new(" ", SourceKind::Mysql, "h", "d", "u")).unwrap_err();
         assert!(e.to_string().contains("no name"), "{e}");

@@ -75,6 +75,27 @@ pub enum SourceError {
         detail: String,
     },
 
+    /// TLS with the server failed for good: it offers none, or its certificate is not trusted
+    /// for the host. The connection's TLS options are named; no retry can help.
+    #[error(
+        "connection '{connection}': TLS with {kind} at {host}:{port} failed ({settings}): \
+         {detail}"
+    )]
+    Tls {
+        /// Connection name.
+        connection: String,
+        /// `PostgreSQL` or `MySQL`.
+        kind: &'static str,
+        /// Host.
+        host: String,
+        /// Port.
+        port: u16,
+        /// The TLS options as written (`sslmode 'verify-full', sslrootcert '/etc/ca.pem'`).
+        settings: String,
+        /// The driver's reason (password scrubbed), then what to do about it.
+        detail: String,
+    },
+
     /// The server refused a statement (missing table, permission, syntax of a source query).
     #[error("connection '{connection}', {object}: {detail}")]
     Query {

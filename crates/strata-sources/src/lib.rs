@@ -7,7 +7,8 @@
 //! port, database, user, options) without needing its password: the engine passes a
 //! [`Secret`] it read from an environment variable, or the password comes from `PGPASSWORD` /
 //! `~/.pgpass` (PostgreSQL) or `MYSQL_PWD` / `~/.my.cnf` (MySQL); see [`conn`]. Secrets print as
-//! `***`, and errors never contain them.
+//! `***`, and errors never contain them. TLS (rustls) follows libpq's `sslmode` and
+//! `sslrootcert` (MySQL: `ssl_mode`, `ssl_ca`), on every connection, replication ones too.
 //!
 //! **Watermark reads** (PostgreSQL, MySQL, MariaDB). [`Source::connect`], then
 //! [`Source::describe`] a table or query (its Arrow schema, see the type mapping in the
@@ -66,6 +67,7 @@ mod pg;
 pub mod read;
 pub mod secret;
 pub mod source;
+mod tls;
 pub mod value;
 
 pub use batch::{change_meta_fields, ColumnKind, SourceColumn, SourceSchema};

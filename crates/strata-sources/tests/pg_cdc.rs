@@ -10,34 +10,6 @@ use arrow_array::{Array, RecordBatch};
 use common::*;
 use strata_sources::*;
 
-/// Drops the test's slot and publication when the test ends (also when it fails), so a
-/// failing test does not keep WAL or slot capacity.
-struct Cleanup {
-    slot: String,
-    publication: String,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let slot = self.slot.clone();
-        let publication = self.publication.clone();
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            rt.block_on(async move {
-                let admin = pg_admin().await;
-                let _ = admin
-                    .execute(
-                        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active",
-                        &[&slot],
-                    )
-                    .await;
-                let _ = admin.batch_execute(&format!("DROP PUBLICATION IF EXISTS {publication}")).await;
-            });
-        })
-        .join();
-    }
-}
-
 struct Fixture {
     spec: ConnectionSpec,
     admin: tokio_postgres::Client,

@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+pub mod database;
 pub mod object_store;
 
 /// A temp folder holding `pipeline.sql` and `data/cdc/`; the warehouse is `./warehouse`.

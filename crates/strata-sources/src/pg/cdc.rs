@@ -21,6 +21,7 @@ use crate::error::{Result, SourceError};
 use crate::lsn::Lsn;
 use crate::object::{pg_ident, SourceObject, TableRef};
 use crate::read::DEFAULT_BATCH_ROWS;
+use crate::tls::TlsMode;
 
 /// The prefix of the logical decoding message that bounds a run.
 pub const FENCE_PREFIX: &str = "strata-fence";
@@ -605,6 +606,21 @@ impl PgCdc {
 
     fn repl_error(&self, lsn: Option<Lsn>, e: pgwire_replication::PgWireError) -> SourceError {
         let text = self.r.scrub(&e.to_string());
+        if e.is_tls() {
+            let lower = text.to_ascii_lowercase();
+            if let Some(mut hint) = self.r.tls_failure_hint(&lower) {
+                if self.r.tls.mode == TlsMode::VerifyCa && lower.contains("not valid for name") {
+                    hint.push_str(
+                        "; the replication connection checks the host name even in verify-ca \
+                         (pgwire-replication 0.5 with rustls 0.23), so verify-ca works for CDC \
+                         only by a name the certificate lists for now",
+                    );
+                }
+                return self
+                    .r
+                    .tls_error(format!("replication connection: {text}"), hint);
+            }
+        }
         let hint = if text.contains("is active for PID") {
             "; another session (another strata run?) is reading this slot: wait for it to finish"
         } else if text.contains("does not exist") {

@@ -83,6 +83,64 @@ pub fn mysql_spec(name: &str) -> Option<ConnectionSpec> {
     )
 }
 
+/// A variable with-services.sh exports (the services' facts), e.g. the test CA's file.
+pub fn service_var(var: &str) -> String {
+    env(var)
+}
+
+/// The test PostgreSQL as its TLS-only user (`STRATA_TEST_PG_TLS_USER`: pg_hba rejects it
+/// without TLS), at `host` (the certificate names `localhost`, not `127.0.0.1`), with these
+/// options; `None` when skipping.
+pub fn pg_tls_spec(name: &str, host: &str, options: &[(&str, &str)]) -> Option<ConnectionSpec> {
+    let mut spec = pg_spec(name)?;
+    spec.user = env("STRATA_TEST_PG_TLS_USER");
+    spec.host = host.to_string();
+    for (k, v) in options {
+        spec = spec.with_option(*k, *v);
+    }
+    Some(spec)
+}
+
+/// The test MariaDB as its TLS-only user (`STRATA_TEST_MYSQL_TLS_USER`, created REQUIRE SSL),
+/// at `host`, with these options; `None` when skipping.
+pub fn mysql_tls_spec(name: &str, host: &str, options: &[(&str, &str)]) -> Option<ConnectionSpec> {
+    let mut spec = mysql_spec(name)?;
+    spec.user = env("STRATA_TEST_MYSQL_TLS_USER");
+    spec.host = host.to_string();
+    for (k, v) in options {
+        spec = spec.with_option(*k, *v);
+    }
+    Some(spec)
+}
+
+/// Drops the test's slot and publication when the test ends (also when it fails), so a
+/// failing test does not keep WAL or slot capacity.
+pub struct Cleanup {
+    pub slot: String,
+    pub publication: String,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let slot = self.slot.clone();
+        let publication = self.publication.clone();
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async move {
+                let admin = pg_admin().await;
+                let _ = admin
+                    .execute(
+                        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active",
+                        &[&slot],
+                    )
+                    .await;
+                let _ = admin.batch_execute(&format!("DROP PUBLICATION IF EXISTS {publication}")).await;
+            });
+        })
+        .join();
+    }
+}
+
 /// A plain tokio-postgres client for setting tests up.
 pub async fn pg_admin() -> tokio_postgres::Client {
     let url = env("STRATA_TEST_PG_URL");
