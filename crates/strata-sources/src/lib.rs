@@ -60,6 +60,7 @@ pub mod batch;
 pub mod conn;
 pub mod debezium;
 pub mod error;
+mod kind;
 pub mod lsn;
 mod mysql;
 pub mod object;

@@ -42,7 +42,7 @@ use tokio_rustls::rustls::{
     CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme,
 };
 
-use crate::conn::SourceKind;
+use crate::kind::SourceKind;
 
 /// How much TLS a connection asks for, weakest first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
