@@ -275,27 +275,32 @@ impl Bounds {
     }
 }
 
+/// Types whose values [`Ordered::of`] compares as integers (without NULLs): integers,
+/// dates, times, timestamps and durations.
+pub(crate) fn integer_like(t: &DataType) -> bool {
+    matches!(
+        t,
+        DataType::Int8
+            | DataType::Int16
+            | DataType::Int32
+            | DataType::Int64
+            | DataType::UInt8
+            | DataType::UInt16
+            | DataType::UInt32
+            | DataType::Date32
+            | DataType::Date64
+            | DataType::Time32(_)
+            | DataType::Time64(_)
+            | DataType::Timestamp(_, _)
+            | DataType::Duration(_)
+    )
+}
+
 /// Every value of an integer-like `column` as a `u64` in the same order (the sign bit
 /// flipped), or `None` for other types and for NULLs outside the rows `ignore_null` accepts.
 fn ordered_u64(column: &ArrayRef, ignore_null: Option<&dyn Fn(usize) -> bool>) -> Option<Vec<u64>> {
     use deltalake::arrow::datatypes::DataType as T;
-    let integer_like = matches!(
-        column.data_type(),
-        T::Int8
-            | T::Int16
-            | T::Int32
-            | T::Int64
-            | T::UInt8
-            | T::UInt16
-            | T::UInt32
-            | T::Date32
-            | T::Date64
-            | T::Time32(_)
-            | T::Time64(_)
-            | T::Timestamp(_, _)
-            | T::Duration(_)
-    );
-    if !integer_like {
+    if !integer_like(column.data_type()) {
         return None;
     }
     if column.null_count() > 0 {

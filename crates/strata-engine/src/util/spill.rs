@@ -75,11 +75,11 @@ impl SpillDir {
         let dir = tempfile::Builder::new()
             .prefix(&format!("{DIR_PREFIX}{}-", std::process::id()))
             .tempdir()
-            .map_err(|e| {
-                EngineError::Internal(format!(
-                    "creating a temp dir in {} for a bulk load: {e}",
+            .context(|| {
+                format!(
+                    "creating a temp dir in {} for a bulk load",
                     std::env::temp_dir().display()
-                ))
+                )
             })?;
         Ok(SpillDir { dir })
     }
@@ -236,7 +236,7 @@ impl Spiller {
 /// `batches` as one IPC file, each as it is (reading a part concatenates them anyway).
 fn write_file(path: &Path, schema: &SchemaRef, batches: &[RecordBatch]) -> Result<()> {
     let what = || format!("writing {}", path.display());
-    let file = std::fs::File::create(path).map_err(|e| io_error(path, e))?;
+    let file = std::fs::File::create(path).context(what)?;
     let mut writer = FileWriter::try_new(std::io::BufWriter::with_capacity(1 << 20, file), schema)
         .context(what)?;
     for batch in batches {
@@ -250,7 +250,7 @@ fn write_file(path: &Path, schema: &SchemaRef, batches: &[RecordBatch]) -> Resul
 pub(crate) fn read_part(files: &[PathBuf]) -> Result<Vec<RecordBatch>> {
     let mut out = Vec::new();
     for path in files {
-        let file = std::fs::File::open(path).map_err(|e| io_error(path, e))?;
+        let file = std::fs::File::open(path).context(|| format!("reading {}", path.display()))?;
         let reader = FileReader::try_new(std::io::BufReader::new(file), None)
             .context(|| format!("reading {}", path.display()))?;
         for batch in reader {
@@ -258,10 +258,6 @@ pub(crate) fn read_part(files: &[PathBuf]) -> Result<Vec<RecordBatch>> {
         }
     }
     Ok(out)
-}
-
-fn io_error(path: &Path, e: std::io::Error) -> EngineError {
-    EngineError::Internal(format!("{}: {e}", path.display()))
 }
 
 #[cfg(test)]

@@ -352,8 +352,8 @@ async fn read_part(
         let batches = crate::util::spill::read_part(&files)?;
         validate_events(&setup, &batches, &place)?;
         let events = match run {
-            // New events: with one integer key, `with_run` puts them in key order itself.
-            Some(run) => match setup.spec.keys.len() == 1 && single_int_key(&setup) {
+            // New events: with one integer-like key, `with_run` puts them in key order itself.
+            Some(run) => match single_integer_like_key(&setup) {
                 true => with_run(&setup, batches, run)?,
                 false => with_run(&setup, vec![in_key_order(&setup, batches, false)?], run)?,
             },
@@ -364,10 +364,13 @@ async fn read_part(
     .await
 }
 
-/// Whether the flow's one key column is integer-like (then `with_run` orders by it).
-fn single_int_key(setup: &FlowSetup) -> bool {
-    let field = setup.event_schema.field(setup.spec.keys[0]);
-    crate::util::arrow::fits_i64(field.data_type())
+/// Whether the flow has one key column, of a type `with_run` orders by itself (checked
+/// events hold no NULL key).
+fn single_integer_like_key(setup: &FlowSetup) -> bool {
+    match setup.spec.keys.as_slice() {
+        [key] => crate::util::arrow::integer_like(setup.event_schema.field(*key).data_type()),
+        _ => false,
+    }
 }
 
 /// `batches` as one batch sorted by key, then sequence (where it sorts), then run (`by_run`:
