@@ -229,7 +229,8 @@ impl Timeline {
             .ok_or_else(|| {
                 EngineError::plan(format!(
                     "the open-end marker '{text}' ({PREFIX}openEnd) is not a value of the \
-                     version type {seq}; set {PREFIX}openEnd to one that is, or to null"
+                     version type {}; set {PREFIX}openEnd to one that is, or to null",
+                    strata_sql::sql_type_name(seq)
                 ))
             })?;
         Ok(Some(value))

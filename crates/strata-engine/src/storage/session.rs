@@ -1,9 +1,16 @@
 //! DataFusion sessions with strata's settings, and Delta tables registered in them.
 
 use crate::error::{Context, Result};
+use deltalake::arrow::datatypes::{DataType, Field, FieldRef, TimeUnit};
+use deltalake::datafusion::common::Result as DFResult;
+use deltalake::datafusion::execution::runtime_env::RuntimeEnv;
+use deltalake::datafusion::execution::SessionStateBuilder;
+use deltalake::datafusion::logical_expr::planner::TypePlanner;
 use deltalake::datafusion::prelude::SessionConfig;
 use deltalake::datafusion::prelude::SessionContext;
+use deltalake::datafusion::sql::sqlparser::ast::DataType as SqlType;
 use deltalake::DeltaTable;
+use std::sync::Arc;
 use strata_sql::TableName;
 
 /// A DataFusion session with strata's settings: identifiers keep their case as written (so
@@ -14,7 +21,50 @@ pub fn new_session() -> SessionContext {
 
 /// [`new_session`] whose unqualified table names are in `schema`.
 pub(crate) fn new_session_in(schema: &str) -> SessionContext {
-    SessionContext::new_with_config(session_config(schema))
+    session_with(session_config(schema), None)
+}
+
+/// A session of `config` (and `runtime`, else the default one) that reads SQL types as
+/// Spark does ([`SparkTypes`]).
+fn session_with(config: SessionConfig, runtime: Option<Arc<RuntimeEnv>>) -> SessionContext {
+    let mut state = SessionStateBuilder::new()
+        .with_config(config)
+        .with_default_features()
+        .with_type_planner(Arc::new(SparkTypes));
+    if let Some(runtime) = runtime {
+        state = state.with_runtime_env(runtime);
+    }
+    SessionContext::new_with_state(state.build())
+}
+
+/// The SQL types Spark has and DataFusion reads otherwise or not at all: `TIMESTAMP_NTZ`
+/// (a wall-clock time, microseconds without a zone) and `TIMESTAMP_LTZ` (an instant,
+/// microseconds in UTC: Delta's `TIMESTAMP`). DataFusion reads `TIMESTAMP` as nanoseconds
+/// without a zone; the stored type of such a value is Delta's `TIMESTAMP`
+/// ([`crate::util::arrow::storage_type`]).
+#[derive(Debug)]
+struct SparkTypes;
+
+impl TypePlanner for SparkTypes {
+    fn plan_type_field(&self, sql_type: &SqlType) -> DFResult<Option<FieldRef>> {
+        Ok(spark_type(sql_type).map(|t| Arc::new(Field::new("", t, true))))
+    }
+}
+
+/// The Arrow type of the Spark SQL types DataFusion does not read as Spark does.
+fn spark_type(sql_type: &SqlType) -> Option<DataType> {
+    match sql_type {
+        SqlType::TimestampNtz(None) => Some(DataType::Timestamp(TimeUnit::Microsecond, None)),
+        SqlType::Custom(name, args)
+            if args.is_empty() && name.to_string().eq_ignore_ascii_case("TIMESTAMP_LTZ") =>
+        {
+            Some(DataType::Timestamp(
+                TimeUnit::Microsecond,
+                Some(Arc::from("UTC")),
+            ))
+        }
+        _ => None,
+    }
 }
 
 fn session_config(schema: &str) -> SessionConfig {
@@ -39,7 +89,7 @@ pub(crate) fn spilling_session(memory: usize, partitions: usize) -> Result<Sessi
     let mut config =
         session_config(TableName::DEFAULT_SCHEMA).with_target_partitions(partitions.max(1));
     config.options_mut().execution.sort_spill_reservation_bytes = (memory / 8).max(1 << 20);
-    Ok(SessionContext::new_with_config_rt(config, runtime))
+    Ok(session_with(config, Some(runtime)))
 }
 
 /// A session for reading input files: their strings decode straight into the string type
@@ -52,7 +102,7 @@ pub(crate) fn file_session() -> SessionContext {
         .execution
         .parquet
         .schema_force_view_types = false;
-    SessionContext::new_with_config(config)
+    session_with(config, None)
 }
 
 /// Reads every row of `table` restricted to `files` (all files when `None`) in a new session.
@@ -75,4 +125,32 @@ pub(crate) async fn register_table(
     ctx.register_table(name, provider)
         .context(|| format!("registering {name}"))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn type_of(sql: &str) -> DataType {
+        let df = new_session().sql(sql).await.unwrap();
+        df.schema().field(0).data_type().clone()
+    }
+
+    #[tokio::test]
+    async fn spark_timestamp_types_are_microseconds() {
+        assert_eq!(
+            type_of("SELECT CAST('2024-01-01 10:00:00' AS TIMESTAMP_NTZ)").await,
+            DataType::Timestamp(TimeUnit::Microsecond, None)
+        );
+        assert_eq!(
+            type_of("SELECT CAST('2024-01-01 10:00:00' AS TIMESTAMP_LTZ)").await,
+            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
+        );
+        // DataFusion's own reading of TIMESTAMP stays (an instant without a zone); what is
+        // stored of it is Delta's TIMESTAMP.
+        assert_eq!(
+            type_of("SELECT CAST('2024-01-01' AS TIMESTAMP)").await,
+            DataType::Timestamp(TimeUnit::Nanosecond, None)
+        );
+    }
 }

@@ -3,7 +3,7 @@
 use crate::error::{Context, EngineError, Result};
 use deltalake::arrow::array::{Array, ArrayRef, RecordBatch};
 use deltalake::arrow::compute::cast;
-use deltalake::arrow::datatypes::{DataType, Schema, SchemaRef};
+use deltalake::arrow::datatypes::{DataType, Schema, SchemaRef, TimeUnit};
 use deltalake::arrow::row::{RowConverter, Rows, SortField};
 use deltalake::datafusion::scalar::ScalarValue;
 use std::cmp::Ordering;
@@ -339,11 +339,13 @@ pub(crate) fn same_type(a: &DataType, b: &DataType) -> bool {
 }
 
 /// The type a value is stored with: view and large layouts become their plain equivalents,
-/// which is what Delta stores and what reading a table gives back.
+/// which is what Delta stores and what reading a table gives back, and timestamps become
+/// Delta's (see [`delta_timestamp`]).
 pub(crate) fn storage_type(t: &DataType) -> DataType {
     match t {
         DataType::Utf8View | DataType::LargeUtf8 => DataType::Utf8,
         DataType::BinaryView | DataType::LargeBinary => DataType::Binary,
+        DataType::Timestamp(unit, zone) => delta_timestamp(*unit, zone.is_some()),
         DataType::Struct(fields) => DataType::Struct(
             fields
                 .iter()
@@ -358,6 +360,58 @@ pub(crate) fn storage_type(t: &DataType) -> DataType {
         ),
         other => other.clone(),
     }
+}
+
+/// The Delta type of a timestamp a query produced, as Spark types it: microseconds, either
+/// `TIMESTAMP` (an instant, stored in UTC) or `TIMESTAMP_NTZ` (a wall-clock time).
+///
+/// DataFusion computes timestamps in nanoseconds (seconds for `from_unixtime`) without a
+/// zone, as instants in UTC: `CAST(x AS TIMESTAMP)`, `to_timestamp(x)`,
+/// `current_timestamp()`, `TIMESTAMP '...'` and arithmetic on them. Those are Spark's
+/// `TIMESTAMP`. A zoneless microsecond timestamp is a `TIMESTAMP_NTZ` value read from a
+/// table or file (or computed from one, or cast with `CAST(x AS TIMESTAMP_NTZ)`), and stays
+/// one. Values keep their instant; nanoseconds are truncated, as Spark truncates them.
+pub(crate) fn delta_timestamp(unit: TimeUnit, zoned: bool) -> DataType {
+    let utc = || Some(std::sync::Arc::from("UTC"));
+    match (unit, zoned) {
+        (TimeUnit::Microsecond, false) => DataType::Timestamp(TimeUnit::Microsecond, None),
+        _ => DataType::Timestamp(TimeUnit::Microsecond, utc()),
+    }
+}
+
+/// `df` with its zoneless timestamps of another unit than microseconds cast to
+/// microseconds: a Parquet file's wall-clock times (`TIMESTAMP(NANOS, isAdjustedToUTC =
+/// false)`, as pandas writes them) are read as Delta's `TIMESTAMP_NTZ`, as Spark reads
+/// them, not as the instants [`delta_timestamp`] makes of computed ones.
+pub(crate) fn wall_clocks_in_micros(
+    df: deltalake::datafusion::prelude::DataFrame,
+) -> deltalake::datafusion::common::Result<deltalake::datafusion::prelude::DataFrame> {
+    use deltalake::datafusion::common::Column;
+    use deltalake::datafusion::logical_expr::{cast, Expr};
+    let wall_clock =
+        |t: &DataType| matches!(t, DataType::Timestamp(u, None) if *u != TimeUnit::Microsecond);
+    if !df
+        .schema()
+        .fields()
+        .iter()
+        .any(|f| wall_clock(f.data_type()))
+    {
+        return Ok(df);
+    }
+    let columns = df
+        .schema()
+        .iter()
+        .map(|(qualifier, f)| {
+            let column = Expr::Column(Column::from((qualifier, f)));
+            if wall_clock(f.data_type()) {
+                cast(column, DataType::Timestamp(TimeUnit::Microsecond, None))
+                    .alias_qualified(qualifier.cloned(), f.name())
+            } else {
+                column
+            }
+        })
+        .collect::<Vec<_>>();
+    df.select(columns)
 }
 
 /// A type as Spark SQL spells it (`INT`, `STRING`, `STRUCT<a: INT>`), for messages: one
@@ -414,4 +468,41 @@ pub(crate) fn fits_i64(t: &DataType) -> bool {
             | DataType::UInt16
             | DataType::UInt32
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deltalake::arrow::datatypes::Field;
+
+    #[test]
+    fn computed_timestamps_are_stored_as_delta_types() {
+        let utc = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
+        let ntz = DataType::Timestamp(TimeUnit::Microsecond, None);
+        // DataFusion's computed instants (nanoseconds or seconds, no zone): TIMESTAMP.
+        for unit in [
+            TimeUnit::Nanosecond,
+            TimeUnit::Millisecond,
+            TimeUnit::Second,
+        ] {
+            assert_eq!(storage_type(&DataType::Timestamp(unit, None)), utc);
+        }
+        // Any zone: the same instant in UTC.
+        let paris = DataType::Timestamp(TimeUnit::Nanosecond, Some("Europe/Paris".into()));
+        assert_eq!(storage_type(&paris), utc);
+        // A wall-clock time in microseconds stays one.
+        assert_eq!(storage_type(&ntz), ntz);
+        let nested = DataType::Struct(
+            vec![Field::new(
+                "at",
+                DataType::Timestamp(TimeUnit::Nanosecond, None),
+                true,
+            )]
+            .into(),
+        );
+        assert_eq!(
+            storage_type(&nested),
+            DataType::Struct(vec![Field::new("at", utc, true)].into())
+        );
+    }
 }

@@ -527,7 +527,10 @@ async fn plan_events(
     if !orderable(&seq_type) {
         return Err(flow_err(
             flow,
-            format!("SEQUENCE BY {seq_sql}: values of type {seq_type} cannot be ordered"),
+            format!(
+                "SEQUENCE BY {seq_sql}: values of type {} cannot be ordered",
+                arrow::sql_type_name(&seq_type)
+            ),
         ));
     }
     Ok(Planned { planned, seq_type })
@@ -740,31 +743,43 @@ fn check_store_schema(setup: &FlowSetup, schema: &Schema) -> Result<()> {
     key_and_seq.push(setup.spec.n_out);
     for i in key_and_seq {
         let want = setup.event_schema.field(i);
-        let ok = schema
-            .field_with_name(want.name())
-            .map(|f| arrow::same_type(f.data_type(), want.data_type()))
-            .unwrap_or(false);
-        if !ok {
-            return Err(flow_err(
-                flow,
-                format!(
-                    "the key columns or the SEQUENCE BY type changed since the flow last ran \
-                     (`{}` is now {}); a full refresh of {} is needed",
-                    if i == setup.spec.n_out {
-                        "SEQUENCE BY"
-                    } else {
-                        want.name()
-                    },
-                    want.data_type(),
-                    flow.target
-                ),
-            ));
+        let stored = schema.field_with_name(want.name()).ok();
+        if !stored.is_some_and(|f| arrow::same_type(f.data_type(), want.data_type())) {
+            return Err(flow_err(flow, retyped_message(setup, i, stored)));
         }
     }
     if added_columns(schema, &setup.event_schema).is_none() {
         return Err(columns_changed(setup, schema));
     }
     Ok(())
+}
+
+/// Why a key column or the sequence (`column` of the event schema) no longer matches the
+/// event store's `stored` field, and what to do.
+fn retyped_message(setup: &FlowSetup, column: usize, stored: Option<&Field>) -> String {
+    let want = setup.event_schema.field(column);
+    let what = if column == setup.spec.n_out {
+        "SEQUENCE BY".to_string()
+    } else {
+        format!("key column `{}`", want.name())
+    };
+    let was = stored.map_or("absent".to_string(), |f| {
+        format!("stored as {}", arrow::sql_type_name(f.data_type()))
+    });
+    let ntz = DataType::Timestamp(TimeUnit::Microsecond, None);
+    let keep = match stored {
+        Some(f) if f.data_type() == &ntz && matches!(want.data_type(), DataType::Timestamp(..)) => {
+            " (computed timestamps are TIMESTAMP, as in Spark; to keep the stored \
+             TIMESTAMP_NTZ, cast the expression: CAST(... AS TIMESTAMP_NTZ))"
+        }
+        _ => "",
+    };
+    format!(
+        "{what} changed type since the flow last ran: it is now {}, {was}{keep}; a full \
+         refresh of {} is needed",
+        arrow::sql_type_name(want.data_type()),
+        setup.flow.target
+    )
 }
 
 /// The error for output columns that changed other than by additions since the event store

@@ -198,7 +198,9 @@ pub(crate) async fn read_file(
             if let Some(s) = &schema {
                 opts = opts.schema(s);
             }
-            ctx.read_parquet(path_str, opts).await
+            ctx.read_parquet(path_str, opts)
+                .await
+                .and_then(crate::util::arrow::wall_clocks_in_micros)
         }
         FileFormat::Debezium => return read_debezium(ctx, path, schema),
     };
