@@ -20,6 +20,7 @@
 
 pub mod ast;
 mod config;
+mod datetime;
 mod error;
 mod lex;
 mod parser;
@@ -30,6 +31,7 @@ pub use ast::*;
 #[doc(hidden)]
 pub use config::string_map;
 pub use config::substitute;
+pub use datetime::spark_datetime_pattern;
 pub use error::{Result, SqlError};
 pub use parser::{parse_pipeline, parse_pipeline_in, TABLE_MODE_VERSION_SQL};
 pub use plan::{plan_pipeline, Node, PipelinePlan};

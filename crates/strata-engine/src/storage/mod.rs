@@ -2,7 +2,7 @@
 //! prefix, [`location`]), opening and creating one and what it
 //! records ([`table`]), writing ([`write`]), a commit as a value
 //! with its positions ([`commit`]), DataFusion sessions over them
-//! ([`session`]), the change data feed ([`feed`]), replacing keys' rows in place
+//! ([`session`], with Spark's datetime patterns: [`spark_functions`]), the change data feed ([`feed`]), replacing keys' rows in place
 //! ([`replace`], with deletion vectors in [`dv`], reading and writing data files where the
 //! table lives: [`data_file`]), the record of input files taken
 //! ([`ledger`]), Parquet files taken into a table as they are ([`adopt`]) and what a table's
@@ -19,6 +19,7 @@ pub(crate) mod ledger;
 pub(crate) mod location;
 pub(crate) mod replace;
 pub(crate) mod session;
+pub(crate) mod spark_functions;
 pub(crate) mod staged;
 pub(crate) mod table;
 pub(crate) mod warehouse;

@@ -24,8 +24,8 @@ pub(crate) fn new_session_in(schema: &str) -> SessionContext {
     session_with(session_config(schema), None)
 }
 
-/// A session of `config` (and `runtime`, else the default one) that reads SQL types as
-/// Spark does ([`SparkTypes`]).
+/// A session of `config` (and `runtime`, else the default one) that reads SQL types
+/// ([`SparkTypes`]) and datetime patterns ([`super::spark_functions`]) as Spark does.
 fn session_with(config: SessionConfig, runtime: Option<Arc<RuntimeEnv>>) -> SessionContext {
     let mut state = SessionStateBuilder::new()
         .with_config(config)
@@ -34,7 +34,9 @@ fn session_with(config: SessionConfig, runtime: Option<Arc<RuntimeEnv>>) -> Sess
     if let Some(runtime) = runtime {
         state = state.with_runtime_env(runtime);
     }
-    SessionContext::new_with_state(state.build())
+    let ctx = SessionContext::new_with_state(state.build());
+    super::spark_functions::register(&ctx);
+    ctx
 }
 
 /// The SQL types Spark has and DataFusion reads otherwise or not at all: `TIMESTAMP_NTZ`
