@@ -12,13 +12,12 @@ use crate::error::{Context, EngineError, Result};
 use crate::sql::expect::{self, ExpectationCount};
 use crate::sql::session::{rewrite, warehouse_session_in};
 use crate::sql::views::register_views;
+use crate::storage::commit::PendingCommit;
 use crate::storage::warehouse::Warehouse;
+use crate::storage::write::{write_rows, RowChange};
 use crate::util::arrow;
 use deltalake::arrow::compute::concat_batches;
 use deltalake::arrow::datatypes::{Field, Schema, SchemaRef};
-use deltalake::kernel::transaction::CommitProperties;
-use deltalake::operations::write::SchemaMode;
-use deltalake::protocol::SaveMode;
 use futures::StreamExt;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -81,6 +80,7 @@ async fn last_inputs(table: &deltalake::DeltaTable) -> Result<Option<serde_json:
 /// resolved); `declared` the datasets of the pipeline, which may simply not exist yet.
 pub(crate) async fn refresh(
     wh: &Warehouse,
+    run_id: &str,
     mv: &MaterializedView,
     views: &BTreeMap<TableName, View>,
     reads: &[TableName],
@@ -185,15 +185,8 @@ pub(crate) async fn refresh(
             .await?
         }
     };
-    let props = crate::storage::write::writer_properties(&handle);
-    handle
-        .write(vec![rows])
-        .with_writer_properties(props)
-        .with_save_mode(SaveMode::Overwrite)
-        .with_schema_mode(SchemaMode::Overwrite)
-        .with_commit_properties(
-            CommitProperties::default().with_metadata([(INPUTS_KEY.to_string(), inputs)]),
-        )
+    let commit = PendingCommit::of_run(run_id).with_info(INPUTS_KEY, inputs);
+    write_rows(handle, vec![rows], RowChange::Overwrite, &commit)
         .await
         .context(|| format!("materialized view {name}: committing"))?;
     Ok(report)

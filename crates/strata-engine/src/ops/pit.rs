@@ -23,6 +23,7 @@ use crate::sql::session::warehouse_session_in;
 use crate::storage::commit::{position, AppId, PendingCommit};
 use crate::storage::table::version_of;
 use crate::storage::warehouse::Warehouse;
+use crate::storage::write::{write_rows, RowChange};
 use crate::util::sql::quote_ident;
 use deltalake::arrow::array::{Array, RecordBatch};
 use deltalake::arrow::compute::concat_batches;
@@ -31,7 +32,6 @@ use deltalake::datafusion::common::Column;
 use deltalake::datafusion::physical_plan::collect;
 use deltalake::datafusion::prelude::{lit, Expr, SessionContext};
 use deltalake::datafusion::scalar::ScalarValue;
-use deltalake::protocol::SaveMode;
 use deltalake::DeltaTable;
 use std::sync::Arc;
 use strata_sql::{PitTable, Spine, TableName};
@@ -460,13 +460,8 @@ async fn commit_rows(
             true,
         ),
     };
-    let codec = crate::storage::write::writer_properties(&table);
-    let write = table
-        .write(batches)
-        .with_writer_properties(codec)
-        .with_commit_properties(commit.properties());
-    let write = match fresh {
-        true => write.with_save_mode(SaveMode::Append),
+    let change = match fresh {
+        true => RowChange::Append,
         false => {
             let replace: Vec<Expr> = refresh
                 .compute
@@ -474,14 +469,12 @@ async fn commit_rows(
                 .chain(refresh.removed)
                 .map(lit)
                 .collect();
-            write
-                .with_save_mode(SaveMode::Overwrite)
-                .with_replace_where(
-                    Expr::Column(Column::new_unqualified(AS_OF_COL)).in_list(replace, false),
-                )
+            RowChange::ReplaceWhere(
+                Expr::Column(Column::new_unqualified(AS_OF_COL)).in_list(replace, false),
+            )
         }
     };
-    write
+    write_rows(table, batches, change, commit)
         .await
         .context(|| format!("writing point-in-time table {}", pit.name))?;
     Ok(())

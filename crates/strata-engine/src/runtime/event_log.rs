@@ -9,14 +9,15 @@
 
 use crate::error::{Context, EngineError, Result};
 use crate::sql::expect::ExpectationCount;
+use crate::storage::commit::PendingCommit;
 use crate::storage::warehouse::Warehouse;
+use crate::storage::write::{write_rows, RowChange};
 use deltalake::arrow::array::{
     ArrayRef, Int64Array, ListArray, RecordBatch, StringArray, StructArray,
     TimestampMicrosecondArray,
 };
 use deltalake::arrow::buffer::OffsetBuffer;
 use deltalake::arrow::datatypes::{DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
-use deltalake::protocol::SaveMode;
 use deltalake::DeltaTable;
 use std::sync::Arc;
 use strata_sql::{FlowKind, Node, PipelinePlan};
@@ -265,11 +266,13 @@ async fn append_retrying(
 ) -> Result<DeltaTable> {
     let mut attempt = 1;
     loop {
-        match table
-            .clone()
-            .write(vec![batch.clone()])
-            .with_save_mode(SaveMode::Append)
-            .await
+        match write_rows(
+            table.clone(),
+            vec![batch.clone()],
+            RowChange::Append,
+            &PendingCommit::default(),
+        )
+        .await
         {
             Ok(t) => return Ok(t),
             Err(e) if crate::error::is_conflict(&e) && attempt < APPEND_ATTEMPTS => {

@@ -127,6 +127,7 @@ pub(crate) async fn run_node(
             let reads = plan.reads(&Node::MaterializedView(name.clone()));
             let r = crate::ops::mview::refresh(
                 wh,
+                scope.run_id,
                 mv,
                 &plan.views,
                 &reads,

@@ -7,11 +7,10 @@
 
 use crate::error::{Context, EngineError, Result};
 use crate::storage::warehouse::Warehouse;
+use crate::storage::write::RowChange;
 use crate::util::arrow;
 use deltalake::arrow::array::RecordBatch;
 use deltalake::arrow::datatypes::{DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
-use deltalake::operations::write::SchemaMode;
-use deltalake::protocol::SaveMode;
 use std::sync::Arc;
 use strata_sql::TableName;
 
@@ -57,12 +56,8 @@ pub async fn replace_table_rows(
             .await?
         }
     };
-    let props = crate::storage::write::writer_properties(&table);
-    table
-        .write(rows)
-        .with_writer_properties(props)
-        .with_save_mode(SaveMode::Overwrite)
-        .with_schema_mode(SchemaMode::Overwrite)
+    let commit = crate::storage::commit::PendingCommit::default();
+    crate::storage::write::write_rows(table, rows, RowChange::Overwrite, &commit)
         .await
         .context(|| format!("staging {table_name}: committing"))?;
     Ok(count)

@@ -1,5 +1,7 @@
 //! Writing Delta tables: the Parquet settings strata writes with, appends (encoded on every
-//! core for large inputs), new data files, and commits of prepared actions.
+//! core for large inputs), new data files, and the two ways a commit is made: rows through
+//! delta-rs's write builder ([`write_rows`]) and prepared actions ([`commit_actions`]), each
+//! carrying a [`PendingCommit`].
 
 use crate::error::{Context, EngineError, Result};
 use crate::storage::commit::PendingCommit;
@@ -158,12 +160,7 @@ pub(crate) async fn append(
         return commit_actions(table, Vec::new(), operation, commit).await;
     }
     if files.is_empty() && (rows < parallel_min_rows() || parts == 1) {
-        let written = table
-            .clone()
-            .write(batches)
-            .with_writer_properties(writer_properties(table))
-            .with_save_mode(SaveMode::Append)
-            .with_commit_properties(commit.properties())
+        let written = write_rows(table.clone(), batches, RowChange::Append, commit)
             .await
             .context(|| format!("writing {}", table.table_url()))?;
         return Ok(written.version().map_or(-1, |v| v as i64));
@@ -431,6 +428,49 @@ fn write_local_files(
         adds.push(close(o)?);
     }
     Ok(adds)
+}
+
+/// How the rows of one commit change its table.
+pub(crate) enum RowChange {
+    /// Added to the rows it has.
+    Append,
+    /// Added, and the table's schema takes the rows' new columns.
+    AppendEvolving,
+    /// The table's rows and schema replaced by these.
+    Overwrite,
+    /// The rows matching the predicate replaced by these.
+    ReplaceWhere(deltalake::datafusion::prelude::Expr),
+}
+
+/// Writes `rows` to `table` in one commit, as `change` says, carrying `commit` (the run,
+/// positions, commit info), with the table's Parquet settings: the one place a commit of
+/// rows is made through delta-rs's write builder (prepared files and actions go through
+/// [`commit_actions`]). The error is delta-rs's, for the caller to tell conflicts apart.
+pub(crate) async fn write_rows(
+    table: DeltaTable,
+    rows: Vec<RecordBatch>,
+    change: RowChange,
+    commit: &PendingCommit,
+) -> deltalake::DeltaResult<DeltaTable> {
+    use deltalake::operations::write::SchemaMode;
+    let write = table
+        .clone()
+        .write(rows)
+        .with_writer_properties(writer_properties(&table))
+        .with_commit_properties(commit.properties());
+    match change {
+        RowChange::Append => write.with_save_mode(SaveMode::Append),
+        RowChange::AppendEvolving => write
+            .with_save_mode(SaveMode::Append)
+            .with_schema_mode(SchemaMode::Merge),
+        RowChange::Overwrite => write
+            .with_save_mode(SaveMode::Overwrite)
+            .with_schema_mode(SchemaMode::Overwrite),
+        RowChange::ReplaceWhere(predicate) => write
+            .with_save_mode(SaveMode::Overwrite)
+            .with_replace_where(predicate),
+    }
+    .await
 }
 
 /// Commits `actions` to `table` (against the state it was loaded at) as one `operation`

@@ -57,3 +57,55 @@ async fn records_of_interleaved_handles_are_all_kept_and_checkpointed() {
     let text = common::query_text(&wh, "SELECT count(*) AS records FROM event_log").await;
     assert!(text.contains("| 2       |"), "{text}");
 }
+
+/// Every table a run commits to names the run in that commit's info (`strata.run`), the id
+/// the event log records: streaming tables, AUTO CDC targets, materialized views and
+/// point-in-time tables alike.
+#[tokio::test]
+async fn every_commit_of_a_run_names_the_run() {
+    let (dir, pipeline, wh_dir, wh) = common::project(
+        "CREATE OR REFRESH STREAMING TABLE raw \
+         AS SELECT * FROM STREAM read_files('data', format => 'json', schema => 'id INT, v STRING, seq INT');\n\
+         CREATE OR REFRESH STREAMING TABLE hist;\n\
+         CREATE FLOW h AS AUTO CDC INTO hist FROM STREAM(raw) KEYS (id) SEQUENCE BY seq STORED AS SCD TYPE 2;\n\
+         CREATE OR REFRESH MATERIALIZED VIEW n AS SELECT count(*) AS n FROM raw;\n\
+         CREATE OR REFRESH POINT IN TIME TABLE pit KEYS (id) AS OF (1, 2) FROM hist;\n",
+    );
+    std::fs::write(
+        dir.path().join("data/001.json"),
+        "{\"id\": 1, \"v\": \"a\", \"seq\": 1}\n{\"id\": 1, \"v\": \"b\", \"seq\": 2}\n",
+    )
+    .expect("write");
+    strata_engine::run_pipeline_file(&pipeline, &wh)
+        .await
+        .expect("run");
+    let text = common::query_text(&wh, "SELECT DISTINCT run_id FROM event_log").await;
+    let run_id = text
+        .lines()
+        .nth(3)
+        .and_then(|l| l.split('|').nth(1))
+        .map(str::trim)
+        .expect("one run id")
+        .to_string();
+    for table in ["raw", "hist", "n", "pit"] {
+        let log = wh_dir.join("default").join(table).join("_delta_log");
+        let last = std::fs::read_dir(&log)
+            .expect("table log")
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "json"))
+            .max()
+            .expect("a commit");
+        let commit = std::fs::read_to_string(&last).expect("commit");
+        let info = commit
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find_map(|a| a.get("commitInfo").cloned())
+            .expect("commit info");
+        assert_eq!(
+            info.get("strata.run").and_then(|v| v.as_str()),
+            Some(run_id.as_str()),
+            "{table}: {info}"
+        );
+    }
+}

@@ -12,6 +12,7 @@ use crate::semantics::snapshot::{
 };
 use crate::storage::commit::{position, AppId, PendingCommit};
 use crate::storage::session::register_table;
+use crate::storage::write::{write_rows, RowChange};
 use crate::util::arrow;
 use crate::util::sql::quote_ident;
 use deltalake::arrow::array::{ArrayRef, RecordBatch};
@@ -19,7 +20,6 @@ use deltalake::arrow::compute::concat_batches;
 use deltalake::datafusion::common::Column;
 use deltalake::datafusion::prelude::{lit, Expr, SessionContext};
 use deltalake::datafusion::scalar::ScalarValue;
-use deltalake::protocol::SaveMode;
 use deltalake::DeltaTable;
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
@@ -255,14 +255,13 @@ async fn commit_versions(
     };
     let start = Expr::Column(Column::new_unqualified(setup.timeline.valid_from.as_str()));
     let predicate = start.in_list(write.replace.into_iter().map(lit).collect(), false);
-    let props = crate::storage::write::writer_properties(&target);
-    target
-        .write(vec![rows])
-        .with_writer_properties(props)
-        .with_save_mode(SaveMode::Overwrite)
-        .with_replace_where(predicate)
-        .with_commit_properties(commit.properties())
-        .await
-        .context(|| format!("flow {}: writing {}", f.name, f.target))?;
+    write_rows(
+        target,
+        vec![rows],
+        RowChange::ReplaceWhere(predicate),
+        commit,
+    )
+    .await
+    .context(|| format!("flow {}: writing {}", f.name, f.target))?;
     Ok(())
 }

@@ -12,9 +12,9 @@ use crate::ops::ingest::KEEP_LOG_PROPERTY;
 use crate::ops::Scope;
 use crate::storage::adopt;
 use crate::storage::commit::{position, AppId, PendingCommit};
+use crate::storage::write::{write_rows, RowChange};
 use crate::util::steps::{step, Steps};
 use deltalake::arrow::array::RecordBatch;
-use deltalake::protocol::SaveMode;
 use deltalake::DeltaTable;
 use std::collections::HashMap;
 
@@ -107,13 +107,7 @@ pub(super) async fn commit_rows(
                 "files written ahead of a commit that evolves the schema".into(),
             ));
         }
-        let props = crate::storage::write::writer_properties(&table);
-        let written = table
-            .write(taken.parts)
-            .with_writer_properties(props)
-            .with_save_mode(SaveMode::Append)
-            .with_commit_properties(taken.commit.properties())
-            .with_schema_mode(deltalake::operations::write::SchemaMode::Merge)
+        let written = write_rows(table, taken.parts, RowChange::AppendEvolving, &taken.commit)
             .await
             .context(|| format!("streaming table {name}: committing"))?;
         return Ok(written.version().map_or(-1, |v| v as i64));
