@@ -8,6 +8,7 @@ use deltalake::datafusion::error::DataFusionError;
 use deltalake::DeltaTableError;
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum EngineError {
     /// The pipeline text does not parse or does not plan.
     #[error("{file}:{source}")]
@@ -114,6 +115,11 @@ impl std::fmt::Display for Place {
 }
 
 impl EngineError {
+    /// A violated invariant of strata itself (a bug), saying which.
+    pub(crate) fn internal(msg: impl Into<String>) -> Self {
+        EngineError::Internal(msg.into())
+    }
+
     /// A plan error about no statement in particular.
     pub(crate) fn plan(msg: impl Into<String>) -> Self {
         EngineError::Plan {

@@ -109,8 +109,8 @@ pub(crate) async fn compact(
     commit: &PendingCommit,
 ) -> Result<Compacted> {
     if rules.only.is_some() && rules.forget_after_secs.is_some() {
-        return Err(EngineError::Internal(
-            "a compaction of some of a store's files cannot forget tombstones".into(),
+        return Err(EngineError::internal(
+            "a compaction of some of a store's files cannot forget tombstones",
         ));
     }
     let layout = Layout::of(store, rules)?;
@@ -162,7 +162,7 @@ impl Layout {
         let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
         use crate::semantics::fold::{OP_COL, RUN_COL, SEQ_COL};
         if names.len() < 4 || names[names.len() - 3..] != [SEQ_COL, OP_COL, RUN_COL] {
-            return Err(EngineError::Internal(format!(
+            return Err(EngineError::internal(format!(
                 "{} is not an event store (its last columns are not {SEQ_COL}, {OP_COL}, \
                  {RUN_COL})",
                 store.table_url()
@@ -173,7 +173,7 @@ impl Layout {
             .iter()
             .map(|k| {
                 names.iter().position(|n| n == k).ok_or_else(|| {
-                    EngineError::Internal(format!(
+                    EngineError::internal(format!(
                         "{}: no key column {k} in the event store",
                         store.table_url()
                     ))
@@ -181,7 +181,7 @@ impl Layout {
             })
             .collect::<Result<Vec<_>>>()?;
         if keys.is_empty() {
-            return Err(EngineError::Internal(format!(
+            return Err(EngineError::internal(format!(
                 "{}: no key columns known for the event store",
                 store.table_url()
             )));
@@ -268,7 +268,7 @@ async fn rewrite(
         let ready = match &next {
             Some(batch) => {
                 let batch = batch.as_ref().map_err(|e| {
-                    EngineError::Internal(format!("reading {}: {e}", store.table_url()))
+                    EngineError::internal(format!("reading {}: {e}", store.table_url()))
                 })?;
                 counts.read += batch.num_rows();
                 chunks.push(arrow::cast_batch(batch, &layout.schema)?)?

@@ -136,7 +136,7 @@ pub(crate) fn of_batch(batch: &RecordBatch, key: usize) -> Result<Option<Snapsho
 /// without first copying them into one batch.
 pub(crate) fn of_pieces(pieces: &[RecordBatch], key: usize) -> Result<Option<SnapshotDigest>> {
     if pieces.is_empty() {
-        return Err(EngineError::Internal("a digest of no batch".into()));
+        return Err(EngineError::internal("a digest of no batch"));
     }
     // The keys' order-preserving form straight from the pieces: no copy of the key column
     // first (fresh memory costs a page fault per 4 KiB).

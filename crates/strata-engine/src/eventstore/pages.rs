@@ -134,7 +134,7 @@ pub(crate) async fn read_keys(
         })
     })
     .await
-    .map_err(|e| EngineError::Internal(format!("a reading task failed: {e}")))??;
+    .map_err(|e| EngineError::internal(format!("a reading task failed: {e}")))??;
     let mut batches = Vec::new();
     for lane in read {
         batches.extend(lane?.into_iter().flatten());
@@ -256,7 +256,7 @@ fn read_file(
         .iter()
         .position(|c| c.path().parts() == [key])
     else {
-        return Err(EngineError::Internal(format!(
+        return Err(EngineError::internal(format!(
             "{} has no key column {key}",
             path.display()
         )));
@@ -292,7 +292,7 @@ fn read_file(
         let k = k
             .as_any()
             .downcast_ref::<deltalake::arrow::array::Int64Array>()
-            .ok_or_else(|| EngineError::Internal("key values".into()))?;
+            .ok_or_else(|| EngineError::internal("key values"))?;
         keys_read.extend(k.iter().map(|v| v.unwrap_or(i64::MIN)));
     }
     let rows = exact(&coarse, &keys_read, set);

@@ -81,7 +81,7 @@ impl CommitTimes {
             .column(n_out + 2)
             .as_any()
             .downcast_ref::<Int64Array>()
-            .ok_or_else(|| EngineError::Internal("event runs".into()))?;
+            .ok_or_else(|| EngineError::internal("event runs"))?;
         let versions: std::collections::BTreeSet<i64> = runs.iter().flatten().collect();
         let log = store.join("_delta_log");
         let mut known = HashMap::new();
@@ -89,7 +89,7 @@ impl CommitTimes {
             let name = format!("{v:020}.json");
             let time = match log.read_file(&name).await? {
                 Some(bytes) => Some(commit_time(&String::from_utf8_lossy(&bytes)).ok_or_else(
-                    || EngineError::Internal(format!("{log}/{name}: no commitInfo timestamp")),
+                    || EngineError::internal(format!("{log}/{name}: no commitInfo timestamp")),
                 )?),
                 None => None,
             };
@@ -116,7 +116,7 @@ impl CommitTimes {
         let path = log.join(format!("{version:020}.json"));
         let time = match std::fs::read_to_string(&path) {
             Ok(text) => Some(commit_time(&text).ok_or_else(|| {
-                EngineError::Internal(format!("{}: no commitInfo timestamp", path.display()))
+                EngineError::internal(format!("{}: no commitInfo timestamp", path.display()))
             })?),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(e).context(|| format!("reading {}", path.display())),
@@ -152,12 +152,12 @@ pub(crate) fn forget_expired(
         .column(n_out + 1)
         .as_any()
         .downcast_ref::<Int8Array>()
-        .ok_or_else(|| EngineError::Internal("event kinds".into()))?;
+        .ok_or_else(|| EngineError::internal("event kinds"))?;
     let runs = events
         .column(n_out + 2)
         .as_any()
         .downcast_ref::<Int64Array>()
-        .ok_or_else(|| EngineError::Internal("event runs".into()))?;
+        .ok_or_else(|| EngineError::internal("event runs"))?;
     let threshold = i64::try_from(threshold_secs.saturating_mul(1000)).unwrap_or(i64::MAX);
     // The expired deletes, with the instant each expired (`None`: processed before every
     // known commit, so it expired before any of them).

@@ -76,7 +76,7 @@ impl SourceMap {
             } => (*location, *first, message.clone()),
         };
         let Some((name, kind, line)) = self.find(at.line) else {
-            return EngineError::Internal(format!("no pipeline text holds location {at}: {e}"));
+            return EngineError::internal(format!("no pipeline text holds location {at}: {e}"));
         };
         let first = first
             .map(|f| format!(" (first at {})", self.place(f)))

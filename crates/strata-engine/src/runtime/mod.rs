@@ -75,7 +75,7 @@ pub async fn run_pipeline_with_python(
     python: Vec<PipelineSource>,
 ) -> Result<RunReport> {
     if !crate::load::spec::is_spec(path) {
-        return Err(EngineError::Internal(format!(
+        return Err(EngineError::internal(format!(
             "{}: Python libraries come with a YAML spec",
             path.display()
         )));

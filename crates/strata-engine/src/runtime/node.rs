@@ -106,7 +106,7 @@ pub(crate) async fn run_node(
         }
         Prepared::PointInTime(i) => {
             let pit = plan.pits.get(*i).ok_or_else(|| {
-                EngineError::Internal(format!("planned point-in-time table {i} is missing"))
+                EngineError::internal(format!("planned point-in-time table {i} is missing"))
             })?;
             tracing::info!(table = %pit.name, "refreshing point-in-time table");
             let r = crate::ops::pit::refresh(scope, pit, &plan.default_schema).await?;
@@ -121,7 +121,7 @@ pub(crate) async fn run_node(
         }
         Prepared::MaterializedView(name) => {
             let mv = plan.materialized.get(name).ok_or_else(|| {
-                EngineError::Internal(format!("planned materialized view {name} is missing"))
+                EngineError::internal(format!("planned materialized view {name} is missing"))
             })?;
             tracing::info!(table = %name, "refreshing materialized view");
             let reads = plan.reads(&Node::MaterializedView(name.clone()));

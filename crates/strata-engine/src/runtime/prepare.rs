@@ -188,7 +188,7 @@ async fn prepare_flow_node(
     let f = plan
         .flows
         .get(i)
-        .ok_or_else(|| EngineError::Internal(format!("planned flow {i} is missing")))?;
+        .ok_or_else(|| EngineError::internal(format!("planned flow {i} is missing")))?;
     let table_mode = matches!(f.kind, FlowKind::Snapshot { version_by: None });
     let feed = feeds.contains(&f.source) && !table_mode;
     let Some(source) = schemas.get(&f.source) else {
@@ -233,20 +233,20 @@ pub(crate) async fn prepare_ingestion(
         Node::Ingest(name) => (
             plan.tables
                 .get(name)
-                .ok_or_else(|| EngineError::Internal(format!("planned table {name} is missing")))?,
+                .ok_or_else(|| EngineError::internal(format!("planned table {name} is missing")))?,
             None,
         ),
         Node::Append(i) => {
             let f = plan.appends.get(*i).ok_or_else(|| {
-                EngineError::Internal(format!("planned append flow {i} is missing"))
+                EngineError::internal(format!("planned append flow {i} is missing"))
             })?;
             let table = plan.tables.get(&f.target).ok_or_else(|| {
-                EngineError::Internal(format!("planned table {} is missing", f.target))
+                EngineError::internal(format!("planned table {} is missing", f.target))
             })?;
             (table, Some(f))
         }
         other => {
-            return Err(EngineError::Internal(format!(
+            return Err(EngineError::internal(format!(
                 "{other:?} is not an ingestion"
             )))
         }

@@ -203,7 +203,7 @@ async fn open_target(wh: &Warehouse, target: &TableName) -> Result<deltalake::De
 /// The key columns `target` records (`strata.keys`).
 fn key_columns(target: &TableName, table: &deltalake::DeltaTable) -> Result<Vec<String>> {
     crate::storage::table::recorded_keys(&table_properties(table)?).ok_or_else(|| {
-        crate::error::EngineError::Internal(format!(
+        crate::error::EngineError::internal(format!(
             "{target} does not record its key columns ({})",
             crate::storage::table::KEYS_PROPERTY
         ))

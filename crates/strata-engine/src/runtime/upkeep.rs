@@ -573,7 +573,7 @@ async fn logged_pipelines(wh: &Warehouse) -> Result<Vec<PathBuf>> {
         let strings = column
             .as_any()
             .downcast_ref::<deltalake::arrow::array::StringArray>()
-            .ok_or_else(|| EngineError::Internal("event log pipeline is not text".into()))?;
+            .ok_or_else(|| EngineError::internal("event log pipeline is not text"))?;
         out.extend(strings.iter().flatten().map(PathBuf::from));
     }
     Ok(out)

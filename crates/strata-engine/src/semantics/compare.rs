@@ -25,8 +25,7 @@ pub(crate) fn compare(
         let new_side = convert(new);
         (old_side.join(), new_side)
     });
-    let old_side =
-        old_side.map_err(|_| EngineError::Internal("a row-format thread panicked".into()))?;
+    let old_side = old_side.map_err(|_| EngineError::internal("a row-format thread panicked"))?;
     let ((old_keys, old_rows), (new_keys, new_rows)) = (old_side?, new_side?);
     // SCD type 2 and snapshots: versions are told apart by their start, open ones by a NULL
     // end (whatever the open-end marker).
@@ -37,7 +36,7 @@ pub(crate) fn compare(
             let index = |name: &str| {
                 schema
                     .index_of(name)
-                    .map_err(|_| EngineError::Internal(format!("target has no column {name}")))
+                    .map_err(|_| EngineError::internal(format!("target has no column {name}")))
             };
             let (s, e) = (
                 index(&setup.timeline.valid_from)?,

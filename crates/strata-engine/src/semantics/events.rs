@@ -41,7 +41,7 @@ pub(crate) fn validate_events(
             .column(n_out + 1)
             .as_any()
             .downcast_ref::<Int8Array>()
-            .ok_or_else(|| EngineError::Internal("op column is not Int8".into()))?;
+            .ok_or_else(|| EngineError::internal("op column is not Int8"))?;
         let truncate = |i: usize| !ops.is_null(i) && ops.value(i) == 2;
         for (count, k) in null_keys.iter_mut().zip(&setup.spec.keys) {
             let c = batch.column(*k);
@@ -114,7 +114,7 @@ pub(crate) fn with_run(
 ) -> Result<RecordBatch> {
     let partial = without_run(setup);
     if let Some(b) = events.iter().find(|b| b.schema() != partial) {
-        return Err(EngineError::Internal(format!(
+        return Err(EngineError::internal(format!(
             "flow {}: events have ({}), expected ({})",
             setup.flow.name,
             arrow::describe_fields(&b.schema()),
@@ -160,7 +160,7 @@ pub(crate) fn touched_keys(setup: &FlowSetup, events: &RecordBatch) -> Result<To
         .column(setup.spec.n_out + 1)
         .as_any()
         .downcast_ref::<Int8Array>()
-        .ok_or_else(|| EngineError::Internal("op column is not Int8".into()))?;
+        .ok_or_else(|| EngineError::internal("op column is not Int8"))?;
     if ops.iter().any(|o| o == Some(2)) {
         return Ok(Touched::All);
     }

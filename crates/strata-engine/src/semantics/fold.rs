@@ -263,7 +263,7 @@ fn fold_batch_in(
         .column(spec.n_out + 1)
         .as_any()
         .downcast_ref::<Int8Array>()
-        .ok_or_else(|| EngineError::Internal("event store op column is not Int8".into()))?;
+        .ok_or_else(|| EngineError::internal("event store op column is not Int8"))?;
     let steps = crate::util::steps::Steps::new(&spec.flow, "fold: ");
     let step = |what: &str| crate::util::steps::step!(debug, steps, what);
     let model = ArrowModel::new(events, spec, ops)?;

@@ -62,7 +62,7 @@ pub(crate) fn check_rows(
     let column = |name: &str| {
         rows.column_by_name(name)
             .cloned()
-            .ok_or_else(|| EngineError::Internal(format!("rows have no column {name}")))
+            .ok_or_else(|| EngineError::internal(format!("rows have no column {name}")))
     };
     let mut cols = keys.iter().map(|k| column(k)).collect::<Result<Vec<_>>>()?;
     cols.push(column(&timeline.valid_from)?);

@@ -60,7 +60,7 @@ impl Snap {
         }
         self.whole
             .get()
-            .ok_or_else(|| EngineError::Internal("snapshot rows".into()))
+            .ok_or_else(|| EngineError::internal("snapshot rows"))
     }
 
     /// Rows `idx` (positions over all pieces), in that order.
@@ -285,7 +285,7 @@ pub(crate) fn diff(
                 &changed,
                 &twice,
             ),
-            _ => Err(EngineError::Internal("snapshot keys in two forms".into())),
+            _ => Err(EngineError::internal("snapshot keys in two forms")),
         }
     };
     let results = crate::util::threads::on_threads(

@@ -34,12 +34,12 @@ impl Seen {
             .map(|f| SortField::new(f.data_type().clone()))
             .collect();
         let converter = RowConverter::new(fields)
-            .map_err(|e| EngineError::Internal(format!("comparing rows: {e}")))?;
+            .map_err(|e| EngineError::internal(format!("comparing rows: {e}")))?;
         let mut counts: HashMap<Vec<u8>, usize> = HashMap::new();
         for b in batches {
             let rows = converter
                 .convert_columns(b.columns())
-                .map_err(|e| EngineError::Internal(format!("comparing rows: {e}")))?;
+                .map_err(|e| EngineError::internal(format!("comparing rows: {e}")))?;
             for row in rows.iter() {
                 *counts.entry(row.as_ref().to_vec()).or_default() += 1;
             }
@@ -55,13 +55,13 @@ impl Seen {
         let mut counts = self
             .counts
             .lock()
-            .map_err(|_| EngineError::Internal("overlap rows lock poisoned".into()))?;
+            .map_err(|_| EngineError::internal("overlap rows lock poisoned"))?;
         let mut out = Vec::with_capacity(batches.len());
         for b in batches {
             let rows = self
                 .converter
                 .convert_columns(b.columns())
-                .map_err(|e| EngineError::Internal(format!("comparing rows: {e}")))?;
+                .map_err(|e| EngineError::internal(format!("comparing rows: {e}")))?;
             let keep: BooleanArray = rows
                 .iter()
                 .map(|row| match counts.get_mut(row.as_ref()) {
@@ -77,7 +77,7 @@ impl Seen {
             } else {
                 out.push(
                     filter_record_batch(&b, &keep)
-                        .map_err(|e| EngineError::Internal(format!("filtering rows: {e}")))?,
+                        .map_err(|e| EngineError::internal(format!("filtering rows: {e}")))?,
                 );
             }
         }
@@ -102,7 +102,7 @@ pub(crate) fn scalar_of(v: &WatermarkValue, dt: &DataType) -> Result<ScalarValue
         }
     };
     raw.cast_to(dt).map_err(|e| {
-        EngineError::Internal(format!(
+        EngineError::internal(format!(
             "the overlap's lower bound as {}: {e}",
             crate::util::arrow::sql_type_name(dt)
         ))

@@ -127,7 +127,7 @@ fn key_change_partners(
         let int = |name: &str| -> Result<deltalake::arrow::array::Int64Array> {
             let col = batch
                 .column_by_name(name)
-                .ok_or_else(|| EngineError::Internal(format!("a change batch without {name}")))?;
+                .ok_or_else(|| EngineError::internal(format!("a change batch without {name}")))?;
             Ok(cast(col, &DataType::Int64)
                 .context(|| format!("reading {name}"))?
                 .as_primitive::<deltalake::arrow::datatypes::Int64Type>()
@@ -359,7 +359,7 @@ impl KeyRows {
     fn new(batches: &[RecordBatch], key: &[String]) -> Result<KeyRows> {
         let first = batches
             .first()
-            .ok_or_else(|| EngineError::Internal("no change rows".into()))?;
+            .ok_or_else(|| EngineError::internal("no change rows"))?;
         let types = key
             .iter()
             .map(|k| {

@@ -38,7 +38,7 @@ pub(crate) async fn stored_lsn(table: &DeltaTable, key: &str) -> Result<Option<L
         return Ok(None);
     };
     text.parse::<Lsn>().map(Some).map_err(|_| {
-        EngineError::Internal(format!(
+        EngineError::internal(format!(
             "the LSN recorded in the table's log does not read back: {text}"
         ))
     })
@@ -52,7 +52,7 @@ pub(crate) async fn stored(table: &DeltaTable, key: &str) -> Result<Option<Water
         return Ok(None);
     };
     Watermark::from_json(&json).map(Some).map_err(|e| {
-        EngineError::Internal(format!(
+        EngineError::internal(format!(
             "the watermark recorded in the table's log does not read back: {e}"
         ))
     })
@@ -66,7 +66,7 @@ async fn newest_info(table: &DeltaTable, key: &str) -> Result<Option<String>> {
         match info.info.get(key) {
             Some(Value::String(text)) => return Ok(Some(text.clone())),
             Some(other) => {
-                return Err(EngineError::Internal(format!(
+                return Err(EngineError::internal(format!(
                     "the position recorded in the table's log under {key} is not text: {other}"
                 )))
             }

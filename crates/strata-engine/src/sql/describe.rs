@@ -187,7 +187,7 @@ async fn show_tables(wh: &Warehouse, schema: Option<&str>) -> Result<RecordBatch
         Arc::new(BooleanArray::from(vec![false; tables.len()])),
     ];
     RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
-        .map_err(|e| EngineError::Internal(format!("SHOW TABLES: {e}")))
+        .map_err(|e| EngineError::internal(format!("SHOW TABLES: {e}")))
 }
 
 /// `DESCRIBE [EXTENDED] t`: `col_name`, `data_type` (Spark's spelling), `comment`, one row
@@ -281,7 +281,7 @@ fn columns(
         Arc::new(StringArray::from_iter(rows.iter().map(|r| r.2.as_deref()))),
     ];
     RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
-        .map_err(|e| EngineError::Internal(format!("DESCRIBE: {e}")))
+        .map_err(|e| EngineError::internal(format!("DESCRIBE: {e}")))
 }
 
 fn text(v: Option<&serde_json::Value>) -> Option<String> {
@@ -349,7 +349,7 @@ async fn history(table: &DeltaTable) -> Result<RecordBatch> {
         Arc::new(engine),
     ];
     RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
-        .map_err(|e| EngineError::Internal(format!("DESCRIBE HISTORY: {e}")))
+        .map_err(|e| EngineError::internal(format!("DESCRIBE HISTORY: {e}")))
 }
 
 /// One row: the table's format, id, location, files, size, properties and protocol.
@@ -406,7 +406,7 @@ async fn detail(table: &DeltaTable, name: &TableName) -> Result<RecordBatch> {
         n(state.protocol().min_writer_version() as i64),
     ];
     RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
-        .map_err(|e| EngineError::Internal(format!("DESCRIBE DETAIL: {e}")))
+        .map_err(|e| EngineError::internal(format!("DESCRIBE DETAIL: {e}")))
 }
 
 #[cfg(test)]

@@ -87,7 +87,7 @@ pub(crate) async fn apply(
             .column(i)
             .as_any()
             .downcast_ref::<BooleanArray>()
-            .ok_or_else(|| EngineError::Internal("expectation verdict is not boolean".into()))?;
+            .ok_or_else(|| EngineError::internal("expectation verdict is not boolean"))?;
         let passed = pass.true_count();
         let failed = rows.num_rows() - passed;
         counts.push(ExpectationCount {

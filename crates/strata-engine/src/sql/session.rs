@@ -37,7 +37,7 @@ pub(crate) async fn warehouse_session_in(wh: &Warehouse, schema: &str) -> Result
 pub(crate) fn reference_in(ctx: &SessionContext, name: &TableName) -> Result<String> {
     let catalog = ctx
         .catalog("strata")
-        .ok_or_else(|| EngineError::Internal("catalog strata missing".into()))?;
+        .ok_or_else(|| EngineError::internal("catalog strata missing"))?;
     if catalog.schema(&name.schema).is_none() {
         catalog
             .register_schema(&name.schema, Arc::new(MemorySchemaProvider::new()))

@@ -56,7 +56,7 @@ pub(crate) async fn register_views(
             done.insert(name);
         }
         if done.len() == before {
-            return Err(EngineError::Internal("views form a cycle".into()));
+            return Err(EngineError::internal("views form a cycle"));
         }
     }
     Ok(())

@@ -159,7 +159,7 @@ impl Root {
                     std::fs::write(&file, bytes)
                 })
                 .await
-                .map_err(|e| EngineError::Internal(format!("a writing task failed: {e}")))?
+                .map_err(|e| EngineError::internal(format!("a writing task failed: {e}")))?
                 .context(what)
             }
             Root::Store { store, .. } => {
@@ -226,7 +226,7 @@ fn projection(
         .map(|n| {
             arrow
                 .index_of(n)
-                .map_err(|_| EngineError::Internal(format!("{label} has no column {n}")))
+                .map_err(|_| EngineError::internal(format!("{label} has no column {n}")))
         })
         .collect::<Result<_>>()?;
     Ok(ProjectionMask::roots(parquet, roots))

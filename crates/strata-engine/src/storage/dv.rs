@@ -28,9 +28,9 @@ pub(crate) fn inline(deleted: &RoaringTreemap) -> Result<DeletionVectorDescripto
     let mut bytes = MAGIC.to_le_bytes().to_vec();
     deleted
         .serialize_into(&mut bytes)
-        .map_err(|e| EngineError::Internal(format!("serializing a deletion vector: {e}")))?;
+        .map_err(|e| EngineError::internal(format!("serializing a deletion vector: {e}")))?;
     let size = i32::try_from(bytes.len())
-        .map_err(|_| EngineError::Internal("a deletion vector over 2 GiB".into()))?;
+        .map_err(|_| EngineError::internal("a deletion vector over 2 GiB"))?;
     Ok(DeletionVectorDescriptor {
         storage_type: StorageType::Inline,
         path_or_inline_dv: z85_encode(&bytes),
@@ -46,7 +46,7 @@ pub(crate) fn read_inline(dv: &DeletionVectorDescriptor) -> Result<Option<Roarin
     if dv.storage_type != StorageType::Inline {
         return Ok(None);
     }
-    let bad = |why: &str| EngineError::Internal(format!("an inline deletion vector {why}"));
+    let bad = |why: &str| EngineError::internal(format!("an inline deletion vector {why}"));
     let bytes = z85_decode(&dv.path_or_inline_dv).ok_or_else(|| bad("is not Z85"))?;
     let bytes = bytes
         .get(..dv.size_in_bytes as usize)

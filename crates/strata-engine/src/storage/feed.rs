@@ -106,7 +106,7 @@ fn by_name(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
         .iter()
         .map(|f| {
             batch.column_by_name(f.name()).cloned().ok_or_else(|| {
-                EngineError::Internal(format!("change feed has no column {}", f.name()))
+                EngineError::internal(format!("change feed has no column {}", f.name()))
             })
         })
         .collect::<Result<Vec<_>>>()?;
@@ -117,14 +117,14 @@ fn change_types(batch: &RecordBatch) -> Result<&StringArray> {
     batch
         .column_by_name(CHANGE_TYPE)
         .and_then(|c| c.as_any().downcast_ref::<StringArray>())
-        .ok_or_else(|| EngineError::Internal("change feed without _change_type".into()))
+        .ok_or_else(|| EngineError::internal("change feed without _change_type"))
 }
 
 fn versions(batch: &RecordBatch) -> Result<&Int64Array> {
     batch
         .column_by_name(COMMIT_VERSION)
         .and_then(|c| c.as_any().downcast_ref::<Int64Array>())
-        .ok_or_else(|| EngineError::Internal("change feed without _commit_version".into()))
+        .ok_or_else(|| EngineError::internal("change feed without _commit_version"))
 }
 
 /// Relabels a key's delete + insert in one commit as an update (see the module docs).
@@ -136,7 +136,7 @@ fn restore_updates(raw: &RecordBatch, keys: &[String]) -> Result<RecordBatch> {
     for k in keys {
         let c = raw
             .column_by_name(k)
-            .ok_or_else(|| EngineError::Internal(format!("change feed has no key column {k}")))?;
+            .ok_or_else(|| EngineError::internal(format!("change feed has no key column {k}")))?;
         key_cols.push(c.clone());
     }
     key_cols.push(Arc::new(versions(raw)?.clone()));

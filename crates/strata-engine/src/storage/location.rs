@@ -157,7 +157,7 @@ impl Location {
                 std::fs::create_dir_all(path)
                     .context(|| format!("cannot create {}", path.display()))?;
                 Url::from_directory_path(path).map_err(|_| {
-                    EngineError::Internal(format!("not an absolute path: {}", path.display()))
+                    EngineError::internal(format!("not an absolute path: {}", path.display()))
                 })
             }
             Location::Object(u) => Ok(u.clone()),
@@ -440,7 +440,7 @@ impl Location {
             }
             _ => {
                 let (Some((store, from)), Some((_, dest))) = (self.store()?, to.store()?) else {
-                    return Err(EngineError::Internal(format!(
+                    return Err(EngineError::internal(format!(
                         "moving {self} to {to}: both must be on one object store"
                     )));
                 };

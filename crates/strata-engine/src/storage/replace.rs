@@ -219,7 +219,7 @@ impl Shared {
             .map(|k| {
                 schema
                     .index_of(k)
-                    .map_err(|_| EngineError::Internal(format!("table has no key column {k}")))
+                    .map_err(|_| EngineError::internal(format!("table has no key column {k}")))
             })
             .collect::<Result<Vec<usize>>>()?;
         let converter = RowConverter::new(
@@ -266,9 +266,7 @@ fn gone_ints(
             for batch in [old_rows, new_rows] {
                 let col = int64(batch.column(*k))?;
                 if col.null_count() > 0 {
-                    return Err(EngineError::Internal(
-                        "a NULL key among replaced rows".into(),
-                    ));
+                    return Err(EngineError::internal("a NULL key among replaced rows"));
                 }
                 ints.extend(col.as_primitive::<Int64Type>().values().iter().copied());
             }
@@ -318,7 +316,7 @@ async fn mark_replaced(
     )?;
     let adds = rows_file
         .await
-        .map_err(|e| EngineError::Internal(format!("a writing task failed: {e}")))??;
+        .map_err(|e| EngineError::internal(format!("a writing task failed: {e}")))??;
     Ok(Marked { vectors, adds, cdc })
 }
 
@@ -341,7 +339,7 @@ async fn find_touched(
         for ((path, remove), check) in chunk.iter().zip(checks) {
             let holds = check
                 .await
-                .map_err(|e| EngineError::Internal(format!("a reading task failed: {e}")))??;
+                .map_err(|e| EngineError::internal(format!("a reading task failed: {e}")))??;
             if holds {
                 touched.push((path.clone(), remove.clone()));
             }
@@ -404,7 +402,7 @@ async fn rewrite_together(
     for w in writers {
         adds.extend(
             w.await
-                .map_err(|e| EngineError::Internal(format!("a rewriting task failed: {e}")))??,
+                .map_err(|e| EngineError::internal(format!("a rewriting task failed: {e}")))??,
         );
     }
     Ok(adds)
@@ -515,7 +513,7 @@ async fn mark_deleted(
         for (f, check) in chunk.iter().zip(checks) {
             let (gone, rows) = check
                 .await
-                .map_err(|e| EngineError::Internal(format!("a reading task failed: {e}")))??;
+                .map_err(|e| EngineError::internal(format!("a reading task failed: {e}")))??;
             if gone.is_empty() {
                 continue;
             }
@@ -679,7 +677,7 @@ impl Shared {
             }
             reading
                 .await
-                .map_err(|e| EngineError::Internal(format!("a reading task failed: {e}")))?;
+                .map_err(|e| EngineError::internal(format!("a reading task failed: {e}")))?;
         }
         writer.flush().await.context(what)
     }
@@ -765,7 +763,7 @@ async fn write_change_file(
         w.into_inner().context(|| what.clone())
     })
     .await
-    .map_err(|e| EngineError::Internal(format!("a writing task failed: {e}")))??;
+    .map_err(|e| EngineError::internal(format!("a writing task failed: {e}")))??;
     let size = bytes.len() as i64;
     root.put(&relative, bytes).await?;
     Ok(AddCDCFile {

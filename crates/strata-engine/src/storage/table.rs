@@ -101,7 +101,7 @@ pub(crate) async fn create_delta(
         .context(|| format!("cannot open {path}"))?;
     let st: StructType = schema
         .try_into_kernel()
-        .map_err(|e| EngineError::Internal(format!("schema not representable in Delta: {e}")))?;
+        .map_err(|e| EngineError::internal(format!("schema not representable in Delta: {e}")))?;
     // No retries: when another writer has created the table since, delta-rs would otherwise
     // read the table it finds and commit this CREATE TABLE on top of it as a new version
     // (a second protocol and metadata, a new table id), after which that writer's first

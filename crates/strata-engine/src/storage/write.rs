@@ -195,7 +195,7 @@ pub(crate) async fn append(
     for w in writers {
         let adds = w
             .await
-            .map_err(|e| EngineError::Internal(format!("a writer task failed: {e}")))??;
+            .map_err(|e| EngineError::internal(format!("a writer task failed: {e}")))??;
         actions.extend(adds.into_iter().map(Action::Add));
     }
     let partition_by: Vec<String> = table
@@ -317,8 +317,8 @@ impl FileStream {
             let failed = self.writers.swap_remove(i);
             return Err(match failed.await {
                 Ok(Err(e)) => e,
-                Ok(Ok(_)) => EngineError::Internal("a file writer stopped early".into()),
-                Err(e) => EngineError::Internal(format!("a file writer failed: {e}")),
+                Ok(Ok(_)) => EngineError::internal("a file writer stopped early"),
+                Err(e) => EngineError::internal(format!("a file writer failed: {e}")),
             });
         }
         self.rows += rows;
@@ -337,7 +337,7 @@ impl FileStream {
         for w in self.writers {
             adds.extend(
                 w.await
-                    .map_err(|e| EngineError::Internal(format!("a file writer failed: {e}")))??,
+                    .map_err(|e| EngineError::internal(format!("a file writer failed: {e}")))??,
             );
         }
         Ok(adds)

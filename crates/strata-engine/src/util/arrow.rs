@@ -68,7 +68,7 @@ pub(crate) fn in_layout(batch: &RecordBatch, schema: &SchemaRef) -> Result<Recor
 /// A batch of `schema` from `columns`, each cast (by position) to its field's type.
 pub(crate) fn cast_columns(columns: Vec<ArrayRef>, schema: &SchemaRef) -> Result<RecordBatch> {
     if columns.len() != schema.fields().len() {
-        return Err(EngineError::Internal(format!(
+        return Err(EngineError::internal(format!(
             "batch has {} columns, expected {}",
             columns.len(),
             schema.fields().len()

@@ -26,7 +26,7 @@ where
 {
     tokio::task::spawn_blocking(work)
         .await
-        .map_err(|e| EngineError::Internal(format!("{what}: the worker failed: {e}")))?
+        .map_err(|e| EngineError::internal(format!("{what}: the worker failed: {e}")))?
 }
 
 /// Threads for work over `rows` rows: one below [`parallel_min_rows`], else one per core.
@@ -67,7 +67,7 @@ pub(crate) fn on_threads<T: Send, R: Send>(
             .into_iter()
             .map(|h| {
                 h.join()
-                    .map_err(|_| EngineError::Internal(format!("a {what} thread panicked")))
+                    .map_err(|_| EngineError::internal(format!("a {what} thread panicked")))
             })
             .collect()
     })

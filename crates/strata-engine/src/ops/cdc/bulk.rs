@@ -328,7 +328,7 @@ async fn split_events(
         }
     };
     let mut spilled = Spilled::default();
-    for s in done.map_err(|e| EngineError::Internal(format!("{}: {e}", what())))? {
+    for s in done.map_err(|e| EngineError::internal(format!("{}: {e}", what())))? {
         spilled = spilled.merge(s?);
     }
     Ok(spilled)

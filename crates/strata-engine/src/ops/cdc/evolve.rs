@@ -37,7 +37,7 @@ pub(crate) async fn evolve_tables(
         };
         let snapshot = table.snapshot().context(|| "reading table state".into())?;
         let st: deltalake::kernel::StructType = want.as_ref().try_into_kernel().map_err(|e| {
-            EngineError::Internal(format!("schema not representable in Delta: {e}"))
+            EngineError::internal(format!("schema not representable in Delta: {e}"))
         })?;
         let fields: Vec<_> = st
             .fields()
@@ -45,7 +45,7 @@ pub(crate) async fn evolve_tables(
             .cloned()
             .collect();
         let metadata = snapshot.metadata().clone().with_schema(&st).map_err(|e| {
-            EngineError::Internal(format!("adding columns to {}: {e}", table.table_url()))
+            EngineError::internal(format!("adding columns to {}: {e}", table.table_url()))
         })?;
         crate::storage::write::commit_actions(
             &table,

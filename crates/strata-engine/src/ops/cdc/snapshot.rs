@@ -191,7 +191,7 @@ pub(crate) fn write_digest(
 fn digest_of_state(state: &RecordBatch, key: usize) -> Result<digest::Digest> {
     digest::of_batch(state, key)?
         .map(|s| s.digest)
-        .ok_or_else(|| EngineError::Internal("the stored state has keys of another form".into()))
+        .ok_or_else(|| EngineError::internal("the stored state has keys of another form"))
 }
 
 /// The state at stored version `v`: the SCD1 fold of the stored events up to `v`.

@@ -168,7 +168,7 @@ fn check_integrity(setup: &FlowSetup, rows: &RecordBatch) -> Result<()> {
     let violations = check_rows(rows, &setup.key_names, &setup.timeline)?;
     match violations.first() {
         None => Ok(()),
-        Some(v) => Err(EngineError::Internal(format!(
+        Some(v) => Err(EngineError::internal(format!(
             "flow {}: the SCD2 integrity check failed before anything was written: key ({}) \
              {} ({} violation(s) in all)",
             setup.flow.name,

@@ -484,7 +484,7 @@ fn csv_rows(path: &Path, spec: &ReadFiles) -> Result<(Vec<String>, Vec<Record>)>
             .iter()
             .map(|c| c.as_any().downcast_ref::<StringArray>())
             .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| EngineError::Internal("CSV column is not a string".into()))?;
+            .ok_or_else(|| EngineError::internal("CSV column is not a string"))?;
         for i in 0..batch.num_rows() {
             rows.push(
                 names

@@ -103,8 +103,8 @@ pub(super) async fn commit_rows(
     }
     if setup.evolve {
         if !taken.written.adds.is_empty() {
-            return Err(crate::error::EngineError::Internal(
-                "files written ahead of a commit that evolves the schema".into(),
+            return Err(crate::error::EngineError::internal(
+                "files written ahead of a commit that evolves the schema",
             ));
         }
         let written = write_rows(table, taken.parts, RowChange::AppendEvolving, &taken.commit)

@@ -111,7 +111,7 @@ pub(super) async fn take_database(
     report: &mut IngestReport,
 ) -> Result<Option<Taken>> {
     let Source::Database { read, .. } = &setup.source else {
-        return Err(EngineError::Internal("not a database source".into()));
+        return Err(EngineError::internal("not a database source"));
     };
     match read.mode {
         ReadMode::Watermark { .. } => take_watermark(scope, setup, existing, report).await,
@@ -138,7 +138,7 @@ async fn take_watermark(
         Some(watermark_read),
     ) = (&setup.source, read_of(setup))
     else {
-        return Err(EngineError::Internal("not a watermark source".into()));
+        return Err(EngineError::internal("not a watermark source"));
     };
     let ReadMode::Watermark {
         chunk: size,
@@ -146,7 +146,7 @@ async fn take_watermark(
         ..
     } = read.mode
     else {
-        return Err(EngineError::Internal("not a watermark source".into()));
+        return Err(EngineError::internal("not a watermark source"));
     };
     let key = watermark::key(setup.append_flow.as_deref());
     let stored = match existing {
@@ -499,9 +499,9 @@ async fn table_at(scope: &Scope<'_>, setup: &IngestSetup, version: i64) -> Resul
         .wh
         .open_table(&setup.table.name)
         .await?
-        .ok_or_else(|| EngineError::Internal("a committed chunk's table is gone".into()))?;
+        .ok_or_else(|| EngineError::internal("a committed chunk's table is gone"))?;
     let at = u64::try_from(version)
-        .map_err(|_| EngineError::Internal(format!("a commit at version {version}")))?;
+        .map_err(|_| EngineError::internal(format!("a commit at version {version}")))?;
     table.load_version(at as _).await.context(|| {
         format!(
             "streaming table {}: reading version {version}",
@@ -536,7 +536,7 @@ impl Boundary {
             .iter()
             .map(|c| {
                 batch.column_by_name(c).cloned().ok_or_else(|| {
-                    EngineError::Internal(format!("watermark column {c} is not in the rows read"))
+                    EngineError::internal(format!("watermark column {c} is not in the rows read"))
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -551,7 +551,7 @@ impl Boundary {
         let converter = self
             .converter
             .as_ref()
-            .ok_or_else(|| EngineError::Internal("no row converter".into()))?;
+            .ok_or_else(|| EngineError::internal("no row converter"))?;
         converter
             .convert_columns(&arrays)
             .context(|| "comparing watermark values".into())
@@ -597,7 +597,7 @@ impl Boundary {
                 break;
             };
             let reached = Watermark::from_row(&self.columns, batch, at - 1).ok_or_else(|| {
-                EngineError::Internal(format!("no watermark in row {} of a batch", at - 1))
+                EngineError::internal(format!("no watermark in row {} of a batch", at - 1))
             })?;
             out.push((at, reached));
             from = at + limit.max(1);
@@ -665,10 +665,10 @@ async fn take_changes(
         Some(config),
     ) = (&setup.source, cdc_config_of(setup))
     else {
-        return Err(EngineError::Internal("not a CDC source".into()));
+        return Err(EngineError::internal("not a CDC source"));
     };
     let ReadMode::Changes { chunk_rows, .. } = read.mode else {
-        return Err(EngineError::Internal("not a CDC source".into()));
+        return Err(EngineError::internal("not a CDC source"));
     };
     let key = watermark::lsn_key(setup.append_flow.as_deref());
     let stored = match existing {
@@ -753,7 +753,7 @@ async fn take_changes(
     let resume = changes
         .summary()
         .map(|s| s.resume_lsn)
-        .ok_or_else(|| EngineError::Internal("the change read ended without a summary".into()))?;
+        .ok_or_else(|| EngineError::internal("the change read ended without a summary"))?;
     let table = base.as_ref().or(existing);
     // Nothing after the position held (stored, the snapshot's or the last part's): no
     // commit.
@@ -862,7 +862,7 @@ async fn take_snapshot(
     report: &mut IngestReport,
 ) -> Result<(Lsn, DeltaTable)> {
     let Source::Database { read, input, .. } = &setup.source else {
-        return Err(EngineError::Internal("not a database source".into()));
+        return Err(EngineError::internal("not a database source"));
     };
     let place = format!(
         "connection {}, {} through slot {}, initial snapshot",
@@ -913,7 +913,7 @@ async fn fill_toast(
     }
     let source = read
         .cdc_table()
-        .ok_or_else(|| EngineError::Internal("a CDC source without its table".into()))?;
+        .ok_or_else(|| EngineError::internal("a CDC source without its table"))?;
     let (_, key) = cdc
         .identity(source)
         .await

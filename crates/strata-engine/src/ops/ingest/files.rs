@@ -255,7 +255,7 @@ pub(super) async fn read_input_file(
         ..
     } = &setup.source
     else {
-        return Err(EngineError::Internal("not a file source".into()));
+        return Err(EngineError::internal("not a file source"));
     };
     let ctx = crate::storage::session::file_session();
     let df = match (mode, input) {

@@ -280,7 +280,7 @@ pub(super) async fn take_changes(
     report: &mut IngestReport,
 ) -> Result<Option<Taken>> {
     let Source::Changes(spec) = &setup.source else {
-        return Err(EngineError::Internal("not a table_changes source".into()));
+        return Err(EngineError::internal("not a table_changes source"));
     };
     let Some(source) = spec.open(scope.wh).await? else {
         report.skipped = Some(format!("source {} has no data yet", spec.label));

@@ -123,7 +123,7 @@ pub(super) async fn take_once(
             (rows, PendingCommit::of_run(scope.run_id))
         }
         _ => {
-            return Err(EngineError::Internal(format!(
+            return Err(EngineError::internal(format!(
                 "once flow {flow} reads neither files nor tables in batch"
             )))
         }
@@ -161,5 +161,5 @@ async fn read_all(
                 .map_err(|e| setup.err(format!("file {}: {e}", path.display())))?,
         });
     }
-    all.ok_or_else(|| EngineError::Internal("no input files to read".into()))
+    all.ok_or_else(|| EngineError::internal("no input files to read"))
 }

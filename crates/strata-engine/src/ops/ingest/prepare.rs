@@ -169,7 +169,7 @@ fn query_of<'a>(
     match (append, &table.query) {
         (Some(f), _) => Ok(&f.query),
         (None, Some(q)) => Ok(q),
-        (None, None) => Err(EngineError::Internal(format!(
+        (None, None) => Err(EngineError::internal(format!(
             "{} has no query",
             table.name
         ))),

@@ -83,7 +83,7 @@ pub(crate) async fn run_ingest(scope: &Scope<'_>, setup: &IngestSetup) -> Result
             super::history::take_changes(scope, setup, existing.as_ref(), &mut report).await?
         }
         Source::Batch => {
-            return Err(EngineError::Internal(format!(
+            return Err(EngineError::internal(format!(
                 "{} reads tables in batch but is not a once flow",
                 setup.flow_name()
             )))
@@ -117,7 +117,7 @@ async fn take_files(
         ..
     } = &setup.source
     else {
-        return Err(EngineError::Internal("not a file source".into()));
+        return Err(EngineError::internal("not a file source"));
     };
     let new = files_to_take(scope, setup, dir, pending.as_deref(), existing).await?;
     if new.is_empty() {
