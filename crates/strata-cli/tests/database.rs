@@ -627,6 +627,63 @@ KEYS (id) STORED AS SCD TYPE 2;
     );
 }
 
+/// PostgreSQL arrays and composite types reach an SCD type 2 target through the change
+/// log as Delta ARRAY and STRUCT columns, in the first copy and in later changes, and are
+/// queried as such.
+#[test]
+fn arrays_and_composites_reach_the_history_as_arrays_and_structs() {
+    let server = Server::from_env("STRATA_TEST_PG");
+    let table = unique("people");
+    let addr = unique("addr");
+    let slot = unique("strata_slot");
+    pg(
+        &server,
+        &format!(
+            "CREATE TYPE {addr} AS (city text, zip int);
+             CREATE TABLE {table} (id int PRIMARY KEY, tags text[], home {addr});
+             INSERT INTO {table} VALUES (1, '{{a,b}}', ROW('Paris', 75001)), (2, NULL, NULL);"
+        ),
+    );
+    let p = Project::new(&format!(
+        "{}CREATE STREAMING TABLE people;
+CREATE FLOW people_flow AS AUTO CDC INTO people FROM STREAM read_database('shop',
+  table => 'public.{table}', mode => 'cdc', slot => '{slot}', publication => '{slot}')
+KEYS (id) STORED AS SCD TYPE 2;
+",
+        server.connection("postgresql")
+    ));
+    run_ok(&p, &server.password);
+    pg(
+        &server,
+        &format!(
+            "UPDATE {table} SET tags = array_append(tags, 'c'), home = ROW('Lyon', 69001) WHERE id = 1;
+             UPDATE {table} SET tags = '{{}}' WHERE id = 2;"
+        ),
+    );
+    run_ok(&p, &server.password);
+    assert_eq!(
+        p.csv(
+            "SELECT id, array_to_string(tags, '/') AS tags, cardinality(tags) AS n, \
+             home['city'] AS city, home['zip'] AS zip, __END_AT IS NULL AS open \
+             FROM people ORDER BY id, __START_AT"
+        ),
+        "id,tags,n,city,zip,open\n1,a/b,2,Paris,75001,false\n1,a/b/c,3,Lyon,69001,true\n\
+         2,,,,,false\n2,,0,,,true\n"
+    );
+    let types = p.csv(
+        "SELECT column_name, data_type FROM information_schema.columns \
+         WHERE table_name = 'people' AND column_name IN ('tags', 'home') ORDER BY column_name",
+    );
+    assert!(
+        types.contains("home,\"Struct(") && types.contains("tags,\"List("),
+        "{types}"
+    );
+    pg(
+        &server,
+        &format!("SELECT pg_drop_replication_slot('{slot}')"),
+    );
+}
+
 #[test]
 fn unchanged_toasted_values_are_taken_from_the_keys_last_row() {
     let server = Server::from_env("STRATA_TEST_PG");

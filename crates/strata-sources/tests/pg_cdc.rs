@@ -679,7 +679,7 @@ async fn unsupported_column_types_name_the_column_and_can_be_excluded() {
         return;
     };
     let t = unique("cdc_unsup");
-    f.sql(&format!("CREATE TABLE {t} (id int PRIMARY KEY, tags int[], v text); INSERT INTO {t} VALUES (1, '{{1}}', 'a')")).await;
+    f.sql(&format!("CREATE TABLE {t} (id int PRIMARY KEY, tags int4range, v text); INSERT INTO {t} VALUES (1, '[1,2)', 'a')")).await;
     let cdc = f.cdc(&[&t]).await;
     let mut snap = cdc.start_snapshot().await.unwrap();
     let e = snap.next_batch().await.unwrap_err();
@@ -696,7 +696,7 @@ async fn unsupported_column_types_name_the_column_and_can_be_excluded() {
     let (cp, snap) = snapshot(&cdc).await;
     assert_eq!(rows(&snap[&t], &["id", "v"]), vec![vec![s("1"), s("a")]]);
     assert!(snap[&t][0].column_by_name("tags").is_none());
-    f.sql(&format!("INSERT INTO {t} VALUES (2, '{{2}}', 'b')"))
+    f.sql(&format!("INSERT INTO {t} VALUES (2, '[2,3)', 'b')"))
         .await;
     let (_, ch) = changes(&cdc, cp, ReadOptions::default()).await;
     assert_eq!(
@@ -852,4 +852,83 @@ async fn stream_values_equal_snapshot_values_for_every_mapped_type() {
         rows(&stream, &["dom", "e", "nneg"])[0],
         vec![s("1999e-2"), s("happy"), s("12300e-0")]
     );
+}
+
+/// Arrays (of built-in types, enums and composites; empty, NULL, with NULL elements) and
+/// composite types (with an array field) are Delta ARRAYs and STRUCTs, the same in the
+/// snapshot and in the stream; a two-dimensional array is an error naming the column.
+#[tokio::test]
+async fn arrays_and_composites_are_arrays_and_structs() {
+    let Some(f) = fixture("pg_cdc_nested").await else {
+        return;
+    };
+    let t = unique("cdc_nested");
+    let mood = unique("mood");
+    let addr = unique("addr");
+    let values = format!(
+        "'{{1,NULL,3}}', '{{\"a b\",c}}', '{{1.50,-2.25}}', '{{happy,sad}}'::{mood}[], \
+         ROW('Main St', 1000, '{{x,y}}')::{addr}, ARRAY[ROW('A', 1, NULL)::{addr}, NULL]"
+    );
+    f.sql(&format!(
+        "CREATE TYPE {mood} AS ENUM ('sad', 'happy');
+         CREATE TYPE {addr} AS (street text, zip int, tags text[]);
+         CREATE TABLE {t} (id int PRIMARY KEY, ints int[], texts text[], nums numeric(10,2)[],
+           moods {mood}[], home {addr}, homes {addr}[]);
+         INSERT INTO {t} VALUES (1, {values}),
+           (2, '{{}}', '{{}}', NULL, '{{}}', NULL, '{{}}'),
+           (3, NULL, NULL, NULL, NULL, NULL, NULL);"
+    ))
+    .await;
+    let cdc = f.cdc(&[&t]).await;
+    let (cp, snap) = snapshot(&cdc).await;
+    f.each(&[
+        format!("INSERT INTO {t} VALUES (11, {values})"),
+        format!("UPDATE {t} SET ints = '{{7}}', home = ROW(NULL, 2, '{{}}')::{addr} WHERE id = 2"),
+    ])
+    .await;
+    let (_, ch) = changes(&cdc, cp, ReadOptions::default()).await;
+    let stream = batches(&ch, &t);
+    let snap = &snap[&t];
+    let cols = ["ints", "texts", "nums", "moods", "home", "homes"];
+    assert_eq!(
+        stream[0].schema().fields()[..7],
+        snap[0].schema().fields()[..7],
+        "same Arrow types"
+    );
+    let home = snap[0].schema().field_with_name("home").unwrap().clone();
+    assert!(
+        matches!(home.data_type(), arrow_schema::DataType::Struct(f) if f.len() == 3
+            && matches!(f[2].data_type(), arrow_schema::DataType::List(_))),
+        "{home:?}"
+    );
+    let first = vec![
+        s("[1,NULL,3]"),
+        s("[a b,c]"),
+        s("[150e-2,-225e-2]"),
+        s("[happy,sad]"),
+        s("{street: Main St, zip: 1000, tags: [x,y]}"),
+        s("[{street: A, zip: 1, tags: NULL},NULL]"),
+    ];
+    let snap_rows = rows(snap, &cols);
+    assert_eq!(snap_rows[0], first);
+    assert_eq!(
+        snap_rows[1],
+        vec![s("[]"), s("[]"), s("NULL"), s("[]"), s("NULL"), s("[]")]
+    );
+    assert_eq!(snap_rows[2], vec![s("NULL"); 6]);
+    let stream_rows = rows(&stream, &cols);
+    assert_eq!(stream_rows[0], first, "the stream decodes as the snapshot");
+    assert_eq!(stream_rows[1][0], "[7]");
+    assert_eq!(stream_rows[1][4], "{street: NULL, zip: 2, tags: []}");
+
+    let t2 = unique("cdc_matrix");
+    f.sql(&format!(
+        "CREATE TABLE {t2} (id int PRIMARY KEY, m int[]); INSERT INTO {t2} VALUES (1, '{{{{1,2}},{{3,4}}}}')"
+    ))
+    .await;
+    let f2 = fixture("pg_cdc_matrix").await.expect("fixture");
+    let cdc2 = f2.cdc(&[&t2]).await;
+    let mut snap2 = cdc2.start_snapshot().await.unwrap();
+    let e = snap2.next_batch().await.unwrap_err().to_string();
+    assert!(e.contains("2-dimensional") && e.contains('m'), "{e}");
 }

@@ -993,6 +993,15 @@ pub struct ChangeReader {
     part_end: Option<Lsn>,
 }
 
+/// A type being resolved (boxed: resolving an array or composite resolves its parts).
+type Resolving<'a> = std::pin::Pin<
+    Box<
+        dyn std::future::Future<Output = std::result::Result<PgMapped, (String, String)>>
+            + Send
+            + 'a,
+    >,
+>;
+
 impl std::fmt::Debug for ChangeReader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ChangeReader")
@@ -1226,7 +1235,13 @@ impl ChangeReader {
         Ok(())
     }
 
-    async fn resolve_type(
+    /// The mapping of a column type the stream names by OID: built in, else looked up in
+    /// the catalog (enums, domains, arrays of them, composite types), and remembered.
+    fn resolve_type(&mut self, oid: u32, typmod: i32) -> Resolving<'_> {
+        Box::pin(self.resolve_type_now(oid, typmod))
+    }
+
+    async fn resolve_type_now(
         &mut self,
         oid: u32,
         typmod: i32,
@@ -1247,7 +1262,9 @@ impl ChangeReader {
             let row = self
                 .client
                 .query_opt(
-                    "SELECT typtype::text, typbasetype, typtypmod, format_type(oid, NULL) FROM pg_catalog.pg_type WHERE oid = $1",
+                    "SELECT typtype::text, typbasetype, typtypmod, format_type(oid, NULL), \
+                            typelem, typlen, typrelid \
+                     FROM pg_catalog.pg_type WHERE oid = $1",
                     &[&cur.0],
                 )
                 .await;
@@ -1256,7 +1273,21 @@ impl ChangeReader {
             };
             let typtype: String = row.get(0);
             let name: String = row.get(3);
+            let element: u32 = row.get(4);
+            let len: i16 = row.get(5);
+            let relation: u32 = row.get(6);
             match typtype.as_str() {
+                "b" if element != 0 && len == -1 => {
+                    out = self
+                        .resolve_type(element, cur.1)
+                        .await
+                        .map(super::types::array_of);
+                    break;
+                }
+                "c" => {
+                    out = self.composite(&name, relation).await;
+                    break;
+                }
                 "e" => {
                     out = Ok(PgMapped {
                         decode: PgDecode::Text,
@@ -1278,6 +1309,30 @@ impl ChangeReader {
         }
         self.types.insert((oid, typmod), out.clone());
         out
+    }
+
+    /// A composite type's mapping: its attributes (of the type's relation) in order.
+    async fn composite(
+        &mut self,
+        name: &str,
+        relation: u32,
+    ) -> std::result::Result<PgMapped, (String, String)> {
+        let rows = self
+            .client
+            .query(
+                "SELECT attname::text, atttypid, atttypmod FROM pg_catalog.pg_attribute \
+                 WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+                &[&relation],
+            )
+            .await
+            .map_err(|e| (name.to_string(), format!("reading its fields: {e}")))?;
+        let mut fields = Vec::with_capacity(rows.len());
+        for row in rows {
+            let field: String = row.get(0);
+            let mapped = self.resolve_type(row.get(1), row.get(2)).await?;
+            fields.push((field, mapped));
+        }
+        super::types::composite_of(name, fields)
     }
 
     async fn relation(&mut self, rel: Relation) -> Result<()> {
@@ -1351,7 +1406,7 @@ impl ChangeReader {
                     buf.add_column(&c.name, m.kind.clone())
                 }
             };
-            cols.push(Some((idx, m.decode)));
+            cols.push(Some((idx, m.decode.clone())));
         }
         let present: Vec<&str> = rel.columns.iter().map(|c| c.name.as_str()).collect();
         let dropped: Vec<String> = buf
@@ -1536,7 +1591,7 @@ impl ChangeReader {
         };
         let mut unchanged = Vec::new();
         for (i, v) in values.iter().enumerate() {
-            let Some((idx, decode)) = state.cols[i] else {
+            let Some((idx, decode)) = &state.cols[i] else {
                 continue;
             };
             let mut v = *v;
@@ -1547,7 +1602,7 @@ impl ChangeReader {
                     }
                 }
             }
-            let builder = &mut buf.columns[idx].2;
+            let builder = &mut buf.columns[*idx].2;
             let res = match v {
                 TupleValue::Null => {
                     builder.append_null();

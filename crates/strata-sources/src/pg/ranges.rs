@@ -228,7 +228,7 @@ pub(crate) async fn plan(
         return Ok(None);
     }
     let lead_idx = d.wm_idx[0];
-    let decode = d.decoders[lead_idx];
+    let decode = &d.decoders[lead_idx];
     let lead = pg_ident(&read.watermark_columns[0]);
     let query_error =
         |e: tokio_postgres::Error| r.query_error(read.object.label(), pg_error_text(&e));

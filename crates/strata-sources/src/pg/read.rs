@@ -374,7 +374,7 @@ impl PgRowReader {
     /// Decodes the tuple the parser holds into `builders` and keeps its watermark bytes.
     fn decode_tuple(&mut self, schema: &SourceSchema, builders: &mut [ColBuilder]) -> Result<()> {
         for (i, b) in builders.iter_mut().enumerate() {
-            append_binary(b, self.decoders[i], self.parser.field(i))
+            append_binary(b, &self.decoders[i], self.parser.field(i))
                 .map_err(|e| self.value_error(schema, i, e))?;
         }
         for (k, &i) in self.wm_idx.iter().enumerate() {
@@ -398,7 +398,7 @@ impl PgRowReader {
         }
         let mut values = Vec::new();
         for (k, &i) in self.wm_idx.iter().enumerate() {
-            match watermark_value(self.decoders[i], self.last_wm[k].as_deref())
+            match watermark_value(&self.decoders[i], self.last_wm[k].as_deref())
                 .map_err(|e| self.value_error(schema, i, e))?
             {
                 Some(v) => values.push(v),

@@ -156,7 +156,7 @@ async fn highest_watermark(
         let raw: Option<Raw> = row
             .try_get(k)
             .map_err(|e| r.query_error(read.object.label(), pg_error_text(&e)))?;
-        let value = watermark_value(d.decoders[i], raw.map(|r| r.0)).map_err(|detail| {
+        let value = watermark_value(&d.decoders[i], raw.map(|r| r.0)).map_err(|detail| {
             SourceError::Watermark {
                 detail: format!(
                     "{}: column {}: {detail}",

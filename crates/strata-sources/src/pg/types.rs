@@ -1,15 +1,16 @@
 //! PostgreSQL types: which Arrow type each maps to, and decoding of the binary wire format
 //! (query results in binary, and pgoutput with `binary 'true'`) straight into Arrow builders.
+//! One-dimensional arrays of a mapped type are Delta ARRAYs, composite types STRUCTs.
 
 use std::error::Error as StdError;
 
 use tokio_postgres::types::{FromSql, Kind, Type};
 
-use crate::batch::{fits_precision, ColBuilder, ColumnKind, POW10};
+use crate::batch::{fits_precision, ColBuilder, ColumnKind, StructField, POW10};
 use crate::value::WatermarkValue;
 
 /// How to decode one column's binary value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum PgDecode {
     Bool,
     Int2,
@@ -34,6 +35,10 @@ pub(crate) enum PgDecode {
     Date,
     Timestamp,
     TimestampTz,
+    /// A one-dimensional array of the element's decode.
+    Array(Box<PgDecode>),
+    /// A composite (row) type: its fields' decodes in order.
+    Composite(Vec<PgDecode>),
 }
 
 /// A mapped column type.
@@ -144,7 +149,7 @@ pub(crate) fn map_builtin(oid: u32, typmod: i32) -> Option<Result<PgMapped, (Str
         Type::INTERVAL => unsupported("Delta has no interval type"),
         Type::MONEY => unsupported("its binary form depends on lc_monetary; cast it to numeric"),
         _ => match ty.kind() {
-            Kind::Array(_) => unsupported("arrays are not mapped yet"),
+            Kind::Array(element) => Some(map_builtin(element.oid(), typmod)?.map(array_of)),
             Kind::Range(_) | Kind::Multirange(_) => unsupported("ranges are not mapped"),
             _ => unsupported("no Delta mapping for this type"),
         },
@@ -164,16 +169,54 @@ pub(crate) fn map_type(ty: &Type, typmod: i32) -> Result<PgMapped, (String, Stri
             type_name: ty.name().to_string(),
         }),
         Kind::Domain(base) => map_type(base, -1),
-        Kind::Array(_) => Err((ty.name().to_string(), "arrays are not mapped yet".into())),
-        Kind::Composite(_) => Err((
-            ty.name().to_string(),
-            "composite types are not mapped".into(),
-        )),
+        Kind::Array(element) => map_type(element, typmod).map(array_of),
+        Kind::Composite(fields) => composite_of(
+            ty.name(),
+            fields
+                .iter()
+                .map(|f| Ok((f.name().to_string(), map_type(f.type_(), -1)?)))
+                .collect::<Result<Vec<_>, (String, String)>>()?,
+        ),
         _ => Err((
             ty.name().to_string(),
             "no Delta mapping for this type".into(),
         )),
     }
+}
+
+/// The ARRAY of a mapped element type.
+pub(crate) fn array_of(element: PgMapped) -> PgMapped {
+    PgMapped {
+        decode: PgDecode::Array(Box::new(element.decode)),
+        kind: ColumnKind::Array(Box::new(element.kind)),
+        type_name: format!("{}[]", element.type_name),
+    }
+}
+
+/// The STRUCT of a composite type `name` of mapped `fields` (name, mapping) in order.
+pub(crate) fn composite_of(
+    name: &str,
+    fields: Vec<(String, PgMapped)>,
+) -> Result<PgMapped, (String, String)> {
+    if fields.is_empty() {
+        return Err((name.to_string(), "a composite type without fields".into()));
+    }
+    let decode = PgDecode::Composite(fields.iter().map(|(_, m)| m.decode.clone()).collect());
+    let kind = ColumnKind::Struct(
+        fields
+            .into_iter()
+            .map(|(name, m)| StructField {
+                name,
+                kind: m.kind,
+                nullable: true,
+            })
+            .collect(),
+    );
+    Ok(PgMapped {
+        decode,
+        kind,
+        type_name: name.to_string(),
+    })
 }
 
 /// The raw bytes of a result value, whatever its type.
@@ -312,7 +355,7 @@ fn too_many_decimals(scale: i32) -> String {
 /// Append one binary value (`None` = SQL NULL) to a builder made for the decode's kind.
 pub(crate) fn append_binary(
     b: &mut ColBuilder,
-    decode: PgDecode,
+    decode: &PgDecode,
     raw: Option<&[u8]>,
 ) -> Result<(), String> {
     let Some(raw) = raw else {
@@ -320,6 +363,26 @@ pub(crate) fn append_binary(
         return Ok(());
     };
     match (decode, b) {
+        (PgDecode::Array(element), ColBuilder::Array(a)) => {
+            for value in array_elements(raw)? {
+                append_binary(&mut a.elements, element, value)?;
+            }
+            a.end_value()?;
+        }
+        (PgDecode::Composite(fields), ColBuilder::Struct(s)) => {
+            let values = record_fields(raw)?;
+            if values.len() != fields.len() {
+                return Err(format!(
+                    "a composite value has {} field(s) where its type has {}",
+                    values.len(),
+                    fields.len()
+                ));
+            }
+            for ((decode, (_, b)), value) in fields.iter().zip(s.fields.iter_mut()).zip(values) {
+                append_binary(b, decode, value)?;
+            }
+            s.end_value();
+        }
         (PgDecode::Bool, ColBuilder::Bool(b)) => b.append_value(be::<1>(raw)?[0] != 0),
         (PgDecode::Int2, ColBuilder::I16(b)) => b.append_value(i16::from_be_bytes(be(raw)?)),
         (PgDecode::Int4, ColBuilder::I32(b)) => b.append_value(i32::from_be_bytes(be(raw)?)),
@@ -327,7 +390,7 @@ pub(crate) fn append_binary(
         (PgDecode::Oid, ColBuilder::I64(b)) => b.append_value(u32::from_be_bytes(be(raw)?) as i64),
         (PgDecode::Float4, ColBuilder::F32(b)) => b.append_value(f32::from_be_bytes(be(raw)?)),
         (PgDecode::Float8, ColBuilder::F64(b)) => b.append_value(f64::from_be_bytes(be(raw)?)),
-        (PgDecode::Numeric { precision, scale }, ColBuilder::Dec(b, ..)) => {
+        (&PgDecode::Numeric { precision, scale }, ColBuilder::Dec(b, ..)) => {
             let v = numeric_to_i128(raw, scale)?;
             if !fits_precision(v, precision) {
                 return Err(format!(
@@ -366,11 +429,11 @@ pub(crate) fn append_binary(
 
 /// One binary value as a watermark value (`Ok(None)` for NULL).
 pub(crate) fn watermark_value(
-    decode: PgDecode,
+    decode: &PgDecode,
     raw: Option<&[u8]>,
 ) -> Result<Option<WatermarkValue>, String> {
     let Some(raw) = raw else { return Ok(None) };
-    Ok(Some(match decode {
+    Ok(Some(match *decode {
         PgDecode::Bool => WatermarkValue::Bool(be::<1>(raw)?[0] != 0),
         PgDecode::Int2 => WatermarkValue::Int(i16::from_be_bytes(be(raw)?) as i64),
         PgDecode::Int4 => WatermarkValue::Int(i32::from_be_bytes(be(raw)?) as i64),
@@ -390,7 +453,68 @@ pub(crate) fn watermark_value(
         PgDecode::Date => WatermarkValue::Date(date_days(raw)?),
         PgDecode::Timestamp => WatermarkValue::Timestamp(timestamp_micros(raw)?),
         PgDecode::TimestampTz => WatermarkValue::TimestampUtc(timestamp_micros(raw)?),
+        PgDecode::Array(_) | PgDecode::Composite(_) => {
+            return Err("an array or composite column cannot be a watermark".into())
+        }
     }))
+}
+
+/// Reads a 4-byte big-endian integer at `*at`, moving past it.
+fn take_i32(raw: &[u8], at: &mut usize) -> Result<i32, String> {
+    let bytes = raw
+        .get(*at..*at + 4)
+        .ok_or_else(|| "truncated binary value".to_string())?;
+    *at += 4;
+    Ok(i32::from_be_bytes(bytes.try_into().expect("4 bytes")))
+}
+
+/// A length-prefixed value at `*at` (length -1: NULL), moving past it.
+fn take_value<'a>(raw: &'a [u8], at: &mut usize) -> Result<Option<&'a [u8]>, String> {
+    let len = take_i32(raw, at)?;
+    if len < 0 {
+        return Ok(None);
+    }
+    let value = raw
+        .get(*at..*at + len as usize)
+        .ok_or_else(|| "truncated binary value".to_string())?;
+    *at += len as usize;
+    Ok(Some(value))
+}
+
+/// The elements of a binary array (`array_send`): dimensions, a NULL flag, the element
+/// type, each dimension's size and lower bound, then each element length-prefixed. An
+/// empty array has no dimension; more than one is refused (Delta's ARRAY is a list).
+fn array_elements(raw: &[u8]) -> Result<Vec<Option<&[u8]>>, String> {
+    let mut at = 0;
+    let dims = take_i32(raw, &mut at)?;
+    let _has_nulls = take_i32(raw, &mut at)?;
+    let _element_type = take_i32(raw, &mut at)?;
+    match dims {
+        0 => return Ok(Vec::new()),
+        1 => {}
+        n => {
+            return Err(format!(
+                "a {n}-dimensional array has no Delta type (ARRAY is one-dimensional); \
+                 unnest it or cast it to text in a query"
+            ))
+        }
+    }
+    let size = take_i32(raw, &mut at)?;
+    let _lower_bound = take_i32(raw, &mut at)?;
+    (0..size.max(0)).map(|_| take_value(raw, &mut at)).collect()
+}
+
+/// The fields of a binary composite value (`record_send`): their count, then each one's
+/// type and length-prefixed value.
+fn record_fields(raw: &[u8]) -> Result<Vec<Option<&[u8]>>, String> {
+    let mut at = 0;
+    let count = take_i32(raw, &mut at)?;
+    (0..count.max(0))
+        .map(|_| {
+            let _field_type = take_i32(raw, &mut at)?;
+            take_value(raw, &mut at)
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -479,8 +603,53 @@ mod tests {
             }
         );
         assert!(map_builtin(1186, -1).unwrap().is_err()); // interval
-        assert!(map_builtin(1007, -1).unwrap().is_err()); // int4[]
+        let ints = map_builtin(1007, -1).unwrap().unwrap(); // int4[]
+        assert_eq!(ints.kind, ColumnKind::Array(Box::new(ColumnKind::Int32)));
+        assert_eq!(ints.type_name, "integer[]");
+        assert!(map_builtin(3904, -1).unwrap().is_err()); // int4range
         assert!(map_builtin(999_999, -1).is_none());
+    }
+
+    /// Binary arrays and records as PostgreSQL sends them (`array_send`, `record_send`).
+    #[test]
+    fn arrays_and_records_decode_into_lists_and_structs() {
+        let value = |v: Option<&[u8]>| match v {
+            Some(b) => [(b.len() as i32).to_be_bytes().to_vec(), b.to_vec()].concat(),
+            None => (-1i32).to_be_bytes().to_vec(),
+        };
+        let ints = map_builtin(1007, -1).unwrap().unwrap();
+        let mut b = ColBuilder::new(&ints.kind, 4);
+        // [1, NULL]: one dimension of 2 from lower bound 1, element type int4 (23).
+        let mut raw = [1i32, 1, 23, 2, 1].map(i32::to_be_bytes).concat();
+        raw.extend(value(Some(&1i32.to_be_bytes())));
+        raw.extend(value(None));
+        append_binary(&mut b, &ints.decode, Some(&raw)).unwrap();
+        // An empty array has no dimension.
+        let empty = [0i32, 0, 23].map(i32::to_be_bytes).concat();
+        append_binary(&mut b, &ints.decode, Some(&empty)).unwrap();
+        append_binary(&mut b, &ints.decode, None).unwrap();
+        let matrix = [2i32, 0, 23, 1, 1, 1, 1].map(i32::to_be_bytes).concat();
+        let e = append_binary(&mut b, &ints.decode, Some(&matrix)).unwrap_err();
+        assert!(e.contains("2-dimensional"), "{e}");
+
+        let pair = composite_of(
+            "pair",
+            vec![
+                ("n".into(), map_builtin(23, -1).unwrap().unwrap()),
+                ("s".into(), map_builtin(25, -1).unwrap().unwrap()),
+            ],
+        )
+        .unwrap();
+        let mut b = ColBuilder::new(&pair.kind, 2);
+        let mut raw = 2i32.to_be_bytes().to_vec();
+        raw.extend(23u32.to_be_bytes());
+        raw.extend(value(Some(&7i32.to_be_bytes())));
+        raw.extend(25u32.to_be_bytes());
+        raw.extend(value(None));
+        append_binary(&mut b, &pair.decode, Some(&raw)).unwrap();
+        let short = 1i32.to_be_bytes().to_vec();
+        let e = append_binary(&mut b, &pair.decode, Some(&short)).unwrap_err();
+        assert!(e.contains("truncated"), "{e}");
     }
 
     #[test]
