@@ -1515,3 +1515,55 @@ fn materialized_view_if_not_exists() {
         _ => panic!("one materialized view expected"),
     }
 }
+
+#[test]
+fn column_names_spark_allows_that_sqlparser_reserves() {
+    // `offset`, `limit`, `end`, `values` end a select list in sqlparser's generic dialect
+    // after a comma; `interval`, `struct`, `trim` and `exists` start special forms. Spark
+    // reads them all as columns; the SQL handed on names them in backticks.
+    let t = only_table(
+        "CREATE STREAMING TABLE t AS SELECT id, offset, limit, `end`, end AS e, values, \
+         interval, struct, trim FROM STREAM(s) WHERE offset > 1 AND exists = true",
+    );
+    assert_eq!(
+        t.query.map(|q| q.sql).as_deref(),
+        Some(
+            "SELECT id, `offset`, `limit`, `end`, `end` AS e, `values`, `interval`, `struct`, \
+             `trim` FROM __strata_source AS s WHERE `offset` > 1 AND `exists` = true"
+        )
+    );
+    let f = only_flow(
+        "CREATE FLOW f AS AUTO CDC INTO t FROM STREAM(s) KEYS (offset, limit) \
+         APPLY AS DELETE WHEN end = 'D' SEQUENCE BY offset",
+    );
+    assert_eq!(f.keys, vec!["offset", "limit"]);
+    assert_eq!(f.delete_when.as_deref(), Some("`end` = 'D'"));
+    assert_eq!(f.sequence_by, SequenceBy::Expr("`offset`".to_string()));
+    let f = only_flow(
+        "CREATE FLOW f AS AUTO CDC INTO t FROM STREAM(s) KEYS (id) SEQUENCE BY STRUCT(offset, ts)",
+    );
+    assert_eq!(
+        f.sequence_by,
+        SequenceBy::Struct(vec![
+            ("offset".to_string(), "`offset`".to_string()),
+            ("ts".to_string(), "ts".to_string())
+        ])
+    );
+    // Trailing commas are not Spark's: the comma before FROM is an error.
+    let (_, _, message, _) =
+        syntax_error("CREATE MATERIALIZED VIEW m AS SELECT id, offset, FROM s");
+    assert!(message.contains("expected"), "{message}");
+}
+
+#[test]
+fn triple_quoted_strings_are_strings() {
+    let t = only_table(
+        "CREATE STREAMING TABLE t COMMENT \"\"\"Raw \"orders\",\nas landed\"\"\" \
+         AS SELECT *, '''it's''' AS note FROM STREAM(s)",
+    );
+    assert_eq!(t.comment.as_deref(), Some("Raw \"orders\",\nas landed"));
+    assert_eq!(
+        t.query.map(|q| q.sql).as_deref(),
+        Some("SELECT *, 'it''s' AS note FROM __strata_source AS s")
+    );
+}

@@ -46,13 +46,6 @@ pub(crate) fn mode(spec: &ReadFiles) -> Result<Mode> {
         (Some(_), _, None) => Ok(Mode::Declared),
         (_, FileFormat::Parquet | FileFormat::Debezium, _) => Ok(Mode::Declared),
         (schema, _, rescued) => {
-            if spec.format == FileFormat::Csv && !spec.header {
-                return Err(EngineError::plan(format!(
-                    "read_files('{}'): a CSV file without a header (header => false) needs \
-                     schema => to name its columns",
-                    spec.path
-                )));
-            }
             rules(spec)?;
             Ok(Mode::Autoload {
                 rescued: rescued.unwrap_or_else(|| RESCUED.to_string()),
@@ -154,7 +147,7 @@ fn json_records(path: &Path) -> Result<Vec<Record>> {
 
 fn csv_format(spec: &ReadFiles) -> deltalake::arrow::csv::reader::Format {
     deltalake::arrow::csv::reader::Format::default()
-        .with_header(true)
+        .with_header(spec.header)
         .with_delimiter(spec.delimiter)
 }
 
@@ -456,14 +449,20 @@ fn rescued_column(rescue: Vec<Record>, relative: &str) -> StringArray {
         .collect()
 }
 
-/// A CSV file's header names and its rows as (name, text value) pairs; empty cells are
-/// absent (NULL).
+/// A CSV file's column names and its rows as (name, text value) pairs; empty cells are
+/// absent (NULL). The names are the header's; without one (`header => false`, the
+/// default), the declared columns' by position, else `_c0`, `_c1`, ... as Spark names them.
 fn csv_rows(path: &Path, spec: &ReadFiles) -> Result<(Vec<String>, Vec<Record>)> {
     let file = std::fs::File::open(path).context(|| format!("cannot read {}", path.display()))?;
     let (inferred, _) = csv_format(spec)
         .infer_schema(file, Some(0))
         .map_err(|e| EngineError::BadInput(format!("file {}: {e}", path.display())))?;
-    let names: Vec<String> = inferred.fields().iter().map(|f| f.name().clone()).collect();
+    let names: Vec<String> = match spec.header {
+        true => inferred.fields().iter().map(|f| f.name().clone()).collect(),
+        false => (0..inferred.fields().len())
+            .map(|i| headerless_name(spec, i))
+            .collect(),
+    };
     let strings = Arc::new(Schema::new(
         names
             .iter()
@@ -497,6 +496,16 @@ fn csv_rows(path: &Path, spec: &ReadFiles) -> Result<(Vec<String>, Vec<Record>)>
         }
     }
     Ok((names, rows))
+}
+
+/// The name of column `i` (0-based) of a CSV file without a header: the declared column's
+/// at that position, else `_c{i}`.
+fn headerless_name(spec: &ReadFiles, i: usize) -> String {
+    spec.schema
+        .as_ref()
+        .and_then(|s| s.get(i))
+        .map(|c| c.name.clone())
+        .unwrap_or_else(|| format!("_c{i}"))
 }
 
 /// The `_metadata` column's type: `file_path`, `file_name`, `file_size`,

@@ -7,6 +7,7 @@ use crate::ops::ingest::autoload;
 use crate::ops::ingest::IngestSetup;
 use crate::ops::ingest::Source;
 use crate::storage::location::Location;
+use crate::util::glob::Glob;
 use deltalake::arrow::array::RecordBatch;
 use deltalake::arrow::datatypes::{Schema, SchemaRef};
 use deltalake::datafusion::prelude::CsvReadOptions;
@@ -29,6 +30,9 @@ pub(crate) struct InputDir {
     /// The folder (or file) to read; for object storage, the staging folder.
     local: PathBuf,
     remote: Option<(Location, Arc<tempfile::TempDir>)>,
+    /// The glob of a path like `data/*.csv`, below the folder (`data`): only the files it
+    /// matches are input.
+    glob: Option<Glob>,
 }
 
 impl InputDir {
@@ -39,6 +43,7 @@ impl InputDir {
             Location::Local(local) => Ok(InputDir {
                 local,
                 remote: None,
+                glob: None,
             }),
             remote => {
                 let staging = tempfile::Builder::new()
@@ -48,25 +53,49 @@ impl InputDir {
                 Ok(InputDir {
                     local: staging.path().to_path_buf(),
                     remote: Some((remote, Arc::new(staging))),
+                    glob: None,
                 })
             }
         }
     }
 
-    /// Whether the input exists (a local path; anything below an object prefix).
-    pub(crate) async fn exists(&self) -> Result<bool> {
-        match &self.remote {
-            None => Ok(self.local.exists()),
-            Some((remote, _)) => remote.exists().await,
+    /// Only the files below the folder that `glob` matches are input.
+    pub(crate) fn with_glob(self, glob: Glob) -> InputDir {
+        InputDir {
+            glob: Some(glob),
+            ..self
         }
     }
 
-    /// Every input file, relative names, sorted (see [`list_files`]).
-    pub(crate) async fn list(&self) -> Result<Vec<String>> {
-        match &self.remote {
-            None => list_files(&self.local),
-            Some((remote, _)) => remote.list_files().await,
+    /// The glob the input's files are matched against, if any.
+    pub(crate) fn glob(&self) -> Option<&Glob> {
+        self.glob.as_ref()
+    }
+
+    /// Whether the input exists (a local path; anything below an object prefix; with a
+    /// glob, a file it matches).
+    pub(crate) async fn exists(&self) -> Result<bool> {
+        let folder = match &self.remote {
+            None => self.local.exists(),
+            Some((remote, _)) => remote.exists().await?,
+        };
+        match (&self.glob, folder) {
+            (Some(_), true) => Ok(!self.list().await?.is_empty()),
+            (_, folder) => Ok(folder),
         }
+    }
+
+    /// Every input file, relative names, sorted (see [`list_files`]); with a glob, those it
+    /// matches.
+    pub(crate) async fn list(&self) -> Result<Vec<String>> {
+        let mut files = match &self.remote {
+            None => list_files(&self.local)?,
+            Some((remote, _)) => remote.list_files().await?,
+        };
+        if let Some(glob) = &self.glob {
+            files.retain(|f| glob.matches(&f.replace('\\', "/")));
+        }
+        Ok(files)
     }
 
     /// The local path of input file `name` (as [`InputDir::list`] names it), copied from

@@ -253,12 +253,17 @@ async fn files_input(
     setup: &IngestSetup,
     existing_table: Option<&DeltaTable>,
 ) -> Result<(Source, Option<SchemaRef>)> {
-    let dir = match Location::parse(&spec.path, "read_files path")? {
-        Location::Local(p) => InputDir::new(Location::Local(pipeline.dir.join(p)))?,
-        remote => InputDir::new(remote)?,
-    };
+    let dir = input_dir(setup, &spec.path, pipeline.dir)?;
     if !dir.exists().await? {
-        return Err(setup.err(format!("read_files path {} does not exist", dir.display())));
+        return Err(setup.err(match dir.glob() {
+            Some(glob) => format!(
+                "read_files path {}: no file matches the glob {} under {}",
+                spec.path,
+                glob.as_str(),
+                dir.display()
+            ),
+            None => format!("read_files path {} does not exist", dir.display()),
+        }));
     }
     for key in spec.other_options.keys() {
         if !matches!(
@@ -322,6 +327,26 @@ async fn files_input(
         },
         schema,
     ))
+}
+
+/// The input of read_files path `path` (relative to the pipeline's folder `dir`): a folder,
+/// a file or an object-store prefix, or with a glob (`data/*.csv`, Spark's glob
+/// characters: `util/glob.rs`) the folder before the glob and the files below it the glob
+/// matches.
+fn input_dir(setup: &IngestSetup, path: &str, dir: &Path) -> Result<InputDir> {
+    let (base, pattern) = crate::util::glob::split(path);
+    let input = match Location::parse(&base, "read_files path")? {
+        Location::Local(p) => InputDir::new(Location::Local(dir.join(p)))?,
+        remote => InputDir::new(remote)?,
+    };
+    match pattern {
+        None => Ok(input),
+        Some(p) => {
+            let glob = crate::util::glob::Glob::new(&p)
+                .map_err(|e| setup.err(format!("read_files path {path}: {e}")))?;
+            Ok(input.with_glob(glob))
+        }
+    }
 }
 
 /// The columns of `read_files` input without Auto Loader: those declared (Debezium's
