@@ -720,6 +720,16 @@ fn query_with_source(c: &mut Cursor, once: bool) -> Result<SourceQuery> {
         *name = ObjectName::from(vec![Ident::new(SOURCE_PLACEHOLDER)]);
         *args = None;
     }
+    if !once && aggregates_source(&query) {
+        return Err(c.error_at(
+            query_at,
+            "this query aggregates its streaming source (GROUP BY, DISTINCT, an aggregate or \
+             window function): a streaming table takes only each run's new rows, so it would \
+             append partial results every run, and Spark refuses an aggregation of a stream \
+             without a watermark. Make it a materialized view (CREATE MATERIALIZED VIEW name AS \
+             SELECT ... FROM source, without STREAM), which is recomputed over all the rows",
+        ));
+    }
     // Tables joined with the stream are read in batch, as they are when the table runs.
     let reads = query_reads(c, &query)?
         .into_iter()
@@ -731,6 +741,142 @@ fn query_with_source(c: &mut Cursor, once: bool) -> Result<SourceQuery> {
         reads,
     })
 }
+
+/// Whether a SELECT of `query` that reads the streaming source (the placeholder, directly or
+/// through a subquery or CTE) groups, deduplicates, aggregates or uses a window function.
+fn aggregates_source(query: &Query) -> bool {
+    use sqlparser::ast::{visit_expressions, GroupByExpr, SelectItem};
+    use std::ops::ControlFlow;
+    fn reads_source(query: &Query) -> bool {
+        let ctes = query.with.iter().flat_map(|w| &w.cte_tables);
+        ctes.into_iter().any(|c| reads_source(&c.query)) || body_reads_source(&query.body)
+    }
+    fn body_reads_source(body: &SetExpr) -> bool {
+        match body {
+            SetExpr::Select(s) => s.from.iter().any(|twj| {
+                std::iter::once(&twj.relation)
+                    .chain(twj.joins.iter().map(|j| &j.relation))
+                    .any(factor_reads_source)
+            }),
+            SetExpr::Query(q) => reads_source(q),
+            SetExpr::SetOperation { left, right, .. } => {
+                body_reads_source(left) || body_reads_source(right)
+            }
+            _ => false,
+        }
+    }
+    fn factor_reads_source(f: &TableFactor) -> bool {
+        match f {
+            TableFactor::Table { name, .. } => {
+                name.0.len() == 1
+                    && matches!(name.0.first(), Some(ObjectNamePart::Identifier(id))
+                        if id.value == SOURCE_PLACEHOLDER)
+            }
+            TableFactor::Derived { subquery, .. } => reads_source(subquery),
+            TableFactor::NestedJoin {
+                table_with_joins, ..
+            } => std::iter::once(&table_with_joins.relation)
+                .chain(table_with_joins.joins.iter().map(|j| &j.relation))
+                .any(factor_reads_source),
+            _ => false,
+        }
+    }
+    fn aggregating_expr(e: &Expr) -> bool {
+        visit_expressions(e, |e| match e {
+            Expr::Function(f)
+                if f.over.is_some()
+                    || AGGREGATE_FUNCTIONS.iter().any(|a| {
+                        f.name
+                            .0
+                            .last()
+                            .and_then(ObjectNamePart::as_ident)
+                            .is_some_and(|id| id.value.eq_ignore_ascii_case(a))
+                    }) =>
+            {
+                ControlFlow::Break(())
+            }
+            // A subquery aggregates what it reads, which is checked on its own.
+            Expr::Subquery(_) | Expr::InSubquery { .. } | Expr::Exists { .. } => {
+                ControlFlow::Continue(())
+            }
+            _ => ControlFlow::Continue(()),
+        })
+        .is_break()
+    }
+    fn select_aggregates(body: &SetExpr) -> bool {
+        let SetExpr::Select(s) = body else {
+            return match body {
+                SetExpr::Query(q) => query_aggregates(q),
+                SetExpr::SetOperation { left, right, .. } => {
+                    select_aggregates(left) || select_aggregates(right)
+                }
+                _ => false,
+            };
+        };
+        let own = body_reads_source(body)
+            && (s.distinct.is_some()
+                || s.having.is_some()
+                || match &s.group_by {
+                    GroupByExpr::All(_) => true,
+                    GroupByExpr::Expressions(exprs, _) => !exprs.is_empty(),
+                }
+                || s.projection.iter().any(|item| match item {
+                    SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => {
+                        aggregating_expr(e)
+                    }
+                    _ => false,
+                }));
+        let derived = s.from.iter().any(|twj| {
+            std::iter::once(&twj.relation)
+                .chain(twj.joins.iter().map(|j| &j.relation))
+                .any(|f| matches!(f, TableFactor::Derived { subquery, .. } if query_aggregates(subquery)))
+        });
+        own || derived
+    }
+    fn query_aggregates(query: &Query) -> bool {
+        let ctes = query.with.iter().flat_map(|w| &w.cte_tables);
+        ctes.into_iter().any(|c| query_aggregates(&c.query)) || select_aggregates(&query.body)
+    }
+    query_aggregates(query)
+}
+
+/// Spark's aggregate functions (by name, any case): in a SELECT that reads a stream, each
+/// makes the query a streaming aggregation.
+const AGGREGATE_FUNCTIONS: [&str; 33] = [
+    "count",
+    "count_if",
+    "sum",
+    "avg",
+    "mean",
+    "min",
+    "max",
+    "min_by",
+    "max_by",
+    "first",
+    "first_value",
+    "last",
+    "last_value",
+    "any_value",
+    "collect_list",
+    "collect_set",
+    "array_agg",
+    "string_agg",
+    "listagg",
+    "approx_count_distinct",
+    "approx_percentile",
+    "percentile",
+    "percentile_approx",
+    "median",
+    "mode",
+    "stddev",
+    "stddev_pop",
+    "stddev_samp",
+    "variance",
+    "var_pop",
+    "var_samp",
+    "bool_and",
+    "bool_or",
+];
 
 /// The parts of a table name and where its first part starts.
 fn name_parts(c: &Cursor, name: &ObjectName) -> Result<(Vec<String>, Option<SpLocation>)> {

@@ -1567,3 +1567,40 @@ fn triple_quoted_strings_are_strings() {
         Some("SELECT *, 'it''s' AS note FROM __strata_source AS s")
     );
 }
+
+#[test]
+fn a_streaming_aggregation_is_refused_with_the_materialized_view_it_should_be() {
+    for query in [
+        "SELECT city, count(*) AS n FROM STREAM(rides) GROUP BY city",
+        "SELECT count(*) FROM STREAM(rides)",
+        "SELECT DISTINCT city FROM STREAM(rides)",
+        "SELECT * FROM (SELECT city, SUM(km) AS km FROM STREAM(rides) GROUP BY city)",
+        "WITH c AS (SELECT city, max(km) AS km FROM STREAM(rides) GROUP BY ALL) SELECT * FROM c",
+        "SELECT id, row_number() OVER (PARTITION BY city ORDER BY km) AS r FROM STREAM(rides)",
+        "SELECT city, n FROM STREAM read_files('in', format => 'json') GROUP BY city, n",
+    ] {
+        let text = format!("CREATE STREAMING TABLE t AS {query}");
+        let (line, column, message, _) = syntax_error(&text);
+        assert_eq!((line, column), (1, 29), "{query}");
+        assert!(
+            message.starts_with("this query aggregates its streaming source")
+                && message.contains("Make it a materialized view"),
+            "{query}: {message}"
+        );
+    }
+    // The same in an append flow.
+    let (_, _, message, _) = syntax_error(
+        "CREATE FLOW f AS INSERT INTO t BY NAME SELECT city, count(*) AS n FROM STREAM(rides) GROUP BY city",
+    );
+    assert!(message.starts_with("this query aggregates"), "{message}");
+    // Aggregating the static side of a stream-static join, a scalar function, or a batch
+    // query (a materialized view, a once flow) is not a streaming aggregation.
+    only_table(
+        "CREATE STREAMING TABLE t AS SELECT r.id, upper(r.city) AS city, m.km FROM STREAM(rides) r \
+         JOIN (SELECT city, max(km) AS km FROM cities GROUP BY city) m ON r.city = m.city",
+    );
+    parse("CREATE MATERIALIZED VIEW m AS SELECT city, count(*) AS n FROM rides GROUP BY city");
+    parse(
+        "CREATE FLOW f AS INSERT INTO ONCE t BY NAME SELECT city, count(*) AS n FROM rides GROUP BY city",
+    );
+}
