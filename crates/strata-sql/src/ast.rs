@@ -301,6 +301,12 @@ pub const CHANGE_COLUMNS: [&str; 5] = [
     "_unchanged_cols",
 ];
 
+/// The table property an informational `PRIMARY KEY` or `FOREIGN KEY` constraint of a
+/// dataset's column list is recorded under, followed by the constraint's name (its value:
+/// `PRIMARY KEY (id)`, `FOREIGN KEY (c) REFERENCES customers (id)`). Not enforced, as in
+/// Unity Catalog.
+pub const KEY_CONSTRAINT_PREFIX: &str = "strata.constraint.";
+
 /// The name the engine registers the new input rows under when it runs a [`SourceQuery`].
 pub const SOURCE_PLACEHOLDER: &str = "__strata_source";
 

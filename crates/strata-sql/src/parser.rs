@@ -95,6 +95,12 @@ fn parse_statement(c: &mut Cursor) -> Result<Vec<Statement>> {
             c.expect_keyword("TABLE")?;
             return streaming_table(c, at).map(|t| vec![Statement::StreamingTable(t)]);
         }
+        if c.eat_keyword("INCREMENTAL") {
+            // `INCREMENTAL LIVE TABLE`: the oldest DLT spelling of a streaming table.
+            c.expect_keyword("LIVE")?;
+            c.expect_keyword("TABLE")?;
+            return streaming_table(c, at).map(|t| vec![Statement::StreamingTable(t)]);
+        }
         if c.eat_keyword("FLOW") {
             return flow(c, at);
         }
@@ -126,6 +132,13 @@ fn parse_statement(c: &mut Cursor) -> Result<Vec<Statement>> {
             "STREAMING TABLE, MATERIALIZED VIEW, VIEW, FLOW, POINT IN TIME TABLE or CONNECTION",
         ));
     }
+    if c.eat_keyword("SET") {
+        // `SET key = value`: a configuration value, substituted for `${key}` in the text
+        // after it before parsing (`config.rs`); `SET key` and `SET` alone display values
+        // in a notebook. Nothing to declare.
+        c.skip_rest();
+        return Ok(Vec::new());
+    }
     if c.eat_keyword("APPLY") {
         // Legacy standalone form: the flow is named after its target table.
         c.expect_keyword("CHANGES")?;
@@ -133,7 +146,7 @@ fn parse_statement(c: &mut Cursor) -> Result<Vec<Statement>> {
         c.expect_keyword("INTO")?;
         return cdc_flow(c, None, at, snapshot).map(flow_statements);
     }
-    Err(c.expected("CREATE or APPLY CHANGES"))
+    Err(c.expected("CREATE, APPLY CHANGES or SET"))
 }
 
 /// `CREATE [OR REFRESH] PRIVATE STREAMING TABLE | MATERIALIZED VIEW | LIVE TABLE ...`
@@ -310,14 +323,19 @@ impl DatasetHead {
 
 fn dataset_head(c: &mut Cursor) -> Result<DatasetHead> {
     let (name, _) = table_name(c, "a table name")?;
-    let (columns, expectations) = if c.eat_token(&Token::LParen) {
-        let (cols, exps) = parse_table_elements(c, true)?;
+    let (columns, expectations, keys) = if c.eat_token(&Token::LParen) {
+        let elements = parse_table_elements(c, true)?;
         if !c.eat_token(&Token::RParen) {
             return Err(c.expected("',' or ')'"));
         }
-        ((!cols.is_empty()).then_some(cols), exps)
+        let cols = elements.columns;
+        (
+            (!cols.is_empty()).then_some(cols),
+            elements.expectations,
+            elements.keys,
+        )
     } else {
-        (None, Vec::new())
+        (None, Vec::new(), Vec::new())
     };
     let mut comment = None;
     let mut properties = None;
@@ -341,6 +359,13 @@ fn dataset_head(c: &mut Cursor) -> Result<DatasetHead> {
             once(c, &mut properties, props, "TBLPROPERTIES", clause_at)?;
         } else {
             break;
+        }
+    }
+    // Informational key constraints are recorded with the table's properties.
+    if !keys.is_empty() {
+        let props = properties.get_or_insert_with(BTreeMap::new);
+        for (name, text) in keys {
+            props.insert(format!("{KEY_CONSTRAINT_PREFIX}{name}"), text);
         }
     }
     Ok(DatasetHead {
@@ -1183,13 +1208,16 @@ struct FileOptions {
 /// lower-cased: those the engine's `read_files` takes besides `format`, `schema`, `header`
 /// and `sep` (crates/strata-engine/src/ops/ingest/prepare.rs). `cloud_files` refuses the
 /// others at their place.
-const PASSED_FILE_OPTIONS: [&str; 6] = [
+const PASSED_FILE_OPTIONS: [&str; 9] = [
     "multiline",
     "inferschema",
     "encoding",
     "rescueddatacolumn",
     "infercolumntypes",
     "infertimestamp",
+    "schemahints",
+    "maxfilespertrigger",
+    "maxbytespertrigger",
 ];
 
 impl FileOptions {
@@ -1442,6 +1470,9 @@ fn cloud_files_option(
     let key = match lower.as_str() {
         "cloudfiles.format" => "format",
         "cloudfiles.infercolumntypes" => "infercolumntypes",
+        "cloudfiles.schemahints" => "schemahints",
+        "cloudfiles.maxfilespertrigger" => "maxfilespertrigger",
+        "cloudfiles.maxbytespertrigger" => "maxbytespertrigger",
         other => other,
     };
     let known = matches!(
@@ -1454,8 +1485,11 @@ fn cloud_files_option(
             format!(
                 "cloud_files option '{}' is not supported: cloud_files takes the options of \
                  read_files (header, sep, delimiter, schema, multiLine, inferSchema, encoding, \
-                 rescuedDataColumn, inferColumnTypes, inferTimestamp) and cloudFiles.format, \
-                 cloudFiles.inferColumnTypes and cloudFiles.schemaEvolutionMode",
+                 rescuedDataColumn, inferColumnTypes, inferTimestamp, schemaHints, \
+                 maxFilesPerTrigger, maxBytesPerTrigger) and cloudFiles.format, \
+                 cloudFiles.inferColumnTypes, cloudFiles.schemaHints, \
+                 cloudFiles.maxFilesPerTrigger, cloudFiles.maxBytesPerTrigger and \
+                 cloudFiles.schemaEvolutionMode",
                 option.name
             ),
         ));

@@ -458,7 +458,7 @@ fn misspelled_keys_points_at_the_token() {
 #[test]
 fn syntax_errors_name_what_was_expected() {
     let cases: &[(&str, (u64, u64), &str)] = &[
-        ("SELECT 1", (1, 1), "expected CREATE or APPLY CHANGES, found 'SELECT'"),
+        ("SELECT 1", (1, 1), "expected CREATE, APPLY CHANGES or SET, found 'SELECT'"),
         (
             "CREATE OR REPLACE STREAMING TABLE t",
             (1, 11),
@@ -1305,14 +1305,9 @@ fn cloud_files_errors_say_where() {
         ("cloud_files('in', 'json', map('header', upper('x')))", "upper", "option 'header' must be a literal"),
         // Options read_files does not know, named as written.
         (
-            "cloud_files('in', 'json', map('cloudFiles.inferColumnTypes', 'true', 'cloudFiles.maxFilesPerTrigger', '10'))",
-            "'cloudFiles.maxFilesPerTrigger'",
-            "cloud_files option 'cloudFiles.maxFilesPerTrigger' is not supported",
-        ),
-        (
-            "cloud_files('in', 'json', map('cloudFiles.schemaHints', 'id BIGINT'))",
-            "'cloudFiles.schemaHints'",
-            "cloud_files option 'cloudFiles.schemaHints' is not supported",
+            "cloud_files('in', 'json', map('cloudFiles.inferColumnTypes', 'true', 'cloudFiles.maxFileAge', '10'))",
+            "'cloudFiles.maxFileAge'",
+            "cloud_files option 'cloudFiles.maxFileAge' is not supported",
         ),
         ("cloud_files('in', 'json', map('mode', 'PERMISSIVE'))", "'mode'", "cloud_files option 'mode' is not supported"),
         // What read_files does not do.
@@ -1602,5 +1597,79 @@ fn a_streaming_aggregation_is_refused_with_the_materialized_view_it_should_be() 
     parse("CREATE MATERIALIZED VIEW m AS SELECT city, count(*) AS n FROM rides GROUP BY city");
     parse(
         "CREATE FLOW f AS INSERT INTO ONCE t BY NAME SELECT city, count(*) AS n FROM rides GROUP BY city",
+    );
+}
+
+#[test]
+fn informational_key_constraints_are_recorded_as_properties() {
+    let t = only_table(
+        "CREATE STREAMING TABLE sales (\
+           order_num BIGINT NOT NULL, \
+           line BIGINT PRIMARY KEY, \
+           customer_key BIGINT FOREIGN KEY REFERENCES dbdemos.tpch.customers_dim, \
+           date_key BIGINT CONSTRAINT date_fk FOREIGN KEY REFERENCES date_dim (key) NOT ENFORCED RELY, \
+           CONSTRAINT valid CHECK_PLACEHOLDER \
+         )"
+        .replace("CONSTRAINT valid CHECK_PLACEHOLDER", "CONSTRAINT valid EXPECT (line > 0)")
+        .as_str(),
+    );
+    assert_eq!(t.expectations.len(), 1);
+    assert_eq!(
+        t.properties,
+        BTreeMap::from([
+            (
+                "strata.constraint.date_fk".to_string(),
+                "FOREIGN KEY (date_key) REFERENCES date_dim (key)".to_string()
+            ),
+            (
+                "strata.constraint.fk_customer_key".to_string(),
+                "FOREIGN KEY (customer_key) REFERENCES dbdemos.tpch.customers_dim".to_string()
+            ),
+            (
+                "strata.constraint.pk_line".to_string(),
+                "PRIMARY KEY (line)".to_string()
+            ),
+        ])
+    );
+    let t = only_table(
+        "CREATE STREAMING TABLE f (a INT, b INT, CONSTRAINT f_pk PRIMARY KEY(a, b TIMESERIES) RELY, \
+         FOREIGN KEY (b) REFERENCES d (id)) TBLPROPERTIES ('x' = 'y')",
+    );
+    assert_eq!(
+        t.properties
+            .get("strata.constraint.f_pk")
+            .map(String::as_str),
+        Some("PRIMARY KEY (a, b)")
+    );
+    assert_eq!(
+        t.properties
+            .get("strata.constraint.fk_b")
+            .map(String::as_str),
+        Some("FOREIGN KEY (b) REFERENCES d (id)")
+    );
+    assert_eq!(t.properties.get("x").map(String::as_str), Some("y"));
+    let (line, column, message, _) =
+        syntax_error("CREATE STREAMING TABLE f (a INT, CONSTRAINT p PRIMARY KEY (z))");
+    assert_eq!((line, column), (1, 34));
+    assert!(
+        message.contains("column z, which the column list does not declare"),
+        "{message}"
+    );
+}
+
+#[test]
+fn legacy_incremental_live_tables_and_set_statements() {
+    let p = parse(
+        "SET spark.databricks.cloudFiles.schemaInference.sampleSize.numFiles = 100;\n\
+         SET spark.source;\n\
+         CREATE INCREMENTAL LIVE TABLE customers COMMENT 'target';",
+    );
+    assert_eq!(p.statements.len(), 1);
+    let Statement::StreamingTable(t) = &p.statements[0] else {
+        panic!("a streaming table")
+    };
+    assert_eq!(
+        (t.name.name.as_str(), t.query.is_none()),
+        ("customers", true)
     );
 }

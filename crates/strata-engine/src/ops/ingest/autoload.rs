@@ -187,10 +187,48 @@ pub(crate) fn infer(
             FileFormat::Parquet | FileFormat::Debezium => {}
         }
     }
-    Ok(columns
+    let inferred = columns
         .into_iter()
         .map(|(n, t)| (n, t.unwrap_or(DataType::Utf8)))
-        .collect())
+        .collect();
+    match files.is_empty() {
+        true => Ok(inferred),
+        false => Ok(with_hints(inferred, &schema_hints(spec)?)),
+    }
+}
+
+/// The columns of option `schemaHints` (`'id BIGINT, at DATE'`), as Auto Loader takes them:
+/// the types of those columns, whatever inference finds.
+fn schema_hints(spec: &ReadFiles) -> Result<Vec<(String, DataType)>> {
+    let Some(text) = spec.other_options.get("schemahints") else {
+        return Ok(Vec::new());
+    };
+    let columns = strata_sql::parse_ddl_schema(text).map_err(|e| {
+        EngineError::plan(format!(
+            "read_files('{}'): option schemaHints '{text}': {}",
+            spec.path,
+            e.to_string().lines().next().unwrap_or_default()
+        ))
+    })?;
+    Ok(columns.into_iter().map(|c| (c.name, c.data_type)).collect())
+}
+
+/// `inferred` with each hinted column's type the hint's (names matched in any case); hinted
+/// columns the files do not have are added after the inferred ones.
+fn with_hints(
+    mut inferred: Vec<(String, DataType)>,
+    hints: &[(String, DataType)],
+) -> Vec<(String, DataType)> {
+    for (name, t) in hints {
+        match inferred
+            .iter_mut()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        {
+            Some((_, old)) => *old = t.clone(),
+            None => inferred.push((name.clone(), t.clone())),
+        }
+    }
+    inferred
 }
 
 /// The input columns of a run: `previous` (recorded by earlier runs, types kept) plus the

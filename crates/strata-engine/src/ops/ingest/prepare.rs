@@ -274,8 +274,20 @@ async fn files_input(
                 | "rescueddatacolumn"
                 | "infercolumntypes"
                 | "infertimestamp"
+                | "schemahints"
+                | "maxfilespertrigger"
+                | "maxbytespertrigger"
         ) {
             return Err(setup.err(format!("read_files option `{key}` is not supported")));
+        }
+    }
+    // A rate limit of Auto Loader's micro-batches: a run takes every new file, as Lakeflow's
+    // triggered update does over as many micro-batches as the limit makes.
+    if let Some(n) = spec.other_options.get("maxfilespertrigger") {
+        if n.parse::<u64>().map_or(true, |n| n == 0) {
+            return Err(setup.err(format!(
+                "read_files option maxFilesPerTrigger must be a whole number above 0, found '{n}'"
+            )));
         }
     }
     let mode = autoload::mode(spec).map_err(|e| setup.err(e))?;
