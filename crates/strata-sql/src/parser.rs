@@ -465,12 +465,83 @@ fn batch_query(c: &mut Cursor, what: &str) -> Result<BatchQuery> {
         ));
     }
     c.skip_rest();
-    let query = whole_query(c, tokens)?;
-    let reads = query_reads(c, &query)?;
+    let mut query = whole_query(c, tokens)?;
+    let files = file_reads(c, &mut query)?;
+    if let (Some(first), false) = (files.first(), what == "a materialized view") {
+        return Err(c.error_at(
+            first.spec.location,
+            format!("{what} cannot read files yet; read them in a materialized view"),
+        ));
+    }
+    let reads = query_reads(c, &query)?
+        .into_iter()
+        .filter(|t| !(0..files.len()).any(|i| t.name == files_placeholder(i)))
+        .collect();
     Ok(BatchQuery {
         sql: query.to_string(),
         reads,
+        files,
     })
+}
+
+/// The formats of Spark's direct file reads (``parquet.`path` ``).
+const DIRECT_FORMATS: [(&str, FileFormat); 3] = [
+    ("parquet", FileFormat::Parquet),
+    ("json", FileFormat::Json),
+    ("csv", FileFormat::Csv),
+];
+
+/// Each `read_files(...)` and Spark direct read (``parquet.`path` ``) of a batch query, its
+/// table factor replaced by [`files_placeholder`] (an alias it had is kept).
+fn file_reads(c: &Cursor, query: &mut Query) -> Result<Vec<FileRead>> {
+    let mut factors = Vec::new();
+    collect_query(query, &mut factors);
+    let mut out = Vec::new();
+    for factor in factors {
+        let TableFactor::Table { name, args, .. } = factor else {
+            continue;
+        };
+        let Ok((parts, start)) = name_parts(c, name) else {
+            continue;
+        };
+        let at = start.map(location).unwrap_or_default();
+        let read = match (args.as_ref(), parts.as_slice()) {
+            (Some(a), [f]) if f.eq_ignore_ascii_case("read_files") => FileRead {
+                spec: read_files(c.src, a, at)?,
+                direct: false,
+            },
+            (None, [format, path]) => {
+                let quoted = matches!(name.0.get(1), Some(ObjectNamePart::Identifier(id))
+                    if id.quote_style == Some('`'));
+                let Some((_, format)) = DIRECT_FORMATS
+                    .iter()
+                    .find(|(n, _)| n.eq_ignore_ascii_case(format))
+                else {
+                    continue;
+                };
+                if !quoted {
+                    continue;
+                }
+                FileRead {
+                    spec: ReadFiles {
+                        path: path.clone(),
+                        format: *format,
+                        schema: None,
+                        header: false,
+                        delimiter: b',',
+                        other_options: BTreeMap::new(),
+                        location: at,
+                    },
+                    direct: true,
+                }
+            }
+            _ => continue,
+        };
+        *name = ObjectName::from(vec![Ident::new(files_placeholder(out.len()))]);
+        *args = None;
+        out.push(read);
+    }
+    Ok(out)
 }
 
 /// The tables a batch query reads (see [`BatchQuery::reads`]).

@@ -1673,3 +1673,46 @@ fn legacy_incremental_live_tables_and_set_statements() {
         ("customers", true)
     );
 }
+
+#[test]
+fn materialized_views_read_files_in_batch() {
+    let p = parse(
+        "CREATE MATERIALIZED VIEW m AS SELECT r.id, c._c1 FROM parquet.`data/rides` AS r \
+         JOIN csv.`data/cities/*.csv` c ON r.city = c._c0 \
+         JOIN read_files('data/extra', format => 'json', schemaHints => 'id BIGINT') x ON x.id = r.id \
+         JOIN parquet.rides p ON p.id = r.id",
+    );
+    let Statement::MaterializedView(m) = &p.statements[0] else {
+        panic!("a materialized view")
+    };
+    assert_eq!(
+        m.query.sql,
+        "SELECT r.id, c._c1 FROM __strata_files_0 AS r JOIN __strata_files_1 c ON r.city = c._c0 \
+         JOIN __strata_files_2 x ON x.id = r.id JOIN parquet.rides p ON p.id = r.id"
+    );
+    let files: Vec<(&str, FileFormat, bool)> = m
+        .query
+        .files
+        .iter()
+        .map(|f| (f.spec.path.as_str(), f.spec.format, f.direct))
+        .collect();
+    assert_eq!(
+        files,
+        vec![
+            ("data/rides", FileFormat::Parquet, true),
+            ("data/cities/*.csv", FileFormat::Csv, true),
+            ("data/extra", FileFormat::Json, false),
+        ]
+    );
+    // `parquet.rides` (no backticks) is a table of a schema named parquet.
+    assert_eq!(
+        m.query.reads,
+        vec![TableName::new(Some("parquet"), "rides")]
+    );
+    let (line, column, message, _) = syntax_error("CREATE VIEW v AS SELECT * FROM json.`data/x`");
+    assert_eq!((line, column), (1, 32));
+    assert_eq!(
+        message,
+        "a view cannot read files yet; read them in a materialized view"
+    );
+}

@@ -86,6 +86,7 @@ pub(crate) async fn refresh(
     reads: &[TableName],
     declared: &BTreeSet<TableName>,
     schema: &str,
+    dir: &std::path::Path,
 ) -> Result<MvReport> {
     let name = &mv.name;
     let mut report = MvReport {
@@ -109,7 +110,20 @@ pub(crate) async fn refresh(
             ))
         }
     };
-    let inputs = serde_json::json!({ "query": mv.query.sql, "versions": versions });
+    // The files it reads, read now: a new file is a reason to compute again.
+    let mut files = Vec::with_capacity(mv.query.files.len());
+    for read in &mv.query.files {
+        let Some(taken) = crate::ops::ingest::read_batch_files(read, dir).await? else {
+            report.skipped = Some(format!("{} has no files yet", read.spec.path));
+            return Ok(report);
+        };
+        files.push(taken);
+    }
+    let names: Vec<&Vec<String>> = files.iter().map(|(_, _, n)| n).collect();
+    let inputs = match names.is_empty() {
+        true => serde_json::json!({ "query": mv.query.sql, "versions": versions }),
+        false => serde_json::json!({ "query": mv.query.sql, "versions": versions, "files": names }),
+    };
     let existing = wh.open_table(name).await?;
     if let Some(t) = &existing {
         if last_inputs(t).await?.as_ref() == Some(&inputs) {
@@ -120,6 +134,13 @@ pub(crate) async fn refresh(
 
     let ctx = warehouse_session_in(wh, schema).await?;
     register_views(wh, &ctx, views, schema, None).await?;
+    for (i, (schema, batches, _)) in files.into_iter().enumerate() {
+        let name = strata_sql::files_placeholder(i);
+        let table = deltalake::datafusion::datasource::MemTable::try_new(schema, vec![batches])
+            .context(|| format!("reading {name}"))?;
+        ctx.register_table(name.as_str(), Arc::new(table))
+            .context(|| format!("registering {name}"))?;
+    }
     let sql = rewrite(wh, &ctx, &mv.query.sql, schema).await?;
     let err = |e: &dyn std::fmt::Display| {
         EngineError::plan_at(format!("materialized view {name}"), mv.location.line, e)

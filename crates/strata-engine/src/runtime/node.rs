@@ -132,6 +132,7 @@ pub(crate) async fn run_node(
                 &reads,
                 declared,
                 &plan.default_schema,
+                scope.dir,
             )
             .await?;
             record.rows_read = r.rows_read;

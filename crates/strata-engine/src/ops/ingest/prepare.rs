@@ -12,7 +12,6 @@ use crate::ops::ingest::Readiness;
 use crate::ops::ingest::Source;
 use crate::sql::shapes::Shapes;
 use crate::storage::feed;
-use crate::storage::location::Location;
 use crate::storage::warehouse::Warehouse;
 use crate::util::arrow;
 use deltalake::arrow::array::RecordBatch;
@@ -341,24 +340,9 @@ async fn files_input(
     ))
 }
 
-/// The input of read_files path `path` (relative to the pipeline's folder `dir`): a folder,
-/// a file or an object-store prefix, or with a glob (`data/*.csv`, Spark's glob
-/// characters: `util/glob.rs`) the folder before the glob and the files below it the glob
-/// matches.
+/// [`InputDir::at`]; a bad glob is an error of the table.
 fn input_dir(setup: &IngestSetup, path: &str, dir: &Path) -> Result<InputDir> {
-    let (base, pattern) = crate::util::glob::split(path);
-    let input = match Location::parse(&base, "read_files path")? {
-        Location::Local(p) => InputDir::new(Location::Local(dir.join(p)))?,
-        remote => InputDir::new(remote)?,
-    };
-    match pattern {
-        None => Ok(input),
-        Some(p) => {
-            let glob = crate::util::glob::Glob::new(&p)
-                .map_err(|e| setup.err(format!("read_files path {path}: {e}")))?;
-            Ok(input.with_glob(glob))
-        }
-    }
+    InputDir::at(path, dir)?.map_err(|e| setup.err(format!("read_files path {path}: {e}")))
 }
 
 /// The columns of `read_files` input without Auto Loader: those declared (Debezium's
