@@ -26,6 +26,17 @@ use strata_sql::{MaterializedView, TableName, View};
 
 const INPUTS_KEY: &str = "strata.inputs";
 
+/// The files a view's query reads ([`strata_sql::BatchQuery::files`]), in order, each read
+/// whole: its rows and the names of its files; or the path of one that has no file yet.
+pub(crate) type FileInputs = std::result::Result<
+    Vec<(
+        SchemaRef,
+        Vec<deltalake::arrow::array::RecordBatch>,
+        Vec<String>,
+    )>,
+    String,
+>;
+
 /// What one refresh did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct MvReport {
@@ -86,7 +97,7 @@ pub(crate) async fn refresh(
     reads: &[TableName],
     declared: &BTreeSet<TableName>,
     schema: &str,
-    dir: &std::path::Path,
+    files: FileInputs,
 ) -> Result<MvReport> {
     let name = &mv.name;
     let mut report = MvReport {
@@ -110,15 +121,14 @@ pub(crate) async fn refresh(
             ))
         }
     };
-    // The files it reads, read now: a new file is a reason to compute again.
-    let mut files = Vec::with_capacity(mv.query.files.len());
-    for read in &mv.query.files {
-        let Some(taken) = crate::ops::ingest::read_batch_files(read, dir).await? else {
-            report.skipped = Some(format!("{} has no files yet", read.spec.path));
+    // The files it reads: a new file is a reason to compute again.
+    let files = match files {
+        Ok(files) => files,
+        Err(empty) => {
+            report.skipped = Some(format!("{empty} has no files yet"));
             return Ok(report);
-        };
-        files.push(taken);
-    }
+        }
+    };
     let names: Vec<&Vec<String>> = files.iter().map(|(_, _, n)| n).collect();
     let inputs = match names.is_empty() {
         true => serde_json::json!({ "query": mv.query.sql, "versions": versions }),
