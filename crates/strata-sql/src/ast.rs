@@ -180,6 +180,24 @@ pub struct BatchQuery {
     /// Every table named in a FROM clause (CTE names excluded), including the first argument
     /// of `table_changes('t', ...)` and `as_of('t', ...)`, in text order, without repeats.
     pub reads: Vec<TableName>,
+    /// The files a materialized view's query reads in batch: each `read_files(...)` and
+    /// each Spark direct read (``parquet.`path` ``, ``json.`path` ``, ``csv.`path` ``), in text
+    /// order. The SQL names the i-th as the table [`files_placeholder`]`(i)`.
+    pub files: Vec<FileRead>,
+}
+
+/// Files a batch query reads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FileRead {
+    pub spec: ReadFiles,
+    /// Spark's direct read (``parquet.`path` ``): its reader's defaults (CSV columns `_c0`,
+    /// `_c1`, ... as STRING; no rescued-data column), not read_files' inference.
+    pub direct: bool,
+}
+
+/// The table name the SQL of a [`BatchQuery`] gives its `i`-th [`FileRead`].
+pub fn files_placeholder(i: usize) -> String {
+    format!("__strata_files_{i}")
 }
 
 /// `CREATE FLOW name AS INSERT INTO target BY NAME SELECT ... FROM STREAM(source)`: appends
@@ -300,6 +318,12 @@ pub const CHANGE_COLUMNS: [&str; 5] = [
     "_commit_timestamp",
     "_unchanged_cols",
 ];
+
+/// The table property an informational `PRIMARY KEY` or `FOREIGN KEY` constraint of a
+/// dataset's column list is recorded under, followed by the constraint's name (its value:
+/// `PRIMARY KEY (id)`, `FOREIGN KEY (c) REFERENCES customers (id)`). Not enforced, as in
+/// Unity Catalog.
+pub const KEY_CONSTRAINT_PREFIX: &str = "strata.constraint.";
 
 /// The name the engine registers the new input rows under when it runs a [`SourceQuery`].
 pub const SOURCE_PLACEHOLDER: &str = "__strata_source";

@@ -8,11 +8,22 @@ use std::collections::BTreeMap;
 
 /// Replaces every `${name}` in `text` by `values[name]`. A reference to a name without a
 /// value is an error at its line and column; `$${` stays as a literal `${`.
+///
+/// A line `SET name = value` (a statement of its own, as Spark and Lakeflow take it) sets
+/// `name` for the text after it, over `values`: the value is the rest of the statement,
+/// trimmed, as written (`SET start = '2024-01-01'` makes `${start}` a quoted literal).
 pub fn substitute(text: &str, values: &BTreeMap<String, String>) -> Result<String> {
+    let sets = set_statements(text);
+    let mut values = values.clone();
+    let mut next_set = sets.iter().peekable();
     let mut out = String::with_capacity(text.len());
     let (mut line, mut column) = (1u64, 1u64);
     let mut rest = text;
     while let Some(pos) = rest.find('$') {
+        let here = text.len() - rest.len() + pos;
+        while let Some((_, name, value)) = next_set.next_if(|(end, _, _)| *end <= here) {
+            values.insert(name.clone(), value.clone());
+        }
         for ch in rest[..pos].chars() {
             advance(&mut line, &mut column, ch);
         }
@@ -60,6 +71,36 @@ pub fn substitute(text: &str, values: &BTreeMap<String, String>) -> Result<Strin
     Ok(out)
 }
 
+/// The `SET name = value` lines of `text`: where each ends (a byte offset), the name and
+/// the value (up to a `;`, trimmed). `SET name` alone (which shows a value) sets nothing.
+fn set_statements(text: &str) -> Vec<(usize, String, String)> {
+    let mut out = Vec::new();
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        offset += line.len();
+        let trimmed = line.trim_start();
+        let is_set = trimmed
+            .get(..4)
+            .is_some_and(|w| w.eq_ignore_ascii_case("set ") || w.eq_ignore_ascii_case("set\t"));
+        if !is_set {
+            continue;
+        }
+        let statement = trimmed[4..].split(';').next().unwrap_or_default();
+        let Some((name, value)) = statement.split_once('=') else {
+            continue;
+        };
+        let name = name.trim();
+        let plain = !name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+        if plain {
+            out.push((offset, name.to_string(), value.trim().to_string()));
+        }
+    }
+    out
+}
+
 fn advance(line: &mut u64, column: &mut u64, ch: char) {
     if ch == '\n' {
         *line += 1;
@@ -103,6 +144,25 @@ mod tests {
             "STORED AS SCD TYPE 2 -- 'data/x' costs $5"
         );
         assert_eq!(substitute("a $${b}", &c).unwrap(), "a ${b}");
+    }
+
+    #[test]
+    fn set_lines_give_values_to_the_text_after_them() {
+        let c = string_map(&[("start", "'2020-01-01'"), ("dir", "data/x")]);
+        let text = "SELECT ${start};\nSET start = '2024-01-01';\nset tbl=orders\n-- ${start} ${tbl} ${dir}";
+        assert_eq!(
+            substitute(text, &c).unwrap(),
+            "SELECT '2020-01-01';\nSET start = '2024-01-01';\nset tbl=orders\n-- '2024-01-01' orders data/x"
+        );
+        // Before its SET, a name has no value.
+        let e = substitute("SELECT ${tbl};\nSET tbl = t;", &string_map(&[])).unwrap_err();
+        assert!(
+            e.to_string().starts_with("1:8: configuration value `tbl`"),
+            "{e}"
+        );
+        // `SET name` shows a value and sets none; a `SET` inside a line is not a statement.
+        assert!(substitute("SET tbl;\nSELECT ${tbl}", &string_map(&[])).is_err());
+        assert!(substitute("SELECT 1 -- SET tbl = t\n${tbl}", &string_map(&[])).is_err());
     }
 
     #[test]

@@ -10,17 +10,170 @@
 
 use crate::ast::Location;
 use crate::error::{Result, SqlError};
+use sqlparser::ast::{visit_expressions_mut, Expr, Ident, VisitMut};
 use sqlparser::dialect::{Dialect, GenericDialect};
+use sqlparser::keywords::{
+    Keyword, ALL_KEYWORDS, ALL_KEYWORDS_INDEX, RESERVED_FOR_COLUMN_ALIAS, RESERVED_FOR_IDENTIFIER,
+};
 use sqlparser::parser::{Parser, ParserError};
 use sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer, Whitespace};
+use std::ops::ControlFlow;
 
 /// The dialect used to parse embedded expressions and queries. Its printed SQL is what
 /// DataFusion's default dialect reads back.
-pub(crate) static GENERIC: GenericDialect = GenericDialect {};
+pub(crate) static GENERIC: SparkParseDialect = SparkParseDialect;
+
+/// sqlparser's generic dialect (DataFusion's default) with two of Spark's rules: a select
+/// list has no trailing comma (so `SELECT id, offset, x` names a column `offset`), and no
+/// word is kept from being a column name (`interval`, `struct`, `trim`, `exists` are
+/// columns where they cannot start their special form). sqlparser sees it as the generic
+/// dialect (`dialect()`), and every other behaviour is the generic dialect's.
+#[derive(Debug)]
+pub(crate) struct SparkParseDialect;
+
+/// Forwards each named `fn(&self) -> bool` of [`Dialect`] to [`GenericDialect`].
+macro_rules! generic_flags {
+    ($($name:ident),* $(,)?) => {
+        $(fn $name(&self) -> bool {
+            GenericDialect {}.$name()
+        })*
+    };
+}
+
+impl Dialect for SparkParseDialect {
+    fn dialect(&self) -> std::any::TypeId {
+        std::any::TypeId::of::<GenericDialect>()
+    }
+
+    fn is_delimited_identifier_start(&self, ch: char) -> bool {
+        GenericDialect {}.is_delimited_identifier_start(ch)
+    }
+
+    fn is_identifier_start(&self, ch: char) -> bool {
+        GenericDialect {}.is_identifier_start(ch)
+    }
+
+    fn is_identifier_part(&self, ch: char) -> bool {
+        GenericDialect {}.is_identifier_part(ch)
+    }
+
+    fn supports_projection_trailing_commas(&self) -> bool {
+        false
+    }
+
+    fn is_reserved_for_identifier(&self, _keyword: Keyword) -> bool {
+        false
+    }
+
+    // Every other flag the generic dialect sets (sqlparser 0.62's `dialect/generic.rs`).
+    generic_flags!(
+        supports_unicode_string_literal,
+        supports_partition_by_after_order_by,
+        supports_array_join_syntax,
+        supports_group_by_expr,
+        supports_group_by_with_modifier,
+        supports_left_associative_joins_without_parens,
+        supports_connect_by,
+        supports_match_recognize,
+        supports_pipe_operator,
+        supports_start_transaction_modifier,
+        supports_window_function_null_treatment_arg,
+        supports_dictionary_syntax,
+        supports_window_clause_named_window_reference,
+        supports_parenthesized_set_variables,
+        supports_select_wildcard_except,
+        support_map_literal_syntax,
+        allow_extract_custom,
+        allow_extract_single_quotes,
+        supports_extract_comma_syntax,
+        supports_create_view_comment_syntax,
+        supports_parens_around_table_factor,
+        supports_values_as_table_factor,
+        supports_create_index_with_clause,
+        supports_explain_with_utility_options,
+        supports_limit_comma,
+        supports_update_order_by,
+        supports_from_first_select,
+        supports_asc_desc_in_column_definition,
+        supports_try_convert,
+        supports_bitwise_shift_operators,
+        supports_comment_on,
+        supports_load_extension,
+        supports_named_fn_args_with_assignment_operator,
+        supports_struct_literal,
+        supports_empty_projections,
+        supports_nested_comments,
+        supports_multiline_comment_hints,
+        supports_user_host_grantee,
+        supports_string_escape_constant,
+        supports_array_typedef_with_brackets,
+        supports_match_against,
+        supports_set_names,
+        supports_comma_separated_set_assignments,
+        supports_filter_during_aggregation,
+        supports_select_wildcard_exclude,
+        supports_data_type_signed_suffix,
+        supports_interval_options,
+        supports_quote_delimited_string,
+        supports_select_wildcard_replace,
+        supports_select_wildcard_ilike,
+        supports_select_wildcard_rename,
+        supports_optimize_table,
+        supports_install,
+        supports_detach,
+        supports_prewhere,
+        supports_with_fill,
+        supports_limit_by,
+        supports_interpolate,
+        supports_settings,
+        supports_select_format,
+        supports_comment_optimizer_hint,
+        supports_constraint_keyword_without_name,
+        supports_key_column_option,
+        supports_comma_separated_trim,
+        supports_cte_without_as,
+        supports_select_item_multi_column_alias,
+        supports_xml_expressions,
+    );
+}
+
+/// Whether an unquoted column named `name` would not read back in DataFusion's generic
+/// dialect: the words it keeps from column names in a select list (`offset`, `limit`,
+/// `end`, `values`, ...) or everywhere (`interval`, `struct`, `trim`, `exists`).
+fn needs_quotes(name: &str) -> bool {
+    let upper = name.to_ascii_uppercase();
+    let Ok(at) = ALL_KEYWORDS.binary_search(&upper.as_str()) else {
+        return false;
+    };
+    let keyword = ALL_KEYWORDS_INDEX[at];
+    RESERVED_FOR_COLUMN_ALIAS.contains(&keyword) || RESERVED_FOR_IDENTIFIER.contains(&keyword)
+}
+
+/// Backticks around every column reference of `node` that [`needs_quotes`], so that the
+/// SQL printed for DataFusion names the column (backticks keep the name's case as it is).
+pub(crate) fn quote_keyword_columns<T: VisitMut>(node: &mut T) {
+    let quote = |id: &mut Ident| {
+        if id.quote_style.is_none() && needs_quotes(&id.value) {
+            id.quote_style = Some('`');
+        }
+    };
+    let _ = visit_expressions_mut(node, |e| {
+        match e {
+            Expr::Identifier(id) => quote(id),
+            Expr::CompoundIdentifier(ids) => ids.iter_mut().for_each(quote),
+            _ => {}
+        }
+        ControlFlow::<()>::Continue(())
+    });
+}
 
 /// Spark's lexical rules, for tokenizing only (the parser uses [`GENERIC`]).
 #[derive(Debug)]
-pub(crate) struct SparkLexDialect;
+pub(crate) struct SparkLexDialect {
+    /// The text holds `"""` or `'''`: read them as the quotes of one string. (Otherwise
+    /// sqlparser's error for an unterminated string points after its quote.)
+    triple_quotes: bool,
+}
 
 impl Dialect for SparkLexDialect {
     fn is_identifier_start(&self, ch: char) -> bool {
@@ -42,6 +195,12 @@ impl Dialect for SparkLexDialect {
 
     fn supports_nested_comments(&self) -> bool {
         true
+    }
+
+    /// `"""..."""` and `'''...'''`: strings that may hold the quote character, as pasted
+    /// from Python notebooks (`spark.sql("""...""")`).
+    fn supports_triple_quoted_string(&self) -> bool {
+        self.triple_quotes
     }
 }
 
@@ -118,7 +277,9 @@ pub(crate) fn location(l: sqlparser::tokenizer::Location) -> Location {
 /// line, the cell boundary of a Databricks notebook exported as a `.sql` file, ends a
 /// statement as `;` does (each cell is a statement, and cells need no `;`).
 pub(crate) fn tokenize(src: &Source, text: &str) -> Result<Vec<TokenWithSpan>> {
-    let dialect = SparkLexDialect;
+    let dialect = SparkLexDialect {
+        triple_quotes: text.contains("\"\"\"") || text.contains("'''"),
+    };
     let tokens = Tokenizer::new(&dialect, text)
         .tokenize_with_location()
         .map_err(|e| {
@@ -147,7 +308,9 @@ pub(crate) fn tokenize(src: &Source, text: &str) -> Result<Vec<TokenWithSpan>> {
         .map(|t| {
             let token = match t.token {
                 Token::Whitespace(_) => Token::SemiColon,
-                Token::DoubleQuotedString(s) => Token::SingleQuotedString(s),
+                Token::DoubleQuotedString(s)
+                | Token::TripleDoubleQuotedString(s)
+                | Token::TripleSingleQuotedString(s) => Token::SingleQuotedString(s),
                 Token::Word(w) if w.quote_style == Some('"') => Token::SingleQuotedString(w.value),
                 other => other,
             };
@@ -328,7 +491,7 @@ impl<'s, 't> Cursor<'s, 't> {
     }
 
     /// Runs sqlparser's parser on the rest of the statement and moves past what it used.
-    pub(crate) fn sql<T>(
+    pub(crate) fn sql<T: VisitMut>(
         &mut self,
         f: impl FnOnce(&mut Parser) -> std::result::Result<T, ParserError>,
     ) -> Result<T> {
@@ -345,7 +508,7 @@ pub(crate) fn is_keyword(token: &Token, kw: &str) -> bool {
 
 /// Runs `f` with a sqlparser parser over `tokens`; returns its value and how many tokens
 /// it consumed. Errors become [`SqlError::Syntax`] in this crate's wording.
-pub(crate) fn run_sqlparser<T>(
+pub(crate) fn run_sqlparser<T: VisitMut>(
     src: &Source,
     tokens: Vec<TokenWithSpan>,
     end: &End,
@@ -362,7 +525,10 @@ pub(crate) fn run_sqlparser<T>(
     let starts: Vec<TokenWithSpan> = tokens.clone();
     let mut parser = Parser::new(&GENERIC).with_tokens_with_locations(tokens);
     match f(&mut parser) {
-        Ok(v) => Ok((v, parser.index().min(len))),
+        Ok(mut v) => {
+            quote_keyword_columns(&mut v);
+            Ok((v, parser.index().min(len)))
+        }
         Err(e) => {
             let here = fallback(parser.index(), &starts);
             Err(convert_parser_error(src, e, here, end))

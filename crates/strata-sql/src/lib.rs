@@ -7,7 +7,9 @@
 //!   pipeline.sql ──parse_pipeline──▶ Pipeline (ast.rs) ──plan_pipeline──▶ PipelinePlan (plan.rs)
 //!                  Spark lexical rules,                   dataset graph: unknown tables,
 //!                  errors with line:column               cycles, contradictory flow options,
-//!                                                        each node's reads and writes
+//!                                                        each node's reads and writes,
+//!                                                        names matched without regard
+//!                                                        to case (names.rs)
 //! ```
 //!
 //! Tokenising uses DataFusion's re-exported `sqlparser`. Spark's lexical rules are applied on
@@ -23,6 +25,7 @@ mod config;
 mod datetime;
 mod error;
 mod lex;
+mod names;
 mod parser;
 mod plan;
 mod types;

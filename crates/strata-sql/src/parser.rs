@@ -95,6 +95,12 @@ fn parse_statement(c: &mut Cursor) -> Result<Vec<Statement>> {
             c.expect_keyword("TABLE")?;
             return streaming_table(c, at).map(|t| vec![Statement::StreamingTable(t)]);
         }
+        if c.eat_keyword("INCREMENTAL") {
+            // `INCREMENTAL LIVE TABLE`: the oldest DLT spelling of a streaming table.
+            c.expect_keyword("LIVE")?;
+            c.expect_keyword("TABLE")?;
+            return streaming_table(c, at).map(|t| vec![Statement::StreamingTable(t)]);
+        }
         if c.eat_keyword("FLOW") {
             return flow(c, at);
         }
@@ -126,6 +132,13 @@ fn parse_statement(c: &mut Cursor) -> Result<Vec<Statement>> {
             "STREAMING TABLE, MATERIALIZED VIEW, VIEW, FLOW, POINT IN TIME TABLE or CONNECTION",
         ));
     }
+    if c.eat_keyword("SET") {
+        // `SET key = value`: a configuration value, substituted for `${key}` in the text
+        // after it before parsing (`config.rs`); `SET key` and `SET` alone display values
+        // in a notebook. Nothing to declare.
+        c.skip_rest();
+        return Ok(Vec::new());
+    }
     if c.eat_keyword("APPLY") {
         // Legacy standalone form: the flow is named after its target table.
         c.expect_keyword("CHANGES")?;
@@ -133,7 +146,7 @@ fn parse_statement(c: &mut Cursor) -> Result<Vec<Statement>> {
         c.expect_keyword("INTO")?;
         return cdc_flow(c, None, at, snapshot).map(flow_statements);
     }
-    Err(c.expected("CREATE or APPLY CHANGES"))
+    Err(c.expected("CREATE, APPLY CHANGES or SET"))
 }
 
 /// `CREATE [OR REFRESH] PRIVATE STREAMING TABLE | MATERIALIZED VIEW | LIVE TABLE ...`
@@ -310,14 +323,19 @@ impl DatasetHead {
 
 fn dataset_head(c: &mut Cursor) -> Result<DatasetHead> {
     let (name, _) = table_name(c, "a table name")?;
-    let (columns, expectations) = if c.eat_token(&Token::LParen) {
-        let (cols, exps) = parse_table_elements(c, true)?;
+    let (columns, expectations, keys) = if c.eat_token(&Token::LParen) {
+        let elements = parse_table_elements(c, true)?;
         if !c.eat_token(&Token::RParen) {
             return Err(c.expected("',' or ')'"));
         }
-        ((!cols.is_empty()).then_some(cols), exps)
+        let cols = elements.columns;
+        (
+            (!cols.is_empty()).then_some(cols),
+            elements.expectations,
+            elements.keys,
+        )
     } else {
-        (None, Vec::new())
+        (None, Vec::new(), Vec::new())
     };
     let mut comment = None;
     let mut properties = None;
@@ -341,6 +359,13 @@ fn dataset_head(c: &mut Cursor) -> Result<DatasetHead> {
             once(c, &mut properties, props, "TBLPROPERTIES", clause_at)?;
         } else {
             break;
+        }
+    }
+    // Informational key constraints are recorded with the table's properties.
+    if !keys.is_empty() {
+        let props = properties.get_or_insert_with(BTreeMap::new);
+        for (name, text) in keys {
+            props.insert(format!("{KEY_CONSTRAINT_PREFIX}{name}"), text);
         }
     }
     Ok(DatasetHead {
@@ -440,12 +465,83 @@ fn batch_query(c: &mut Cursor, what: &str) -> Result<BatchQuery> {
         ));
     }
     c.skip_rest();
-    let query = whole_query(c, tokens)?;
-    let reads = query_reads(c, &query)?;
+    let mut query = whole_query(c, tokens)?;
+    let files = file_reads(c, &mut query)?;
+    if let (Some(first), false) = (files.first(), what == "a materialized view") {
+        return Err(c.error_at(
+            first.spec.location,
+            format!("{what} cannot read files yet; read them in a materialized view"),
+        ));
+    }
+    let reads = query_reads(c, &query)?
+        .into_iter()
+        .filter(|t| !(0..files.len()).any(|i| t.name == files_placeholder(i)))
+        .collect();
     Ok(BatchQuery {
         sql: query.to_string(),
         reads,
+        files,
     })
+}
+
+/// The formats of Spark's direct file reads (``parquet.`path` ``).
+const DIRECT_FORMATS: [(&str, FileFormat); 3] = [
+    ("parquet", FileFormat::Parquet),
+    ("json", FileFormat::Json),
+    ("csv", FileFormat::Csv),
+];
+
+/// Each `read_files(...)` and Spark direct read (``parquet.`path` ``) of a batch query, its
+/// table factor replaced by [`files_placeholder`] (an alias it had is kept).
+fn file_reads(c: &Cursor, query: &mut Query) -> Result<Vec<FileRead>> {
+    let mut factors = Vec::new();
+    collect_query(query, &mut factors);
+    let mut out = Vec::new();
+    for factor in factors {
+        let TableFactor::Table { name, args, .. } = factor else {
+            continue;
+        };
+        let Ok((parts, start)) = name_parts(c, name) else {
+            continue;
+        };
+        let at = start.map(location).unwrap_or_default();
+        let read = match (args.as_ref(), parts.as_slice()) {
+            (Some(a), [f]) if f.eq_ignore_ascii_case("read_files") => FileRead {
+                spec: read_files(c.src, a, at)?,
+                direct: false,
+            },
+            (None, [format, path]) => {
+                let quoted = matches!(name.0.get(1), Some(ObjectNamePart::Identifier(id))
+                    if id.quote_style == Some('`'));
+                let Some((_, format)) = DIRECT_FORMATS
+                    .iter()
+                    .find(|(n, _)| n.eq_ignore_ascii_case(format))
+                else {
+                    continue;
+                };
+                if !quoted {
+                    continue;
+                }
+                FileRead {
+                    spec: ReadFiles {
+                        path: path.clone(),
+                        format: *format,
+                        schema: None,
+                        header: false,
+                        delimiter: b',',
+                        other_options: BTreeMap::new(),
+                        location: at,
+                    },
+                    direct: true,
+                }
+            }
+            _ => continue,
+        };
+        *name = ObjectName::from(vec![Ident::new(files_placeholder(out.len()))]);
+        *args = None;
+        out.push(read);
+    }
+    Ok(out)
 }
 
 /// The tables a batch query reads (see [`BatchQuery::reads`]).
@@ -720,6 +816,16 @@ fn query_with_source(c: &mut Cursor, once: bool) -> Result<SourceQuery> {
         *name = ObjectName::from(vec![Ident::new(SOURCE_PLACEHOLDER)]);
         *args = None;
     }
+    if !once && aggregates_source(&query) {
+        return Err(c.error_at(
+            query_at,
+            "this query aggregates its streaming source (GROUP BY, DISTINCT, an aggregate or \
+             window function): a streaming table takes only each run's new rows, so it would \
+             append partial results every run, and Spark refuses an aggregation of a stream \
+             without a watermark. Make it a materialized view (CREATE MATERIALIZED VIEW name AS \
+             SELECT ... FROM source, without STREAM), which is recomputed over all the rows",
+        ));
+    }
     // Tables joined with the stream are read in batch, as they are when the table runs.
     let reads = query_reads(c, &query)?
         .into_iter()
@@ -731,6 +837,142 @@ fn query_with_source(c: &mut Cursor, once: bool) -> Result<SourceQuery> {
         reads,
     })
 }
+
+/// Whether a SELECT of `query` that reads the streaming source (the placeholder, directly or
+/// through a subquery or CTE) groups, deduplicates, aggregates or uses a window function.
+fn aggregates_source(query: &Query) -> bool {
+    use sqlparser::ast::{visit_expressions, GroupByExpr, SelectItem};
+    use std::ops::ControlFlow;
+    fn reads_source(query: &Query) -> bool {
+        let ctes = query.with.iter().flat_map(|w| &w.cte_tables);
+        ctes.into_iter().any(|c| reads_source(&c.query)) || body_reads_source(&query.body)
+    }
+    fn body_reads_source(body: &SetExpr) -> bool {
+        match body {
+            SetExpr::Select(s) => s.from.iter().any(|twj| {
+                std::iter::once(&twj.relation)
+                    .chain(twj.joins.iter().map(|j| &j.relation))
+                    .any(factor_reads_source)
+            }),
+            SetExpr::Query(q) => reads_source(q),
+            SetExpr::SetOperation { left, right, .. } => {
+                body_reads_source(left) || body_reads_source(right)
+            }
+            _ => false,
+        }
+    }
+    fn factor_reads_source(f: &TableFactor) -> bool {
+        match f {
+            TableFactor::Table { name, .. } => {
+                name.0.len() == 1
+                    && matches!(name.0.first(), Some(ObjectNamePart::Identifier(id))
+                        if id.value == SOURCE_PLACEHOLDER)
+            }
+            TableFactor::Derived { subquery, .. } => reads_source(subquery),
+            TableFactor::NestedJoin {
+                table_with_joins, ..
+            } => std::iter::once(&table_with_joins.relation)
+                .chain(table_with_joins.joins.iter().map(|j| &j.relation))
+                .any(factor_reads_source),
+            _ => false,
+        }
+    }
+    fn aggregating_expr(e: &Expr) -> bool {
+        visit_expressions(e, |e| match e {
+            Expr::Function(f)
+                if f.over.is_some()
+                    || AGGREGATE_FUNCTIONS.iter().any(|a| {
+                        f.name
+                            .0
+                            .last()
+                            .and_then(ObjectNamePart::as_ident)
+                            .is_some_and(|id| id.value.eq_ignore_ascii_case(a))
+                    }) =>
+            {
+                ControlFlow::Break(())
+            }
+            // A subquery aggregates what it reads, which is checked on its own.
+            Expr::Subquery(_) | Expr::InSubquery { .. } | Expr::Exists { .. } => {
+                ControlFlow::Continue(())
+            }
+            _ => ControlFlow::Continue(()),
+        })
+        .is_break()
+    }
+    fn select_aggregates(body: &SetExpr) -> bool {
+        let SetExpr::Select(s) = body else {
+            return match body {
+                SetExpr::Query(q) => query_aggregates(q),
+                SetExpr::SetOperation { left, right, .. } => {
+                    select_aggregates(left) || select_aggregates(right)
+                }
+                _ => false,
+            };
+        };
+        let own = body_reads_source(body)
+            && (s.distinct.is_some()
+                || s.having.is_some()
+                || match &s.group_by {
+                    GroupByExpr::All(_) => true,
+                    GroupByExpr::Expressions(exprs, _) => !exprs.is_empty(),
+                }
+                || s.projection.iter().any(|item| match item {
+                    SelectItem::UnnamedExpr(e) | SelectItem::ExprWithAlias { expr: e, .. } => {
+                        aggregating_expr(e)
+                    }
+                    _ => false,
+                }));
+        let derived = s.from.iter().any(|twj| {
+            std::iter::once(&twj.relation)
+                .chain(twj.joins.iter().map(|j| &j.relation))
+                .any(|f| matches!(f, TableFactor::Derived { subquery, .. } if query_aggregates(subquery)))
+        });
+        own || derived
+    }
+    fn query_aggregates(query: &Query) -> bool {
+        let ctes = query.with.iter().flat_map(|w| &w.cte_tables);
+        ctes.into_iter().any(|c| query_aggregates(&c.query)) || select_aggregates(&query.body)
+    }
+    query_aggregates(query)
+}
+
+/// Spark's aggregate functions (by name, any case): in a SELECT that reads a stream, each
+/// makes the query a streaming aggregation.
+const AGGREGATE_FUNCTIONS: [&str; 33] = [
+    "count",
+    "count_if",
+    "sum",
+    "avg",
+    "mean",
+    "min",
+    "max",
+    "min_by",
+    "max_by",
+    "first",
+    "first_value",
+    "last",
+    "last_value",
+    "any_value",
+    "collect_list",
+    "collect_set",
+    "array_agg",
+    "string_agg",
+    "listagg",
+    "approx_count_distinct",
+    "approx_percentile",
+    "percentile",
+    "percentile_approx",
+    "median",
+    "mode",
+    "stddev",
+    "stddev_pop",
+    "stddev_samp",
+    "variance",
+    "var_pop",
+    "var_samp",
+    "bool_and",
+    "bool_or",
+];
 
 /// The parts of a table name and where its first part starts.
 fn name_parts(c: &Cursor, name: &ObjectName) -> Result<(Vec<String>, Option<SpLocation>)> {
@@ -1037,13 +1279,16 @@ struct FileOptions {
 /// lower-cased: those the engine's `read_files` takes besides `format`, `schema`, `header`
 /// and `sep` (crates/strata-engine/src/ops/ingest/prepare.rs). `cloud_files` refuses the
 /// others at their place.
-const PASSED_FILE_OPTIONS: [&str; 6] = [
+const PASSED_FILE_OPTIONS: [&str; 9] = [
     "multiline",
     "inferschema",
     "encoding",
     "rescueddatacolumn",
     "infercolumntypes",
     "infertimestamp",
+    "schemahints",
+    "maxfilespertrigger",
+    "maxbytespertrigger",
 ];
 
 impl FileOptions {
@@ -1296,6 +1541,9 @@ fn cloud_files_option(
     let key = match lower.as_str() {
         "cloudfiles.format" => "format",
         "cloudfiles.infercolumntypes" => "infercolumntypes",
+        "cloudfiles.schemahints" => "schemahints",
+        "cloudfiles.maxfilespertrigger" => "maxfilespertrigger",
+        "cloudfiles.maxbytespertrigger" => "maxbytespertrigger",
         other => other,
     };
     let known = matches!(
@@ -1308,8 +1556,11 @@ fn cloud_files_option(
             format!(
                 "cloud_files option '{}' is not supported: cloud_files takes the options of \
                  read_files (header, sep, delimiter, schema, multiLine, inferSchema, encoding, \
-                 rescuedDataColumn, inferColumnTypes, inferTimestamp) and cloudFiles.format, \
-                 cloudFiles.inferColumnTypes and cloudFiles.schemaEvolutionMode",
+                 rescuedDataColumn, inferColumnTypes, inferTimestamp, schemaHints, \
+                 maxFilesPerTrigger, maxBytesPerTrigger) and cloudFiles.format, \
+                 cloudFiles.inferColumnTypes, cloudFiles.schemaHints, \
+                 cloudFiles.maxFilesPerTrigger, cloudFiles.maxBytesPerTrigger and \
+                 cloudFiles.schemaEvolutionMode",
                 option.name
             ),
         ));

@@ -181,6 +181,7 @@ fn plan_error(location: Location, message: impl Into<String>) -> SqlError {
 
 /// Validates the graph of `pipeline`.
 pub fn plan_pipeline(pipeline: Pipeline) -> Result<PipelinePlan> {
+    let pipeline = crate::names::match_case(pipeline)?;
     let (mut plan, stmt_of) = declare_all(pipeline)?;
     check_connections(&plan)?;
     check_streaming_tables(&plan)?;

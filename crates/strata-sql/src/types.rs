@@ -83,27 +83,165 @@ fn relocate(
 /// continue the list (the caller checks what comes next). Names must be unique, ignoring
 /// case, as Spark resolves columns case-insensitively.
 pub(crate) fn parse_column_defs(c: &mut Cursor) -> Result<Vec<ColumnDef>> {
-    let (columns, expectations) = parse_table_elements(c, false)?;
-    debug_assert!(expectations.is_empty());
-    Ok(columns)
+    let elements = parse_table_elements(c, false)?;
+    debug_assert!(elements.expectations.is_empty() && elements.keys.is_empty());
+    Ok(elements.columns)
+}
+
+/// What a dataset's column list declares.
+pub(crate) struct TableElements {
+    pub columns: Vec<ColumnDef>,
+    pub expectations: Vec<Expectation>,
+    /// Informational `PRIMARY KEY` and `FOREIGN KEY` constraints: (name, text such as
+    /// `PRIMARY KEY (id)`), recorded and not enforced, as Unity Catalog has them.
+    pub keys: Vec<(String, String)>,
+}
+
+/// Whether the next tokens start a `PRIMARY KEY` or `FOREIGN KEY` constraint.
+fn at_key_constraint(c: &Cursor) -> bool {
+    (c.peek_keyword("PRIMARY") || c.peek_keyword("FOREIGN")) && c.peek_nth_keyword(1, "KEY")
+}
+
+/// `PRIMARY KEY [(cols)] [options]` or `FOREIGN KEY [(cols)] REFERENCES parent [(cols)]
+/// [options]`, the columns in parentheses unless the constraint follows its `column`.
+/// Returns its name (`name`, else `pk_<cols>` / `fk_<cols>`) and its text.
+fn key_constraint(
+    c: &mut Cursor,
+    name: Option<String>,
+    column: Option<&str>,
+) -> Result<(String, String)> {
+    let primary = c.eat_keyword("PRIMARY");
+    if !primary {
+        c.expect_keyword("FOREIGN")?;
+    }
+    c.expect_keyword("KEY")?;
+    let paren_list = |c: &mut Cursor, what: &str| -> Result<Vec<String>> {
+        c.expect_token(&Token::LParen)?;
+        let mut names = Vec::new();
+        loop {
+            names.push(c.ident(what)?.0);
+            c.eat_keyword("TIMESERIES");
+            if !c.eat_token(&Token::Comma) {
+                break;
+            }
+        }
+        c.expect_token(&Token::RParen)?;
+        Ok(names)
+    };
+    let columns = match column {
+        Some(col) if !c.peek_token(&Token::LParen) => vec![col.to_string()],
+        _ => paren_list(c, "a key column")?,
+    };
+    let mut text = format!(
+        "{} KEY ({})",
+        if primary { "PRIMARY" } else { "FOREIGN" },
+        columns.join(", ")
+    );
+    if !primary {
+        c.expect_keyword("REFERENCES")?;
+        let mut parent = vec![c.ident("the referenced table")?.0];
+        while c.eat_token(&Token::Period) {
+            parent.push(c.ident("a name after '.'")?.0);
+        }
+        text.push_str(&format!(" REFERENCES {}", parent.join(".")));
+        if c.peek_token(&Token::LParen) {
+            let cols = paren_list(c, "a referenced column")?;
+            text.push_str(&format!(" ({})", cols.join(", ")));
+        }
+    }
+    // Options Unity Catalog records and does not enforce either.
+    loop {
+        let two = |c: &mut Cursor, a: &str, b: &str| {
+            let hit = c.peek_keyword(a) && c.peek_nth_keyword(1, b);
+            if hit {
+                c.next();
+                c.next();
+            }
+            hit
+        };
+        let three = |c: &mut Cursor, a: &str, b: &str, d: &str| {
+            let hit = c.peek_keyword(a) && c.peek_nth_keyword(1, b) && c.peek_nth_keyword(2, d);
+            if hit {
+                c.next();
+                c.next();
+                c.next();
+            }
+            hit
+        };
+        let option = two(c, "NOT", "ENFORCED")
+            || two(c, "NOT", "DEFERRABLE")
+            || two(c, "INITIALLY", "DEFERRED")
+            || two(c, "INITIALLY", "IMMEDIATE")
+            || two(c, "MATCH", "FULL")
+            || three(c, "ON", "UPDATE", "NO")
+            || three(c, "ON", "DELETE", "NO")
+            || c.eat_keyword("ACTION")
+            || c.eat_keyword("DEFERRABLE")
+            || c.eat_keyword("RELY")
+            || c.eat_keyword("NORELY")
+            || c.eat_keyword("ENFORCED");
+        if !option {
+            break;
+        }
+    }
+    let name = name.unwrap_or_else(|| {
+        format!(
+            "{}_{}",
+            if primary { "pk" } else { "fk" },
+            columns.join("_")
+        )
+    });
+    Ok((name, text))
 }
 
 /// The column list of a dataset: column definitions and, where `constraints` allows,
 /// `CONSTRAINT name EXPECT (condition) [ON VIOLATION DROP ROW | FAIL UPDATE]` entries, in
 /// any order. Expectation names must be unique within the dataset.
-pub(crate) fn parse_table_elements(
-    c: &mut Cursor,
-    constraints: bool,
-) -> Result<(Vec<ColumnDef>, Vec<Expectation>)> {
+pub(crate) fn parse_table_elements(c: &mut Cursor, constraints: bool) -> Result<TableElements> {
     let mut columns: Vec<ColumnDef> = Vec::new();
     let mut expectations: Vec<Expectation> = Vec::new();
+    let mut keys: Vec<(String, String)> = Vec::new();
+    let mut key_columns: Vec<(String, crate::ast::Location)> = Vec::new();
+    let mut add_key =
+        |c: &Cursor, (name, text): (String, String), at: crate::ast::Location| -> Result<()> {
+            if keys.iter().any(|(n, _)| n.eq_ignore_ascii_case(&name)) {
+                return Err(c.error_at(at, format!("constraint '{name}' is declared twice")));
+            }
+            if text.starts_with("PRIMARY") {
+                if keys.iter().any(|(_, t)| t.starts_with("PRIMARY")) {
+                    return Err(c.error_at(at, "a table has one PRIMARY KEY; this is a second one"));
+                }
+                let inner = text
+                    .trim_start_matches("PRIMARY KEY (")
+                    .trim_end_matches(')');
+                key_columns.extend(inner.split(", ").map(|k| (k.to_string(), at)));
+            }
+            keys.push((name, text));
+            Ok(())
+        };
     loop {
-        if c.peek_keyword("CONSTRAINT") {
+        if at_key_constraint(c) {
+            let at = c.loc();
+            if !constraints {
+                return Err(c.error_at(at, "a key constraint is not allowed here"));
+            }
+            let key = key_constraint(c, None, None)?;
+            add_key(c, key, at)?;
+        } else if c.peek_keyword("CONSTRAINT") {
             let at = c.loc();
             if !constraints {
                 return Err(c.error_at(at, "CONSTRAINT is not allowed here"));
             }
             c.next();
+            if c.peek_nth_keyword(1, "PRIMARY") || c.peek_nth_keyword(1, "FOREIGN") {
+                let (name, _) = c.ident("a constraint name")?;
+                let key = key_constraint(c, Some(name), None)?;
+                add_key(c, key, at)?;
+                if !c.eat_token(&Token::Comma) {
+                    break;
+                }
+                continue;
+            }
             let e = parse_expectation(c, at)?;
             if expectations
                 .iter()
@@ -140,6 +278,19 @@ pub(crate) fn parse_table_elements(
                         sqlparser::ast::Expr::Nested(inner) => inner.to_string(),
                         other => other.to_string(),
                     });
+                } else if constraints
+                    && (at_key_constraint(c)
+                        || (c.peek_keyword("CONSTRAINT")
+                            && (c.peek_nth_keyword(2, "PRIMARY")
+                                || c.peek_nth_keyword(2, "FOREIGN"))))
+                {
+                    let key_at = c.loc();
+                    let name = match c.eat_keyword("CONSTRAINT") {
+                        true => Some(c.ident("a constraint name")?.0),
+                        false => None,
+                    };
+                    let key = key_constraint(c, name, Some(&column.name))?;
+                    add_key(c, key, key_at)?;
                 } else {
                     break;
                 }
@@ -147,9 +298,25 @@ pub(crate) fn parse_table_elements(
             columns.push(column);
         }
         if !c.eat_token(&Token::Comma) {
-            return Ok((columns, expectations));
+            break;
         }
     }
+    if !columns.is_empty() {
+        if let Some((k, at)) = key_columns
+            .iter()
+            .find(|(k, _)| !columns.iter().any(|col| col.name.eq_ignore_ascii_case(k)))
+        {
+            return Err(c.error_at(
+                *at,
+                format!("the PRIMARY KEY names column {k}, which the column list does not declare"),
+            ));
+        }
+    }
+    Ok(TableElements {
+        columns,
+        expectations,
+        keys,
+    })
 }
 
 /// After `CONSTRAINT`: `name EXPECT (condition) [ON VIOLATION DROP ROW | FAIL UPDATE]`.

@@ -458,7 +458,7 @@ fn misspelled_keys_points_at_the_token() {
 #[test]
 fn syntax_errors_name_what_was_expected() {
     let cases: &[(&str, (u64, u64), &str)] = &[
-        ("SELECT 1", (1, 1), "expected CREATE or APPLY CHANGES, found 'SELECT'"),
+        ("SELECT 1", (1, 1), "expected CREATE, APPLY CHANGES or SET, found 'SELECT'"),
         (
             "CREATE OR REPLACE STREAMING TABLE t",
             (1, 11),
@@ -1305,14 +1305,9 @@ fn cloud_files_errors_say_where() {
         ("cloud_files('in', 'json', map('header', upper('x')))", "upper", "option 'header' must be a literal"),
         // Options read_files does not know, named as written.
         (
-            "cloud_files('in', 'json', map('cloudFiles.inferColumnTypes', 'true', 'cloudFiles.maxFilesPerTrigger', '10'))",
-            "'cloudFiles.maxFilesPerTrigger'",
-            "cloud_files option 'cloudFiles.maxFilesPerTrigger' is not supported",
-        ),
-        (
-            "cloud_files('in', 'json', map('cloudFiles.schemaHints', 'id BIGINT'))",
-            "'cloudFiles.schemaHints'",
-            "cloud_files option 'cloudFiles.schemaHints' is not supported",
+            "cloud_files('in', 'json', map('cloudFiles.inferColumnTypes', 'true', 'cloudFiles.maxFileAge', '10'))",
+            "'cloudFiles.maxFileAge'",
+            "cloud_files option 'cloudFiles.maxFileAge' is not supported",
         ),
         ("cloud_files('in', 'json', map('mode', 'PERMISSIVE'))", "'mode'", "cloud_files option 'mode' is not supported"),
         // What read_files does not do.
@@ -1514,4 +1509,210 @@ fn materialized_view_if_not_exists() {
         [Statement::MaterializedView(m)] => assert_eq!(m.name.name, "mv"),
         _ => panic!("one materialized view expected"),
     }
+}
+
+#[test]
+fn column_names_spark_allows_that_sqlparser_reserves() {
+    // `offset`, `limit`, `end`, `values` end a select list in sqlparser's generic dialect
+    // after a comma; `interval`, `struct`, `trim` and `exists` start special forms. Spark
+    // reads them all as columns; the SQL handed on names them in backticks.
+    let t = only_table(
+        "CREATE STREAMING TABLE t AS SELECT id, offset, limit, `end`, end AS e, values, \
+         interval, struct, trim FROM STREAM(s) WHERE offset > 1 AND exists = true",
+    );
+    assert_eq!(
+        t.query.map(|q| q.sql).as_deref(),
+        Some(
+            "SELECT id, `offset`, `limit`, `end`, `end` AS e, `values`, `interval`, `struct`, \
+             `trim` FROM __strata_source AS s WHERE `offset` > 1 AND `exists` = true"
+        )
+    );
+    let f = only_flow(
+        "CREATE FLOW f AS AUTO CDC INTO t FROM STREAM(s) KEYS (offset, limit) \
+         APPLY AS DELETE WHEN end = 'D' SEQUENCE BY offset",
+    );
+    assert_eq!(f.keys, vec!["offset", "limit"]);
+    assert_eq!(f.delete_when.as_deref(), Some("`end` = 'D'"));
+    assert_eq!(f.sequence_by, SequenceBy::Expr("`offset`".to_string()));
+    let f = only_flow(
+        "CREATE FLOW f AS AUTO CDC INTO t FROM STREAM(s) KEYS (id) SEQUENCE BY STRUCT(offset, ts)",
+    );
+    assert_eq!(
+        f.sequence_by,
+        SequenceBy::Struct(vec![
+            ("offset".to_string(), "`offset`".to_string()),
+            ("ts".to_string(), "ts".to_string())
+        ])
+    );
+    // Trailing commas are not Spark's: the comma before FROM is an error.
+    let (_, _, message, _) =
+        syntax_error("CREATE MATERIALIZED VIEW m AS SELECT id, offset, FROM s");
+    assert!(message.contains("expected"), "{message}");
+}
+
+#[test]
+fn triple_quoted_strings_are_strings() {
+    let t = only_table(
+        "CREATE STREAMING TABLE t COMMENT \"\"\"Raw \"orders\",\nas landed\"\"\" \
+         AS SELECT *, '''it's''' AS note FROM STREAM(s)",
+    );
+    assert_eq!(t.comment.as_deref(), Some("Raw \"orders\",\nas landed"));
+    assert_eq!(
+        t.query.map(|q| q.sql).as_deref(),
+        Some("SELECT *, 'it''s' AS note FROM __strata_source AS s")
+    );
+}
+
+#[test]
+fn a_streaming_aggregation_is_refused_with_the_materialized_view_it_should_be() {
+    for query in [
+        "SELECT city, count(*) AS n FROM STREAM(rides) GROUP BY city",
+        "SELECT count(*) FROM STREAM(rides)",
+        "SELECT DISTINCT city FROM STREAM(rides)",
+        "SELECT * FROM (SELECT city, SUM(km) AS km FROM STREAM(rides) GROUP BY city)",
+        "WITH c AS (SELECT city, max(km) AS km FROM STREAM(rides) GROUP BY ALL) SELECT * FROM c",
+        "SELECT id, row_number() OVER (PARTITION BY city ORDER BY km) AS r FROM STREAM(rides)",
+        "SELECT city, n FROM STREAM read_files('in', format => 'json') GROUP BY city, n",
+    ] {
+        let text = format!("CREATE STREAMING TABLE t AS {query}");
+        let (line, column, message, _) = syntax_error(&text);
+        assert_eq!((line, column), (1, 29), "{query}");
+        assert!(
+            message.starts_with("this query aggregates its streaming source")
+                && message.contains("Make it a materialized view"),
+            "{query}: {message}"
+        );
+    }
+    // The same in an append flow.
+    let (_, _, message, _) = syntax_error(
+        "CREATE FLOW f AS INSERT INTO t BY NAME SELECT city, count(*) AS n FROM STREAM(rides) GROUP BY city",
+    );
+    assert!(message.starts_with("this query aggregates"), "{message}");
+    // Aggregating the static side of a stream-static join, a scalar function, or a batch
+    // query (a materialized view, a once flow) is not a streaming aggregation.
+    only_table(
+        "CREATE STREAMING TABLE t AS SELECT r.id, upper(r.city) AS city, m.km FROM STREAM(rides) r \
+         JOIN (SELECT city, max(km) AS km FROM cities GROUP BY city) m ON r.city = m.city",
+    );
+    parse("CREATE MATERIALIZED VIEW m AS SELECT city, count(*) AS n FROM rides GROUP BY city");
+    parse(
+        "CREATE FLOW f AS INSERT INTO ONCE t BY NAME SELECT city, count(*) AS n FROM rides GROUP BY city",
+    );
+}
+
+#[test]
+fn informational_key_constraints_are_recorded_as_properties() {
+    let t = only_table(
+        "CREATE STREAMING TABLE sales (\
+           order_num BIGINT NOT NULL, \
+           line BIGINT PRIMARY KEY, \
+           customer_key BIGINT FOREIGN KEY REFERENCES dbdemos.tpch.customers_dim, \
+           date_key BIGINT CONSTRAINT date_fk FOREIGN KEY REFERENCES date_dim (key) NOT ENFORCED RELY, \
+           CONSTRAINT valid CHECK_PLACEHOLDER \
+         )"
+        .replace("CONSTRAINT valid CHECK_PLACEHOLDER", "CONSTRAINT valid EXPECT (line > 0)")
+        .as_str(),
+    );
+    assert_eq!(t.expectations.len(), 1);
+    assert_eq!(
+        t.properties,
+        BTreeMap::from([
+            (
+                "strata.constraint.date_fk".to_string(),
+                "FOREIGN KEY (date_key) REFERENCES date_dim (key)".to_string()
+            ),
+            (
+                "strata.constraint.fk_customer_key".to_string(),
+                "FOREIGN KEY (customer_key) REFERENCES dbdemos.tpch.customers_dim".to_string()
+            ),
+            (
+                "strata.constraint.pk_line".to_string(),
+                "PRIMARY KEY (line)".to_string()
+            ),
+        ])
+    );
+    let t = only_table(
+        "CREATE STREAMING TABLE f (a INT, b INT, CONSTRAINT f_pk PRIMARY KEY(a, b TIMESERIES) RELY, \
+         FOREIGN KEY (b) REFERENCES d (id)) TBLPROPERTIES ('x' = 'y')",
+    );
+    assert_eq!(
+        t.properties
+            .get("strata.constraint.f_pk")
+            .map(String::as_str),
+        Some("PRIMARY KEY (a, b)")
+    );
+    assert_eq!(
+        t.properties
+            .get("strata.constraint.fk_b")
+            .map(String::as_str),
+        Some("FOREIGN KEY (b) REFERENCES d (id)")
+    );
+    assert_eq!(t.properties.get("x").map(String::as_str), Some("y"));
+    let (line, column, message, _) =
+        syntax_error("CREATE STREAMING TABLE f (a INT, CONSTRAINT p PRIMARY KEY (z))");
+    assert_eq!((line, column), (1, 34));
+    assert!(
+        message.contains("column z, which the column list does not declare"),
+        "{message}"
+    );
+}
+
+#[test]
+fn legacy_incremental_live_tables_and_set_statements() {
+    let p = parse(
+        "SET spark.databricks.cloudFiles.schemaInference.sampleSize.numFiles = 100;\n\
+         SET spark.source;\n\
+         CREATE INCREMENTAL LIVE TABLE customers COMMENT 'target';",
+    );
+    assert_eq!(p.statements.len(), 1);
+    let Statement::StreamingTable(t) = &p.statements[0] else {
+        panic!("a streaming table")
+    };
+    assert_eq!(
+        (t.name.name.as_str(), t.query.is_none()),
+        ("customers", true)
+    );
+}
+
+#[test]
+fn materialized_views_read_files_in_batch() {
+    let p = parse(
+        "CREATE MATERIALIZED VIEW m AS SELECT r.id, c._c1 FROM parquet.`data/rides` AS r \
+         JOIN csv.`data/cities/*.csv` c ON r.city = c._c0 \
+         JOIN read_files('data/extra', format => 'json', schemaHints => 'id BIGINT') x ON x.id = r.id \
+         JOIN parquet.rides p ON p.id = r.id",
+    );
+    let Statement::MaterializedView(m) = &p.statements[0] else {
+        panic!("a materialized view")
+    };
+    assert_eq!(
+        m.query.sql,
+        "SELECT r.id, c._c1 FROM __strata_files_0 AS r JOIN __strata_files_1 c ON r.city = c._c0 \
+         JOIN __strata_files_2 x ON x.id = r.id JOIN parquet.rides p ON p.id = r.id"
+    );
+    let files: Vec<(&str, FileFormat, bool)> = m
+        .query
+        .files
+        .iter()
+        .map(|f| (f.spec.path.as_str(), f.spec.format, f.direct))
+        .collect();
+    assert_eq!(
+        files,
+        vec![
+            ("data/rides", FileFormat::Parquet, true),
+            ("data/cities/*.csv", FileFormat::Csv, true),
+            ("data/extra", FileFormat::Json, false),
+        ]
+    );
+    // `parquet.rides` (no backticks) is a table of a schema named parquet.
+    assert_eq!(
+        m.query.reads,
+        vec![TableName::new(Some("parquet"), "rides")]
+    );
+    let (line, column, message, _) = syntax_error("CREATE VIEW v AS SELECT * FROM json.`data/x`");
+    assert_eq!((line, column), (1, 32));
+    assert_eq!(
+        message,
+        "a view cannot read files yet; read them in a materialized view"
+    );
 }

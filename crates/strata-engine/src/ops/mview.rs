@@ -25,6 +25,17 @@ use strata_sql::{MaterializedView, TableName, View};
 
 const INPUTS_KEY: &str = "strata.inputs";
 
+/// The files a view's query reads ([`strata_sql::BatchQuery::files`]), in order, each read
+/// whole: its rows and the names of its files; or the path of one that has no file yet.
+pub(crate) type FileInputs = std::result::Result<
+    Vec<(
+        SchemaRef,
+        Vec<deltalake::arrow::array::RecordBatch>,
+        Vec<String>,
+    )>,
+    String,
+>;
+
 /// What one refresh did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct MvReport {
@@ -86,6 +97,7 @@ pub(crate) async fn refresh(
     reads: &[TableName],
     declared: &BTreeSet<TableName>,
     schema: &str,
+    files: FileInputs,
 ) -> Result<MvReport> {
     let name = &mv.name;
     let mut report = MvReport {
@@ -109,7 +121,19 @@ pub(crate) async fn refresh(
             ))
         }
     };
-    let inputs = serde_json::json!({ "query": mv.query.sql, "versions": versions });
+    // The files it reads: a new file is a reason to compute again.
+    let files = match files {
+        Ok(files) => files,
+        Err(empty) => {
+            report.skipped = Some(format!("{empty} has no files yet"));
+            return Ok(report);
+        }
+    };
+    let names: Vec<&Vec<String>> = files.iter().map(|(_, _, n)| n).collect();
+    let inputs = match names.is_empty() {
+        true => serde_json::json!({ "query": mv.query.sql, "versions": versions }),
+        false => serde_json::json!({ "query": mv.query.sql, "versions": versions, "files": names }),
+    };
     let existing = wh.open_table(name).await?;
     if let Some(t) = &existing {
         if last_inputs(t).await?.as_ref() == Some(&inputs) {
@@ -120,6 +144,13 @@ pub(crate) async fn refresh(
 
     let ctx = warehouse_session_in(wh, schema).await?;
     register_views(wh, &ctx, views, schema, None).await?;
+    for (i, (schema, batches, _)) in files.into_iter().enumerate() {
+        let name = strata_sql::files_placeholder(i);
+        let table = deltalake::datafusion::datasource::MemTable::try_new(schema, vec![batches])
+            .context(|| format!("reading {name}"))?;
+        ctx.register_table(name.as_str(), Arc::new(table))
+            .context(|| format!("registering {name}"))?;
+    }
     let sql = rewrite(wh, &ctx, &mv.query.sql, schema).await?;
     let err = |e: &dyn std::fmt::Display| {
         EngineError::plan_at(format!("materialized view {name}"), mv.location.line, e)

@@ -125,6 +125,7 @@ pub(crate) async fn run_node(
             })?;
             tracing::info!(table = %name, "refreshing materialized view");
             let reads = plan.reads(&Node::MaterializedView(name.clone()));
+            let files = read_view_files(mv, scope.dir).await?;
             let r = crate::ops::mview::refresh(
                 wh,
                 scope.run_id,
@@ -133,6 +134,7 @@ pub(crate) async fn run_node(
                 &reads,
                 declared,
                 &plan.default_schema,
+                files,
             )
             .await?;
             record.rows_read = r.rows_read;
@@ -162,4 +164,20 @@ pub(crate) fn summary(r: &EventRecord) -> String {
         (_, Some(m)) => m.clone(),
         (s, None) => s.as_str().to_string(),
     }
+}
+
+/// Every file a materialized view's query reads, read now (relative to the pipeline's
+/// folder `dir`), or the path of the first that has no file yet.
+async fn read_view_files(
+    mv: &strata_sql::MaterializedView,
+    dir: &std::path::Path,
+) -> Result<crate::ops::mview::FileInputs> {
+    let mut out = Vec::with_capacity(mv.query.files.len());
+    for read in &mv.query.files {
+        match crate::ops::ingest::read_batch_files(read, dir).await? {
+            Some(taken) => out.push(taken),
+            None => return Ok(Err(read.spec.path.clone())),
+        }
+    }
+    Ok(Ok(out))
 }

@@ -203,6 +203,7 @@ async fn run_with_retries(
         pipeline: &run.pipeline,
         handoff: &run.handoff,
         memory: run.memory,
+        dir: run.prepared.dir,
         update,
     };
     let retry = run.flow_retry();

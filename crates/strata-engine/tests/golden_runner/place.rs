@@ -118,7 +118,8 @@ impl Place {
     }
 
     /// A pipeline's or spec's text with its input paths pointing at the root: with input in
-    /// the object store, a quoted `'data/...'` (or `'data'`) becomes `'s3://b/p/data/...'`,
+    /// the object store, a quoted `'data/...'` (or `'data'`; double quotes and backticks
+    /// alike) becomes `'s3://b/p/data/...'`,
     /// and so does a plain YAML value `key: data...` (a spec's configuration that paths are
     /// built from). On local disk the text is unchanged.
     pub fn sources_text(&self, text: &str) -> String {
@@ -126,7 +127,9 @@ impl Place {
             return text.to_string();
         };
         let mut out = text.to_string();
-        for q in ['\'', '"'] {
+        // Backticks too: Spark's direct reads name their path as an identifier
+        // (``parquet.`data/x` ``).
+        for q in ['\'', '"', '`'] {
             out = out
                 .replace(&format!("{q}{INPUT}/"), &format!("{q}{url}/{INPUT}/"))
                 .replace(&format!("{q}{INPUT}{q}"), &format!("{q}{url}/{INPUT}{q}"));

@@ -15,6 +15,7 @@ mod deletion_vectors;
 mod event_log;
 mod file_arrival;
 mod history;
+mod key_constraints;
 mod large_batch;
 mod log_retention;
 mod parquet_input;

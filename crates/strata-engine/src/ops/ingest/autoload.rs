@@ -46,13 +46,6 @@ pub(crate) fn mode(spec: &ReadFiles) -> Result<Mode> {
         (Some(_), _, None) => Ok(Mode::Declared),
         (_, FileFormat::Parquet | FileFormat::Debezium, _) => Ok(Mode::Declared),
         (schema, _, rescued) => {
-            if spec.format == FileFormat::Csv && !spec.header {
-                return Err(EngineError::plan(format!(
-                    "read_files('{}'): a CSV file without a header (header => false) needs \
-                     schema => to name its columns",
-                    spec.path
-                )));
-            }
             rules(spec)?;
             Ok(Mode::Autoload {
                 rescued: rescued.unwrap_or_else(|| RESCUED.to_string()),
@@ -154,7 +147,7 @@ fn json_records(path: &Path) -> Result<Vec<Record>> {
 
 fn csv_format(spec: &ReadFiles) -> deltalake::arrow::csv::reader::Format {
     deltalake::arrow::csv::reader::Format::default()
-        .with_header(true)
+        .with_header(spec.header)
         .with_delimiter(spec.delimiter)
 }
 
@@ -194,10 +187,48 @@ pub(crate) fn infer(
             FileFormat::Parquet | FileFormat::Debezium => {}
         }
     }
-    Ok(columns
+    let inferred = columns
         .into_iter()
         .map(|(n, t)| (n, t.unwrap_or(DataType::Utf8)))
-        .collect())
+        .collect();
+    match files.is_empty() {
+        true => Ok(inferred),
+        false => Ok(with_hints(inferred, &schema_hints(spec)?)),
+    }
+}
+
+/// The columns of option `schemaHints` (`'id BIGINT, at DATE'`), as Auto Loader takes them:
+/// the types of those columns, whatever inference finds.
+fn schema_hints(spec: &ReadFiles) -> Result<Vec<(String, DataType)>> {
+    let Some(text) = spec.other_options.get("schemahints") else {
+        return Ok(Vec::new());
+    };
+    let columns = strata_sql::parse_ddl_schema(text).map_err(|e| {
+        EngineError::plan(format!(
+            "read_files('{}'): option schemaHints '{text}': {}",
+            spec.path,
+            e.to_string().lines().next().unwrap_or_default()
+        ))
+    })?;
+    Ok(columns.into_iter().map(|c| (c.name, c.data_type)).collect())
+}
+
+/// `inferred` with each hinted column's type the hint's (names matched in any case); hinted
+/// columns the files do not have are added after the inferred ones.
+fn with_hints(
+    mut inferred: Vec<(String, DataType)>,
+    hints: &[(String, DataType)],
+) -> Vec<(String, DataType)> {
+    for (name, t) in hints {
+        match inferred
+            .iter_mut()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        {
+            Some((_, old)) => *old = t.clone(),
+            None => inferred.push((name.clone(), t.clone())),
+        }
+    }
+    inferred
 }
 
 /// The input columns of a run: `previous` (recorded by earlier runs, types kept) plus the
@@ -456,14 +487,20 @@ fn rescued_column(rescue: Vec<Record>, relative: &str) -> StringArray {
         .collect()
 }
 
-/// A CSV file's header names and its rows as (name, text value) pairs; empty cells are
-/// absent (NULL).
+/// A CSV file's column names and its rows as (name, text value) pairs; empty cells are
+/// absent (NULL). The names are the header's; without one (`header => false`, the
+/// default), the declared columns' by position, else `_c0`, `_c1`, ... as Spark names them.
 fn csv_rows(path: &Path, spec: &ReadFiles) -> Result<(Vec<String>, Vec<Record>)> {
     let file = std::fs::File::open(path).context(|| format!("cannot read {}", path.display()))?;
     let (inferred, _) = csv_format(spec)
         .infer_schema(file, Some(0))
         .map_err(|e| EngineError::BadInput(format!("file {}: {e}", path.display())))?;
-    let names: Vec<String> = inferred.fields().iter().map(|f| f.name().clone()).collect();
+    let names: Vec<String> = match spec.header {
+        true => inferred.fields().iter().map(|f| f.name().clone()).collect(),
+        false => (0..inferred.fields().len())
+            .map(|i| headerless_name(spec, i))
+            .collect(),
+    };
     let strings = Arc::new(Schema::new(
         names
             .iter()
@@ -497,6 +534,16 @@ fn csv_rows(path: &Path, spec: &ReadFiles) -> Result<(Vec<String>, Vec<Record>)>
         }
     }
     Ok((names, rows))
+}
+
+/// The name of column `i` (0-based) of a CSV file without a header: the declared column's
+/// at that position, else `_c{i}`.
+fn headerless_name(spec: &ReadFiles, i: usize) -> String {
+    spec.schema
+        .as_ref()
+        .and_then(|s| s.get(i))
+        .map(|c| c.name.clone())
+        .unwrap_or_else(|| format!("_c{i}"))
 }
 
 /// The `_metadata` column's type: `file_path`, `file_name`, `file_size`,

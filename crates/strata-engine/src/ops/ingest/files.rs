@@ -7,6 +7,7 @@ use crate::ops::ingest::autoload;
 use crate::ops::ingest::IngestSetup;
 use crate::ops::ingest::Source;
 use crate::storage::location::Location;
+use crate::util::glob::Glob;
 use deltalake::arrow::array::RecordBatch;
 use deltalake::arrow::datatypes::{Schema, SchemaRef};
 use deltalake::datafusion::prelude::CsvReadOptions;
@@ -29,6 +30,9 @@ pub(crate) struct InputDir {
     /// The folder (or file) to read; for object storage, the staging folder.
     local: PathBuf,
     remote: Option<(Location, Arc<tempfile::TempDir>)>,
+    /// The glob of a path like `data/*.csv`, below the folder (`data`): only the files it
+    /// matches are input.
+    glob: Option<Glob>,
 }
 
 impl InputDir {
@@ -39,6 +43,7 @@ impl InputDir {
             Location::Local(local) => Ok(InputDir {
                 local,
                 remote: None,
+                glob: None,
             }),
             remote => {
                 let staging = tempfile::Builder::new()
@@ -48,25 +53,65 @@ impl InputDir {
                 Ok(InputDir {
                     local: staging.path().to_path_buf(),
                     remote: Some((remote, Arc::new(staging))),
+                    glob: None,
                 })
             }
         }
     }
 
-    /// Whether the input exists (a local path; anything below an object prefix).
-    pub(crate) async fn exists(&self) -> Result<bool> {
-        match &self.remote {
-            None => Ok(self.local.exists()),
-            Some((remote, _)) => remote.exists().await,
+    /// The input of read_files path `path` (relative to the pipeline's folder `dir`): a
+    /// folder, a file or an object-store prefix, or with a glob (`data/*.csv`, Spark's glob
+    /// characters: `util/glob.rs`) the folder before the glob and the files below it the
+    /// glob matches. The inner error says what is wrong with the glob.
+    pub(crate) fn at(path: &str, dir: &Path) -> Result<std::result::Result<InputDir, String>> {
+        let (base, pattern) = crate::util::glob::split(path);
+        let input = match Location::parse(&base, "read_files path")? {
+            Location::Local(p) => InputDir::new(Location::Local(dir.join(p)))?,
+            remote => InputDir::new(remote)?,
+        };
+        Ok(match pattern {
+            None => Ok(input),
+            Some(p) => Glob::new(&p).map(|glob| input.with_glob(glob)),
+        })
+    }
+
+    /// Only the files below the folder that `glob` matches are input.
+    pub(crate) fn with_glob(self, glob: Glob) -> InputDir {
+        InputDir {
+            glob: Some(glob),
+            ..self
         }
     }
 
-    /// Every input file, relative names, sorted (see [`list_files`]).
-    pub(crate) async fn list(&self) -> Result<Vec<String>> {
-        match &self.remote {
-            None => list_files(&self.local),
-            Some((remote, _)) => remote.list_files().await,
+    /// The glob the input's files are matched against, if any.
+    pub(crate) fn glob(&self) -> Option<&Glob> {
+        self.glob.as_ref()
+    }
+
+    /// Whether the input exists (a local path; anything below an object prefix; with a
+    /// glob, a file it matches).
+    pub(crate) async fn exists(&self) -> Result<bool> {
+        let folder = match &self.remote {
+            None => self.local.exists(),
+            Some((remote, _)) => remote.exists().await?,
+        };
+        match (&self.glob, folder) {
+            (Some(_), true) => Ok(!self.list().await?.is_empty()),
+            (_, folder) => Ok(folder),
         }
+    }
+
+    /// Every input file, relative names, sorted (see [`list_files`]); with a glob, those it
+    /// matches.
+    pub(crate) async fn list(&self) -> Result<Vec<String>> {
+        let mut files = match &self.remote {
+            None => list_files(&self.local)?,
+            Some((remote, _)) => remote.list_files().await?,
+        };
+        if let Some(glob) = &self.glob {
+            files.retain(|f| glob.matches(&f.replace('\\', "/")));
+        }
+        Ok(files)
     }
 
     /// The local path of input file `name` (as [`InputDir::list`] names it), copied from
@@ -277,6 +322,93 @@ pub(super) async fn read_input_file(
         true => autoload::with_metadata(df, path, &dir.shown(file)),
         false => Ok(df),
     }
+}
+
+/// The files a batch query reads (a materialized view's `read_files(...)` or
+/// ``parquet.`path` ``), relative to the pipeline's folder `dir`: every file, read and put
+/// together by column name (read before the staged copies of object-store files go), and
+/// the files' names; `None` when there is no file yet.
+///
+/// read_files reads as a streaming table does (columns inferred across all the files, with
+/// `_rescued_data`; or declared). A direct read uses Spark's reader defaults: Parquet and
+/// JSON with their own columns, CSV without a header, every column `_c0`, `_c1`, ... a
+/// STRING.
+pub(crate) async fn read_batch_files(
+    read: &strata_sql::FileRead,
+    dir: &Path,
+) -> Result<Option<(SchemaRef, Vec<RecordBatch>, Vec<String>)>> {
+    let spec = &read.spec;
+    let bad = |e: String| EngineError::plan(format!("read_files path {}: {e}", spec.path));
+    let input = InputDir::at(&spec.path, dir)?.map_err(bad)?;
+    if !input.exists().await? {
+        return Err(bad(match input.glob() {
+            Some(g) => format!("no file matches the glob {}", g.as_str()),
+            None => "does not exist".into(),
+        }));
+    }
+    let names = input.list().await?;
+    if names.is_empty() {
+        return Ok(None);
+    }
+    let mut paths = Vec::with_capacity(names.len());
+    for n in &names {
+        paths.push(input.file(n).await?);
+    }
+    let ctx = crate::storage::session::file_session();
+    let text_spec;
+    let (spec, columns, rescued, keep_extra) = match (read.direct, spec.format) {
+        (true, FileFormat::Csv) => {
+            let mut s = spec.clone();
+            s.other_options
+                .insert("infercolumntypes".into(), "false".into());
+            text_spec = s;
+            let columns = autoload::infer(&paths, &text_spec)?;
+            (&text_spec, Some(columns), String::new(), false)
+        }
+        (true, _) => (spec, None, String::new(), false),
+        (false, _) => match autoload::mode(spec)? {
+            autoload::Mode::Declared => (spec, None, String::new(), false),
+            autoload::Mode::Autoload { rescued, inferred } => {
+                let columns = match inferred {
+                    true => autoload::merge(&[], &autoload::infer(&paths, spec)?, &rescued),
+                    false => {
+                        let declared: Vec<(String, deltalake::arrow::datatypes::DataType)> = spec
+                            .schema
+                            .iter()
+                            .flatten()
+                            .map(|c| (c.name.clone(), c.data_type.clone()))
+                            .collect();
+                        autoload::merge(&declared, &[], &rescued)
+                    }
+                };
+                (spec, Some(columns), rescued, !inferred)
+            }
+        },
+    };
+    let mut all: Option<DataFrame> = None;
+    for (name, path) in names.iter().zip(&paths) {
+        let df = match &columns {
+            Some(columns) => {
+                let schema = autoload::schema_of(columns);
+                let batch = autoload::read(path, name, spec, &schema, &rescued, keep_extra)?;
+                ctx.read_batch(batch)
+                    .context(|| format!("file {}", path.display()))?
+            }
+            None => read_file(&ctx, path, spec).await?,
+        };
+        all = Some(match all {
+            None => df,
+            Some(before) => before
+                .union_by_name(df)
+                .map_err(|e| bad(format!("file {}: {e}", path.display())))?,
+        });
+    }
+    let Some(df) = all else {
+        return Ok(None);
+    };
+    let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
+    let batches = df.collect().await.map_err(|e| bad(format!("{e}")))?;
+    Ok(Some((schema, batches, names)))
 }
 
 /// A line of a JSON Lines file that is not a JSON value.

@@ -29,6 +29,7 @@ mod prepare;
 mod rows;
 mod run;
 
+pub(crate) use files::read_batch_files;
 pub(crate) use prepare::{prepare_ingest, PipelineContext};
 pub(crate) use run::run_ingest;
 

@@ -12,7 +12,6 @@ use crate::ops::ingest::Readiness;
 use crate::ops::ingest::Source;
 use crate::sql::shapes::Shapes;
 use crate::storage::feed;
-use crate::storage::location::Location;
 use crate::storage::warehouse::Warehouse;
 use crate::util::arrow;
 use deltalake::arrow::array::RecordBatch;
@@ -253,12 +252,17 @@ async fn files_input(
     setup: &IngestSetup,
     existing_table: Option<&DeltaTable>,
 ) -> Result<(Source, Option<SchemaRef>)> {
-    let dir = match Location::parse(&spec.path, "read_files path")? {
-        Location::Local(p) => InputDir::new(Location::Local(pipeline.dir.join(p)))?,
-        remote => InputDir::new(remote)?,
-    };
+    let dir = input_dir(setup, &spec.path, pipeline.dir)?;
     if !dir.exists().await? {
-        return Err(setup.err(format!("read_files path {} does not exist", dir.display())));
+        return Err(setup.err(match dir.glob() {
+            Some(glob) => format!(
+                "read_files path {}: no file matches the glob {} under {}",
+                spec.path,
+                glob.as_str(),
+                dir.display()
+            ),
+            None => format!("read_files path {} does not exist", dir.display()),
+        }));
     }
     for key in spec.other_options.keys() {
         if !matches!(
@@ -269,8 +273,20 @@ async fn files_input(
                 | "rescueddatacolumn"
                 | "infercolumntypes"
                 | "infertimestamp"
+                | "schemahints"
+                | "maxfilespertrigger"
+                | "maxbytespertrigger"
         ) {
             return Err(setup.err(format!("read_files option `{key}` is not supported")));
+        }
+    }
+    // A rate limit of Auto Loader's micro-batches: a run takes every new file, as Lakeflow's
+    // triggered update does over as many micro-batches as the limit makes.
+    if let Some(n) = spec.other_options.get("maxfilespertrigger") {
+        if n.parse::<u64>().map_or(true, |n| n == 0) {
+            return Err(setup.err(format!(
+                "read_files option maxFilesPerTrigger must be a whole number above 0, found '{n}'"
+            )));
         }
     }
     let mode = autoload::mode(spec).map_err(|e| setup.err(e))?;
@@ -322,6 +338,11 @@ async fn files_input(
         },
         schema,
     ))
+}
+
+/// [`InputDir::at`]; a bad glob is an error of the table.
+fn input_dir(setup: &IngestSetup, path: &str, dir: &Path) -> Result<InputDir> {
+    InputDir::at(path, dir)?.map_err(|e| setup.err(format!("read_files path {path}: {e}")))
 }
 
 /// The columns of `read_files` input without Auto Loader: those declared (Debezium's
