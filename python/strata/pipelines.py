@@ -29,7 +29,7 @@ __all__ = [
     "Pipeline", "table", "materialized_view", "view", "create_streaming_table", "append_flow",
     "expect", "expect_or_drop", "expect_or_fail", "expect_all", "expect_all_or_drop",
     "expect_all_or_fail", "create_auto_cdc_flow", "create_auto_cdc_from_snapshot_flow",
-    "apply_changes", "apply_changes_from_snapshot", "create_target_table",
+    "apply_changes", "apply_changes_from_snapshot", "create_target_table", "create_sink",
     "read_files", "table_ref", "stream", "col", "expr", "lit", "struct", "Column", "Relation",
 ]
 
@@ -566,6 +566,25 @@ def create_streaming_table(name: str, comment: Optional[str] = None,
 
 
 create_target_table = create_streaming_table
+
+
+def create_sink(name: str, format: str, options: Optional[dict] = None) -> None:
+    """``dp.create_sink(name, "delta", {"path": ...})`` (or ``{"tableName": "schema.t"}``): a
+    Delta table outside the pipeline's datasets that ``@dp.append_flow(target=name)`` flows
+    append to, exactly once across kills and re-runs. Kafka and Event Hubs sinks are not
+    supported."""
+    if not isinstance(name, str) or not name:
+        raise _error(f"create_sink: name must be a string, got {type(name).__name__}")
+    origin = _origin(f"create_sink {name}")
+    if not isinstance(format, str):
+        raise _error(f"{origin}: format must be a string such as 'delta'")
+    opts = dict(options or {})
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in opts.items()):
+        raise _error(f"{origin}: options must map option names to strings")
+    rendered = ", ".join(f"{_ident(k)} {_literal(v)}" for k, v in
+                         [("format", format)] + sorted(opts.items()))
+    sql = f"CREATE SINK {_ident(name)} OPTIONS ({rendered})"
+    current()._add(_Decl("sink", name, origin, sql))
 
 
 def append_flow(func: Optional[Callable] = None, *, target: Optional[str] = None,

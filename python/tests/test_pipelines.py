@@ -342,6 +342,50 @@ def test_private_datasets_are_read_by_their_pipeline_only(tmp_path):
     assert all(i["rows"] == 0 or i["skipped"] for i in again["ingests"])
 
 
+SINK_PY = """\
+from strata import pipelines as dp
+
+@dp.table
+def events():
+    return dp.read_files("data/cdc", format="json", schema="{schema}")
+
+dp.create_sink("by_path", "delta", {{"path": "out/events"}})
+dp.create_sink("by_name", "delta", {{"tableName": "gold.events_copy"}})
+
+@dp.append_flow(target="by_path")
+def to_path():
+    return dp.stream("events").select("id", "op", "seq")
+
+@dp.append_flow(target="by_name")
+def to_name():
+    return dp.stream("events").select("id", "seq")
+"""
+
+
+def test_sinks_receive_append_flows_exactly_once(tmp_path):
+    import deltalake
+    cdc_data(tmp_path)
+    p = write(tmp_path / "p.py", SINK_PY.format(schema=CDC_SCHEMA))
+    assert "CREATE SINK by_path OPTIONS (format 'delta', path 'out/events')" in strata.sql(p)
+    wh = tmp_path / "wh"
+    strata.run(p, warehouse=wh, progress=False)
+    strata.run(p, warehouse=wh, progress=False)  # nothing new: nothing appended again
+    by_path = deltalake.DeltaTable(str(tmp_path / "out" / "events")).to_pyarrow_table()
+    assert by_path.num_rows == 6 and by_path.column_names == ["id", "op", "seq"]
+    by_name = strata.query("SELECT count(*) AS n FROM gold.events_copy", warehouse=wh)
+    assert by_name.to_pylist() == [{"n": 6}]
+    jsonl(tmp_path / "data/cdc/002.json",
+          [{"id": 4, "name": "d", "city": "v", "op": "UPSERT", "seq": 1}])
+    strata.run(p, warehouse=wh, progress=False)
+    assert deltalake.DeltaTable(str(tmp_path / "out" / "events")).to_pyarrow_table().num_rows == 7
+    # A sink is written, not read, and takes no AUTO CDC flow.
+    bad = write(tmp_path / "bad.py", SINK_PY.format(schema=CDC_SCHEMA) + """
+dp.create_auto_cdc_flow(target="by_path", source="events", keys=["id"], sequence_by="seq")
+""")
+    with pytest.raises(strata.StrataError, match="a sink takes append flows only"):
+        strata.run(bad, warehouse=wh, progress=False)
+
+
 PARTITIONED_PY = """\
 from strata import pipelines as dp
 from strata.pipelines import col

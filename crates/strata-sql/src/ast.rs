@@ -293,7 +293,18 @@ pub struct StreamingTable {
     /// `CREATE PRIVATE STREAMING TABLE`: kept where only the pipeline that declares it
     /// reads it (not in the warehouse's catalog).
     pub private: bool,
+    /// `CREATE SINK`: where the rows of the append flows into it go, outside the
+    /// pipeline's datasets (it has no query and no columns of its own).
+    pub sink: Option<SinkTarget>,
     pub location: Location,
+}
+
+/// Where a sink writes: a Delta table at a path (relative paths from the pipeline's
+/// folder) or a table of the warehouse.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SinkTarget {
+    Path(String),
+    Table(TableName),
 }
 
 /// The `AS SELECT ...` of a streaming table.

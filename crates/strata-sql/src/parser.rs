@@ -107,6 +107,9 @@ fn parse_statement(c: &mut Cursor) -> Result<Vec<Statement>> {
         if c.eat_keyword("CONNECTION") {
             return connection(c, at).map(|t| vec![Statement::Connection(t)]);
         }
+        if c.eat_keyword("SINK") {
+            return sink(c, at).map(|t| vec![Statement::StreamingTable(t)]);
+        }
         if c.eat_keyword("POINT") {
             c.expect_keyword("IN")?;
             c.expect_keyword("TIME")?;
@@ -129,7 +132,7 @@ fn parse_statement(c: &mut Cursor) -> Result<Vec<Statement>> {
             return view(c, at).map(|t| vec![Statement::View(t)]);
         }
         return Err(c.expected(
-            "STREAMING TABLE, MATERIALIZED VIEW, VIEW, FLOW, POINT IN TIME TABLE or CONNECTION",
+            "STREAMING TABLE, MATERIALIZED VIEW, VIEW, FLOW, POINT IN TIME TABLE, SINK or CONNECTION",
         ));
     }
     if c.eat_keyword("SET") {
@@ -233,11 +236,32 @@ fn connection(c: &mut Cursor, at: Location) -> Result<Connection> {
     let (name, _) = c.ident("a connection name")?;
     c.expect_keyword("TYPE")?;
     let (kind, _) = c.ident("a connection type (postgresql or mysql)")?;
+    let options = options_clause(c)?;
+    if c.eat_keyword("COMMENT") {
+        c.string("a comment")?;
+    }
+    Ok(Connection {
+        name,
+        kind: kind.to_ascii_lowercase(),
+        options,
+        location: at,
+    })
+}
+
+/// `[OPTIONS (key 'value', ...)]`: names lower-cased, values as written (`=` optional).
+fn options_clause(c: &mut Cursor) -> Result<BTreeMap<String, String>> {
     let mut options = BTreeMap::new();
     if c.eat_keyword("OPTIONS") {
         c.expect_token(&Token::LParen)?;
         loop {
-            let (key, key_at) = c.ident("an option name")?;
+            let (key, key_at) = match c.peek().map(|t| &t.token) {
+                Some(Token::SingleQuotedString(s)) => {
+                    let key = (s.clone(), c.loc());
+                    c.next();
+                    key
+                }
+                _ => c.ident("an option name")?,
+            };
             c.eat_token(&Token::Eq);
             let value = match c.peek().map(|t| &t.token) {
                 Some(Token::SingleQuotedString(s)) => s.clone(),
@@ -255,13 +279,57 @@ fn connection(c: &mut Cursor, at: Location) -> Result<Connection> {
         }
         c.expect_token(&Token::RParen)?;
     }
-    if c.eat_keyword("COMMENT") {
-        c.string("a comment")?;
+    Ok(options)
+}
+
+// ---------------------------------------------------------------------------------------
+// CREATE SINK
+
+/// `CREATE SINK name OPTIONS (path '...' | tableName 'schema.t' [, format 'delta'])`: a
+/// Delta table outside the pipeline's datasets that append flows write to, as Lakeflow's
+/// `create_sink(name, "delta", {...})` declares one.
+fn sink(c: &mut Cursor, at: Location) -> Result<StreamingTable> {
+    if_not_exists(c)?;
+    let (name, name_at) = table_name(c, "a sink name")?;
+    let options = options_clause(c)?;
+    let err = |m: String| c.error_at(name_at, format!("sink {}: {m}", name.name));
+    if let Some(unknown) = options
+        .keys()
+        .find(|k| !["format", "path", "tablename"].contains(&k.as_str()))
+    {
+        return Err(err(format!(
+            "unknown option '{unknown}' (a Delta sink takes path or tableName, and format)"
+        )));
     }
-    Ok(Connection {
+    let format = options.get("format").map_or("delta", String::as_str);
+    if !format.eq_ignore_ascii_case("delta") {
+        return Err(err(format!(
+            "format '{format}' is not supported: strata writes Delta sinks (a path or a table \
+             name); Kafka and Event Hubs sinks are not"
+        )));
+    }
+    let target = match (options.get("path"), options.get("tablename")) {
+        (Some(path), None) => SinkTarget::Path(path.clone()),
+        (None, Some(table)) => SinkTarget::Table(
+            resolve_table_name(
+                &table.split('.').map(str::to_string).collect::<Vec<_>>(),
+                c.src.schema(),
+            )
+            .map_err(&err)?,
+        ),
+        _ => return Err(err("give one of the options path and tableName".into())),
+    };
+    Ok(StreamingTable {
         name,
-        kind: kind.to_ascii_lowercase(),
-        options,
+        columns: None,
+        expectations: Vec::new(),
+        comment: None,
+        properties: BTreeMap::new(),
+        partitioned_by: Vec::new(),
+        cluster_by: Vec::new(),
+        query: None,
+        private: false,
+        sink: Some(target),
         location: at,
     })
 }
@@ -289,6 +357,7 @@ fn streaming_table(c: &mut Cursor, at: Location) -> Result<StreamingTable> {
         cluster_by: head.cluster_by.unwrap_or_default(),
         query,
         private: false,
+        sink: None,
         location: at,
     })
 }
@@ -1857,6 +1926,7 @@ fn once_cdc_flow(c: &mut Cursor, name: String, at: Location) -> Result<Vec<State
         cluster_by: Vec::new(),
         query: None,
         private: true,
+        sink: None,
         location: at,
     };
     let backfill = AppendFlow {
@@ -2249,6 +2319,7 @@ fn change_log(c: &mut Cursor, target: &TableName, at: Location) -> Result<Option
             reads: Vec::new(),
         }),
         private: false,
+        sink: None,
         location: at,
     }))
 }

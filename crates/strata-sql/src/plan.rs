@@ -185,6 +185,7 @@ pub fn plan_pipeline(pipeline: Pipeline) -> Result<PipelinePlan> {
     let (mut plan, stmt_of) = declare_all(pipeline)?;
     check_connections(&plan)?;
     check_streaming_tables(&plan)?;
+    check_sinks(&plan)?;
     check_append_flows(&plan)?;
     check_self_reads(&plan)?;
     check_views(&plan.views)?;
@@ -364,6 +365,54 @@ fn check_streaming_tables(plan: &PipelinePlan) -> Result<()> {
                     "{} is the target of an AUTO CDC flow; expectations belong on the table \
                      the flow reads (they check rows before the flow applies them)",
                     t.name
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A sink is written by append flows only and read by nothing, as in Lakeflow.
+fn check_sinks(plan: &PipelinePlan) -> Result<()> {
+    let sinks: Vec<&StreamingTable> = plan.tables.values().filter(|t| t.sink.is_some()).collect();
+    for sink in &sinks {
+        if let Some(f) = plan.flows.iter().find(|f| f.target == sink.name) {
+            return Err(plan_error(
+                f.location,
+                format!(
+                    "flow {} writes sink {} with AUTO CDC; a sink takes append flows only \
+                     (CREATE FLOW {} AS INSERT INTO {} BY NAME SELECT ...), as in Lakeflow",
+                    f.name, sink.name, f.name, sink.name.name
+                ),
+            ));
+        }
+        let reader = plan
+            .tables
+            .values()
+            .filter_map(|t| Some((t.location, t.query.as_ref()?, t.name.to_string())))
+            .chain(
+                plan.appends
+                    .iter()
+                    .map(|f| (f.location, &f.query, format!("flow {}", f.name))),
+            )
+            .find(|(_, q, _)| {
+                matches!(&q.source, QuerySource::Table(t) if *t == sink.name)
+                    || q.reads.contains(&sink.name)
+            })
+            .map(|(at, _, who)| (at, who))
+            .or_else(|| {
+                plan.materialized
+                    .values()
+                    .find(|m| m.query.reads.contains(&sink.name))
+                    .map(|m| (m.location, format!("materialized view {}", m.name)))
+            });
+        if let Some((at, who)) = reader {
+            return Err(plan_error(
+                at,
+                format!(
+                    "{who} reads sink {}; a sink is written, not read, by its pipeline (read \
+                     the Delta table it writes from another pipeline or `strata query`)",
+                    sink.name
                 ),
             ));
         }

@@ -123,6 +123,7 @@ fn documented_example_parses_exactly() {
                     reads: Vec::new(),
                 }),
                 private: false,
+                sink: None,
                 location: loc(1, 1),
             }),
             Statement::StreamingTable(StreamingTable {
@@ -135,6 +136,7 @@ fn documented_example_parses_exactly() {
                 cluster_by: Vec::new(),
                 query: None,
                 private: false,
+                sink: None,
                 location: loc(5, 1),
             }),
             Statement::Flow(CdcFlow {
@@ -467,7 +469,7 @@ fn syntax_errors_name_what_was_expected() {
         (
             "CREATE TABLE t",
             (1, 8),
-            "expected STREAMING TABLE, MATERIALIZED VIEW, VIEW, FLOW, POINT IN TIME TABLE or CONNECTION, found 'TABLE'",
+            "expected STREAMING TABLE, MATERIALIZED VIEW, VIEW, FLOW, POINT IN TIME TABLE, SINK or CONNECTION, found 'TABLE'",
         ),
         (
             "CREATE STREAMING TABLE",

@@ -90,8 +90,7 @@ async fn last_inputs(table: &deltalake::DeltaTable) -> Result<Option<serde_json:
 /// Recomputes `mv` if what it reads changed. `reads` are the tables behind its query (views
 /// resolved); `declared` the datasets of the pipeline, which may simply not exist yet.
 pub(crate) async fn refresh(
-    wh: &Warehouse,
-    run_id: &str,
+    scope: &crate::ops::Scope<'_>,
     mv: &MaterializedView,
     views: &BTreeMap<TableName, View>,
     reads: &[TableName],
@@ -99,6 +98,7 @@ pub(crate) async fn refresh(
     schema: &str,
     files: FileInputs,
 ) -> Result<MvReport> {
+    let (wh, run_id) = (scope.wh, scope.run_id);
     let name = &mv.name;
     let mut report = MvReport {
         table: name.to_string(),

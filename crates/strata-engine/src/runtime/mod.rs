@@ -32,10 +32,11 @@ use crate::runtime::retry::FlowRetry;
 use crate::runtime::scheduler::{run_nodes, Run};
 use crate::runtime::select::{refresh_set, select};
 use crate::runtime::update::{new_run_id, Ended, Update};
+use crate::storage::location::Location;
 use crate::storage::warehouse::Warehouse;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use strata_sql::{Node, PipelinePlan};
+use strata_sql::{Node, PipelinePlan, SinkTarget, TableName};
 
 /// Runs the pipeline in `path` once over all input not yet processed (triggered mode).
 /// Relative paths inside the pipeline resolve against the pipeline file's folder.
@@ -170,6 +171,57 @@ impl<'a> PipelineFile<'a> {
     }
 }
 
+/// The tables of a full refresh, without the sinks in it, which a full refresh does not
+/// clear (as in Lakeflow). A sink whose Delta table exists stops the refresh: its flows
+/// would send rows it already holds again. Deleted, it is written afresh.
+async fn keeping_sinks(
+    wh: &Warehouse,
+    plan: &PipelinePlan,
+    tables: Vec<TableName>,
+) -> Result<Vec<TableName>> {
+    let mut kept = Vec::with_capacity(tables.len());
+    for t in tables {
+        if plan.tables.get(&t).is_none_or(|s| s.sink.is_none()) {
+            kept.push(t);
+            continue;
+        }
+        if wh.open_table(&t).await?.is_some() {
+            return Err(EngineError::plan(format!(
+                "--full-refresh reaches sink {t}, whose Delta table at {} keeps the rows it was \
+                 given: a full refresh does not clear a sink, and its flows would send every \
+                 row again. Delete that table to have them sent again, or leave the tables \
+                 upstream of the sink out of --full-refresh",
+                wh.table_location(&t)
+            )));
+        }
+    }
+    Ok(kept)
+}
+
+/// Where each sink of `plan` writes: its path (relative ones from the pipeline's folder
+/// `dir`), or the location of the warehouse table it names.
+fn sink_locations(
+    plan: &PipelinePlan,
+    dir: &Path,
+    wh: &Warehouse,
+) -> Result<std::collections::BTreeMap<TableName, Location>> {
+    let mut sinks = std::collections::BTreeMap::new();
+    for t in plan.tables.values() {
+        let location = match &t.sink {
+            None => continue,
+            Some(SinkTarget::Table(table)) => wh.table_location(table),
+            Some(SinkTarget::Path(path)) => {
+                match Location::parse(path, &format!("sink {}", t.name))? {
+                    Location::Local(p) if p.is_relative() => Location::Local(dir.join(p)),
+                    other => other,
+                }
+            }
+        };
+        sinks.insert(t.name.clone(), location);
+    }
+    Ok(sinks)
+}
+
 /// Runs a planned pipeline of `file`. A run: its id; a full refresh sets the old tables
 /// aside; every node is prepared (nothing written yet); then the selected nodes run
 /// (`scheduler.rs`).
@@ -183,6 +235,8 @@ pub(crate) async fn run_plan(
 ) -> Result<RunReport> {
     // The pipeline's PRIVATE datasets live in its own folder, seen by this run alone.
     let wh = &wh.with_private(&file.name, plan.private_tables());
+    // Its sinks are Delta tables where they say (a path from the pipeline's folder).
+    let wh = &wh.with_sinks(sink_locations(&plan, &file.dir, wh)?);
     let selected = select(&plan, options.select.as_ref())?;
     let run_id = run_id.to_string();
     let mut report = RunReport {
@@ -190,7 +244,7 @@ pub(crate) async fn run_plan(
         ..Default::default()
     };
     if let Some(names) = &options.full_refresh {
-        let tables = refresh_set(&plan, names)?;
+        let tables = keeping_sinks(wh, &plan, refresh_set(&plan, names)?).await?;
         check_reset_allowed(wh, &plan, &tables).await?;
         report.set_aside = set_aside(wh, &tables, &run_id).await?;
     }

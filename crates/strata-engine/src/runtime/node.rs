@@ -44,7 +44,6 @@ pub(crate) async fn run_node(
     declared: &BTreeSet<TableName>,
     record: &mut EventRecord,
 ) -> Result<NodeOutput> {
-    let wh = scope.wh;
     Ok(match p {
         Prepared::Ingest(setup) => {
             tracing::info!(table = %setup.table.name, flow = setup.flow_name(), "ingesting");
@@ -127,8 +126,7 @@ pub(crate) async fn run_node(
             let reads = plan.reads(&Node::MaterializedView(name.clone()));
             let files = read_view_files(mv, scope.dir).await?;
             let r = crate::ops::mview::refresh(
-                wh,
-                scope.run_id,
+                scope,
                 mv,
                 &plan.views,
                 &reads,

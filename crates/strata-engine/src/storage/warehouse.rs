@@ -16,7 +16,7 @@ use crate::error::{Context, Result};
 use crate::storage::location::Location;
 use crate::storage::table::open_delta;
 use deltalake::DeltaTable;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use strata_sql::TableName;
@@ -35,6 +35,8 @@ pub struct Warehouse {
     event_log: Arc<Mutex<Option<DeltaTable>>>,
     /// The private datasets of the pipeline this handle runs, if any.
     private: Option<Arc<Private>>,
+    /// Where the sinks of the pipeline this handle runs write (`CREATE SINK`).
+    sinks: Option<Arc<BTreeMap<TableName, Location>>>,
 }
 
 /// A pipeline's private datasets: their names and the folder they live in.
@@ -82,6 +84,7 @@ impl Warehouse {
             catalog: strata_sql::TableName::CATALOGS[0].to_string(),
             event_log: Arc::default(),
             private: None,
+            sinks: None,
         })
     }
 
@@ -99,6 +102,15 @@ impl Warehouse {
                 names,
             })
         });
+        wh
+    }
+
+    /// The warehouse as a pipeline with sinks sees it: the sink `name` is the Delta table
+    /// at `sinks[name]` (a path outside the warehouse, or a table of it), opened and
+    /// created there by name.
+    pub(crate) fn with_sinks(&self, sinks: BTreeMap<TableName, Location>) -> Warehouse {
+        let mut wh = self.clone();
+        wh.sinks = (!sinks.is_empty()).then(|| Arc::new(sinks));
         wh
     }
 
@@ -147,6 +159,9 @@ impl Warehouse {
     /// Where table `name` lives: `<warehouse>/<schema>/<name>`, or in its pipeline's
     /// private folder.
     pub fn table_location(&self, name: &TableName) -> Location {
+        if let Some(sink) = self.sinks.as_ref().and_then(|s| s.get(name)) {
+            return sink.clone();
+        }
         self.private_root(name)
             .unwrap_or(&self.root)
             .join(&name.schema)
