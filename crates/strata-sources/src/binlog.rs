@@ -1014,7 +1014,6 @@ impl SnapshotTask {
                 }
             }
         }
-        drop(result);
         if buf.rows > 0 || !sent {
             let batch = finish(&mut buf, table)?;
             let _ = tx.send(Ok(table_batch(table, batch))).await;
@@ -1697,6 +1696,6 @@ mod tests {
         let a = client_server_id("strata_orders");
         assert_eq!(a, client_server_id("strata_orders"));
         assert_ne!(a, client_server_id("strata_customers"));
-        assert!(a >= 1 << 30 && a < 1 << 31);
+        assert!((1 << 30..1 << 31).contains(&a));
     }
 }
