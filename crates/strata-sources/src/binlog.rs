@@ -1267,7 +1267,7 @@ impl BinlogChanges {
     /// The position after `event` in the current file, if it has one (artificial events
     /// have 0).
     fn end_of(&self, log_pos: u32) -> Option<Lsn> {
-        (log_pos > 0).then(|| Lsn(((self.file_number as u64) << 32) | log_pos as u64))
+        (log_pos > 0).then_some(Lsn(((self.file_number as u64) << 32) | log_pos as u64))
     }
 
     fn handle(&mut self, event: &mysql_async::binlog::events::Event) -> Result<()> {

@@ -70,7 +70,7 @@ impl LogCdc {
     /// The initial snapshot and the position it corresponds to.
     pub async fn start_snapshot(&self) -> Result<LogSnapshot> {
         Ok(match self {
-            LogCdc::Postgres(c) => LogSnapshot::Postgres(c.start_snapshot().await?),
+            LogCdc::Postgres(c) => LogSnapshot::Postgres(Box::new(c.start_snapshot().await?)),
             LogCdc::Mysql(c) => LogSnapshot::Mysql(c.start_snapshot().await?),
         })
     }
@@ -105,8 +105,8 @@ impl LogCdc {
 /// A running initial snapshot.
 #[derive(Debug)]
 pub enum LogSnapshot {
-    /// Through a PostgreSQL slot's exported snapshot.
-    Postgres(SnapshotReader),
+    /// Through a PostgreSQL slot's exported snapshot (boxed: it holds its read buffers).
+    Postgres(Box<SnapshotReader>),
     /// A MySQL / MariaDB consistent-snapshot transaction.
     Mysql(BinlogSnapshot),
 }
