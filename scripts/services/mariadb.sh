@@ -29,7 +29,9 @@
 # All progress and error messages go to stderr; stdout carries only those lines.
 # Starting a running server prints the same facts again; stopping a stopped one is a no-op.
 # As root, mariadbd runs as root (--user=root), so DIR's permissions do not matter.
-# The binary log is off (set STRATA_TEST_MYSQL_BINLOG=1 to turn on row-based binlogging).
+# The binary log is on, row-based with full row images (log-bin in DIR/mariadb, server-id 1,
+# binlog_format=ROW, binlog_row_image=FULL), as binlog CDC needs; STRATA_TEST_MYSQL_BINLOG=0
+# starts the server without it (to see CDC refuse such a server).
 set -Eeuo pipefail
 
 ME="mariadb.sh"
@@ -163,7 +165,7 @@ emit_facts() {
 
 write_cnf() {
   local binlog="skip-log-bin"
-  if [ "${STRATA_TEST_MYSQL_BINLOG:-0}" = 1 ]; then
+  if [ "${STRATA_TEST_MYSQL_BINLOG:-1}" = 1 ]; then
     binlog="log-bin=$MROOT/binlog
 server-id=1
 binlog-format=ROW

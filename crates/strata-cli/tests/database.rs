@@ -1269,3 +1269,149 @@ fn a_dropped_or_retyped_source_column_names_the_column_and_the_full_refresh_comm
         &format!("SELECT pg_drop_replication_slot('{slot}')"),
     );
 }
+
+/// MySQL / MariaDB CDC from the binlog, in the one-switch form: the first run copies the
+/// table in a consistent snapshot and records its binlog position; a run after changes in
+/// several transactions (updates, a delete, a key change, a transaction of two statements)
+/// gives the exact SCD2 history; a run with nothing new commits nothing; a TRUNCATE closes
+/// every open version, and the rows after it open new ones.
+#[test]
+fn mysql_binlog_cdc_copies_the_table_then_gives_the_exact_scd2_history() {
+    let server = Server::from_env("STRATA_TEST_MYSQL");
+    let table = unique("crm");
+    mysql(
+        &server,
+        &[
+            &format!(
+                "CREATE TABLE {table} (id int PRIMARY KEY, name varchar(20), city varchar(20), \
+                 score decimal(6,2), seen datetime(3))"
+            ),
+            &format!(
+                "INSERT INTO {table} VALUES (1, 'Ann', 'Oslo', 1.50, '2024-01-01 10:00:00'), \
+                 (2, 'Bob', 'Rome', NULL, NULL)"
+            ),
+        ],
+    );
+    let p = Project::new(&format!(
+        "{}CREATE STREAMING TABLE cust;
+CREATE FLOW cust_flow AS AUTO CDC INTO cust FROM STREAM read_database('shop',
+  table => '{table}', mode => 'cdc')
+KEYS (id) STORED AS SCD TYPE 2;
+",
+        server.connection("mysql")
+    ));
+    run_ok(&p, &server.password);
+    assert_eq!(
+        p.csv("SELECT id, name, city, score, _change_type FROM cust_changes ORDER BY id"),
+        "id,name,city,score,_change_type\n1,Ann,Oslo,1.50,snapshot\n2,Bob,Rome,,snapshot\n"
+    );
+    let dir = p.path("warehouse/default/cust_changes");
+    let recorded = positions(&dir, "strata.lsn");
+    assert_eq!(recorded.len(), 1, "{recorded:?}");
+    let file_number = recorded[0].0.split('/').next().unwrap().to_string();
+    assert!(
+        file_number != "0",
+        "a binlog position (file number / offset): {recorded:?}"
+    );
+
+    mysql(
+        &server,
+        &[
+            &format!(
+                "START TRANSACTION; UPDATE {table} SET city = 'Bergen' WHERE id = 1; \
+                 DELETE FROM {table} WHERE id = 2; INSERT INTO {table} VALUES (3, 'Cy', 'Nice', 2.25, NULL); COMMIT"
+            ),
+            &format!("UPDATE {table} SET city = 'Lyon' WHERE id = 3"),
+            &format!("UPDATE {table} SET id = 4 WHERE id = 3"),
+        ],
+    );
+    run_ok(&p, &server.password);
+    assert_eq!(
+        p.csv(
+            "SELECT id, _change_type, _change_seq FROM cust_changes WHERE _change_type <> 'snapshot' \
+             ORDER BY _commit_lsn, _change_seq"
+        ),
+        "id,_change_type,_change_seq\n1,update,0\n2,delete,1\n3,insert,2\n3,update,0\n3,delete,0\n4,update,1\n"
+    );
+    assert_eq!(
+        p.csv("SELECT id, name, city, __END_AT IS NULL AS open FROM cust ORDER BY id, __START_AT"),
+        "id,name,city,open\n1,Ann,Oslo,false\n1,Ann,Bergen,true\n2,Bob,Rome,false\n\
+         3,Cy,Nice,false\n3,Cy,Lyon,false\n4,Cy,Lyon,true\n"
+    );
+    assert!(p.ok(&["validate", "cust"]).contains("ok"));
+
+    // Nothing new: nothing committed, in either table.
+    let target = p.path("warehouse/default/cust");
+    let before = (commits(&dir), commits(&target));
+    run_ok(&p, &server.password);
+    assert_eq!((commits(&dir), commits(&target)), before);
+
+    // A TRUNCATE closes every open version at its position.
+    mysql(
+        &server,
+        &[
+            &format!("TRUNCATE TABLE {table}"),
+            &format!("INSERT INTO {table} (id, name) VALUES (5, 'Di')"),
+        ],
+    );
+    run_ok(&p, &server.password);
+    assert_eq!(
+        p.csv("SELECT id, name FROM cust WHERE __END_AT IS NULL ORDER BY id"),
+        "id,name\n5,Di\n"
+    );
+}
+
+/// A schema change on a table read from the binlog stops the run with the table, the
+/// statement and the exact full-refresh command; nothing is written, and the full refresh
+/// takes a new snapshot with the new column.
+#[test]
+fn a_schema_change_in_the_binlog_names_the_table_and_the_full_refresh_command() {
+    let server = Server::from_env("STRATA_TEST_MYSQL");
+    let table = unique("crm_ddl");
+    mysql(
+        &server,
+        &[
+            &format!("CREATE TABLE {table} (id int PRIMARY KEY, plan varchar(10))"),
+            &format!("INSERT INTO {table} VALUES (1, 'free')"),
+        ],
+    );
+    let p = Project::new(&format!(
+        "{}CREATE STREAMING TABLE acct;
+CREATE FLOW acct_flow AS AUTO CDC INTO acct FROM STREAM read_database('shop',
+  table => '{table}', mode => 'cdc')
+KEYS (id) STORED AS SCD TYPE 1;
+",
+        server.connection("mysql")
+    ));
+    run_ok(&p, &server.password);
+    mysql(
+        &server,
+        &[
+            &format!("ALTER TABLE {table} ADD COLUMN seats int"),
+            &format!("INSERT INTO {table} VALUES (2, 'pro', 5)"),
+        ],
+    );
+    let dir = p.path("warehouse/default/acct_changes");
+    let before = commits(&dir);
+    let out = run(&p, &server.password);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains(&table) && err.contains("ALTER TABLE"), "{err}");
+    assert!(
+        err.contains("`strata run pipeline.sql --full-refresh acct_changes`")
+            || err.contains("`strata run pipeline.sql --full-refresh default.acct_changes`"),
+        "{err}"
+    );
+    assert_eq!(commits(&dir), before, "nothing written");
+    let out = p
+        .command(&["run", "pipeline.sql", "--full-refresh", "acct_changes,acct"])
+        .env("SHOP_PW", &server.password)
+        .env_remove("MYSQL_PWD")
+        .output()
+        .expect("strata runs");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        p.csv("SELECT id, plan, seats FROM acct ORDER BY id"),
+        "id,plan,seats\n1,free,\n2,pro,5\n"
+    );
+}

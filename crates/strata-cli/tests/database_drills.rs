@@ -1,6 +1,7 @@
-//! Crash drill for database sources: a writer changes a live PostgreSQL table while `strata
-//! run` is started and killed (SIGKILL) at random moments, over and over; then clean runs
-//! finish the work, and the targets are compared with what the database did. Log-based CDC
+//! Crash drill for database sources: a writer changes a live PostgreSQL (or, for binlog CDC,
+//! MariaDB) table while `strata run` is started and killed (SIGKILL) at random moments, over
+//! and over; then clean runs finish the work, and the targets are compared with what the
+//! database did. Log-based CDC
 //! must give an SCD2 target with exactly one version per value ever written (none lost, none
 //! doubled); a watermark load must give an SCD1 target equal to the table, and a bronze
 //! table without a row read twice.
@@ -278,8 +279,17 @@ STORED AS SCD TYPE 2;
         seed,
         alter_at,
     );
-    // Every value ever written is one version, in order, with `w` set from the ALTER on; a
-    // key deleted last has no open one.
+    assert_history(&p, &history, alter_at, seed);
+    pg(
+        &server.config,
+        &format!("SELECT pg_drop_replication_slot('{slot}')"),
+    );
+}
+
+/// Every value the writer ever wrote is one version of the SCD2 target `hist`, in order,
+/// with `w` set from the ALTER at `alter_at` on; a key deleted last has no open one; and no
+/// change is twice in the change table `changes`.
+fn assert_history(p: &Project, history: &History, alter_at: Option<i64>, seed: u64) {
     let w = if alter_at.is_some() { "w" } else { "NULL" };
     let rows = p.csv(&format!(
         "SELECT id, v, {w} AS w, __END_AT IS NULL AS open FROM hist ORDER BY id, __START_AT"
@@ -295,7 +305,7 @@ STORED AS SCD TYPE 2;
         ));
     }
     let mut want: Versions = BTreeMap::new();
-    for (key, changes) in &history {
+    for (key, changes) in history {
         let values: Vec<i64> = changes.iter().flatten().copied().collect();
         let open_last = changes.last().is_some_and(Option::is_some);
         let n = values.len();
@@ -321,10 +331,135 @@ STORED AS SCD TYPE 2;
          WHERE _change_type <> 'snapshot' GROUP BY _commit_lsn, _change_seq HAVING count(*) > 1)",
     );
     assert_eq!(dups, "n\n0\n", "seed {seed}: a change was taken twice");
-    pg(
-        &server.config,
-        &format!("SELECT pg_drop_replication_slot('{slot}')"),
+}
+
+/// The MariaDB the test command starts (row-based binlog).
+fn mariadb() -> (mysql_async::Opts, String, String) {
+    let var = |name: &str| {
+        std::env::var(format!("STRATA_TEST_MYSQL_{name}")).unwrap_or_else(|_| {
+            panic!(
+                "STRATA_TEST_MYSQL_{name} is not set: run the tests under \
+                 scripts/services/with-services.sh (the README's test command does)"
+            )
+        })
+    };
+    let (host, port, db, user, password) = (
+        var("HOST"),
+        var("PORT"),
+        var("DATABASE"),
+        var("USER"),
+        var("PASSWORD"),
     );
+    let opts = mysql_async::OptsBuilder::default()
+        .ip_or_hostname(host.clone())
+        .tcp_port(port.parse().expect("port"))
+        .db_name(Some(db.clone()))
+        .user(Some(user.clone()))
+        .pass(Some(password.clone()))
+        .into();
+    let connection = format!(
+        "CREATE CONNECTION shop TYPE mysql OPTIONS (host '{host}', port '{port}', \
+         database '{db}', user '{user}', password_env 'SHOP_PW');\n"
+    );
+    (opts, connection, password)
+}
+
+/// The writer of [`write_until`] on MariaDB (keys 1..=20, one statement per transaction)
+/// until `stop`, recording every change.
+fn my_write_until(
+    opts: mysql_async::Opts,
+    table: String,
+    seed: u64,
+    stop: Arc<AtomicBool>,
+) -> History {
+    use mysql_async::prelude::Queryable;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async move {
+        let mut conn = mysql_async::Conn::new(opts).await.expect("writer connects");
+        let mut rng = Rng(seed);
+        let mut history: History = BTreeMap::new();
+        let mut value = 0i64;
+        while !stop.load(Ordering::SeqCst) {
+            let key = 1 + rng.below(20) as i64;
+            value += 1;
+            let exists = history
+                .get(&key)
+                .and_then(|h| h.last().copied())
+                .flatten()
+                .is_some();
+            let sql = match (exists, rng.below(10)) {
+                (false, _) => format!(
+                    "INSERT INTO {table} (id, v, updated_at) VALUES ({key}, {value}, NOW(6))"
+                ),
+                (true, 0) => format!("DELETE FROM {table} WHERE id = {key}"),
+                (true, _) => {
+                    format!("UPDATE {table} SET v = {value}, updated_at = NOW(6) WHERE id = {key}")
+                }
+            };
+            conn.query_drop(&sql).await.expect("writer changes");
+            let change = if sql.starts_with("DELETE") {
+                None
+            } else {
+                Some(value)
+            };
+            history.entry(key).or_default().push(change);
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let _ = conn.disconnect().await;
+        history
+    })
+}
+
+/// Binlog CDC (MariaDB) under the same kills, committing in parts of a few transactions:
+/// the SCD2 target is the fold of every change, none lost or doubled.
+#[test]
+fn killed_binlog_cdc_runs_lose_and_double_no_change() {
+    use mysql_async::prelude::Queryable;
+    let (opts, connection, password) = mariadb();
+    let seed = seed();
+    eprintln!("drill seed {seed} (STRATA_DRILL_SEED={seed} replays it)");
+    let table = format!("drill_binlog_{}", std::process::id());
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(async {
+            let mut conn = mysql_async::Conn::new(opts.clone()).await.expect("connect");
+            conn.query_drop(format!(
+                "CREATE TABLE {table} (id bigint PRIMARY KEY, v bigint, updated_at datetime(6) NOT NULL)"
+            ))
+            .await
+            .expect("create the table");
+            let _ = conn.disconnect().await;
+        });
+    let p = Project::new(&format!(
+        "{connection}CREATE STREAMING TABLE changes AS SELECT * FROM STREAM read_database('shop', \
+         table => '{table}', mode => 'cdc', chunk_rows => '50');
+CREATE STREAMING TABLE hist;
+CREATE FLOW hist_flow AS AUTO CDC INTO hist FROM STREAM(changes) KEYS (id)
+APPLY AS DELETE WHEN _change_type = 'delete'
+SEQUENCE BY STRUCT(_commit_lsn, _change_seq)
+COLUMNS id, v
+STORED AS SCD TYPE 2;
+"
+    ));
+    // The empty table first (its snapshot now): every change then comes through the binlog.
+    run_clean(&p, &password);
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (opts, table, stop) = (opts.clone(), table.clone(), stop.clone());
+        std::thread::spawn(move || my_write_until(opts, table, seed, stop))
+    };
+    let mut rng = Rng(seed ^ 0x9E37_79B9_7F4A_7C15);
+    run_and_kill(&p, &password, &mut rng, rounds());
+    stop.store(true, Ordering::SeqCst);
+    let history = writer.join().expect("writer");
+    run_clean(&p, &password);
+    run_clean(&p, &password);
+    assert_history(&p, &history, None, seed);
 }
 
 #[test]

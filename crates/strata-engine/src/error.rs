@@ -396,6 +396,13 @@ fn transient_source(e: &strata_sources::SourceError) -> bool {
         }
         S::Query { detail, .. } => dropped(detail),
         S::Replication { .. } => true,
+        // A binlog stream that failed or stalled; not a position that is gone, nor a table
+        // whose columns changed.
+        S::Binlog {
+            resnapshot: false,
+            detail,
+            ..
+        } => detail.contains("stream") || dropped(detail),
         S::Io { source, .. } => transient_kind(source.kind()),
         _ => false,
     }

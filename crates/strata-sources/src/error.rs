@@ -207,6 +207,21 @@ pub enum SourceError {
         detail: String,
     },
 
+    /// The binlog (MySQL / MariaDB CDC) cannot deliver what the engine needs, or its stream
+    /// failed.
+    #[error("connection '{connection}': binlog{}: {detail}",
+        position.as_ref().map(|p| format!(" at {p}")).unwrap_or_default())]
+    Binlog {
+        /// Connection name.
+        connection: String,
+        /// Where in the binlog (`binlog file #3, offset 1234`), if known.
+        position: Option<String>,
+        /// What happened and the way out.
+        detail: String,
+        /// True when only a re-snapshot (full refresh) recovers.
+        resnapshot: bool,
+    },
+
     /// A Debezium change file line cannot be read.
     #[error("{file}:{line}: {detail}")]
     Debezium {
@@ -239,12 +254,17 @@ pub enum SourceError {
 
 impl SourceError {
     /// True when the engine should re-snapshot (full refresh) to recover: the slot is gone or
-    /// invalidated.
+    /// invalidated, the binlog no longer has the recorded position, or a table read through
+    /// the binlog changed its columns.
     pub fn needs_resnapshot(&self) -> bool {
         matches!(
             self,
             SourceError::SlotMissing { .. }
                 | SourceError::Slot {
+                    resnapshot: true,
+                    ..
+                }
+                | SourceError::Binlog {
                     resnapshot: true,
                     ..
                 }

@@ -101,8 +101,10 @@ pub(crate) enum ReadMode {
         parallel: Option<usize>,
         first_load: FirstLoad,
     },
-    /// `mode => 'cdc'` (PostgreSQL): the table's changes through a logical replication
-    /// slot and publication; the first run copies the table through the slot's snapshot.
+    /// `mode => 'cdc'`: the table's changes through a PostgreSQL logical replication slot
+    /// and publication, or the MySQL / MariaDB binlog (`slot` then only names the binlog
+    /// client's server id; `publication` is unused); the first run copies the table in a
+    /// consistent snapshot.
     /// A run commits its changes in parts of `chunk_rows` changes (ended at a transaction
     /// end), each with the position to resume from.
     Changes {

@@ -1,7 +1,7 @@
 //! Streaming tables that read a database:
 //! `FROM STREAM read_database('shop', table => 'public.orders', watermark => 'updated_at')`
 //! by a watermark, or `read_database('shop', table => 'public.orders', mode => 'cdc')`
-//! through PostgreSQL logical replication.
+//! through PostgreSQL logical replication or the MySQL / MariaDB binlog.
 //!
 //! A watermark run: read the watermark the table recorded last (`sources/watermark.rs`),
 //! read the rows above it in batches from a cursor (with an overlap window, from a point
@@ -12,12 +12,14 @@
 //! 'scan'`, the default) reads it in any order instead and writes the rows to data files
 //! as they come, committed once with the highest watermark ([`take_whole_scan`]).
 //!
-//! A CDC run: read the LSN the table recorded last; without one (first run, full refresh),
-//! create the slot, copy the table through its exported snapshot (rows with
-//! `_change_type = 'snapshot'`, written to data files as they come) and commit the copy
-//! with the slot's consistent point ([`take_snapshot`]); then read every change committed
-//! after that point up to a fence, in parts, each committed with the LSN to resume from;
-//! only then advance the slot.
+//! A CDC run: read the position the table recorded last; without one (first run, full
+//! refresh), create the slot (PostgreSQL), copy the table in a consistent snapshot (rows
+//! with `_change_type = 'snapshot'`, written to data files as they come) and commit the
+//! copy with the position the snapshot corresponds to ([`take_snapshot`]); then read every
+//! change committed after that point up to a fence, in parts, each committed with the
+//! position to resume from; only then advance the slot. PostgreSQL and MySQL / MariaDB run
+//! the same steps through [`LogCdc`]; a binlog position is recorded as an LSN
+//! (`file number << 32 | offset`, see `strata_sources::binlog`).
 //!
 //! Either way, a run that finds nothing new commits nothing, and a crash before the commit
 //! leaves the table and its position as they were: the next run reads the same rows.
@@ -43,7 +45,7 @@ use deltalake::arrow::row::{OwnedRow, RowConverter, SortField};
 use deltalake::DeltaTable;
 use std::collections::HashMap;
 use std::sync::Arc;
-use strata_sources::{LowerBound, Lsn, PgCdc, ReadOptions, SourceKind, Watermark};
+use strata_sources::{LogCdc, LowerBound, Lsn, ReadOptions, Watermark};
 use strata_sql::{PipelinePlan, ReadDatabase};
 
 /// The source of a `read_database` query and the schema of its rows, from the database's
@@ -64,12 +66,6 @@ pub(super) async fn prepare_source(
         .get(&rd.connection)
         .ok_or_else(|| setup.err(format!("connection {} is not declared", rd.connection)))?;
     let spec = connection_spec(connection, &process_env)?;
-    if read.cdc_table().is_some() && spec.kind != SourceKind::Postgres {
-        return Err(setup.err(format!(
-            "read_database mode 'cdc' reads PostgreSQL; connection {} is {}",
-            rd.connection, spec.kind
-        )));
-    }
     let source = strata_sources::Source::connect(&spec)
         .await
         .context(|| setup.err("reading its database").to_string())?;
@@ -675,14 +671,17 @@ async fn take_changes(
         Some(t) => watermark::stored_lsn(t, &key).await?,
         None => None,
     };
+    let cdc = LogCdc::connect(spec, config).await.context(|| {
+        setup
+            .err(format!("connection {}", read.connection))
+            .to_string()
+    })?;
     let place = format!(
-        "connection {}, changes of {} through slot {}",
+        "connection {}, changes of {} through {}",
         read.connection,
         read.object.label(),
-        config.slot
+        cdc.log_label()
     );
-    let fail = || setup.err(&place).to_string();
-    let cdc = PgCdc::connect(spec, config).await.context(fail)?;
     let running = Running::new(scope.wh, setup).await?;
     let ctx = crate::storage::session::new_session();
     let checks = RowChecks {
@@ -723,7 +722,11 @@ async fn take_changes(
         let mut raw = Vec::new();
         let mut key_changes = std::collections::HashSet::new();
         part_rows = 0usize;
-        while let Some(tb) = changes.next_batch().await.context(fail)? {
+        while let Some(tb) = changes
+            .next_batch()
+            .await
+            .map_err(|e| resnapshot_hint(scope, setup, &place, e))?
+        {
             check_columns_known(scope, setup, input, &place, &tb.batch)?;
             part_rows += tb.batch.num_rows();
             read_rows += tb.batch.num_rows();
@@ -741,13 +744,14 @@ async fn take_changes(
         };
         // A part: committed with the position after its last transaction, which the
         // server then hears it may drop the WAL before.
-        report.watermark = Some(format!("lsn {end}"));
+        report.watermark = Some(cdc.describe_position(end));
         let part = std::mem::take(&mut chunk);
         base = Some(commit_part(scope, setup, table, &key, end.to_string(), part, report).await?);
         changes.next_part();
         last_part = Some(end);
         (scope.update)(format!(
-            "{read_rows} change(s) read, committed up to lsn {end}"
+            "{read_rows} change(s) read, committed up to {}",
+            cdc.describe_position(end)
         ));
     }
     let resume = changes
@@ -766,7 +770,7 @@ async fn take_changes(
         }
         return Ok(None);
     }
-    report.watermark = Some(format!("lsn {resume}"));
+    report.watermark = Some(cdc.describe_position(resume));
     let commit = position_commit(scope, setup, table, key, resume.to_string()).await?;
     Ok(Some(Taken {
         after_commit: Some(Box::new(move || {
@@ -815,7 +819,8 @@ fn check_columns_known(
 }
 
 /// A change read that failed: one that only a new snapshot recovers from (the slot was
-/// dropped, or lost the changes strata needs) says the exact command that takes it, with
+/// dropped, or lost the changes strata needs; the binlog no longer has the recorded
+/// position, or a table's columns changed in it) says the exact command that takes it, with
 /// this table; other failures as they are.
 fn resnapshot_hint(
     scope: &Scope<'_>,
@@ -823,39 +828,32 @@ fn resnapshot_hint(
     place: &str,
     e: strata_sources::SourceError,
 ) -> EngineError {
-    use strata_sources::SourceError as S;
-    let resnapshot = matches!(
-        &e,
-        S::SlotMissing { .. }
-            | S::Slot {
-                resnapshot: true,
-                ..
-            }
-    );
-    if !resnapshot {
+    if !e.needs_resnapshot() {
         return EngineError::Source {
             context: setup.err(place).to_string(),
             source: Box::new(e),
         };
     }
     EngineError::BadInput(format!(
-        "{}: {e}: `strata run {} --full-refresh {}` (with every other table this slot feeds,          comma-separated)",
+        "{}: {e}: `strata run {} --full-refresh {}` (with every other table this connection's \
+         change log feeds, comma-separated)",
         setup.err(place),
         scope.pipeline,
         setup.table.name
     ))
 }
 
-/// The table as of a new slot's snapshot, for a first CDC run (or one after a full
-/// refresh): the slot (re)created, the table copied through its exported snapshot (rows
-/// with `_change_type = 'snapshot'`), checked and written to data files as they come
-/// ([`StreamedRows`]), and committed once with the slot's consistent point, from which the
-/// changes are read. A run that stops before that commit leaves the slot behind, which the
+/// The table as of a consistent snapshot, for a first CDC run (or one after a full
+/// refresh): PostgreSQL's slot (re)created and the table copied through its exported
+/// snapshot, or MySQL's table read in a consistent-snapshot transaction (rows with
+/// `_change_type = 'snapshot'`), checked and written to data files as they come
+/// ([`StreamedRows`]), and committed once with the snapshot's position, from which the
+/// changes are read. A run that stops before that commit leaves a slot behind, which the
 /// next first run drops and creates again. Returns that point and the table as committed.
 async fn take_snapshot(
     scope: &Scope<'_>,
     setup: &IngestSetup,
-    cdc: &PgCdc,
+    cdc: &LogCdc,
     existing: Option<&DeltaTable>,
     running: &Running,
     ctx: &deltalake::datafusion::prelude::SessionContext,
@@ -865,13 +863,13 @@ async fn take_snapshot(
         return Err(EngineError::internal("not a database source"));
     };
     let place = format!(
-        "connection {}, {} through slot {}, initial snapshot",
+        "connection {}, {} through {}, initial snapshot",
         read.connection,
         read.object.label(),
-        cdc.config().slot
+        cdc.log_label()
     );
     let fail = || setup.err(&place).to_string();
-    cdc.drop_slot().await.context(fail)?;
+    cdc.reset().await.context(fail)?;
     let mut snapshot = cdc.start_snapshot().await.context(fail)?;
     let checks = RowChecks {
         setup,
@@ -889,7 +887,7 @@ async fn take_snapshot(
     }
     let at = snapshot.consistent_point();
     let key = watermark::lsn_key(setup.append_flow.as_deref());
-    report.watermark = Some(format!("lsn {at}"));
+    report.watermark = Some(cdc.describe_position(at));
     let commit = position_commit(scope, setup, rows.table(), key, at.to_string()).await?;
     let mut taken = rows.into_taken(commit).await?;
     let table = taken.base.take().or_else(|| existing.cloned());
@@ -900,7 +898,7 @@ async fn take_snapshot(
 /// Updates that left a TOASTed value unchanged (REPLICA IDENTITY DEFAULT) get the value the
 /// key last had, from these changes or the table.
 async fn fill_toast(
-    cdc: &PgCdc,
+    cdc: &LogCdc,
     setup: &IngestSetup,
     read: &DatabaseRead,
     place: &str,
@@ -914,8 +912,8 @@ async fn fill_toast(
     let source = read
         .cdc_table()
         .ok_or_else(|| EngineError::internal("a CDC source without its table"))?;
-    let (_, key) = cdc
-        .identity(source)
+    let key = cdc
+        .key_columns(source)
         .await
         .context(|| setup.err(place).to_string())?;
     let fill = toast::Toast {
@@ -940,11 +938,12 @@ fn cdc_config_of(setup: &IngestSetup) -> Option<strata_sources::CdcConfig> {
     }
 }
 
-/// What a CDC run does once its commit holds the LSN: let the server drop the WAL before
-/// it. Failing here loses nothing (the next run skips what the table recorded); the slot
-/// just keeps more WAL until a later run advances it.
+/// What a CDC run does once its commit holds the position: let the server drop the WAL
+/// before it (PostgreSQL; the binlog keeps nothing for strata). Failing here loses nothing
+/// (the next run skips what the table recorded); the slot just keeps more WAL until a
+/// later run advances it.
 struct SlotAdvance {
-    cdc: PgCdc,
+    cdc: LogCdc,
     to: Lsn,
 }
 
@@ -956,8 +955,8 @@ impl SlotAdvance {
 
 /// Advances the slot to `to`, which a commit holds; a failure is only warned about (see
 /// [`SlotAdvance`]).
-async fn advance_slot(cdc: &PgCdc, to: Lsn) {
-    if let Err(e) = cdc.advance_slot(to).await {
+async fn advance_slot(cdc: &LogCdc, to: Lsn) {
+    if let Err(e) = cdc.advance(to).await {
         tracing::warn!("the replication slot was not advanced to {to}: {e}");
     }
 }
