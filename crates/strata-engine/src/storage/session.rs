@@ -40,8 +40,8 @@ fn session_with(config: SessionConfig, runtime: Option<Arc<RuntimeEnv>>) -> Sess
 }
 
 /// The SQL types Spark has and DataFusion reads otherwise or not at all: `TIMESTAMP_NTZ`
-/// (a wall-clock time, microseconds without a zone) and `TIMESTAMP_LTZ` (an instant,
-/// microseconds in UTC: Delta's `TIMESTAMP`). DataFusion reads `TIMESTAMP` as nanoseconds
+/// (a wall-clock time, microseconds without a zone), `TIMESTAMP_LTZ` (an instant,
+/// microseconds in UTC: Delta's `TIMESTAMP`) and `BINARY` (bytes of any length). DataFusion reads `TIMESTAMP` as nanoseconds
 /// without a zone; the stored type of such a value is Delta's `TIMESTAMP`
 /// ([`crate::util::arrow::storage_type`]).
 #[derive(Debug)]
@@ -57,6 +57,8 @@ impl TypePlanner for SparkTypes {
 fn spark_type(sql_type: &SqlType) -> Option<DataType> {
     match sql_type {
         SqlType::TimestampNtz(None) => Some(DataType::Timestamp(TimeUnit::Microsecond, None)),
+        // Spark's BINARY has no length: variable-length bytes.
+        SqlType::Binary(None) => Some(DataType::Binary),
         SqlType::Custom(name, args)
             if args.is_empty() && name.to_string().eq_ignore_ascii_case("TIMESTAMP_LTZ") =>
         {
@@ -153,6 +155,14 @@ mod tests {
         assert_eq!(
             type_of("SELECT CAST('2024-01-01' AS TIMESTAMP)").await,
             DataType::Timestamp(TimeUnit::Nanosecond, None)
+        );
+    }
+
+    #[tokio::test]
+    async fn spark_binary_is_bytes_of_any_length() {
+        assert_eq!(
+            type_of("SELECT CAST('abc' AS BINARY)").await,
+            DataType::Binary
         );
     }
 }
