@@ -770,12 +770,21 @@ fn print_run_report(report: &RunReport, quiet: bool) -> std::io::Result<()> {
     }
     for v in &report.views {
         let what = format!("materialized view {}", v.table);
-        write_outcome(&mut out, &what, &v.skipped, quiet, || {
-            format!(
+        write_outcome(&mut out, &what, &v.skipped, quiet, || match v.refresh {
+            strata_engine::Refresh::Recomputed => format!(
                 "recomputed, {} row(s){}",
                 v.rows,
                 dropped_by_expectations(v.rows_dropped)
-            )
+            ),
+            strata_engine::Refresh::Appended => format!(
+                "incremental: {} row(s) from its input's new rows appended{}",
+                v.rows,
+                dropped_by_expectations(v.rows_dropped)
+            ),
+            strata_engine::Refresh::Combined => format!(
+                "incremental: {} group(s) of its input's new rows combined into {} row(s)",
+                v.rows_read, v.rows
+            ),
         })?;
     }
     for p in &report.pits {

@@ -60,7 +60,7 @@ pub use load::sources::{plan_sources, PipelineSource, PlanStep, PlannedPipeline,
 pub use load::spec::{is_spec, load_pipeline, load_pipeline_with_python, LoadedPipeline};
 pub use ops::cdc::FlowReport;
 pub use ops::ingest::IngestReport;
-pub use ops::mview::MvReport;
+pub use ops::mview::{MvReport, Refresh};
 pub use ops::pit::PitReport;
 pub use runtime::event_log::{EventRecord, Status, EVENT_LOG_TABLE};
 pub use runtime::lock::LockMode;

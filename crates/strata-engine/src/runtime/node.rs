@@ -3,7 +3,7 @@
 use crate::error::{EngineError, Result};
 use crate::ops::cdc::FlowReport;
 use crate::ops::ingest::IngestReport;
-use crate::ops::mview::MvReport;
+use crate::ops::mview::{MvReport, Refresh};
 use crate::ops::pit::PitReport;
 use crate::ops::Scope;
 use crate::runtime::event_log::EventRecord;
@@ -139,7 +139,14 @@ pub(crate) async fn run_node(
             record.rows_written = r.rows;
             record.rows_dropped = r.rows_dropped;
             record.expectations = r.expectations.clone();
-            skipped_or(record, &r.skipped, || format!("{} row(s)", r.rows));
+            skipped_or(record, &r.skipped, || match r.refresh {
+                Refresh::Recomputed => format!("{} row(s)", r.rows),
+                Refresh::Appended => format!("{} row(s) appended (incremental)", r.rows),
+                Refresh::Combined => format!(
+                    "{} group(s) of new rows combined into {} row(s) (incremental)",
+                    r.rows_read, r.rows
+                ),
+            });
             NodeOutput::View(r)
         }
     })

@@ -108,6 +108,31 @@ pub(crate) async fn data_version(table: &DeltaTable) -> Result<i64> {
     Ok(v)
 }
 
+/// Whether every commit of `table` after version `from`, up to the version it is loaded at,
+/// only added rows or is upkeep: no row removed or rewritten, no schema, property or
+/// protocol change. A commit whose file is gone (log cleanup) counts as a change.
+pub(crate) async fn only_appends_since(table: &DeltaTable, from: i64) -> Result<bool> {
+    let latest = crate::storage::table::version_of(table);
+    for v in (from + 1)..=latest {
+        let Some(actions) = read_commit(table, v).await? else {
+            return Ok(false);
+        };
+        if commit_kind(&actions) == CommitKind::Upkeep {
+            continue;
+        }
+        let appends = actions.iter().all(|a| match a {
+            Action::Add(_) | Action::Txn(_) | Action::CommitInfo(_) => true,
+            Action::DomainMetadata(_) => true,
+            Action::Remove(r) => !r.data_change,
+            Action::Cdc(_) | Action::Metadata(_) | Action::Protocol(_) => false,
+        });
+        if !appends {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 /// The changes of `source` after version `from` (all of it when `None`), as a reader of
 /// its added rows sees them (see the module docs). When a commit file of the range is gone
 /// (log cleanup), every file the latest version holds and the version at `from` did not
