@@ -227,6 +227,13 @@ fn psql_reads_the_warehouse_and_cannot_write() {
              WHERE table_name = 'orders' AND column_name IN ('id', 'amount') \
              ORDER BY column_name",
             "-c",
+            "SELECT a.attname, t.typname, a.attnotnull FROM pg_catalog.pg_attribute a \
+             JOIN pg_catalog.pg_class c ON c.oid = a.attrelid \
+             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+             JOIN pg_catalog.pg_type t ON t.oid = a.atttypid \
+             WHERE c.relname = 'orders' AND n.nspname = 'default' AND a.attnum > 0 \
+             ORDER BY a.attnum",
+            "-c",
             "COMMIT",
         ],
     );
@@ -247,6 +254,9 @@ fn psql_reads_the_warehouse_and_cannot_write() {
         "nspname\ndefault\npg_catalog\n",
         "table_schema,table_name\ndefault,event_log\ndefault,orders\ndefault,orders_cdc\n",
         "column_name,data_type\namount,\"Decimal128(10, 2)\"\nid,Int64\n",
+        "attname,typname,attnotnull\nid,int8,f\nname,text,f\nqty,int4,f\namount,numeric,f\n\
+         score,float8,f\nactive,bool,f\nplaced_at,timestamptz,f\nlocal_at,timestamp,f\n\
+         day,date,f\ntags,json,f\naddr,json,f\n__START_AT,int4,f\n__END_AT,int4,f\n",
         "COMMIT\n",
     ] {
         assert!(said.contains(expected), "{expected:?} not in:\n{said}");
@@ -281,6 +291,7 @@ fn psql_reads_the_warehouse_and_cannot_write() {
         "ERROR:  42P01: query: table main.default.nosuch not found",
         "ERROR:  42703: query: Schema error: No field named nosuch",
         "ERROR:  42601: query: SQL error: ParserError",
+        "LINE 1: SELEC 1\n        ^",
         "ERROR:  25006: strata serve is read-only: INSERT is refused",
         "ERROR:  25006: strata serve is read-only: DROP TABLE is refused",
     ] {
@@ -447,6 +458,9 @@ fn prepared_statements_read_typed_values_and_see_new_commits() {
             .expect("runs");
         assert_eq!(rows.len(), 1);
         assert_eq!(rows[0].get::<_, f64>(4), 0.5);
+
+        // The empty query is answered.
+        client.simple_query(";").await.expect("the empty query");
 
         // The simple protocol through tokio-postgres: text values.
         let messages = client

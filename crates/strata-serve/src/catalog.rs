@@ -1,10 +1,11 @@
 //! What PostgreSQL clients ask of a server besides the warehouse's tables: `version()`,
 //! `current_database()`, `current_schema()`, and a small `pg_catalog` (`pg_namespace`,
-//! `pg_class`, `pg_am`, `pg_database`, `pg_table_is_visible`, `pg_get_userbyid`) enough for
-//! psql's `\dt` and clients that list schemas and tables. `information_schema` is
-//! DataFusion's.
+//! `pg_class`, `pg_attribute`, `pg_type`, `pg_am`, `pg_database`, `pg_table_is_visible`,
+//! `pg_get_userbyid`) enough for psql's `\dt` and clients that list schemas, tables and
+//! columns. `information_schema` is DataFusion's.
 
-use deltalake::arrow::array::{ArrayRef, Int32Array, RecordBatch, StringArray};
+use crate::types::{pg_type, type_size};
+use deltalake::arrow::array::{ArrayRef, BooleanArray, Int32Array, RecordBatch, StringArray};
 use deltalake::arrow::datatypes::{DataType, Field, Schema};
 use deltalake::datafusion::catalog::{MemorySchemaProvider, SchemaProvider};
 use deltalake::datafusion::datasource::MemTable;
@@ -12,6 +13,7 @@ use deltalake::datafusion::error::Result;
 use deltalake::datafusion::logical_expr::{create_udf, ColumnarValue, Volatility};
 use deltalake::datafusion::prelude::SessionContext;
 use deltalake::datafusion::scalar::ScalarValue;
+use pgwire::api::Type;
 use std::sync::Arc;
 
 /// The catalog DataFusion knows the warehouse by.
@@ -40,7 +42,7 @@ pub(crate) struct Names<'a> {
 
 /// Registers the functions and the `pg_catalog` schema in `ctx` (a session of the
 /// warehouse), listing the tables `ctx` has registered.
-pub(crate) fn register(ctx: &SessionContext, names: &Names) -> Result<()> {
+pub(crate) async fn register(ctx: &SessionContext, names: &Names<'_>) -> Result<()> {
     let constant = |name: &str, value: String, aliases: &[&'static str]| {
         let f = create_udf(
             name,
@@ -108,7 +110,13 @@ pub(crate) fn register(ctx: &SessionContext, names: &Names) -> Result<()> {
         if let Some(provider) = catalog.schema(schema) {
             let mut names = provider.table_names();
             names.sort();
-            tables.extend(names.into_iter().map(|t| (schema.clone(), t)));
+            for name in names {
+                let columns = match provider.table(&name).await? {
+                    Some(t) => t.schema(),
+                    None => continue,
+                };
+                tables.push((schema.clone(), name, columns));
+            }
         }
     }
     let pg = Arc::new(MemorySchemaProvider::new());
@@ -135,14 +143,78 @@ pub(crate) fn register(ctx: &SessionContext, names: &Names) -> Result<()> {
         "pg_class".into(),
         table(vec![
             ("oid", int((0..tables.len()).map(|i| 16384 + i as i32))),
-            ("relname", text(tables.iter().map(|(_, t)| t.clone()))),
+            ("relname", text(tables.iter().map(|(_, t, _)| t.clone()))),
             (
                 "relnamespace",
-                int(tables.iter().map(|(s, _)| namespace_oid(s))),
+                int(tables.iter().map(|(s, ..)| namespace_oid(s))),
             ),
             ("relkind", text(tables.iter().map(|_| "r".to_string()))),
             ("relowner", int(tables.iter().map(|_| 10))),
             ("relam", int(tables.iter().map(|_| 2))),
+        ])?,
+    )?;
+    // Each table's columns, with their PostgreSQL types.
+    let columns: Vec<(i32, i32, &Field)> = tables
+        .iter()
+        .enumerate()
+        .flat_map(|(i, (_, _, schema))| {
+            schema
+                .fields()
+                .iter()
+                .enumerate()
+                .map(move |(n, f)| (16384 + i as i32, n as i32 + 1, f.as_ref()))
+        })
+        .collect();
+    let column_type = |f: &Field| pg_type(f.data_type());
+    pg.register_table(
+        "pg_attribute".into(),
+        table(vec![
+            ("attrelid", int(columns.iter().map(|c| c.0))),
+            ("attname", text(columns.iter().map(|c| c.2.name().clone()))),
+            (
+                "atttypid",
+                int(columns.iter().map(|c| column_type(c.2).0.oid() as i32)),
+            ),
+            ("attnum", int(columns.iter().map(|c| c.1))),
+            (
+                "attlen",
+                int(columns
+                    .iter()
+                    .map(|c| i32::from(type_size(&column_type(c.2).0)))),
+            ),
+            ("atttypmod", int(columns.iter().map(|c| column_type(c.2).1))),
+            (
+                "attnotnull",
+                boolean(columns.iter().map(|c| !c.2.is_nullable())),
+            ),
+            ("attisdropped", boolean(columns.iter().map(|_| false))),
+        ])?,
+    )?;
+    let types = [
+        Type::BOOL,
+        Type::BYTEA,
+        Type::INT8,
+        Type::INT2,
+        Type::INT4,
+        Type::TEXT,
+        Type::JSON,
+        Type::FLOAT4,
+        Type::FLOAT8,
+        Type::DATE,
+        Type::TIME,
+        Type::TIMESTAMP,
+        Type::TIMESTAMPTZ,
+        Type::NUMERIC,
+    ];
+    let pg_catalog_oid = namespace_oid(PG_CATALOG);
+    pg.register_table(
+        "pg_type".into(),
+        table(vec![
+            ("oid", int(types.iter().map(|t| t.oid() as i32))),
+            ("typname", text(types.iter().map(|t| t.name().to_string()))),
+            ("typnamespace", int(types.iter().map(|_| pg_catalog_oid))),
+            ("typlen", int(types.iter().map(|t| i32::from(type_size(t))))),
+            ("typtype", text(types.iter().map(|_| "b".to_string()))),
         ])?,
     )?;
     pg.register_table(
@@ -165,6 +237,10 @@ pub(crate) fn register(ctx: &SessionContext, names: &Names) -> Result<()> {
 
 fn int(values: impl IntoIterator<Item = i32>) -> ArrayRef {
     Arc::new(Int32Array::from_iter_values(values))
+}
+
+fn boolean(values: impl IntoIterator<Item = bool>) -> ArrayRef {
+    Arc::new(BooleanArray::from_iter(values.into_iter().map(Some)))
 }
 
 fn text(values: impl IntoIterator<Item = String>) -> ArrayRef {

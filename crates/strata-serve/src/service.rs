@@ -16,7 +16,7 @@ use deltalake::datafusion::common::ParamValues;
 use deltalake::datafusion::execution::context::SQLOptions;
 use deltalake::datafusion::logical_expr::LogicalPlan;
 use deltalake::datafusion::scalar::ScalarValue;
-use futures::Sink;
+use futures::{Sink, StreamExt};
 use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
 use pgwire::api::results::{FieldFormat, FieldInfo, QueryResponse, Response, Tag};
@@ -126,6 +126,7 @@ impl StatementParser {
             user: &asker.user,
         };
         catalog::register(&query.session, &names)
+            .await
             .map_err(|e| user_error("XX000", format!("setting up pg_catalog: {e}")))?;
         let plan = query
             .session
@@ -183,16 +184,28 @@ impl StatementParser {
                         .map_err(|e| engine_error(query.error(e)))?,
                 };
                 let columns: SchemaRef = Arc::new(plan.schema().as_arrow().clone());
-                let frame = query
+                let batches = query
                     .session
                     .execute_logical_plan(plan)
                     .await
-                    .map_err(|e| engine_error(query.error(e)))?;
-                let rows = frame
-                    .collect()
+                    .map_err(|e| engine_error(query.error(e)))?
+                    .execute_stream()
                     .await
                     .map_err(|e| engine_error(query.error(e)))?;
-                Ok(Response::Query(encode_rows(&columns, &rows, format)?))
+                // Rows are encoded and sent batch by batch as the plan produces them.
+                let binary = binary_columns(&columns, format);
+                let rows = batches.flat_map(move |batch| {
+                    let rows = match batch {
+                        Ok(batch) => encode_batch(&batch, &binary),
+                        Err(e) => vec![Err(user_error(
+                            "58000",
+                            format!("query: {}", e.strip_backtrace()),
+                        ))],
+                    };
+                    futures::stream::iter(rows)
+                });
+                let fields = Arc::new(fields(&columns, format));
+                Ok(Response::Query(QueryResponse::new(fields, rows)))
             }
         }
     }
@@ -255,26 +268,47 @@ fn encode_rows(
     format: &Format,
 ) -> PgWireResult<QueryResponse> {
     let fields = Arc::new(fields(columns, format));
-    let mut out = Vec::new();
-    for batch in rows {
-        let encoders = batch
-            .columns()
-            .iter()
-            .enumerate()
-            .map(|(i, a)| Column::new(a, format.format_for(i) == FieldFormat::Binary))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| user_error("XX000", format!("encoding a result: {e}")))?;
-        for row in 0..batch.num_rows() {
-            let mut data = BytesMut::new();
-            for column in &encoders {
-                column
-                    .encode(row, &mut data)
-                    .map_err(|e| user_error("XX000", format!("encoding a result: {e}")))?;
-            }
-            out.push(Ok(DataRow::new(data, encoders.len() as i16)));
-        }
-    }
+    let binary = binary_columns(columns, format);
+    let out: Vec<_> = rows
+        .iter()
+        .flat_map(|batch| encode_batch(batch, &binary))
+        .collect();
     Ok(QueryResponse::new(fields, futures::stream::iter(out)))
+}
+
+/// Which of `columns` the client wants in binary.
+fn binary_columns(columns: &Schema, format: &Format) -> Vec<bool> {
+    (0..columns.fields().len())
+        .map(|i| format.format_for(i) == FieldFormat::Binary)
+        .collect()
+}
+
+/// The rows of `batch` as DataRows, column `i` in binary when `binary[i]`; an encoding
+/// error ends them.
+fn encode_batch(batch: &RecordBatch, binary: &[bool]) -> Vec<PgWireResult<DataRow>> {
+    let encoding_error = |e| user_error("XX000", format!("encoding a result: {e}"));
+    let encoders = match batch
+        .columns()
+        .iter()
+        .enumerate()
+        .map(|(i, a)| Column::new(a, binary.get(i).copied().unwrap_or(false)))
+        .collect::<Result<Vec<_>, _>>()
+    {
+        Ok(encoders) => encoders,
+        Err(e) => return vec![Err(encoding_error(e))],
+    };
+    let mut out = Vec::with_capacity(batch.num_rows());
+    for row in 0..batch.num_rows() {
+        let mut data = BytesMut::new();
+        for column in &encoders {
+            if let Err(e) = column.encode(row, &mut data) {
+                out.push(Err(encoding_error(e)));
+                return out;
+            }
+        }
+        out.push(Ok(DataRow::new(data, encoders.len() as i16)));
+    }
+    out
 }
 
 /// The parameters of `plan` in order (`$1`, `$2`, ...), with their types where DataFusion
@@ -337,6 +371,21 @@ pub(crate) fn sqlstate(e: &EngineError, message: &str) -> &'static str {
 fn engine_error(e: EngineError) -> PgWireError {
     let message = strata_engine::chain(&e);
     user_error(sqlstate(&e, &message), message)
+}
+
+/// Where in `sql` (1-based, in characters) the parser's error `message` ("... at Line: 2,
+/// Column: 5") points, for the client to show.
+pub(crate) fn error_position(message: &str, sql: &str) -> Option<usize> {
+    let (_, rest) = message.rsplit_once("Line: ")?;
+    let (line, rest) = rest.split_once(", Column: ")?;
+    let column: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    let (line, column): (usize, usize) = (line.parse().ok()?, column.parse().ok()?);
+    let before: usize = sql
+        .split_inclusive('\n')
+        .take(line.checked_sub(1)?)
+        .map(|l| l.chars().count())
+        .sum();
+    Some(before + column)
 }
 
 /// Logs a statement's failure (the one line per failed query).
@@ -446,7 +495,12 @@ impl SimpleQueryHandler for Service {
                     log_failure(client, &sql, &e);
                     // The statements before it have answered; the rest do not run.
                     match e {
-                        PgWireError::UserError(info) => responses.push(Response::Error(info)),
+                        PgWireError::UserError(mut info) => {
+                            let start = query.find(sql.as_str()).unwrap_or(0);
+                            info.position = error_position(&info.message, &sql)
+                                .map(|p| (query[..start].chars().count() + p).to_string());
+                            responses.push(Response::Error(info))
+                        }
                         other => return Err(other),
                     }
                     break;
@@ -563,9 +617,12 @@ impl QueryParser for StatementParser {
     where
         C: ClientInfo + Unpin + Send + Sync,
     {
-        let parsed = self.parse_one(&asker(client), sql).await;
-        if let Err(e) = &parsed {
+        let mut parsed = self.parse_one(&asker(client), sql).await;
+        if let Err(e) = &mut parsed {
             log_failure(client, sql, e);
+            if let PgWireError::UserError(info) = e {
+                info.position = error_position(&info.message, sql).map(|p| p.to_string());
+            }
         }
         parsed
     }
@@ -657,6 +714,14 @@ mod tests {
         );
         let plan = ctx.state().create_logical_plan("SELECT 1").await.unwrap();
         assert!(parameter_types(&plan).unwrap().is_empty());
+    }
+
+    #[test]
+    fn parser_errors_point_into_the_statement() {
+        let message = "query: SQL error: ParserError(\"Expected: end of statement, found: x at \
+                       Line: 2, Column: 8\")";
+        assert_eq!(error_position(message, "SELECT 1\nFROM t x y"), Some(17));
+        assert_eq!(error_position("no place", "SELECT 1"), None);
     }
 
     #[test]
