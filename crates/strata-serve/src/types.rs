@@ -181,17 +181,13 @@ pub(crate) fn encode_text(
         Int16 => write_display(out, array.as_primitive::<Int16Type>().value(row)),
         Int32 => write_display(out, array.as_primitive::<Int32Type>().value(row)),
         Int64 => write_display(out, array.as_primitive::<Int64Type>().value(row)),
-        Float32 => float_text(
-            out,
-            f64::from(array.as_primitive::<Float32Type>().value(row)),
-            {
-                let v = array.as_primitive::<Float32Type>().value(row);
-                v.to_string()
-            },
-        ),
+        Float32 => {
+            let v = array.as_primitive::<Float32Type>().value(row);
+            float_text(out, f64::from(v), v.to_string(), format!("{v:e}"), 6)
+        }
         Float64 => {
             let v = array.as_primitive::<Float64Type>().value(row);
-            float_text(out, v, v.to_string())
+            float_text(out, v, v.to_string(), format!("{v:e}"), 15)
         }
         Decimal128(_, s) => out.push_str(&decimal_text(
             array.as_primitive::<Decimal128Type>().value(row),
@@ -230,15 +226,26 @@ fn write_display(out: &mut String, v: impl std::fmt::Display) {
     let _ = write!(out, "{v}");
 }
 
-/// PostgreSQL's text of a float: `NaN`, `Infinity`, `-Infinity`, else the shortest text
-/// that reads back as the same value (`shortest`).
-fn float_text(out: &mut String, v: f64, shortest: String) {
+/// PostgreSQL's text of a float: `NaN`, `Infinity`, `-Infinity`, else the shortest digits
+/// that read back as the same value, as PostgreSQL 12+ writes them: `fixed` (Rust's
+/// shortest display) unless the decimal exponent is below -4 or at least `digits` (15 for
+/// `float8`, 6 for `float4`), then `1.5e+20`, `1e-05` (from `exponent`, Rust's `{:e}`).
+fn float_text(out: &mut String, v: f64, fixed: String, exponent: String, digits: i32) {
     if v.is_nan() {
         out.push_str("NaN");
     } else if v.is_infinite() {
         out.push_str(if v > 0.0 { "Infinity" } else { "-Infinity" });
     } else {
-        out.push_str(&shortest);
+        let parsed = exponent
+            .split_once('e')
+            .and_then(|(m, e)| Some((m, e.parse::<i32>().ok()?)));
+        match parsed {
+            Some((mantissa, e)) if v != 0.0 && (e < -4 || e >= digits) => {
+                let sign = if e < 0 { '-' } else { '+' };
+                let _ = write!(out, "{mantissa}e{sign}{:02}", e.abs());
+            }
+            _ => out.push_str(&fixed),
+        }
     }
 }
 
@@ -621,8 +628,8 @@ fn binary_parameter(bytes: &[u8], declared: &Type) -> Result<ScalarValue, String
 mod tests {
     use super::*;
     use deltalake::arrow::array::{
-        BinaryArray, BooleanArray, Date32Array, Decimal128Array, Float64Array, Int32Array,
-        Int8Array, ListArray, StringArray, StructArray, TimestampMicrosecondArray,
+        BinaryArray, BooleanArray, Date32Array, Decimal128Array, Float32Array, Float64Array,
+        Int32Array, Int8Array, ListArray, StringArray, StructArray, TimestampMicrosecondArray,
         TimestampMillisecondArray,
     };
     use deltalake::arrow::datatypes::{Field, Fields, Int32Type as I32};
@@ -702,6 +709,30 @@ mod tests {
                 Some("NaN".into()),
                 Some("Infinity".into())
             ]
+        );
+        // As PostgreSQL writes them: exponents below -4 or from 15 digits (6 for real).
+        let floats = [1e20, -1.5e-5, 123.0, 0.0001, 0.0, 123456789012345.0, 1e15];
+        assert_eq!(
+            text(Arc::new(Float64Array::from(floats.to_vec()))),
+            [
+                "1e+20",
+                "-1.5e-05",
+                "123",
+                "0.0001",
+                "0",
+                "123456789012345",
+                "1e+15"
+            ]
+            .map(|s| Some(s.to_string()))
+            .to_vec()
+        );
+        assert_eq!(
+            text(Arc::new(Float32Array::from(vec![
+                1234567.0, 123456.0, 0.25
+            ]))),
+            ["1.234567e+06", "123456", "0.25"]
+                .map(|s| Some(s.to_string()))
+                .to_vec()
         );
         let d = Decimal128Array::from(vec![12345, -5, 0])
             .with_precision_and_scale(10, 2)
