@@ -14,11 +14,12 @@ use tokio_postgres::types::{FromSql, Type};
 const PASSWORD: &str = "s3cret-pg";
 
 /// An SCD2 AUTO CDC target with every kind of column strata writes: integers, a decimal, a
-/// double, a boolean, a timestamp with zone and one without, a date, an array and a struct.
+/// double, a boolean, a timestamp with zone and one without, a date, an array, a struct and
+/// a map.
 const PIPELINE: &str = r#"
 CREATE OR REFRESH STREAMING TABLE orders_cdc
 AS SELECT * FROM STREAM read_files('data/cdc', format => 'json',
-  schema => 'id BIGINT, name STRING, qty INT, amount DECIMAL(10,2), score DOUBLE, active BOOLEAN, placed_at TIMESTAMP, local_at TIMESTAMP_NTZ, day DATE, tags ARRAY<STRING>, addr STRUCT<city: STRING, zip INT>, seq INT');
+  schema => 'id BIGINT, name STRING, qty INT, amount DECIMAL(10,2), score DOUBLE, active BOOLEAN, placed_at TIMESTAMP, local_at TIMESTAMP_NTZ, day DATE, tags ARRAY<STRING>, addr STRUCT<city: STRING, zip INT>, attrs MAP<STRING, STRING>, seq INT');
 CREATE OR REFRESH STREAMING TABLE orders;
 CREATE FLOW orders_flow AS AUTO CDC INTO orders
 FROM STREAM(orders_cdc)
@@ -28,8 +29,8 @@ COLUMNS * EXCEPT (seq)
 STORED AS SCD TYPE 2;
 "#;
 
-const FIRST: &str = r#"{"id": 1, "name": "Isabel", "qty": 3, "amount": "123.45", "score": 1.5, "active": true, "placed_at": "2024-01-01T10:00:00Z", "local_at": "2024-01-01T10:00:00.5", "day": "2024-01-01", "tags": ["a", "b"], "addr": {"city": "Monterrey", "zip": 64000}, "seq": 1}
-{"id": 2, "name": "Raul", "qty": 1, "amount": "-0.05", "score": 2.25, "active": false, "placed_at": "2024-02-29T23:59:59.123456Z", "local_at": "2024-02-29T23:59:59", "day": "2024-02-29", "tags": [], "addr": {"city": "Oaxaca", "zip": null}, "seq": 1}
+const FIRST: &str = r#"{"id": 1, "name": "Isabel", "qty": 3, "amount": "123.45", "score": 1.5, "active": true, "placed_at": "2024-01-01T10:00:00Z", "local_at": "2024-01-01T10:00:00.5", "day": "2024-01-01", "tags": ["a", "b"], "addr": {"city": "Monterrey", "zip": 64000}, "attrs": {"tier": "gold", "note": "a \"quote\""}, "seq": 1}
+{"id": 2, "name": "Raul", "qty": 1, "amount": "-0.05", "score": 2.25, "active": false, "placed_at": "2024-02-29T23:59:59.123456Z", "local_at": "2024-02-29T23:59:59", "day": "2024-02-29", "tags": [], "addr": {"city": "Oaxaca", "zip": null}, "attrs": {}, "seq": 1}
 {"id": 1, "name": "Isabel", "qty": 4, "amount": "200.00", "score": 1.5, "active": true, "placed_at": "2024-01-02T10:00:00Z", "local_at": "2024-01-02T10:00:00", "day": "2024-01-02", "tags": null, "addr": null, "seq": 2}
 "#;
 
@@ -171,6 +172,15 @@ fn psql_reads_the_warehouse_and_cannot_write() {
          2,Raul,1,-0.05,2.25,f,2024-02-29 23:59:59.123456+00,2024-02-29 23:59:59,2024-02-29,\
          [],\"{\"\"city\"\":\"\"Oaxaca\"\",\"\"zip\"\":null}\",1,\n"
     );
+    // A map as a JSON object.
+    assert_eq!(
+        server.psql_csv("SELECT id, attrs FROM orders ORDER BY id, __START_AT"),
+        r#"id,attrs
+1,"{""tier"":""gold"",""note"":""a \""quote\""""}"
+1,
+2,{}
+"#
+    );
     // strata's own SQL: as_of(), three-part names, DESCRIBE, SHOW TABLES.
     assert_eq!(
         server.psql_csv("SELECT id, qty FROM as_of(orders, 1) ORDER BY id"),
@@ -256,7 +266,8 @@ fn psql_reads_the_warehouse_and_cannot_write() {
         "column_name,data_type\namount,\"Decimal128(10, 2)\"\nid,Int64\n",
         "attname,typname,attnotnull\nid,int8,f\nname,text,f\nqty,int4,f\namount,numeric,f\n\
          score,float8,f\nactive,bool,f\nplaced_at,timestamptz,f\nlocal_at,timestamp,f\n\
-         day,date,f\ntags,json,f\naddr,json,f\n__START_AT,int4,f\n__END_AT,int4,f\n",
+         day,date,f\ntags,json,f\naddr,json,f\nattrs,json,f\n__START_AT,int4,f\n\
+         __END_AT,int4,f\n",
         "COMMIT\n",
     ] {
         assert!(said.contains(expected), "{expected:?} not in:\n{said}");

@@ -795,6 +795,24 @@ mod tests {
     }
 
     #[test]
+    fn maps_are_json_objects() {
+        use deltalake::arrow::array::{Int32Builder, MapBuilder, StringBuilder};
+        let mut b = MapBuilder::new(None, StringBuilder::new(), Int32Builder::new());
+        b.keys().append_value("a");
+        b.values().append_value(1);
+        b.keys().append_value("b\"");
+        b.values().append_null();
+        b.append(true).unwrap();
+        b.append(false).unwrap();
+        let map: ArrayRef = Arc::new(b.finish());
+        assert_eq!(pg_type(map.data_type()).0, Type::JSON);
+        assert_eq!(
+            text(map),
+            vec![Some(r#"{"a":1,"b\"":null}"#.to_string()), None]
+        );
+    }
+
+    #[test]
     fn values_in_postgresql_binary() {
         assert_eq!(
             binary(Arc::new(Int32Array::from(vec![258])), 0),
