@@ -356,7 +356,7 @@ fn pg_micros(raw: &Raw) -> i64 {
 /// tokio-postgres: a prepared statement with parameters, described with its columns' and
 /// parameters' types, values read in binary (integers, doubles, text, numeric, timestamps
 /// with and without zone, dates, JSON), errors that leave the connection usable, and the
-/// same connection seeing rows committed by a later `strata run`.
+/// same connection seeing rows committed by a later `strata run`, a long query cancelled.
 #[test]
 fn prepared_statements_read_typed_values_and_see_new_commits() {
     let p = project();
@@ -487,6 +487,25 @@ fn prepared_statements_read_typed_values_and_see_new_commits() {
             .expect("a row");
         assert_eq!(row.get(0), Some("9.99"));
         assert_eq!(row.get(1), Some(r#"["c"]"#));
+
+        // A client's cancel request stops a long query (SQLSTATE 57014); the connection
+        // goes on.
+        let token = client.cancel_token();
+        let canceller = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            token.cancel_query(tokio_postgres::NoTls).await
+        });
+        let long = client.simple_query("SELECT count(*) FROM range(1000000000000)");
+        let e = tokio::time::timeout(Duration::from_secs(60), long)
+            .await
+            .expect("the cancelled query stops")
+            .expect_err("the query is cancelled");
+        assert_eq!(e.code().map(|c| c.code()), Some("57014"), "{e:?}");
+        canceller
+            .await
+            .expect("task")
+            .expect("the cancel request is sent");
+        assert_eq!(count(&client).await, 4);
 
         drop(client);
         let _ = connection.await;

@@ -9,7 +9,10 @@ use futures::Sink;
 use pgwire::api::auth::md5pass::Md5PasswordAuthStartupHandler;
 use pgwire::api::auth::noop::NoopStartupHandler;
 use pgwire::api::auth::{DefaultServerParameterProvider, StartupHandler};
-use pgwire::api::{ClientInfo, ErrorHandler, PgWireConnectionState, PgWireServerHandlers};
+use pgwire::api::cancel::DefaultCancelHandler;
+use pgwire::api::{
+    ClientInfo, ConnectionManager, ErrorHandler, PgWireConnectionState, PgWireServerHandlers,
+};
 use pgwire::error::{PgWireError, PgWireResult};
 use pgwire::messages::{PgWireBackendMessage, PgWireFrontendMessage};
 use std::fmt::Debug;
@@ -64,6 +67,8 @@ pub async fn serve_pg(
         .map_err(listen_error)?;
     let local = listener.local_addr().map_err(listen_error)?;
     let service = Arc::new(Service::new(wh));
+    // Connections by process id and secret key, for clients' cancel requests.
+    let manager = Arc::new(ConnectionManager::new());
     let password = options
         .password
         .as_deref()
@@ -79,6 +84,7 @@ pub async fn serve_pg(
                     let handlers = Connection {
                         service: service.clone(),
                         password: password.clone(),
+                        manager: manager.clone(),
                     };
                     connections.spawn(async move {
                         if let Err(e) = pgwire::tokio::process_socket(socket, None, handlers).await {
@@ -103,6 +109,7 @@ pub async fn serve_pg(
 struct Connection {
     service: Arc<Service>,
     password: Option<Arc<Login>>,
+    manager: Arc<ConnectionManager>,
 }
 
 impl PgWireServerHandlers for Connection {
@@ -116,7 +123,9 @@ impl PgWireServerHandlers for Connection {
 
     fn startup_handler(&self) -> Arc<impl StartupHandler> {
         let auth = match &self.password {
-            None => Auth::Open(Open),
+            None => Auth::Open(Open {
+                manager: self.manager.clone(),
+            }),
             Some(login) => {
                 let mut parameters = DefaultServerParameterProvider::default();
                 parameters.server_version = "16.6".to_string();
@@ -124,13 +133,17 @@ impl PgWireServerHandlers for Connection {
                 parameters.search_path = "default".to_string();
                 parameters.is_superuser = false;
                 parameters.time_zone = "UTC".to_string();
-                Auth::Md5(Box::new(Md5PasswordAuthStartupHandler::new(
-                    login.clone(),
-                    Arc::new(parameters),
-                )))
+                Auth::Md5(Box::new(
+                    Md5PasswordAuthStartupHandler::new(login.clone(), Arc::new(parameters))
+                        .with_connection_manager(self.manager.clone()),
+                ))
             }
         };
         Arc::new(Startup { auth })
+    }
+
+    fn cancel_handler(&self) -> Arc<impl pgwire::api::cancel::CancelHandler> {
+        Arc::new(DefaultCancelHandler::new(self.manager.clone()))
     }
 
     fn error_handler(&self) -> Arc<impl ErrorHandler> {
@@ -150,9 +163,15 @@ enum Auth {
     Md5(Box<Md5PasswordAuthStartupHandler<Login, DefaultServerParameterProvider>>),
 }
 
-struct Open;
+struct Open {
+    manager: Arc<ConnectionManager>,
+}
 
-impl NoopStartupHandler for Open {}
+impl NoopStartupHandler for Open {
+    fn connection_manager(&self) -> Option<Arc<ConnectionManager>> {
+        Some(self.manager.clone())
+    }
+}
 
 #[async_trait]
 impl StartupHandler for Startup {

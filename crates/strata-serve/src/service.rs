@@ -184,7 +184,7 @@ impl StatementParser {
                         .map_err(|e| engine_error(query.error(e)))?,
                 };
                 let columns: SchemaRef = Arc::new(plan.schema().as_arrow().clone());
-                let batches = query
+                let mut batches = query
                     .session
                     .execute_logical_plan(plan)
                     .await
@@ -192,7 +192,11 @@ impl StatementParser {
                     .execute_stream()
                     .await
                     .map_err(|e| engine_error(query.error(e)))?;
-                // Rows are encoded and sent batch by batch as the plan produces them.
+                // The plan runs to its first batch here, where a client's cancel request
+                // can stop it (an aggregate or a sort does its work before its first
+                // batch); the rest is encoded and sent batch by batch as it comes.
+                let first = batches.next().await;
+                let batches = futures::stream::iter(first).chain(batches);
                 let binary = binary_columns(&columns, format);
                 let rows = batches.flat_map(move |batch| {
                     let rows = match batch {
