@@ -148,6 +148,10 @@ enum Command {
         /// Let clients connect without a password (only on a loopback address).
         #[arg(long)]
         no_auth: bool,
+        /// At most N queries plan and compute at once; the others wait their turn.
+        #[arg(long, value_name = "N", default_value_t = strata_serve::DEFAULT_MAX_QUERIES as u32,
+              value_parser = clap::value_parser!(u32).range(1..))]
+        max_queries: u32,
     },
     /// Compact small files (bin-packing, or Z-order), one commit per table; rows unchanged.
     Optimize(upkeep::OptimizeArgs),
@@ -503,7 +507,18 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
             user,
             password_file,
             no_auth,
-        } => serve(warehouse, pg, user, password_file, no_auth).await,
+            max_queries,
+        } => {
+            serve(
+                warehouse,
+                pg,
+                user,
+                password_file,
+                no_auth,
+                max_queries as usize,
+            )
+            .await
+        }
         Command::Optimize(args) => upkeep::optimize(args).await,
         Command::Vacuum(args) => upkeep::vacuum(args).await,
         Command::Validate {
@@ -648,6 +663,7 @@ async fn serve(
     user: String,
     password_file: Option<PathBuf>,
     no_auth: bool,
+    max_queries: usize,
 ) -> Result<ExitCode, BoxError> {
     let Some(addr) = pg else {
         return Err(
@@ -681,6 +697,7 @@ async fn serve(
         user: user.clone(),
         password,
         no_auth,
+        max_queries,
     };
     strata_serve::serve_pg(wh, options, on_listen, stop_signal()).await?;
     Ok(ExitCode::SUCCESS)

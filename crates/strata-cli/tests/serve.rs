@@ -522,6 +522,61 @@ async fn count(client: &tokio_postgres::Client) -> i64 {
         .get::<_, i64>(0)
 }
 
+/// `--max-queries 1`: a second query waits while the first computes, and runs once the
+/// first is cancelled.
+#[test]
+fn queries_beyond_max_queries_wait_their_turn() {
+    let p = project();
+    let server = Server::start(
+        &p,
+        &["--max-queries", "1"],
+        &[("STRATA_SERVE_PASSWORD", PASSWORD)],
+    );
+    let config = format!(
+        "host=127.0.0.1 port={} user=strata password={PASSWORD} dbname=main",
+        server.port
+    );
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let connect = || tokio_postgres::connect(&config, tokio_postgres::NoTls);
+        let (first, c1) = connect().await.expect("connects");
+        let (second, c2) = connect().await.expect("connects");
+        tokio::spawn(c1);
+        tokio::spawn(c2);
+        let token = first.cancel_token();
+        let long = tokio::spawn(async move {
+            first
+                .simple_query("SELECT count(*) FROM range(1000000000000)")
+                .await
+                .map(|_| ())
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let quick = tokio::spawn(async move {
+            let rows = second.query("SELECT count(*) FROM orders", &[]).await;
+            rows.map(|r| r[0].get::<_, i64>(0))
+        });
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(
+            !quick.is_finished(),
+            "a second query ran beside the first under --max-queries 1"
+        );
+        token
+            .cancel_query(tokio_postgres::NoTls)
+            .await
+            .expect("the cancel request is sent");
+        let e = long.await.expect("task").expect_err("cancelled");
+        assert_eq!(e.code().map(|c| c.code()), Some("57014"), "{e:?}");
+        let n = tokio::time::timeout(Duration::from_secs(30), quick)
+            .await
+            .expect("the second query runs once the first is done")
+            .expect("task")
+            .expect("the second query succeeds");
+        assert_eq!(n, 3);
+    });
+    let status = server.stop();
+    assert!(status.success(), "{status:?}");
+}
+
 /// Without a password the server refuses to start unless asked (`--no-auth`), and then only
 /// on a loopback address.
 #[test]

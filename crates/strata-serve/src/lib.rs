@@ -39,3 +39,6 @@ pub const DEFAULT_PG_ADDR: &str = "127.0.0.1:5433";
 
 /// The user name clients log in as unless `--user` says otherwise.
 pub const DEFAULT_USER: &str = "strata";
+
+/// How many reads plan and compute at once unless `--max-queries` says otherwise.
+pub const DEFAULT_MAX_QUERIES: usize = 16;

@@ -35,6 +35,8 @@ pub struct PgOptions {
     pub password: Option<String>,
     /// Listen without a password (loopback only).
     pub no_auth: bool,
+    /// At most this many reads plan and compute at once; the others wait their turn.
+    pub max_queries: usize,
 }
 
 impl Debug for PgOptions {
@@ -44,6 +46,7 @@ impl Debug for PgOptions {
             .field("user", &self.user)
             .field("password", &self.password.as_ref().map(|_| ".."))
             .field("no_auth", &self.no_auth)
+            .field("max_queries", &self.max_queries)
             .finish()
     }
 }
@@ -66,7 +69,7 @@ pub async fn serve_pg(
         .await
         .map_err(listen_error)?;
     let local = listener.local_addr().map_err(listen_error)?;
-    let service = Arc::new(Service::new(wh));
+    let service = Arc::new(Service::new(wh, options.max_queries));
     // Connections by process id and secret key, for clients' cancel requests.
     let manager = Arc::new(ConnectionManager::new());
     let password = options

@@ -37,13 +37,27 @@ const SCHEMA_KEY: &str = "strata.schema";
 /// Answers a connection's queries over one warehouse.
 pub(crate) struct Service {
     parser: Arc<StatementParser>,
+    /// Permits to run a read: at most this many plan and compute at once, the others wait.
+    running: Arc<tokio::sync::Semaphore>,
 }
 
 impl Service {
-    pub(crate) fn new(wh: Warehouse) -> Service {
+    /// A service over `wh` running at most `max_queries` reads at once (at least one).
+    pub(crate) fn new(wh: Warehouse, max_queries: usize) -> Service {
         Service {
             parser: Arc::new(StatementParser { wh }),
+            running: Arc::new(tokio::sync::Semaphore::new(max_queries.max(1))),
         }
+    }
+
+    /// Waits for a permit to run a read (held while it plans and until its first rows are
+    /// ready; rows already flowing hold none, so one client's statements cannot wait on
+    /// each other).
+    async fn permit(&self) -> PgWireResult<tokio::sync::SemaphorePermit<'_>> {
+        self.running
+            .acquire()
+            .await
+            .map_err(|_| user_error("57P01", "the server is stopping".to_string()))
     }
 }
 
@@ -535,6 +549,7 @@ impl Service {
             }
             Kind::Session => session_response(sql, &who, &Format::UnifiedText),
             Kind::Read => {
+                let _running = self.permit().await?;
                 let planned = p.plan_read(sql, &who).await?;
                 p.run(planned, Vec::new(), &Format::UnifiedText).await
             }
@@ -558,6 +573,7 @@ impl Service {
             }
             Prepared::Session(sql) => session_response(sql, &who, &portal.result_column_format),
             Prepared::Read { sql, .. } => {
+                let _running = self.permit().await?;
                 let planned = p.plan_read(sql, &who).await?;
                 let parameters = match &planned {
                     Planned::Plan { plan, .. } => {
