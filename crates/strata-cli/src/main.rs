@@ -152,6 +152,11 @@ enum Command {
         #[arg(long, value_name = "N", default_value_t = strata_serve::DEFAULT_MAX_QUERIES as u32,
               value_parser = clap::value_parser!(u32).range(1..))]
         max_queries: u32,
+        /// The memory one query may hold, e.g. `2GiB`: sorts and aggregates spill to the
+        /// temp dir past it where they can, else the query fails (SQLSTATE 53200) [default:
+        /// an eighth of the machine's memory, at least 1 GiB].
+        #[arg(long, value_name = "SIZE", value_parser = parse_memory)]
+        query_memory: Option<u64>,
     },
     /// Compact small files (bin-packing, or Z-order), one commit per table; rows unchanged.
     Optimize(upkeep::OptimizeArgs),
@@ -508,16 +513,13 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
             password_file,
             no_auth,
             max_queries,
+            query_memory,
         } => {
-            serve(
-                warehouse,
-                pg,
-                user,
-                password_file,
-                no_auth,
-                max_queries as usize,
-            )
-            .await
+            let limits = ServeLimits {
+                max_queries: max_queries as usize,
+                query_memory: query_memory.unwrap_or_else(strata_engine::memory::default_limit),
+            };
+            serve(warehouse, pg, user, password_file, no_auth, limits).await
         }
         Command::Optimize(args) => upkeep::optimize(args).await,
         Command::Vacuum(args) => upkeep::vacuum(args).await,
@@ -656,6 +658,12 @@ const SERVE_EXAMPLE: &str = "Example:
 Without a password (loopback only): strata serve --pg --no-auth.
 Stop with Ctrl-C or SIGTERM.";
 
+/// What one `strata serve` lets its queries take.
+struct ServeLimits {
+    max_queries: usize,
+    query_memory: u64,
+}
+
 /// `strata serve`: listens until SIGINT or SIGTERM, then closes its connections and exits 0.
 async fn serve(
     warehouse: WarehouseArg,
@@ -663,7 +671,7 @@ async fn serve(
     user: String,
     password_file: Option<PathBuf>,
     no_auth: bool,
-    max_queries: usize,
+    limits: ServeLimits,
 ) -> Result<ExitCode, BoxError> {
     let Some(addr) = pg else {
         return Err(
@@ -697,7 +705,8 @@ async fn serve(
         user: user.clone(),
         password,
         no_auth,
-        max_queries,
+        max_queries: limits.max_queries,
+        query_memory: limits.query_memory,
     };
     strata_serve::serve_pg(wh, options, on_listen, stop_signal()).await?;
     Ok(ExitCode::SUCCESS)

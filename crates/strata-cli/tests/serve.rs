@@ -578,7 +578,7 @@ fn queries_beyond_max_queries_wait_their_turn() {
 }
 
 /// Without a password the server refuses to start unless asked (`--no-auth`), and then only
-/// on a loopback address.
+/// on a loopback address; a query past `--query-memory` fails alone.
 #[test]
 fn a_password_is_required_unless_no_auth_on_loopback() {
     let p = project();
@@ -603,7 +603,26 @@ fn a_password_is_required_unless_no_auth_on_loopback() {
         stderr(&out)
     );
 
-    let server = Server::start(&p, &["--no-auth"], &[]);
+    let server = Server::start(&p, &["--no-auth", "--query-memory", "16MiB"], &[]);
+    assert_eq!(
+        server.psql_csv("SELECT count(*) AS n FROM orders"),
+        "n\n3\n"
+    );
+    // A query past --query-memory fails with SQLSTATE 53200; the server goes on.
+    let out = server.psql_as(
+        "",
+        &[
+            "-v",
+            "VERBOSITY=verbose",
+            "-c",
+            "SELECT cardinality(array_agg(value)) FROM range(10000000)",
+        ],
+    );
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("ERROR:  53200: query: Resources exhausted"),
+        "{said}"
+    );
     assert_eq!(
         server.psql_csv("SELECT count(*) AS n FROM orders"),
         "n\n3\n"

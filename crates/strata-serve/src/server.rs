@@ -37,6 +37,8 @@ pub struct PgOptions {
     pub no_auth: bool,
     /// At most this many reads plan and compute at once; the others wait their turn.
     pub max_queries: usize,
+    /// The memory one statement may hold, in bytes.
+    pub query_memory: u64,
 }
 
 impl Debug for PgOptions {
@@ -47,6 +49,7 @@ impl Debug for PgOptions {
             .field("password", &self.password.as_ref().map(|_| ".."))
             .field("no_auth", &self.no_auth)
             .field("max_queries", &self.max_queries)
+            .field("query_memory", &self.query_memory)
             .finish()
     }
 }
@@ -69,7 +72,8 @@ pub async fn serve_pg(
         .await
         .map_err(listen_error)?;
     let local = listener.local_addr().map_err(listen_error)?;
-    let service = Arc::new(Service::new(wh, options.max_queries));
+    let query_memory = usize::try_from(options.query_memory).unwrap_or(usize::MAX);
+    let service = Arc::new(Service::new(wh, options.max_queries, query_memory));
     // Connections by process id and secret key, for clients' cancel requests.
     let manager = Arc::new(ConnectionManager::new());
     let password = options

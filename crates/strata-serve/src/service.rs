@@ -14,7 +14,11 @@ use deltalake::arrow::array::RecordBatch;
 use deltalake::arrow::datatypes::{DataType, Schema, SchemaRef};
 use deltalake::datafusion::common::ParamValues;
 use deltalake::datafusion::execution::context::SQLOptions;
+use deltalake::datafusion::execution::memory_pool::FairSpillPool;
+use deltalake::datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use deltalake::datafusion::execution::session_state::SessionStateBuilder;
 use deltalake::datafusion::logical_expr::LogicalPlan;
+use deltalake::datafusion::prelude::SessionContext;
 use deltalake::datafusion::scalar::ScalarValue;
 use futures::{Sink, StreamExt};
 use pgwire::api::portal::{Format, Portal};
@@ -42,10 +46,11 @@ pub(crate) struct Service {
 }
 
 impl Service {
-    /// A service over `wh` running at most `max_queries` reads at once (at least one).
-    pub(crate) fn new(wh: Warehouse, max_queries: usize) -> Service {
+    /// A service over `wh` running at most `max_queries` reads at once (at least one),
+    /// and each within `query_memory` bytes.
+    pub(crate) fn new(wh: Warehouse, max_queries: usize, query_memory: usize) -> Service {
         Service {
-            parser: Arc::new(StatementParser { wh }),
+            parser: Arc::new(StatementParser { wh, query_memory }),
             running: Arc::new(tokio::sync::Semaphore::new(max_queries.max(1))),
         }
     }
@@ -64,6 +69,9 @@ impl Service {
 /// Plans statements through `strata query`'s path.
 pub(crate) struct StatementParser {
     wh: Warehouse,
+    /// The memory one statement's operators may hold (sorts and aggregates spill to the
+    /// temp dir past it where they can, else the statement fails).
+    query_memory: usize,
 }
 
 /// A statement of the extended protocol as parsed: what to run when it is executed.
@@ -134,6 +142,9 @@ impl StatementParser {
             }
             PreparedQuery::Sql(query) => query,
         };
+        let mut query = query;
+        query.session = within_memory(&query.session, self.query_memory)
+            .map_err(|e| user_error("XX000", format!("setting up a session: {e}")))?;
         let names = Names {
             database: self.wh.catalog(),
             schema: &query.schema,
@@ -215,10 +226,14 @@ impl StatementParser {
                 let rows = batches.flat_map(move |batch| {
                     let rows = match batch {
                         Ok(batch) => encode_batch(&batch, &binary),
-                        Err(e) => vec![Err(user_error(
-                            "58000",
-                            format!("query: {}", e.strip_backtrace()),
-                        ))],
+                        Err(e) => {
+                            let message = format!("query: {}", e.strip_backtrace());
+                            let code = match message.contains("Resources exhausted") {
+                                true => "53200",
+                                false => "58000",
+                            };
+                            vec![Err(user_error(code, message))]
+                        }
                     };
                     futures::stream::iter(rows)
                 });
@@ -261,6 +276,22 @@ impl StatementParser {
             }
         }
     }
+}
+
+/// `session` (its tables, functions and object stores) with a memory pool of `bytes` of
+/// its own.
+fn within_memory(
+    session: &SessionContext,
+    bytes: usize,
+) -> deltalake::datafusion::error::Result<SessionContext> {
+    let runtime = RuntimeEnvBuilder::new()
+        .with_object_store_registry(session.runtime_env().object_store_registry.clone())
+        .with_memory_pool(Arc::new(FairSpillPool::new(bytes)))
+        .build_arc()?;
+    let state = SessionStateBuilder::new_from_existing(session.state())
+        .with_runtime_env(runtime)
+        .build();
+    Ok(SessionContext::new_with_state(state))
 }
 
 /// The result columns of `columns` for the client, each in its format of `format`.
@@ -380,6 +411,7 @@ pub(crate) fn sqlstate(e: &EngineError, message: &str) -> &'static str {
         EngineError::Plan { .. } if message.contains("No field named") => "42703",
         EngineError::Plan { .. } if message.contains("not found") => "42P01",
         EngineError::Plan { .. } | EngineError::BadInput(_) => "42000",
+        _ if message.contains("Resources exhausted") => "53200",
         EngineError::Internal(_) => "XX000",
         _ => "58000",
     }
