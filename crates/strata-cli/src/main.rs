@@ -126,6 +126,38 @@ enum Command {
         #[arg(long, value_enum, default_value_t = Format::Table)]
         format: Format,
     },
+    /// Serve the warehouse to SQL clients, read-only: `--pg` speaks the PostgreSQL wire
+    /// protocol (psql, psycopg, JDBC and BI tools) with the SQL `strata query` accepts; each
+    /// query reads the latest committed version of every table.
+    #[command(after_help = SERVE_EXAMPLE)]
+    Serve {
+        #[command(flatten)]
+        warehouse: WarehouseArg,
+        /// Listen for PostgreSQL clients at ADDR (IP:PORT or HOST:PORT) [without a value:
+        /// 127.0.0.1:5433]
+        #[arg(long, value_name = "ADDR", num_args = 0..=1,
+              default_missing_value = strata_serve::DEFAULT_PG_ADDR, value_parser = parse_listen_addr)]
+        pg: Option<std::net::SocketAddr>,
+        /// The user name clients log in as.
+        #[arg(long, default_value = strata_serve::DEFAULT_USER)]
+        user: String,
+        /// A file whose first line is the password clients must give [default:
+        /// $STRATA_SERVE_PASSWORD]
+        #[arg(long, value_name = "FILE")]
+        password_file: Option<PathBuf>,
+        /// Let clients connect without a password (only on a loopback address).
+        #[arg(long)]
+        no_auth: bool,
+        /// At most N queries plan and compute at once; the others wait their turn.
+        #[arg(long, value_name = "N", default_value_t = strata_serve::DEFAULT_MAX_QUERIES as u32,
+              value_parser = clap::value_parser!(u32).range(1..))]
+        max_queries: u32,
+        /// The memory one query may hold, e.g. `2GiB`: sorts and aggregates spill to the
+        /// temp dir past it where they can, else the query fails (SQLSTATE 53200) [default:
+        /// an eighth of the machine's memory, at least 1 GiB].
+        #[arg(long, value_name = "SIZE", value_parser = parse_memory)]
+        query_memory: Option<u64>,
+    },
     /// Compact small files (bin-packing, or Z-order), one commit per table; rows unchanged.
     Optimize(upkeep::OptimizeArgs),
     /// Remove files no version inside the retention window references (default 7 days),
@@ -474,6 +506,21 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
             write_batches(&schema, &batches, format)?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Serve {
+            warehouse,
+            pg,
+            user,
+            password_file,
+            no_auth,
+            max_queries,
+            query_memory,
+        } => {
+            let limits = ServeLimits {
+                max_queries: max_queries as usize,
+                query_memory: query_memory.unwrap_or_else(strata_engine::memory::default_limit),
+            };
+            serve(warehouse, pg, user, password_file, no_auth, limits).await
+        }
         Command::Optimize(args) => upkeep::optimize(args).await,
         Command::Vacuum(args) => upkeep::vacuum(args).await,
         Command::Validate {
@@ -603,6 +650,98 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
     }
 }
 
+/// `strata serve --help`'s example.
+const SERVE_EXAMPLE: &str = "Example:
+  STRATA_SERVE_PASSWORD=s3cret strata serve --warehouse ./warehouse --pg 127.0.0.1:5433
+  PGPASSWORD=s3cret psql -h 127.0.0.1 -p 5433 -U strata -d main -c 'SELECT * FROM users'
+
+Without a password (loopback only): strata serve --pg --no-auth.
+Stop with Ctrl-C or SIGTERM.";
+
+/// What one `strata serve` lets its queries take.
+struct ServeLimits {
+    max_queries: usize,
+    query_memory: u64,
+}
+
+/// `strata serve`: listens until SIGINT or SIGTERM, then closes its connections and exits 0.
+async fn serve(
+    warehouse: WarehouseArg,
+    pg: Option<std::net::SocketAddr>,
+    user: String,
+    password_file: Option<PathBuf>,
+    no_auth: bool,
+    limits: ServeLimits,
+) -> Result<ExitCode, BoxError> {
+    let Some(addr) = pg else {
+        return Err(
+            "strata serve: nothing to serve; give --pg [ADDR] to listen for \
+                    PostgreSQL clients (see strata serve --help)"
+                .into(),
+        );
+    };
+    let password = strata_serve::read_password(
+        std::env::var(strata_serve::PASSWORD_ENV).ok(),
+        password_file.as_deref(),
+    )?;
+    strata_serve::check_exposure(&addr, password.as_deref(), no_auth)?;
+    let wh = warehouse.open()?;
+    let root = wh.root().to_string();
+    let catalog = wh.catalog().to_string();
+    let auth = match password {
+        Some(_) => "password required",
+        None => "no password",
+    };
+    let on_listen = |at: std::net::SocketAddr| {
+        eprintln!(
+            "serving {root} to PostgreSQL clients on {at} ({auth}; read-only): \
+             psql -h {} -p {} -U {user} {catalog}",
+            at.ip(),
+            at.port()
+        );
+    };
+    let options = strata_serve::PgOptions {
+        addr,
+        user: user.clone(),
+        password,
+        no_auth,
+        max_queries: limits.max_queries,
+        query_memory: limits.query_memory,
+    };
+    strata_serve::serve_pg(wh, options, on_listen, stop_signal()).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            eprintln!("stopping: closing connections");
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+    eprintln!("stopping: closing connections");
+}
+
+/// `--pg`'s address: `IP:PORT`, or `HOST:PORT` resolved to its first address.
+fn parse_listen_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    if let Ok(addr) = s.parse() {
+        return Ok(addr);
+    }
+    s.to_socket_addrs()
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+        .ok_or_else(|| format!("expected IP:PORT or HOST:PORT (like 127.0.0.1:5433), got '{s}'"))
+}
+
 /// The log filter unless RUST_LOG sets one: strata's own warnings by default and no
 /// dependency's lines (deltalake, DataFusion and object_store log what strata reports
 /// itself, or what a user cannot act on); with `-v` strata's progress and the
@@ -622,6 +761,8 @@ fn log_filter(verbose: bool) -> String {
     };
     let mut filter = vec![theirs.to_string()];
     filter.extend(OURS.iter().map(|c| format!("{c}={ours}")));
+    // The server's lines (one per connection, one per failed query) are its output.
+    filter.push("strata_serve=info".to_string());
     if verbose {
         filter.extend(
             [

@@ -74,7 +74,8 @@ pub use runtime::{
 pub use semantics::integrity::Violation;
 pub use sql::expect::ExpectationCount;
 pub use sql::query::{
-    query, validate, validate_report, validate_with, ValidateOptions, ValidationReport,
+    prepare_query, query, validate, validate_report, validate_with, PreparedQuery, SqlQuery,
+    ValidateOptions, ValidationReport,
 };
 pub use storage::location::Location;
 pub use storage::session::new_session;

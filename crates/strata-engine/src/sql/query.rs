@@ -13,39 +13,99 @@ use crate::util::sql::quote_ident;
 use deltalake::arrow::array::RecordBatch;
 use deltalake::arrow::compute::concat_batches;
 use deltalake::arrow::datatypes::SchemaRef;
+use deltalake::datafusion::error::DataFusionError;
 use deltalake::datafusion::prelude::SessionContext;
 use std::sync::Arc;
 use strata_sql::TableName;
 
 /// Runs `sql` over every table of `wh`.
 pub async fn query(wh: &Warehouse, sql: &str) -> Result<(SchemaRef, Vec<RecordBatch>)> {
-    let (schema, sql) = crate::sql::catalog::leading_use(sql, wh.catalog())?;
-    let schema = schema.as_deref().unwrap_or(TableName::DEFAULT_SCHEMA);
-    if sql.trim().is_empty() {
-        return Err(EngineError::plan(
-            "query: nothing to run after USE (give the query after it, in the same text)",
-        ));
-    }
-    let sql =
-        crate::sql::catalog::rewrite_catalog(sql, wh.catalog())?.unwrap_or_else(|| sql.to_string());
-    if let Some(d) = crate::sql::describe::describe_of(&sql, schema)? {
-        return crate::sql::describe::run_describe(wh, &d).await;
-    }
-    let ctx = warehouse_session_in(wh, schema).await?;
-    let sql = rewrite(wh, &ctx, &sql, schema).await?;
-    let df = match ctx.sql(&sql).await {
-        Ok(df) => df,
-        Err(e) => {
-            return Err(missing_table(&ctx, wh.catalog(), &e.to_string())
-                .unwrap_or_else(|| EngineError::of_query("query", e)))
+    let prepared = match prepare_query(wh, sql, None).await? {
+        PreparedQuery::Use(_) => {
+            return Err(EngineError::plan(
+                "query: nothing to run after USE (give the query after it, in the same text)",
+            ))
         }
+        PreparedQuery::Rows(schema, batches) => return Ok((schema, batches)),
+        PreparedQuery::Sql(q) => q,
     };
+    let df = prepared
+        .session
+        .sql(&prepared.sql)
+        .await
+        .map_err(|e| prepared.error(e))?;
     let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
     let batches = df
         .collect()
         .await
         .map_err(|e| EngineError::of_query("query", e))?;
     Ok((schema, batches))
+}
+
+/// A query of `strata query` made ready to run (by [`prepare_query`]).
+pub enum PreparedQuery {
+    /// The text held only `USE` statements: the schema they select.
+    Use(String),
+    /// `DESCRIBE ...` or `SHOW TABLES ...`: its rows, already read.
+    Rows(SchemaRef, Vec<RecordBatch>),
+    /// Any other query: SQL for DataFusion over a session of the warehouse.
+    Sql(SqlQuery),
+}
+
+/// SQL ready for DataFusion: `sql` is the query with strata's names and table functions
+/// (`main.s.t`, `as_of`, `table_changes`, `VERSION AS OF`) rewritten into what `session`
+/// has registered, every table of the warehouse at its latest committed version.
+pub struct SqlQuery {
+    pub session: SessionContext,
+    pub sql: String,
+    /// The schema of unqualified table names.
+    pub schema: String,
+    catalog: String,
+}
+
+impl SqlQuery {
+    /// DataFusion's error planning or running this query as `strata query` reports it: a
+    /// missing table named in the user's catalog with the nearest names, SQL that does not
+    /// parse or plan as the user's mistake.
+    pub fn error(&self, e: DataFusionError) -> EngineError {
+        missing_table(&self.session, &self.catalog, &e.to_string())
+            .unwrap_or_else(|| EngineError::of_query("query", e))
+    }
+}
+
+/// `sql` (one query, after any leading `USE` statements) made ready to run over the latest
+/// committed version of every table of `wh`. Unqualified table names are in `schema`
+/// (`default` when `None`) unless a leading `USE` selects another. `DESCRIBE` and `SHOW
+/// TABLES` are read here.
+pub async fn prepare_query(
+    wh: &Warehouse,
+    sql: &str,
+    schema: Option<&str>,
+) -> Result<PreparedQuery> {
+    let (used, sql) = crate::sql::catalog::leading_use(sql, wh.catalog())?;
+    if sql.trim().is_empty() {
+        if let Some(used) = used {
+            return Ok(PreparedQuery::Use(used));
+        }
+    }
+    let schema = used
+        .as_deref()
+        .or(schema)
+        .unwrap_or(TableName::DEFAULT_SCHEMA);
+    let sql =
+        crate::sql::catalog::rewrite_catalog(sql, wh.catalog())?.unwrap_or_else(|| sql.to_string());
+    if let Some(d) = crate::sql::describe::describe_of(&sql, schema)? {
+        let (columns, rows) = crate::sql::describe::run_describe(wh, &d).await?;
+        return Ok(PreparedQuery::Rows(columns, rows));
+    }
+    let session = warehouse_session_in(wh, schema).await?;
+    let sql = rewrite(wh, &session, &sql, schema).await?;
+    Ok(PreparedQuery::Sql(SqlQuery {
+        session,
+        sql,
+        schema: schema.to_string(),
+        catalog: wh.catalog().to_string(),
+    }))
 }
 
 /// DataFusion's "table 'strata.default.x' not found" as the user sees the warehouse: the

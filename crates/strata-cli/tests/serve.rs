@@ -1,0 +1,632 @@
+//! `strata serve --pg`: the real binary serving a warehouse built by `strata run`, read by
+//! the real `psql` (Debian's postgresql-client) and by tokio-postgres (the extended
+//! protocol: prepared statements, parameters, binary values).
+
+mod common;
+
+use common::{stderr, Project};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio_postgres::types::{FromSql, Type};
+
+const PASSWORD: &str = "s3cret-pg";
+
+/// An SCD2 AUTO CDC target with every kind of column strata writes: integers, a decimal, a
+/// double, a boolean, a timestamp with zone and one without, a date, an array, a struct and
+/// a map.
+const PIPELINE: &str = r#"
+CREATE OR REFRESH STREAMING TABLE orders_cdc
+AS SELECT * FROM STREAM read_files('data/cdc', format => 'json',
+  schema => 'id BIGINT, name STRING, qty INT, amount DECIMAL(10,2), score DOUBLE, active BOOLEAN, placed_at TIMESTAMP, local_at TIMESTAMP_NTZ, day DATE, tags ARRAY<STRING>, addr STRUCT<city: STRING, zip INT>, attrs MAP<STRING, STRING>, seq INT');
+CREATE OR REFRESH STREAMING TABLE orders;
+CREATE FLOW orders_flow AS AUTO CDC INTO orders
+FROM STREAM(orders_cdc)
+KEYS (id)
+SEQUENCE BY seq
+COLUMNS * EXCEPT (seq)
+STORED AS SCD TYPE 2;
+"#;
+
+const FIRST: &str = r#"{"id": 1, "name": "Isabel", "qty": 3, "amount": "123.45", "score": 1.5, "active": true, "placed_at": "2024-01-01T10:00:00Z", "local_at": "2024-01-01T10:00:00.5", "day": "2024-01-01", "tags": ["a", "b"], "addr": {"city": "Monterrey", "zip": 64000}, "attrs": {"tier": "gold", "note": "a \"quote\""}, "seq": 1}
+{"id": 2, "name": "Raul", "qty": 1, "amount": "-0.05", "score": 2.25, "active": false, "placed_at": "2024-02-29T23:59:59.123456Z", "local_at": "2024-02-29T23:59:59", "day": "2024-02-29", "tags": [], "addr": {"city": "Oaxaca", "zip": null}, "attrs": {}, "seq": 1}
+{"id": 1, "name": "Isabel", "qty": 4, "amount": "200.00", "score": 1.5, "active": true, "placed_at": "2024-01-02T10:00:00Z", "local_at": "2024-01-02T10:00:00", "day": "2024-01-02", "tags": null, "addr": null, "seq": 2}
+"#;
+
+const SECOND: &str = r#"{"id": 3, "name": "Lily", "qty": 7, "amount": "9.99", "score": 0.5, "active": true, "placed_at": "2024-03-01T00:00:00Z", "local_at": "2024-03-01T00:00:00", "day": "2024-03-01", "tags": ["c"], "addr": {"city": "Cancun", "zip": 77500}, "seq": 1}
+"#;
+
+/// A running `strata serve`, stopped with SIGTERM when dropped (killed if it does not stop).
+struct Server {
+    child: Child,
+    port: u16,
+    log: Arc<Mutex<String>>,
+}
+
+impl Server {
+    /// Starts `strata serve --pg 127.0.0.1:0 extra...` in `p` with `env`, and waits for the
+    /// line saying where it listens.
+    fn start(p: &Project, extra: &[&str], env: &[(&str, &str)]) -> Server {
+        let mut args = vec!["serve", "--pg", "127.0.0.1:0"];
+        args.extend_from_slice(extra);
+        let mut command = p.command(&args);
+        command.env_remove("STRATA_SERVE_PASSWORD");
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let mut child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("strata serve starts");
+        let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+        let log = Arc::new(Mutex::new(String::new()));
+        let port = loop {
+            let Some(Ok(line)) = lines.next() else {
+                let _ = child.kill();
+                panic!(
+                    "strata serve ended before listening: {}",
+                    log.lock().unwrap()
+                );
+            };
+            log.lock().unwrap().push_str(&format!("{line}\n"));
+            if let Some((_, rest)) = line.split_once("PostgreSQL clients on 127.0.0.1:") {
+                let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                break port.parse().expect("port");
+            }
+        };
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                sink.lock().unwrap().push_str(&format!("{line}\n"));
+            }
+        });
+        Server { child, port, log }
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// `psql` with `args` and the password `password`.
+    fn psql_as(&self, password: &str, args: &[&str]) -> std::process::Output {
+        Command::new("psql")
+            .args(["-X", "-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-U", "strata", "-d", "main", "-v", "ON_ERROR_STOP=1"])
+            .args(args)
+            .env("PGPASSWORD", password)
+            .env("PGCONNECT_TIMEOUT", "10")
+            .output()
+            .expect("psql runs")
+    }
+
+    /// `sql` through `psql --csv`: the output, which must be a success.
+    fn psql_csv(&self, sql: &str) -> String {
+        let out = self.psql_as(PASSWORD, &["--csv", "-c", sql]);
+        assert!(
+            out.status.success(),
+            "psql -c {sql:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    }
+
+    fn stop(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "strata serve did not stop on SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn project() -> Project {
+    let p = Project::new(PIPELINE);
+    p.file("data/cdc/001.json", FIRST);
+    let out = p.run();
+    assert!(out.status.success(), "{}", stderr(&out));
+    p
+}
+
+/// psql: rows with their PostgreSQL text (timestamps with the zone in UTC, decimals,
+/// nested values as JSON), `\dt`, what clients send on connect, errors with their SQLSTATE
+/// that leave the session usable, writes refused, a wrong password refused.
+#[test]
+fn psql_reads_the_warehouse_and_cannot_write() {
+    let p = project();
+    let server = Server::start(&p, &[], &[("STRATA_SERVE_PASSWORD", PASSWORD)]);
+    assert!(
+        server.log().contains("password required; read-only"),
+        "{}",
+        server.log()
+    );
+    assert!(!server.log().contains(PASSWORD), "{}", server.log());
+
+    assert_eq!(
+        server.psql_csv(
+            "SELECT id, name, qty, amount, score, active, placed_at, local_at, day, tags, addr, \
+             __START_AT, __END_AT FROM orders ORDER BY id, __START_AT"
+        ),
+        "id,name,qty,amount,score,active,placed_at,local_at,day,tags,addr,__START_AT,__END_AT\n\
+         1,Isabel,3,123.45,1.5,t,2024-01-01 10:00:00+00,2024-01-01 10:00:00.5,2024-01-01,\
+         \"[\"\"a\"\",\"\"b\"\"]\",\"{\"\"city\"\":\"\"Monterrey\"\",\"\"zip\"\":64000}\",1,2\n\
+         1,Isabel,4,200.00,1.5,t,2024-01-02 10:00:00+00,2024-01-02 10:00:00,2024-01-02,,,2,\n\
+         2,Raul,1,-0.05,2.25,f,2024-02-29 23:59:59.123456+00,2024-02-29 23:59:59,2024-02-29,\
+         [],\"{\"\"city\"\":\"\"Oaxaca\"\",\"\"zip\"\":null}\",1,\n"
+    );
+    // A map as a JSON object.
+    assert_eq!(
+        server.psql_csv("SELECT id, attrs FROM orders ORDER BY id, __START_AT"),
+        r#"id,attrs
+1,"{""tier"":""gold"",""note"":""a \""quote\""""}"
+1,
+2,{}
+"#
+    );
+    // strata's own SQL: as_of(), three-part names, DESCRIBE, SHOW TABLES.
+    assert_eq!(
+        server.psql_csv("SELECT id, qty FROM as_of(orders, 1) ORDER BY id"),
+        "id,qty\n1,3\n2,1\n"
+    );
+    assert_eq!(
+        server.psql_csv("SELECT count(*) AS n FROM main.default.orders WHERE __END_AT IS NULL"),
+        "n\n2\n"
+    );
+    assert!(server
+        .psql_csv("DESCRIBE orders")
+        .contains("amount,\"DECIMAL(10,2)\",\n"));
+    assert_eq!(
+        server.psql_csv("SHOW TABLES"),
+        "database,tableName,isTemporary\ndefault,event_log,f\ndefault,orders,f\n\
+         default,orders_cdc,f\n"
+    );
+
+    // psql's \dt, through pg_catalog.
+    assert_eq!(
+        server.psql_csv("\\dt"),
+        "Schema,Name,Type,Owner\ndefault,event_log,table,strata\ndefault,orders,table,strata\n\
+         default,orders_cdc,table,strata\n"
+    );
+    // What a JDBC-style client (DBeaver, Metabase) sends on connect and to list schemas,
+    // tables and columns, in one session.
+    let out = server.psql_as(
+        PASSWORD,
+        &[
+            "--csv",
+            "-c",
+            "SET extra_float_digits = 3",
+            "-c",
+            "SET application_name = 'PostgreSQL JDBC Driver'",
+            "-c",
+            "SELECT version()",
+            "-c",
+            "SELECT current_database(), current_schema()",
+            "-c",
+            "SHOW search_path",
+            "-c",
+            "SHOW TRANSACTION ISOLATION LEVEL",
+            "-c",
+            "BEGIN READ ONLY",
+            "-c",
+            "SELECT datname FROM pg_catalog.pg_database",
+            "-c",
+            "SELECT nspname FROM pg_catalog.pg_namespace ORDER BY nspname",
+            "-c",
+            "SELECT table_schema, table_name FROM information_schema.tables \
+             WHERE table_schema = 'default' ORDER BY table_name",
+            "-c",
+            "SELECT column_name, data_type FROM information_schema.columns \
+             WHERE table_name = 'orders' AND column_name IN ('id', 'amount') \
+             ORDER BY column_name",
+            "-c",
+            "SELECT a.attname, t.typname, a.attnotnull FROM pg_catalog.pg_attribute a \
+             JOIN pg_catalog.pg_class c ON c.oid = a.attrelid \
+             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+             JOIN pg_catalog.pg_type t ON t.oid = a.atttypid \
+             WHERE c.relname = 'orders' AND n.nspname = 'default' AND a.attnum > 0 \
+             ORDER BY a.attnum",
+            "-c",
+            "COMMIT",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    for expected in [
+        "SET\n",
+        "version()\n\"PostgreSQL 16.6 (strata ",
+        "current_database(),current_schema()\nmain,default\n",
+        "search_path\ndefault\n",
+        "transaction_isolation\nread committed\n",
+        "BEGIN\n",
+        "datname\nmain\n",
+        "nspname\ndefault\npg_catalog\n",
+        "table_schema,table_name\ndefault,event_log\ndefault,orders\ndefault,orders_cdc\n",
+        "column_name,data_type\namount,\"Decimal128(10, 2)\"\nid,Int64\n",
+        "attname,typname,attnotnull\nid,int8,f\nname,text,f\nqty,int4,f\namount,numeric,f\n\
+         score,float8,f\nactive,bool,f\nplaced_at,timestamptz,f\nlocal_at,timestamp,f\n\
+         day,date,f\ntags,json,f\naddr,json,f\nattrs,json,f\n__START_AT,int4,f\n\
+         __END_AT,int4,f\n",
+        "COMMIT\n",
+    ] {
+        assert!(said.contains(expected), "{expected:?} not in:\n{said}");
+    }
+
+    // Errors come back with their SQLSTATE; the session goes on.
+    let out = server.psql_as(
+        PASSWORD,
+        &[
+            "-v",
+            "VERBOSITY=verbose",
+            "-v",
+            "ON_ERROR_STOP=0",
+            "-c",
+            "SELECT * FROM nosuch",
+            "-c",
+            "SELECT nosuch FROM orders",
+            "-c",
+            "SELEC 1",
+            "-c",
+            "INSERT INTO orders (id) VALUES (9)",
+            "-c",
+            "DROP TABLE orders",
+            "-c",
+            "",
+            "-c",
+            "SELECT 41 + 1 AS answer",
+        ],
+    );
+    let errors = String::from_utf8_lossy(&out.stderr);
+    for expected in [
+        "ERROR:  42P01: query: table main.default.nosuch not found",
+        "ERROR:  42703: query: Schema error: No field named nosuch",
+        "ERROR:  42601: query: SQL error: ParserError",
+        "LINE 1: SELEC 1\n        ^",
+        "ERROR:  25006: strata serve is read-only: INSERT is refused",
+        "ERROR:  25006: strata serve is read-only: DROP TABLE is refused",
+    ] {
+        assert!(errors.contains(expected), "{expected:?} not in:\n{errors}");
+    }
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("answer \n--------\n     42\n"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    // A wrong password, and a user other than --user's, are refused.
+    let out = server.psql_as("wrong", &["-c", "SELECT 1"]);
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("authentication failed"), "{said}");
+    let out = Command::new("psql")
+        .args(["-X", "-h", "127.0.0.1", "-p", &server.port.to_string()])
+        .args(["-U", "someone", "-d", "main", "-c", "SELECT 1"])
+        .env("PGPASSWORD", PASSWORD)
+        .output()
+        .expect("psql runs");
+    assert!(!out.status.success());
+
+    let log = server.log();
+    let status = server.stop();
+    assert!(status.success(), "{status:?}");
+    assert!(log.contains("connected as user strata"), "{log}");
+    assert!(log.contains("query failed"), "{log}");
+    assert!(!log.contains(PASSWORD), "{log}");
+}
+
+/// A value as the server sent it in binary, whatever its type.
+struct Raw(Vec<u8>);
+
+impl<'a> FromSql<'a> for Raw {
+    fn from_sql(_: &Type, raw: &'a [u8]) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(Raw(raw.to_vec()))
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+}
+
+/// Microseconds from PostgreSQL's epoch (2000-01-01) in a binary timestamp.
+fn pg_micros(raw: &Raw) -> i64 {
+    i64::from_be_bytes(raw.0.as_slice().try_into().expect("8 bytes")) + 946_684_800_000_000
+}
+
+/// tokio-postgres: a prepared statement with parameters, described with its columns' and
+/// parameters' types, values read in binary (integers, doubles, text, numeric, timestamps
+/// with and without zone, dates, JSON), errors that leave the connection usable, and the
+/// same connection seeing rows committed by a later `strata run`, a long query cancelled.
+#[test]
+fn prepared_statements_read_typed_values_and_see_new_commits() {
+    let p = project();
+    let server = Server::start(
+        &p,
+        &["--user", "reader"],
+        &[("STRATA_SERVE_PASSWORD", PASSWORD)],
+    );
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let config = format!(
+        "host=127.0.0.1 port={} user=reader password={PASSWORD} dbname=main",
+        server.port
+    );
+    rt.block_on(async {
+        let (client, connection) = tokio_postgres::connect(&config, tokio_postgres::NoTls)
+            .await
+            .expect("connects");
+        let connection = tokio::spawn(connection);
+
+        let statement = client
+            .prepare(
+                "SELECT id, name, qty, amount, score, placed_at, local_at, day, addr \
+                 FROM orders WHERE id = $1 AND name = $2 AND __END_AT IS NULL",
+            )
+            .await
+            .expect("prepares");
+        assert_eq!(statement.params(), &[Type::INT8, Type::TEXT]);
+        let types: Vec<Type> = statement
+            .columns()
+            .iter()
+            .map(|c| c.type_().clone())
+            .collect();
+        assert_eq!(
+            types,
+            vec![
+                Type::INT8,
+                Type::TEXT,
+                Type::INT4,
+                Type::NUMERIC,
+                Type::FLOAT8,
+                Type::TIMESTAMPTZ,
+                Type::TIMESTAMP,
+                Type::DATE,
+                Type::JSON
+            ]
+        );
+        let rows = client
+            .query(&statement, &[&2i64, &"Raul"])
+            .await
+            .expect("runs");
+        assert_eq!(rows.len(), 1);
+        let row = &rows[0];
+        assert_eq!(row.get::<_, i64>(0), 2);
+        assert_eq!(row.get::<_, String>(1), "Raul");
+        assert_eq!(row.get::<_, i32>(2), 1);
+        // numeric -0.05: one base-10000 digit (500), weight -1, negative, scale 2.
+        assert_eq!(
+            row.get::<_, Raw>(3).0,
+            vec![0, 1, 255, 255, 0x40, 0, 0, 2, 1, 244]
+        );
+        assert_eq!(row.get::<_, f64>(4), 2.25);
+        let placed = chrono::DateTime::from_timestamp_micros(pg_micros(&row.get::<_, Raw>(5)))
+            .expect("timestamp");
+        assert_eq!(placed.to_rfc3339(), "2024-02-29T23:59:59.123456+00:00");
+        let local = chrono::DateTime::from_timestamp_micros(pg_micros(&row.get::<_, Raw>(6)))
+            .expect("timestamp")
+            .naive_utc();
+        assert_eq!(local.to_string(), "2024-02-29 23:59:59");
+        let day = i32::from_be_bytes(row.get::<_, Raw>(7).0.try_into().expect("4 bytes"));
+        assert_eq!(day, 8825, "2024-02-29 is 8825 days after 2000-01-01");
+        assert_eq!(
+            String::from_utf8(row.get::<_, Raw>(8).0).expect("utf-8"),
+            r#"{"city":"Oaxaca","zip":null}"#
+        );
+
+        // The same statement with other values; none that match.
+        let rows = client
+            .query(&statement, &[&1i64, &"Isabel"])
+            .await
+            .expect("runs");
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].get::<_, i32>(2), 4);
+        assert!(client
+            .query(&statement, &[&99i64, &"x"])
+            .await
+            .expect("runs")
+            .is_empty());
+
+        // Errors come back with their SQLSTATE and the connection stays usable.
+        let e = client
+            .query("SELECT nosuch FROM orders", &[])
+            .await
+            .expect_err("unknown column");
+        assert_eq!(e.code().map(|c| c.code()), Some("42703"), "{e:?}");
+        let e = client
+            .query("DELETE FROM orders WHERE id = $1", &[&1i64])
+            .await
+            .expect_err("a write");
+        assert_eq!(e.code().map(|c| c.code()), Some("25006"), "{e:?}");
+        assert_eq!(count(&client).await, 3);
+
+        // New data committed while the connection is open: the next query sees it.
+        p.file("data/cdc/002.json", SECOND);
+        let out = p.run();
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_eq!(count(&client).await, 4);
+        let rows = client
+            .query(&statement, &[&3i64, &"Lily"])
+            .await
+            .expect("runs");
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].get::<_, f64>(4), 0.5);
+
+        // The empty query is answered.
+        client.simple_query(";").await.expect("the empty query");
+
+        // The simple protocol through tokio-postgres: text values.
+        let messages = client
+            .simple_query("SELECT amount, tags FROM orders WHERE id = 3")
+            .await
+            .expect("runs");
+        let row = messages
+            .iter()
+            .find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => Some(r),
+                _ => None,
+            })
+            .expect("a row");
+        assert_eq!(row.get(0), Some("9.99"));
+        assert_eq!(row.get(1), Some(r#"["c"]"#));
+
+        // A client's cancel request stops a long query (SQLSTATE 57014); the connection
+        // goes on.
+        let token = client.cancel_token();
+        let canceller = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            token.cancel_query(tokio_postgres::NoTls).await
+        });
+        let long = client.simple_query("SELECT count(*) FROM range(1000000000000)");
+        let e = tokio::time::timeout(Duration::from_secs(60), long)
+            .await
+            .expect("the cancelled query stops")
+            .expect_err("the query is cancelled");
+        assert_eq!(e.code().map(|c| c.code()), Some("57014"), "{e:?}");
+        canceller
+            .await
+            .expect("task")
+            .expect("the cancel request is sent");
+        assert_eq!(count(&client).await, 4);
+
+        drop(client);
+        let _ = connection.await;
+    });
+    let status = server.stop();
+    assert!(status.success(), "{status:?}");
+}
+
+async fn count(client: &tokio_postgres::Client) -> i64 {
+    client
+        .query_one("SELECT count(*) FROM orders", &[])
+        .await
+        .expect("counts")
+        .get::<_, i64>(0)
+}
+
+/// `--max-queries 1`: a second query waits while the first computes, and runs once the
+/// first is cancelled.
+#[test]
+fn queries_beyond_max_queries_wait_their_turn() {
+    let p = project();
+    let server = Server::start(
+        &p,
+        &["--max-queries", "1"],
+        &[("STRATA_SERVE_PASSWORD", PASSWORD)],
+    );
+    let config = format!(
+        "host=127.0.0.1 port={} user=strata password={PASSWORD} dbname=main",
+        server.port
+    );
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let connect = || tokio_postgres::connect(&config, tokio_postgres::NoTls);
+        let (first, c1) = connect().await.expect("connects");
+        let (second, c2) = connect().await.expect("connects");
+        tokio::spawn(c1);
+        tokio::spawn(c2);
+        let token = first.cancel_token();
+        let long = tokio::spawn(async move {
+            first
+                .simple_query("SELECT count(*) FROM range(1000000000000)")
+                .await
+                .map(|_| ())
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let quick = tokio::spawn(async move {
+            let rows = second.query("SELECT count(*) FROM orders", &[]).await;
+            rows.map(|r| r[0].get::<_, i64>(0))
+        });
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(
+            !quick.is_finished(),
+            "a second query ran beside the first under --max-queries 1"
+        );
+        token
+            .cancel_query(tokio_postgres::NoTls)
+            .await
+            .expect("the cancel request is sent");
+        let e = long.await.expect("task").expect_err("cancelled");
+        assert_eq!(e.code().map(|c| c.code()), Some("57014"), "{e:?}");
+        let n = tokio::time::timeout(Duration::from_secs(30), quick)
+            .await
+            .expect("the second query runs once the first is done")
+            .expect("task")
+            .expect("the second query succeeds");
+        assert_eq!(n, 3);
+    });
+    let status = server.stop();
+    assert!(status.success(), "{status:?}");
+}
+
+/// Without a password the server refuses to start unless asked (`--no-auth`), and then only
+/// on a loopback address; a query past `--query-memory` fails alone.
+#[test]
+fn a_password_is_required_unless_no_auth_on_loopback() {
+    let p = project();
+    let out = p
+        .command(&["serve", "--pg", "127.0.0.1:0"])
+        .env_remove("STRATA_SERVE_PASSWORD")
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    let said = stderr(&out);
+    assert!(said.contains("STRATA_SERVE_PASSWORD"), "{said}");
+    assert!(said.contains("--no-auth"), "{said}");
+    let out = p
+        .command(&["serve", "--pg", "0.0.0.0:0", "--no-auth"])
+        .env_remove("STRATA_SERVE_PASSWORD")
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("only allowed on a loopback"),
+        "{}",
+        stderr(&out)
+    );
+
+    let server = Server::start(&p, &["--no-auth", "--query-memory", "16MiB"], &[]);
+    assert_eq!(
+        server.psql_csv("SELECT count(*) AS n FROM orders"),
+        "n\n3\n"
+    );
+    // A query past --query-memory fails with SQLSTATE 53200; the server goes on.
+    let out = server.psql_as(
+        "",
+        &[
+            "-v",
+            "VERBOSITY=verbose",
+            "-c",
+            "SELECT cardinality(array_agg(value)) FROM range(10000000)",
+        ],
+    );
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("ERROR:  53200: query: Resources exhausted"),
+        "{said}"
+    );
+    assert_eq!(
+        server.psql_csv("SELECT count(*) AS n FROM orders"),
+        "n\n3\n"
+    );
+    let status = server.stop();
+    assert!(status.success(), "{status:?}");
+}

@@ -1,0 +1,263 @@
+//! What PostgreSQL clients ask of a server besides the warehouse's tables: `version()`,
+//! `current_database()`, `current_schema()`, and a small `pg_catalog` (`pg_namespace`,
+//! `pg_class`, `pg_attribute`, `pg_type`, `pg_am`, `pg_database`, `pg_table_is_visible`,
+//! `pg_get_userbyid`) enough for psql's `\dt` and clients that list schemas, tables and
+//! columns. `information_schema` is DataFusion's.
+
+use crate::types::{pg_type, type_size};
+use deltalake::arrow::array::{ArrayRef, BooleanArray, Int32Array, RecordBatch, StringArray};
+use deltalake::arrow::datatypes::{DataType, Field, Schema};
+use deltalake::datafusion::catalog::{MemorySchemaProvider, SchemaProvider};
+use deltalake::datafusion::datasource::MemTable;
+use deltalake::datafusion::error::Result;
+use deltalake::datafusion::logical_expr::{create_udf, ColumnarValue, Volatility};
+use deltalake::datafusion::prelude::SessionContext;
+use deltalake::datafusion::scalar::ScalarValue;
+use pgwire::api::Type;
+use std::sync::Arc;
+
+/// The catalog DataFusion knows the warehouse by.
+const REGISTERED_CATALOG: &str = "strata";
+
+/// The schema the PostgreSQL catalog tables are in.
+const PG_CATALOG: &str = "pg_catalog";
+
+/// The version string `SELECT version()` returns (clients parse its first two words).
+pub(crate) fn version() -> String {
+    format!(
+        "PostgreSQL 16.6 (strata {}, read-only)",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// What a connection's catalog functions answer.
+pub(crate) struct Names<'a> {
+    /// The warehouse's catalog name (`main`): the database.
+    pub database: &'a str,
+    /// The schema of unqualified names.
+    pub schema: &'a str,
+    /// The user the client logged in as.
+    pub user: &'a str,
+}
+
+/// Registers the functions and the `pg_catalog` schema in `ctx` (a session of the
+/// warehouse), listing the tables `ctx` has registered.
+pub(crate) async fn register(ctx: &SessionContext, names: &Names<'_>) -> Result<()> {
+    let constant = |name: &str, value: String, aliases: &[&'static str]| {
+        let f = create_udf(
+            name,
+            vec![],
+            DataType::Utf8,
+            Volatility::Stable,
+            Arc::new(move |_: &[ColumnarValue]| {
+                Ok(ColumnarValue::Scalar(ScalarValue::Utf8(Some(
+                    value.clone(),
+                ))))
+            }),
+        );
+        ctx.register_udf(f.with_aliases(aliases.iter().copied()));
+    };
+    constant("version", version(), &["pg_catalog.version"]);
+    constant(
+        "current_database",
+        names.database.to_string(),
+        &["pg_catalog.current_database"],
+    );
+    constant(
+        "current_schema",
+        names.schema.to_string(),
+        &["pg_catalog.current_schema"],
+    );
+    let user = names.user.to_string();
+    ctx.register_udf(
+        create_udf(
+            "pg_get_userbyid",
+            vec![DataType::Int32],
+            DataType::Utf8,
+            Volatility::Stable,
+            Arc::new(move |_: &[ColumnarValue]| {
+                Ok(ColumnarValue::Scalar(ScalarValue::Utf8(Some(user.clone()))))
+            }),
+        )
+        .with_aliases(["pg_catalog.pg_get_userbyid"]),
+    );
+    ctx.register_udf(
+        create_udf(
+            "pg_table_is_visible",
+            vec![DataType::Int32],
+            DataType::Boolean,
+            Volatility::Stable,
+            Arc::new(|_: &[ColumnarValue]| {
+                Ok(ColumnarValue::Scalar(ScalarValue::Boolean(Some(true))))
+            }),
+        )
+        .with_aliases(["pg_catalog.pg_table_is_visible"]),
+    );
+    let Some(catalog) = ctx.catalog(REGISTERED_CATALOG) else {
+        return Ok(());
+    };
+    let mut schemas: Vec<String> = catalog
+        .schema_names()
+        .into_iter()
+        .filter(|s| s != PG_CATALOG)
+        .collect();
+    schemas.sort();
+    let mut tables = Vec::new();
+    for schema in &schemas {
+        if schema == "information_schema" {
+            continue;
+        }
+        if let Some(provider) = catalog.schema(schema) {
+            let mut names = provider.table_names();
+            names.sort();
+            for name in names {
+                let columns = match provider.table(&name).await? {
+                    Some(t) => t.schema(),
+                    None => continue,
+                };
+                tables.push((schema.clone(), name, columns));
+            }
+        }
+    }
+    let pg = Arc::new(MemorySchemaProvider::new());
+    let all_schemas: Vec<String> = schemas
+        .iter()
+        .cloned()
+        .chain([PG_CATALOG.to_string()])
+        .collect();
+    let namespace_oid = |s: &str| {
+        all_schemas
+            .iter()
+            .position(|n| n == s)
+            .map_or(0, |i| 2200 + i as i32)
+    };
+    pg.register_table(
+        "pg_namespace".into(),
+        table(vec![
+            ("oid", int(all_schemas.iter().map(|s| namespace_oid(s)))),
+            ("nspname", text(all_schemas.iter().cloned())),
+            ("nspowner", int(all_schemas.iter().map(|_| 10))),
+        ])?,
+    )?;
+    pg.register_table(
+        "pg_class".into(),
+        table(vec![
+            ("oid", int((0..tables.len()).map(|i| 16384 + i as i32))),
+            ("relname", text(tables.iter().map(|(_, t, _)| t.clone()))),
+            (
+                "relnamespace",
+                int(tables.iter().map(|(s, ..)| namespace_oid(s))),
+            ),
+            ("relkind", text(tables.iter().map(|_| "r".to_string()))),
+            ("relowner", int(tables.iter().map(|_| 10))),
+            ("relam", int(tables.iter().map(|_| 2))),
+        ])?,
+    )?;
+    // Each table's columns, with their PostgreSQL types.
+    let columns: Vec<(i32, i32, &Field)> = tables
+        .iter()
+        .enumerate()
+        .flat_map(|(i, (_, _, schema))| {
+            schema
+                .fields()
+                .iter()
+                .enumerate()
+                .map(move |(n, f)| (16384 + i as i32, n as i32 + 1, f.as_ref()))
+        })
+        .collect();
+    let column_type = |f: &Field| pg_type(f.data_type());
+    pg.register_table(
+        "pg_attribute".into(),
+        table(vec![
+            ("attrelid", int(columns.iter().map(|c| c.0))),
+            ("attname", text(columns.iter().map(|c| c.2.name().clone()))),
+            (
+                "atttypid",
+                int(columns.iter().map(|c| column_type(c.2).0.oid() as i32)),
+            ),
+            ("attnum", int(columns.iter().map(|c| c.1))),
+            (
+                "attlen",
+                int(columns
+                    .iter()
+                    .map(|c| i32::from(type_size(&column_type(c.2).0)))),
+            ),
+            ("atttypmod", int(columns.iter().map(|c| column_type(c.2).1))),
+            (
+                "attnotnull",
+                boolean(columns.iter().map(|c| !c.2.is_nullable())),
+            ),
+            ("attisdropped", boolean(columns.iter().map(|_| false))),
+        ])?,
+    )?;
+    let types = [
+        Type::BOOL,
+        Type::BYTEA,
+        Type::INT8,
+        Type::INT2,
+        Type::INT4,
+        Type::TEXT,
+        Type::JSON,
+        Type::FLOAT4,
+        Type::FLOAT8,
+        Type::DATE,
+        Type::TIME,
+        Type::TIMESTAMP,
+        Type::TIMESTAMPTZ,
+        Type::NUMERIC,
+    ];
+    let pg_catalog_oid = namespace_oid(PG_CATALOG);
+    pg.register_table(
+        "pg_type".into(),
+        table(vec![
+            ("oid", int(types.iter().map(|t| t.oid() as i32))),
+            ("typname", text(types.iter().map(|t| t.name().to_string()))),
+            ("typnamespace", int(types.iter().map(|_| pg_catalog_oid))),
+            ("typlen", int(types.iter().map(|t| i32::from(type_size(t))))),
+            ("typtype", text(types.iter().map(|_| "b".to_string()))),
+        ])?,
+    )?;
+    pg.register_table(
+        "pg_am".into(),
+        table(vec![
+            ("oid", int([2])),
+            ("amname", text(["delta".to_string()])),
+        ])?,
+    )?;
+    pg.register_table(
+        "pg_database".into(),
+        table(vec![
+            ("oid", int([1])),
+            ("datname", text([names.database.to_string()])),
+        ])?,
+    )?;
+    catalog.register_schema(PG_CATALOG, pg as Arc<dyn SchemaProvider>)?;
+    Ok(())
+}
+
+fn int(values: impl IntoIterator<Item = i32>) -> ArrayRef {
+    Arc::new(Int32Array::from_iter_values(values))
+}
+
+fn boolean(values: impl IntoIterator<Item = bool>) -> ArrayRef {
+    Arc::new(BooleanArray::from_iter(values.into_iter().map(Some)))
+}
+
+fn text(values: impl IntoIterator<Item = String>) -> ArrayRef {
+    Arc::new(StringArray::from_iter_values(values))
+}
+
+/// A table of `columns` (all NOT NULL).
+fn table(columns: Vec<(&str, ArrayRef)>) -> Result<Arc<MemTable>> {
+    let schema = Arc::new(Schema::new(
+        columns
+            .iter()
+            .map(|(name, a)| Field::new(*name, a.data_type().clone(), false))
+            .collect::<Vec<_>>(),
+    ));
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        columns.into_iter().map(|(_, a)| a).collect(),
+    )?;
+    Ok(Arc::new(MemTable::try_new(schema, vec![vec![batch]])?))
+}

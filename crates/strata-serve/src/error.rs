@@ -1,0 +1,18 @@
+//! The one error type of the crate.
+
+/// Why the server did not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The address could not be listened on (taken, not this machine's).
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The password is missing where it is needed, or cannot be read.
+    #[error("{0}")]
+    Password(String),
+}
+
+pub type Result<T, E = ServeError> = std::result::Result<T, E>;

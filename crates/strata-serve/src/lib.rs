@@ -1,0 +1,44 @@
+//! Serving a warehouse to SQL clients: `strata serve --pg` speaks the PostgreSQL wire
+//! protocol, so psql, psycopg, tokio-postgres and BI tools read the warehouse's tables
+//! with the SQL `strata query` accepts, read-only.
+//!
+//! A tour, bottom up:
+//! - [`statement`] (pure): a client's text split into statements, and what kind each is:
+//!   a read, `USE`, a setting or transaction statement, or a write that is refused.
+//! - [`types`] (pure): the PostgreSQL type of each Arrow type, values in PostgreSQL's text
+//!   and binary formats, parameters back into Arrow scalars.
+//! - [`auth`]: the user and password (from `STRATA_SERVE_PASSWORD` or a file), the rule
+//!   that only a loopback address may go without one, and the MD5 exchange over them.
+//! - [`catalog`]: `version()`, `current_database()`, a small `pg_catalog` for clients'
+//!   introspection (`\dt`).
+//! - [`service`]: the protocol's query handlers. A read goes through
+//!   [`strata_engine::prepare_query`] (three-part names, `USE`, `as_of`, `table_changes`,
+//!   time travel, `DESCRIBE`, `SHOW TABLES`) on a session opened for that statement,
+//!   planned by DataFusion and checked to be a read.
+//! - [`server`]: the listener, one task and one authentication state per connection, a
+//!   log line per connection and per failed query, and a clean stop.
+//!
+//! The protocol itself is pgwire's (without a TLS backend of its own). This crate is above
+//! `strata-engine` and below `strata-cli`.
+
+pub mod auth;
+mod catalog;
+pub mod error;
+mod server;
+mod service;
+mod statement;
+mod types;
+
+pub use auth::{check_exposure, read_password, PASSWORD_ENV};
+pub use error::{Result, ServeError};
+pub use server::{serve_pg, PgOptions};
+
+/// The address `strata serve --pg` listens on when given no value (PostgreSQL's port plus
+/// one, to stay clear of a local PostgreSQL).
+pub const DEFAULT_PG_ADDR: &str = "127.0.0.1:5433";
+
+/// The user name clients log in as unless `--user` says otherwise.
+pub const DEFAULT_USER: &str = "strata";
+
+/// How many reads plan and compute at once unless `--max-queries` says otherwise.
+pub const DEFAULT_MAX_QUERIES: usize = 16;
