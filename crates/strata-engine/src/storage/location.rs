@@ -183,7 +183,7 @@ impl Location {
     pub async fn has_delta_log(&self) -> Result<bool> {
         let log = self.join("_delta_log");
         match &log {
-            Location::Local(p) => Ok(p.is_dir()),
+            Location::Local(p) => Ok(holds_a_version(p)),
             Location::Object(_) => log.has_objects().await,
         }
     }
@@ -637,9 +637,60 @@ pub(crate) fn register_object_stores() {
     });
 }
 
+/// Whether the local log folder `log` holds a commit or a checkpoint. A writer killed while
+/// creating a table can leave the folder empty, or holding only a temporary file: that is no
+/// table yet. (An object store has no folders, and its puts are whole.)
+fn holds_a_version(log: &std::path::Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(log) else {
+        return false;
+    };
+    entries
+        .flatten()
+        .any(|e| is_version_file(&e.file_name().to_string_lossy()))
+}
+
+/// Whether `name` is a file of a Delta log version: a commit (`00000000000000000003.json`),
+/// a checkpoint (`...03.checkpoint.parquet`, multi-part or v2) or a log compaction, not a
+/// writer's temporary file or `_last_checkpoint`.
+fn is_version_file(name: &str) -> bool {
+    let digits = name.bytes().take_while(u8::is_ascii_digit).count();
+    digits == 20
+        && (name.ends_with(".json") || name.ends_with(".parquet"))
+        && name.as_bytes().get(20) == Some(&b'.')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_commits_and_checkpoints_make_a_table() {
+        for name in [
+            "00000000000000000000.json",
+            "00000000000000000010.checkpoint.parquet",
+            "00000000000000000010.checkpoint.0000000001.0000000002.parquet",
+            "00000000000000000000.00000000000000000005.compacted.json",
+        ] {
+            assert!(is_version_file(name), "{name}");
+        }
+        for name in [
+            "_last_checkpoint",
+            "00000000000000000000.json#1",
+            "_commit_5f1c.json.tmp",
+            ".00000000000000000000.json.crc",
+            "0000000000000000000.json",
+        ] {
+            assert!(!is_version_file(name), "{name}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("_delta_log");
+        std::fs::create_dir(&log).unwrap();
+        assert!(!holds_a_version(&log), "an empty log folder");
+        std::fs::write(log.join("00000000000000000000.json#1"), "{}").unwrap();
+        assert!(!holds_a_version(&log), "a writer's temporary file");
+        std::fs::write(log.join("00000000000000000000.json"), "{}").unwrap();
+        assert!(holds_a_version(&log));
+    }
 
     #[test]
     fn file_urls_are_folders_and_object_urls_are_prefixes() {

@@ -14,6 +14,7 @@ mod compression;
 mod deletion_vectors;
 mod event_log;
 mod file_arrival;
+mod half_created;
 mod history;
 mod key_constraints;
 mod large_batch;
