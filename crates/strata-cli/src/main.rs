@@ -926,6 +926,10 @@ fn print_run_report(report: &RunReport, quiet: bool) -> std::io::Result<()> {
                 "incremental: {} group(s) of its input's new rows combined into {} row(s)",
                 v.rows_read, v.rows
             ),
+            strata_engine::Refresh::Regrouped => format!(
+                "incremental: {} group(s) its input's changed rows touch recomputed, {} row(s)",
+                v.rows_read, v.rows
+            ),
         })?;
     }
     for p in &report.pits {

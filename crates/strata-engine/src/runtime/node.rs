@@ -146,6 +146,10 @@ pub(crate) async fn run_node(
                     "{} group(s) of new rows combined into {} row(s) (incremental)",
                     r.rows_read, r.rows
                 ),
+                Refresh::Regrouped => format!(
+                    "{} group(s) touched by changed rows recomputed, {} row(s) (incremental)",
+                    r.rows_read, r.rows
+                ),
             });
             NodeOutput::View(r)
         }

@@ -19,6 +19,7 @@ mod history;
 mod key_constraints;
 mod large_batch;
 mod log_retention;
+mod materialized_views;
 mod parquet_input;
 mod reuse_files;
 mod snapshot_digest;

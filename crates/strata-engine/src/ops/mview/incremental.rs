@@ -1,19 +1,22 @@
-//! Incremental refresh of a materialized view: when the one table its query reads only
-//! gained rows since the last refresh, the view takes the query's result over those rows
-//! instead of being recomputed whole, where that gives the same table.
+//! Incremental refresh of a materialized view: when the one table its query reads changed
+//! since the last refresh, the view takes the query's result over what changed instead of
+//! being recomputed whole, where that gives the same table.
 //!
-//! Two shapes of query qualify, read from the query's logical plan before optimisation:
+//! The query's shape is read from its logical plan before optimisation:
 //!
 //! - [`Shape::Rows`]: projections and filters of one table (`SELECT a, f(b) FROM t WHERE
-//!   ...`). The result over the new rows is appended to the view.
-//! - [`Shape::Groups`]: one `GROUP BY` (or a global aggregate) of such rows whose outputs
-//!   are its keys and `count`, `sum`, `min` and `max` of them, without `DISTINCT` or
-//!   `FILTER`. The result over the new rows is combined with the view's rows per key (counts
-//!   and sums added, the least of the minimums, the greatest of the maximums) and the view is
-//!   rewritten with the combination: the table read is the view, not the source.
+//!   ...`). When the table only gained rows, the result over the new rows is appended.
+//! - [`Shape::Groups`]: one `GROUP BY` of such rows with every key among its outputs as a
+//!   plain column. When the table only gained rows and the outputs are keys and `count`,
+//!   `sum`, `min` and `max` (without `DISTINCT` or `FILTER`), the result over the new rows is
+//!   combined per key with the view's rows ([`Grouped::combine`]: counts and sums added, the
+//!   least minimum, the greatest maximum). Otherwise (any other aggregate, such as `avg` or
+//!   `count(DISTINCT ...)`, or rows deleted and updated in the table) the groups the changed
+//!   rows touch are recomputed from the table and replace theirs in the view; the others
+//!   stay.
 //!
 //! Anything else is recomputed whole: joins, unions, windows, `DISTINCT`, `ORDER BY`,
-//! `LIMIT`, `HAVING`, subqueries, other aggregates (`avg`, `count(DISTINCT ...)`), and every
+//! `LIMIT`, `HAVING`, subqueries, a global aggregate whose table lost rows, and every
 //! expression that is not immutable: `current_timestamp()`, `rand()` and the like must be
 //! computed again for every row, as a full refresh does.
 
@@ -21,14 +24,23 @@ use deltalake::datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRe
 use deltalake::datafusion::logical_expr::{Expr, LogicalPlan, TableScan, TableSource, Volatility};
 use std::sync::Arc;
 
-/// How a view's result over new rows joins the rows it holds.
+/// How a view's query can take what changed in its table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Shape {
-    /// The new rows' result is appended.
+    /// Rows of the table, each from one row: new rows' results are appended.
     Rows,
-    /// The new rows' result is combined per key with the view's rows; one entry per output
-    /// column, in order.
-    Groups(Vec<Combine>),
+    /// Groups of the table's rows.
+    Groups(Grouped),
+}
+
+/// A grouped view's outputs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Grouped {
+    /// The positions of the grouping keys among the outputs (every key is one).
+    pub(crate) keys: Vec<usize>,
+    /// How each output combines with the same group's output over more rows, when every
+    /// one does (keys, counts, sums, minimums and maximums).
+    pub(crate) combine: Option<Vec<Combine>>,
 }
 
 /// What one output column of a grouped view is, and how two partial values of it combine.
@@ -61,31 +73,46 @@ pub(crate) fn shape_of(plan: &LogicalPlan) -> Option<Shape> {
         .group_expr
         .iter()
         .any(|e| matches!(e, Expr::GroupingSet(_)) || !immutable(e))
+        || !aggregate.aggr_expr.iter().all(immutable_aggregate)
     {
         return None;
     }
-    let mut combine: Vec<Combine> = vec![Combine::Key; keys];
-    for e in &aggregate.aggr_expr {
-        combine.push(aggregate_combine(e)?);
-    }
+    // How each of the aggregate's own outputs combines, if it does.
+    let own: Vec<Option<Combine>> = (0..keys)
+        .map(|_| Some(Combine::Key))
+        .chain(aggregate.aggr_expr.iter().map(aggregate_combine))
+        .collect();
     let Some(outputs) = outputs else {
-        return Some(Shape::Groups(combine));
+        return Some(Shape::Groups(Grouped {
+            keys: (0..keys).collect(),
+            combine: own.into_iter().collect(),
+        }));
     };
-    // A projection over the aggregate: plain (maybe renamed) references to its outputs, with
-    // every key among them, so that the view's rows can be told apart by key.
-    let mut picked = Vec::with_capacity(outputs.len());
+    // A projection over the aggregate: every key as a plain (maybe renamed) column, so that
+    // the view's rows can be told apart by key; other outputs any immutable expression of
+    // the aggregate's outputs (combinable only when plain columns too).
+    let mut key_at = Vec::with_capacity(keys);
     let mut keys_seen = std::collections::BTreeSet::new();
-    for e in outputs {
-        let Expr::Column(column) = unaliased(e) else {
-            return None;
-        };
-        let i = aggregate.schema.index_of_column(column).ok()?;
-        if i < keys {
-            keys_seen.insert(i);
+    let mut combine = Vec::with_capacity(outputs.len());
+    for (j, e) in outputs.iter().enumerate() {
+        match unaliased(e) {
+            Expr::Column(column) => {
+                let i = aggregate.schema.index_of_column(column).ok()?;
+                if i < keys && keys_seen.insert(i) {
+                    key_at.push(j);
+                }
+                combine.push(own[i]);
+            }
+            e if immutable(e) => combine.push(None),
+            _ => return None,
         }
-        picked.push(combine[i]);
     }
-    (keys_seen.len() == keys).then_some(Shape::Groups(picked))
+    (keys_seen.len() == keys).then(|| {
+        Shape::Groups(Grouped {
+            keys: key_at,
+            combine: combine.into_iter().collect(),
+        })
+    })
 }
 
 /// The table scan under `plan` when `plan` is only projections, filters and aliases of that
@@ -116,7 +143,7 @@ fn aggregate_combine(e: &Expr) -> Option<Combine> {
         return None;
     };
     let p = &f.params;
-    if p.distinct || p.filter.is_some() || !p.order_by.is_empty() || !p.args.iter().all(immutable) {
+    if p.distinct || p.filter.is_some() || !p.order_by.is_empty() {
         return None;
     }
     match f.func.name() {
@@ -125,6 +152,17 @@ fn aggregate_combine(e: &Expr) -> Option<Combine> {
         "max" => Some(Combine::Max),
         _ => None,
     }
+}
+
+/// Whether `e` is an aggregate whose arguments, filter and order are immutable.
+fn immutable_aggregate(e: &Expr) -> bool {
+    let Expr::AggregateFunction(f) = unaliased(e) else {
+        return false;
+    };
+    let p = &f.params;
+    p.args.iter().all(immutable)
+        && p.filter.as_deref().is_none_or(immutable)
+        && p.order_by.iter().all(|s| immutable(&s.expr))
 }
 
 /// Whether `e` gives the same value for the same row every time: no volatile or stable
@@ -194,6 +232,47 @@ pub(crate) fn combine_sql(input: &str, names: &[String], combine: &[Combine]) ->
     sql
 }
 
+/// The query that puts the groups the changed rows touched (`touched`: their keys) in place
+/// of the view's (`held`): the recomputed groups (`recomputed`) that were touched, and the
+/// held groups that were not. Keys compare as GROUP BY compares them (NULLs equal).
+pub(crate) fn regroup_sql(
+    held: &str,
+    recomputed: &str,
+    touched: &str,
+    names: &[String],
+    keys: &[usize],
+) -> String {
+    let quote = |n: &str| format!("\"{}\"", n.replace('"', "\"\""));
+    let matches = |side: &str| {
+        keys.iter()
+            .map(|&k| {
+                let n = quote(&names[k]);
+                format!("t.{n} IS NOT DISTINCT FROM {side}.{n}")
+            })
+            .collect::<Vec<_>>()
+            .join(" AND ")
+    };
+    let columns = |side: &str| {
+        names
+            .iter()
+            .map(|n| format!("{side}.{}", quote(n)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!(
+        "SELECT {r} FROM {recomputed} r WHERE EXISTS (SELECT 1 FROM {touched} t WHERE {rm}) \
+         UNION ALL \
+         SELECT {h} FROM {held} h WHERE NOT EXISTS (SELECT 1 FROM {touched} t WHERE {hm})",
+        r = columns("r"),
+        h = columns("h"),
+        recomputed = quote(recomputed),
+        held = quote(held),
+        touched = quote(touched),
+        rm = matches("r"),
+        hm = matches("h"),
+    )
+}
+
 /// The one table whose version changed between the inputs of the last refresh and now, and
 /// the version the last refresh read of it, when nothing else changed: the same query, no
 /// file reads, the same tables, one of them newer.
@@ -250,6 +329,13 @@ mod tests {
         ctx.sql(sql).await.unwrap().into_unoptimized_plan()
     }
 
+    fn groups(keys: &[usize], combine: Option<Vec<Combine>>) -> Shape {
+        Shape::Groups(Grouped {
+            keys: keys.to_vec(),
+            combine,
+        })
+    }
+
     async fn shape(sql: &str) -> Option<Shape> {
         shape_of(&plan(sql).await)
     }
@@ -269,17 +355,34 @@ mod tests {
     async fn keyed_counts_sums_minimums_and_maximums_combine() {
         assert_eq!(
             shape("SELECT city, count(*) AS n, sum(km) AS km, min(km) AS lo, max(km) AS hi FROM rides WHERE km > 0 GROUP BY city").await,
-            Some(Shape::Groups(vec![Combine::Key, Combine::Sum, Combine::Sum, Combine::Min, Combine::Max]))
+            Some(groups(&[0], Some(vec![Combine::Key, Combine::Sum, Combine::Sum, Combine::Min, Combine::Max])))
         );
         // Outputs reordered, a key computed, a global aggregate.
         assert_eq!(
             shape("SELECT sum(km) AS km, lower(city) AS c FROM rides GROUP BY lower(city)").await,
-            Some(Shape::Groups(vec![Combine::Sum, Combine::Key]))
+            Some(groups(&[1], Some(vec![Combine::Sum, Combine::Key])))
         );
         assert_eq!(
             shape("SELECT count(*) AS n FROM rides").await,
-            Some(Shape::Groups(vec![Combine::Sum]))
+            Some(groups(&[], Some(vec![Combine::Sum])))
         );
+    }
+
+    #[tokio::test]
+    async fn other_aggregates_of_keyed_groups_are_regrouped() {
+        for (sql, keys) in [
+            ("SELECT city, avg(km) AS a FROM rides GROUP BY city", [0]),
+            (
+                "SELECT count(DISTINCT id) AS n, city FROM rides GROUP BY city",
+                [1],
+            ),
+            (
+                "SELECT city, count(*) + 1 AS n FROM rides GROUP BY city",
+                [0],
+            ),
+        ] {
+            assert_eq!(shape(sql).await, Some(groups(&keys, None)), "{sql}");
+        }
     }
 
     #[tokio::test]
@@ -291,11 +394,8 @@ mod tests {
             "SELECT * FROM rides LIMIT 3",
             "SELECT id, current_timestamp() AS at FROM rides",
             "SELECT id, random() AS r FROM rides",
-            "SELECT city, avg(km) AS a FROM rides GROUP BY city",
-            "SELECT city, count(DISTINCT id) AS n FROM rides GROUP BY city",
             "SELECT city, count(*) AS n FROM rides GROUP BY city HAVING count(*) > 1",
             "SELECT count(*) AS n FROM rides GROUP BY city",
-            "SELECT city, count(*) + 1 AS n FROM rides GROUP BY city",
             "SELECT id, row_number() OVER (ORDER BY km) AS r FROM rides",
             "SELECT * FROM rides UNION ALL SELECT * FROM rides",
             "SELECT * FROM rides WHERE id IN (SELECT id FROM other)",
@@ -303,6 +403,18 @@ mod tests {
         ] {
             assert_eq!(shape(sql).await, None, "{sql}");
         }
+    }
+
+    #[test]
+    fn regrouping_replaces_touched_groups_only() {
+        let names = ["city", "n"].map(String::from);
+        assert_eq!(
+            regroup_sql("held", "new", "touched", &names, &[0]),
+            "SELECT r.\"city\", r.\"n\" FROM \"new\" r WHERE EXISTS (SELECT 1 FROM \"touched\" t \
+             WHERE t.\"city\" IS NOT DISTINCT FROM r.\"city\") UNION ALL SELECT h.\"city\", h.\"n\" \
+             FROM \"held\" h WHERE NOT EXISTS (SELECT 1 FROM \"touched\" t WHERE t.\"city\" IS NOT \
+             DISTINCT FROM h.\"city\")"
+        );
     }
 
     #[test]

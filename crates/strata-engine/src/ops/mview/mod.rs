@@ -9,6 +9,7 @@
 //! and the query's shape allows, the view takes the query's result over the new rows
 //! instead ([`incremental`]); otherwise it is recomputed whole.
 
+mod from_changes;
 mod incremental;
 
 use crate::error::{Context, EngineError, Result};
@@ -23,20 +24,12 @@ use deltalake::arrow::array::RecordBatch;
 use deltalake::arrow::compute::concat_batches;
 use deltalake::arrow::datatypes::{Field, Schema, SchemaRef};
 use deltalake::datafusion::dataframe::DataFrame;
-use deltalake::datafusion::prelude::SessionContext;
-use deltalake::DeltaTable;
 use futures::StreamExt;
-use incremental::Shape;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use strata_sql::{MaterializedView, TableName, View};
 
 const INPUTS_KEY: &str = "strata.inputs";
-/// The session's names of the rows an input gained, and of a grouped view's rows with the
-/// new groups, in an incremental refresh.
-const NEW_ROWS: &str = "__strata_new_rows";
-const VIEW_ROWS: &str = "__strata_view_rows";
-const COMBINED: &str = "__strata_combined";
 
 /// The files a view's query reads ([`strata_sql::BatchQuery::files`]), in order, each read
 /// whole: its rows and the names of its files; or the path of one that has no file yet.
@@ -75,6 +68,9 @@ pub enum Refresh {
     /// The query's result over the rows its input gained, combined per key with the view's
     /// rows (counts and sums added, minimums and maximums compared).
     Combined,
+    /// The groups the input's changed rows touch, recomputed from the input, in place of
+    /// the view's.
+    Regrouped,
 }
 
 /// The versions of the tables `reads` (views already resolved), or the name of the first
@@ -213,12 +209,12 @@ pub(crate) async fn refresh(
     };
     let commit = PendingCommit::of_run(run_id).with_info(INPUTS_KEY, inputs.clone());
     if let (Some(view), Some(last)) = (&existing, &last) {
-        let grown = Grown {
+        let grown = from_changes::Grown {
             last,
             now: &inputs,
             reads,
         };
-        if let Some(r) = refresh_incrementally(wh, &ctx, &df, mv, view, &grown, &schema, &commit)
+        if let Some(r) = from_changes::refresh(wh, &ctx, &df, mv, view, &grown, &schema, &commit)
             .await
             .map_err(|e| err(&e))?
         {
@@ -264,7 +260,7 @@ pub(crate) async fn refresh(
 }
 
 /// The rows of `df` in the stored `schema`, as one batch.
-async fn collect_as(df: DataFrame, schema: &SchemaRef) -> Result<RecordBatch> {
+pub(super) async fn collect_as(df: DataFrame, schema: &SchemaRef) -> Result<RecordBatch> {
     let batches = df
         .collect()
         .await
@@ -274,179 +270,4 @@ async fn collect_as(df: DataFrame, schema: &SchemaRef) -> Result<RecordBatch> {
         .map(|b| arrow::cast_batch(b, schema))
         .collect::<Result<Vec<_>>>()?;
     concat_batches(schema, &cast).context(|| "collecting rows".into())
-}
-
-/// What the last refresh read and what a refresh now reads.
-struct Grown<'a> {
-    last: &'a serde_json::Value,
-    now: &'a serde_json::Value,
-    /// The tables behind the query (views resolved).
-    reads: &'a [TableName],
-}
-
-/// Refreshes `view` from the rows its one input gained since the last refresh, when only
-/// that changed, the input only gained rows, and the query has a shape whose result over
-/// new rows joins the view's ([`incremental`]); `None` when it must be recomputed whole.
-#[allow(clippy::too_many_arguments)]
-async fn refresh_incrementally(
-    wh: &Warehouse,
-    ctx: &SessionContext,
-    df: &DataFrame,
-    mv: &MaterializedView,
-    view: &DeltaTable,
-    grown: &Grown<'_>,
-    schema: &SchemaRef,
-    commit: &PendingCommit,
-) -> Result<Option<MvReport>> {
-    // What changed: one table, only by appends.
-    let Some((input, from)) = incremental::only_one_table_grew(grown.last, grown.now) else {
-        return Ok(None);
-    };
-    let Some(shape) = incremental::shape_of(df.logical_plan()) else {
-        return Ok(None);
-    };
-    if matches!(shape, Shape::Groups(_)) && !mv.expectations.is_empty() {
-        // A dropped group would be missing from the rows the next refresh combines with.
-        return Ok(None);
-    }
-    let Some(new_rows) = new_rows_plan(wh, ctx, df, grown, &input, from).await? else {
-        return Ok(None);
-    };
-    let new_rows = collect_as(DataFrame::new(ctx.state(), new_rows), schema).await?;
-    let name = mv.name.to_string();
-    let mut report = MvReport {
-        rows_read: new_rows.num_rows(),
-        ..Default::default()
-    };
-    let (rows, change) = match shape {
-        Shape::Rows => {
-            let (rows, counts) =
-                expect::apply(&mv.expectations, &name, "the query's result", new_rows).await?;
-            report.expectations = counts;
-            report.refresh = Refresh::Appended;
-            (rows, RowChange::Append)
-        }
-        Shape::Groups(combine) => {
-            let rows = combined_groups(ctx, view, new_rows, schema, &combine).await?;
-            report.refresh = Refresh::Combined;
-            (rows, RowChange::Overwrite)
-        }
-    };
-    report.rows = rows.num_rows();
-    report.rows_dropped = match report.refresh {
-        Refresh::Appended => report.rows_read - report.rows,
-        _ => 0,
-    };
-    tracing::info!(view = %name, refresh = ?report.refresh, rows = report.rows, "incremental refresh");
-    // An append computed from the view as it was must land right after it: another run's
-    // append of the same new rows in between would double them (a conflict makes the
-    // scheduler start the refresh again, which then finds the view up to date). A combined
-    // view is rewritten whole, consistent with the inputs it records, whoever lands last.
-    let commit = match change {
-        RowChange::Append => commit.clone().exactly_next(),
-        _ => commit.clone(),
-    };
-    write_rows(view.clone(), vec![rows], change, &commit)
-        .await
-        .context(|| format!("materialized view {name}: committing"))?;
-    Ok(Some(report))
-}
-
-/// The query's plan over only the rows `input` gained after version `from` (up to the
-/// version recorded now), when the input only gained rows and the plan reads it by one
-/// scan; `None` otherwise.
-async fn new_rows_plan(
-    wh: &Warehouse,
-    ctx: &SessionContext,
-    df: &DataFrame,
-    grown: &Grown<'_>,
-    input: &str,
-    from: i64,
-) -> Result<Option<deltalake::datafusion::logical_expr::LogicalPlan>> {
-    let Some(read) = grown.reads.iter().find(|t| t.to_string() == input) else {
-        return Ok(None);
-    };
-    let Some(scan) = one_scan(df.logical_plan()) else {
-        return Ok(None);
-    };
-    let named = &scan.table_name;
-    if !named.table().eq_ignore_ascii_case(&read.name)
-        || named
-            .schema()
-            .is_some_and(|s| !s.eq_ignore_ascii_case(&read.schema))
-    {
-        // A view, a time-travel read or a CTE by that name: not the table's latest rows.
-        return Ok(None);
-    }
-    let Some(mut table) = wh.open_table(read).await? else {
-        return Ok(None);
-    };
-    let until = grown.now["versions"][input].as_i64().unwrap_or(-1);
-    if crate::storage::table::version_of(&table) != until {
-        table
-            .load_version(until as u64)
-            .await
-            .context(|| format!("loading version {until} of {read}"))?;
-    }
-    if !crate::storage::changes::only_appends_since(&table, from).await? {
-        return Ok(None);
-    }
-    let changes = crate::storage::changes::changes_since(&table, Some(from)).await?;
-    crate::storage::changes::register_new_rows(ctx, NEW_ROWS, &table, Some(from), until, &changes)
-        .await?;
-    let provider = ctx
-        .table_provider(NEW_ROWS)
-        .await
-        .context(|| format!("reading the new rows of {read}"))?;
-    if provider.schema() != scan.source.schema() {
-        return Ok(None);
-    }
-    let source = deltalake::datafusion::datasource::provider_as_source(provider);
-    incremental::with_scan_of(df.logical_plan().clone(), source)
-        .map(Some)
-        .context(|| format!("planning the new rows of {read}"))
-}
-
-/// The one table scan of `plan`.
-fn one_scan(
-    plan: &deltalake::datafusion::logical_expr::LogicalPlan,
-) -> Option<deltalake::datafusion::logical_expr::TableScan> {
-    use deltalake::datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-    use deltalake::datafusion::logical_expr::LogicalPlan;
-    let mut scans = Vec::new();
-    let _ = plan.apply(|p| {
-        if let LogicalPlan::TableScan(s) = p {
-            scans.push(s.clone());
-        }
-        Ok(TreeNodeRecursion::Continue)
-    });
-    match scans.len() {
-        1 => scans.pop(),
-        _ => None,
-    }
-}
-
-/// A grouped view's rows combined per key with `new` (the query's result over new rows).
-async fn combined_groups(
-    ctx: &SessionContext,
-    view: &DeltaTable,
-    new: RecordBatch,
-    schema: &SchemaRef,
-    combine: &[incremental::Combine],
-) -> Result<RecordBatch> {
-    crate::storage::session::register_table(ctx, VIEW_ROWS, view, None).await?;
-    let held = ctx
-        .table(VIEW_ROWS)
-        .await
-        .context(|| "reading the view's rows".into())?;
-    let held = collect_as(held, schema).await?;
-    let both =
-        deltalake::datafusion::datasource::MemTable::try_new(schema.clone(), vec![vec![held, new]])
-            .context(|| "combining groups".into())?;
-    ctx.register_table(COMBINED, Arc::new(both))
-        .context(|| "combining groups".into())?;
-    let names: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
-    let sql = incremental::combine_sql(COMBINED, &names, combine);
-    let df = ctx.sql(&sql).await.context(|| "combining groups".into())?;
-    collect_as(df, schema).await
 }
