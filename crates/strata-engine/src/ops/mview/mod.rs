@@ -214,9 +214,11 @@ pub(crate) async fn refresh(
             now: &inputs,
             reads,
         };
+        // A lost race stays one (the scheduler starts the refresh again); other errors are
+        // placed at the view's declaration.
         if let Some(r) = from_changes::refresh(wh, &ctx, &df, mv, view, &grown, &schema, &commit)
             .await
-            .map_err(|e| err(&e))?
+            .map_err(|e| if e.is_conflict() { e } else { err(&e) })?
         {
             return Ok(MvReport {
                 table: report.table,
