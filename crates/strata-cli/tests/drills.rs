@@ -2,7 +2,9 @@
 //! warehouse, round after round with new input in between. After every round each input
 //! row is in the bronze table exactly once, and every target equals what one run over all
 //! the input gives on a fresh warehouse (the fold of every event, which arrival order and
-//! batching do not change).
+//! batching do not change). So does every materialized view, refreshed incrementally by
+//! the runs racing each other: appended (`upserts`), combined per key (`per_name`) and
+//! touched groups recomputed (`names`).
 //!
 //! `STRATA_DRILL_ROUNDS` sets the number of rounds (3 by default, as CI runs it);
 //! `STRATA_DRILL_RUNS` the runs started together (3).
@@ -17,6 +19,10 @@ const PIPELINE: &str = concat!(
     r#"
 CREATE OR REFRESH MATERIALIZED VIEW names AS
 SELECT name, count(*) AS n FROM people GROUP BY name;
+CREATE OR REFRESH MATERIALIZED VIEW upserts AS
+SELECT eid, id, name FROM events_raw WHERE op = 'U';
+CREATE OR REFRESH MATERIALIZED VIEW per_name AS
+SELECT name, count(*) AS n, max(seq) AS last FROM events_raw GROUP BY name;
 "#
 );
 
@@ -50,10 +56,12 @@ fn write_round(p: &Project, round: usize, rng: &mut Rng, next_eid: &mut u64) -> 
     rows
 }
 
-const TABLES: [&str; 3] = [
+const TABLES: [&str; 5] = [
     "SELECT * FROM people_history",
     "SELECT * FROM people",
     "SELECT * FROM names",
+    "SELECT * FROM upserts",
+    "SELECT * FROM per_name",
 ];
 
 #[test]
