@@ -742,7 +742,7 @@ impl FlightSqlService for FlightSql {
         request: Request<FlightDescriptor>,
     ) -> std::result::Result<Response<FlightInfo>, Status> {
         self.check(&request)?;
-        let schema = query.clone().into_builder().schema();
+        let schema = query.into_builder().schema();
         let ticket = Ticket::new(query.as_any().encode_to_vec());
         flight_info(&schema, ticket, request.into_inner())
     }
@@ -821,7 +821,7 @@ impl FlightSqlService for FlightSql {
         request: Request<FlightDescriptor>,
     ) -> std::result::Result<Response<FlightInfo>, Status> {
         self.check(&request)?;
-        let schema = query.clone().into_builder().schema();
+        let schema = query.into_builder().schema();
         let ticket = Ticket::new(query.as_any().encode_to_vec());
         flight_info(&schema, ticket, request.into_inner())
     }
