@@ -869,18 +869,43 @@ fn flight_needs_a_token_or_password_unless_no_auth_on_loopback() {
         &p,
         &["--flight", "127.0.0.1:0"],
         "Flight SQL clients on 127.0.0.1:",
-        &["--no-auth"],
+        &["--no-auth", "--query-memory", "16MiB"],
         &[],
     );
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
+        use futures::TryStreamExt;
         let mut client = flight_client(server.port).await;
         let info = client
             .execute("SELECT count(*) AS n FROM orders".into(), None)
             .await
             .expect("execute");
         assert!(flight_rows(&mut client, info).await.contains("| 3 |"));
+        // A query past --query-memory fails alone (ResourceExhausted); the server goes on.
+        let info = client
+            .execute(
+                "SELECT cardinality(array_agg(value)) FROM range(10000000)".into(),
+                None,
+            )
+            .await
+            .expect("planned");
+        let ticket = info.endpoint[0].ticket.clone().expect("a ticket");
+        let e = match client.do_get(ticket).await {
+            Ok(stream) => stream
+                .try_collect::<Vec<_>>()
+                .await
+                .expect_err("past the memory limit")
+                .to_string(),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains("Resources exhausted"), "{e}");
+        let info = client
+            .execute("SELECT count(*) AS n FROM orders".into(), None)
+            .await
+            .expect("execute");
+        assert!(flight_rows(&mut client, info).await.contains("| 3 |"));
     });
+    assert!(server.log().contains("query failed"), "{}", server.log());
     let status = server.stop();
     assert!(status.success(), "{status:?}");
 }

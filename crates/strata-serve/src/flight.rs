@@ -229,6 +229,15 @@ fn credentials(header: &str) -> Option<Credentials> {
     })
 }
 
+/// `sql` on one line, at most 200 characters, for the log.
+fn one_line(sql: &str) -> String {
+    let mut statement: String = sql.split_whitespace().collect::<Vec<_>>().join(" ");
+    if statement.chars().count() > 200 {
+        statement = statement.chars().take(200).collect::<String>() + "...";
+    }
+    statement
+}
+
 /// The calling peer, for the log.
 fn peer<T>(request: &Request<T>) -> String {
     request
@@ -308,8 +317,9 @@ impl FlightSql {
         Ok(sent_schema(&columns))
     }
 
-    /// Runs `sql` to its first batch (under a permit) and streams its rows.
-    async fn rows(&self, sql: &str) -> std::result::Result<DoGetStream, Status> {
+    /// Runs `sql` to its first batch (under a permit) and streams its rows; a failure
+    /// while they flow is logged for `peer`.
+    async fn rows(&self, sql: &str, peer: String) -> std::result::Result<DoGetStream, Status> {
         let (columns, batches) = {
             let _running = self.service.permit().await.map_err(status)?;
             let planned = self.plan(sql).await?;
@@ -317,24 +327,25 @@ impl FlightSql {
         };
         let schema = sent_schema(&columns);
         let sent = schema.clone();
+        let statement = one_line(sql);
         let batches = batches.map(move |b| {
-            b.map_err(|e| FlightError::ExternalError(e.into()))
-                .and_then(|b| as_sent(&b, &sent).map_err(FlightError::Arrow))
+            b.map_err(|e| {
+                tracing::warn!(target: "strata_serve", "{peer}: query failed: {e} (query: {statement})");
+                FlightError::ExternalError(e.into())
+            })
+            .and_then(|b| as_sent(&b, &sent).map_err(FlightError::Arrow))
         });
         Ok(encode(schema, batches))
     }
 
     /// Logs a failed statement (the one line per failed query) and passes its error on.
     fn failed<T>(&self, request: &Request<T>, sql: &str, e: Status) -> Status {
-        let mut statement: String = sql.split_whitespace().collect::<Vec<_>>().join(" ");
-        if statement.chars().count() > 200 {
-            statement = statement.chars().take(200).collect::<String>() + "...";
-        }
         tracing::warn!(
             target: "strata_serve",
-            "{}: query failed: {} (query: {statement})",
+            "{}: query failed: {} (query: {})",
             peer(request),
-            e.message()
+            e.message(),
+            one_line(sql)
         );
         e
     }
@@ -628,7 +639,7 @@ impl FlightSqlService for FlightSql {
     ) -> std::result::Result<Response<DoGetStream>, Status> {
         self.check(&request)?;
         let sql = sql_of(&ticket.statement_handle)?;
-        match self.rows(&sql).await {
+        match self.rows(&sql, peer(&request)).await {
             Ok(rows) => Ok(Response::new(rows)),
             Err(e) => Err(self.failed(&request, &sql, e)),
         }
@@ -685,7 +696,7 @@ impl FlightSqlService for FlightSql {
     ) -> std::result::Result<Response<DoGetStream>, Status> {
         self.check(&request)?;
         let sql = sql_of(&query.prepared_statement_handle)?;
-        match self.rows(&sql).await {
+        match self.rows(&sql, peer(&request)).await {
             Ok(rows) => Ok(Response::new(rows)),
             Err(e) => Err(self.failed(&request, &sql, e)),
         }
