@@ -142,6 +142,10 @@ def test_adbc_reads_arrow_tables_and_lists_the_tables(flight):
              "day": datetime.date(2024, 2, 29), "tags": [],
              "addr": {"city": "Oaxaca", "zip": None}},
         ]
+        # Parameters, bound by the driver (a prepared statement with its values).
+        cur.execute("SELECT name FROM orders WHERE id = $1 AND amount > $2",
+                    parameters=(2, decimal.Decimal("-1")))
+        assert cur.fetch_arrow_table().to_pylist() == [{"name": "Raul"}]
         # pandas through the same cursor.
         cur.execute("SELECT count(*) AS n FROM orders")
         assert cur.fetch_df()["n"].tolist() == [2]

@@ -783,6 +783,53 @@ fn flight_sql_reads_the_warehouse_and_cannot_write() {
         );
         prepared.close().await.expect("close");
 
+        // Bound parameters: the values travel in the handle the server hands back.
+        let mut prepared = client
+            .prepare(
+                "SELECT name, qty FROM orders WHERE id = $1 AND qty > $2 ORDER BY qty".into(),
+                None,
+            )
+            .await
+            .expect("prepare with parameters");
+        let types: Vec<_> = prepared
+            .parameter_schema()
+            .unwrap()
+            .fields()
+            .iter()
+            .map(|f| (f.name().clone(), f.data_type().clone()))
+            .collect();
+        use deltalake::arrow::datatypes::DataType;
+        assert_eq!(
+            types,
+            vec![
+                ("$1".into(), DataType::Int64),
+                ("$2".into(), DataType::Int32)
+            ]
+        );
+        let values = deltalake::arrow::array::RecordBatch::try_from_iter([
+            (
+                "$1",
+                std::sync::Arc::new(deltalake::arrow::array::Int64Array::from(vec![1]))
+                    as deltalake::arrow::array::ArrayRef,
+            ),
+            (
+                "$2",
+                std::sync::Arc::new(deltalake::arrow::array::Int32Array::from(vec![3])),
+            ),
+        ])
+        .unwrap();
+        prepared.set_parameters(values).expect("parameters");
+        let info = prepared.execute().await.expect("execute with parameters");
+        assert_eq!(
+            flight_rows(&mut client, info).await,
+            "+--------+-----+\n\
+             | name   | qty |\n\
+             +--------+-----+\n\
+             | Isabel | 4   |\n\
+             +--------+-----+"
+        );
+        prepared.close().await.expect("close");
+
         // The tables, with their columns.
         let info = client
             .get_tables(CommandGetTables {

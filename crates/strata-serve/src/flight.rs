@@ -11,7 +11,7 @@
 
 use crate::auth::{check_flight_exposure, same_secret};
 use crate::error::{Result, ServeError};
-use crate::service::{Asker, Planned, Service};
+use crate::service::{parameter_types, Asker, Planned, Service};
 use crate::statement::{kind_of, refusal, split_statements, Kind};
 use crate::Shared;
 use arrow_flight::encode::FlightDataEncoderBuilder;
@@ -35,6 +35,8 @@ use base64::Engine;
 use deltalake::arrow::array::RecordBatch;
 use deltalake::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use deltalake::arrow::ipc::writer::IpcWriteOptions;
+use deltalake::datafusion::common::ParamValues;
+use deltalake::datafusion::scalar::ScalarValue;
 use futures::{Stream, StreamExt};
 use pgwire::error::PgWireError;
 use prost::Message;
@@ -309,20 +311,60 @@ impl FlightSql {
 
     /// The columns `sql` returns, as sent (planned under a permit).
     async fn columns(&self, sql: &str) -> std::result::Result<SchemaRef, Status> {
+        Ok(self.described(sql).await?.0)
+    }
+
+    /// The columns `sql` returns, as sent, and its parameters (`$1`, `$2`, ...) with the
+    /// types the plan expects (Utf8 where it does not say).
+    async fn described(&self, sql: &str) -> std::result::Result<(SchemaRef, Schema), Status> {
         let _running = self.service.permit().await.map_err(status)?;
-        let columns = match self.plan(sql).await? {
-            Planned::Rows(columns, _) => columns,
-            Planned::Plan { plan, .. } => Arc::new(plan.schema().as_arrow().clone()),
+        let (columns, parameters) = match self.plan(sql).await? {
+            Planned::Rows(columns, _) => (columns, Vec::new()),
+            Planned::Plan { plan, .. } => (
+                Arc::new(plan.schema().as_arrow().clone()),
+                parameter_types(&plan).map_err(status)?,
+            ),
         };
-        Ok(sent_schema(&columns))
+        let parameters = parameters
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let t = t.as_ref().map_or(DataType::Utf8, sent_type);
+                Field::new(format!("${}", i + 1), t, true)
+            })
+            .collect::<Vec<_>>();
+        Ok((sent_schema(&columns), Schema::new(parameters)))
     }
 
     /// Runs `sql` to its first batch (under a permit) and streams its rows; a failure
     /// while they flow is logged for `peer`.
-    async fn rows(&self, sql: &str, peer: String) -> std::result::Result<DoGetStream, Status> {
+    async fn rows(
+        &self,
+        sql: &str,
+        parameters: Option<RecordBatch>,
+        peer: String,
+    ) -> std::result::Result<DoGetStream, Status> {
         let (columns, batches) = {
             let _running = self.service.permit().await.map_err(status)?;
-            let planned = self.plan(sql).await?;
+            let planned = match (self.plan(sql).await?, parameters) {
+                (Planned::Plan { query, plan }, Some(values)) => {
+                    let types = parameter_types(&plan).map_err(status)?;
+                    let values = scalars(&values, &types)?;
+                    let plan = plan
+                        .replace_params_with_values(&ParamValues::from(values))
+                        .map_err(|e| {
+                            Status::invalid_argument(format!(
+                                "binding parameters: {}",
+                                e.strip_backtrace()
+                            ))
+                        })?;
+                    Planned::Plan {
+                        query,
+                        plan: Box::new(plan),
+                    }
+                }
+                (planned, _) => planned,
+            };
             self.service.parser.stream(planned).await.map_err(status)?
         };
         let schema = sent_schema(&columns);
@@ -497,6 +539,82 @@ fn sql_of(handle: &[u8]) -> std::result::Result<String, Status> {
         .ok_or_else(|| Status::invalid_argument("not a statement handle of this server"))
 }
 
+/// What a prepared statement's handle holds once parameters are bound: the length of the
+/// statement's text (4 bytes, little-endian), the text, and the values as an Arrow IPC
+/// stream of one row, after this prefix.
+const PARAMETERS_PREFIX: &[u8] = b"strata-sql+parameters:";
+
+/// The handle of statement `sql` with `values` bound (one row, a column per parameter).
+fn handle_with_parameters(sql: &str, values: &RecordBatch) -> std::result::Result<Vec<u8>, Status> {
+    let encoding = |e: deltalake::arrow::error::ArrowError| {
+        Status::invalid_argument(format!("encoding parameters: {e}"))
+    };
+    let length = u32::try_from(sql.len())
+        .map_err(|_| Status::invalid_argument("the statement is too long"))?;
+    let mut handle = [PARAMETERS_PREFIX, &length.to_le_bytes(), sql.as_bytes()].concat();
+    let mut writer =
+        deltalake::arrow::ipc::writer::StreamWriter::try_new(&mut handle, &values.schema())
+            .map_err(encoding)?;
+    writer.write(values).map_err(encoding)?;
+    writer.finish().map_err(encoding)?;
+    drop(writer);
+    Ok(handle)
+}
+
+/// The statement a prepared statement's handle holds, and its bound values if any.
+fn statement_of(handle: &[u8]) -> std::result::Result<(String, Option<RecordBatch>), Status> {
+    let Some(rest) = handle.strip_prefix(PARAMETERS_PREFIX) else {
+        return Ok((sql_of(handle)?, None));
+    };
+    let bad = || Status::invalid_argument("not a statement handle of this server");
+    let (length, rest) = rest.split_first_chunk::<4>().ok_or_else(bad)?;
+    let length = u32::from_le_bytes(*length) as usize;
+    if rest.len() < length {
+        return Err(bad());
+    }
+    let (sql, values) = rest.split_at(length);
+    let sql = std::str::from_utf8(sql).map_err(|_| bad())?.to_string();
+    let mut reader =
+        deltalake::arrow::ipc::reader::StreamReader::try_new(values, None).map_err(|_| bad())?;
+    let values = reader.next().ok_or_else(bad)?.map_err(|_| bad())?;
+    Ok((sql, Some(values)))
+}
+
+/// The bound `values` (one row) as scalars of the types the plan expects (`types`).
+fn scalars(
+    values: &RecordBatch,
+    types: &[Option<DataType>],
+) -> std::result::Result<Vec<ScalarValue>, Status> {
+    if values.num_columns() != types.len() {
+        return Err(Status::invalid_argument(format!(
+            "the statement has {} parameters and {} were given",
+            types.len(),
+            values.num_columns()
+        )));
+    }
+    values
+        .columns()
+        .iter()
+        .zip(types)
+        .enumerate()
+        .map(|(i, (column, t))| {
+            let value = ScalarValue::try_from_array(column, 0)
+                .map_err(|e| Status::invalid_argument(format!("parameter ${}: {e}", i + 1)))?;
+            match t {
+                Some(t) if value.data_type() != *t => value.cast_to(t).map_err(|e| {
+                    Status::invalid_argument(format!(
+                        "parameter ${}: {} as {t}: {}",
+                        i + 1,
+                        value.data_type(),
+                        e.strip_backtrace()
+                    ))
+                }),
+                _ => Ok(value),
+            }
+        })
+        .collect()
+}
+
 /// The ticket that runs `sql`.
 fn statement_ticket(sql: &str) -> Ticket {
     let ticket = TicketStatementQuery {
@@ -639,7 +757,7 @@ impl FlightSqlService for FlightSql {
     ) -> std::result::Result<Response<DoGetStream>, Status> {
         self.check(&request)?;
         let sql = sql_of(&ticket.statement_handle)?;
-        match self.rows(&sql, peer(&request)).await {
+        match self.rows(&sql, None, peer(&request)).await {
             Ok(rows) => Ok(Response::new(rows)),
             Err(e) => Err(self.failed(&request, &sql, e)),
         }
@@ -651,17 +769,20 @@ impl FlightSqlService for FlightSql {
         request: Request<arrow_flight::Action>,
     ) -> std::result::Result<ActionCreatePreparedStatementResult, Status> {
         self.check(&request)?;
-        let columns = match self.columns(&query.query).await {
-            Ok(columns) => columns,
+        let (columns, parameters) = match self.described(&query.query).await {
+            Ok(described) => described,
             Err(e) => return Err(self.failed(&request, &query.query, e)),
         };
-        let IpcMessage(dataset_schema) = SchemaAsIpc::new(&columns, &IpcWriteOptions::default())
-            .try_into()
-            .map_err(|e| Status::internal(format!("encoding the schema: {e}")))?;
+        let ipc = |schema: &Schema| -> std::result::Result<bytes::Bytes, Status> {
+            let IpcMessage(bytes) = SchemaAsIpc::new(schema, &IpcWriteOptions::default())
+                .try_into()
+                .map_err(|e| Status::internal(format!("encoding the schema: {e}")))?;
+            Ok(bytes)
+        };
         Ok(ActionCreatePreparedStatementResult {
             prepared_statement_handle: handle_of(&query.query).into(),
-            dataset_schema,
-            parameter_schema: Default::default(),
+            dataset_schema: ipc(&columns)?,
+            parameter_schema: ipc(&parameters)?,
         })
     }
 
@@ -680,7 +801,7 @@ impl FlightSqlService for FlightSql {
         request: Request<FlightDescriptor>,
     ) -> std::result::Result<Response<FlightInfo>, Status> {
         self.check(&request)?;
-        let sql = sql_of(&query.prepared_statement_handle)?;
+        let (sql, _) = statement_of(&query.prepared_statement_handle)?;
         let columns = match self.columns(&sql).await {
             Ok(columns) => columns,
             Err(e) => return Err(self.failed(&request, &sql, e)),
@@ -695,8 +816,8 @@ impl FlightSqlService for FlightSql {
         request: Request<Ticket>,
     ) -> std::result::Result<Response<DoGetStream>, Status> {
         self.check(&request)?;
-        let sql = sql_of(&query.prepared_statement_handle)?;
-        match self.rows(&sql, peer(&request)).await {
+        let (sql, parameters) = statement_of(&query.prepared_statement_handle)?;
+        match self.rows(&sql, parameters, peer(&request)).await {
             Ok(rows) => Ok(Response::new(rows)),
             Err(e) => Err(self.failed(&request, &sql, e)),
         }
@@ -704,14 +825,36 @@ impl FlightSqlService for FlightSql {
 
     async fn do_put_prepared_statement_query(
         &self,
-        _query: CommandPreparedStatementQuery,
+        query: CommandPreparedStatementQuery,
         request: Request<PeekableFlightDataStream>,
     ) -> std::result::Result<DoPutPreparedStatementResult, Status> {
+        use futures::TryStreamExt;
         self.check(&request)?;
-        Err(Status::unimplemented(
-            "strata serve --flight does not bind parameters yet: put the values in the SQL \
-             text (the PostgreSQL listener binds parameters)",
-        ))
+        let (sql, _) = statement_of(&query.prepared_statement_handle)?;
+        let data = request.into_inner().map_err(FlightError::from);
+        let batches: Vec<RecordBatch> =
+            arrow_flight::decode::FlightRecordBatchStream::new_from_flight_data(data)
+                .try_collect()
+                .await
+                .map_err(|e| Status::invalid_argument(format!("reading parameters: {e}")))?;
+        let batches: Vec<RecordBatch> = batches.into_iter().filter(|b| b.num_rows() > 0).collect();
+        let values = match batches.as_slice() {
+            [] => None,
+            [one] if one.num_rows() == 1 => Some(one.clone()),
+            _ => {
+                return Err(Status::invalid_argument(
+                    "one row of parameters at a time: strata serve --flight runs a prepared \
+                     statement with one set of values",
+                ))
+            }
+        };
+        let handle = match values {
+            None => handle_of(&sql),
+            Some(values) => handle_with_parameters(&sql, &values)?,
+        };
+        Ok(DoPutPreparedStatementResult {
+            prepared_statement_handle: Some(handle.into()),
+        })
     }
 
     async fn do_put_statement_update(
@@ -903,6 +1046,39 @@ mod tests {
         let e = sql_of(b"SELECT 1").unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
         assert!(sql_of(&[b"strata-sql:".as_slice(), &[0xff, 0xfe]].concat()).is_err());
+    }
+
+    #[test]
+    fn a_prepared_handle_carries_its_bound_values() {
+        let values = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                Field::new("$1", DataType::Int64, true),
+                Field::new("$2", DataType::Utf8, true),
+            ])),
+            vec![
+                Arc::new(deltalake::arrow::array::Int64Array::from(vec![2])),
+                Arc::new(deltalake::arrow::array::StringArray::from(vec!["Raul"])),
+            ],
+        )
+        .unwrap();
+        let handle = handle_with_parameters("SELECT $1, $2", &values).unwrap();
+        let (sql, bound) = statement_of(&handle).unwrap();
+        assert_eq!(sql, "SELECT $1, $2");
+        assert_eq!(bound.unwrap(), values);
+        assert_eq!(
+            statement_of(&handle_of("SELECT 1")).unwrap(),
+            ("SELECT 1".to_string(), None)
+        );
+        assert!(statement_of(&handle[..handle.len() / 2]).is_err());
+        let types = [Some(DataType::Int32), None];
+        assert_eq!(
+            scalars(&values, &types).unwrap(),
+            vec![
+                ScalarValue::Int32(Some(2)),
+                ScalarValue::Utf8(Some("Raul".into()))
+            ]
+        );
+        assert!(scalars(&values, &[None]).is_err());
     }
 
     #[test]
