@@ -1,6 +1,7 @@
-"""`strata serve --pg` read by psycopg (3, with libpq from its binary wheel): the real binary
-of the workspace's debug build on a warehouse built by `strata run`; typed values in text
-and binary, parameters bound by the protocol, a refused write."""
+"""`strata serve --pg` read by psycopg (3, with libpq from its binary wheel), and `strata
+serve --flight` read by ADBC's Flight SQL driver: the real binary of the workspace's debug
+build on a warehouse built by `strata run`; typed values in text and binary, parameters
+bound by the protocol, Arrow tables, the tables listed, refused writes."""
 
 import datetime
 import decimal
@@ -8,12 +9,16 @@ import os
 import subprocess
 from pathlib import Path
 
+import adbc_driver_flightsql.dbapi
+import adbc_driver_manager.dbapi
 import psycopg
+import pyarrow as pa
 import pytest
 
 from conftest import REPO
 
 PASSWORD = "s3cret-psycopg"
+TOKEN = "t0ken-adbc"
 
 PIPELINE = """
 CREATE OR REFRESH STREAMING TABLE orders_cdc
@@ -41,9 +46,8 @@ def strata_binary() -> Path:
     return path
 
 
-@pytest.fixture
-def server(tmp_path):
-    """`strata serve --pg 127.0.0.1:0` on a fresh warehouse: the port it listens on."""
+def serve(tmp_path, listen, marker):
+    """`strata serve listen...` on a fresh warehouse: the port of the line with `marker`."""
     strata = strata_binary()
     (tmp_path / "data" / "cdc").mkdir(parents=True)
     (tmp_path / "data" / "cdc" / "001.json").write_text(DATA)
@@ -52,12 +56,13 @@ def server(tmp_path):
     subprocess.run([strata, "run", "pipeline.sql"], cwd=tmp_path, env=env, check=True,
                    capture_output=True)
     env["STRATA_SERVE_PASSWORD"] = PASSWORD
-    proc = subprocess.Popen([strata, "serve", "--pg", "127.0.0.1:0"], cwd=tmp_path, env=env,
+    env["STRATA_SERVE_TOKEN"] = TOKEN
+    proc = subprocess.Popen([strata, "serve", *listen], cwd=tmp_path, env=env,
                             stderr=subprocess.PIPE, text=True)
     try:
         port = None
         for line in proc.stderr:
-            if "PostgreSQL clients on 127.0.0.1:" in line:
+            if marker in line:
                 port = int(line.split("127.0.0.1:")[1].split()[0])
                 break
         assert port, "strata serve ended before listening"
@@ -65,6 +70,19 @@ def server(tmp_path):
     finally:
         proc.terminate()
         assert proc.wait(timeout=20) == 0
+
+
+@pytest.fixture
+def server(tmp_path):
+    """`strata serve --pg 127.0.0.1:0` on a fresh warehouse: the port it listens on."""
+    yield from serve(tmp_path, ["--pg", "127.0.0.1:0"], "PostgreSQL clients on 127.0.0.1:")
+
+
+@pytest.fixture
+def flight(tmp_path):
+    """`strata serve --flight 127.0.0.1:0` on a fresh warehouse: the port it listens on."""
+    yield from serve(tmp_path, ["--flight", "127.0.0.1:0"],
+                     "Flight SQL clients on 127.0.0.1:")
 
 
 def connect(port):
@@ -100,3 +118,62 @@ def test_psycopg_reads_typed_values_with_parameters(server):
         conn.rollback()
         cur.execute("SELECT count(*) FROM orders")
         assert cur.fetchone() == (2,)
+
+
+def test_adbc_reads_arrow_tables_and_lists_the_tables(flight):
+    uri = f"grpc://127.0.0.1:{flight}"
+    with adbc_driver_flightsql.dbapi.connect(
+            uri, db_kwargs={"username": "strata", "password": PASSWORD},
+            autocommit=True) as conn:
+        cur = conn.cursor()
+        cur.execute("SELECT id, name, amount, placed_at, day, tags, addr FROM orders "
+                    "ORDER BY id")
+        table = cur.fetch_arrow_table()
+        assert table.schema.field("name").type == pa.string()
+        assert table.schema.field("amount").type == pa.decimal128(10, 2)
+        utc = datetime.timezone.utc
+        assert table.to_pylist() == [
+            {"id": 1, "name": "Isabel", "amount": decimal.Decimal("123.45"),
+             "placed_at": datetime.datetime(2024, 1, 1, 10, tzinfo=utc),
+             "day": datetime.date(2024, 1, 1), "tags": ["a", "b"],
+             "addr": {"city": "Monterrey", "zip": 64000}},
+            {"id": 2, "name": "Raul", "amount": decimal.Decimal("-0.05"),
+             "placed_at": datetime.datetime(2024, 2, 29, 23, 59, 59, 123456, tzinfo=utc),
+             "day": datetime.date(2024, 2, 29), "tags": [],
+             "addr": {"city": "Oaxaca", "zip": None}},
+        ]
+        # Parameters, bound by the driver (a prepared statement with its values).
+        cur.execute("SELECT name FROM orders WHERE id = $1 AND amount > $2",
+                    parameters=(2, decimal.Decimal("-1")))
+        assert cur.fetch_arrow_table().to_pylist() == [{"name": "Raul"}]
+        # pandas through the same cursor.
+        cur.execute("SELECT count(*) AS n FROM orders")
+        assert cur.fetch_df()["n"].tolist() == [2]
+
+        objects = conn.adbc_get_objects(depth="tables").read_all().to_pylist()
+        tables = {(c["catalog_name"], s["db_schema_name"], t["table_name"])
+                  for c in objects for s in c["catalog_db_schemas"]
+                  for t in s["db_schema_tables"]}
+        assert {("main", "default", "orders"), ("main", "default", "orders_cdc")} <= tables
+
+        with pytest.raises(adbc_driver_manager.dbapi.Error) as refused:
+            cur.execute("DELETE FROM orders WHERE id = 1")
+        assert "read-only: DELETE is refused" in str(refused.value)
+        cur.execute("SELECT count(*) AS n FROM orders")
+        assert cur.fetch_arrow_table().to_pylist() == [{"n": 2}]
+
+
+def test_adbc_with_the_bearer_token_and_a_wrong_password(flight):
+    uri = f"grpc://127.0.0.1:{flight}"
+    header = adbc_driver_flightsql.DatabaseOptions.AUTHORIZATION_HEADER.value
+    with adbc_driver_flightsql.dbapi.connect(
+            uri, db_kwargs={header: f"Bearer {TOKEN}"}, autocommit=True) as conn:
+        cur = conn.cursor()
+        cur.execute("SELECT name FROM orders WHERE id = 2")
+        assert cur.fetch_arrow_table().to_pylist() == [{"name": "Raul"}]
+    with pytest.raises(adbc_driver_manager.dbapi.Error) as refused:
+        with adbc_driver_flightsql.dbapi.connect(
+                uri, db_kwargs={"username": "strata", "password": "wrong"},
+                autocommit=True) as conn:
+            conn.cursor().execute("SELECT 1")
+    assert "wrong user or password" in str(refused.value)

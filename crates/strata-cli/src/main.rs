@@ -127,7 +127,8 @@ enum Command {
         format: Format,
     },
     /// Serve the warehouse to SQL clients, read-only: `--pg` speaks the PostgreSQL wire
-    /// protocol (psql, psycopg, JDBC and BI tools) with the SQL `strata query` accepts; each
+    /// protocol (psql, psycopg, JDBC and BI tools), `--flight` Arrow Flight SQL (ADBC, the
+    /// JDBC Flight SQL driver), either or both, with the SQL `strata query` accepts; each
     /// query reads the latest committed version of every table.
     #[command(after_help = SERVE_EXAMPLE)]
     Serve {
@@ -138,6 +139,11 @@ enum Command {
         #[arg(long, value_name = "ADDR", num_args = 0..=1,
               default_missing_value = strata_serve::DEFAULT_PG_ADDR, value_parser = parse_listen_addr)]
         pg: Option<std::net::SocketAddr>,
+        /// Listen for Arrow Flight SQL clients at ADDR (IP:PORT or HOST:PORT) [without a
+        /// value: 127.0.0.1:32010]
+        #[arg(long, value_name = "ADDR", num_args = 0..=1,
+              default_missing_value = strata_serve::DEFAULT_FLIGHT_ADDR, value_parser = parse_listen_addr)]
+        flight: Option<std::net::SocketAddr>,
         /// The user name clients log in as.
         #[arg(long, default_value = strata_serve::DEFAULT_USER)]
         user: String,
@@ -145,6 +151,10 @@ enum Command {
         /// $STRATA_SERVE_PASSWORD]
         #[arg(long, value_name = "FILE")]
         password_file: Option<PathBuf>,
+        /// A file whose first line is a bearer token Flight SQL clients may send instead of
+        /// the user and password [default: $STRATA_SERVE_TOKEN]
+        #[arg(long, value_name = "FILE")]
+        token_file: Option<PathBuf>,
         /// Let clients connect without a password (only on a loopback address).
         #[arg(long)]
         no_auth: bool,
@@ -509,17 +519,27 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
         Command::Serve {
             warehouse,
             pg,
+            flight,
             user,
             password_file,
+            token_file,
             no_auth,
             max_queries,
             query_memory,
         } => {
+            let listeners = Listeners {
+                pg,
+                flight,
+                user,
+                password_file,
+                token_file,
+                no_auth,
+            };
             let limits = ServeLimits {
                 max_queries: max_queries as usize,
                 query_memory: query_memory.unwrap_or_else(strata_engine::memory::default_limit),
             };
-            serve(warehouse, pg, user, password_file, no_auth, limits).await
+            serve(warehouse, listeners, limits).await
         }
         Command::Optimize(args) => upkeep::optimize(args).await,
         Command::Vacuum(args) => upkeep::vacuum(args).await,
@@ -655,6 +675,10 @@ const SERVE_EXAMPLE: &str = "Example:
   STRATA_SERVE_PASSWORD=s3cret strata serve --warehouse ./warehouse --pg 127.0.0.1:5433
   PGPASSWORD=s3cret psql -h 127.0.0.1 -p 5433 -U strata -d main -c 'SELECT * FROM users'
 
+Arrow Flight SQL (ADBC: grpc://127.0.0.1:32010 with user strata and the password, or
+a bearer token from STRATA_SERVE_TOKEN or --token-file), next to PostgreSQL or alone:
+  STRATA_SERVE_PASSWORD=s3cret strata serve --warehouse ./warehouse --pg --flight
+
 Without a password (loopback only): strata serve --pg --no-auth.
 Stop with Ctrl-C or SIGTERM.";
 
@@ -664,51 +688,122 @@ struct ServeLimits {
     query_memory: u64,
 }
 
+/// Where one `strata serve` listens and who may connect.
+struct Listeners {
+    pg: Option<std::net::SocketAddr>,
+    flight: Option<std::net::SocketAddr>,
+    user: String,
+    password_file: Option<PathBuf>,
+    token_file: Option<PathBuf>,
+    no_auth: bool,
+}
+
 /// `strata serve`: listens until SIGINT or SIGTERM, then closes its connections and exits 0.
 async fn serve(
     warehouse: WarehouseArg,
-    pg: Option<std::net::SocketAddr>,
-    user: String,
-    password_file: Option<PathBuf>,
-    no_auth: bool,
+    listeners: Listeners,
     limits: ServeLimits,
 ) -> Result<ExitCode, BoxError> {
-    let Some(addr) = pg else {
+    let Listeners {
+        pg,
+        flight,
+        user,
+        password_file,
+        token_file,
+        no_auth,
+    } = listeners;
+    if pg.is_none() && flight.is_none() {
         return Err(
             "strata serve: nothing to serve; give --pg [ADDR] to listen for \
-                    PostgreSQL clients (see strata serve --help)"
+                    PostgreSQL clients or --flight [ADDR] for Arrow Flight SQL clients (see \
+                    strata serve --help)"
                 .into(),
         );
-    };
+    }
     let password = strata_serve::read_password(
         std::env::var(strata_serve::PASSWORD_ENV).ok(),
         password_file.as_deref(),
     )?;
-    strata_serve::check_exposure(&addr, password.as_deref(), no_auth)?;
+    let token = match flight {
+        Some(_) => strata_serve::read_token(
+            std::env::var(strata_serve::TOKEN_ENV).ok(),
+            token_file.as_deref(),
+        )?,
+        None => None,
+    };
+    if let Some(addr) = pg {
+        strata_serve::check_exposure(&addr, password.as_deref(), no_auth)?;
+    }
+    if let Some(addr) = flight {
+        let secret = password.is_some() || token.is_some();
+        strata_serve::check_flight_exposure(&addr, secret, no_auth)?;
+    }
     let wh = warehouse.open()?;
     let root = wh.root().to_string();
     let catalog = wh.catalog().to_string();
-    let auth = match password {
-        Some(_) => "password required",
-        None => "no password",
+    let shared = strata_serve::Shared::new(wh, limits.max_queries, limits.query_memory);
+    // One stop signal for both listeners.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        stop_signal().await;
+        let _ = stop.send(true);
+    });
+    let until_stopped = || {
+        let mut stopped = stopped.clone();
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        }
     };
-    let on_listen = |at: std::net::SocketAddr| {
-        eprintln!(
-            "serving {root} to PostgreSQL clients on {at} ({auth}; read-only): \
-             psql -h {} -p {} -U {user} {catalog}",
-            at.ip(),
-            at.port()
-        );
+    let pg_listener = async {
+        let Some(addr) = pg else {
+            return Ok(());
+        };
+        let auth = match password {
+            Some(_) => "password required",
+            None => "no password",
+        };
+        let on_listen = |at: std::net::SocketAddr| {
+            eprintln!(
+                "serving {root} to PostgreSQL clients on {at} ({auth}; read-only): \
+                 psql -h {} -p {} -U {user} {catalog}",
+                at.ip(),
+                at.port()
+            );
+        };
+        let options = strata_serve::PgOptions {
+            addr,
+            user: user.clone(),
+            password: password.clone(),
+            no_auth,
+        };
+        strata_serve::serve_pg(&shared, options, on_listen, until_stopped()).await
     };
-    let options = strata_serve::PgOptions {
-        addr,
-        user: user.clone(),
-        password,
-        no_auth,
-        max_queries: limits.max_queries,
-        query_memory: limits.query_memory,
+    let flight_listener = async {
+        let Some(addr) = flight else {
+            return Ok(());
+        };
+        let auth = match (&token, &password) {
+            (Some(_), Some(_)) => "bearer token, or user and password through the handshake",
+            (Some(_), None) => "bearer token",
+            (None, Some(_)) => "user and password through the handshake",
+            (None, None) => "no authentication",
+        };
+        let on_listen = |at: std::net::SocketAddr| {
+            eprintln!(
+                "serving {root} to Arrow Flight SQL clients on {at} ({auth}; read-only): \
+                 grpc://{at}"
+            );
+        };
+        let options = strata_serve::FlightOptions {
+            addr,
+            user: user.clone(),
+            password: password.clone(),
+            token: token.clone(),
+            no_auth,
+        };
+        strata_serve::serve_flight(&shared, options, on_listen, until_stopped()).await
     };
-    strata_serve::serve_pg(wh, options, on_listen, stop_signal()).await?;
+    tokio::try_join!(pg_listener, flight_listener)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -730,7 +825,7 @@ async fn stop_signal() {
     eprintln!("stopping: closing connections");
 }
 
-/// `--pg`'s address: `IP:PORT`, or `HOST:PORT` resolved to its first address.
+/// `--pg`'s and `--flight`'s address: `IP:PORT`, or `HOST:PORT` resolved to its first address.
 fn parse_listen_addr(s: &str) -> Result<std::net::SocketAddr, String> {
     use std::net::ToSocketAddrs;
     if let Ok(addr) = s.parse() {

@@ -1,6 +1,7 @@
 //! `strata serve --pg`: the real binary serving a warehouse built by `strata run`, read by
 //! the real `psql` (Debian's postgresql-client) and by tokio-postgres (the extended
-//! protocol: prepared statements, parameters, binary values).
+//! protocol: prepared statements, parameters, binary values); `strata serve --flight` read
+//! by arrow-flight's Flight SQL client.
 
 mod common;
 
@@ -48,10 +49,25 @@ impl Server {
     /// Starts `strata serve --pg 127.0.0.1:0 extra...` in `p` with `env`, and waits for the
     /// line saying where it listens.
     fn start(p: &Project, extra: &[&str], env: &[(&str, &str)]) -> Server {
-        let mut args = vec!["serve", "--pg", "127.0.0.1:0"];
+        let listen = ["--pg", "127.0.0.1:0"];
+        Server::start_on(p, &listen, "PostgreSQL clients on 127.0.0.1:", extra, env)
+    }
+
+    /// Starts `strata serve listen... extra...` and waits for the line with `marker`
+    /// followed by the port listened on.
+    fn start_on(
+        p: &Project,
+        listen: &[&str],
+        marker: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Server {
+        let mut args = vec!["serve"];
+        args.extend_from_slice(listen);
         args.extend_from_slice(extra);
         let mut command = p.command(&args);
         command.env_remove("STRATA_SERVE_PASSWORD");
+        command.env_remove("STRATA_SERVE_TOKEN");
         for (k, v) in env {
             command.env(k, v);
         }
@@ -71,7 +87,7 @@ impl Server {
                 );
             };
             log.lock().unwrap().push_str(&format!("{line}\n"));
-            if let Some((_, rest)) = line.split_once("PostgreSQL clients on 127.0.0.1:") {
+            if let Some((_, rest)) = line.split_once(marker) {
                 let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
                 break port.parse().expect("port");
             }
@@ -627,6 +643,316 @@ fn a_password_is_required_unless_no_auth_on_loopback() {
         server.psql_csv("SELECT count(*) AS n FROM orders"),
         "n\n3\n"
     );
+    let status = server.stop();
+    assert!(status.success(), "{status:?}");
+}
+
+/// A Flight SQL client of `server`'s Flight listener (no credentials yet).
+async fn flight_client(
+    port: u16,
+) -> arrow_flight::sql::client::FlightSqlServiceClient<tonic::transport::Channel> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connects");
+    arrow_flight::sql::client::FlightSqlServiceClient::new(channel)
+}
+
+/// The rows of every endpoint of `info`, as one pretty table.
+async fn flight_rows(
+    client: &mut arrow_flight::sql::client::FlightSqlServiceClient<tonic::transport::Channel>,
+    info: arrow_flight::FlightInfo,
+) -> String {
+    use futures::TryStreamExt;
+    let mut batches = Vec::new();
+    for endpoint in info.endpoint {
+        let ticket = endpoint.ticket.expect("a ticket");
+        let stream = client.do_get(ticket).await.expect("do_get");
+        let got: Vec<_> = stream.try_collect().await.expect("rows");
+        batches.extend(got);
+    }
+    deltalake::arrow::util::pretty::pretty_format_batches(&batches)
+        .expect("prints")
+        .to_string()
+}
+
+/// Flight SQL next to PostgreSQL in one process: a query and a prepared statement with
+/// their exact rows (strings as plain Utf8), the tables listed, SqlInfo read-only, writes
+/// refused, a wrong password or token refused, the user and password through the handshake
+/// and the server's bearer token, one stop for both listeners.
+#[test]
+fn flight_sql_reads_the_warehouse_and_cannot_write() {
+    use arrow_flight::sql::{CommandGetTables, SqlInfo};
+    let p = project();
+    let token = "t0ken-flight";
+    let token_file = p.path("token");
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    let server = Server::start_on(
+        &p,
+        &["--pg", "127.0.0.1:0", "--flight", "127.0.0.1:0"],
+        "PostgreSQL clients on 127.0.0.1:",
+        &["--token-file", token_file.to_str().unwrap()],
+        &[("STRATA_SERVE_PASSWORD", PASSWORD)],
+    );
+    // The Flight line comes after the PostgreSQL one.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let flight_port: u16 = loop {
+        let log = server.log();
+        if let Some((_, rest)) = log.split_once("Flight SQL clients on 127.0.0.1:") {
+            let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            break port.parse().expect("port");
+        }
+        assert!(Instant::now() < deadline, "no Flight listener: {log}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let log = server.log();
+    assert!(log.contains("bearer token, or user and password"), "{log}");
+    assert!(!log.contains(PASSWORD) && !log.contains(token), "{log}");
+    // Both listeners answer.
+    assert_eq!(
+        server.psql_csv("SELECT count(*) AS n FROM orders"),
+        "n\n3\n"
+    );
+
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        // No credentials, a wrong token, a wrong password: refused.
+        let mut client = flight_client(flight_port).await;
+        let e = client.execute("SELECT 1".into(), None).await.unwrap_err();
+        assert!(e.to_string().contains("no credentials"), "{e}");
+        client.set_token("wrong".into());
+        let e = client.execute("SELECT 1".into(), None).await.unwrap_err();
+        assert!(e.to_string().contains("the token is not accepted"), "{e}");
+        let mut client = flight_client(flight_port).await;
+        let e = client.handshake("strata", "wrong").await.unwrap_err();
+        assert!(e.to_string().contains("wrong user or password"), "{e}");
+
+        // The user and password through the handshake: a bearer token back.
+        let mut client = flight_client(flight_port).await;
+        client
+            .handshake("strata", PASSWORD)
+            .await
+            .expect("handshake");
+        assert!(client.token().is_some());
+        let info = client
+            .execute(
+                "SELECT id, name, qty, amount, __START_AT, __END_AT FROM orders \
+                 ORDER BY id, __START_AT"
+                    .into(),
+                None,
+            )
+            .await
+            .expect("execute");
+        let schema = info.clone().try_decode_schema().expect("schema");
+        assert_eq!(
+            schema.field_with_name("name").unwrap().data_type(),
+            &deltalake::arrow::datatypes::DataType::Utf8
+        );
+        assert_eq!(
+            flight_rows(&mut client, info).await,
+            "+----+--------+-----+--------+------------+----------+\n\
+             | id | name   | qty | amount | __START_AT | __END_AT |\n\
+             +----+--------+-----+--------+------------+----------+\n\
+             | 1  | Isabel | 3   | 123.45 | 1          | 2        |\n\
+             | 1  | Isabel | 4   | 200.00 | 2          |          |\n\
+             | 2  | Raul   | 1   | -0.05  | 1          |          |\n\
+             +----+--------+-----+--------+------------+----------+"
+        );
+
+        // The server's token, without a handshake: a prepared statement.
+        let mut client = flight_client(flight_port).await;
+        client.set_token(token.into());
+        let mut prepared = client
+            .prepare(
+                "SELECT name, qty FROM orders WHERE __END_AT IS NULL ORDER BY id".into(),
+                None,
+            )
+            .await
+            .expect("prepare");
+        assert_eq!(prepared.dataset_schema().unwrap().field(0).name(), "name");
+        let info = prepared.execute().await.expect("execute prepared");
+        assert_eq!(
+            flight_rows(&mut client, info).await,
+            "+--------+-----+\n\
+             | name   | qty |\n\
+             +--------+-----+\n\
+             | Isabel | 4   |\n\
+             | Raul   | 1   |\n\
+             +--------+-----+"
+        );
+        prepared.close().await.expect("close");
+
+        // Bound parameters: the values travel in the handle the server hands back.
+        let mut prepared = client
+            .prepare(
+                "SELECT name, qty FROM orders WHERE id = $1 AND qty > $2 ORDER BY qty".into(),
+                None,
+            )
+            .await
+            .expect("prepare with parameters");
+        let types: Vec<_> = prepared
+            .parameter_schema()
+            .unwrap()
+            .fields()
+            .iter()
+            .map(|f| (f.name().clone(), f.data_type().clone()))
+            .collect();
+        use deltalake::arrow::datatypes::DataType;
+        assert_eq!(
+            types,
+            vec![
+                ("$1".into(), DataType::Int64),
+                ("$2".into(), DataType::Int32)
+            ]
+        );
+        let values = deltalake::arrow::array::RecordBatch::try_from_iter([
+            (
+                "$1",
+                std::sync::Arc::new(deltalake::arrow::array::Int64Array::from(vec![1]))
+                    as deltalake::arrow::array::ArrayRef,
+            ),
+            (
+                "$2",
+                std::sync::Arc::new(deltalake::arrow::array::Int32Array::from(vec![3])),
+            ),
+        ])
+        .unwrap();
+        prepared.set_parameters(values).expect("parameters");
+        let info = prepared.execute().await.expect("execute with parameters");
+        assert_eq!(
+            flight_rows(&mut client, info).await,
+            "+--------+-----+\n\
+             | name   | qty |\n\
+             +--------+-----+\n\
+             | Isabel | 4   |\n\
+             +--------+-----+"
+        );
+        prepared.close().await.expect("close");
+
+        // The tables, with their columns.
+        let info = client
+            .get_tables(CommandGetTables {
+                catalog: None,
+                db_schema_filter_pattern: None,
+                table_name_filter_pattern: Some("orders%".into()),
+                table_types: vec![],
+                include_schema: false,
+            })
+            .await
+            .expect("get_tables");
+        assert_eq!(
+            flight_rows(&mut client, info).await,
+            "+--------------+----------------+------------+------------+\n\
+             | catalog_name | db_schema_name | table_name | table_type |\n\
+             +--------------+----------------+------------+------------+\n\
+             | main         | default        | orders     | TABLE      |\n\
+             | main         | default        | orders_cdc | TABLE      |\n\
+             +--------------+----------------+------------+------------+"
+        );
+        let info = client
+            .get_sql_info(vec![
+                SqlInfo::FlightSqlServerName,
+                SqlInfo::FlightSqlServerReadOnly,
+            ])
+            .await
+            .expect("sql info");
+        let shown = flight_rows(&mut client, info).await;
+        assert!(
+            shown.contains("strata") && shown.contains("true"),
+            "{shown}"
+        );
+
+        // Writes are refused, by statement and by update.
+        let e = client
+            .execute("DELETE FROM orders".into(), None)
+            .await
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("read-only: DELETE is refused"),
+            "{e}"
+        );
+        let e = client
+            .execute_update("INSERT INTO orders VALUES (1)".into(), None)
+            .await
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("read-only: INSERT is refused"),
+            "{e}"
+        );
+        // A mistake is the client's error, and the server goes on.
+        let e = client
+            .execute("SELECT * FROM no_such_table".into(), None)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("no_such_table"), "{e}");
+        let info = client
+            .execute("SELECT count(*) AS n FROM orders".into(), None)
+            .await
+            .expect("execute");
+        assert!(flight_rows(&mut client, info).await.contains("| 3 |"));
+    });
+    let log = server.log();
+    assert!(log.contains("Flight SQL connection"), "{log}");
+    assert!(log.contains("query failed"), "{log}");
+    let status = server.stop();
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn flight_needs_a_token_or_password_unless_no_auth_on_loopback() {
+    let p = project();
+    let out = p
+        .command(&["serve", "--flight", "127.0.0.1:0"])
+        .env_remove("STRATA_SERVE_PASSWORD")
+        .env_remove("STRATA_SERVE_TOKEN")
+        .output()
+        .expect("runs");
+    assert!(!out.status.success());
+    let said = stderr(&out);
+    assert!(said.contains("STRATA_SERVE_TOKEN"), "{said}");
+    assert!(said.contains("--no-auth"), "{said}");
+    let server = Server::start_on(
+        &p,
+        &["--flight", "127.0.0.1:0"],
+        "Flight SQL clients on 127.0.0.1:",
+        &["--no-auth", "--query-memory", "16MiB"],
+        &[],
+    );
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        use futures::TryStreamExt;
+        let mut client = flight_client(server.port).await;
+        let info = client
+            .execute("SELECT count(*) AS n FROM orders".into(), None)
+            .await
+            .expect("execute");
+        assert!(flight_rows(&mut client, info).await.contains("| 3 |"));
+        // A query past --query-memory fails alone (ResourceExhausted); the server goes on.
+        let info = client
+            .execute(
+                "SELECT cardinality(array_agg(value)) FROM range(10000000)".into(),
+                None,
+            )
+            .await
+            .expect("planned");
+        let ticket = info.endpoint[0].ticket.clone().expect("a ticket");
+        let e = match client.do_get(ticket).await {
+            Ok(stream) => stream
+                .try_collect::<Vec<_>>()
+                .await
+                .expect_err("past the memory limit")
+                .to_string(),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains("Resources exhausted"), "{e}");
+        let info = client
+            .execute("SELECT count(*) AS n FROM orders".into(), None)
+            .await
+            .expect("execute");
+        assert!(flight_rows(&mut client, info).await.contains("| 3 |"));
+    });
+    assert!(server.log().contains("query failed"), "{}", server.log());
     let status = server.stop();
     assert!(status.success(), "{status:?}");
 }

@@ -13,23 +13,77 @@ use std::path::Path;
 /// The environment variable holding the server's password.
 pub const PASSWORD_ENV: &str = "STRATA_SERVE_PASSWORD";
 
+/// The environment variable holding the Flight SQL listener's bearer token.
+pub const TOKEN_ENV: &str = "STRATA_SERVE_TOKEN";
+
 /// The password clients must give: the first line of `file` when given, else `env` (the
 /// value of [`PASSWORD_ENV`]); `None` when neither is set. An empty password is an error.
 pub fn read_password(env: Option<String>, file: Option<&Path>) -> Result<Option<String>> {
-    let (password, from) = match file {
+    read_secret(env, file, PASSWORD_ENV, "password")
+}
+
+/// The bearer token Flight SQL clients may give instead of the user and password: the
+/// first line of `file` when given, else `env` (the value of [`TOKEN_ENV`]).
+pub fn read_token(env: Option<String>, file: Option<&Path>) -> Result<Option<String>> {
+    read_secret(env, file, TOKEN_ENV, "token")
+}
+
+/// A secret (`what`: password, token) from the first line of `file`, else `env` (the value
+/// of the variable `env_name`).
+fn read_secret(
+    env: Option<String>,
+    file: Option<&Path>,
+    env_name: &str,
+    what: &str,
+) -> Result<Option<String>> {
+    let (secret, from) = match file {
         Some(path) => {
             let text = std::fs::read_to_string(path).map_err(|e| {
-                ServeError::Password(format!("cannot read password file {}: {e}", path.display()))
+                ServeError::Password(format!("cannot read {what} file {}: {e}", path.display()))
             })?;
             let first = text.lines().next().unwrap_or("").to_string();
-            (Some(first), format!("password file {}", path.display()))
+            (Some(first), format!("{what} file {}", path.display()))
         }
-        None => (env, PASSWORD_ENV.to_string()),
+        None => (env, env_name.to_string()),
     };
-    match password {
+    match secret {
         Some(p) if p.is_empty() => Err(ServeError::Password(format!("{from} is empty"))),
         other => Ok(other),
     }
+}
+
+/// Refuses to listen for Flight SQL clients with neither a token nor a password unless
+/// asked to (`no_auth`) on a loopback address.
+pub fn check_flight_exposure(addr: &SocketAddr, secret: bool, no_auth: bool) -> Result<()> {
+    let set = format!(
+        "set {TOKEN_ENV} (or --token-file FILE) for a bearer token, or {PASSWORD_ENV} (or \
+         --password-file FILE) for the user and password"
+    );
+    match (secret, no_auth) {
+        (true, _) => Ok(()),
+        (false, true) if addr.ip().is_loopback() => Ok(()),
+        (false, true) => Err(ServeError::Password(format!(
+            "--no-auth is only allowed on a loopback address (127.0.0.1, ::1), and {addr} is \
+             reachable from other machines: {set}"
+        ))),
+        (false, false) => Err(ServeError::Password(format!(
+            "Flight SQL clients need a token or a password: {set} (or, on a loopback address \
+             only, --no-auth to let anyone on this machine connect)"
+        ))),
+    }
+}
+
+/// `a == b` in a time that does not depend on where they differ (a guessed secret is not
+/// found one byte at a time).
+pub(crate) fn same_secret(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut diff = a.len() ^ b.len();
+    for i in 0..a.len().max(b.len()) {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        diff |= usize::from(x ^ y);
+    }
+    diff == 0
 }
 
 /// Refuses to listen without a password unless asked to (`no_auth`) on a loopback address.
@@ -141,6 +195,42 @@ mod tests {
         let e = check_exposure(&lo, None, false).unwrap_err();
         assert!(e.to_string().contains("STRATA_SERVE_PASSWORD"), "{e}");
         assert!(e.to_string().contains("--no-auth"), "{e}");
+    }
+
+    #[test]
+    fn a_token_comes_from_its_file_or_variable() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "t0ken\nignored\n").unwrap();
+        assert_eq!(
+            read_token(Some("env".into()), Some(&file)).unwrap(),
+            Some("t0ken".to_string())
+        );
+        let e = read_token(Some(String::new()), None).unwrap_err();
+        assert!(e.to_string().contains("STRATA_SERVE_TOKEN is empty"), "{e}");
+        let e = read_token(None, Some(&dir.path().join("missing"))).unwrap_err();
+        assert!(e.to_string().contains("cannot read token file"), "{e}");
+    }
+
+    #[test]
+    fn flight_listens_without_a_secret_only_on_loopback_and_when_asked() {
+        let lo: SocketAddr = "127.0.0.1:32010".parse().unwrap();
+        let all: SocketAddr = "0.0.0.0:32010".parse().unwrap();
+        assert!(check_flight_exposure(&lo, false, true).is_ok());
+        assert!(check_flight_exposure(&all, true, false).is_ok());
+        let e = check_flight_exposure(&all, false, true).unwrap_err();
+        assert!(e.to_string().contains("only allowed on a loopback"), "{e}");
+        let e = check_flight_exposure(&lo, false, false).unwrap_err();
+        assert!(e.to_string().contains("STRATA_SERVE_TOKEN"), "{e}");
+    }
+
+    #[test]
+    fn secrets_compare_whole() {
+        assert!(same_secret("abc", "abc"));
+        assert!(!same_secret("abc", "abd"));
+        assert!(!same_secret("abc", "ab"));
+        assert!(!same_secret("", "a"));
+        assert!(same_secret("", ""));
     }
 
     #[test]

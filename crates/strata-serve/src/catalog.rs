@@ -17,7 +17,7 @@ use pgwire::api::Type;
 use std::sync::Arc;
 
 /// The catalog DataFusion knows the warehouse by.
-const REGISTERED_CATALOG: &str = "strata";
+pub(crate) const REGISTERED_CATALOG: &str = "strata";
 
 /// The schema the PostgreSQL catalog tables are in.
 const PG_CATALOG: &str = "pg_catalog";

@@ -1,6 +1,7 @@
 //! Serving a warehouse to SQL clients: `strata serve --pg` speaks the PostgreSQL wire
 //! protocol, so psql, psycopg, tokio-postgres and BI tools read the warehouse's tables
-//! with the SQL `strata query` accepts, read-only.
+//! with the SQL `strata query` accepts, read-only; `--flight` speaks Arrow Flight SQL
+//! (ADBC, the JDBC Flight SQL driver) over the same query path.
 //!
 //! A tour, bottom up:
 //! - [`statement`] (pure): a client's text split into statements, and what kind each is:
@@ -15,7 +16,9 @@
 //!   [`strata_engine::prepare_query`] (three-part names, `USE`, `as_of`, `table_changes`,
 //!   time travel, `DESCRIBE`, `SHOW TABLES`) on a session opened for that statement,
 //!   planned by DataFusion and checked to be a read.
-//! - [`server`]: the listener, one task and one authentication state per connection, a
+//! - [`flight`]: the Flight SQL service: statements, prepared statements (their handle is
+//!   their text), the catalog calls, bearer tokens and the handshake.
+//! - [`server`]: the PostgreSQL listener, one task and one authentication state per connection, a
 //!   log line per connection and per failed query, and a clean stop.
 //!
 //! The protocol itself is pgwire's (without a TLS backend of its own). This crate is above
@@ -24,14 +27,44 @@
 pub mod auth;
 mod catalog;
 pub mod error;
+mod flight;
 mod server;
 mod service;
 mod statement;
 mod types;
 
-pub use auth::{check_exposure, read_password, PASSWORD_ENV};
+pub use auth::{
+    check_exposure, check_flight_exposure, read_password, read_token, PASSWORD_ENV, TOKEN_ENV,
+};
 pub use error::{Result, ServeError};
+pub use flight::{serve_flight, FlightOptions};
 pub use server::{serve_pg, PgOptions};
+
+use std::sync::Arc;
+use strata_engine::Warehouse;
+
+/// What the listeners of one `strata serve` share: the warehouse, the permits to run a
+/// read (`--max-queries` for the whole server, whichever protocol asks) and the memory one
+/// statement may hold.
+#[derive(Clone)]
+pub struct Shared {
+    service: Arc<service::Service>,
+}
+
+impl Shared {
+    /// Serving `wh` with at most `max_queries` reads at once (at least one), each within
+    /// `query_memory` bytes.
+    pub fn new(wh: Warehouse, max_queries: usize, query_memory: u64) -> Shared {
+        let query_memory = usize::try_from(query_memory).unwrap_or(usize::MAX);
+        Shared {
+            service: Arc::new(service::Service::new(wh, max_queries, query_memory)),
+        }
+    }
+}
+
+/// The address `strata serve --flight` listens on when given no value (the port Flight SQL
+/// servers usually take, Dremio's and others').
+pub const DEFAULT_FLIGHT_ADDR: &str = "127.0.0.1:32010";
 
 /// The address `strata serve --pg` listens on when given no value (PostgreSQL's port plus
 /// one, to stay clear of a local PostgreSQL).

@@ -4,6 +4,7 @@
 use crate::auth::{check_exposure, Login};
 use crate::error::{Result, ServeError};
 use crate::service::Service;
+use crate::Shared;
 use async_trait::async_trait;
 use futures::Sink;
 use pgwire::api::auth::md5pass::Md5PasswordAuthStartupHandler;
@@ -19,7 +20,6 @@ use std::fmt::Debug;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use strata_engine::Warehouse;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
@@ -35,10 +35,6 @@ pub struct PgOptions {
     pub password: Option<String>,
     /// Listen without a password (loopback only).
     pub no_auth: bool,
-    /// At most this many reads plan and compute at once; the others wait their turn.
-    pub max_queries: usize,
-    /// The memory one statement may hold, in bytes.
-    pub query_memory: u64,
 }
 
 impl Debug for PgOptions {
@@ -48,17 +44,15 @@ impl Debug for PgOptions {
             .field("user", &self.user)
             .field("password", &self.password.as_ref().map(|_| ".."))
             .field("no_auth", &self.no_auth)
-            .field("max_queries", &self.max_queries)
-            .field("query_memory", &self.query_memory)
             .finish()
     }
 }
 
-/// Serves `wh` over the PostgreSQL wire protocol at `options.addr` until `shutdown`
+/// Serves `shared`'s warehouse over the PostgreSQL wire protocol at `options.addr` until `shutdown`
 /// completes; then stops listening, closes the open connections and returns. `on_listen`
 /// is told the address listened on (the port chosen when `addr` asks for port 0).
 pub async fn serve_pg(
-    wh: Warehouse,
+    shared: &Shared,
     options: PgOptions,
     on_listen: impl FnOnce(SocketAddr),
     shutdown: impl Future<Output = ()>,
@@ -72,8 +66,7 @@ pub async fn serve_pg(
         .await
         .map_err(listen_error)?;
     let local = listener.local_addr().map_err(listen_error)?;
-    let query_memory = usize::try_from(options.query_memory).unwrap_or(usize::MAX);
-    let service = Arc::new(Service::new(wh, options.max_queries, query_memory));
+    let service = shared.service.clone();
     // Connections by process id and secret key, for clients' cancel requests.
     let manager = Arc::new(ConnectionManager::new());
     let password = options

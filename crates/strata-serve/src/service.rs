@@ -20,6 +20,7 @@ use deltalake::datafusion::execution::session_state::SessionStateBuilder;
 use deltalake::datafusion::logical_expr::LogicalPlan;
 use deltalake::datafusion::prelude::SessionContext;
 use deltalake::datafusion::scalar::ScalarValue;
+use futures::stream::BoxStream;
 use futures::{Sink, StreamExt};
 use pgwire::api::portal::{Format, Portal};
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
@@ -40,7 +41,7 @@ const SCHEMA_KEY: &str = "strata.schema";
 
 /// Answers a connection's queries over one warehouse.
 pub(crate) struct Service {
-    parser: Arc<StatementParser>,
+    pub(crate) parser: Arc<StatementParser>,
     /// Permits to run a read: at most this many plan and compute at once, the others wait.
     running: Arc<tokio::sync::Semaphore>,
 }
@@ -58,7 +59,7 @@ impl Service {
     /// Waits for a permit to run a read (held while it plans and until its first rows are
     /// ready; rows already flowing hold none, so one client's statements cannot wait on
     /// each other).
-    async fn permit(&self) -> PgWireResult<tokio::sync::SemaphorePermit<'_>> {
+    pub(crate) async fn permit(&self) -> PgWireResult<tokio::sync::SemaphorePermit<'_>> {
         self.running
             .acquire()
             .await
@@ -68,7 +69,7 @@ impl Service {
 
 /// Plans statements through `strata query`'s path.
 pub(crate) struct StatementParser {
-    wh: Warehouse,
+    pub(crate) wh: Warehouse,
     /// The memory one statement's operators may hold (sorts and aggregates spill to the
     /// temp dir past it where they can, else the statement fails).
     query_memory: usize,
@@ -102,7 +103,7 @@ impl Prepared {
 
 /// A read ready to run: rows already read (`DESCRIBE`, `SHOW TABLES`) or a plan over a
 /// session of the warehouse.
-enum Planned {
+pub(crate) enum Planned {
     Rows(SchemaRef, Vec<RecordBatch>),
     Plan {
         query: Box<SqlQuery>,
@@ -112,9 +113,19 @@ enum Planned {
 
 /// Who is asking: the connection's schema of unqualified names (if `USE` set one) and
 /// user.
-struct Asker {
+pub(crate) struct Asker {
     schema: Option<String>,
     user: String,
+}
+
+impl Asker {
+    /// A client of `user` whose unqualified names are in the default schema.
+    pub(crate) fn new(user: &str) -> Asker {
+        Asker {
+            schema: None,
+            user: user.to_string(),
+        }
+    }
 }
 
 fn asker<C: ClientInfo + ?Sized>(client: &C) -> Asker {
@@ -128,7 +139,7 @@ fn asker<C: ClientInfo + ?Sized>(client: &C) -> Asker {
 impl StatementParser {
     /// `sql` (one statement) prepared through `strata query`'s path and planned; only
     /// reads plan.
-    async fn plan_read(&self, sql: &str, asker: &Asker) -> PgWireResult<Planned> {
+    pub(crate) async fn plan_read(&self, sql: &str, asker: &Asker) -> PgWireResult<Planned> {
         let prepared = strata_engine::prepare_query(&self.wh, sql, asker.schema.as_deref())
             .await
             .map_err(engine_error)?;
@@ -239,6 +250,36 @@ impl StatementParser {
                 });
                 let fields = Arc::new(fields(&columns, format));
                 Ok(Response::Query(QueryResponse::new(fields, rows)))
+            }
+        }
+    }
+
+    /// Runs `planned` (no parameters) to its first batch: its columns, and its batches as
+    /// they come (an error in them is the message for the client).
+    pub(crate) async fn stream(
+        &self,
+        planned: Planned,
+    ) -> PgWireResult<(SchemaRef, BoxStream<'static, Result<RecordBatch, String>>)> {
+        match planned {
+            Planned::Rows(columns, rows) => Ok((
+                columns,
+                futures::stream::iter(rows.into_iter().map(Ok)).boxed(),
+            )),
+            Planned::Plan { query, plan } => {
+                let columns: SchemaRef = Arc::new(plan.schema().as_arrow().clone());
+                let mut batches = query
+                    .session
+                    .execute_logical_plan(*plan)
+                    .await
+                    .map_err(|e| engine_error(query.error(e)))?
+                    .execute_stream()
+                    .await
+                    .map_err(|e| engine_error(query.error(e)))?;
+                let first = batches.next().await;
+                let batches = futures::stream::iter(first)
+                    .chain(batches)
+                    .map(|b| b.map_err(|e| format!("query: {}", e.strip_backtrace())));
+                Ok((columns, batches.boxed()))
             }
         }
     }
