@@ -23,6 +23,10 @@ use std::collections::HashSet;
 pub(crate) struct Changes {
     /// Every commit after the position is upkeep (or there is none): nothing to read.
     pub(crate) only_upkeep: bool,
+    /// Every commit after the position only added rows or is upkeep: no row removed or
+    /// rewritten, no schema, property or protocol change. False when a commit file of the
+    /// range is gone (log cleanup): what it did is unknown.
+    pub(crate) only_appends: bool,
     /// Files added with data after the position that the latest version still holds,
     /// sorted.
     pub(crate) live: Vec<String>,
@@ -108,31 +112,6 @@ pub(crate) async fn data_version(table: &DeltaTable) -> Result<i64> {
     Ok(v)
 }
 
-/// Whether every commit of `table` after version `from`, up to the version it is loaded at,
-/// only added rows or is upkeep: no row removed or rewritten, no schema, property or
-/// protocol change. A commit whose file is gone (log cleanup) counts as a change.
-pub(crate) async fn only_appends_since(table: &DeltaTable, from: i64) -> Result<bool> {
-    let latest = crate::storage::table::version_of(table);
-    for v in (from + 1)..=latest {
-        let Some(actions) = read_commit(table, v).await? else {
-            return Ok(false);
-        };
-        if commit_kind(&actions) == CommitKind::Upkeep {
-            continue;
-        }
-        let appends = actions.iter().all(|a| match a {
-            Action::Add(_) | Action::Txn(_) | Action::CommitInfo(_) => true,
-            Action::DomainMetadata(_) => true,
-            Action::Remove(r) => !r.data_change,
-            Action::Cdc(_) | Action::Metadata(_) | Action::Protocol(_) => false,
-        });
-        if !appends {
-            return Ok(false);
-        }
-    }
-    Ok(true)
-}
-
 /// The changes of `source` after version `from` (all of it when `None`), as a reader of
 /// its added rows sees them (see the module docs). When a commit file of the range is gone
 /// (log cleanup), every file the latest version holds and the version at `from` did not
@@ -145,12 +124,14 @@ pub(crate) async fn changes_since(source: &DeltaTable, from: Option<i64>) -> Res
         live.sort();
         return Ok(Changes {
             only_upkeep: latest < 0,
+            only_appends: true,
             live,
             rewritten: Vec::new(),
         });
     };
     let now_decoded: HashSet<String> = now.iter().map(|p| percent_decoded(p)).collect();
     let mut only_upkeep = true;
+    let mut only_appends = true;
     let mut added: Vec<String> = Vec::new();
     let mut seen: HashSet<String> = HashSet::new();
     for v in (from + 1)..=latest {
@@ -161,6 +142,12 @@ pub(crate) async fn changes_since(source: &DeltaTable, from: Option<i64>) -> Res
             continue;
         }
         only_upkeep = false;
+        only_appends &= actions.iter().all(|a| match a {
+            Action::Add(_) | Action::Txn(_) | Action::CommitInfo(_) => true,
+            Action::DomainMetadata(_) => true,
+            Action::Remove(r) => !r.data_change,
+            Action::Cdc(_) | Action::Metadata(_) | Action::Protocol(_) => false,
+        });
         for a in &actions {
             if let Action::Add(add) = a {
                 let path = percent_decoded(&add.path);
@@ -188,6 +175,7 @@ pub(crate) async fn changes_since(source: &DeltaTable, from: Option<i64>) -> Res
     let rewritten = rewritten_by_upkeep(source, from, latest, rewritten).await?;
     Ok(Changes {
         only_upkeep,
+        only_appends,
         live,
         rewritten,
     })
@@ -268,6 +256,7 @@ async fn by_difference(source: &DeltaTable, from: i64, now: HashSet<String>) -> 
     live.sort();
     Ok(Changes {
         only_upkeep: false,
+        only_appends: false,
         live,
         rewritten: Vec::new(),
     })

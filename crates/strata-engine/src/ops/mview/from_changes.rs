@@ -65,7 +65,7 @@ pub(super) async fn refresh(
     schema: &SchemaRef,
     commit: &PendingCommit,
 ) -> Result<Option<MvReport>> {
-    let Some((input, from)) = incremental::only_one_table_grew(grown.last, grown.now) else {
+    let Some((input, from, until)) = incremental::only_one_table_grew(grown.last, grown.now) else {
         return Ok(None);
     };
     let Some(shape) = incremental::shape_of(df.logical_plan()) else {
@@ -77,15 +77,16 @@ pub(super) async fn refresh(
         // Declared column names: the view's rows and the query's do not line up by name.
         return Ok(None);
     }
-    let Some(input) = Input::open(wh, df, grown, &input, from).await? else {
+    let Some(input) = Input::open(wh, df, grown.reads, &input, from, until).await? else {
         return Ok(None);
     };
-    let appends = crate::storage::changes::only_appends_since(&input.table, from).await?;
+    let changes = crate::storage::changes::changes_since(&input.table, Some(from)).await?;
+    let appends = changes.only_appends;
     let name = mv.name.to_string();
     let mut report = MvReport::default();
     let (rows, change) = match (&shape, appends) {
         (Shape::Rows, true) => {
-            let new = collect_as(new_rows(ctx, df, &input).await?, schema).await?;
+            let new = collect_as(new_rows(ctx, df, &input, &changes).await?, schema).await?;
             report.rows_read = new.num_rows();
             let (rows, counts) =
                 expect::apply(&mv.expectations, &name, "the query's result", new).await?;
@@ -104,7 +105,7 @@ pub(super) async fn refresh(
             }),
             true,
         ) => {
-            let new = collect_as(new_rows(ctx, df, &input).await?, schema).await?;
+            let new = collect_as(new_rows(ctx, df, &input, &changes).await?, schema).await?;
             report.rows_read = new.num_rows();
             let rows = combined(ctx, view, new, schema, combine).await?;
             report.refresh = Refresh::Combined;
@@ -137,16 +138,17 @@ pub(super) async fn refresh(
 }
 
 impl Input {
-    /// The table `input` (as the inputs record spells it) at the version recorded now, when
-    /// the query reads it by one scan of its latest rows; `None` otherwise.
+    /// The table `input` (as the inputs record spells it, one of `reads`) at version
+    /// `until`, when the query reads it by one scan of its latest rows; `None` otherwise.
     async fn open(
         wh: &Warehouse,
         df: &DataFrame,
-        grown: &Grown<'_>,
+        reads: &[TableName],
         input: &str,
         from: i64,
+        until: i64,
     ) -> Result<Option<Input>> {
-        let Some(read) = grown.reads.iter().find(|t| t.to_string() == input) else {
+        let Some(read) = reads.iter().find(|t| t.to_string() == input) else {
             return Ok(None);
         };
         let Some(scan) = one_scan(df.logical_plan()) else {
@@ -164,7 +166,6 @@ impl Input {
         let Some(mut table) = wh.open_table(read).await? else {
             return Ok(None);
         };
-        let until = grown.now["versions"][input].as_i64().unwrap_or(-1);
         if crate::storage::table::version_of(&table) != until {
             table
                 .load_version(until as u64)
@@ -201,16 +202,20 @@ impl Input {
     }
 }
 
-/// The query over only the rows `input` gained after the last refresh.
-async fn new_rows(ctx: &SessionContext, df: &DataFrame, input: &Input) -> Result<DataFrame> {
-    let changes = crate::storage::changes::changes_since(&input.table, Some(input.from)).await?;
+/// The query over only the rows `input` gained after the last refresh (`changes`).
+async fn new_rows(
+    ctx: &SessionContext,
+    df: &DataFrame,
+    input: &Input,
+    changes: &crate::storage::changes::Changes,
+) -> Result<DataFrame> {
     crate::storage::changes::register_new_rows(
         ctx,
         NEW_ROWS,
         &input.table,
         Some(input.from),
         input.until,
-        &changes,
+        changes,
     )
     .await?;
     let plan = input

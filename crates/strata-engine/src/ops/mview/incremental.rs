@@ -273,13 +273,14 @@ pub(crate) fn regroup_sql(
     )
 }
 
-/// The one table whose version changed between the inputs of the last refresh and now, and
-/// the version the last refresh read of it, when nothing else changed: the same query, no
-/// file reads, the same tables, one of them newer.
+/// The one table whose version changed between the inputs of the last refresh and now,
+/// when nothing else changed (the same query, no file reads, the same tables, one of them
+/// newer): its name as the inputs spell it, the version the last refresh read and the one
+/// read now.
 pub(crate) fn only_one_table_grew(
     last: &serde_json::Value,
     now: &serde_json::Value,
-) -> Option<(String, i64)> {
+) -> Option<(String, i64, i64)> {
     if last.get("query") != now.get("query") || last.get("files").is_some() {
         return None;
     }
@@ -296,7 +297,7 @@ pub(crate) fn only_one_table_grew(
     let (table, was) = last.iter().next()?;
     let is = now.get(table)?.as_i64()?;
     let was = was.as_i64()?;
-    (was >= 0 && was < is).then(|| (table.clone(), was))
+    (was >= 0 && was < is).then(|| (table.clone(), was, is))
 }
 
 #[cfg(test)]
@@ -438,7 +439,7 @@ mod tests {
         let last = v("SELECT 1", serde_json::json!({ "default.t": 3 }));
         assert_eq!(
             only_one_table_grew(&last, &v("SELECT 1", serde_json::json!({ "default.t": 5 }))),
-            Some(("default.t".into(), 3))
+            Some(("default.t".into(), 3, 5))
         );
         for now in [
             v("SELECT 2", serde_json::json!({ "default.t": 5 })),
