@@ -1073,7 +1073,8 @@ fn psql_conninfo(
 
 /// With `--tls-cert` and `--tls-key`, psql verifies the server against the test CA
 /// (`sslmode=verify-full`) and queries over TLS 1.3, SCRAM-SHA-256 checking the password;
-/// another CA, a client without TLS and a wrong password are refused, each saying why.
+/// another CA, a client without TLS and a wrong password are refused, each saying why; Ctrl-C
+/// in psql still cancels a query (libpq sends the cancel request in the clear).
 #[test]
 fn psql_over_tls_verifies_the_server_and_scram_checks_the_password() {
     let p = project();
@@ -1138,6 +1139,33 @@ fn psql_over_tls_verifies_the_server_and_scram_checks_the_password() {
         "{}",
         stderr(&out)
     );
+
+    // Ctrl-C in psql: libpq sends its cancel request in the clear, which the listener
+    // serves though it refuses startups without TLS; the query stops with SQLSTATE 57014.
+    let connected = server.log().matches("connected as user").count();
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user=strata dbname=main {verify}",
+        server.port
+    );
+    let long = Command::new("psql")
+        .args(["-X", "-v", "VERBOSITY=verbose", &conninfo])
+        .args(["-c", "SELECT count(*) FROM range(1000000000000)"])
+        .env("PGPASSWORD", PASSWORD)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("psql runs");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while server.log().matches("connected as user").count() == connected {
+        assert!(Instant::now() < deadline, "psql did not connect");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = long.id().to_string();
+    let _ = Command::new("kill").args(["-INT", &pid]).status();
+    let out = long.wait_with_output().expect("psql ends");
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("57014"), "{}", stderr(&out));
 
     let log = server.log();
     let status = server.stop();
