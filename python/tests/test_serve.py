@@ -1,7 +1,8 @@
 """`strata serve --pg` read by psycopg (3, with libpq from its binary wheel), and `strata
 serve --flight` read by ADBC's Flight SQL driver: the real binary of the workspace's debug
 build on a warehouse built by `strata run`; typed values in text and binary, parameters
-bound by the protocol, Arrow tables, the tables listed, refused writes."""
+bound by the protocol, Arrow tables, the tables listed, refused writes; both over TLS with
+a CA made by the openssl command, SCRAM-SHA-256 checking psycopg's password."""
 
 import datetime
 import decimal
@@ -177,3 +178,86 @@ def test_adbc_with_the_bearer_token_and_a_wrong_password(flight):
                 autocommit=True) as conn:
             conn.cursor().execute("SELECT 1")
     assert "wrong user or password" in str(refused.value)
+
+
+def make_certs(folder: Path) -> dict:
+    """A test CA and a server certificate it signed (for localhost and 127.0.0.1), and a
+    second CA that signed nothing of the server's, made by the openssl command."""
+    folder.mkdir()
+
+    def openssl(*args):
+        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    for ca in ("ca", "other-ca"):
+        openssl("req", "-x509", *ec, "-keyout", f"{ca}.key", "-out", f"{ca}.pem",
+                "-days", "2", "-subj", f"/CN=strata test {ca}")
+    openssl("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost")
+    (folder / "san.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", "server.pem", "-days", "2", "-extfile", "san.ext")
+    return {name: folder / f"{name}.pem" for name in ("ca", "other-ca", "server")} | {
+        "key": folder / "server.key"}
+
+
+@pytest.fixture
+def certs(tmp_path):
+    return make_certs(tmp_path / "tls")
+
+
+def tls_args(certs):
+    return ["--tls-cert", str(certs["server"]), "--tls-key", str(certs["key"])]
+
+
+@pytest.fixture
+def tls_server(tmp_path, certs):
+    """`strata serve --pg` with TLS: the port it listens on."""
+    yield from serve(tmp_path, ["--pg", "127.0.0.1:0", *tls_args(certs)],
+                     "PostgreSQL clients on 127.0.0.1:")
+
+
+@pytest.fixture
+def tls_flight(tmp_path, certs):
+    """`strata serve --flight` with TLS: the port it listens on."""
+    yield from serve(tmp_path, ["--flight", "127.0.0.1:0", *tls_args(certs)],
+                     "Flight SQL clients on 127.0.0.1:")
+
+
+def test_psycopg_over_tls_with_scram(tls_server, certs):
+    base = f"host=127.0.0.1 port={tls_server} user=strata dbname=main"
+    verify = f"sslmode=verify-full sslrootcert={certs['ca']}"
+    with psycopg.connect(f"{base} password={PASSWORD} {verify}") as conn:
+        assert conn.info.pgconn.ssl_in_use
+        cur = conn.cursor()
+        cur.execute("SELECT name FROM orders WHERE id = %s", (2,))
+        assert cur.fetchall() == [("Raul",)]
+    refusals = [
+        (f"password=wrong {verify}", "authentication failed for user \"strata\""),
+        (f"password={PASSWORD} sslmode=verify-full sslrootcert={certs['other-ca']}",
+         "certificate verify failed"),
+        (f"password={PASSWORD} sslmode=disable", "strata serve requires TLS"),
+    ]
+    for conninfo, said in refusals:
+        with pytest.raises(psycopg.OperationalError) as refused:
+            psycopg.connect(f"{base} {conninfo}", connect_timeout=10)
+        assert said in str(refused.value), conninfo
+
+
+def test_adbc_over_tls_with_the_bearer_token(tls_flight, certs):
+    uri = f"grpc+tls://127.0.0.1:{tls_flight}"
+    header = adbc_driver_flightsql.DatabaseOptions.AUTHORIZATION_HEADER.value
+    roots = adbc_driver_flightsql.DatabaseOptions.TLS_ROOT_CERTS.value
+    assert roots == "adbc.flight.sql.client_option.tls_root_certs"
+    with adbc_driver_flightsql.dbapi.connect(
+            uri, db_kwargs={header: f"Bearer {TOKEN}", roots: certs["ca"].read_text()},
+            autocommit=True) as conn:
+        cur = conn.cursor()
+        cur.execute("SELECT name FROM orders WHERE id = 2")
+        assert cur.fetch_arrow_table().to_pylist() == [{"name": "Raul"}]
+    with pytest.raises(adbc_driver_manager.dbapi.Error) as refused:
+        with adbc_driver_flightsql.dbapi.connect(
+                uri, db_kwargs={header: f"Bearer {TOKEN}",
+                                roots: certs["other-ca"].read_text()},
+                autocommit=True) as conn:
+            conn.cursor().execute("SELECT 1")
+    assert "certificate" in str(refused.value)

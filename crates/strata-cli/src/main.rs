@@ -158,6 +158,13 @@ enum Command {
         /// Let clients connect without a password (only on a loopback address).
         #[arg(long)]
         no_auth: bool,
+        /// The certificate chain (PEM) both listeners present; with it, every client must
+        /// connect over TLS. Needs --tls-key.
+        #[arg(long, value_name = "FILE", requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// The private key (PEM) of --tls-cert's certificate.
+        #[arg(long, value_name = "FILE", requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
         /// At most N queries plan and compute at once; the others wait their turn.
         #[arg(long, value_name = "N", default_value_t = strata_serve::DEFAULT_MAX_QUERIES as u32,
               value_parser = clap::value_parser!(u32).range(1..))]
@@ -524,6 +531,8 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
             password_file,
             token_file,
             no_auth,
+            tls_cert,
+            tls_key,
             max_queries,
             query_memory,
         } => {
@@ -534,6 +543,7 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
                 password_file,
                 token_file,
                 no_auth,
+                tls: tls_cert.zip(tls_key),
             };
             let limits = ServeLimits {
                 max_queries: max_queries as usize,
@@ -679,6 +689,10 @@ Arrow Flight SQL (ADBC: grpc://127.0.0.1:32010 with user strata and the password
 a bearer token from STRATA_SERVE_TOKEN or --token-file), next to PostgreSQL or alone:
   STRATA_SERVE_PASSWORD=s3cret strata serve --warehouse ./warehouse --pg --flight
 
+TLS on both listeners (every client must then use it):
+  strata serve --pg 0.0.0.0:5433 --tls-cert server.pem --tls-key server.key
+  psql 'host=db.example.com port=5433 user=strata dbname=main sslmode=verify-full sslrootcert=ca.pem'
+
 Without a password (loopback only): strata serve --pg --no-auth.
 Stop with Ctrl-C or SIGTERM.";
 
@@ -696,6 +710,8 @@ struct Listeners {
     password_file: Option<PathBuf>,
     token_file: Option<PathBuf>,
     no_auth: bool,
+    /// The certificate and key files (`--tls-cert`, `--tls-key`).
+    tls: Option<(PathBuf, PathBuf)>,
 }
 
 /// `strata serve`: listens until SIGINT or SIGTERM, then closes its connections and exits 0.
@@ -711,6 +727,7 @@ async fn serve(
         password_file,
         token_file,
         no_auth,
+        tls,
     } = listeners;
     if pg.is_none() && flight.is_none() {
         return Err(
@@ -738,6 +755,19 @@ async fn serve(
         let secret = password.is_some() || token.is_some();
         strata_serve::check_flight_exposure(&addr, secret, no_auth)?;
     }
+    let tls = match tls {
+        Some((cert, key)) => Some(strata_serve::Tls::load(&cert, &key)?),
+        None => None,
+    };
+    for addr in pg.iter().chain(flight.iter()) {
+        if tls.is_none() && !addr.ip().is_loopback() {
+            eprintln!(
+                "note: {addr} is reachable from other machines and TLS is off: rows (and a \
+                 Flight bearer token) cross the network in the clear; give --tls-cert and \
+                 --tls-key to encrypt"
+            );
+        }
+    }
     let wh = warehouse.open()?;
     let root = wh.root().to_string();
     let catalog = wh.catalog().to_string();
@@ -758,14 +788,21 @@ async fn serve(
         let Some(addr) = pg else {
             return Ok(());
         };
-        let auth = match password {
-            Some(_) => "password required",
-            None => "no password",
+        let auth = match (&password, &tls) {
+            (Some(_), None) => "password required",
+            (Some(_), Some(_)) => "password and TLS required",
+            (None, None) => "no password",
+            (None, Some(_)) => "no password, TLS required",
+        };
+        let ssl = if tls.is_some() {
+            " sslmode=require"
+        } else {
+            ""
         };
         let on_listen = |at: std::net::SocketAddr| {
             eprintln!(
                 "serving {root} to PostgreSQL clients on {at} ({auth}; read-only): \
-                 psql -h {} -p {} -U {user} {catalog}",
+                 psql 'host={} port={} user={user} dbname={catalog}{ssl}'",
                 at.ip(),
                 at.port()
             );
@@ -775,6 +812,7 @@ async fn serve(
             user: user.clone(),
             password: password.clone(),
             no_auth,
+            tls: tls.clone(),
         };
         strata_serve::serve_pg(&shared, options, on_listen, until_stopped()).await
     };
@@ -788,10 +826,11 @@ async fn serve(
             (None, Some(_)) => "user and password through the handshake",
             (None, None) => "no authentication",
         };
+        let scheme = if tls.is_some() { "grpc+tls" } else { "grpc" };
         let on_listen = |at: std::net::SocketAddr| {
             eprintln!(
                 "serving {root} to Arrow Flight SQL clients on {at} ({auth}; read-only): \
-                 grpc://{at}"
+                 {scheme}://{at}"
             );
         };
         let options = strata_serve::FlightOptions {
@@ -800,6 +839,7 @@ async fn serve(
             password: password.clone(),
             token: token.clone(),
             no_auth,
+            tls: tls.clone(),
         };
         strata_serve::serve_flight(&shared, options, on_listen, until_stopped()).await
     };

@@ -956,3 +956,371 @@ fn flight_needs_a_token_or_password_unless_no_auth_on_loopback() {
     let status = server.stop();
     assert!(status.success(), "{status:?}");
 }
+
+/// A test certificate authority, a server certificate it signed (for `localhost` and
+/// `127.0.0.1`) with its key, and a second authority that signed nothing of the server's:
+/// made by the `openssl` command (Debian's openssl package) in `dir`.
+struct Certs {
+    ca: std::path::PathBuf,
+    other_ca: std::path::PathBuf,
+    other_key: std::path::PathBuf,
+    cert: std::path::PathBuf,
+    key: std::path::PathBuf,
+}
+
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("the openssl command runs (Debian's openssl package)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn certs(p: &Project) -> Certs {
+    let dir = p.path("tls");
+    std::fs::create_dir_all(&dir).unwrap();
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    for ca in ["ca", "other-ca"] {
+        let (key, pem, subject) = (
+            format!("{ca}.key"),
+            format!("{ca}.pem"),
+            format!("/CN=strata test {ca}"),
+        );
+        let mut args = vec!["req", "-x509"];
+        args.extend(ec);
+        args.extend([
+            "-keyout", &key, "-out", &pem, "-days", "2", "-subj", &subject,
+        ]);
+        openssl(&dir, &args);
+    }
+    let mut args = vec!["req"];
+    args.extend(ec);
+    args.extend([
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=localhost",
+    ]);
+    openssl(&dir, &args);
+    std::fs::write(
+        dir.join("san.ext"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+    )
+    .unwrap();
+    openssl(
+        &dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+        ],
+    );
+    Certs {
+        ca: dir.join("ca.pem"),
+        other_ca: dir.join("other-ca.pem"),
+        other_key: dir.join("other-ca.key"),
+        cert: dir.join("server.pem"),
+        key: dir.join("server.key"),
+    }
+}
+
+/// `psql` on `server` with the connection string `conninfo` (host, port, user and database
+/// given), the password `password`, and `args`.
+fn psql_conninfo(
+    server: &Server,
+    conninfo: &str,
+    password: &str,
+    args: &[&str],
+) -> std::process::Output {
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user=strata dbname=main {conninfo}",
+        server.port
+    );
+    Command::new("psql")
+        .args(["-X", "-v", "ON_ERROR_STOP=1", &conninfo])
+        .args(args)
+        .env("PGPASSWORD", password)
+        .env("PGCONNECT_TIMEOUT", "10")
+        .env_remove("PGSSLMODE")
+        .output()
+        .expect("psql runs")
+}
+
+/// With `--tls-cert` and `--tls-key`, psql verifies the server against the test CA
+/// (`sslmode=verify-full`) and queries over TLS 1.3, SCRAM-SHA-256 checking the password;
+/// another CA, a client without TLS and a wrong password are refused, each saying why; Ctrl-C
+/// in psql still cancels a query (libpq sends the cancel request in the clear).
+#[test]
+fn psql_over_tls_verifies_the_server_and_scram_checks_the_password() {
+    let p = project();
+    let certs = certs(&p);
+    let (cert, key) = (certs.cert.to_str().unwrap(), certs.key.to_str().unwrap());
+    let server = Server::start(
+        &p,
+        &["--tls-cert", cert, "--tls-key", key],
+        &[("STRATA_SERVE_PASSWORD", PASSWORD)],
+    );
+    assert!(
+        server
+            .log()
+            .contains("password and TLS required; read-only): psql 'host=127.0.0.1"),
+        "{}",
+        server.log()
+    );
+    let verify = format!(
+        "sslmode=verify-full sslrootcert={}",
+        certs.ca.to_str().unwrap()
+    );
+
+    let out = psql_conninfo(
+        &server,
+        &verify,
+        PASSWORD,
+        &["--csv", "-c", "SELECT count(*) AS n FROM orders"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "n\n3\n");
+    // TLS 1.3.
+    let out = psql_conninfo(&server, &verify, PASSWORD, &["-c", "\\conninfo"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("SSL connection (protocol: TLSv1.3"), "{said}");
+
+    // A server certificate the client's CA did not sign.
+    let other = format!(
+        "sslmode=verify-full sslrootcert={}",
+        certs.other_ca.to_str().unwrap()
+    );
+    let out = psql_conninfo(&server, &other, PASSWORD, &["-c", "SELECT 1"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("certificate verify failed"),
+        "{}",
+        stderr(&out)
+    );
+    // A client that does not ask for TLS.
+    let out = psql_conninfo(&server, "sslmode=disable", PASSWORD, &["-c", "SELECT 1"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("strata serve requires TLS on this listener"),
+        "{}",
+        stderr(&out)
+    );
+    // A wrong password over TLS.
+    let out = psql_conninfo(&server, &verify, "wrong", &["-c", "SELECT 1"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("authentication failed for user \"strata\""),
+        "{}",
+        stderr(&out)
+    );
+
+    // Ctrl-C in psql: libpq sends its cancel request in the clear, which the listener
+    // serves though it refuses startups without TLS; the query stops with SQLSTATE 57014.
+    let connected = server.log().matches("connected as user").count();
+    let conninfo = format!(
+        "host=127.0.0.1 port={} user=strata dbname=main {verify}",
+        server.port
+    );
+    let long = Command::new("psql")
+        .args(["-X", "-v", "VERBOSITY=verbose", &conninfo])
+        .args(["-c", "SELECT count(*) FROM range(1000000000000)"])
+        .env("PGPASSWORD", PASSWORD)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("psql runs");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while server.log().matches("connected as user").count() == connected {
+        assert!(Instant::now() < deadline, "psql did not connect");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = long.id().to_string();
+    let _ = Command::new("kill").args(["-INT", &pid]).status();
+    let out = long.wait_with_output().expect("psql ends");
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("57014"), "{}", stderr(&out));
+
+    let log = server.log();
+    let status = server.stop();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        log.contains("connected as user strata (database main, password checked, TLS)"),
+        "{log}"
+    );
+    assert!(
+        log.contains("refused: the client did not ask for TLS"),
+        "{log}"
+    );
+    assert!(!log.contains(PASSWORD), "{log}");
+}
+
+/// The certificate and key are read before listening: a missing file, a file without a
+/// key, a key of another certificate, and one of the pair alone stop the server with the
+/// file named.
+#[test]
+fn tls_files_are_checked_before_listening() {
+    let p = project();
+    let certs = certs(&p);
+    let (cert, key) = (certs.cert.to_str().unwrap(), certs.key.to_str().unwrap());
+    let missing = p.path("tls/nosuch.pem");
+    let missing = missing.to_str().unwrap();
+    let refused = |extra: &[&str]| {
+        let mut args = vec!["serve", "--pg", "127.0.0.1:0", "--flight", "127.0.0.1:0"];
+        args.extend_from_slice(extra);
+        args.push("--no-auth");
+        let out = p
+            .command(&args)
+            .env_remove("STRATA_SERVE_PASSWORD")
+            .env_remove("STRATA_SERVE_TOKEN")
+            .output()
+            .expect("runs");
+        assert!(!out.status.success(), "{extra:?} started");
+        stderr(&out)
+    };
+    let said = refused(&["--tls-cert", missing, "--tls-key", key]);
+    assert!(
+        said.contains(&format!("cannot read the TLS certificate {missing}")),
+        "{said}"
+    );
+    let said = refused(&["--tls-cert", cert, "--tls-key", missing]);
+    assert!(
+        said.contains(&format!("cannot read the TLS key {missing}")),
+        "{said}"
+    );
+    let said = refused(&["--tls-cert", cert, "--tls-key", cert]);
+    assert!(
+        said.contains(&format!("the TLS key {cert} holds no usable private key")),
+        "{said}"
+    );
+    let other_key = certs.other_key.to_str().unwrap();
+    let said = refused(&["--tls-cert", cert, "--tls-key", other_key]);
+    assert!(
+        said.contains(&format!(
+            "the TLS key {other_key} does not go with the certificate {cert}"
+        )),
+        "{said}"
+    );
+    let said = refused(&["--tls-cert", cert]);
+    assert!(said.contains("--tls-key"), "{said}");
+}
+
+/// A Flight SQL client of a TLS listener at `port` trusting the CA certificate at `ca`.
+async fn flight_tls_client(
+    port: u16,
+    ca: &std::path::Path,
+) -> Result<
+    arrow_flight::sql::client::FlightSqlServiceClient<tonic::transport::Channel>,
+    tonic::transport::Error,
+> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+    let ca = std::fs::read(ca).expect("the CA certificate");
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca))
+        .domain_name("localhost");
+    let channel = Endpoint::from_shared(format!("https://127.0.0.1:{port}"))
+        .expect("endpoint")
+        .tls_config(tls)?
+        .connect()
+        .await?;
+    Ok(arrow_flight::sql::client::FlightSqlServiceClient::new(
+        channel,
+    ))
+}
+
+/// Flight SQL over TLS: arrow-flight's client trusting the test CA queries with the bearer
+/// token; one trusting another CA cannot connect, and a client without TLS gets no answer.
+#[test]
+fn flight_sql_over_tls() {
+    let p = project();
+    let certs = certs(&p);
+    let (cert, key) = (certs.cert.to_str().unwrap(), certs.key.to_str().unwrap());
+    let token = "t0ken-tls";
+    let server = Server::start_on(
+        &p,
+        &["--flight", "127.0.0.1:0"],
+        "Flight SQL clients on 127.0.0.1:",
+        &["--tls-cert", cert, "--tls-key", key],
+        &[("STRATA_SERVE_TOKEN", token)],
+    );
+    assert!(
+        server
+            .log()
+            .contains(&format!("grpc+tls://127.0.0.1:{}", server.port)),
+        "{}",
+        server.log()
+    );
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let mut client = flight_tls_client(server.port, &certs.ca)
+            .await
+            .expect("connects over TLS");
+        client.set_token(token.into());
+        let info = client
+            .execute("SELECT count(*) AS n FROM orders".into(), None)
+            .await
+            .expect("execute");
+        assert!(flight_rows(&mut client, info).await.contains("| 3 |"));
+
+        // tonic connects lazily on some versions: the refusal may come with the first call.
+        let refused = match flight_tls_client(server.port, &certs.other_ca).await {
+            Err(e) => format!("{e:?}"),
+            Ok(mut client) => {
+                client.set_token(token.into());
+                format!(
+                    "{:?}",
+                    client
+                        .execute("SELECT 1".into(), None)
+                        .await
+                        .expect_err("another CA")
+                )
+            }
+        };
+        assert!(refused.contains("UnknownIssuer"), "{refused}");
+
+        // A client without TLS: no connection, or no answer to its first call.
+        let plain =
+            tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", server.port))
+                .expect("endpoint")
+                .connect()
+                .await;
+        if let Ok(channel) = plain {
+            let mut plain = arrow_flight::sql::client::FlightSqlServiceClient::new(channel);
+            plain.set_token(token.into());
+            plain
+                .execute("SELECT 1".into(), None)
+                .await
+                .expect_err("a client without TLS");
+        }
+    });
+    let log = server.log();
+    let status = server.stop();
+    assert!(status.success(), "{status:?}");
+    assert!(!log.contains(token), "{log}");
+}

@@ -1,14 +1,20 @@
 //! Who may connect: the user name and password (the password from the environment or a
-//! file, never the command line), whether the address may go without one, and PostgreSQL's
-//! MD5 password exchange over them (the password itself never crosses the wire).
+//! file, never the command line), whether the address may go without one, and the
+//! SCRAM-SHA-256 verifier PostgreSQL clients prove they know the password against (the
+//! password itself never crosses the wire, and the server keeps only the verifier).
 
 use crate::error::{Result, ServeError};
+use crate::scram::{self, Exchange, ScramError, Verifier};
 use async_trait::async_trait;
-use pgwire::api::auth::md5pass::hash_md5_password;
-use pgwire::api::auth::{AuthSource, LoginInfo, Password};
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
+use pgwire::api::auth::mechanism::{AuthMechanism, AuthState};
+use pgwire::api::{ClientInfo, METADATA_USER};
 use pgwire::error::{PgWireError, PgWireResult};
+use pgwire::messages::startup::{Authentication, PasswordMessageFamily};
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
 
 /// The environment variable holding the server's password.
 pub const PASSWORD_ENV: &str = "STRATA_SERVE_PASSWORD";
@@ -102,18 +108,20 @@ pub fn check_exposure(addr: &SocketAddr, password: Option<&str>, no_auth: bool) 
     }
 }
 
-/// The one user and password the server accepts, for the MD5 exchange: each connection
-/// gets its own salt. Its `Debug` shows the user only.
+/// The one user the server accepts and the SCRAM-SHA-256 verifier of its password (the
+/// password itself is not kept). Its `Debug` shows the user only.
 pub(crate) struct Login {
     user: String,
-    password: String,
+    verifier: Verifier,
 }
 
 impl Login {
+    /// `user` and the verifier of `password`, with a salt of its own and
+    /// [`scram::ITERATIONS`] rounds, as PostgreSQL derives its own.
     pub(crate) fn new(user: &str, password: &str) -> Login {
         Login {
             user: user.to_string(),
-            password: password.to_string(),
+            verifier: Verifier::new(password, random_bytes::<16>().to_vec(), scram::ITERATIONS),
         }
     }
 }
@@ -122,36 +130,102 @@ impl std::fmt::Debug for Login {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Login")
             .field("user", &self.user)
-            .field("password", &"..")
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
-/// Four random bytes (a connection's MD5 salt).
-fn salt() -> [u8; 4] {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default(),
-    );
-    let v = h.finish().to_le_bytes();
-    [v[0], v[1], v[2], v[3]]
+/// `N` random bytes from the system's source (a salt, a nonce).
+fn random_bytes<const N: usize>() -> [u8; N] {
+    use ring::rand::SecureRandom;
+    let mut bytes = [0u8; N];
+    if ring::rand::SystemRandom::new().fill(&mut bytes).is_err() {
+        // The system's source failed (it does not on Linux): the clock and the process's
+        // hash seed, which still differ between connections.
+        use std::hash::{BuildHasher, Hasher};
+        for chunk in bytes.chunks_mut(8) {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u128(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos())
+                    .unwrap_or_default(),
+            );
+            let v = h.finish().to_le_bytes();
+            chunk.copy_from_slice(&v[..chunk.len()]);
+        }
+    }
+    bytes
+}
+
+/// One connection's SCRAM-SHA-256 exchange against the server's [`Login`]: the mechanism
+/// list, then the client's first message (answered with the salt, the iteration count
+/// and the nonce), then its proof (answered with the server's signature).
+pub(crate) struct ScramLogin {
+    login: Arc<Login>,
+    exchange: Option<Exchange>,
+}
+
+impl ScramLogin {
+    pub(crate) fn new(login: Arc<Login>) -> ScramLogin {
+        ScramLogin {
+            login,
+            exchange: None,
+        }
+    }
 }
 
 #[async_trait]
-impl AuthSource for Login {
-    async fn get_password(&self, login: &LoginInfo) -> PgWireResult<Password> {
-        let user = login.user().unwrap_or_default();
-        if user != self.user {
-            // The same answer as a wrong password: which users exist is not told.
-            return Err(PgWireError::InvalidPassword(user.to_string()));
+impl AuthMechanism for ScramLogin {
+    async fn begin(&mut self, _client: &(dyn ClientInfo + Send + Sync)) -> PgWireResult<AuthState> {
+        Ok(AuthState::InProgress(Authentication::SASL(vec![
+            scram::MECHANISM.to_string(),
+        ])))
+    }
+
+    async fn next(
+        &mut self,
+        client: &(dyn ClientInfo + Send + Sync),
+        message: PasswordMessageFamily,
+    ) -> PgWireResult<AuthState> {
+        let user = client
+            .metadata()
+            .get(METADATA_USER)
+            .cloned()
+            .unwrap_or_default();
+        let refused = |e: ScramError| match e {
+            ScramError::Malformed(why) => PgWireError::InvalidScramMessage(why),
+            ScramError::WrongPassword => PgWireError::InvalidPassword(user.clone()),
+        };
+        match self.exchange.take() {
+            None => {
+                let initial = message.into_sasl_initial_response()?;
+                if initial.auth_method != scram::MECHANISM {
+                    return Err(PgWireError::UnsupportedSASLAuthMethod(initial.auth_method));
+                }
+                if user != self.login.user {
+                    // The same answer as a wrong password: which users exist is not told.
+                    return Err(PgWireError::InvalidPassword(user));
+                }
+                let first = initial.data.unwrap_or_default();
+                let nonce = BASE64.encode(random_bytes::<18>());
+                let (server_first, exchange) =
+                    scram::server_first(&self.login.verifier, &first, &nonce).map_err(refused)?;
+                self.exchange = Some(exchange);
+                Ok(AuthState::InProgress(Authentication::SASLContinue(
+                    server_first.into(),
+                )))
+            }
+            Some(exchange) => {
+                let last = message.into_sasl_response()?;
+                let server_final = exchange
+                    .server_final(&self.login.verifier, &last.data)
+                    .map_err(refused)?;
+                Ok(AuthState::Ok {
+                    final_message: Some(Authentication::SASLFinal(server_final.into())),
+                    identity: None,
+                })
+            }
         }
-        let salt = salt();
-        let hash = hash_md5_password(&self.user, &self.password, &salt);
-        Ok(Password::new(Some(salt.to_vec()), hash.into_bytes()))
     }
 }
 
@@ -234,10 +308,19 @@ mod tests {
     }
 
     #[test]
-    fn the_kept_password_is_not_shown() {
+    fn the_kept_verifier_is_not_shown() {
         let login = Login::new("strata", "s3cret");
         let shown = format!("{login:?}");
         assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(!shown.contains("key") && !shown.contains("salt"), "{shown}");
         assert!(shown.contains("strata"), "{shown}");
+    }
+
+    /// Each server draws its own salt, so two verifiers of one password differ.
+    #[test]
+    fn each_login_has_its_own_salt() {
+        let a = format!("{:?}", random_bytes::<16>());
+        let b = format!("{:?}", random_bytes::<16>());
+        assert_ne!(a, b);
     }
 }

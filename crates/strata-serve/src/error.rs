@@ -13,6 +13,9 @@ pub enum ServeError {
     /// The password is missing where it is needed, or cannot be read.
     #[error("{0}")]
     Password(String),
+    /// The TLS certificate or key cannot be read or used (the message names the file).
+    #[error("{0}")]
+    Tls(String),
 }
 
 pub type Result<T, E = ServeError> = std::result::Result<T, E>;

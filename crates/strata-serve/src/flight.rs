@@ -7,12 +7,14 @@
 //! Nothing is kept between requests: a ticket and a prepared statement's handle carry the
 //! statement's text, and each `DoGet` plans it again over the latest committed versions.
 //! Authentication is a bearer token on every call: the server's token, or one handed out by
-//! the handshake for the user and password.
+//! the handshake for the user and password. With a certificate and key the listener speaks
+//! gRPC over TLS only.
 
 use crate::auth::{check_flight_exposure, same_secret};
 use crate::error::{Result, ServeError};
 use crate::service::{parameter_types, Asker, Planned, Service};
 use crate::statement::{kind_of, refusal, split_statements, Kind};
+use crate::tls::Tls;
 use crate::Shared;
 use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::error::FlightError;
@@ -63,6 +65,8 @@ pub struct FlightOptions {
     pub token: Option<String>,
     /// Listen without a token or password (loopback only).
     pub no_auth: bool,
+    /// The certificate and key: the listener then speaks gRPC over TLS only.
+    pub tls: Option<Tls>,
 }
 
 impl std::fmt::Debug for FlightOptions {
@@ -73,6 +77,7 @@ impl std::fmt::Debug for FlightOptions {
             .field("password", &self.password.as_ref().map(|_| ".."))
             .field("token", &self.token.as_ref().map(|_| ".."))
             .field("no_auth", &self.no_auth)
+            .field("tls", &self.tls.is_some())
             .finish()
     }
 }
@@ -116,7 +121,15 @@ pub async fn serve_flight(
         });
         Some((accepted, listener))
     });
-    tonic::transport::Server::builder()
+    let mut server = tonic::transport::Server::builder();
+    if let Some(tls) = &options.tls {
+        server = server.tls_config(tls.flight_config()).map_err(|e| {
+            ServeError::Tls(format!(
+                "the TLS certificate and key cannot be used for Flight SQL: {e}"
+            ))
+        })?;
+    }
+    server
         .add_service(FlightServiceServer::new(service))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await

@@ -8,8 +8,13 @@
 //!   a read, `USE`, a setting or transaction statement, or a write that is refused.
 //! - [`types`] (pure): the PostgreSQL type of each Arrow type, values in PostgreSQL's text
 //!   and binary formats, parameters back into Arrow scalars.
+//! - [`scram`] (pure): SCRAM-SHA-256's messages on the server's side, over a verifier of
+//!   the password.
 //! - [`auth`]: the user and password (from `STRATA_SERVE_PASSWORD` or a file), the rule
-//!   that only a loopback address may go without one, and the MD5 exchange over them.
+//!   that only a loopback address may go without one, and the SCRAM exchange of one
+//!   connection.
+//! - [`tls`]: the certificate and key (PEM files), checked before listening, for both
+//!   listeners.
 //! - [`catalog`]: `version()`, `current_database()`, a small `pg_catalog` for clients'
 //!   introspection (`\dt`).
 //! - [`service`]: the protocol's query handlers. A read goes through
@@ -21,16 +26,19 @@
 //! - [`server`]: the PostgreSQL listener, one task and one authentication state per connection, a
 //!   log line per connection and per failed query, and a clean stop.
 //!
-//! The protocol itself is pgwire's (without a TLS backend of its own). This crate is above
+//! The protocol itself is pgwire's (without a TLS backend of its own: the `SSLRequest` and
+//! the TLS handshake are answered in [`server`]). This crate is above
 //! `strata-engine` and below `strata-cli`.
 
 pub mod auth;
 mod catalog;
 pub mod error;
 mod flight;
+mod scram;
 mod server;
 mod service;
 mod statement;
+mod tls;
 mod types;
 
 pub use auth::{
@@ -39,6 +47,7 @@ pub use auth::{
 pub use error::{Result, ServeError};
 pub use flight::{serve_flight, FlightOptions};
 pub use server::{serve_pg, PgOptions};
+pub use tls::Tls;
 
 use std::sync::Arc;
 use strata_engine::Warehouse;
