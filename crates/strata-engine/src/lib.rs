@@ -55,6 +55,7 @@ mod util;
 
 pub use error::{chain, EngineError, Result};
 pub use load::file::plan_file;
+pub use load::graph::{DatasetGraph, GraphEdge, GraphNode};
 pub use load::settings::parse_duration;
 pub use load::sources::{plan_sources, PipelineSource, PlanStep, PlannedPipeline, SourceKind};
 pub use load::spec::{is_spec, load_pipeline, load_pipeline_with_python, LoadedPipeline};
@@ -64,6 +65,9 @@ pub use ops::mview::{MvReport, Refresh};
 pub use ops::pit::PitReport;
 pub use runtime::event_log::{EventRecord, Status, EVENT_LOG_TABLE};
 pub use runtime::lock::LockMode;
+pub use runtime::logged::{
+    event_log_version, logged_events, read_events, LoggedEvent, LoggedExpectation,
+};
 pub use runtime::upkeep::{
     optimize, vacuum, OptimizeOptions, VacuumOptions, VacuumReport, Vacuumed, DEFAULT_RETAIN_HOURS,
 };
