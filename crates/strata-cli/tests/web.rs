@@ -74,6 +74,23 @@ impl Server {
         self.log.lock().unwrap().clone()
     }
 
+    /// The log once it has a line containing `needle` (the server writes it after the
+    /// response), failing after 10 s without.
+    fn log_with(&self, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let log = self.log();
+            if log.contains(needle) {
+                return log;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no line with {needle:?} in:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.port)
     }
@@ -517,12 +534,8 @@ fn the_json_endpoints_answer_and_an_unknown_table_is_a_404() {
     assert!(r.body.contains("\"error\""), "{}", r.body);
     assert_eq!(server.get("/nothing-here", &[]).status, 404);
 
-    let log = server.log();
-    assert!(
-        log.contains("GET /tables/default.nope: 404 no table default.nope"),
-        "{log}"
-    );
-    assert!(log.contains("GET /nothing-here: 404"), "{log}");
+    server.log_with("GET /tables/default.nope: 404 no table default.nope");
+    server.log_with("GET /nothing-here: 404");
     let status = server.stop();
     assert!(status.success(), "{status:?}");
 }
@@ -577,12 +590,8 @@ fn the_page_needs_the_password_or_the_token_when_they_are_set() {
     assert_eq!(r.status, 200, "{}", r.body);
     assert!(r.body.contains("\"event_log_version\":null"), "{}", r.body);
 
-    let log = server.log();
-    assert!(log.contains("GET /: 401 refused (no credentials)"), "{log}");
-    assert!(
-        log.contains("GET /: 401 refused (wrong credentials)"),
-        "{log}"
-    );
+    server.log_with("GET /: 401 refused (no credentials)");
+    let log = server.log_with("GET /: 401 refused (wrong credentials)");
     assert!(!log.contains(PASSWORD) && !log.contains(TOKEN), "{log}");
     assert!(server.stop().success());
 
@@ -721,5 +730,59 @@ fn an_open_page_reloads_when_a_run_appends_records() {
         ("default.users_cdc", 2),
         "{rows:#?}"
     );
+    assert!(server.stop().success());
+}
+
+/// A failed run: its status, the failed dataset's node and row, and the error with its
+/// place (flow and dataset); a pipeline whose file is gone is drawn from the event log's
+/// datasets with the reason.
+#[test]
+fn a_failed_run_shows_its_error_with_its_place() {
+    let p = Project::new(
+        "CREATE OR REFRESH STREAMING TABLE payments (\n\
+           CONSTRAINT positive_amount EXPECT (amount > 0) ON VIOLATION FAIL UPDATE\n\
+         ) AS SELECT * FROM STREAM read_files('data/in', format => 'json', \
+           schema => 'id INT, amount INT');\n",
+    );
+    p.file("data/in/1.json", "{\"id\": 1, \"amount\": 5}\n");
+    p.ok(&["run", "pipeline.sql", "--warehouse", "wh"]);
+    p.file("data/in/2.json", "{\"id\": 2, \"amount\": -3}\n");
+    let out = p.strata(&["run", "pipeline.sql", "--warehouse", "wh"]);
+    assert!(!out.status.success(), "the second run should fail");
+    let server = Server::start(&p, &["--no-auth"], &[]);
+
+    let page = server.get("/", &[]);
+    assert_eq!(page.status, 200, "{}", page.body);
+    let s = section(&page.body, "pipeline.sql");
+    let runs = pieces(s, "<tbody class=\"run\"", "</tbody>");
+    assert_eq!(runs.len(), 2, "{s}");
+    assert_eq!(attr(runs[0], "data-status").as_deref(), Some("FAILED"));
+    assert_eq!(attr(runs[1], "data-status").as_deref(), Some("COMPLETED"));
+    let error = pieces(runs[0], "<tr class=\"error\"", "</tr>").concat();
+    assert!(
+        error.contains("error at payments → default.payments: ")
+            && error.contains("positive_amount"),
+        "{error}"
+    );
+    let node = pieces(s, "<g class=\"node", "</g>")
+        .into_iter()
+        .find(|g| attr(g, "data-name").as_deref() == Some("default.payments"))
+        .expect("the payments node");
+    assert_eq!(
+        attr(node, "data-status").as_deref(),
+        Some("FAILED"),
+        "{node}"
+    );
+    assert!(!s.contains("class=\"note\""), "{s}");
+
+    // The pipeline's file is gone: the graph is the datasets the log names, and says why.
+    std::fs::remove_file(p.path("pipeline.sql")).expect("rm");
+    let page = server.get("/", &[]);
+    let s = section(&page.body, "pipeline.sql");
+    assert!(s.contains("class=\"note\""), "{s}");
+    assert!(s.contains("cannot be planned here"), "{s}");
+    let (nodes, edges) = drawn_graph(s);
+    assert_eq!(nodes, BTreeSet::from(["default.payments".to_string()]));
+    assert!(edges.is_empty());
     assert!(server.stop().success());
 }

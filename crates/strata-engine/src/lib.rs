@@ -22,9 +22,9 @@
 //! layers below it, and no `ops` folder uses another (`tests/layers.rs` checks this):
 //!
 //! ```text
-//!   runtime     the scheduler, node preparation, retries, the event log, full refresh,
-//!               a run's attempts after a transient failure and its notifications,
-//!               upkeep (optimize, vacuum)
+//!   runtime     the scheduler, node preparation, retries, the event log (written, and read
+//!               back for `strata events` and the web page), full refresh, a run's attempts
+//!               after a transient failure and its notifications, upkeep (optimize, vacuum)
 //!   ops         one folder per dataset kind: ingest, cdc, mview, pit
 //!   sql         sessions over a warehouse, as_of, table_changes, views, expectations, query
 //!   eventstore  an AUTO CDC target's events: evaluation, page reads, digest, tombstones
