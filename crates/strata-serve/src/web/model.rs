@@ -41,7 +41,10 @@ pub struct RunView {
     pub run_id: String,
     /// When its first record's node started.
     pub started: String,
-    /// `FAILED` when any record failed, else the outcome record's status, else `COMPLETED`.
+    /// The outcome record's status when the run has one (retries or notifications set),
+    /// else `FAILED` when any record failed, else `COMPLETED` (also while a run is still in
+    /// progress: the event log holds no record of a run until its first dataset ends, and
+    /// none saying it ended unless retries or notifications are set).
     pub status: String,
     pub datasets: Vec<LoggedEvent>,
     pub run_records: Vec<LoggedEvent>,
@@ -103,23 +106,27 @@ pub struct OverviewInput {
 /// run, newest first), each with its last [`RUNS_SHOWN`] runs.
 pub fn overview(input: OverviewInput) -> Overview {
     let tables: BTreeSet<&str> = input.tables.iter().map(String::as_str).collect();
-    let mut by_pipeline: Vec<(String, Vec<RunView>)> = Vec::new();
-    for run in runs_of(&input.events) {
+    // (pipeline, its runs, the position of its newest run among all runs)
+    let mut by_pipeline: Vec<(String, Vec<RunView>, usize)> = Vec::new();
+    for (at, run) in runs_of(&input.events).into_iter().enumerate() {
         let pipeline = run_pipeline(&run);
-        match by_pipeline.iter_mut().find(|(p, _)| *p == pipeline) {
-            Some((_, runs)) => runs.push(run),
-            None => by_pipeline.push((pipeline, vec![run])),
+        match by_pipeline.iter_mut().find(|(p, _, _)| *p == pipeline) {
+            Some((_, runs, newest)) => {
+                runs.push(run);
+                *newest = at;
+            }
+            None => by_pipeline.push((pipeline, vec![run], at)),
         }
     }
     // Newest first: the runs within a pipeline, and the pipelines by their newest run.
-    for (_, runs) in &mut by_pipeline {
+    for (_, runs, _) in &mut by_pipeline {
         runs.reverse();
         runs.truncate(RUNS_SHOWN);
     }
-    by_pipeline.reverse();
+    by_pipeline.sort_by_key(|(_, _, newest)| std::cmp::Reverse(*newest));
     let pipelines = by_pipeline
         .into_iter()
-        .map(|(pipeline, runs)| {
+        .map(|(pipeline, runs, _)| {
             let (graph, graph_note) = match input.graphs.get(&pipeline) {
                 Some(Ok(g)) => (g.clone(), None),
                 Some(Err(why)) => (logged_graph(&runs), Some(why.clone())),
@@ -173,10 +180,10 @@ fn run_status(run: &RunView) -> String {
         .iter()
         .rev()
         .find(|e| e.kind == "update" && e.status != "RETRYING");
-    match (failed, outcome) {
-        (true, _) => "FAILED".to_string(),
-        (false, Some(e)) => e.status.clone(),
-        (false, None) => "COMPLETED".to_string(),
+    match (outcome, failed) {
+        (Some(e), _) => e.status.clone(),
+        (None, true) => "FAILED".to_string(),
+        (None, false) => "COMPLETED".to_string(),
     }
 }
 
@@ -384,15 +391,15 @@ mod tests {
 
     #[test]
     fn runs_are_grouped_per_pipeline_newest_first_with_each_nodes_latest_status() {
-        let mut events = vec![
+        let mut other = record("r2", "default.x", "SKIPPED", 0);
+        other.pipeline = "q.sql".into();
+        let events = vec![
             record("r1", "default.raw", "COMPLETED", 3),
             record("r1", "default.users", "COMPLETED", 2),
-            record("r2", "default.raw", "COMPLETED", 1),
-            record("r2", "default.users", "FAILED", 0),
+            other,
+            record("r3", "default.raw", "COMPLETED", 1),
+            record("r3", "default.users", "FAILED", 0),
         ];
-        let mut other = record("r3", "default.x", "SKIPPED", 0);
-        other.pipeline = "q.sql".into();
-        events.push(other);
         let o = overview(OverviewInput {
             warehouse: "wh".into(),
             event_log_version: Some(4),
@@ -404,14 +411,15 @@ mod tests {
             tables: vec!["default.raw".into(), "default.users".into()],
         });
         let names: Vec<&str> = o.pipelines.iter().map(|p| p.pipeline.as_str()).collect();
-        assert_eq!(names, ["q.sql", "p.sql"]);
-        let p = &o.pipelines[1];
+        // p.sql ran last, though q.sql was first seen after p.sql's first run.
+        assert_eq!(names, ["p.sql", "q.sql"]);
+        let p = &o.pipelines[0];
         let runs: Vec<(&str, &str)> = p
             .runs
             .iter()
             .map(|r| (r.run_id.as_str(), r.status.as_str()))
             .collect();
-        assert_eq!(runs, [("r2", "FAILED"), ("r1", "COMPLETED")]);
+        assert_eq!(runs, [("r3", "FAILED"), ("r1", "COMPLETED")]);
         assert_eq!(p.runs[1].datasets[0].rows_written, 3);
         assert_eq!(p.graph_note, None);
         let users = p
@@ -424,7 +432,7 @@ mod tests {
         assert!(users.is_table);
         assert_eq!(users.detail, "what it does");
         // Without a plan: the datasets the log names, no edges, and why.
-        let q = &o.pipelines[0];
+        let q = &o.pipelines[1];
         assert_eq!(q.graph_note.as_deref(), Some("cannot read q.sql"));
         assert_eq!(q.graph.nodes.len(), 1);
         assert!(q.graph.edges.is_empty());
@@ -452,13 +460,27 @@ mod tests {
 
     #[test]
     fn an_outcome_record_sets_the_runs_status() {
-        let mut outcome = record("r1", "", "FAILED", 0);
-        outcome.kind = "update".into();
-        let runs = runs_of(&[record("r1", "default.raw", "COMPLETED", 1), outcome]);
-        assert_eq!(runs.len(), 1);
+        let outcome = |run: &str, status: &str| {
+            let mut e = record(run, "", status, 0);
+            e.kind = "update".into();
+            e
+        };
+        let runs = runs_of(&[
+            record("r1", "default.raw", "COMPLETED", 1),
+            outcome("r1", "FAILED"),
+            // A failed attempt retried: the outcome, not the first attempt's record.
+            record("r2", "default.raw", "FAILED", 0),
+            outcome("r2", "RETRYING"),
+            record("r2", "default.raw", "COMPLETED", 1),
+            outcome("r2", "COMPLETED"),
+        ]);
+        assert_eq!(runs.len(), 2);
         assert_eq!(runs[0].status, "FAILED");
         assert_eq!(runs[0].run_records.len(), 1);
         assert_eq!(runs[0].datasets.len(), 1);
+        assert_eq!(runs[1].status, "COMPLETED");
+        assert_eq!(runs[1].datasets.len(), 2);
+        assert_eq!(runs[1].run_records.len(), 2);
     }
 
     #[test]
