@@ -97,10 +97,17 @@ impl Server {
 
     /// `GET path` with these extra header lines: the status, the headers and the body.
     fn get(&self, path: &str, headers: &[&str]) -> Response {
+        self.request("GET", path, headers)
+    }
+
+    /// `method path` (without a body) with these extra header lines.
+    fn request(&self, method: &str, path: &str, headers: &[&str]) -> Response {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
         s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-        let mut request =
-            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n");
+        let mut request = format!(
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+             Content-Length: 0\r\n"
+        );
         for h in headers {
             request.push_str(&format!("{h}\r\n"));
         }
@@ -485,8 +492,9 @@ fn chromium_renders_the_graph_and_the_runs_of_the_examples() {
     assert!(server.stop().success());
 }
 
-/// JSON endpoints, an unknown table (404 with a log line), a path that is not a page, and a
-/// clean stop on SIGTERM.
+/// JSON endpoints, an unknown table (404 with a log line), a path that is not a page, a
+/// write method refused, and SIGTERM stopping the web page and the PostgreSQL listener
+/// served by the same process.
 #[test]
 fn the_json_endpoints_answer_and_an_unknown_table_is_a_404() {
     let p = Project::new("");
@@ -502,7 +510,8 @@ fn the_json_endpoints_answer_and_an_unknown_table_is_a_404() {
         &p.path("users/data"),
     );
     p.ok(&["run", "users/users.sql", "--warehouse", "wh"]);
-    let server = Server::start(&p, &["--no-auth"], &[]);
+    // Next to the PostgreSQL listener, in one process.
+    let server = Server::start(&p, &["--no-auth", "--pg", "127.0.0.1:0"], &[]);
 
     let r = server.get("/api/tables/default.users", &[]);
     assert_eq!(r.status, 200, "{}", r.body);
@@ -536,8 +545,28 @@ fn the_json_endpoints_answer_and_an_unknown_table_is_a_404() {
 
     server.log_with("GET /tables/default.nope: 404 no table default.nope");
     server.log_with("GET /nothing-here: 404");
+    // Read-only: only GET (and HEAD) are served.
+    let r = server.request("POST", "/", &[]);
+    assert_eq!(r.status, 405, "{}", r.body);
+    server.log_with("POST /: 405");
+    assert_eq!(server.request("HEAD", "/api/status", &[]).status, 200);
+
+    // SIGTERM stops both listeners and the process exits 0.
+    let log = server.log.clone();
     let status = server.stop();
     assert!(status.success(), "{status:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = log.lock().unwrap().clone();
+        if text.contains("web page stopped") && text.contains("open connections closed") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "both listeners did not say they stopped:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// With a password (and a token), every page and endpoint asks for them: none or wrong ones
