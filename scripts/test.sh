@@ -2,7 +2,8 @@
 # Runs everything CI runs: formatting, clippy with warnings denied, and every test (unit,
 # golden scenarios on local disk, on S3 and on the Azure emulator, property tests, CLI tests
 # on the real binary (warehouses on S3 and on the Azure emulator among them), the database
-# sources against a real PostgreSQL and MariaDB, the benchmark harness's own checks, the
+# sources against a real PostgreSQL and MariaDB, the web page in headless Chromium (Debian's
+# package, installed when missing), the benchmark harness's own checks, the
 # check that other Delta readers see what strata wrote on local disk and on S3, the Python
 # package's pytest suite).
 # One debug build serves all of them.
@@ -44,6 +45,11 @@ cargo fmt --all --check
 
 step "cargo clippy (warnings denied)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+
+# The web page's browser test (crates/strata-cli/tests/web.rs) loads the page in headless
+# Chromium: Debian's package, installed here when missing (it fails without it, not skips).
+step "chromium for the web page's browser test (scripts/services/chromium.sh)"
+scripts/services/chromium.sh ensure
 
 step "cargo test"
 cargo test --workspace --locked

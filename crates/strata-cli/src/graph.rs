@@ -2,58 +2,28 @@
 //! writes (labelled with what the step does) and per input it reads from outside the
 //! pipeline (files, databases, tables of other pipelines), one edge per read.
 
-use std::collections::BTreeMap;
-use strata_engine::PlanStep;
-
-/// The nodes of the graph in first-seen order: name → (label, written by a step).
-fn nodes(steps: &[PlanStep]) -> Vec<(String, String, bool)> {
-    let mut out: Vec<(String, String, bool)> = Vec::new();
-    let mut index: BTreeMap<String, usize> = BTreeMap::new();
-    let mut add = |name: &str, label: String, written: bool| match index.get(name) {
-        Some(&i) if written => {
-            // A table written by a step: its writer's label wins over a bare read.
-            out[i] = (name.to_string(), label, true);
-        }
-        Some(_) => {}
-        None => {
-            index.insert(name.to_string(), out.len());
-            out.push((name.to_string(), label, written));
-        }
-    };
-    for step in steps {
-        for read in &step.reads {
-            add(read, read.clone(), false);
-        }
-        add(
-            &step.writes,
-            format!("{}\n{}", step.writes, step.detail),
-            true,
-        );
-    }
-    out
-}
+use strata_engine::{DatasetGraph, PlanStep};
 
 /// Graphviz: `strata plan p.sql --format dot | dot -Tsvg > plan.svg`.
 pub fn dot(steps: &[PlanStep]) -> String {
     let quote = |s: &str| format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""));
     let mut out = String::from("digraph pipeline {\n  rankdir=LR;\n  node [shape=box];\n");
-    for (name, label, written) in nodes(steps) {
-        let shape = if written { "" } else { ", shape=note" };
+    let graph = DatasetGraph::of(steps);
+    for node in &graph.nodes {
+        let shape = if node.written { "" } else { ", shape=note" };
         out.push_str(&format!(
             "  {} [label={}{shape}];\n",
-            quote(&name),
-            quote(&label).replace('\n', "\\n")
+            quote(&node.name),
+            quote(&node.label).replace('\n', "\\n")
         ));
     }
-    for step in steps {
-        for read in &step.reads {
-            out.push_str(&format!(
-                "  {} -> {} [label={}];\n",
-                quote(read),
-                quote(&step.writes),
-                quote(&format!("{} {}", step.kind, step.name))
-            ));
-        }
+    for edge in &graph.edges {
+        out.push_str(&format!(
+            "  {} -> {} [label={}];\n",
+            quote(&edge.from),
+            quote(&edge.to),
+            quote(&edge.step)
+        ));
     }
     out.push_str("}\n");
     out
@@ -62,27 +32,24 @@ pub fn dot(steps: &[PlanStep]) -> String {
 /// Mermaid (renders in GitHub and GitLab markdown inside a ```mermaid block).
 pub fn mermaid(steps: &[PlanStep]) -> String {
     let text = |s: &str| s.replace('"', "#quot;").replace('\n', "<br/>");
-    let nodes = nodes(steps);
-    let id: BTreeMap<&str, usize> = nodes
-        .iter()
-        .enumerate()
-        .map(|(i, (name, _, _))| (name.as_str(), i))
-        .collect();
+    let graph = DatasetGraph::of(steps);
+    let id = graph.index();
     let mut out = String::from("flowchart LR\n");
-    for (i, (_, label, written)) in nodes.iter().enumerate() {
-        let (open, close) = if *written { ("[", "]") } else { ("[/", "/]") };
-        out.push_str(&format!("  n{i}{open}\"{}\"{close}\n", text(label)));
+    for (i, node) in graph.nodes.iter().enumerate() {
+        let (open, close) = if node.written {
+            ("[", "]")
+        } else {
+            ("[/", "/]")
+        };
+        out.push_str(&format!("  n{i}{open}\"{}\"{close}\n", text(&node.label)));
     }
-    for step in steps {
-        for read in &step.reads {
-            out.push_str(&format!(
-                "  n{} -->|\"{} {}\"| n{}\n",
-                id[read.as_str()],
-                text(step.kind),
-                text(&step.name),
-                id[step.writes.as_str()]
-            ));
-        }
+    for edge in &graph.edges {
+        out.push_str(&format!(
+            "  n{} -->|\"{}\"| n{}\n",
+            id[edge.from.as_str()],
+            text(&edge.step),
+            id[edge.to.as_str()]
+        ));
     }
     out
 }

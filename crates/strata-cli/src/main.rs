@@ -126,9 +126,10 @@ enum Command {
         #[arg(long, value_enum, default_value_t = Format::Table)]
         format: Format,
     },
-    /// Serve the warehouse to SQL clients, read-only: `--pg` speaks the PostgreSQL wire
-    /// protocol (psql, psycopg, JDBC and BI tools), `--flight` Arrow Flight SQL (ADBC, the
-    /// JDBC Flight SQL driver), either or both, with the SQL `strata query` accepts; each
+    /// Serve the warehouse, read-only: `--pg` speaks the PostgreSQL wire protocol (psql,
+    /// psycopg, JDBC and BI tools), `--flight` Arrow Flight SQL (ADBC, the JDBC Flight SQL
+    /// driver), both with the SQL `strata query` accepts; `--http` serves a web page of the
+    /// pipelines' graphs, their last runs and the tables. Any of them, in one process; each
     /// query reads the latest committed version of every table.
     #[command(after_help = SERVE_EXAMPLE)]
     Serve {
@@ -144,6 +145,11 @@ enum Command {
         #[arg(long, value_name = "ADDR", num_args = 0..=1,
               default_missing_value = strata_serve::DEFAULT_FLIGHT_ADDR, value_parser = parse_listen_addr)]
         flight: Option<std::net::SocketAddr>,
+        /// Serve the web page at ADDR (IP:PORT or HOST:PORT) [without a value:
+        /// 127.0.0.1:8765]
+        #[arg(long, value_name = "ADDR", num_args = 0..=1,
+              default_missing_value = strata_serve::DEFAULT_HTTP_ADDR, value_parser = parse_listen_addr)]
+        http: Option<std::net::SocketAddr>,
         /// The user name clients log in as.
         #[arg(long, default_value = strata_serve::DEFAULT_USER)]
         user: String,
@@ -151,15 +157,15 @@ enum Command {
         /// $STRATA_SERVE_PASSWORD]
         #[arg(long, value_name = "FILE")]
         password_file: Option<PathBuf>,
-        /// A file whose first line is a bearer token Flight SQL clients may send instead of
-        /// the user and password [default: $STRATA_SERVE_TOKEN]
+        /// A file whose first line is a bearer token Flight SQL and web clients may send
+        /// instead of the user and password [default: $STRATA_SERVE_TOKEN]
         #[arg(long, value_name = "FILE")]
         token_file: Option<PathBuf>,
         /// Let clients connect without a password (only on a loopback address).
         #[arg(long)]
         no_auth: bool,
-        /// The certificate chain (PEM) both listeners present; with it, every client must
-        /// connect over TLS. Needs --tls-key.
+        /// The certificate chain (PEM) every listener presents; with it, every client must
+        /// connect over TLS (https:// for the web page). Needs --tls-key.
         #[arg(long, value_name = "FILE", requires = "tls_key")]
         tls_cert: Option<PathBuf>,
         /// The private key (PEM) of --tls-cert's certificate.
@@ -489,7 +495,7 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
                 TextOrJson::Text => events::show(&wh, last, flow.as_deref()).await?,
                 TextOrJson::Json => {
                     if let Some((schema, batches)) =
-                        events::records(&wh, last, flow.as_deref()).await?
+                        strata_engine::read_events(&wh, last, flow.as_deref()).await?
                     {
                         write_batches(&schema, &batches, Format::Json)?;
                     }
@@ -527,6 +533,7 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
             warehouse,
             pg,
             flight,
+            http,
             user,
             password_file,
             token_file,
@@ -539,6 +546,7 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
             let listeners = Listeners {
                 pg,
                 flight,
+                http,
                 user,
                 password_file,
                 token_file,
@@ -689,11 +697,15 @@ Arrow Flight SQL (ADBC: grpc://127.0.0.1:32010 with user strata and the password
 a bearer token from STRATA_SERVE_TOKEN or --token-file), next to PostgreSQL or alone:
   STRATA_SERVE_PASSWORD=s3cret strata serve --warehouse ./warehouse --pg --flight
 
-TLS on both listeners (every client must then use it):
+The web page (http://127.0.0.1:8765/: the pipelines' graphs, their last runs, the
+tables; HTTP basic auth with user strata and the password, or the bearer token):
+  STRATA_SERVE_PASSWORD=s3cret strata serve --warehouse ./warehouse --pg --http
+
+TLS on every listener (every client must then use it; https:// for the web page):
   strata serve --pg 0.0.0.0:5433 --tls-cert server.pem --tls-key server.key
   psql 'host=db.example.com port=5433 user=strata dbname=main sslmode=verify-full sslrootcert=ca.pem'
 
-Without a password (loopback only): strata serve --pg --no-auth.
+Without a password (loopback only): strata serve --pg --http --no-auth.
 Stop with Ctrl-C or SIGTERM.";
 
 /// What one `strata serve` lets its queries take.
@@ -706,6 +718,7 @@ struct ServeLimits {
 struct Listeners {
     pg: Option<std::net::SocketAddr>,
     flight: Option<std::net::SocketAddr>,
+    http: Option<std::net::SocketAddr>,
     user: String,
     password_file: Option<PathBuf>,
     token_file: Option<PathBuf>,
@@ -723,17 +736,18 @@ async fn serve(
     let Listeners {
         pg,
         flight,
+        http,
         user,
         password_file,
         token_file,
         no_auth,
         tls,
     } = listeners;
-    if pg.is_none() && flight.is_none() {
+    if pg.is_none() && flight.is_none() && http.is_none() {
         return Err(
             "strata serve: nothing to serve; give --pg [ADDR] to listen for \
-                    PostgreSQL clients or --flight [ADDR] for Arrow Flight SQL clients (see \
-                    strata serve --help)"
+                    PostgreSQL clients, --flight [ADDR] for Arrow Flight SQL clients or \
+                    --http [ADDR] for the web page (see strata serve --help)"
                 .into(),
         );
     }
@@ -741,7 +755,7 @@ async fn serve(
         std::env::var(strata_serve::PASSWORD_ENV).ok(),
         password_file.as_deref(),
     )?;
-    let token = match flight {
+    let token = match flight.or(http) {
         Some(_) => strata_serve::read_token(
             std::env::var(strata_serve::TOKEN_ENV).ok(),
             token_file.as_deref(),
@@ -755,11 +769,15 @@ async fn serve(
         let secret = password.is_some() || token.is_some();
         strata_serve::check_flight_exposure(&addr, secret, no_auth)?;
     }
+    if let Some(addr) = http {
+        let secret = password.is_some() || token.is_some();
+        strata_serve::check_http_exposure(&addr, secret, no_auth)?;
+    }
     let tls = match tls {
         Some((cert, key)) => Some(strata_serve::Tls::load(&cert, &key)?),
         None => None,
     };
-    for addr in pg.iter().chain(flight.iter()) {
+    for addr in pg.iter().chain(flight.iter()).chain(http.iter()) {
         if tls.is_none() && !addr.ip().is_loopback() {
             eprintln!(
                 "note: {addr} is reachable from other machines and TLS is off: rows (and a \
@@ -772,7 +790,7 @@ async fn serve(
     let root = wh.root().to_string();
     let catalog = wh.catalog().to_string();
     let shared = strata_serve::Shared::new(wh, limits.max_queries, limits.query_memory);
-    // One stop signal for both listeners.
+    // One stop signal for every listener.
     let (stop, stopped) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         stop_signal().await;
@@ -843,7 +861,31 @@ async fn serve(
         };
         strata_serve::serve_flight(&shared, options, on_listen, until_stopped()).await
     };
-    tokio::try_join!(pg_listener, flight_listener)?;
+    let http_listener = async {
+        let Some(addr) = http else {
+            return Ok(());
+        };
+        let auth = match (&token, &password) {
+            (Some(_), Some(_)) => "basic auth with the user and password, or the bearer token",
+            (Some(_), None) => "bearer token (or basic auth with it as the password)",
+            (None, Some(_)) => "basic auth with the user and password",
+            (None, None) => "no authentication",
+        };
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let on_listen = |at: std::net::SocketAddr| {
+            eprintln!("serving {root} as a web page on {at} ({auth}; read-only): {scheme}://{at}/");
+        };
+        let options = strata_serve::HttpOptions {
+            addr,
+            user: user.clone(),
+            password: password.clone(),
+            token: token.clone(),
+            no_auth,
+            tls: tls.clone(),
+        };
+        strata_serve::serve_http(&shared, options, on_listen, until_stopped()).await
+    };
+    tokio::try_join!(pg_listener, flight_listener, http_listener)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -865,7 +907,7 @@ async fn stop_signal() {
     eprintln!("stopping: closing connections");
 }
 
-/// `--pg`'s and `--flight`'s address: `IP:PORT`, or `HOST:PORT` resolved to its first address.
+/// `--pg`'s, `--flight`'s and `--http`'s address: `IP:PORT`, or `HOST:PORT` resolved to its first address.
 fn parse_listen_addr(s: &str) -> Result<std::net::SocketAddr, String> {
     use std::net::ToSocketAddrs;
     if let Ok(addr) = s.parse() {

@@ -1324,3 +1324,71 @@ fn flight_sql_over_tls() {
     assert!(status.success(), "{status:?}");
     assert!(!log.contains(token), "{log}");
 }
+
+/// `curl` with `args`: its exit status, its standard output and its standard error.
+fn curl(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new("curl")
+        .args(["--silent", "--show-error", "--max-time", "60"])
+        .args(args)
+        .output()
+        .expect("the curl command runs (Debian's curl package)");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_web_page_over_tls() {
+    let p = project();
+    let certs = certs(&p);
+    let (cert, key) = (certs.cert.to_str().unwrap(), certs.key.to_str().unwrap());
+    let password = "s3cret-web-tls";
+    let server = Server::start_on(
+        &p,
+        &["--http", "127.0.0.1:0"],
+        "as a web page on 127.0.0.1:",
+        &["--tls-cert", cert, "--tls-key", key],
+        &[("STRATA_SERVE_PASSWORD", password)],
+    );
+    assert!(
+        server
+            .log()
+            .contains(&format!("https://127.0.0.1:{}/", server.port)),
+        "{}",
+        server.log()
+    );
+    let url = format!(
+        "https://localhost:{}/api/tables/default.orders",
+        server.port
+    );
+    let user = format!("strata:{password}");
+    let ca = certs.ca.to_str().unwrap();
+
+    // The right authority and the password: the table's page model.
+    let (code, body, err) = curl(&["--cacert", ca, "--user", &user, &url]);
+    assert_eq!(code, 0, "{err}");
+    let table: serde_json::Value = serde_json::from_str(body.trim()).expect("JSON");
+    assert_eq!(table["name"], "default.orders", "{body}");
+    // Over TLS, the password is still asked for.
+    let (code, body, err) = curl(&["--cacert", ca, "--write-out", "%{http_code}", &url]);
+    assert_eq!((code, body.ends_with("401")), (0, true), "{body} {err}");
+    // Another authority: curl refuses the certificate (exit 60).
+    let other = certs.other_ca.to_str().unwrap();
+    let (code, _, err) = curl(&["--cacert", other, "--user", &user, &url]);
+    assert_eq!(code, 60, "{err}");
+    // Plain HTTP gets no page.
+    let plain = format!("http://127.0.0.1:{}/api/tables/default.orders", server.port);
+    let (code, body, _) = curl(&["--user", &user, &plain]);
+    assert!(code != 0 && !body.contains("orders"), "{code} {body}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !server.log().contains("TLS handshake failed") {
+        assert!(std::time::Instant::now() < deadline, "{}", server.log());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let log = server.log();
+    let status = server.stop();
+    assert!(status.success(), "{status:?}");
+    assert!(!log.contains(password), "{log}");
+}

@@ -22,9 +22,9 @@
 //! layers below it, and no `ops` folder uses another (`tests/layers.rs` checks this):
 //!
 //! ```text
-//!   runtime     the scheduler, node preparation, retries, the event log, full refresh,
-//!               a run's attempts after a transient failure and its notifications,
-//!               upkeep (optimize, vacuum)
+//!   runtime     the scheduler, node preparation, retries, the event log (written, and read
+//!               back for `strata events` and the web page), full refresh, a run's attempts
+//!               after a transient failure and its notifications, upkeep (optimize, vacuum)
 //!   ops         one folder per dataset kind: ingest, cdc, mview, pit
 //!   sql         sessions over a warehouse, as_of, table_changes, views, expectations, query
 //!   eventstore  an AUTO CDC target's events: evaluation, page reads, digest, tombstones
@@ -55,6 +55,7 @@ mod util;
 
 pub use error::{chain, EngineError, Result};
 pub use load::file::plan_file;
+pub use load::graph::{DatasetGraph, GraphEdge, GraphNode};
 pub use load::settings::parse_duration;
 pub use load::sources::{plan_sources, PipelineSource, PlanStep, PlannedPipeline, SourceKind};
 pub use load::spec::{is_spec, load_pipeline, load_pipeline_with_python, LoadedPipeline};
@@ -64,6 +65,9 @@ pub use ops::mview::{MvReport, Refresh};
 pub use ops::pit::PitReport;
 pub use runtime::event_log::{EventRecord, Status, EVENT_LOG_TABLE};
 pub use runtime::lock::LockMode;
+pub use runtime::logged::{
+    event_log_version, logged_events, read_events, LoggedEvent, LoggedExpectation,
+};
 pub use runtime::upkeep::{
     optimize, vacuum, OptimizeOptions, VacuumOptions, VacuumReport, Vacuumed, DEFAULT_RETAIN_HOURS,
 };

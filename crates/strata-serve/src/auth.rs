@@ -1,7 +1,8 @@
 //! Who may connect: the user name and password (the password from the environment or a
-//! file, never the command line), whether the address may go without one, and the
-//! SCRAM-SHA-256 verifier PostgreSQL clients prove they know the password against (the
-//! password itself never crosses the wire, and the server keeps only the verifier).
+//! file, never the command line), the bearer token, whether the address may go without
+//! them, and the SCRAM-SHA-256 verifier PostgreSQL clients prove they know the password
+//! against (the password itself never crosses the wire, and the server keeps only the
+//! verifier).
 
 use crate::error::{Result, ServeError};
 use crate::scram::{self, Exchange, ScramError, Verifier};
@@ -61,6 +62,23 @@ fn read_secret(
 /// Refuses to listen for Flight SQL clients with neither a token nor a password unless
 /// asked to (`no_auth`) on a loopback address.
 pub fn check_flight_exposure(addr: &SocketAddr, secret: bool, no_auth: bool) -> Result<()> {
+    check_secret_exposure(addr, secret, no_auth, "Flight SQL clients")
+}
+
+/// Refuses to serve the web page with neither a token nor a password unless asked to
+/// (`no_auth`) on a loopback address.
+pub fn check_http_exposure(addr: &SocketAddr, secret: bool, no_auth: bool) -> Result<()> {
+    check_secret_exposure(addr, secret, no_auth, "Web page readers (--http)")
+}
+
+/// Refuses to listen for `clients` with neither a token nor a password unless asked to
+/// (`no_auth`) on a loopback address.
+fn check_secret_exposure(
+    addr: &SocketAddr,
+    secret: bool,
+    no_auth: bool,
+    clients: &str,
+) -> Result<()> {
     let set = format!(
         "set {TOKEN_ENV} (or --token-file FILE) for a bearer token, or {PASSWORD_ENV} (or \
          --password-file FILE) for the user and password"
@@ -73,8 +91,8 @@ pub fn check_flight_exposure(addr: &SocketAddr, secret: bool, no_auth: bool) -> 
              reachable from other machines: {set}"
         ))),
         (false, false) => Err(ServeError::Password(format!(
-            "Flight SQL clients need a token or a password: {set} (or, on a loopback address \
-             only, --no-auth to let anyone on this machine connect)"
+            "{clients} need a token or a password: {set} (or, on a loopback address only, \
+             --no-auth to let anyone on this machine connect)"
         ))),
     }
 }
@@ -296,6 +314,20 @@ mod tests {
         assert!(e.to_string().contains("only allowed on a loopback"), "{e}");
         let e = check_flight_exposure(&lo, false, false).unwrap_err();
         assert!(e.to_string().contains("STRATA_SERVE_TOKEN"), "{e}");
+        assert!(e.to_string().starts_with("Flight SQL clients"), "{e}");
+    }
+
+    #[test]
+    fn the_web_page_is_served_without_a_secret_only_on_loopback_and_when_asked() {
+        let lo: SocketAddr = "127.0.0.1:8765".parse().unwrap();
+        let all: SocketAddr = "0.0.0.0:8765".parse().unwrap();
+        assert!(check_http_exposure(&lo, false, true).is_ok());
+        assert!(check_http_exposure(&all, true, false).is_ok());
+        let e = check_http_exposure(&all, false, true).unwrap_err();
+        assert!(e.to_string().contains("only allowed on a loopback"), "{e}");
+        let e = check_http_exposure(&lo, false, false).unwrap_err();
+        assert!(e.to_string().contains("--http"), "{e}");
+        assert!(e.to_string().contains("STRATA_SERVE_PASSWORD"), "{e}");
     }
 
     #[test]

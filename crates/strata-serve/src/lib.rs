@@ -1,7 +1,8 @@
 //! Serving a warehouse to SQL clients: `strata serve --pg` speaks the PostgreSQL wire
 //! protocol, so psql, psycopg, tokio-postgres and BI tools read the warehouse's tables
 //! with the SQL `strata query` accepts, read-only; `--flight` speaks Arrow Flight SQL
-//! (ADBC, the JDBC Flight SQL driver) over the same query path.
+//! (ADBC, the JDBC Flight SQL driver) over the same query path; `--http` serves a web page
+//! of the pipelines' graphs, their last runs and the tables.
 //!
 //! A tour, bottom up:
 //! - [`statement`] (pure): a client's text split into statements, and what kind each is:
@@ -25,6 +26,9 @@
 //!   their text), the catalog calls, bearer tokens and the handshake.
 //! - [`server`]: the PostgreSQL listener, one task and one authentication state per connection, a
 //!   log line per connection and per failed query, and a clean stop.
+//! - [`web`]: the web page (axum): a pure page model built from the event log, the plans
+//!   and a table's metadata, rendered to HTML and SVG, and the HTTP routes with basic or
+//!   bearer authentication.
 //!
 //! The protocol itself is pgwire's (without a TLS backend of its own: the `SSLRequest` and
 //! the TLS handshake are answered in [`server`]). This crate is above
@@ -40,14 +44,17 @@ mod service;
 mod statement;
 mod tls;
 mod types;
+mod web;
 
 pub use auth::{
-    check_exposure, check_flight_exposure, read_password, read_token, PASSWORD_ENV, TOKEN_ENV,
+    check_exposure, check_flight_exposure, check_http_exposure, read_password, read_token,
+    PASSWORD_ENV, TOKEN_ENV,
 };
 pub use error::{Result, ServeError};
 pub use flight::{serve_flight, FlightOptions};
 pub use server::{serve_pg, PgOptions};
 pub use tls::Tls;
+pub use web::{serve_http, HttpOptions};
 
 use std::sync::Arc;
 use strata_engine::Warehouse;
@@ -78,6 +85,9 @@ pub const DEFAULT_FLIGHT_ADDR: &str = "127.0.0.1:32010";
 /// The address `strata serve --pg` listens on when given no value (PostgreSQL's port plus
 /// one, to stay clear of a local PostgreSQL).
 pub const DEFAULT_PG_ADDR: &str = "127.0.0.1:5433";
+
+/// The address `strata serve --http` listens on when given no value.
+pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:8765";
 
 /// The user name clients log in as unless `--user` says otherwise.
 pub const DEFAULT_USER: &str = "strata";

@@ -43,7 +43,7 @@ const SCHEMA_KEY: &str = "strata.schema";
 pub(crate) struct Service {
     pub(crate) parser: Arc<StatementParser>,
     /// Permits to run a read: at most this many plan and compute at once, the others wait.
-    running: Arc<tokio::sync::Semaphore>,
+    pub(crate) running: Arc<tokio::sync::Semaphore>,
 }
 
 impl Service {

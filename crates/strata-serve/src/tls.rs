@@ -1,11 +1,11 @@
-//! TLS for both listeners: a certificate chain and its private key, read from PEM files
+//! TLS for every listener: a certificate chain and its private key, read from PEM files
 //! (`--tls-cert`, `--tls-key`) and checked once before listening, so that a wrong path or
 //! a key that does not go with the certificate stops the server with the file's name
 //! rather than failing each client's handshake.
 //!
-//! The PostgreSQL listener gets a rustls server configuration of its own (ring, TLS 1.2
-//! and 1.3, the `postgresql` ALPN name libpq 17 offers); the Flight SQL listener hands the
-//! same PEM text to tonic.
+//! The PostgreSQL listener and the web page get rustls server configurations of their own
+//! (ring, TLS 1.2 and 1.3, the ALPN names `postgresql`, which libpq 17 offers, and
+//! `http/1.1`); the Flight SQL listener hands the same PEM text to tonic.
 
 use crate::error::{Result, ServeError};
 use std::path::Path;
@@ -17,12 +17,16 @@ use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 /// The ALPN protocol name PostgreSQL clients offer (libpq 17 and later).
 const POSTGRESQL_ALPN: &[u8] = b"postgresql";
 
+/// The ALPN protocol name of the web page's HTTP/1.1.
+const HTTP_ALPN: &[u8] = b"http/1.1";
+
 /// A certificate chain and its key, read and checked. Its `Debug` shows neither.
 #[derive(Clone)]
 pub struct Tls {
     cert_pem: Vec<u8>,
     key_pem: Vec<u8>,
     pg: Arc<rustls::ServerConfig>,
+    http: Arc<rustls::ServerConfig>,
 }
 
 impl std::fmt::Debug for Tls {
@@ -62,18 +66,26 @@ impl Tls {
     ) -> Result<Tls> {
         let chain = certificates(&cert_pem, cert_name)?;
         let key = private_key(&key_pem, key_name)?;
-        let mut pg = server_config(chain, key, cert_name, key_name)?;
+        let mut pg = server_config(chain.clone(), key.clone_key(), cert_name, key_name)?;
         pg.alpn_protocols = vec![POSTGRESQL_ALPN.to_vec()];
+        let mut http = server_config(chain, key, cert_name, key_name)?;
+        http.alpn_protocols = vec![HTTP_ALPN.to_vec()];
         Ok(Tls {
             cert_pem,
             key_pem,
             pg: Arc::new(pg),
+            http: Arc::new(http),
         })
     }
 
     /// The PostgreSQL listener's TLS acceptor.
     pub(crate) fn pg_acceptor(&self) -> tokio_rustls::TlsAcceptor {
         tokio_rustls::TlsAcceptor::from(self.pg.clone())
+    }
+
+    /// The web page's TLS acceptor (HTTP/1.1).
+    pub(crate) fn http_acceptor(&self) -> tokio_rustls::TlsAcceptor {
+        tokio_rustls::TlsAcceptor::from(self.http.clone())
     }
 
     /// The Flight SQL listener's TLS configuration.

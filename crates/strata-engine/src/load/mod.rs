@@ -3,6 +3,7 @@
 //! a run's retries and notifications ([`settings`]).
 
 pub(crate) mod file;
+pub(crate) mod graph;
 pub(crate) mod settings;
 pub(crate) mod sources;
 pub(crate) mod spec;

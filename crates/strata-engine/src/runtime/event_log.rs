@@ -174,7 +174,7 @@ fn schema() -> SchemaRef {
     ]))
 }
 
-fn to_batch(records: &[EventRecord]) -> Result<RecordBatch> {
+pub(crate) fn to_batch(records: &[EventRecord]) -> Result<RecordBatch> {
     let strings = |f: &dyn Fn(&EventRecord) -> Option<String>| -> ArrayRef {
         Arc::new(StringArray::from(records.iter().map(f).collect::<Vec<_>>()))
     };

@@ -8,6 +8,7 @@
 pub(crate) mod event_log;
 mod full_refresh;
 pub(crate) mod lock;
+pub(crate) mod logged;
 mod node;
 mod notify;
 pub(crate) mod options;
