@@ -221,6 +221,16 @@ fn psql_reads_the_warehouse_and_cannot_write() {
         "Schema,Name,Type,Owner\ndefault,event_log,table,strata\ndefault,orders,table,strata\n\
          default,orders_cdc,table,strata\n"
     );
+    // psql's \d TABLE: its eight catalog queries (pg_syntax.rs adapts them), the columns
+    // with PostgreSQL's type names.
+    assert_eq!(
+        server.psql_csv("\\d orders"),
+        "Column,Type,Collation,Nullable,Default\nid,bigint,,,\nname,text,,,\n\
+         qty,integer,,,\namount,\"numeric(10,2)\",,,\nscore,double precision,,,\n\
+         active,boolean,,,\nplaced_at,timestamp with time zone,,,\n\
+         local_at,timestamp without time zone,,,\nday,date,,,\ntags,json,,,\n\
+         addr,json,,,\nattrs,json,,,\n__START_AT,integer,,,\n__END_AT,integer,,,\n"
+    );
     // What a JDBC-style client (DBeaver, Metabase) sends on connect and to list schemas,
     // tables and columns, in one session.
     let out = server.psql_as(

@@ -1,8 +1,9 @@
 //! What PostgreSQL clients ask of a server besides the warehouse's tables: `version()`,
 //! `current_database()`, `current_schema()`, and a small `pg_catalog` (`pg_namespace`,
 //! `pg_class`, `pg_attribute`, `pg_type`, `pg_am`, `pg_database`, `pg_table_is_visible`,
-//! `pg_get_userbyid`) enough for psql's `\dt` and clients that list schemas, tables and
-//! columns. `information_schema` is DataFusion's.
+//! `pg_get_userbyid`, `format_type`, and the names behind `::regclass` and `::regnamespace`)
+//! enough for psql's `\dt` and `\d TABLE` and clients that list schemas, tables and
+//! columns (with `pg_syntax` adapting the queries). `information_schema` is DataFusion's.
 
 use crate::types::{pg_type, type_size};
 use deltalake::arrow::array::{ArrayRef, BooleanArray, Int32Array, RecordBatch, StringArray};
@@ -14,6 +15,7 @@ use deltalake::datafusion::logical_expr::{create_udf, ColumnarValue, Volatility}
 use deltalake::datafusion::prelude::SessionContext;
 use deltalake::datafusion::scalar::ScalarValue;
 use pgwire::api::Type;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// The catalog DataFusion knows the warehouse by.
@@ -93,6 +95,26 @@ pub(crate) async fn register(ctx: &SessionContext, names: &Names<'_>) -> Result<
         )
         .with_aliases(["pg_catalog.pg_table_is_visible"]),
     );
+    ctx.register_udf(
+        create_udf(
+            "format_type",
+            vec![DataType::Int32, DataType::Int32],
+            DataType::Utf8,
+            Volatility::Immutable,
+            Arc::new(|args: &[ColumnarValue]| {
+                let arrays = ColumnarValue::values_to_arrays(args)?;
+                let oids = as_int32(&arrays[0])?;
+                let modifiers = as_int32(&arrays[1])?;
+                let names: StringArray = oids
+                    .iter()
+                    .zip(modifiers.iter())
+                    .map(|(oid, modifier)| oid.map(|o| format_type(o, modifier.unwrap_or(-1))))
+                    .collect();
+                Ok(ColumnarValue::Array(Arc::new(names)))
+            }),
+        )
+        .with_aliases(["pg_catalog.format_type"]),
+    );
     let Some(catalog) = ctx.catalog(REGISTERED_CATALOG) else {
         return Ok(());
     };
@@ -131,6 +153,21 @@ pub(crate) async fn register(ctx: &SessionContext, names: &Names<'_>) -> Result<
             .position(|n| n == s)
             .map_or(0, |i| 2200 + i as i32)
     };
+    register_oid_names(
+        ctx,
+        "strata_regclass",
+        (0..tables.len())
+            .map(|i| (16384 + i as i32, tables[i].1.clone()))
+            .collect(),
+    );
+    register_oid_names(
+        ctx,
+        "strata_regnamespace",
+        all_schemas
+            .iter()
+            .map(|s| (namespace_oid(s), s.clone()))
+            .collect(),
+    );
     pg.register_table(
         "pg_namespace".into(),
         table(vec![
@@ -151,6 +188,21 @@ pub(crate) async fn register(ctx: &SessionContext, names: &Names<'_>) -> Result<
             ("relkind", text(tables.iter().map(|_| "r".to_string()))),
             ("relowner", int(tables.iter().map(|_| 10))),
             ("relam", int(tables.iter().map(|_| 2))),
+            ("relchecks", int(tables.iter().map(|_| 0))),
+            ("relhasindex", boolean(tables.iter().map(|_| false))),
+            ("relhasrules", boolean(tables.iter().map(|_| false))),
+            ("relhastriggers", boolean(tables.iter().map(|_| false))),
+            ("relrowsecurity", boolean(tables.iter().map(|_| false))),
+            ("relforcerowsecurity", boolean(tables.iter().map(|_| false))),
+            ("relispartition", boolean(tables.iter().map(|_| false))),
+            ("reltablespace", int(tables.iter().map(|_| 0))),
+            ("reloftype", int(tables.iter().map(|_| 0))),
+            ("reltoastrelid", int(tables.iter().map(|_| 0))),
+            (
+                "relpersistence",
+                text(tables.iter().map(|_| "p".to_string())),
+            ),
+            ("relreplident", text(tables.iter().map(|_| "n".to_string()))),
         ])?,
     )?;
     // Each table's columns, with their PostgreSQL types.
@@ -188,6 +240,10 @@ pub(crate) async fn register(ctx: &SessionContext, names: &Names<'_>) -> Result<
                 boolean(columns.iter().map(|c| !c.2.is_nullable())),
             ),
             ("attisdropped", boolean(columns.iter().map(|_| false))),
+            ("atthasdef", boolean(columns.iter().map(|_| false))),
+            ("attidentity", text(columns.iter().map(|_| String::new()))),
+            ("attgenerated", text(columns.iter().map(|_| String::new()))),
+            ("attcollation", int(columns.iter().map(|_| 0))),
         ])?,
     )?;
     let types = [
@@ -215,6 +271,7 @@ pub(crate) async fn register(ctx: &SessionContext, names: &Names<'_>) -> Result<
             ("typnamespace", int(types.iter().map(|_| pg_catalog_oid))),
             ("typlen", int(types.iter().map(|t| i32::from(type_size(t))))),
             ("typtype", text(types.iter().map(|_| "b".to_string()))),
+            ("typcollation", int(types.iter().map(|_| 0))),
         ])?,
     )?;
     pg.register_table(
@@ -233,6 +290,60 @@ pub(crate) async fn register(ctx: &SessionContext, names: &Names<'_>) -> Result<
     )?;
     catalog.register_schema(PG_CATALOG, pg as Arc<dyn SchemaProvider>)?;
     Ok(())
+}
+
+/// `name(oid)`: the name `names` gives `oid` (the oid's digits for an unknown one, as
+/// PostgreSQL prints an object identifier it cannot name).
+fn register_oid_names(ctx: &SessionContext, name: &str, names: HashMap<i32, String>) {
+    ctx.register_udf(create_udf(
+        name,
+        vec![DataType::Int32],
+        DataType::Utf8,
+        Volatility::Stable,
+        Arc::new(move |args: &[ColumnarValue]| {
+            let arrays = ColumnarValue::values_to_arrays(args)?;
+            let out: StringArray = as_int32(&arrays[0])?
+                .iter()
+                .map(|oid| oid.map(|o| names.get(&o).cloned().unwrap_or_else(|| o.to_string())))
+                .collect();
+            Ok(ColumnarValue::Array(Arc::new(out)))
+        }),
+    ));
+}
+
+/// PostgreSQL's `format_type(oid, typmod)` for the types the server sends: SQL's names,
+/// with the precision and scale of a numeric.
+pub(crate) fn format_type(oid: i32, modifier: i32) -> String {
+    let Some(t) = u32::try_from(oid).ok().and_then(Type::from_oid) else {
+        return "???".to_string();
+    };
+    match t {
+        Type::BOOL => "boolean".into(),
+        Type::INT2 => "smallint".into(),
+        Type::INT4 => "integer".into(),
+        Type::INT8 => "bigint".into(),
+        Type::FLOAT4 => "real".into(),
+        Type::FLOAT8 => "double precision".into(),
+        Type::DATE => "date".into(),
+        Type::TIME => "time without time zone".into(),
+        Type::TIMESTAMP => "timestamp without time zone".into(),
+        Type::TIMESTAMPTZ => "timestamp with time zone".into(),
+        Type::NUMERIC if modifier >= 4 => {
+            let m = modifier - 4;
+            format!("numeric({},{})", (m >> 16) & 0xffff, m & 0xffff)
+        }
+        t => t.name().to_string(),
+    }
+}
+
+/// `array` as 32-bit integers (the catalog functions' arguments), casting other integers.
+fn as_int32(array: &ArrayRef) -> Result<Int32Array> {
+    let cast = deltalake::arrow::compute::cast(array, &DataType::Int32)?;
+    Ok(cast
+        .as_any()
+        .downcast_ref::<Int32Array>()
+        .cloned()
+        .unwrap_or_else(|| Int32Array::new_null(cast.len())))
 }
 
 fn int(values: impl IntoIterator<Item = i32>) -> ArrayRef {

@@ -38,6 +38,7 @@ pub mod auth;
 mod catalog;
 pub mod error;
 mod flight;
+mod pg_syntax;
 mod scram;
 mod server;
 mod service;

@@ -6,12 +6,13 @@
 //! server started included. A prepared statement is planned again when it runs.
 
 use crate::catalog::{self, Names};
+use crate::pg_syntax::{self, Adapted};
 use crate::statement::{first_words, kind_of, refusal, split_statements, Kind};
 use crate::types::{decode_parameter, pg_type, type_size, Column};
 use async_trait::async_trait;
 use bytes::BytesMut;
 use deltalake::arrow::array::RecordBatch;
-use deltalake::arrow::datatypes::{DataType, Schema, SchemaRef};
+use deltalake::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use deltalake::datafusion::common::ParamValues;
 use deltalake::datafusion::execution::context::SQLOptions;
 use deltalake::datafusion::execution::memory_pool::FairSpillPool;
@@ -140,6 +141,12 @@ impl StatementParser {
     /// `sql` (one statement) prepared through `strata query`'s path and planned; only
     /// reads plan.
     pub(crate) async fn plan_read(&self, sql: &str, asker: &Asker) -> PgWireResult<Planned> {
+        let adapted = match pg_syntax::adapt(sql) {
+            Adapted::Same => None,
+            Adapted::Sql(sql) => Some(sql),
+            Adapted::NoRows(columns) => return Ok(Planned::Rows(text_columns(&columns), vec![])),
+        };
+        let sql = adapted.as_deref().unwrap_or(sql);
         let prepared = strata_engine::prepare_query(&self.wh, sql, asker.schema.as_deref())
             .await
             .map_err(engine_error)?;
@@ -321,6 +328,16 @@ impl StatementParser {
 
 /// `session` (its tables, functions and object stores) with a memory pool of `bytes` of
 /// its own.
+/// A schema of text columns named `names`.
+fn text_columns(names: &[String]) -> SchemaRef {
+    Arc::new(Schema::new(
+        names
+            .iter()
+            .map(|n| Field::new(n, DataType::Utf8, true))
+            .collect::<Vec<_>>(),
+    ))
+}
+
 fn within_memory(
     session: &SessionContext,
     bytes: usize,
