@@ -1383,7 +1383,8 @@ impl BinlogChanges {
             let event = match next {
                 Err(_) => {
                     return Err(self.err(
-                        "the server sent nothing while strata looked for ALTER TABLE ahead;                          check the server and run again",
+                        "the server sent nothing while strata looked for ALTER TABLE ahead; \
+                         check the server and run again",
                         false,
                     ))
                 }
@@ -1447,7 +1448,9 @@ impl BinlogChanges {
     fn cannot_follow(&self, table: &TableRef, detail: &str, sql: &str) -> SourceError {
         self.err(
             format!(
-                "table {table}: {detail} (`{sql}`); binlog CDC follows columns added to a                  table, not this, so this needs a new snapshot: run a full refresh of the                  tables read from it"
+                "table {table}: {detail} (`{sql}`); binlog CDC follows columns added to a \
+                 table, not this, so this needs a new snapshot: run a full refresh of the \
+                 tables read from it"
             ),
             true,
         )
