@@ -390,6 +390,10 @@ async fn truncate_is_a_change_and_a_dropped_column_asks_for_a_full_refresh() {
         "{text}"
     );
     assert!(text.contains("full refresh"), "{text}");
+    assert!(
+        !text.contains("  "),
+        "one sentence, no runs of spaces: {text}"
+    );
 }
 
 /// Columns added in the middle of a read (`ADD COLUMN`, `ADD (a, b)` and `FIRST` / `AFTER`
