@@ -96,14 +96,15 @@ stop_pidfile() {
 
 # make_test_certs DIR: the TLS files the database services use, made once per DIR with openssl:
 # a CA (ca.crt), a server certificate it signed (server.crt, server.key; EC P-256) for the
-# name `localhost` only, and an unrelated CA (other-ca.crt), for tests that must see a
-# certificate refused. The name is deliberately not 127.0.0.1: a client that checks the host
+# name `localhost` only, a client certificate it signed for the user `strata_cert`
+# (client.crt, client.key: CN=strata_cert, for the users the servers accept only with it),
+# and an unrelated CA (other-ca.crt), for tests that must see a certificate refused. The name is deliberately not 127.0.0.1: a client that checks the host
 # name accepts the server as `localhost` and refuses it as `127.0.0.1`.
 make_test_certs() {
   local d="$1" ca
   local ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
   command -v openssl >/dev/null 2>&1 || fail "openssl is needed to make the test TLS certificates (apt-get install openssl)"
-  [ -s "$d/server.crt" ] && [ -s "$d/other-ca.crt" ] && return 0
+  [ -s "$d/server.crt" ] && [ -s "$d/other-ca.crt" ] && [ -s "$d/client.crt" ] && return 0
   mkdir -p "$d"
   for ca in ca other-ca; do
     openssl req -x509 "${ec[@]}" -days 3650 -subj "/CN=strata test $ca" \
@@ -118,6 +119,13 @@ make_test_certs() {
   openssl x509 -req -in "$d/server.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial \
     -days 3650 -out "$d/server.crt" -extfile "$d/server.ext" 2>/dev/null ||
     fail "openssl could not sign the test server certificate"
-  chmod 600 "$d/server.key" "$d/ca.key" "$d/other-ca.key"
-  chmod 644 "$d/ca.crt" "$d/other-ca.crt" "$d/server.crt"
+  openssl req "${ec[@]}" -subj "/CN=strata_cert" -keyout "$d/client.key" -out "$d/client.csr" 2>/dev/null ||
+    fail "openssl could not make the test client key"
+  printf '%s\n' "basicConstraints=critical,CA:FALSE" "keyUsage=critical,digitalSignature" \
+    "extendedKeyUsage=clientAuth" >"$d/client.ext"
+  openssl x509 -req -in "$d/client.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial \
+    -days 3650 -out "$d/client.crt" -extfile "$d/client.ext" 2>/dev/null ||
+    fail "openssl could not sign the test client certificate"
+  chmod 600 "$d/server.key" "$d/client.key" "$d/ca.key" "$d/other-ca.key"
+  chmod 644 "$d/ca.crt" "$d/other-ca.crt" "$d/server.crt" "$d/client.crt"
 }

@@ -18,12 +18,15 @@
 # socket in DIR. TLS is on, with a certificate for `localhost` signed by a test CA made at the
 # first start (DIR/mariadb/tls, see make_test_certs in common.sh); the user `strata_tls` (same
 # password and privileges as `strata_test`) is created REQUIRE SSL, so a test that logs in as
-# it proves TLS was used. It waits until `strata_test` can log in over TCP, then prints shell
+# it proves TLS was used; the user `strata_cert` (same password and privileges) is created
+# REQUIRE X509: it logs in only with the client certificate the test CA signed. It waits until `strata_test` can log in over TCP, then prints shell
 # lines on stdout and writes them to DIR/mariadb.env:
 #
 #   export STRATA_TEST_MYSQL_HOST=127.0.0.1 ... export STRATA_TEST_MYSQL_URL=mysql://strata_test:...@127.0.0.1:PORT/strata_test
 #   export STRATA_TEST_MYSQL_TLS_USER=strata_tls STRATA_TEST_MYSQL_SSL_CA=DIR/mariadb/tls/ca.crt
 #   export STRATA_TEST_MYSQL_OTHER_CA=DIR/mariadb/tls/other-ca.crt   (a CA that signed nothing here)
+#   export STRATA_TEST_MYSQL_CERT_USER=strata_cert STRATA_TEST_MYSQL_SSL_CERT=DIR/mariadb/tls/client.crt
+#   export STRATA_TEST_MYSQL_SSL_KEY=DIR/mariadb/tls/client.key
 #
 # Use them with `eval "$(scripts/services/mariadb.sh start DIR)"` or `. DIR/mariadb.env`.
 # All progress and error messages go to stderr; stdout carries only those lines.
@@ -37,6 +40,7 @@ set -Eeuo pipefail
 ME="mariadb.sh"
 M_USER="strata_test"
 M_TLS_USER="strata_tls"
+M_CERT_USER="strata_cert"
 M_PASSWORD="strata_test_pw"
 M_DATABASE="strata_test"
 M_HOST="127.0.0.1"
@@ -154,6 +158,9 @@ export STRATA_TEST_MYSQL_URL=mysql://$M_USER:$M_PASSWORD@$M_HOST:$PORT/$M_DATABA
 export STRATA_TEST_MYSQL_TLS_USER=$M_TLS_USER
 export STRATA_TEST_MYSQL_SSL_CA=$TLS/ca.crt
 export STRATA_TEST_MYSQL_OTHER_CA=$TLS/other-ca.crt
+export STRATA_TEST_MYSQL_CERT_USER=$M_CERT_USER
+export STRATA_TEST_MYSQL_SSL_CERT=$TLS/client.crt
+export STRATA_TEST_MYSQL_SSL_KEY=$TLS/client.key
 EOF
 }
 
@@ -313,6 +320,10 @@ CREATE USER IF NOT EXISTS '$M_TLS_USER'@'%' IDENTIFIED BY '$M_PASSWORD' REQUIRE 
 CREATE USER IF NOT EXISTS '$M_TLS_USER'@'127.0.0.1' IDENTIFIED BY '$M_PASSWORD' REQUIRE SSL;
 GRANT ALL PRIVILEGES ON *.* TO '$M_TLS_USER'@'%' WITH GRANT OPTION;
 GRANT ALL PRIVILEGES ON *.* TO '$M_TLS_USER'@'127.0.0.1' WITH GRANT OPTION;
+CREATE USER IF NOT EXISTS '$M_CERT_USER'@'%' IDENTIFIED BY '$M_PASSWORD' REQUIRE X509;
+CREATE USER IF NOT EXISTS '$M_CERT_USER'@'127.0.0.1' IDENTIFIED BY '$M_PASSWORD' REQUIRE X509;
+GRANT ALL PRIVILEGES ON *.* TO '$M_CERT_USER'@'%' WITH GRANT OPTION;
+GRANT ALL PRIVILEGES ON *.* TO '$M_CERT_USER'@'127.0.0.1' WITH GRANT OPTION;
 EOF
   [ "$(root_sql -N -e 'SELECT @@have_ssl' </dev/null)" = YES ] || fail "MariaDB started without TLS (have_ssl is not YES)"
   tcp_sql -e 'SELECT 1' "$M_DATABASE" >/dev/null ||

@@ -15,12 +15,16 @@
 # for `localhost` signed by a test CA made at the first start (DIR/pg/tls, see make_test_certs
 # in common.sh); `strata_test` may connect with or without it, the superuser `strata_tls`
 # (same password, may replicate) only with it (pg_hba rejects it in plain, so a test that
-# logs in as it proves TLS was used). It waits until the server accepts a password login
+# logs in as it proves TLS was used), and the superuser `strata_cert` (may replicate) only
+# over TLS with the client certificate the test CA signed for it (pg_hba `cert`, ssl_ca_file
+# the test CA; no password). It waits until the server accepts a password login
 # over TCP, then prints shell lines on stdout and writes them to DIR/pg.env:
 #
 #   export PGHOST=127.0.0.1 ... export STRATA_TEST_PG_URL=postgres://strata_test:...@127.0.0.1:PORT/strata_test
 #   export STRATA_TEST_PG_TLS_USER=strata_tls STRATA_TEST_PG_SSLROOTCERT=DIR/pg/tls/ca.crt
 #   export STRATA_TEST_PG_OTHER_CA=DIR/pg/tls/other-ca.crt   (a CA that signed nothing here)
+#   export STRATA_TEST_PG_CERT_USER=strata_cert STRATA_TEST_PG_SSLCERT=DIR/pg/tls/client.crt
+#   export STRATA_TEST_PG_SSLKEY=DIR/pg/tls/client.key
 #
 # Use them with `eval "$(scripts/services/postgres.sh start DIR)"` or `. DIR/pg.env`.
 # All progress and error messages go to stderr; stdout carries only those lines.
@@ -36,6 +40,7 @@ set -Eeuo pipefail
 ME="postgres.sh"
 PG_USER="strata_test"
 PG_TLS_USER="strata_tls"
+PG_CERT_USER="strata_cert"
 PG_PASSWORD="strata_test_pw"
 PG_DATABASE="strata_test"
 PG_HOST="127.0.0.1"
@@ -142,6 +147,9 @@ export STRATA_TEST_PG_URL=postgres://$PG_USER:$PG_PASSWORD@$PG_HOST:$PORT/$PG_DA
 export STRATA_TEST_PG_TLS_USER=$PG_TLS_USER
 export STRATA_TEST_PG_SSLROOTCERT=$TLS/ca.crt
 export STRATA_TEST_PG_OTHER_CA=$TLS/other-ca.crt
+export STRATA_TEST_PG_CERT_USER=$PG_CERT_USER
+export STRATA_TEST_PG_SSLCERT=$TLS/client.crt
+export STRATA_TEST_PG_SSLKEY=$TLS/client.key
 EOF
 }
 
@@ -174,6 +182,7 @@ log_line_prefix = '%m [%p] '
 ssl = on
 ssl_cert_file = '$TLS/server.crt'
 ssl_key_file = '$TLS/server.key'
+ssl_ca_file = '$TLS/ca.crt'
 EOF
   if [ "$(id -u)" -eq 0 ]; then chown "$OS_USER:" "$DATA/strata.conf"; fi
 }
@@ -181,7 +190,8 @@ EOF
 write_hba() {
   # Rewritten on every start, so that a cluster made by an older version of this script gets
   # the TLS-only user's lines too. TCP needs the password (scram); the private unix socket in
-  # DIR trusts local users; strata_tls is rejected without TLS.
+  # DIR trusts local users; strata_tls is rejected without TLS; strata_cert needs TLS and the
+  # client certificate (CN=strata_cert) the test CA signed.
   cat >"$DATA/pg_hba.conf" <<EOF
 # Written by scripts/services/postgres.sh on each start; edits are lost.
 # TYPE     DATABASE     USER        ADDRESS        METHOD
@@ -189,6 +199,10 @@ local      all          all                        trust
 local      replication  all                        trust
 hostnossl  all          $PG_TLS_USER  127.0.0.1/32   reject
 hostnossl  replication  $PG_TLS_USER  127.0.0.1/32   reject
+hostnossl  all          $PG_CERT_USER 127.0.0.1/32   reject
+hostnossl  replication  $PG_CERT_USER 127.0.0.1/32   reject
+hostssl    all          $PG_CERT_USER 127.0.0.1/32   cert
+hostssl    replication  $PG_CERT_USER 127.0.0.1/32   cert
 host       all          all         127.0.0.1/32   scram-sha-256
 host       replication  all         127.0.0.1/32   scram-sha-256
 EOF
@@ -292,6 +306,11 @@ do_start() {
         CREATE ROLE $PG_TLS_USER LOGIN SUPERUSER REPLICATION PASSWORD '$PG_PASSWORD';
       END IF;
     END \$\$" >/dev/null || fail "could not create the role $PG_TLS_USER"
+  psql_tcp -d postgres -c "DO \$\$ BEGIN
+      IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$PG_CERT_USER') THEN
+        CREATE ROLE $PG_CERT_USER LOGIN SUPERUSER REPLICATION;
+      END IF;
+    END \$\$" >/dev/null || fail "could not create the role $PG_CERT_USER"
   [ "$(psql_tcp -d postgres -At -c 'SHOW ssl')" = on ] || fail "PostgreSQL started without TLS"
   note "PostgreSQL ready on $PG_HOST:$PORT (data $DATA, log $LOG)"
   emit_facts

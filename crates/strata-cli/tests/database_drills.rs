@@ -365,12 +365,15 @@ fn mariadb() -> (mysql_async::Opts, String, String) {
 }
 
 /// The writer of [`write_until`] on MariaDB (keys 1..=20, one statement per transaction)
-/// until `stop`, recording every change.
+/// until `stop`, recording every change; with `alter_at`, it adds the column `w` after
+/// `id` before that change (`ALTER TABLE ... ADD COLUMN w bigint AFTER id`: the row images
+/// change shape in the middle) and sets it in every later change.
 fn my_write_until(
     opts: mysql_async::Opts,
     table: String,
     seed: u64,
     stop: Arc<AtomicBool>,
+    alter_at: Option<i64>,
 ) -> History {
     use mysql_async::prelude::Queryable;
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -382,9 +385,18 @@ fn my_write_until(
         let mut rng = Rng(seed);
         let mut history: History = BTreeMap::new();
         let mut value = 0i64;
-        while !stop.load(Ordering::SeqCst) {
+        while !stop.load(Ordering::SeqCst) || alter_at.is_some_and(|a| value < a + 20) {
             let key = 1 + rng.below(20) as i64;
             value += 1;
+            if alter_at == Some(value) {
+                conn.query_drop(format!("ALTER TABLE {table} ADD COLUMN w bigint AFTER id"))
+                    .await
+                    .expect("writer adds a column");
+            }
+            let (w_col, w_val, w_set) = match alter_at.is_some_and(|a| value >= a) {
+                true => (", w", format!(", {value}"), format!(", w = {value}")),
+                false => ("", String::new(), String::new()),
+            };
             let exists = history
                 .get(&key)
                 .and_then(|h| h.last().copied())
@@ -392,12 +404,12 @@ fn my_write_until(
                 .is_some();
             let sql = match (exists, rng.below(10)) {
                 (false, _) => format!(
-                    "INSERT INTO {table} (id, v, updated_at) VALUES ({key}, {value}, NOW(6))"
+                    "INSERT INTO {table} (id, v, updated_at{w_col}) VALUES ({key}, {value}, NOW(6){w_val})"
                 ),
                 (true, 0) => format!("DELETE FROM {table} WHERE id = {key}"),
-                (true, _) => {
-                    format!("UPDATE {table} SET v = {value}, updated_at = NOW(6) WHERE id = {key}")
-                }
+                (true, _) => format!(
+                    "UPDATE {table} SET v = {value}, updated_at = NOW(6){w_set} WHERE id = {key}"
+                ),
             };
             conn.query_drop(&sql).await.expect("writer changes");
             let change = if sql.starts_with("DELETE") {
@@ -417,11 +429,24 @@ fn my_write_until(
 /// the SCD2 target is the fold of every change, none lost or doubled.
 #[test]
 fn killed_binlog_cdc_runs_lose_and_double_no_change() {
+    binlog_drill("binlog", None);
+}
+
+/// The same while the writer adds a column in the middle of the table's columns after its
+/// 100th change ([`my_write_until`]): the change table and the SCD2 target (`COLUMNS *
+/// EXCEPT (...)`) gain it, every version before the ALTER has it NULL and every one after
+/// has its value, whichever runs were killed around it.
+#[test]
+fn killed_binlog_cdc_runs_across_an_added_column_lose_and_double_no_change() {
+    binlog_drill("binlog_alter", Some(100));
+}
+
+fn binlog_drill(prefix: &str, alter_at: Option<i64>) {
     use mysql_async::prelude::Queryable;
     let (opts, connection, password) = mariadb();
     let seed = seed();
     eprintln!("drill seed {seed} (STRATA_DRILL_SEED={seed} replays it)");
-    let table = format!("drill_binlog_{}", std::process::id());
+    let table = format!("drill_{prefix}_{}", std::process::id());
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -435,6 +460,13 @@ fn killed_binlog_cdc_runs_lose_and_double_no_change() {
             .expect("create the table");
             let _ = conn.disconnect().await;
         });
+    let columns = match alter_at {
+        Some(_) => {
+            "COLUMNS * EXCEPT (_change_type, _commit_lsn, _change_seq, \
+                    _commit_timestamp, _unchanged_cols, updated_at)"
+        }
+        None => "COLUMNS id, v",
+    };
     let p = Project::new(&format!(
         "{connection}CREATE STREAMING TABLE changes AS SELECT * FROM STREAM read_database('shop', \
          table => '{table}', mode => 'cdc', chunk_rows => '50');
@@ -442,7 +474,7 @@ CREATE STREAMING TABLE hist;
 CREATE FLOW hist_flow AS AUTO CDC INTO hist FROM STREAM(changes) KEYS (id)
 APPLY AS DELETE WHEN _change_type = 'delete'
 SEQUENCE BY STRUCT(_commit_lsn, _change_seq)
-COLUMNS id, v
+{columns}
 STORED AS SCD TYPE 2;
 "
     ));
@@ -451,7 +483,7 @@ STORED AS SCD TYPE 2;
     let stop = Arc::new(AtomicBool::new(false));
     let writer = {
         let (opts, table, stop) = (opts.clone(), table.clone(), stop.clone());
-        std::thread::spawn(move || my_write_until(opts, table, seed, stop))
+        std::thread::spawn(move || my_write_until(opts, table, seed, stop, alter_at))
     };
     let mut rng = Rng(seed ^ 0x9E37_79B9_7F4A_7C15);
     run_and_kill(&p, &password, &mut rng, rounds());
@@ -459,7 +491,7 @@ STORED AS SCD TYPE 2;
     let history = writer.join().expect("writer");
     run_clean(&p, &password);
     run_clean(&p, &password);
-    assert_history(&p, &history, None, seed);
+    assert_history(&p, &history, alter_at, seed);
 }
 
 #[test]

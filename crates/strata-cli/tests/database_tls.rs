@@ -244,3 +244,178 @@ fn mysql_rows_arrive_over_tls_and_untrusted_certificates_are_refused() {
         "{err}"
     );
 }
+
+/// PostgreSQL's client-certificate user (`hostssl ... cert` in pg_hba: TLS and the
+/// certificate the test CA signed for it, no password): rows arrive with `sslcert` and
+/// `sslkey`, and a CDC pipeline runs with them (the replication connection shows the
+/// certificate too). Without them the run fails naming the connection and the two options;
+/// a key file that is missing or cannot be read is named before anything is tried.
+#[test]
+fn postgres_client_certificates_log_in_for_queries_and_replication() {
+    let plain = Server::from_env(PG);
+    let ca = fact(PG, "SSLROOTCERT");
+    let cert = fact(PG, "SSLCERT");
+    let key = fact(PG, "SSLKEY");
+    let table = unique("cert_orders");
+    pg(
+        &plain,
+        &format!(
+            "CREATE TABLE {table} (id int PRIMARY KEY, v text, updated_at timestamptz NOT NULL);
+             INSERT INTO {table} VALUES (1, 'a', '2024-01-01 10:00:00+00'), (2, 'b', '2024-01-01 11:00:00+00');"
+        ),
+    );
+    let with_cert = [
+        ("sslmode", "verify-full"),
+        ("sslrootcert", ca.as_str()),
+        ("sslcert", cert.as_str()),
+        ("sslkey", key.as_str()),
+    ];
+    let server = Server::cert_from_env(PG, "localhost", &with_cert);
+    let p = load(&server, "postgresql", &table);
+    let said = run_ok(&p, &server.password);
+    assert_loaded(&p, &said, &server.password, "id,v\n1,a\n2,b\n");
+
+    // The replication connection logs in with the certificate too (pg_hba has `cert` for
+    // replication as well, and nothing else for this user).
+    let slot = unique("strata_cert_slot");
+    let p = cdc_history(&server, "cust", &table, &slot, "");
+    run_ok(&p, &server.password);
+    pg(
+        &plain,
+        &format!("UPDATE {table} SET v = 'c' WHERE id = 1; DELETE FROM {table} WHERE id = 2;"),
+    );
+    run_ok(&p, &server.password);
+    assert_eq!(
+        p.csv("SELECT id, v, __END_AT IS NULL AS open FROM cust ORDER BY id, __START_AT"),
+        "id,v,open\n1,a,false\n1,c,true\n2,b,false\n"
+    );
+    pg(
+        &plain,
+        &format!("SELECT pg_drop_replication_slot('{slot}')"),
+    );
+
+    // Without the certificate: refused by the server, the options named.
+    let without = Server::cert_from_env(
+        PG,
+        "localhost",
+        &[("sslmode", "verify-full"), ("sslrootcert", ca.as_str())],
+    );
+    let err = refused(&load(&without, "postgresql", &table), &without);
+    assert!(
+        err.contains("connection 'shop'")
+            && err.contains("requires a valid client certificate")
+            && err.contains("set the options sslcert and sslkey"),
+        "{err}"
+    );
+
+    // A key file that does not exist, or cannot be read (a directory): the file is named.
+    for bad in ["/nonexistent/client.key", "/"] {
+        let options = [
+            ("sslmode", "verify-full"),
+            ("sslrootcert", ca.as_str()),
+            ("sslcert", cert.as_str()),
+            ("sslkey", bad),
+        ];
+        let broken = Server::cert_from_env(PG, "localhost", &options);
+        let err = refused(&load(&broken, "postgresql", &table), &broken);
+        assert!(
+            err.contains("connection 'shop'") && err.contains("sslkey: "),
+            "{err}"
+        );
+        assert!(
+            err.contains(&format!("private key file '{bad}' does not exist"))
+                || err.contains(&format!("cannot read the private key file '{bad}'")),
+            "{err}"
+        );
+    }
+}
+
+/// MariaDB's client-certificate user (`REQUIRE X509`): rows arrive and a binlog CDC
+/// pipeline runs with `ssl_cert` / `ssl_key` (libpq's `sslcert` / `sslkey` too); without
+/// them the run fails naming the connection and the options; a key file that cannot be read
+/// is named.
+#[test]
+fn mysql_client_certificates_log_in_for_queries_and_the_binlog() {
+    let plain = Server::from_env(MY);
+    let ca = fact(MY, "SSL_CA");
+    let cert = fact(MY, "SSL_CERT");
+    let key = fact(MY, "SSL_KEY");
+    let table = unique("cert_orders");
+    mysql(
+        &plain,
+        &[
+            &format!(
+                "CREATE TABLE {table} (id int PRIMARY KEY, v varchar(20), updated_at datetime(6) NOT NULL)"
+            ),
+            &format!(
+                "INSERT INTO {table} VALUES (1, 'a', '2024-01-01 10:00:00'), (2, 'b', '2024-01-01 11:00:00')"
+            ),
+        ],
+    );
+    let with_cert = [
+        ("ssl_mode", "VERIFY_IDENTITY"),
+        ("ssl_ca", ca.as_str()),
+        ("ssl_cert", cert.as_str()),
+        ("ssl_key", key.as_str()),
+    ];
+    let server = Server::cert_from_env(MY, "localhost", &with_cert);
+    let p = load(&server, "mysql", &table);
+    let said = run_ok(&p, &server.password);
+    assert_loaded(&p, &said, &server.password, "id,v\n1,a\n2,b\n");
+
+    // The binlog client connects with it too; libpq's names work as well.
+    let libpq_names = [
+        ("sslmode", "verify-full"),
+        ("sslrootcert", ca.as_str()),
+        ("sslcert", cert.as_str()),
+        ("sslkey", key.as_str()),
+    ];
+    let server = Server::cert_from_env(MY, "localhost", &libpq_names);
+    let p = Project::new(&format!(
+        "{}CREATE STREAMING TABLE cust;
+CREATE FLOW cust_flow AS AUTO CDC INTO cust FROM STREAM read_database('shop',
+  table => '{table}', mode => 'cdc')
+KEYS (id) STORED AS SCD TYPE 2;
+",
+        server.connection("mysql")
+    ));
+    run_ok(&p, &server.password);
+    mysql(
+        &plain,
+        &[&format!("UPDATE {table} SET v = 'c' WHERE id = 1")],
+    );
+    run_ok(&p, &server.password);
+    assert_eq!(
+        p.csv("SELECT id, v, __END_AT IS NULL AS open FROM cust ORDER BY id, __START_AT"),
+        "id,v,open\n1,a,false\n1,c,true\n2,b,true\n"
+    );
+
+    // Without the certificate: refused by the server, the options named.
+    let without = Server::cert_from_env(
+        MY,
+        "localhost",
+        &[("ssl_mode", "VERIFY_IDENTITY"), ("ssl_ca", ca.as_str())],
+    );
+    let err = refused(&load(&without, "mysql", &table), &without);
+    assert!(
+        err.contains("connection 'shop'")
+            && err.contains("Access denied")
+            && err.contains("set the options ssl_cert and ssl_key"),
+        "{err}"
+    );
+
+    // A key file that cannot be read (a directory): the file is named.
+    let options = [
+        ("ssl_mode", "VERIFY_IDENTITY"),
+        ("ssl_ca", ca.as_str()),
+        ("ssl_cert", cert.as_str()),
+        ("ssl_key", "/"),
+    ];
+    let broken = Server::cert_from_env(MY, "localhost", &options);
+    let err = refused(&load(&broken, "mysql", &table), &broken);
+    assert!(
+        err.contains("connection 'shop'")
+            && err.contains("ssl_key: cannot read the private key file '/'"),
+        "{err}"
+    );
+}

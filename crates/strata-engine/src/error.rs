@@ -389,6 +389,7 @@ fn transient_source(e: &strata_sources::SourceError) -> bool {
                 "does not exist",
                 "pg_hba.conf",
                 "unknown database",
+                "client certificate",
             ]
             .iter()
             .any(|m| d.contains(m));
@@ -396,13 +397,14 @@ fn transient_source(e: &strata_sources::SourceError) -> bool {
         }
         S::Query { detail, .. } => dropped(detail),
         S::Replication { .. } => true,
-        // A binlog stream that failed or stalled; not a position that is gone, nor a table
-        // whose columns changed.
+        // A binlog stream that failed or stalled, or a read that met the table changing as
+        // it began ("run again"); not a position that is gone, nor a table whose columns
+        // changed in a way binlog CDC cannot follow.
         S::Binlog {
             resnapshot: false,
             detail,
             ..
-        } => detail.contains("stream") || dropped(detail),
+        } => detail.contains("stream") || detail.contains("run again") || dropped(detail),
         S::Io { source, .. } => transient_kind(source.kind()),
         _ => false,
     }
@@ -507,6 +509,11 @@ mod tests {
             io(ErrorKind::InvalidData),
             connect("password authentication failed for user \"etl\""),
             connect("database \"shop\" does not exist"),
+            connect(
+                "connection requires a valid client certificate (SQLSTATE 28000); the server \
+                 takes this user only with a client certificate: set the options sslcert and \
+                 sslkey",
+            ),
             // A certificate strata must not trust stays untrusted however often it is tried.
             EngineError::Source {
                 context: "table orders_raw".into(),
@@ -558,6 +565,17 @@ mod tests {
             },
             connect("error connecting to server: Connection refused (os error 111)"),
             connect("no answer within 10 s"),
+            EngineError::Source {
+                context: "table changes".into(),
+                source: Box::new(strata_sources::SourceError::Binlog {
+                    connection: "shop".into(),
+                    position: None,
+                    detail: "table shop.t was changed (`ALTER TABLE t ADD x INT`) while this \
+                             read began; run again"
+                        .into(),
+                    resnapshot: false,
+                }),
+            },
             EngineError::Conflict {
                 context: "t".into(),
                 source: Box::new(DeltaTableError::VersionAlreadyExists(3)),

@@ -18,6 +18,9 @@
 //! the binlog is not retained for strata, so a position whose file the server purged
 //! (`binlog_expire_logs_seconds`, `expire_logs_days`, `PURGE BINARY LOGS`) is lost, and
 //! only a new snapshot (a full refresh) recovers.
+//!
+//! Columns added to a table (`ALTER TABLE ... ADD COLUMN`) are followed: see the `alter`
+//! module and [`BinlogChanges`]; other changes to a table's columns stop the read.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -36,6 +39,10 @@ use crate::lsn::Lsn;
 use crate::mysql::{self, MyDecode};
 use crate::object::{mysql_ident, SourceObject, TableRef};
 use crate::pg::cdc::{CdcConfig, CdcTable, ChangeSummary, ReadOptions, TableBatch};
+
+mod alter;
+
+use alter::ColumnChange;
 
 // --- positions -------------------------------------------------------------------------------
 
@@ -110,6 +117,9 @@ pub fn check_settings(
 
 // --- statements in the binlog ----------------------------------------------------------------
 
+/// A table as a statement names it: its database, when named, and its name.
+pub(crate) type TableName = (Option<String>, String);
+
 /// What a statement logged as a query event means for the tables read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Statement {
@@ -121,8 +131,10 @@ pub(crate) enum Statement {
     Rollback,
     /// `TRUNCATE [TABLE] t`.
     Truncate(Vec<(Option<String>, String)>),
-    /// A statement that changes or removes tables (`ALTER`, `DROP`, `RENAME`, `CREATE OR
-    /// REPLACE`): the verb and the tables it names.
+    /// `ALTER TABLE t ...`: the table and what each clause does to its columns.
+    Alter((Option<String>, String), Vec<ColumnChange>),
+    /// A statement that removes or replaces tables (`DROP`, `RENAME`, `CREATE OR REPLACE`):
+    /// the verb and the tables it names.
     Ddl(String, Vec<(Option<String>, String)>),
     /// Anything else (other DDL, a dummy event in place of a MariaDB-only one).
     Other,
@@ -132,6 +144,8 @@ pub(crate) enum Statement {
 enum Token {
     Word(String),
     Quoted(String),
+    /// A string literal (`'a,b'`, `"x"`).
+    Str(String),
     Punct(char),
 }
 
@@ -180,6 +194,24 @@ fn tokens(sql: &str) -> Vec<Token> {
                 }
                 out.push(Token::Quoted(s));
             }
+            '\'' | '"' => {
+                let mut s = String::new();
+                while let Some(x) = chars.next() {
+                    if x == '\\' {
+                        s.extend(chars.next());
+                    } else if x == c {
+                        if chars.peek() == Some(&c) {
+                            chars.next();
+                            s.push(c);
+                        } else {
+                            break;
+                        }
+                    } else {
+                        s.push(x);
+                    }
+                }
+                out.push(Token::Str(s));
+            }
             c if c.is_alphanumeric() || c == '_' || c == '$' => {
                 let mut s = String::from(c);
                 while let Some(&x) = chars.peek() {
@@ -206,7 +238,7 @@ impl Token {
     fn name(&self) -> Option<&str> {
         match self {
             Token::Word(w) | Token::Quoted(w) => Some(w),
-            Token::Punct(_) => None,
+            Token::Str(_) | Token::Punct(_) => None,
         }
     }
 }
@@ -260,23 +292,10 @@ pub(crate) fn classify(sql: &str) -> Statement {
         );
     }
     if first.keyword("ALTER") {
-        let mut i = 1;
-        while at(i, "ONLINE") || at(i, "IGNORE") {
-            i += 1;
-        }
-        if at(i, "TABLE") {
-            let mut j = i + 1;
-            if at(j, "IF") && at(j + 1, "EXISTS") {
-                j += 2;
-            }
-            return Statement::Ddl(
-                "ALTER TABLE".into(),
-                table_name(&toks, j)
-                    .map(|(t, _)| vec![t])
-                    .unwrap_or_default(),
-            );
-        }
-        return Statement::Other;
+        return match alter::parse_alter(sql) {
+            Some((table, changes)) => Statement::Alter(table, changes),
+            None => Statement::Other,
+        };
     }
     if first.keyword("DROP") {
         let mut i = 1;
@@ -828,7 +847,12 @@ impl BinlogCdc {
     pub async fn read_changes(&self, after: Lsn, options: ReadOptions) -> Result<BinlogChanges> {
         let mut conn = self.r.mysql_connect().await?;
         let prepared = self.prepare_read(&mut conn, after).await;
-        let (fence, file, layouts) = match prepared {
+        let Prepared {
+            fence,
+            described_at,
+            files,
+            layouts,
+        } = match prepared {
             Ok(x) => x,
             Err(e) => {
                 let _ = conn.disconnect().await;
@@ -864,6 +888,11 @@ impl BinlogCdc {
             .collect();
         let mut reader = BinlogChanges {
             r: self.r.clone(),
+            server_id: self.server_id,
+            files,
+            described_at,
+            resolved: false,
+            switches: HashMap::new(),
             stream: None,
             options,
             batch_rows: self.cfg.batch_rows,
@@ -897,29 +926,17 @@ impl BinlogCdc {
             reader.finish()?;
             return Ok(reader);
         }
-        let (_, offset) = lsn_position(after);
-        let request = BinlogStreamRequest::new(self.server_id)
-            .with_filename(file.as_bytes())
-            .with_pos(offset as u64)
-            .with_non_blocking();
-        let stream = conn
-            .get_binlog_stream(request)
-            .await
-            .map_err(|e| self.err(Some(after), self.r.scrub(&e.to_string()), false))?;
-        reader.stream = Some(stream);
+        reader.stream = Some(reader.open_stream(conn, after).await?);
         Ok(reader)
     }
 
-    /// The fence, the file to start in, and the tables' layouts.
-    async fn prepare_read(
-        &self,
-        conn: &mut Conn,
-        after: Lsn,
-    ) -> Result<(Lsn, String, Vec<TableLayout>)> {
+    /// The fence, the binlog files (the one to start in checked), and the tables' layouts
+    /// with the binlog's end right after they were read.
+    async fn prepare_read(&self, conn: &mut Conn, after: Lsn) -> Result<Prepared> {
         let fence = self.binlog_end(conn).await?;
         let files = self.binlog_files(conn).await?;
         let (n, _) = lsn_position(after);
-        let Some(file) = files.get(&n).cloned() else {
+        if !files.contains_key(&n) {
             let oldest = files
                 .values()
                 .next()
@@ -936,13 +953,31 @@ impl BinlogCdc {
                 ),
                 true,
             ));
-        };
+        }
         let mut layouts = Vec::new();
         for t in &self.cfg.tables {
             layouts.push(self.layout(conn, t).await?);
         }
-        Ok((fence, file, layouts))
+        let described_at = self.binlog_end(conn).await?;
+        Ok(Prepared {
+            fence,
+            described_at,
+            files,
+            layouts,
+        })
     }
+}
+
+/// What a change read starts from.
+struct Prepared {
+    /// The binlog's end when the read began: it stops there.
+    fence: Lsn,
+    /// The binlog's end right after the tables' columns were read (an ALTER logged between
+    /// the fence and this may or may not be in them).
+    described_at: Lsn,
+    /// The binlog files, by number.
+    files: BTreeMap<u32, String>,
+    layouts: Vec<TableLayout>,
 }
 
 /// Reads the snapshot's tables on the snapshot's connection.
@@ -1086,6 +1121,28 @@ enum RowsKind {
     Delete,
 }
 
+/// The position after each ALTER of a table still ahead, and the columns its rows have from
+/// there on.
+type Switches = VecDeque<(Lsn, Vec<BinColumn>)>;
+
+/// What the read does after an event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    /// Goes on.
+    Go,
+    /// Looks at the ALTERs ahead first ([`BinlogChanges::resolve`]).
+    Resolve,
+}
+
+/// An ALTER TABLE (or another statement that changes a table) of a table read, found ahead.
+struct Alter {
+    table: (String, String),
+    /// The position after it.
+    end: Lsn,
+    changes: Vec<ColumnChange>,
+    sql: String,
+}
+
 /// A change of the open transaction, held until its commit event.
 struct Pending {
     table: (String, String),
@@ -1104,6 +1161,19 @@ struct OpenTxn {
 /// (`batch_rows`) and at the end.
 pub struct BinlogChanges {
     r: Resolved,
+    /// The id the binlog client registers with.
+    server_id: u32,
+    /// The binlog files when the read began, by number.
+    files: BTreeMap<u32, String>,
+    /// The binlog's end right after the tables' columns were read.
+    described_at: Lsn,
+    /// The ALTERs up to the fence were looked at ([`BinlogChanges::resolve`]): each table's
+    /// `columns` are the ones its rows have at the position read, and `switches` the
+    /// columns after each ALTER still ahead.
+    resolved: bool,
+    /// Per table: the position after each ALTER ahead, and the columns its rows have from
+    /// there on.
+    switches: HashMap<(String, String), Switches>,
     stream: Option<BinlogStream>,
     options: ReadOptions,
     batch_rows: usize,
@@ -1213,12 +1283,177 @@ impl BinlogChanges {
                 }
                 Ok(Some(Ok(event))) => event,
             };
-            self.handle(&event)?;
+            if self.handle(&event)? == Step::Resolve {
+                self.resolve().await?;
+                continue;
+            }
             if self.txn.is_none() && self.at >= self.fence {
                 self.summary.complete = true;
                 self.close().await;
             }
         }
+    }
+
+    /// A binlog stream on `conn` from `from` (a position between transactions).
+    async fn open_stream(&self, conn: Conn, from: Lsn) -> Result<BinlogStream> {
+        let (n, offset) = lsn_position(from);
+        let file = self.files.get(&n).ok_or_else(|| {
+            self.err(
+                format!("the server has no binlog file #{n} (purged during the read?)"),
+                true,
+            )
+        })?;
+        let request = BinlogStreamRequest::new(self.server_id)
+            .with_filename(file.as_bytes())
+            .with_pos(offset as u64)
+            .with_non_blocking();
+        conn.get_binlog_stream(request)
+            .await
+            .map_err(|e| self.err(self.r.scrub(&e.to_string()), false))
+    }
+
+    /// Rows whose column count is not the table's, or an ALTER of a table read, before the
+    /// ALTERs ahead were looked at: the binlog is read from here to the end the tables'
+    /// columns were read at, for every ALTER of the tables read; each table's columns here
+    /// are its columns now without those the ALTERs added ([`alter::timeline`]), and the
+    /// read starts again from here (the position between transactions the read is at; the
+    /// open transaction is read again). An ALTER that did more than add columns stops the
+    /// read, naming the column and what happened to it.
+    async fn resolve(&mut self) -> Result<()> {
+        self.close().await;
+        self.txn = None;
+        self.resolved = true;
+        let from = self.at;
+        let alters = self.alters_ahead(from).await?;
+        let keys: Vec<(String, String)> = self.wanted.keys().cloned().collect();
+        for key in keys {
+            let mine: Vec<&Alter> = alters.iter().filter(|a| a.table == key).collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let layout = &self.wanted[&key];
+            if let Some(late) = mine.iter().find(|a| a.end > self.fence) {
+                return Err(self.err(
+                    format!(
+                        "table {} was changed (`{}`) while this read began; run again",
+                        layout.table, late.sql
+                    ),
+                    false,
+                ));
+            }
+            let names: Vec<String> = layout.columns.iter().map(|c| c.name.clone()).collect();
+            let changes: Vec<Vec<ColumnChange>> = mine.iter().map(|a| a.changes.clone()).collect();
+            let (start, after) = alter::timeline(&names, &changes).map_err(|detail| {
+                let sql = mine
+                    .iter()
+                    .find(|a| a.changes.iter().any(|c| c.refusal().is_some()))
+                    .or(mine.last())
+                    .map_or("", |a| a.sql.as_str());
+                self.cannot_follow(&layout.table, &detail, sql)
+            })?;
+            let pick = |idx: &[usize]| -> Vec<BinColumn> {
+                idx.iter().map(|&i| layout.columns[i].clone()).collect()
+            };
+            let switches = mine
+                .iter()
+                .zip(&after)
+                .map(|(a, idx)| (a.end, pick(idx)))
+                .collect();
+            let columns = pick(&start);
+            self.switches.insert(key.clone(), switches);
+            if let Some(l) = self.wanted.get_mut(&key) {
+                l.columns = columns;
+            }
+        }
+        let conn = self.r.mysql_connect().await?;
+        self.file_number = lsn_position(from).0;
+        self.stream = Some(self.open_stream(conn, from).await?);
+        Ok(())
+    }
+
+    /// The ALTERs of the tables read logged after `from` up to the end the tables' columns
+    /// were read at, in binlog order, read from a stream of their own.
+    async fn alters_ahead(&self, from: Lsn) -> Result<Vec<Alter>> {
+        let conn = self.r.mysql_connect().await?;
+        let mut stream = self.open_stream(conn, from).await?;
+        let mut number = lsn_position(from).0;
+        let mut out = Vec::new();
+        loop {
+            let next = tokio::time::timeout(self.options.idle_timeout, stream.next()).await;
+            let event = match next {
+                Err(_) => {
+                    return Err(self.err(
+                        "the server sent nothing while strata looked for ALTER TABLE ahead; \
+                         check the server and run again",
+                        false,
+                    ))
+                }
+                Ok(None) => break,
+                Ok(Some(Err(e))) => {
+                    let text = self.r.scrub(&e.to_string());
+                    return Err(self.err(format!("the binlog stream failed: {text}"), false));
+                }
+                Ok(Some(Ok(event))) => event,
+            };
+            let log_pos = event.header().log_pos();
+            let kind = event.header().event_type();
+            // Only rotations and statements matter here: rows are not decoded.
+            let wanted = matches!(
+                kind,
+                Ok(mysql_async::binlog::EventType::ROTATE_EVENT)
+                    | Ok(mysql_async::binlog::EventType::QUERY_EVENT)
+            );
+            if wanted {
+                let data = event
+                    .read_data()
+                    .map_err(|e| self.err(format!("cannot decode a binlog event: {e}"), false))?;
+                match data {
+                    Some(EventData::RotateEvent(rot)) if log_pos > 0 => {
+                        if let Some(n) = file_number(&rot.name()) {
+                            number = n;
+                        }
+                    }
+                    Some(EventData::QueryEvent(q)) => {
+                        let end = Lsn(((number as u64) << 32) | log_pos as u64);
+                        let sql = q.query().to_string();
+                        let schema = q.schema().to_string();
+                        let (tables, changes) = match classify(&sql) {
+                            Statement::Alter(t, c) => (vec![t], c),
+                            Statement::Ddl(verb, t) => (t, vec![ColumnChange::Other(verb)]),
+                            _ => (vec![], vec![]),
+                        };
+                        for table in self.named(&schema, &tables) {
+                            out.push(Alter {
+                                table,
+                                end,
+                                changes: changes.clone(),
+                                sql: sql.trim().to_string(),
+                            });
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            let at = Lsn(((number as u64) << 32) | log_pos as u64);
+            if log_pos > 0 && at >= self.described_at {
+                break;
+            }
+        }
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), stream.close()).await;
+        Ok(out)
+    }
+
+    /// The error of an ALTER binlog CDC cannot follow: the table, what happened to the
+    /// column, the statement; the engine adds the full-refresh command.
+    fn cannot_follow(&self, table: &TableRef, detail: &str, sql: &str) -> SourceError {
+        self.err(
+            format!(
+                "table {table}: {detail} (`{sql}`); binlog CDC follows columns added to a \
+                 table, not this, so this needs a new snapshot: run a full refresh of the \
+                 tables read from it"
+            ),
+            true,
+        )
     }
 
     async fn close(&mut self) {
@@ -1270,7 +1505,7 @@ impl BinlogChanges {
         (log_pos > 0).then_some(Lsn(((self.file_number as u64) << 32) | log_pos as u64))
     }
 
-    fn handle(&mut self, event: &mysql_async::binlog::events::Event) -> Result<()> {
+    fn handle(&mut self, event: &mysql_async::binlog::events::Event) -> Result<Step> {
         let header = event.header();
         let end = self.end_of(header.log_pos());
         let data = event
@@ -1315,6 +1550,13 @@ impl BinlogChanges {
                         }
                         self.commit(end, header.timestamp())?;
                     }
+                    Statement::Alter(table, changes) => {
+                        let schema = q.schema().to_string();
+                        if let Some(key) = self.named(&schema, &[table]).into_iter().next() {
+                            return self.altered(key, &changes, &sql, end);
+                        }
+                        self.between(end);
+                    }
                     Statement::Ddl(verb, tables) => {
                         let schema = q.schema().to_string();
                         if let Some((db, name)) = self.named(&schema, &tables).into_iter().next() {
@@ -1339,7 +1581,7 @@ impl BinlogChanges {
                 }
             }
             Some(EventData::XidEvent(_)) => self.commit(end, header.timestamp())?,
-            Some(EventData::RowsEvent(rows)) => self.rows(&rows)?,
+            Some(EventData::RowsEvent(rows)) => return self.rows(&rows),
             // Inside an event group: a GTID event starts one (the position after it is not
             // between transactions).
             Some(EventData::TableMapEvent(_))
@@ -1352,7 +1594,7 @@ impl BinlogChanges {
                 }
             }
         }
-        Ok(())
+        Ok(Step::Go)
     }
 
     /// The tables of `tables` (as a statement in database `schema` names them) that this
@@ -1370,6 +1612,43 @@ impl BinlogChanges {
             .collect()
     }
 
+    /// An ALTER TABLE of a table read, ending at `end`: refused when it did more than add
+    /// columns; before the ALTERs ahead were looked at, a [`Step::Resolve`]; then the
+    /// table's rows take the columns it has after the ALTER.
+    fn altered(
+        &mut self,
+        key: (String, String),
+        changes: &[ColumnChange],
+        sql: &str,
+        end: Option<Lsn>,
+    ) -> Result<Step> {
+        let table = self.wanted[&key].table.clone();
+        if let Some(refusal) = changes.iter().find_map(ColumnChange::refusal) {
+            return Err(self.cannot_follow(&table, &refusal, sql.trim()));
+        }
+        if !self.resolved {
+            return Ok(Step::Resolve);
+        }
+        let next = self.switches.get_mut(&key).and_then(VecDeque::pop_front);
+        match next {
+            Some((at, columns)) if Some(at) == end => {
+                if let Some(l) = self.wanted.get_mut(&key) {
+                    l.columns = columns;
+                }
+                self.between(end);
+                Ok(Step::Go)
+            }
+            _ => Err(self.err(
+                format!(
+                    "table {table}: `{}` is not where strata found it when it looked ahead in \
+                     the binlog; run again",
+                    sql.trim()
+                ),
+                false,
+            )),
+        }
+    }
+
     /// A position between transactions.
     fn between(&mut self, end: Option<Lsn>) {
         if let Some(end) = end {
@@ -1377,7 +1656,7 @@ impl BinlogChanges {
         }
     }
 
-    fn rows(&mut self, data: &RowsEventData<'_>) -> Result<()> {
+    fn rows(&mut self, data: &RowsEventData<'_>) -> Result<Step> {
         let stream = self
             .stream
             .as_ref()
@@ -1390,7 +1669,7 @@ impl BinlogChanges {
             tme.table_name().to_string(),
         );
         let Some(layout) = self.wanted.get(&key) else {
-            return Ok(());
+            return Ok(Step::Go);
         };
         let err = |detail: String, resnapshot: bool| SourceError::Binlog {
             connection: self.r.name().to_string(),
@@ -1399,6 +1678,9 @@ impl BinlogChanges {
             resnapshot,
         };
         if tme.columns_count() as usize != layout.columns.len() {
+            if !self.resolved {
+                return Ok(Step::Resolve);
+            }
             return Err(err(
                 format!(
                     "the binlog's rows of table {} have {} columns but the table has {} now (its \
@@ -1474,7 +1756,7 @@ impl BinlogChanges {
                 key_change,
             });
         }
-        Ok(())
+        Ok(Step::Go)
     }
 
     /// The end of a transaction at `end`: its rows are taken, with that position.
@@ -1614,8 +1896,13 @@ mod tests {
         );
         assert_eq!(
             classify("ALTER ONLINE TABLE o ADD COLUMN x INT"),
-            Statement::Ddl("ALTER TABLE".into(), vec![t(None, "o")])
+            Statement::Alter(t(None, "o"), vec![ColumnChange::Added(vec!["x".into()])])
         );
+        assert_eq!(
+            classify("ALTER TABLE db.o DROP COLUMN x"),
+            Statement::Alter(t(Some("db"), "o"), vec![ColumnChange::Dropped("x".into())])
+        );
+        assert_eq!(classify("ALTER DATABASE d COMMENT 'x'"), Statement::Other);
         assert_eq!(
             classify("DROP TABLE IF EXISTS `a`, db.b /* generated by server */"),
             Statement::Ddl("DROP TABLE".into(), vec![t(None, "a"), t(Some("db"), "b")])

@@ -29,11 +29,12 @@ pub use crate::kind::SourceKind;
 /// Options (all optional):
 /// * PostgreSQL: `sslmode` (`disable`, `allow` (the default: no TLS), `prefer`, `require`,
 ///   `verify-ca`, `verify-full`, as in libpq), `sslrootcert` (the CA's PEM file, or `system`;
-///   default `~/.postgresql/root.crt` when it exists), `connect_timeout` (seconds),
+///   default `~/.postgresql/root.crt` when it exists), `sslcert` and `sslkey` (a client
+///   certificate and its private key, PEM files), `connect_timeout` (seconds),
 ///   `application_name`.
 /// * MySQL: `ssl_mode` (`DISABLED` (the default), `PREFERRED`, `REQUIRED`, `VERIFY_CA`,
-///   `VERIFY_IDENTITY`) or libpq's `sslmode`, `ssl_ca` or `sslrootcert`, `connect_timeout`
-///   (seconds).
+///   `VERIFY_IDENTITY`) or libpq's `sslmode`, `ssl_ca` or `sslrootcert`, `ssl_cert` or
+///   `sslcert` and `ssl_key` or `sslkey`, `connect_timeout` (seconds).
 ///
 /// The TLS modes mean what libpq's do (the `tls` module has the table).
 #[derive(Clone, Debug)]
@@ -188,7 +189,8 @@ impl ConnectionSpec {
         }
     }
 
-    /// The TLS the options ask for (`sslmode`, `sslrootcert`; MySQL's `ssl_mode`, `ssl_ca`),
+    /// The TLS the options ask for (`sslmode`, `sslrootcert`, `sslcert`, `sslkey`; MySQL's
+    /// `ssl_mode`, `ssl_ca`, `ssl_cert`, `ssl_key`),
     /// with libpq's default CA file under `env`'s home directory. A mode strata does not know,
     /// a CA file that is missing or holds no certificate, or a verifying mode without a CA
     /// is an error naming the option.
@@ -569,6 +571,9 @@ impl Resolved {
         if let Some(hint) = self.tls_failure_hint(&lower) {
             return self.tls_error(detail, hint);
         }
+        if let Some(hint) = self.client_cert_hint(&lower) {
+            detail.push_str(&hint);
+        }
         if self.tls.mode.tries_tls() {
             detail.push_str(&format!(" (TLS: {})", self.tls));
         } else if self.spec.kind == SourceKind::Postgres && lower.contains("no encryption") {
@@ -603,6 +608,40 @@ impl Resolved {
             port: self.spec.port(),
             user: self.spec.user.clone(),
             detail,
+        }
+    }
+
+    /// When a refusal (a driver's message, lower case) may be for a client certificate: what
+    /// to set, or which one was refused.
+    fn client_cert_hint(&self, lower: &str) -> Option<String> {
+        let (cert, key) = match self.spec.kind {
+            SourceKind::Postgres => ("sslcert", "sslkey"),
+            SourceKind::Mysql => ("ssl_cert", "ssl_key"),
+        };
+        let wants_cert = lower.contains("requires a valid client certificate")
+            || lower.contains("certificaterequired")
+            || lower.contains("certificate required");
+        let refused_cert = lower.contains("certificate authentication failed")
+            || lower.contains("unknownca")
+            || lower.contains("badcertificate");
+        match &self.tls.client_cert {
+            None if wants_cert => Some(format!(
+                "; the server takes this user only with a client certificate: set the options \
+                 {cert} and {key} to the PEM files of the certificate and its private key"
+            )),
+            None if self.spec.kind == SourceKind::Mysql && lower.contains("access denied") => {
+                Some(format!(
+                    "; if the account requires a client certificate (REQUIRE X509, SUBJECT or \
+                     ISSUER), set the options {cert} and {key} to the PEM files of the \
+                     certificate and its private key"
+                ))
+            }
+            Some(c) if wants_cert || refused_cert => Some(format!(
+                "; the server refused the client certificate ({}): it must be signed by a CA \
+                 the server trusts and name the user (PostgreSQL: CN = the user name)",
+                c.describe()
+            )),
+            _ => None,
         }
     }
 
@@ -687,6 +726,21 @@ impl Resolved {
                 s.spell(TlsMode::Disable)
             ));
         }
+        if let Some(c) = &s.client_cert {
+            let refused = [
+                "unknownca",
+                "badcertificate",
+                "certificateunknown",
+                "decrypterror",
+            ];
+            if lower.contains("alert") && refused.iter().any(|a| lower.contains(a)) {
+                return Some(format!(
+                    "the server refused the client certificate ({}): it must be signed by a CA \
+                     the server trusts (and, for PostgreSQL's cert login, name the user)",
+                    c.describe()
+                ));
+            }
+        }
         if lower.contains("invalid peer certificate")
             || lower.contains("received fatal alert")
             || lower.contains("peer is incompatible")
@@ -741,6 +795,8 @@ impl Resolved {
         self.check_options(&[
             "sslmode",
             "sslrootcert",
+            "sslcert",
+            "sslkey",
             "connect_timeout",
             "application_name",
         ])?;
@@ -836,6 +892,12 @@ impl Resolved {
             TlsMode::VerifyCa => T::verify_ca(ca),
             TlsMode::VerifyFull => T::verify_full(ca),
         };
+        let t = match &self.tls.client_cert {
+            Some(c) if self.tls.mode.tries_tls() => {
+                t.with_client_cert(c.cert.clone(), c.key.clone())
+            }
+            _ => t,
+        };
         // pgwire refuses verify-full by an IP address unless told the name to check: the
         // address itself, which rustls then checks against the certificate's IP entries.
         if self.tls.mode == TlsMode::VerifyFull
@@ -857,8 +919,12 @@ impl Resolved {
             "connect_timeout",
             "ssl_mode",
             "ssl_ca",
+            "ssl_cert",
+            "ssl_key",
             "sslmode",
             "sslrootcert",
+            "sslcert",
+            "sslkey",
         ])?;
         let timeout = spec.connect_timeout()?;
         let opts = mysql_async::OptsBuilder::default()
@@ -908,6 +974,16 @@ impl Resolved {
     /// any certificate; the verifying modes trust the CA file alone (not the built-in public
     /// CAs). mysql_async 0.37's VERIFY_CA checks the host name too (see `tls_failure_hint`).
     fn mysql_ssl_opts(&self) -> Option<mysql_async::SslOpts> {
+        let identity =
+            self.tls.client_cert.as_ref().map(|c| {
+                mysql_async::ClientIdentity::new(c.cert.clone().into(), c.key.clone().into())
+            });
+        self.mysql_server_check()
+            .map(|o| o.with_client_identity(identity))
+    }
+
+    /// mysql_async's TLS options for checking the server (see `mysql_ssl_opts`).
+    fn mysql_server_check(&self) -> Option<mysql_async::SslOpts> {
         use mysql_async::SslOpts;
         let with_ca = |ca: &Path| {
             SslOpts::default()

@@ -18,6 +18,11 @@
 //! rule, applied to MySQL's `REQUIRED` + `ssl_ca` too). A verifying mode without a CA is a
 //! configuration error: strata never falls back on a built-in list of public CAs.
 //!
+//! A client certificate (`sslcert` and `sslkey`, libpq's names; MySQL: also `ssl_cert` and
+//! `ssl_key`) is shown to servers that ask for one, on every connection: both files are read
+//! when the settings are made, so a missing or unreadable file, or a key that is not the
+//! certificate's, is refused before any connection is tried.
+//!
 //! tokio-postgres gets its TLS from [`PgTls`] below; pgwire-replication and mysql_async are
 //! given the same settings in their own terms (see `conn.rs`). Every rustls configuration here
 //! names the ring provider: the tree compiles aws-lc-rs too, and with two providers rustls has
@@ -38,7 +43,7 @@ use tokio_rustls::rustls::{
     self,
     client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier},
     crypto::CryptoProvider,
-    pki_types::{pem::PemObject, CertificateDer, ServerName, UnixTime},
+    pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer, ServerName, UnixTime},
     CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme,
 };
 
@@ -112,6 +117,77 @@ pub(crate) struct TlsSettings {
     /// The option that names the CA (`sslrootcert`, `ssl_ca`) and where the CA came from.
     ca_option: &'static str,
     ca_origin: Option<CaOrigin>,
+    /// The client certificate shown to a server that asks for one.
+    pub client_cert: Option<ClientCert>,
+}
+
+/// A client certificate: the PEM files of its chain and of its private key, and the options
+/// that named them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ClientCert {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    cert_option: &'static str,
+    key_option: &'static str,
+}
+
+impl ClientCert {
+    /// The certificate chain and the private key, read from their files; the error names
+    /// the option and the file.
+    fn load(&self) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
+        let certs = read_pem(self.cert_option, &self.cert, "client certificate", |p| {
+            CertificateDer::pem_file_iter(p).and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        })?;
+        if certs.is_empty() {
+            return Err(format!(
+                "{}: client certificate file '{}' holds no certificate (expected PEM: \
+                 -----BEGIN CERTIFICATE-----)",
+                self.cert_option,
+                self.cert.display()
+            ));
+        }
+        let key = read_pem(self.key_option, &self.key, "private key", |p| {
+            PrivateKeyDer::from_pem_file(p)
+        })?;
+        Ok((certs, key))
+    }
+
+    /// The names the options give, for messages: `sslcert '/c.pem', sslkey '/c.key'`.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} '{}', {} '{}'",
+            self.cert_option,
+            self.cert.display(),
+            self.key_option,
+            self.key.display()
+        )
+    }
+}
+
+/// What `read` reads from the file `path` names (option `option`), or an error naming the
+/// option and the file: missing, unreadable, not PEM, or without the item (`what`).
+fn read_pem<T>(
+    option: &str,
+    path: &Path,
+    what: &str,
+    read: impl FnOnce(&Path) -> Result<T, rustls::pki_types::pem::Error>,
+) -> Result<T, String> {
+    use rustls::pki_types::pem::Error as E;
+    let shown = path.display();
+    if let Err(e) = std::fs::metadata(path) {
+        return Err(match e.kind() {
+            io::ErrorKind::NotFound => format!("{option}: {what} file '{shown}' does not exist"),
+            _ => format!("{option}: cannot read the {what} file '{shown}': {e}"),
+        });
+    }
+    read(path).map_err(|e| match e {
+        E::Io(e) => format!("{option}: cannot read the {what} file '{shown}': {e}"),
+        E::NoItemsFound => format!(
+            "{option}: {what} file '{shown}' holds no {what} (expected PEM: -----BEGIN PRIVATE \
+             KEY-----, RSA PRIVATE KEY or EC PRIVATE KEY)"
+        ),
+        other => format!("{option}: cannot read the {what} file '{shown}' as PEM: {other}"),
+    })
 }
 
 impl TlsSettings {
@@ -154,6 +230,9 @@ impl fmt::Display for TlsSettings {
             Some(CaOrigin::Option) => write!(f, ", {} '{file}'", self.ca_option)?,
             Some(CaOrigin::System) => write!(f, ", {} 'system' ({file})", self.ca_option)?,
             Some(CaOrigin::HomeDefault) => write!(f, ", CA file {file} (libpq's default)")?,
+        }
+        if let Some(c) = &self.client_cert {
+            write!(f, ", {}", c.describe())?;
         }
         if self.mode_written.as_deref().and_then(parse_known) == Some(TlsMode::Require)
             && self.mode == TlsMode::VerifyCa
@@ -241,6 +320,12 @@ pub(crate) fn settings(
     };
     let mode_given = pick(mode_names)?;
     let ca_given = pick(ca_names)?;
+    let (cert_names, key_names): (&[&'static str], &[&'static str]) = match kind {
+        SourceKind::Postgres => (&["sslcert"], &["sslkey"]),
+        SourceKind::Mysql => (&["ssl_cert", "sslcert"], &["ssl_key", "sslkey"]),
+    };
+    let cert_given = pick(cert_names)?;
+    let key_given = pick(key_names)?;
     let mode_option = mode_given.as_ref().map_or(mode_names[0], |(n, _)| *n);
     let ca_option = ca_given.as_ref().map_or(ca_names[0], |(n, _)| *n);
     let system = ca_given.as_ref().is_some_and(|(_, v)| v == "system");
@@ -317,6 +402,19 @@ pub(crate) fn settings(
             spell(mode_option, TlsMode::Require),
         ));
     }
+    let client_cert = client_cert(cert_given, key_given, cert_names[0], key_names[0])?;
+    if client_cert.is_some() && !mode.tries_tls() {
+        let c = client_cert
+            .as_ref()
+            .map(ClientCert::describe)
+            .unwrap_or_default();
+        return Err(format!(
+            "a client certificate ({c}) is shown only over TLS, but {mode_option} '{}' does not \
+             use it: set {mode_option} to '{}' or stronger",
+            spell(mode_option, mode),
+            spell(mode_option, TlsMode::Require),
+        ));
+    }
     Ok(TlsSettings {
         mode,
         root_cert,
@@ -324,7 +422,53 @@ pub(crate) fn settings(
         mode_written: mode_given.map(|(_, v)| v),
         ca_option,
         ca_origin,
+        client_cert,
     })
+}
+
+/// The client certificate the options name: both files or neither, read and checked to
+/// make one identity (the key is the certificate's).
+fn client_cert(
+    cert: Option<(&'static str, String)>,
+    key: Option<(&'static str, String)>,
+    cert_name: &str,
+    key_name: &str,
+) -> Result<Option<ClientCert>, String> {
+    let (cert_option, cert, key_option, key) = match (cert, key) {
+        (None, None) => return Ok(None),
+        (Some((option, path)), None) => {
+            return Err(format!(
+                "{option} '{path}' is given without {key_name}: a client certificate needs its \
+                 private key, set {key_name} to the key's PEM file"
+            ))
+        }
+        (None, Some((option, path))) => {
+            return Err(format!(
+                "{option} '{path}' is given without {cert_name}: set {cert_name} to the PEM file \
+                 of the client certificate this key belongs to"
+            ))
+        }
+        (Some((co, c)), Some((ko, k))) => (co, c, ko, k),
+    };
+    let c = ClientCert {
+        cert: PathBuf::from(cert),
+        key: PathBuf::from(key),
+        cert_option,
+        key_option,
+    };
+    let (chain, private) = c.load()?;
+    rustls::ClientConfig::builder_with_provider(ring())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS set-up: {e}"))?
+        .with_root_certificates(RootCertStore::empty())
+        .with_client_auth_cert(chain, private)
+        .map_err(|e| {
+            format!(
+                "{} do not make a client certificate: {e} (is the key the certificate's?)",
+                c.describe()
+            )
+        })?;
+    Ok(Some(c))
 }
 
 /// A CA file must exist and hold at least one PEM certificate.
@@ -394,10 +538,8 @@ pub(crate) fn client_config(s: &TlsSettings) -> Result<Option<rustls::ClientConf
             .map(Arc::new)
             .map_err(|e| format!("{}: {e}", s.ca_option))
     };
-    let config = match s.mode {
-        TlsMode::VerifyFull => builder
-            .with_root_certificates(roots()?)
-            .with_no_client_auth(),
+    let wants_cert = match s.mode {
+        TlsMode::VerifyFull => builder.with_root_certificates(roots()?),
         TlsMode::VerifyCa => {
             let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
                 roots()?,
@@ -408,12 +550,19 @@ pub(crate) fn client_config(s: &TlsSettings) -> Result<Option<rustls::ClientConf
             builder
                 .dangerous()
                 .with_custom_certificate_verifier(Arc::new(ChainOnly(inner)))
-                .with_no_client_auth()
         }
         _ => builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(NoVerify(provider)))
-            .with_no_client_auth(),
+            .with_custom_certificate_verifier(Arc::new(NoVerify(provider))),
+    };
+    let config = match &s.client_cert {
+        None => wants_cert.with_no_client_auth(),
+        Some(c) => {
+            let (chain, key) = c.load()?;
+            wants_cert
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| format!("{}: {e}", c.describe()))?
+        }
     };
     Ok(Some(config))
 }
@@ -624,6 +773,33 @@ Uhpzpyj0+q+J9uMEJ9uQETAPBgNVHRMBAf8EBTADAQH/MAoGCCqGSM49BAMCA0kA
 MEYCIQDa/uHqzV5deC/thtUiy05rK9nOMWpf+45K2aWdHF0PRwIhANgQd1/sExeH
 t8RtmAMZFM1Z/oBLRmywCKKCum6DWlci
 -----END CERTIFICATE-----
+";
+
+    /// A self-signed client certificate (EC P-256) made for these tests, its private key, and
+    /// a key of another (unit-test material only: nothing trusts them).
+    const CLIENT_PEM: &str = "-----BEGIN CERTIFICATE-----
+MIIBnDCCAUGgAwIBAgIUP+5IWYJxHdPqI8X8nj7tB1YyNHgwCgYIKoZIzj0EAwIw
+IjEgMB4GA1UEAwwXc3RyYXRhIHVuaXQgdGVzdCBjbGllbnQwIBcNMjYxMjA1MTMw
+MzIzWhgPMjEyNjExMTExMzAzMjNaMCIxIDAeBgNVBAMMF3N0cmF0YSB1bml0IHRl
+c3QgY2xpZW50MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE+Iy6OsyGRkQKCPK+
+PLhWtObX2QZmReWC2Z/ac5hhtlUjxosiFWWseUvvl6YBgIFCzVvoj25DZ1RMhimx
+JWKlTqNTMFEwHQYDVR0OBBYEFMqA4YcDLdxrz5veSilKXd01vw06MB8GA1UdIwQY
+MBaAFMqA4YcDLdxrz5veSilKXd01vw06MA8GA1UdEwEB/wQFMAMBAf8wCgYIKoZI
+zj0EAwIDSQAwRgIhAKi8RNCEwkSR15g+Li/ohDc6oCzYjV3xPkbUmENt4yu+AiEA
+8bGvefbkk+fFZxJAaipu4BJynfpV1yBads3NmucTzCY=
+-----END CERTIFICATE-----
+";
+    const CLIENT_KEY: &str = "-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgR6jY+ZlNgLkqYiU/
+ZBu7V56yqiS2uK1Ci5NgT5BQz5mhRANCAAT4jLo6zIZGRAoI8r48uFa05tfZBmZF
+5YLZn9pzmGG2VSPGiyIVZax5S++XpgGAgULNW+iPbkNnVEyGKbElYqVO
+-----END PRIVATE KEY-----
+";
+    const OTHER_KEY: &str = "-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg6MDHU97/2/3Qp44S
+2sPFqK+PMPlHwjAduumILMUTmuShRANCAARZO7VpmBfgX0D2spiver6hguvX/C+N
+WhoP4bzbJYynaTE06yzI5xmLW0pfeMpFiS4J9GIdj7lct8iQIUiGd1po
+-----END PRIVATE KEY-----
 ";
 
     struct Dir {
@@ -961,6 +1137,97 @@ t8RtmAMZFM1Z/oBLRmywCKKCum6DWlci
         assert_eq!(
             text(SourceKind::Postgres, &[]),
             "sslmode not set, so 'allow'"
+        );
+    }
+
+    #[test]
+    fn client_certificates_take_both_files_and_name_what_is_wrong() {
+        use SourceKind::{Mysql as My, Postgres as Pg};
+        let d = Dir::new();
+        let cert = d.file("client.crt", CLIENT_PEM);
+        let key = d.file("client.key", CLIENT_KEY);
+        let (c, k) = (cert.to_str().unwrap(), key.to_str().unwrap());
+        let got = |kind, pairs: &[(&str, &str)]| settings(kind, &opts(pairs), None, &no_bundle);
+        let ok = got(Pg, &[("sslmode", "require"), ("sslcert", c), ("sslkey", k)]).unwrap();
+        assert_eq!(
+            ok.client_cert
+                .as_ref()
+                .map(|x| (x.cert.clone(), x.key.clone())),
+            Some((cert.clone(), key.clone()))
+        );
+        assert_eq!(
+            ok.to_string(),
+            format!("sslmode 'require', sslcert '{c}', sslkey '{k}'")
+        );
+        assert!(client_config(&ok).unwrap().is_some());
+        // MySQL takes its own names and libpq's.
+        let my = got(
+            My,
+            &[("ssl_mode", "REQUIRED"), ("ssl_cert", c), ("ssl_key", k)],
+        )
+        .unwrap();
+        assert!(my
+            .to_string()
+            .ends_with(&format!("ssl_cert '{c}', ssl_key '{k}'")));
+        assert!(got(
+            My,
+            &[("ssl_mode", "REQUIRED"), ("sslcert", c), ("sslkey", k)]
+        )
+        .is_ok());
+
+        let e = got(Pg, &[("sslmode", "require"), ("sslcert", c)]).unwrap_err();
+        assert!(
+            e.contains(&format!("sslcert '{c}' is given without sslkey")),
+            "{e}"
+        );
+        let e = got(My, &[("ssl_mode", "REQUIRED"), ("ssl_key", k)]).unwrap_err();
+        assert!(e.contains("is given without ssl_cert"), "{e}");
+        let e = got(Pg, &[("sslcert", c), ("sslkey", k)]).unwrap_err();
+        assert!(
+            e.contains("shown only over TLS") && e.contains("sslmode 'allow'"),
+            "{e}"
+        );
+        let e = got(
+            Pg,
+            &[
+                ("sslmode", "require"),
+                ("sslcert", c),
+                ("sslkey", "/nonexistent/client.key"),
+            ],
+        )
+        .unwrap_err();
+        assert_eq!(
+            e,
+            "sslkey: private key file '/nonexistent/client.key' does not exist"
+        );
+        // A directory cannot be read as a file (unreadable files, as root reads anything).
+        let dir = d.dir.path().to_str().unwrap();
+        let e = got(
+            Pg,
+            &[("sslmode", "require"), ("sslcert", c), ("sslkey", dir)],
+        )
+        .unwrap_err();
+        assert!(
+            e.starts_with(&format!("sslkey: cannot read the private key file '{dir}'")),
+            "{e}"
+        );
+        let junk = d.file("junk.key", "not a key\n");
+        let j = junk.to_str().unwrap();
+        let e = got(Pg, &[("sslmode", "require"), ("sslcert", c), ("sslkey", j)]).unwrap_err();
+        assert!(e.contains("holds no private key"), "{e}");
+        let e = got(Pg, &[("sslmode", "require"), ("sslcert", j), ("sslkey", k)]).unwrap_err();
+        assert!(
+            e.starts_with("sslcert: client certificate file") && e.contains("holds no certificate"),
+            "{e}"
+        );
+        let other = d.file("other.key", OTHER_KEY);
+        let o = other.to_str().unwrap();
+        let e = got(Pg, &[("sslmode", "require"), ("sslcert", c), ("sslkey", o)]).unwrap_err();
+        assert!(
+            e.contains(&format!(
+                "sslcert '{c}', sslkey '{o}' do not make a client certificate"
+            )),
+            "{e}"
         );
     }
 

@@ -342,21 +342,21 @@ async fn a_read_in_parts_ends_each_at_a_transaction_end() {
 }
 
 #[tokio::test]
-async fn truncate_is_a_change_and_a_schema_change_asks_for_a_full_refresh() {
+async fn truncate_is_a_change_and_a_dropped_column_asks_for_a_full_refresh() {
     let Some(mut f) = fixture("my_cdc").await else {
         return;
     };
     let t = unique("bl_ddl");
     f.each(&[
-        format!("CREATE TABLE {t} (id INT PRIMARY KEY, v INT)"),
-        format!("INSERT INTO {t} VALUES (1, 1)"),
+        format!("CREATE TABLE {t} (id INT PRIMARY KEY, v INT, gone INT)"),
+        format!("INSERT INTO {t} VALUES (1, 1, 1)"),
     ])
     .await;
     let cdc = f.cdc(&t).await;
     let (cp, _) = snapshot(&cdc).await;
     f.each(&[
         format!("TRUNCATE TABLE {t}"),
-        format!("INSERT INTO {t} VALUES (2, 2)"),
+        format!("INSERT INTO {t} VALUES (2, 2, 2)"),
     ])
     .await;
     let (summary, got) = read_changes(&cdc, cp, ReadOptions::default()).await;
@@ -365,8 +365,9 @@ async fn truncate_is_a_change_and_a_schema_change_asks_for_a_full_refresh() {
         vec![vec!["truncate", "NULL", "NULL"], vec!["insert", "2", "2"]]
     );
     f.each(&[
-        format!("ALTER TABLE {t} ADD COLUMN w INT"),
         format!("INSERT INTO {t} VALUES (3, 3, 3)"),
+        format!("ALTER TABLE {t} DROP COLUMN gone"),
+        format!("INSERT INTO {t} VALUES (4, 4)"),
     ])
     .await;
     let mut r = cdc
@@ -383,10 +384,87 @@ async fn truncate_is_a_change_and_a_schema_change_asks_for_a_full_refresh() {
     let text = err.to_string();
     assert!(err.needs_resnapshot(), "{text}");
     assert!(
-        text.contains(&format!("strata_test.{t}")) && text.contains("ALTER TABLE"),
+        text.contains(&format!("strata_test.{t}"))
+            && text.contains("column `gone` was dropped")
+            && text.contains("DROP COLUMN gone"),
         "{text}"
     );
     assert!(text.contains("full refresh"), "{text}");
+    assert!(
+        !text.contains("  "),
+        "one sentence, no runs of spaces: {text}"
+    );
+}
+
+/// Columns added in the middle of a read (`ADD COLUMN`, `ADD (a, b)` and `FIRST` / `AFTER`
+/// positions): the rows logged before each ALTER have NULL in the columns it added, the rows
+/// after carry their values, each under its own name; a read resumed between the ALTERs
+/// (after a part, as after a kill) gives the same.
+#[tokio::test]
+async fn columns_added_during_a_read_are_null_before_and_filled_after() {
+    let Some(mut f) = fixture("my_cdc").await else {
+        return;
+    };
+    let t = unique("bl_add");
+    f.each(&[
+        format!("CREATE TABLE {t} (id INT PRIMARY KEY, v VARCHAR(10))"),
+        format!("INSERT INTO {t} VALUES (1, 'one')"),
+    ])
+    .await;
+    let cdc = f.cdc(&t).await;
+    let (cp, _) = snapshot(&cdc).await;
+    f.each(&[
+        format!("INSERT INTO {t} VALUES (2, 'two')"),
+        format!("UPDATE {t} SET v = 'uno' WHERE id = 1"),
+        format!("ALTER TABLE {t} ADD COLUMN n INT AFTER id"),
+        format!("INSERT INTO {t} VALUES (3, 30, 'three')"),
+        format!("UPDATE {t} SET n = 10 WHERE id = 1"),
+        format!("ALTER TABLE {t} ADD (note TEXT, d INT DEFAULT 7), ADD z INT FIRST"),
+        format!("INSERT INTO {t} VALUES (-4, 4, 40, 'four', 'a,b', 9)"),
+        format!("DELETE FROM {t} WHERE id = 2"),
+    ])
+    .await;
+    let cols = ["_change_type", "id", "v", "n", "note", "d", "z"];
+    let want = vec![
+        vec!["insert", "2", "two", "NULL", "NULL", "NULL", "NULL"],
+        vec!["update", "1", "uno", "NULL", "NULL", "NULL", "NULL"],
+        vec!["insert", "3", "three", "30", "NULL", "NULL", "NULL"],
+        vec!["update", "1", "uno", "10", "NULL", "NULL", "NULL"],
+        vec!["insert", "4", "four", "40", "a,b", "9", "-4"],
+        vec!["delete", "2", "two", "NULL", "NULL", "7", "NULL"],
+    ];
+    let (summary, got) = read_changes(&cdc, cp, ReadOptions::default()).await;
+    assert_eq!(rows(&batches(&got), &cols), want);
+    assert!(summary.complete);
+    // The change rows have the table's columns in its order now, then the change columns.
+    let names: Vec<String> = got[0]
+        .batch
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    assert_eq!(&names[..6], &["z", "id", "n", "v", "note", "d"]);
+
+    // In parts of one change: a read resumed at each part's end (a run killed after that
+    // part's commit) reads the rest with the columns of its place in the binlog.
+    let options = ReadOptions {
+        part_changes: Some(1),
+        ..ReadOptions::default()
+    };
+    let mut after = cp;
+    let mut resumed = Vec::new();
+    while after < summary.resume_lsn {
+        let mut r = cdc.read_changes(after, options.clone()).await.unwrap();
+        while let Some(tb) = r.next_batch().await.unwrap() {
+            resumed.extend(rows(&[tb.batch], &cols));
+        }
+        after = match r.part_end() {
+            Some(end) => end,
+            None => r.summary().expect("summary").resume_lsn,
+        };
+    }
+    assert_eq!(resumed, want);
 }
 
 #[tokio::test]

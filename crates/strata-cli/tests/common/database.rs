@@ -57,6 +57,16 @@ impl Server {
         }
     }
 
+    /// The same server as its client-certificate user (`{prefix}_CERT_USER`, which it accepts
+    /// only over TLS with the certificate the test CA signed for it), reached at `host`, with
+    /// these options.
+    pub fn cert_from_env(prefix: &str, host: &str, options: &[(&str, &str)]) -> Server {
+        Server {
+            user: fact(prefix, "CERT_USER"),
+            ..Server::tls_from_env(prefix, host, options)
+        }
+    }
+
     /// `CREATE CONNECTION shop TYPE kind OPTIONS (...)` with the password in `SHOP_PW`.
     pub fn connection(&self, kind: &str) -> String {
         let more: String = self
