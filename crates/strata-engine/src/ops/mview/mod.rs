@@ -11,6 +11,7 @@
 
 mod from_changes;
 mod incremental;
+mod rejoin;
 
 use crate::error::{Context, EngineError, Result};
 use crate::sql::expect::{self, ExpectationCount};
@@ -54,6 +55,9 @@ pub struct MvReport {
     pub expectations: Vec<ExpectationCount>,
     pub skipped: Option<String>,
     pub refresh: Refresh,
+    /// Why a view refreshed before was recomputed whole rather than from what changed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recomputed_because: Option<String>,
 }
 
 /// How a refresh that ran reached the view's new content.
@@ -71,6 +75,9 @@ pub enum Refresh {
     /// The groups the input's changed rows touch, recomputed from the input, in place of
     /// the view's.
     Regrouped,
+    /// The join keys the inputs' changed rows hold, their rows recomputed from the inputs in
+    /// place of the view's.
+    Rejoined,
 }
 
 /// The versions of the tables `reads` (views already resolved), or the name of the first
@@ -216,14 +223,20 @@ pub(crate) async fn refresh(
         };
         // A lost race stays one (the scheduler starts the refresh again); other errors are
         // placed at the view's declaration.
-        if let Some(r) = from_changes::refresh(wh, &ctx, &df, mv, view, &grown, &schema, &commit)
+        match from_changes::refresh(wh, &ctx, &df, mv, view, &grown, &schema, &commit)
             .await
             .map_err(|e| if e.is_conflict() { e } else { err(&e) })?
         {
-            return Ok(MvReport {
-                table: report.table,
-                ..r
-            });
+            Ok(r) => {
+                return Ok(MvReport {
+                    table: report.table,
+                    ..r
+                })
+            }
+            Err(why) => {
+                tracing::info!(view = %name, why, "recomputing whole");
+                report.recomputed_because = Some(why.to_string());
+            }
         }
     }
     let rows = collect_as(df, &schema).await.map_err(|e| err(&e))?;
