@@ -308,9 +308,8 @@ async fn run_case(
             return Err(format!("after run {run}: {diff}"));
         }
     }
-    seen.lock()
-        .expect("kinds seen")
-        .extend(refresh_kinds(&wh).await);
+    let kinds = refresh_kinds(&wh).await;
+    seen.lock().expect("kinds seen").extend(kinds);
     Ok(())
 }
 

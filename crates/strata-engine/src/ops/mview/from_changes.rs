@@ -4,6 +4,7 @@
 //! allow which is [`super::incremental`]'s to say; this module reads and writes.
 
 use super::incremental::{self, Grouped, Shape};
+use super::replace::{open_at, read_by, replaced, Grown, Incremental, VIEW_ROWS};
 use super::{collect_as, MvReport, Refresh};
 use crate::error::{Context, Result};
 use crate::sql::expect;
@@ -13,7 +14,6 @@ use crate::storage::write::{write_rows, RowChange};
 use crate::util::arrow;
 use deltalake::arrow::array::RecordBatch;
 use deltalake::arrow::datatypes::SchemaRef;
-use deltalake::datafusion::common::TableReference;
 use deltalake::datafusion::dataframe::DataFrame;
 use deltalake::datafusion::datasource::{provider_as_source, MemTable};
 use deltalake::datafusion::logical_expr::{LogicalPlan, TableScan};
@@ -23,23 +23,11 @@ use std::sync::Arc;
 use strata_sql::{MaterializedView, TableName};
 
 /// The session's names of what an incremental refresh reads: the rows the input gained,
-/// the rows it changed, the whole input, the query over it, the view's rows, the keys of
-/// the groups touched, and the view's rows with the new groups.
+/// the rows it changed, the whole input, and the view's rows with the new groups.
 const NEW_ROWS: &str = "__strata_new_rows";
 const CHANGED_ROWS: &str = "__strata_changed_rows";
 const WHOLE_INPUT: &str = "__strata_whole_input";
-const RECOMPUTED: &str = "__strata_recomputed";
-const VIEW_ROWS: &str = "__strata_view_rows";
-const TOUCHED: &str = "__strata_touched";
 const COMBINED: &str = "__strata_combined";
-
-/// What the last refresh read and what a refresh now reads.
-pub(super) struct Grown<'a> {
-    pub(super) last: &'a serde_json::Value,
-    pub(super) now: &'a serde_json::Value,
-    /// The tables behind the query (views resolved).
-    pub(super) reads: &'a [TableName],
-}
 
 /// The one table a view reads, at the version the refresh records, with the scan that reads
 /// it in the view's query.
@@ -51,10 +39,6 @@ struct Input {
     from: i64,
     until: i64,
 }
-
-/// What an incremental refresh gives: the report of the refresh it made, or why the view
-/// must be recomputed whole.
-pub(super) type Incremental = std::result::Result<MvReport, &'static str>;
 
 /// Refreshes `view` from what changed in its inputs since the last refresh, when only they
 /// changed and the query's shape allows ([`incremental`]); otherwise says why it must be
@@ -223,39 +207,6 @@ impl Input {
     }
 }
 
-/// The table of `reads` that a scan named `named` reads, when it is one: not a view, a
-/// time-travel read or a CTE by that name, which are not the table's latest rows.
-pub(super) fn read_by<'a>(named: &TableReference, reads: &'a [TableName]) -> Option<&'a TableName> {
-    let mut matching = reads.iter().filter(|read| {
-        named.table().eq_ignore_ascii_case(&read.name)
-            && named
-                .schema()
-                .is_none_or(|s| s.eq_ignore_ascii_case(&read.schema))
-    });
-    match (matching.next(), matching.next()) {
-        (Some(read), None) => Some(read),
-        _ => None,
-    }
-}
-
-/// `read` at version `until`, when it exists.
-pub(super) async fn open_at(
-    wh: &Warehouse,
-    read: &TableName,
-    until: i64,
-) -> Result<Option<DeltaTable>> {
-    let Some(mut table) = wh.open_table(read).await? else {
-        return Ok(None);
-    };
-    if crate::storage::table::version_of(&table) != until {
-        table
-            .load_version(until as u64)
-            .await
-            .context(|| format!("loading version {until} of {read}"))?;
-    }
-    Ok(Some(table))
-}
-
 /// The query over only the rows `input` gained after the last refresh (`changes`).
 async fn new_rows(
     ctx: &SessionContext,
@@ -351,32 +302,4 @@ async fn touched_groups(
     touched
         .project(keys)
         .context(|| "the keys of the groups touched".into())
-}
-
-/// The view's rows with those of the keys `touched` (the view's `keys` columns) replaced by
-/// the rows of `recomputed` (the query over whole inputs) with those keys; the rows of other
-/// keys stay. Keys compare as GROUP BY compares them (NULLs equal).
-pub(super) async fn replaced(
-    ctx: &SessionContext,
-    view: &DeltaTable,
-    recomputed: LogicalPlan,
-    touched: RecordBatch,
-    schema: &SchemaRef,
-    keys: &[usize],
-) -> Result<RecordBatch> {
-    ctx.register_batch(TOUCHED, touched)
-        .context(|| "the keys touched".into())?;
-    ctx.register_table(
-        RECOMPUTED,
-        DataFrame::new(ctx.state(), recomputed).into_view(),
-    )
-    .context(|| "recomputing the keys touched".into())?;
-    crate::storage::session::register_table(ctx, VIEW_ROWS, view, None).await?;
-    let names: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
-    let sql = incremental::regroup_sql(VIEW_ROWS, RECOMPUTED, TOUCHED, &names, keys);
-    let df = ctx
-        .sql(&sql)
-        .await
-        .context(|| "recomputing the keys touched".into())?;
-    collect_as(df, schema).await
 }

@@ -12,6 +12,7 @@
 mod from_changes;
 mod incremental;
 mod rejoin;
+mod replace;
 
 use crate::error::{Context, EngineError, Result};
 use crate::sql::expect::{self, ExpectationCount};
@@ -216,7 +217,7 @@ pub(crate) async fn refresh(
     };
     let commit = PendingCommit::of_run(run_id).with_info(INPUTS_KEY, inputs.clone());
     if let (Some(view), Some(last)) = (&existing, &last) {
-        let grown = from_changes::Grown {
+        let grown = replace::Grown {
             last,
             now: &inputs,
             reads,

@@ -5,8 +5,8 @@
 //! commit, and the rows of other keys stay. Which joins allow it is
 //! [`super::incremental`]'s to say; this module reads and writes.
 
-use super::from_changes::{open_at, read_by, replaced, Grown, Incremental};
 use super::incremental::{self, Growth, Joined};
+use super::replace::{open_at, read_by, replaced, Grown, Incremental};
 use super::{collect_as, MvReport, Refresh};
 use crate::error::{Context, EngineError, Result};
 use crate::storage::commit::PendingCommit;
