@@ -5,9 +5,10 @@
 //! (earlier versions stay readable through Delta time travel). The commit records what it
 //! was computed from (`strata.inputs`: the query text and the version of every table read,
 //! views resolved); when none of that changed, the refresh is skipped, so a run that brings
-//! nothing new leaves the view untouched. When the one table a view reads only gained rows
-//! and the query's shape allows, the view takes the query's result over the new rows
-//! instead ([`incremental`]); otherwise it is recomputed whole.
+//! nothing new leaves the view untouched. When only the tables a view reads changed and the
+//! query's shape allows, the view takes what changed instead ([`incremental`]: the result
+//! over one table's new rows appended or combined, the groups or join keys the changed rows
+//! touch recomputed); otherwise it is recomputed whole, and the report says why.
 
 mod from_changes;
 mod incremental;

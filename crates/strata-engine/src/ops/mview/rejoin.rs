@@ -8,7 +8,7 @@
 use super::incremental::{self, Growth, Joined};
 use super::replace::{open_at, read_by, replaced, Grown, Incremental};
 use super::{collect_as, MvReport, Refresh};
-use crate::error::{Context, EngineError, Result};
+use crate::error::{Context, Result};
 use crate::storage::commit::PendingCommit;
 use crate::storage::warehouse::Warehouse;
 use crate::storage::write::{write_rows, RowChange};
@@ -62,8 +62,7 @@ pub(super) async fn refresh(
     joined: &Joined,
 ) -> Result<Incremental> {
     if !target.mv.expectations.is_empty() {
-        // A dropped row would look like a key without rows to the next refresh: fine, but
-        // its expectation counts would cover the recomputed keys only.
+        // Its expectations' counts are over all its rows, not the recomputed keys' only.
         return Ok(Err("it is a join with expectations"));
     }
     let Some(sides) = open_sides(wh, grown, tables, joined).await? else {
@@ -71,14 +70,17 @@ pub(super) async fn refresh(
             "a side of its join reads a view, a CTE or an earlier version",
         ));
     };
-    let touched = touched_keys(ctx, &sides, joined, target.schema).await?;
+    const STALE: &str = "its tables' columns changed since it was planned";
+    let Some(touched) = touched_keys(ctx, &sides, joined, target.schema).await? else {
+        return Ok(Err(STALE));
+    };
     let mut report = MvReport {
         rows_read: touched.num_rows(),
         refresh: Refresh::Rejoined,
         ..Default::default()
     };
     let Some(recomputed) = restricted_plan(ctx, df, &sides, joined, &touched).await? else {
-        return Ok(Err("its tables' columns changed since it was planned"));
+        return Ok(Err(STALE));
     };
     let rows = replaced(
         ctx,
@@ -139,13 +141,14 @@ async fn open_sides(
 }
 
 /// The join key values of the sides' changed rows (inserted, deleted, updated: before and
-/// after), each once, as the view's key columns.
+/// after), each once, as the view's key columns; `None` when a key column is no longer in
+/// a side's table.
 async fn touched_keys(
     ctx: &SessionContext,
     sides: &[Side],
     joined: &Joined,
     schema: &SchemaRef,
-) -> Result<RecordBatch> {
+) -> Result<Option<RecordBatch>> {
     let keys: SchemaRef = Arc::new(
         schema
             .project(&joined.keys)
@@ -158,15 +161,13 @@ async fn touched_keys(
         };
         let feed =
             crate::storage::feed::read_feed(&side.table, Some(from), Some(until), true).await?;
-        let of_keys = columns
+        let of_keys: Option<Vec<_>> = columns
             .iter()
-            .map(|c| {
-                let at = feed.schema().index_of(c).map_err(|_| {
-                    EngineError::internal(format!("{}: no column {c} in its changes", side.name))
-                })?;
-                Ok(feed.column(at).clone())
-            })
-            .collect::<Result<Vec<_>>>()?;
+            .map(|c| Some(feed.column(feed.schema().index_of(c).ok()?).clone()))
+            .collect();
+        let Some(of_keys) = of_keys else {
+            return Ok(None);
+        };
         changed.push(arrow::cast_columns(of_keys, &keys)?);
     }
     let changed = concat_batches(&keys, &changed).context(|| "the keys changed".into())?;
@@ -177,7 +178,7 @@ async fn touched_keys(
         .sql(&incremental::distinct_sql(CHANGED_KEYS, &names))
         .await
         .context(|| "the keys changed".into())?;
-    collect_as(distinct, &keys).await
+    collect_as(distinct, &keys).await.map(Some)
 }
 
 /// The view's query over both sides' tables at the versions the refresh records, each
