@@ -1090,7 +1090,11 @@ fn print_run_report(report: &RunReport, quiet: bool) -> std::io::Result<()> {
         let what = format!("materialized view {}", v.table);
         write_outcome(&mut out, &what, &v.skipped, quiet, || match v.refresh {
             strata_engine::Refresh::Recomputed => format!(
-                "recomputed, {} row(s){}",
+                "recomputed{}, {} row(s){}",
+                v.recomputed_because
+                    .as_ref()
+                    .map(|why| format!(" because {why}"))
+                    .unwrap_or_default(),
                 v.rows,
                 dropped_by_expectations(v.rows_dropped)
             ),
@@ -1105,6 +1109,10 @@ fn print_run_report(report: &RunReport, quiet: bool) -> std::io::Result<()> {
             ),
             strata_engine::Refresh::Regrouped => format!(
                 "incremental: {} group(s) its input's changed rows touch recomputed, {} row(s)",
+                v.rows_read, v.rows
+            ),
+            strata_engine::Refresh::Rejoined => format!(
+                "incremental: {} join key(s) its inputs' changed rows hold recomputed, {} row(s)",
                 v.rows_read, v.rows
             ),
         })?;

@@ -3,8 +3,9 @@
 //! row is in the bronze table exactly once, and every target equals what one run over all
 //! the input gives on a fresh warehouse (the fold of every event, which arrival order and
 //! batching do not change). So does every materialized view, refreshed incrementally by
-//! the runs racing each other: appended (`upserts`), combined per key (`per_name`) and
-//! touched groups recomputed (`names`).
+//! the runs racing each other: appended (`upserts`), combined per key (`per_name`),
+//! touched groups recomputed (`names`) and join keys recomputed (`current_names`, a join of
+//! the SCD type 1 table with the history); a last lone run says which it did.
 //!
 //! `STRATA_DRILL_ROUNDS` sets the number of rounds (3 by default, as CI runs it);
 //! `STRATA_DRILL_RUNS` the runs started together (3).
@@ -23,6 +24,9 @@ CREATE OR REFRESH MATERIALIZED VIEW upserts AS
 SELECT eid, id, name FROM events_raw WHERE op = 'U';
 CREATE OR REFRESH MATERIALIZED VIEW per_name AS
 SELECT name, count(*) AS n, max(seq) AS last FROM events_raw GROUP BY name;
+CREATE OR REFRESH MATERIALIZED VIEW current_names AS
+SELECT p.id, p.name, h.name AS history_name FROM people p JOIN people_history h
+ON p.id = h.id WHERE h.__END_AT IS NULL;
 "#
 );
 
@@ -56,12 +60,13 @@ fn write_round(p: &Project, round: usize, rng: &mut Rng, next_eid: &mut u64) -> 
     rows
 }
 
-const TABLES: [&str; 5] = [
+const TABLES: [&str; 6] = [
     "SELECT * FROM people_history",
     "SELECT * FROM people",
     "SELECT * FROM names",
     "SELECT * FROM upserts",
     "SELECT * FROM per_name",
+    "SELECT * FROM current_names",
 ];
 
 #[test]
@@ -85,6 +90,14 @@ fn runs_started_together_take_each_file_once_and_converge() {
             "round {round}: every input row exactly once in the bronze table"
         );
     }
+    // A lone run says how it refreshed the join view.
+    write_round(&p, rounds, &mut rng, &mut next_eid);
+    let out = p.ok(&["run", "pipeline.sql"]);
+    assert!(
+        out.contains("materialized view default.current_names: incremental: ")
+            && out.contains("join key(s) its inputs' changed rows hold recomputed"),
+        "the join view is refreshed from its inputs' changes:\n{out}"
+    );
     // The same input, one run, a fresh warehouse: the fold of every event.
     let fresh = Project::new(PIPELINE);
     p.copy_input_to(&fresh);

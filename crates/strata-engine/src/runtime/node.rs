@@ -140,7 +140,10 @@ pub(crate) async fn run_node(
             record.rows_dropped = r.rows_dropped;
             record.expectations = r.expectations.clone();
             skipped_or(record, &r.skipped, || match r.refresh {
-                Refresh::Recomputed => format!("{} row(s)", r.rows),
+                Refresh::Recomputed => match &r.recomputed_because {
+                    Some(why) => format!("{} row(s), recomputed because {why}", r.rows),
+                    None => format!("{} row(s)", r.rows),
+                },
                 Refresh::Appended => format!("{} row(s) appended (incremental)", r.rows),
                 Refresh::Combined => format!(
                     "{} group(s) of new rows combined into {} row(s) (incremental)",
@@ -148,6 +151,10 @@ pub(crate) async fn run_node(
                 ),
                 Refresh::Regrouped => format!(
                     "{} group(s) touched by changed rows recomputed, {} row(s) (incremental)",
+                    r.rows_read, r.rows
+                ),
+                Refresh::Rejoined => format!(
+                    "{} join key(s) of changed rows recomputed, {} row(s) (incremental)",
                     r.rows_read, r.rows
                 ),
             });

@@ -4,6 +4,7 @@
 //! allow which is [`super::incremental`]'s to say; this module reads and writes.
 
 use super::incremental::{self, Grouped, Shape};
+use super::replace::{open_at, read_by, replaced, Grown, Incremental, VIEW_ROWS};
 use super::{collect_as, MvReport, Refresh};
 use crate::error::{Context, Result};
 use crate::sql::expect;
@@ -22,23 +23,11 @@ use std::sync::Arc;
 use strata_sql::{MaterializedView, TableName};
 
 /// The session's names of what an incremental refresh reads: the rows the input gained,
-/// the rows it changed, the whole input, the query over it, the view's rows, the keys of
-/// the groups touched, and the view's rows with the new groups.
+/// the rows it changed, the whole input, and the view's rows with the new groups.
 const NEW_ROWS: &str = "__strata_new_rows";
 const CHANGED_ROWS: &str = "__strata_changed_rows";
 const WHOLE_INPUT: &str = "__strata_whole_input";
-const RECOMPUTED: &str = "__strata_recomputed";
-const VIEW_ROWS: &str = "__strata_view_rows";
-const TOUCHED: &str = "__strata_touched";
 const COMBINED: &str = "__strata_combined";
-
-/// What the last refresh read and what a refresh now reads.
-pub(super) struct Grown<'a> {
-    pub(super) last: &'a serde_json::Value,
-    pub(super) now: &'a serde_json::Value,
-    /// The tables behind the query (views resolved).
-    pub(super) reads: &'a [TableName],
-}
 
 /// The one table a view reads, at the version the refresh records, with the scan that reads
 /// it in the view's query.
@@ -51,8 +40,8 @@ struct Input {
     until: i64,
 }
 
-/// Refreshes `view` from what changed in its one input since the last refresh, when only
-/// that input changed and the query's shape allows ([`incremental`]); `None` when it must be
+/// Refreshes `view` from what changed in its inputs since the last refresh, when only they
+/// changed and the query's shape allows ([`incremental`]); otherwise says why it must be
 /// recomputed whole. `schema` is the view's stored schema, `commit` its commit.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn refresh(
@@ -64,23 +53,40 @@ pub(super) async fn refresh(
     grown: &Grown<'_>,
     schema: &SchemaRef,
     commit: &PendingCommit,
-) -> Result<Option<MvReport>> {
-    let Some((input, from, until)) = incremental::only_one_table_grew(grown.last, grown.now) else {
-        return Ok(None);
-    };
-    let Some(shape) = incremental::shape_of(df.logical_plan()) else {
-        return Ok(None);
+) -> Result<Incremental> {
+    let shape = match incremental::shape_of(df.logical_plan()) {
+        Ok(shape) => shape,
+        Err(why) => return Ok(Err(why)),
     };
     let planned: Vec<&String> = df.schema().fields().iter().map(|f| f.name()).collect();
     let stored: Vec<&String> = schema.fields().iter().map(|f| f.name()).collect();
     if planned != stored {
         // Declared column names: the view's rows and the query's do not line up by name.
-        return Ok(None);
+        return Ok(Err("it declares its column names"));
     }
-    let Some(input) = Input::open(wh, df, grown.reads, &input, from, until).await? else {
-        return Ok(None);
+    let tables = match incremental::tables_grown(grown.last, grown.now) {
+        Ok(tables) => tables,
+        Err(why) => return Ok(Err(why)),
     };
-    let changes = crate::storage::changes::changes_since(&input.table, Some(from)).await?;
+    if let Shape::Joined(joined) = &shape {
+        let target = super::rejoin::Target {
+            mv,
+            view,
+            schema,
+            commit,
+        };
+        return super::rejoin::refresh(wh, ctx, df, &target, grown, &tables, joined).await;
+    }
+    let one = match incremental::only_table(tables, grown.reads.len()) {
+        Ok(one) => one,
+        Err(why) => return Ok(Err(why)),
+    };
+    let Some(input) = Input::open(wh, df, grown.reads, &one).await? else {
+        return Ok(Err(
+            "it reads a view, a CTE or an earlier version of its table",
+        ));
+    };
+    let changes = crate::storage::changes::changes_since(&input.table, Some(input.from)).await?;
     let appends = changes.only_appends;
     let name = mv.name.to_string();
     let mut report = MvReport::default();
@@ -95,9 +101,11 @@ pub(super) async fn refresh(
             report.refresh = Refresh::Appended;
             (rows, RowChange::Append)
         }
-        (Shape::Rows, false) => return Ok(None),
+        (Shape::Rows, false) => return Ok(Err("its table lost or changed rows")),
         // A dropped group would be missing from the rows the next refresh builds on.
-        (Shape::Groups(_), _) if !mv.expectations.is_empty() => return Ok(None),
+        (Shape::Groups(_), _) if !mv.expectations.is_empty() => {
+            return Ok(Err("it is grouped and has expectations"))
+        }
         (
             Shape::Groups(Grouped {
                 combine: Some(combine),
@@ -113,12 +121,23 @@ pub(super) async fn refresh(
         }
         // A global aggregate is one group: recomputing it is recomputing the view.
         (Shape::Groups(Grouped { keys, .. }), _) if !keys.is_empty() => {
-            let (rows, touched) = regrouped(ctx, df, &input, view, schema, keys).await?;
-            report.rows_read = touched;
+            let touched = touched_groups(ctx, df, &input, schema, keys).await?;
+            report.rows_read = touched.num_rows();
+            crate::storage::session::register_table(ctx, WHOLE_INPUT, &input.table, None).await?;
+            let whole = input
+                .plan_over(ctx, df.logical_plan(), WHOLE_INPUT)
+                .await?
+                .ok_or_else(|| crate::error::EngineError::internal("a table of another schema"))?;
+            let rows = replaced(ctx, view, whole, touched, schema, keys).await?;
             report.refresh = Refresh::Regrouped;
             (rows, RowChange::Overwrite)
         }
-        (Shape::Groups(_), _) => return Ok(None),
+        (Shape::Groups(_), _) => {
+            return Ok(Err(
+                "it is a global aggregate and its table lost or changed rows",
+            ))
+        }
+        (Shape::Joined(_), _) => return Ok(Err("it is a join")),
     };
     report.rows = rows.num_rows();
     tracing::info!(view = %name, input = %input.name, refresh = ?report.refresh,
@@ -134,50 +153,36 @@ pub(super) async fn refresh(
     write_rows(view.clone(), vec![rows], change, &commit)
         .await
         .context(|| format!("materialized view {name}: committing"))?;
-    Ok(Some(report))
+    Ok(Ok(report))
 }
 
 impl Input {
-    /// The table `input` (as the inputs record spells it, one of `reads`) at version
-    /// `until`, when the query reads it by one scan of its latest rows; `None` otherwise.
+    /// The table that grew (one of `reads`) at the version the refresh records, when the
+    /// query reads it by one scan of its latest rows; `None` otherwise.
     async fn open(
         wh: &Warehouse,
         df: &DataFrame,
         reads: &[TableName],
-        input: &str,
-        from: i64,
-        until: i64,
+        grown: &incremental::Growth,
     ) -> Result<Option<Input>> {
-        let Some(read) = reads.iter().find(|t| t.to_string() == input) else {
-            return Ok(None);
-        };
         let Some(scan) = one_scan(df.logical_plan()) else {
             return Ok(None);
         };
-        let named = &scan.table_name;
-        if !named.table().eq_ignore_ascii_case(&read.name)
-            || named
-                .schema()
-                .is_some_and(|s| !s.eq_ignore_ascii_case(&read.schema))
-        {
-            // A view, a time-travel read or a CTE by that name: not the table's latest rows.
-            return Ok(None);
-        }
-        let Some(mut table) = wh.open_table(read).await? else {
+        let Some(read) = read_by(&scan.table_name, reads) else {
             return Ok(None);
         };
-        if crate::storage::table::version_of(&table) != until {
-            table
-                .load_version(until as u64)
-                .await
-                .context(|| format!("loading version {until} of {read}"))?;
+        if read.to_string() != grown.table {
+            return Ok(None);
         }
+        let Some(table) = open_at(wh, read, grown.until).await? else {
+            return Ok(None);
+        };
         Ok(Some(Input {
             name: read.clone(),
             table,
             scan,
-            from,
-            until,
+            from: grown.from,
+            until: grown.until,
         }))
     }
 
@@ -265,19 +270,17 @@ async fn combined(
     collect_as(df, schema).await
 }
 
-/// A grouped view's rows with the groups the input's changed rows touch (inserted, deleted
-/// or updated, before and after) recomputed from the whole input, and the number of groups
-/// touched.
-async fn regrouped(
+/// The keys of the groups the input's changed rows touch (inserted, deleted or updated,
+/// before and after), one row each.
+async fn touched_groups(
     ctx: &SessionContext,
     df: &DataFrame,
     input: &Input,
-    view: &DeltaTable,
     schema: &SchemaRef,
     keys: &[usize],
-) -> Result<(RecordBatch, usize)> {
-    // The groups touched: the query over the changed rows gives one row per group they
-    // fall in (after its filters, before and after each change).
+) -> Result<RecordBatch> {
+    // The query over the changed rows gives one row per group they fall in (after its
+    // filters, before and after each change).
     let feed =
         crate::storage::feed::read_feed(&input.table, Some(input.from), Some(input.until), true)
             .await?;
@@ -296,26 +299,7 @@ async fn regrouped(
         .await?
         .ok_or_else(|| crate::error::EngineError::internal("changed rows of another schema"))?;
     let touched = collect_as(DataFrame::new(ctx.state(), over_changes), schema).await?;
-    let touched = touched
+    touched
         .project(keys)
-        .context(|| "the keys of the groups touched".into())?;
-    let count = touched.num_rows();
-    ctx.register_batch(TOUCHED, touched)
-        .context(|| "the keys of the groups touched".into())?;
-    // The query over the whole input, of which only the touched groups are taken.
-    crate::storage::session::register_table(ctx, WHOLE_INPUT, &input.table, None).await?;
-    let whole = input
-        .plan_over(ctx, df.logical_plan(), WHOLE_INPUT)
-        .await?
-        .ok_or_else(|| crate::error::EngineError::internal("a table of another schema"))?;
-    ctx.register_table(RECOMPUTED, DataFrame::new(ctx.state(), whole).into_view())
-        .context(|| "recomputing the groups touched".into())?;
-    crate::storage::session::register_table(ctx, VIEW_ROWS, view, None).await?;
-    let names: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
-    let sql = incremental::regroup_sql(VIEW_ROWS, RECOMPUTED, TOUCHED, &names, keys);
-    let df = ctx
-        .sql(&sql)
-        .await
-        .context(|| "recomputing the groups touched".into())?;
-    Ok((collect_as(df, schema).await?, count))
+        .context(|| "the keys of the groups touched".into())
 }

@@ -5,12 +5,15 @@
 //! (earlier versions stay readable through Delta time travel). The commit records what it
 //! was computed from (`strata.inputs`: the query text and the version of every table read,
 //! views resolved); when none of that changed, the refresh is skipped, so a run that brings
-//! nothing new leaves the view untouched. When the one table a view reads only gained rows
-//! and the query's shape allows, the view takes the query's result over the new rows
-//! instead ([`incremental`]); otherwise it is recomputed whole.
+//! nothing new leaves the view untouched. When only the tables a view reads changed and the
+//! query's shape allows, the view takes what changed instead ([`incremental`]: the result
+//! over one table's new rows appended or combined, the groups or join keys the changed rows
+//! touch recomputed); otherwise it is recomputed whole, and the report says why.
 
 mod from_changes;
 mod incremental;
+mod rejoin;
+mod replace;
 
 use crate::error::{Context, EngineError, Result};
 use crate::sql::expect::{self, ExpectationCount};
@@ -54,6 +57,9 @@ pub struct MvReport {
     pub expectations: Vec<ExpectationCount>,
     pub skipped: Option<String>,
     pub refresh: Refresh,
+    /// Why a view refreshed before was recomputed whole rather than from what changed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recomputed_because: Option<String>,
 }
 
 /// How a refresh that ran reached the view's new content.
@@ -71,6 +77,9 @@ pub enum Refresh {
     /// The groups the input's changed rows touch, recomputed from the input, in place of
     /// the view's.
     Regrouped,
+    /// The join keys the inputs' changed rows hold, their rows recomputed from the inputs in
+    /// place of the view's.
+    Rejoined,
 }
 
 /// The versions of the tables `reads` (views already resolved), or the name of the first
@@ -209,21 +218,27 @@ pub(crate) async fn refresh(
     };
     let commit = PendingCommit::of_run(run_id).with_info(INPUTS_KEY, inputs.clone());
     if let (Some(view), Some(last)) = (&existing, &last) {
-        let grown = from_changes::Grown {
+        let grown = replace::Grown {
             last,
             now: &inputs,
             reads,
         };
         // A lost race stays one (the scheduler starts the refresh again); other errors are
         // placed at the view's declaration.
-        if let Some(r) = from_changes::refresh(wh, &ctx, &df, mv, view, &grown, &schema, &commit)
+        match from_changes::refresh(wh, &ctx, &df, mv, view, &grown, &schema, &commit)
             .await
             .map_err(|e| if e.is_conflict() { e } else { err(&e) })?
         {
-            return Ok(MvReport {
-                table: report.table,
-                ..r
-            });
+            Ok(r) => {
+                return Ok(MvReport {
+                    table: report.table,
+                    ..r
+                })
+            }
+            Err(why) => {
+                tracing::info!(view = %name, why, "recomputing whole");
+                report.recomputed_because = Some(why.to_string());
+            }
         }
     }
     let rows = collect_as(df, &schema).await.map_err(|e| err(&e))?;
