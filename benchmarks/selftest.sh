@@ -15,6 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 : "${STRATA_BIN:?set STRATA_BIN to the strata binary}"
 python3 test_duckdb_formulation.py
+python3 test_bench_helpers.py  # serve_bench.py and mview_bench.py: percentiles, parsing, as_of in DuckDB
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 python3 run.py --small --strata "$STRATA_BIN" --workdir "$work" --json "$work/results.json"
@@ -49,3 +50,18 @@ python3 upkeep_bench.py --small --strata "$STRATA_BIN" --workdir "$work/upkeep" 
 #    targets must hold the same rows. Correctness only: no timings are printed.
 python3 python_run.py --small --strata "$STRATA_BIN" \
   --lib "$(dirname "$STRATA_BIN")/libstrata_python.so" --workdir "$work/pyrun"
+# 8. `serve_bench.py --small`: an SCD2 target from 20k events served by `strata serve --pg`
+#    to 16 psycopg clients (current-version and as_of lookups, prepared) for 5 s while
+#    `strata run --continuous` commits a batch fed every second, then DuckDB's delta_scan
+#    with 16 cursors on the same table. Checks: no client error on either side, every answer
+#    one version of the key asked for, the final target equal to DuckDB's fold of every file
+#    (and `strata validate`), the bronze table holding every event once, and 100 lookups
+#    giving the same rows through the server, delta_scan and the fold. No timings printed.
+python3 serve_bench.py --small --strata "$STRATA_BIN" --workdir "$work/serve" \
+  --json "$work/serve.json"
+# 9. `mview_bench.py --small`: three materialized views (a filter and a count/sum/min/max
+#    GROUP BY over the bronze table, an avg GROUP BY over the SCD2 target) after a 1% batch:
+#    the run must refresh each incrementally, and its rows must equal a --full-refresh of the
+#    view and DuckDB's query over delta_scan of the source. No timings printed.
+python3 mview_bench.py --small --strata "$STRATA_BIN" --workdir "$work/mview" \
+  --json "$work/mview.json"
