@@ -42,9 +42,10 @@ pub(crate) struct Names<'a> {
     pub user: &'a str,
 }
 
-/// Registers the functions and the `pg_catalog` schema in `ctx` (a session of the
-/// warehouse), listing the tables `ctx` has registered.
-pub(crate) async fn register(ctx: &SessionContext, names: &Names<'_>) -> Result<()> {
+/// Registers the functions in `ctx` (a session of the warehouse), and the `pg_catalog`
+/// schema listing the tables `ctx` has registered when `sql` names it (listing them reads
+/// each table's schema: a point lookup need not pay for it).
+pub(crate) async fn register(ctx: &SessionContext, names: &Names<'_>, sql: &str) -> Result<()> {
     let constant = |name: &str, value: String, aliases: &[&'static str]| {
         let f = create_udf(
             name,
@@ -115,6 +116,9 @@ pub(crate) async fn register(ctx: &SessionContext, names: &Names<'_>) -> Result<
         )
         .with_aliases(["pg_catalog.format_type"]),
     );
+    if !names_pg_catalog(sql) {
+        return Ok(());
+    }
     let Some(catalog) = ctx.catalog(REGISTERED_CATALOG) else {
         return Ok(());
     };
@@ -290,6 +294,11 @@ pub(crate) async fn register(ctx: &SessionContext, names: &Names<'_>) -> Result<
     )?;
     catalog.register_schema(PG_CATALOG, pg as Arc<dyn SchemaProvider>)?;
     Ok(())
+}
+
+/// Whether `sql` reads the `pg_catalog` schema (which is only reachable by that name).
+fn names_pg_catalog(sql: &str) -> bool {
+    sql.to_ascii_lowercase().contains("pg_catalog")
 }
 
 /// `name(oid)`: the name `names` gives `oid` (the oid's digits for an unknown one, as

@@ -168,7 +168,7 @@ impl StatementParser {
             schema: &query.schema,
             user: &asker.user,
         };
-        catalog::register(&query.session, &names)
+        catalog::register(&query.session, &names, &query.sql)
             .await
             .map_err(|e| user_error("XX000", format!("setting up pg_catalog: {e}")))?;
         let plan = query
