@@ -5,10 +5,9 @@
 
 mod common;
 
+use common::serve::Server;
 use common::{stderr, Project};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tokio_postgres::types::{FromSql, Type};
 
@@ -38,13 +37,7 @@ const FIRST: &str = r#"{"id": 1, "name": "Isabel", "qty": 3, "amount": "123.45",
 const SECOND: &str = r#"{"id": 3, "name": "Lily", "qty": 7, "amount": "9.99", "score": 0.5, "active": true, "placed_at": "2024-03-01T00:00:00Z", "local_at": "2024-03-01T00:00:00", "day": "2024-03-01", "tags": ["c"], "addr": {"city": "Cancun", "zip": 77500}, "seq": 1}
 "#;
 
-/// A running `strata serve`, stopped with SIGTERM when dropped (killed if it does not stop).
-struct Server {
-    child: Child,
-    port: u16,
-    log: Arc<Mutex<String>>,
-}
-
+/// How the tests start `strata serve` (the shared [`Server`] of `common::serve`).
 impl Server {
     /// Starts `strata serve --pg 127.0.0.1:0 extra...` in `p` with `env`, and waits for the
     /// line saying where it listens.
@@ -62,49 +55,13 @@ impl Server {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Server {
-        let mut args = vec!["serve"];
-        args.extend_from_slice(listen);
-        args.extend_from_slice(extra);
-        let mut command = p.command(&args);
-        command.env_remove("STRATA_SERVE_PASSWORD");
-        command.env_remove("STRATA_SERVE_TOKEN");
-        for (k, v) in env {
-            command.env(k, v);
-        }
-        let mut child = command
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("strata serve starts");
-        let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-        let log = Arc::new(Mutex::new(String::new()));
-        let port = loop {
-            let Some(Ok(line)) = lines.next() else {
-                let _ = child.kill();
-                panic!(
-                    "strata serve ended before listening: {}",
-                    log.lock().unwrap()
-                );
-            };
-            log.lock().unwrap().push_str(&format!("{line}\n"));
-            if let Some((_, rest)) = line.split_once(marker) {
-                let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
-                break port.parse().expect("port");
-            }
-        };
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            for line in lines.map_while(Result::ok) {
-                sink.lock().unwrap().push_str(&format!("{line}\n"));
-            }
-        });
-        Server { child, port, log }
+        let args: Vec<&str> = listen.iter().chain(extra).copied().collect();
+        Server::spawn(p, &args, marker, env)
     }
+}
 
-    fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
-    }
-
+/// psql on a running server.
+impl Server {
     /// `psql` with `args` and the password `password`.
     fn psql_as(&self, password: &str, args: &[&str]) -> std::process::Output {
         Command::new("psql")
@@ -126,31 +83,6 @@ impl Server {
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8_lossy(&out.stdout).to_string()
-    }
-
-    fn stop(mut self) -> std::process::ExitStatus {
-        let pid = self.child.id().to_string();
-        let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "strata serve did not stop on SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
     }
 }
 
@@ -1392,12 +1324,7 @@ fn the_web_page_over_tls() {
     let plain = format!("http://127.0.0.1:{}/api/tables/default.orders", server.port);
     let (code, body, _) = curl(&["--user", &user, &plain]);
     assert!(code != 0 && !body.contains("orders"), "{code} {body}");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !server.log().contains("TLS handshake failed") {
-        assert!(std::time::Instant::now() < deadline, "{}", server.log());
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    let log = server.log();
+    let log = server.log_with("TLS handshake failed");
     let status = server.stop();
     assert!(status.success(), "{status:?}");
     assert!(!log.contains(password), "{log}");

@@ -8,87 +8,27 @@
 
 mod common;
 
+use common::serve::Server;
 use common::{stderr, stdout, Project};
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const PASSWORD: &str = "s3cret-web";
 const TOKEN: &str = "t0ken-web-1234";
 
-/// A running `strata serve --http`, stopped with SIGTERM when dropped (killed if it does
-/// not stop).
-struct Server {
-    child: Child,
-    port: u16,
-    log: Arc<Mutex<String>>,
-}
-
+/// How the tests start `strata serve --http` and ask it for pages (the shared [`Server`] of
+/// `common::serve`).
 impl Server {
     /// Starts `strata serve --warehouse wh --http 127.0.0.1:0 extra...` in `p` with `env` and
     /// waits for the line saying where it listens.
     fn start(p: &Project, extra: &[&str], env: &[(&str, &str)]) -> Server {
-        let mut args = vec!["serve", "--warehouse", "wh", "--http", "127.0.0.1:0"];
+        let mut args = vec!["--warehouse", "wh", "--http", "127.0.0.1:0"];
         args.extend_from_slice(extra);
-        let mut command = p.command(&args);
-        command.env_remove("STRATA_SERVE_PASSWORD");
-        command.env_remove("STRATA_SERVE_TOKEN");
-        for (k, v) in env {
-            command.env(k, v);
-        }
-        let mut child = command
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("strata serve starts");
-        let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-        let log = Arc::new(Mutex::new(String::new()));
-        let marker = "as a web page on 127.0.0.1:";
-        let port = loop {
-            let Some(Ok(line)) = lines.next() else {
-                let _ = child.kill();
-                panic!(
-                    "strata serve ended before listening: {}",
-                    log.lock().unwrap()
-                );
-            };
-            log.lock().unwrap().push_str(&format!("{line}\n"));
-            if let Some((_, rest)) = line.split_once(marker) {
-                let port: String = rest.chars().take_while(char::is_ascii_digit).collect();
-                break port.parse().expect("port");
-            }
-        };
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            for line in lines.map_while(Result::ok) {
-                sink.lock().unwrap().push_str(&format!("{line}\n"));
-            }
-        });
-        Server { child, port, log }
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
-    }
-
-    /// The log once it has a line containing `needle` (the server writes it after the
-    /// response), failing after 10 s without.
-    fn log_with(&self, needle: &str) -> String {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let log = self.log();
-            if log.contains(needle) {
-                return log;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no line with {needle:?} in:\n{log}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        Server::spawn(p, &args, "as a web page on 127.0.0.1:", env)
     }
 
     fn url(&self, path: &str) -> String {
@@ -125,31 +65,6 @@ impl Server {
             status,
             head: head.to_ascii_lowercase(),
             body: body.to_string(),
-        }
-    }
-
-    fn stop(mut self) -> std::process::ExitStatus {
-        let pid = self.child.id().to_string();
-        let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "strata serve did not stop on SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
         }
     }
 }
@@ -552,7 +467,7 @@ fn the_json_endpoints_answer_and_an_unknown_table_is_a_404() {
     assert_eq!(server.request("HEAD", "/api/status", &[]).status, 200);
 
     // SIGTERM stops both listeners and the process exits 0.
-    let log = server.log.clone();
+    let log = server.shared_log();
     let status = server.stop();
     assert!(status.success(), "{status:?}");
     let deadline = Instant::now() + Duration::from_secs(10);

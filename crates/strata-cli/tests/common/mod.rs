@@ -7,6 +7,7 @@ use std::process::{Command, Output};
 
 pub mod database;
 pub mod object_store;
+pub mod serve;
 
 /// A temp folder holding `pipeline.sql` and `data/cdc/`; the warehouse is `./warehouse`.
 pub struct Project {
