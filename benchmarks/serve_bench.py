@@ -273,10 +273,6 @@ def ms(secs: float | None) -> float | None:
 
 # --------------------------------------------------------------------------- DuckDB's delta extension
 
-def duckdb_ext_dir() -> Path:
-    return BENCH_DIR / ".venv" / "duckdb_extensions"
-
-
 def duckdb_delta_connect(install: bool = False):
     """A DuckDB connection with the delta extension loaded (upkeep_bench.py's way: the pinned
     duckdb-ext-delta wheel installed with INSTALL '<file>', else DuckDB's repository)."""
