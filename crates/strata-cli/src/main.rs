@@ -8,6 +8,7 @@
 //! read-only warehouse, a lost connection); 5 an internal error (a bug in strata). Errors
 //! print their whole chain on one line.
 
+mod cluster;
 mod events;
 mod graph;
 mod progress;
@@ -90,7 +91,20 @@ enum Command {
         /// machine's memory, at least 1 GiB].
         #[arg(long, value_name = "SIZE", value_parser = parse_memory)]
         memory_limit: Option<u64>,
+        /// Run first loads of AUTO CDC flows on the Apache DataFusion Ballista cluster whose
+        /// scheduler is at URL (`df://HOST:PORT`, see `strata cluster`); this process plans
+        /// and commits. The warehouse must be where the executors reach it (object storage).
+        #[arg(long, value_name = "URL")]
+        cluster: Option<String>,
+        /// A first load of fewer events stays on this machine.
+        #[arg(long, value_name = "N", default_value_t = cluster::DEFAULT_MIN_EVENTS, requires = "cluster")]
+        cluster_min_events: u64,
     },
+    /// Run the processes of a cluster for `strata run --cluster`: one scheduler, and
+    /// executors that join it (Apache DataFusion Ballista with strata's plans). Each reads
+    /// the warehouse with the object-store credentials of its own environment.
+    #[command(subcommand)]
+    Cluster(cluster::ClusterCommand),
     /// Show the event log: what each run did, dataset by dataset.
     Events {
         #[command(flatten)]
@@ -448,6 +462,8 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
             lock,
             lock_timeout,
             memory_limit,
+            cluster,
+            cluster_min_events,
         } => {
             let mut configuration: std::collections::BTreeMap<String, String> =
                 conf.into_iter().collect();
@@ -471,6 +487,7 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
                 full_refresh,
                 progress: Some(progress::reporter()),
                 stop: Some(stop.clone()),
+                cluster: cluster::for_run(cluster.as_deref(), cluster_min_events)?,
                 lock: lock.map(|l| match l {
                     LockArg::Fail => strata_engine::LockMode::Fail,
                     LockArg::Wait => strata_engine::LockMode::Wait(lock_timeout),
@@ -560,6 +577,7 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
             serve(warehouse, listeners, limits).await
         }
         Command::Optimize(args) => upkeep::optimize(args).await,
+        Command::Cluster(command) => cluster::run(command).await,
         Command::Vacuum(args) => upkeep::vacuum(args).await,
         Command::Validate {
             table,

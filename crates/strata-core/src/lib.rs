@@ -78,7 +78,7 @@ pub trait EventModel {
 }
 
 /// The fold's options that do not live in the model.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FoldOptions {
     pub ignore_null_updates: bool,
 }

@@ -60,6 +60,15 @@ pub use load::settings::parse_duration;
 pub use load::sources::{plan_sources, PipelineSource, PlanStep, PlannedPipeline, SourceKind};
 pub use load::spec::{is_spec, load_pipeline, load_pipeline_with_python, LoadedPipeline};
 pub use ops::cdc::FlowReport;
+/// Bulk loads on a cluster: the plan nodes a cluster's processes plan, encode and run, and
+/// the connector `strata run --cluster` opens sessions with (`strata-cluster`).
+pub mod cluster {
+    pub use crate::ops::cdc::cluster::session_state;
+    pub use crate::ops::cdc::cluster::{
+        ClusterConnector, ClusterRun, FoldWriteExec, FoldWriteNode, StrataQueryPlanner,
+    };
+    pub use crate::storage::location::object_store_for;
+}
 pub use ops::ingest::IngestReport;
 pub use ops::mview::{MvReport, Refresh};
 pub use ops::pit::PitReport;

@@ -228,6 +228,7 @@ impl RunArgs {
             progress,
             stop: None,
             lock: None,
+            cluster: None,
         })
     }
 }

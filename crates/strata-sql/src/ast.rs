@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 /// A place in the pipeline text, 1-based.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Location {
     pub line: u64,
     pub column: u64,
@@ -24,7 +24,9 @@ impl fmt::Display for Location {
 
 /// `schema.name` or `name`; the schema defaults to `default`. A legacy `LIVE.` prefix
 /// is dropped by the parser (`LIVE.users` is `default.users`).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct TableName {
     pub schema: String,
     pub name: String,
@@ -417,7 +419,7 @@ pub struct ReadFiles {
 }
 
 /// `COLUMNS a, b` / `COLUMNS * EXCEPT (a, b)`, also used for `TRACK HISTORY ON`.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum ColumnSelection {
     #[default]
     All,
@@ -426,7 +428,7 @@ pub enum ColumnSelection {
 }
 
 /// How a target keeps history: `STORED AS SCD TYPE 1 | SCD TYPE 2 | SNAPSHOTS`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum ScdType {
     /// The current state only.
     #[default]
@@ -456,7 +458,7 @@ impl fmt::Display for ScdType {
 }
 
 /// What feeds a flow: change events, or full snapshots.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum FlowKind {
     /// `AUTO CDC INTO`: each source row is a change event ordered by `SEQUENCE BY`.
     #[default]
@@ -470,7 +472,7 @@ pub enum FlowKind {
 }
 
 /// `SEQUENCE BY expr` or `SEQUENCE BY STRUCT(a, b)`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum SequenceBy {
     Expr(String),
     /// Orders by the first expression, then the next. Each entry is (field name, expression
@@ -480,7 +482,7 @@ pub enum SequenceBy {
 
 /// `CREATE FLOW name AS AUTO CDC INTO target FROM STREAM(source) KEYS (...) ...`
 /// (or the legacy `APPLY CHANGES INTO` spelling).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CdcFlow {
     pub name: String,
     pub kind: FlowKind,

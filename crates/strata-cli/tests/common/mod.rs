@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+pub mod cluster;
 pub mod database;
 pub mod object_store;
 pub mod serve;

@@ -23,6 +23,8 @@ pub(crate) struct Scope<'a> {
     /// The memory limit of large work, in bytes (`util/memory.rs`): a bulk load past it
     /// sorts on disk, and an ingestion keeps no more events than a share of it.
     pub(crate) memory: u64,
+    /// `strata run --cluster`: where bulk loads go (`ops/cdc/cluster`).
+    pub(crate) cluster: Option<&'a crate::ops::cdc::cluster::ClusterRun>,
     /// The pipeline's folder (`read_files` paths are relative to it).
     pub(crate) dir: &'a std::path::Path,
     /// Tells how far the node has got (`3 of 10 file(s), 120000 row(s)`), for progress

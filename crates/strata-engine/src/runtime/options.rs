@@ -81,6 +81,9 @@ pub struct RunOptions {
     /// When set (by a signal handler), the run stops before its next node: the node in
     /// flight finishes its commit, nothing after it starts. [`RunReport::stopped`] says so.
     pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// `--cluster URL`: first loads of AUTO CDC flows of at least its `min_events` events
+    /// run on this cluster (`ops/cdc/cluster`); `None`: everything runs here.
+    pub cluster: Option<crate::ops::cdc::cluster::ClusterRun>,
 }
 
 /// A callback for [`Progress`] events.

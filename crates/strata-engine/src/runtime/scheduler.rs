@@ -203,6 +203,7 @@ async fn run_with_retries(
         pipeline: &run.pipeline,
         handoff: &run.handoff,
         memory: run.memory,
+        cluster: run.options.cluster.as_ref(),
         dir: run.prepared.dir,
         update,
     };

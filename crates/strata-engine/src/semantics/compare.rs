@@ -141,7 +141,7 @@ pub(crate) fn count_first_rows(setup: &FlowSetup, new: &RecordBatch) -> Counts {
 }
 
 /// How many rows and versions a run changed (the event log's counts).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Counts {
     /// Rows whose values were not there before (inserted or updated rows).
     pub(crate) rows_written: usize,

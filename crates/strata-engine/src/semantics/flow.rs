@@ -13,7 +13,8 @@ use strata_sql::CdcFlow;
 use strata_sql::FlowKind;
 
 /// A flow checked against its source's schema: everything needed to run it.
-#[derive(Debug, Clone)]
+/// Serializable (JSON, schemas as Arrow IPC) for the executors of a cluster run.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct FlowSetup {
     pub flow: CdcFlow,
     /// `SELECT <output cols>, <seq> AS __strata_seq, <op> AS __strata_op FROM __strata_source`
@@ -21,11 +22,14 @@ pub(crate) struct FlowSetup {
     pub out_cols: Vec<String>,
     pub key_names: Vec<String>,
     /// Event-store schema: output columns, `__strata_seq`, `__strata_op`, `__strata_run`.
+    #[serde(with = "arrow::schema_serde")]
     pub event_schema: SchemaRef,
     /// Rows as the fold produces them: output columns, then `__START_AT`, `__END_AT` for
     /// SCD type 2 and `SNAPSHOTS` targets.
+    #[serde(with = "arrow::schema_serde")]
     pub fold_schema: SchemaRef,
     /// The target's columns: output columns, then the timeline columns of its convention.
+    #[serde(with = "arrow::schema_serde")]
     pub target_schema: SchemaRef,
     pub timeline: Timeline,
     pub spec: FoldSpec,

@@ -31,7 +31,7 @@ pub(crate) const START_COL: &str = "__START_AT";
 pub(crate) const END_COL: &str = "__END_AT";
 
 /// What the fold needs to know about a flow's columns, as indices into the event batch.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct FoldSpec {
     /// Output columns (event-store columns `0..n_out`).
     pub n_out: usize,

@@ -43,7 +43,7 @@ const KEYS: [&str; 9] = [
 pub(crate) const PRESETS: [&str; 3] = ["databricks", "dbt", "kimball"];
 
 /// The timeline columns of one historised table.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Timeline {
     pub surrogate_key: Option<String>,
     pub updated_at: Option<String>,

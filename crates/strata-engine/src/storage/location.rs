@@ -586,6 +586,26 @@ fn build_store(url: &Url, options: &HashMap<String, String>) -> DeltaResult<Arc<
     Ok(store)
 }
 
+/// The store at the root (bucket, container) of the object URL `url`, with its settings from
+/// the environment, as strata's tables reach it: for a cluster's processes, which read the
+/// same files.
+pub fn object_store_for(url: &Url) -> Result<Arc<dyn ObjectStore>> {
+    if !OBJECT_SCHEMES.contains(&url.scheme()) {
+        return Err(EngineError::BadInput(format!(
+            "{}:// is not an object store strata opens (it opens {})",
+            url.scheme(),
+            OBJECT_SCHEMES.join(", ")
+        )));
+    }
+    store_for(url).map_err(|e| {
+        EngineError::BadInput(format!(
+            "opening {}://{}: {e}",
+            url.scheme(),
+            url.authority()
+        ))
+    })
+}
+
 /// deltalake's way to our stores.
 struct EnvStores;
 

@@ -3,9 +3,11 @@
 use crate::error::{Context, Result};
 use deltalake::arrow::datatypes::{DataType, Field, FieldRef, TimeUnit};
 use deltalake::datafusion::common::Result as DFResult;
+use deltalake::datafusion::execution::context::QueryPlanner;
 use deltalake::datafusion::execution::runtime_env::RuntimeEnv;
 use deltalake::datafusion::execution::SessionStateBuilder;
 use deltalake::datafusion::logical_expr::planner::TypePlanner;
+use deltalake::datafusion::physical_optimizer::PhysicalOptimizerRule;
 use deltalake::datafusion::prelude::SessionConfig;
 use deltalake::datafusion::prelude::SessionContext;
 use deltalake::datafusion::sql::sqlparser::ast::DataType as SqlType;
@@ -27,6 +29,17 @@ pub(crate) fn new_session_in(schema: &str) -> SessionContext {
 /// A session of `config` (and `runtime`, else the default one) that reads SQL types
 /// ([`SparkTypes`]) and datetime patterns ([`super::spark_functions`]) as Spark does.
 fn session_with(config: SessionConfig, runtime: Option<Arc<RuntimeEnv>>) -> SessionContext {
+    session_planned_by(config, runtime, None, None)
+}
+
+/// [`session_with`], physical plans made by `planner` and rewritten by `physical_rules`
+/// when given.
+pub(crate) fn session_planned_by(
+    config: SessionConfig,
+    runtime: Option<Arc<RuntimeEnv>>,
+    planner: Option<Arc<dyn QueryPlanner + Send + Sync>>,
+    physical_rules: Option<Vec<Arc<dyn PhysicalOptimizerRule + Send + Sync>>>,
+) -> SessionContext {
     let mut state = SessionStateBuilder::new()
         .with_config(config)
         .with_default_features()
@@ -34,9 +47,31 @@ fn session_with(config: SessionConfig, runtime: Option<Arc<RuntimeEnv>>) -> Sess
     if let Some(runtime) = runtime {
         state = state.with_runtime_env(runtime);
     }
+    if let Some(planner) = planner {
+        state = state.with_query_planner(planner);
+    }
+    if let Some(rules) = physical_rules {
+        state = state.with_physical_optimizer_rules(rules);
+    }
     let ctx = SessionContext::new_with_state(state.build());
     super::spark_functions::register(&ctx);
     ctx
+}
+
+/// `config` with the settings of [`file_session`]: strata's SQL settings, strings read into
+/// the type tables store.
+pub(crate) fn with_file_settings(config: SessionConfig) -> SessionConfig {
+    let mut config = config
+        .with_default_catalog_and_schema("strata", TableName::DEFAULT_SCHEMA)
+        .with_create_default_catalog_and_schema(true)
+        .with_information_schema(true);
+    config.options_mut().sql_parser.enable_ident_normalization = false;
+    config
+        .options_mut()
+        .execution
+        .parquet
+        .schema_force_view_types = false;
+    config
 }
 
 /// The SQL types Spark has and DataFusion reads otherwise or not at all: `TIMESTAMP_NTZ`

@@ -470,6 +470,42 @@ pub(crate) fn fits_i64(t: &DataType) -> bool {
     )
 }
 
+/// A schema as (de)serialized data: the bytes of an empty Arrow IPC stream of it (its
+/// fields, types and metadata exactly), base64 in text formats. For `#[serde(with)]`.
+pub(crate) mod schema_serde {
+    use base64::Engine as _;
+    use deltalake::arrow::datatypes::{Schema, SchemaRef};
+    use deltalake::arrow::ipc::reader::StreamReader;
+    use deltalake::arrow::ipc::writer::StreamWriter;
+    use serde::de::Error as _;
+    use serde::ser::Error as _;
+    use std::sync::Arc;
+
+    pub(crate) fn serialize<S: serde::Serializer>(
+        schema: &SchemaRef,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        let mut bytes = Vec::new();
+        let mut writer = StreamWriter::try_new(&mut bytes, schema).map_err(S::Error::custom)?;
+        writer.finish().map_err(S::Error::custom)?;
+        drop(writer);
+        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(bytes))
+    }
+
+    pub(crate) fn deserialize<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<SchemaRef, D::Error> {
+        let text: String = serde::Deserialize::deserialize(d)?;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .map_err(D::Error::custom)?;
+        let reader =
+            StreamReader::try_new(std::io::Cursor::new(bytes), None).map_err(D::Error::custom)?;
+        let schema: Schema = reader.schema().as_ref().clone();
+        Ok(Arc::new(schema))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -504,5 +540,31 @@ mod tests {
             storage_type(&nested),
             DataType::Struct(vec![Field::new("at", utc, true)].into())
         );
+    }
+
+    #[test]
+    fn schemas_round_trip_through_serde_with_their_metadata() {
+        #[derive(serde::Serialize, serde::Deserialize)]
+        struct Holder {
+            #[serde(with = "super::schema_serde")]
+            schema: SchemaRef,
+        }
+        use deltalake::arrow::datatypes::Field;
+        let field = Field::new(
+            "at",
+            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            false,
+        )
+        .with_metadata([("comment".to_string(), "when".to_string())].into());
+        let schema = std::sync::Arc::new(Schema::new(vec![
+            field,
+            Field::new("id", DataType::Int64, true),
+        ]));
+        let text = serde_json::to_string(&Holder {
+            schema: schema.clone(),
+        })
+        .unwrap();
+        let back: Holder = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.schema, schema);
     }
 }

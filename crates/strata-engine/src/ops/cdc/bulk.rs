@@ -47,7 +47,7 @@ use std::sync::Arc;
 /// concatenated events, the fold's indices and its output): the 10M-event benchmark peaks
 /// at about 1.5-1.8 GiB. A load whose events would take more than the limit streams, and
 /// a part of a bulk load holds as many events as fit at this size.
-const EVENT_BYTES_IN_MEMORY: u64 = 200;
+pub(super) const EVENT_BYTES_IN_MEMORY: u64 = 200;
 
 /// The share of the memory limit the split's buffers may hold in all (each part's buffer
 /// is written out as a file when it holds its share of it).
@@ -88,7 +88,8 @@ pub(super) struct Bulk<'a> {
 }
 
 /// The events of the files `live` of `source` (by the Delta log's statistics) when a load of
-/// them streams: more than the run's memory limit holds in memory (`STRATA_STREAM_MIN_ROWS`
+/// them streams: at least the run's cluster's `min_events` (it goes to the cluster), or
+/// more than the run's memory limit holds in memory (`STRATA_STREAM_MIN_ROWS`
 /// sets the row count instead; the golden scenarios' parallel mode sets it to 1, so every
 /// first load takes this path there); `None` when they are folded in memory.
 pub(super) fn streamed_events(
@@ -97,6 +98,9 @@ pub(super) fn streamed_events(
     live: &[String],
 ) -> Option<u64> {
     let rows = estimated_rows(source, live)?;
+    if scope.cluster.is_some_and(|c| rows >= c.min_events) {
+        return Some(rows);
+    }
     let streams = match min_rows_override() {
         Some(min) => rows >= min,
         None => rows.saturating_mul(EVENT_BYTES_IN_MEMORY) > scope.memory,
@@ -183,8 +187,8 @@ pub(super) async fn run_bulk(
         ),
         Input::Store { .. } => None,
     };
-    let target = match bulk.target {
-        Some(t) => t,
+    let target = match &bulk.target {
+        Some(t) => t.clone(),
         None => super::target::create_target(scope, setup, target_properties).await?,
     };
     let mut store_files = store.as_ref().map(FileStream::start).transpose()?;
@@ -196,48 +200,120 @@ pub(super) async fn run_bulk(
         let Some(events) = read_part(setup, &split, part, run, &place).await? else {
             continue;
         };
-        folded_events += events.num_rows();
-        if let Some(files) = &mut store_files {
-            write_sliced(files, &events).await?;
-        }
-        let rows = fold_part(setup, events).await?;
-        report.count(&count_first_rows(setup, &rows.0));
-        report.rows_inserted += rows.0.num_rows();
-        report.keys_touched += rows.1;
-        write_sliced(&mut target_files, &rows.0).await?;
+        let outcome = write_part(setup, events, store_files.as_mut(), &mut target_files).await?;
+        folded_events += outcome.events;
+        outcome.add_to(report);
         (scope.update)(progress(folded_events, bulk.expected, started.elapsed()));
     }
     drop(dir);
-    report.keys_changed = report.keys_touched;
     report.notes.push(format!(
         "bulk load: {folded_events} event(s) folded in {parts} part(s) of whole keys, {} \
          on local disk between the read and the fold",
         show_size(split.bytes)
     ));
-    let store_version = match (&store, store_files) {
-        (Some(store), Some(files)) => {
-            report.events = folded_events;
-            let adds = files.finish().await?;
+    let store_adds = match store_files {
+        Some(files) => Some(files.finish().await?),
+        None => None,
+    };
+    let written = Written {
+        store: store.as_ref().zip(store_adds),
+        target: &target,
+        target_adds: target_files.finish().await?,
+        events: folded_events,
+        decided_at,
+    };
+    commit_bulk(scope, setup, &bulk, written, report).await
+}
+
+/// What a bulk load wrote, to commit: the event store's files (none when rebuilding from
+/// it) and the target's.
+pub(super) struct Written<'a> {
+    pub(super) store: Option<(&'a DeltaTable, Vec<deltalake::kernel::Add>)>,
+    pub(super) target: &'a DeltaTable,
+    pub(super) target_adds: Vec<deltalake::kernel::Add>,
+    /// The events folded.
+    pub(super) events: usize,
+    /// When the load started (ms since the epoch): recorded with the store's commit for
+    /// the tombstones' clock.
+    pub(super) decided_at: i64,
+}
+
+/// The bulk load's two commits: the event store's (with the source position), then the
+/// target's (with the store version and the source position).
+pub(super) async fn commit_bulk(
+    scope: &Scope<'_>,
+    setup: &FlowSetup,
+    bulk: &Bulk<'_>,
+    written: Written<'_>,
+    report: &mut FlowReport,
+) -> Result<()> {
+    let flow = &setup.flow;
+    report.keys_changed = report.keys_touched;
+    let store_version = match written.store {
+        Some((store, adds)) => {
+            report.events = written.events;
             let commit = PendingCommit::of_run(scope.run_id)
                 .at(AppId::Flow(&flow.name), bulk.source_version)
-                .with_info(tombstones::DECIDED_AT, serde_json::json!(decided_at));
+                .with_info(
+                    tombstones::DECIDED_AT,
+                    serde_json::json!(written.decided_at),
+                );
             crate::storage::write::append(store, Vec::new(), adds, &commit)
                 .await
                 .map_err(|e| e.within(|| format!("flow {}: committing events", flow.name)))?
         }
-        _ => {
+        None => {
             report.recovered = true;
             bulk.store_version
         }
     };
-    let adds = target_files.finish().await?;
     let commit = PendingCommit::of_run(scope.run_id)
         .at(AppId::Events, store_version)
         .at(AppId::Flow(&flow.name), bulk.source_version);
-    crate::storage::write::append(&target, Vec::new(), adds, &commit)
+    crate::storage::write::append(written.target, Vec::new(), written.target_adds, &commit)
         .await
         .map_err(|e| e.within(|| format!("flow {}: writing {}", flow.name, flow.target)))?;
     Ok(())
+}
+
+/// What folding one part of a bulk load gave.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub(crate) struct PartOutcome {
+    pub(crate) events: usize,
+    pub(crate) rows: usize,
+    pub(crate) keys: usize,
+    pub(crate) counts: crate::semantics::compare::Counts,
+}
+
+impl PartOutcome {
+    pub(crate) fn add_to(&self, report: &mut FlowReport) {
+        report.count(&self.counts);
+        report.rows_inserted += self.rows;
+        report.keys_touched += self.keys;
+    }
+}
+
+/// One part's events (whole keys, in key order, checked) written to the event store's
+/// files (unless rebuilding from it), folded, and the folded rows written to the target's.
+pub(crate) async fn write_part(
+    setup: &FlowSetup,
+    events: RecordBatch,
+    store_files: Option<&mut FileStream>,
+    target_files: &mut FileStream,
+) -> Result<PartOutcome> {
+    let n_events = events.num_rows();
+    if let Some(files) = store_files {
+        write_sliced(files, &events).await?;
+    }
+    let (rows, keys) = fold_part(setup, events).await?;
+    let outcome = PartOutcome {
+        events: n_events,
+        rows: rows.num_rows(),
+        keys,
+        counts: count_first_rows(setup, &rows),
+    };
+    write_sliced(target_files, &rows).await?;
+    Ok(outcome)
 }
 
 /// The parts a load of `expected` events is split into within `memory`: at least 3 when
@@ -350,18 +426,28 @@ async fn read_part(
     let (setup, place) = (setup.clone(), place.to_string());
     off_scheduler("reading a part of the bulk load", move || {
         let batches = crate::util::spill::read_part(&files)?;
-        validate_events(&setup, &batches, &place)?;
-        let events = match run {
-            // New events: with one integer-like key, `with_run` puts them in key order itself.
-            Some(run) => match single_integer_like_key(&setup) {
-                true => with_run(&setup, batches, run)?,
-                false => with_run(&setup, vec![in_key_order(&setup, batches, false)?], run)?,
-            },
-            None => in_key_order(&setup, batches, true)?,
-        };
-        Ok(Some(events))
+        order_part(&setup, batches, run, &place).map(Some)
     })
     .await
+}
+
+/// A part's events `batches` (whole keys) checked (R4) and in key order, with their run
+/// (`run`, when new). CPU work: callers run it off the scheduler.
+pub(crate) fn order_part(
+    setup: &FlowSetup,
+    batches: Vec<RecordBatch>,
+    run: Option<i64>,
+    place: &str,
+) -> Result<RecordBatch> {
+    validate_events(setup, &batches, place)?;
+    match run {
+        // New events: with one integer-like key, `with_run` puts them in key order itself.
+        Some(run) => match single_integer_like_key(setup) {
+            true => with_run(setup, batches, run),
+            false => with_run(setup, vec![in_key_order(setup, batches, false)?], run),
+        },
+        None => in_key_order(setup, batches, true),
+    }
 }
 
 /// Whether the flow has one key column, of a type `with_run` orders by itself (checked

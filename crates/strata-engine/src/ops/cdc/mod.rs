@@ -20,10 +20,11 @@
 //! The run's phases are in `run.rs`; preparing a flow before anything runs in `setup.rs`;
 //! columns added and settings followed before a run in `evolve.rs`; writing the target in
 //! `target.rs`; a first load larger than the run's memory limit, streamed through a
-//! spilling sort, in `bulk.rs`; `AUTO CDC FROM SNAPSHOT` (diffing deliveries into events) in `snapshot.rs`
+//! spilling sort, in `bulk.rs` (or on a cluster, in `cluster/`); `AUTO CDC FROM SNAPSHOT` (diffing deliveries into events) in `snapshot.rs`
 //! and `STORED AS SNAPSHOTS` in `snapshots_mode.rs`.
 
 mod bulk;
+pub(crate) mod cluster;
 mod evolve;
 mod run;
 mod setup;

@@ -111,7 +111,23 @@ async fn run_flow_once(
     };
     if let Some(bulk) = bulk_load(scope, setup, &pos).await? {
         report.source_versions = Some((pos.from, pos.source_version));
-        super::bulk::run_bulk(scope, setup, target_properties, bulk, &mut report).await?;
+        match super::cluster::placement(scope, &bulk) {
+            Ok(cluster) => {
+                super::cluster::run_on_cluster(
+                    scope,
+                    cluster,
+                    setup,
+                    target_properties,
+                    bulk,
+                    &mut report,
+                )
+                .await?
+            }
+            Err(local) => {
+                report.notes.extend(local);
+                super::bulk::run_bulk(scope, setup, target_properties, bulk, &mut report).await?
+            }
+        }
         return Ok(report);
     }
     let steps = Steps::new(&setup.flow.name, "");

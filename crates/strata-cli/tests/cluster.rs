@@ -1,0 +1,275 @@
+//! Bulk loads on a real cluster: `strata run --cluster` against a scheduler and two
+//! executors of the binary under test (`scripts/services/cluster.sh`, separate processes on
+//! loopback ports), with warehouses on the S3-compatible test server (moto). Each test
+//! compares the cluster's tables with the same pipeline run on this machine only.
+mod common;
+
+use common::cluster::Cluster;
+use common::object_store::{OnStore, S3};
+use common::stderr;
+
+const PIPELINE: &str = r#"
+CREATE OR REFRESH STREAMING TABLE raw
+AS SELECT * FROM STREAM read_files('data/cdc', format => 'json',
+  schema => 'id BIGINT, code STRING, name STRING, score DOUBLE, op STRING, seq BIGINT');
+CREATE OR REFRESH STREAMING TABLE history;
+CREATE FLOW history_flow AS AUTO CDC INTO history FROM STREAM(raw)
+KEYS (id)
+APPLY AS DELETE WHEN op = 'DELETE'
+SEQUENCE BY seq
+COLUMNS * EXCEPT (op, seq)
+STORED AS SCD TYPE 2;
+CREATE OR REFRESH STREAMING TABLE current;
+CREATE FLOW current_flow AS AUTO CDC INTO current FROM STREAM(raw)
+KEYS (code)
+APPLY AS DELETE WHEN op = 'DELETE'
+SEQUENCE BY seq
+COLUMNS * EXCEPT (op, seq)
+STORED AS SCD TYPE 1;
+"#;
+
+/// A small deterministic generator (the tests must be repeatable).
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self, below: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % below
+    }
+}
+
+fn event(id: u64, op: &str, seq: u64, rng: &mut Lcg) -> String {
+    let name = format!("n{}", rng.next(1000));
+    let score = rng.next(1_000_000) as f64 / 7.0;
+    format!(
+        r#"{{"id": {id}, "code": "k{id}", "name": "{name}", "score": {score}, "op": "{op}", "seq": {seq}}}"#
+    )
+}
+
+/// The first delivery, as two files: for each of `keys` keys one to four upserts 10 apart in
+/// sequence, every eleventh key deleted last; the second file holds late events (sequence
+/// between two earlier ones) for every fifth key.
+fn first_delivery(keys: u64) -> (String, String) {
+    let mut rng = Lcg(7);
+    let (mut a, mut b) = (String::new(), String::new());
+    for id in 0..keys {
+        let n = 1 + rng.next(4);
+        for j in 1..=n {
+            let op = if j == n && id % 11 == 0 {
+                "DELETE"
+            } else {
+                "UPSERT"
+            };
+            a.push_str(&event(id, op, 10 * j, &mut rng));
+            a.push('\n');
+        }
+        if id % 5 == 0 {
+            b.push_str(&event(id, "UPSERT", 10 * n - 5, &mut rng));
+            b.push('\n');
+        }
+    }
+    (a, b)
+}
+
+/// A later delivery: late updates, deletes, a key deleted in the first delivery inserted
+/// again, and new keys.
+fn later_delivery(keys: u64) -> String {
+    let mut rng = Lcg(11);
+    let mut out = String::new();
+    for id in (0..keys).step_by(3) {
+        let (op, seq) = match id % 4 {
+            0 => ("UPSERT", 13),
+            1 => ("DELETE", 100),
+            _ => ("UPSERT", 100),
+        };
+        out.push_str(&event(id, op, seq, &mut rng));
+        out.push('\n');
+    }
+    for id in keys..keys + 50 {
+        out.push_str(&event(id, "UPSERT", 10, &mut rng));
+        out.push('\n');
+    }
+    out
+}
+
+/// What both runs must agree on: every row of both targets and the history's change feed.
+fn tables(w: &OnStore) -> Vec<String> {
+    [
+        "SELECT id, code, name, score, __START_AT, __END_AT FROM history ORDER BY id, __START_AT",
+        "SELECT code, id, name, score FROM current ORDER BY code",
+        "SELECT _change_type, id, name, score, __START_AT, __END_AT FROM table_changes('history', 0) \
+         ORDER BY id, __START_AT, _change_type, _commit_version",
+    ]
+    .iter()
+    .map(|sql| w.csv(sql))
+    .collect()
+}
+
+fn assert_same(local: &[String], remote: &[String], cluster: &Cluster) {
+    for (l, r) in local.iter().zip(remote) {
+        assert!(l.lines().count() > 100, "a real table: {l}");
+        assert!(
+            l == r,
+            "the cluster's table differs from the local one ({} vs {} lines)\n{}",
+            l.lines().count(),
+            r.lines().count(),
+            cluster.logs()
+        );
+    }
+}
+
+/// A first load of two flows (integer and string keys, SCD 2 and SCD 1, late events and
+/// deletes) runs on the cluster, and gives the tables and change feed a local run gives;
+/// a second, incremental run afterwards (late events, deletes, re-inserts) is exact too.
+#[test]
+fn a_backfill_on_the_cluster_equals_a_local_one() {
+    let s3 = S3::from_env();
+    let cluster = Cluster::start(&s3);
+    let local = OnStore::new(&s3, "cluster-local", PIPELINE);
+    let remote = OnStore::new(&s3, "cluster-remote", PIPELINE);
+    let (a, b) = first_delivery(3000);
+    for w in [&local, &remote] {
+        w.p.file("data/cdc/001.json", &a);
+        w.p.file("data/cdc/002.json", &b);
+    }
+    local.ok(&["run", "pipeline.sql"]);
+    let on_cluster = [
+        "run",
+        "pipeline.sql",
+        "--cluster",
+        &cluster.url,
+        "--cluster-min-events",
+        "1",
+    ];
+    let out = remote.ok(&on_cluster);
+    for flow in ["history_flow", "current_flow"] {
+        assert!(
+            out.lines()
+                .any(|l| l.contains(flow) && l.contains("bulk load on the cluster")),
+            "{flow} ran on the cluster: {out}"
+        );
+    }
+    assert_same(&tables(&local), &tables(&remote), &cluster);
+
+    let later = later_delivery(3000);
+    for w in [&local, &remote] {
+        w.p.file("data/cdc/003.json", &later);
+    }
+    local.ok(&["run", "pipeline.sql"]);
+    let out = remote.ok(&on_cluster);
+    assert!(
+        !out.contains("bulk load on the cluster"),
+        "an incremental batch runs here: {out}"
+    );
+    assert_same(&tables(&local), &tables(&remote), &cluster);
+}
+
+/// Below `--cluster-min-events` (default 1,000,000) a first load stays on this machine: no
+/// cluster answers at that address, and the run succeeds.
+#[test]
+fn a_small_first_load_stays_local() {
+    let s3 = S3::from_env();
+    let w = OnStore::new(&s3, "cluster-small", PIPELINE);
+    let (a, _) = first_delivery(20);
+    w.p.file("data/cdc/001.json", &a);
+    let out = w.ok(&["run", "pipeline.sql", "--cluster", "df://127.0.0.1:9"]);
+    assert!(!out.contains("on the cluster"), "{out}");
+    assert!(!w.csv("SELECT count(*) AS n FROM history").contains("\n0\n"));
+}
+
+/// A cluster that cannot be reached fails the run with its address, and commits nothing.
+#[test]
+fn an_unreachable_cluster_fails_cleanly() {
+    let s3 = S3::from_env();
+    let w = OnStore::new(&s3, "cluster-down", PIPELINE);
+    let (a, _) = first_delivery(20);
+    w.p.file("data/cdc/001.json", &a);
+    let out = w.strata(&[
+        "run",
+        "pipeline.sql",
+        "--cluster",
+        "df://127.0.0.1:9",
+        "--cluster-min-events",
+        "1",
+    ]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("df://127.0.0.1:9"), "{err}");
+    let rows = w.csv("SELECT count(*) AS n FROM history");
+    assert!(rows.contains("\n0"), "nothing committed: {rows}");
+    // The same pipeline without the cluster converges.
+    w.ok(&["run", "pipeline.sql"]);
+    assert!(!w.csv("SELECT count(*) AS n FROM history").contains("\n0"));
+}
+
+/// A drill: one executor is killed (SIGKILL) while the backfill runs. The run either
+/// completes on the other executor or fails with nothing in the target; a rerun then gives
+/// the local run's tables.
+#[test]
+fn a_killed_executor_leaves_nothing_partial() {
+    let s3 = S3::from_env();
+    let cluster = Cluster::start(&s3);
+    let local = OnStore::new(&s3, "cluster-drill-local", PIPELINE);
+    let remote = OnStore::new(&s3, "cluster-drill", PIPELINE);
+    let (a, b) = first_delivery(60_000);
+    for w in [&local, &remote] {
+        w.p.file("data/cdc/001.json", &a);
+        w.p.file("data/cdc/002.json", &b);
+    }
+    local.ok(&["run", "pipeline.sql"]);
+    let run = remote
+        .command(&[
+            "run",
+            "pipeline.sql",
+            "--cluster",
+            &cluster.url,
+            "--cluster-min-events",
+            "1",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("strata runs");
+    // Kill the first executor once it runs a task of the fold stage (stage 2: after the
+    // stage that reads the files and shuffles the events).
+    let started = std::time::Instant::now();
+    let folding = |log: String| {
+        log.lines()
+            .any(|l| l.contains("Execute task") && l.contains("/2."))
+    };
+    while !folding(cluster.log("executor-1"))
+        && started.elapsed() < std::time::Duration::from_secs(120)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(
+        folding(cluster.log("executor-1")),
+        "the executor folds: {}",
+        cluster.logs()
+    );
+    cluster.kill("executor-1");
+    let out = run.wait_with_output().expect("the run ends");
+    let history = remote.csv("SELECT count(*) AS n FROM history");
+    eprintln!(
+        "drill: with an executor killed the run {}",
+        match out.status.success() {
+            true => "completed".to_string(),
+            false => format!("failed: {}", stderr(&out)),
+        }
+    );
+    if !out.status.success() {
+        assert!(history.contains("\n0"), "nothing committed: {history}");
+        remote.ok(&[
+            "run",
+            "pipeline.sql",
+            "--cluster",
+            &cluster.url,
+            "--cluster-min-events",
+            "1",
+        ]);
+    }
+    assert_same(&tables(&local), &tables(&remote), &cluster);
+}

@@ -1,0 +1,531 @@
+//! The plan pieces a cluster runs: [`FoldWriteNode`] (logical) and [`FoldWriteExec`]
+//! (physical) take one hash partition of a flow's events (whole keys), order and check
+//! them, write them to the event store's files, fold them and write the folded rows to the
+//! target's files, exactly as one part of a local bulk load (`ops/cdc/bulk.rs`:
+//! `order_part`, `write_part`). They commit nothing: each partition returns one row with
+//! the Delta add actions of the files it wrote and its counts, and the coordinator makes
+//! the commits.
+//!
+//! ```text
+//!  source files ─▶ the flow's SELECT ─▶ hash shuffle by key ─▶ FoldWriteExec ─▶ one row per
+//!  (ListingTable)   (events)             (Ballista's stages)    per partition     partition
+//! ```
+//!
+//! Both nodes carry their [`FoldJob`] as JSON text (the flow's setup, the tables' places,
+//! the run number): [`FoldWriteNode::to_bytes`] and [`FoldWriteExec::to_bytes`] are what a
+//! cluster's codecs send, read back by `from_bytes`.
+
+use crate::error::{EngineError, Result};
+use crate::ops::cdc::bulk::{order_part, write_part, PartOutcome};
+use crate::semantics::events::without_run;
+use crate::semantics::flow::FlowSetup;
+use crate::storage::location::Location;
+use crate::storage::write::FileStream;
+use crate::util::threads::off_scheduler;
+use deltalake::arrow::array::{RecordBatch, StringArray};
+use deltalake::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use deltalake::datafusion::catalog::Session;
+use deltalake::datafusion::common::tree_node::TreeNodeRecursion;
+use deltalake::datafusion::common::{DFSchema, DFSchemaRef, DataFusionError};
+use deltalake::datafusion::execution::context::QueryPlanner;
+use deltalake::datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use deltalake::datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
+use deltalake::datafusion::logical_expr::{
+    Expr, LogicalPlan, UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
+};
+use deltalake::datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use deltalake::datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use deltalake::datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use deltalake::datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, Partitioning, PlanProperties,
+};
+use deltalake::datafusion::physical_planner::{
+    DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner,
+};
+use futures::TryStreamExt;
+use std::sync::Arc;
+
+/// What every partition of a cluster bulk load does, sent with the plan.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(crate) struct FoldJob {
+    pub(crate) setup: FlowSetup,
+    /// The event store's place (a URL or a local path every executor sees).
+    pub(crate) store: String,
+    /// The target's place.
+    pub(crate) target: String,
+    /// The run number the events are stored under.
+    pub(crate) run: i64,
+    /// The input as errors name it (`the rows of default.raw added after version 3`).
+    pub(crate) place: String,
+}
+
+/// The columns of a partition's result row.
+const OUTCOME: &str = "outcome";
+const STORE_ADDS: &str = "store_adds";
+const TARGET_ADDS: &str = "target_adds";
+
+/// The schema of a partition's result: its [`PartOutcome`] and the add actions of the files
+/// it wrote, as JSON.
+fn result_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new(OUTCOME, DataType::Utf8, false),
+        Field::new(STORE_ADDS, DataType::Utf8, false),
+        Field::new(TARGET_ADDS, DataType::Utf8, false),
+    ]))
+}
+
+/// One partition's result, read back by the coordinator.
+pub(crate) struct PartResult {
+    pub(crate) outcome: PartOutcome,
+    pub(crate) store_adds: Vec<deltalake::kernel::Add>,
+    pub(crate) target_adds: Vec<deltalake::kernel::Add>,
+}
+
+/// The rows of a cluster's result batches.
+pub(crate) fn read_results(batches: &[RecordBatch]) -> Result<Vec<PartResult>> {
+    let bad = |what: &str, e: &dyn std::fmt::Display| {
+        EngineError::internal(format!("a cluster partition's result: {what}: {e}"))
+    };
+    let mut out = Vec::new();
+    for batch in batches {
+        let column = |name: &str| -> Result<&StringArray> {
+            batch
+                .column_by_name(name)
+                .and_then(|c| c.as_any().downcast_ref::<StringArray>())
+                .ok_or_else(|| bad(name, &"missing"))
+        };
+        let (outcome, store, target) =
+            (column(OUTCOME)?, column(STORE_ADDS)?, column(TARGET_ADDS)?);
+        for row in 0..batch.num_rows() {
+            out.push(PartResult {
+                outcome: serde_json::from_str(outcome.value(row)).map_err(|e| bad(OUTCOME, &e))?,
+                store_adds: serde_json::from_str(store.value(row))
+                    .map_err(|e| bad(STORE_ADDS, &e))?,
+                target_adds: serde_json::from_str(target.value(row))
+                    .map_err(|e| bad(TARGET_ADDS, &e))?,
+            });
+        }
+    }
+    Ok(out)
+}
+
+impl FoldJob {
+    /// One partition: its events ordered and checked, stored, folded and written; the
+    /// result row.
+    async fn run_part(self, batches: Vec<RecordBatch>) -> Result<RecordBatch> {
+        let split_schema = without_run(&self.setup);
+        let batches = batches
+            .iter()
+            .filter(|b| b.num_rows() > 0)
+            .map(|b| crate::util::arrow::cast_batch(b, &split_schema))
+            .collect::<Result<Vec<_>>>()?;
+        let (mut outcome, mut store_adds, mut target_adds) =
+            (PartOutcome::default(), vec![], vec![]);
+        if !batches.is_empty() {
+            let (setup, run, place) = (self.setup.clone(), self.run, self.place.clone());
+            let events = off_scheduler("ordering a part of the bulk load", move || {
+                order_part(&setup, batches, Some(run), &place)
+            })
+            .await?;
+            let store = open(&self.store, "the event store").await?;
+            let target = open(&self.target, "the target").await?;
+            let mut store_files = FileStream::start(&store)?;
+            let mut target_files = FileStream::start(&target)?;
+            outcome = write_part(
+                &self.setup,
+                events,
+                Some(&mut store_files),
+                &mut target_files,
+            )
+            .await?;
+            store_adds = store_files.finish().await?;
+            target_adds = target_files.finish().await?;
+        }
+        let text = |v: String| Arc::new(StringArray::from(vec![v])) as _;
+        RecordBatch::try_new(
+            result_schema(),
+            vec![
+                text(json(&outcome)?),
+                text(json(&store_adds)?),
+                text(json(&target_adds)?),
+            ],
+        )
+        .map_err(|e| EngineError::internal(format!("a cluster partition's result: {e}")))
+    }
+}
+
+/// A result value as JSON.
+fn json<T: serde::Serialize>(value: &T) -> Result<String> {
+    serde_json::to_string(value)
+        .map_err(|e| EngineError::internal(format!("encoding a cluster partition's result: {e}")))
+}
+
+/// The table at `place`, which the coordinator created before it sent the job.
+async fn open(place: &str, what: &str) -> Result<deltalake::DeltaTable> {
+    let location = Location::parse(place, what)?;
+    crate::storage::table::open_delta(&location)
+        .await?
+        .ok_or_else(|| EngineError::internal(format!("{what} at {place} has no Delta log")))
+}
+
+/// The bytes a node is sent as: a tag, then the job and the key columns as JSON.
+const TAG: &[u8] = b"strata.fold_write.v1:";
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Wire {
+    job: String,
+    keys: Vec<String>,
+    parts: usize,
+}
+
+fn encode(job: &str, keys: &[String], parts: usize) -> Vec<u8> {
+    let wire = Wire {
+        job: job.to_string(),
+        keys: keys.to_vec(),
+        parts,
+    };
+    let mut bytes = TAG.to_vec();
+    bytes.extend(serde_json::to_vec(&wire).unwrap_or_default());
+    bytes
+}
+
+fn decode(bytes: &[u8]) -> Option<std::result::Result<Wire, DataFusionError>> {
+    let body = bytes.strip_prefix(TAG)?;
+    Some(serde_json::from_slice(body).map_err(|e| {
+        DataFusionError::Internal(format!("decoding a strata fold-and-write node: {e}"))
+    }))
+}
+
+/// The logical node: fold and write each partition of `input` (the flow's events,
+/// hash-partitioned by key).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct FoldWriteNode {
+    /// The [`FoldJob`] as JSON.
+    job: String,
+    keys: Vec<String>,
+    /// The partitions the events are shuffled into.
+    parts: usize,
+    input: LogicalPlan,
+    schema: DFSchemaRef,
+}
+
+impl FoldWriteNode {
+    /// The node folding `input` (the events), shuffled by the key columns `keys` into
+    /// `parts` partitions.
+    pub(crate) fn new(
+        job: &FoldJob,
+        keys: Vec<String>,
+        parts: usize,
+        input: LogicalPlan,
+    ) -> Result<Self> {
+        let job = serde_json::to_string(job)
+            .map_err(|e| EngineError::internal(format!("encoding a cluster job: {e}")))?;
+        Self::with(job, keys, parts, input)
+            .map_err(|e| EngineError::of_query("planning the cluster job", e))
+    }
+
+    fn with(
+        job: String,
+        keys: Vec<String>,
+        parts: usize,
+        input: LogicalPlan,
+    ) -> deltalake::datafusion::common::Result<Self> {
+        Ok(FoldWriteNode {
+            job,
+            keys,
+            parts,
+            input,
+            schema: Arc::new(DFSchema::try_from(result_schema())?),
+        })
+    }
+
+    /// The node as a cluster's logical codec sends it (its input goes separately).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        encode(&self.job, &self.keys, self.parts)
+    }
+
+    /// The node `bytes` holds over `input`; `None` when `bytes` is not such a node.
+    pub fn from_bytes(
+        bytes: &[u8],
+        input: LogicalPlan,
+    ) -> Option<deltalake::datafusion::common::Result<Self>> {
+        decode(bytes).map(|wire| wire.and_then(|w| Self::with(w.job, w.keys, w.parts, input)))
+    }
+}
+
+/// Ordered by the job and keys (the schema is the same for every node).
+impl PartialOrd for FoldWriteNode {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        (&self.job, &self.keys)
+            .partial_cmp(&(&other.job, &other.keys))
+            .filter(|o| o.is_ne() || self.input == other.input)
+    }
+}
+
+impl UserDefinedLogicalNodeCore for FoldWriteNode {
+    fn name(&self) -> &str {
+        "StrataFoldWrite"
+    }
+
+    fn inputs(&self) -> Vec<&LogicalPlan> {
+        vec![&self.input]
+    }
+
+    fn schema(&self) -> &DFSchemaRef {
+        &self.schema
+    }
+
+    fn expressions(&self) -> Vec<Expr> {
+        Vec::new()
+    }
+
+    fn fmt_for_explain(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "StrataFoldWrite: keys=[{}]", self.keys.join(", "))
+    }
+
+    fn with_exprs_and_inputs(
+        &self,
+        _exprs: Vec<Expr>,
+        mut inputs: Vec<LogicalPlan>,
+    ) -> deltalake::datafusion::common::Result<Self> {
+        let input = inputs
+            .pop()
+            .ok_or_else(|| DataFusionError::Plan("StrataFoldWrite has one input".to_string()))?;
+        Self::with(self.job.clone(), self.keys.clone(), self.parts, input)
+    }
+}
+
+/// The physical node of [`FoldWriteNode`]: one result row per input partition.
+#[derive(Debug)]
+pub struct FoldWriteExec {
+    job: String,
+    keys: Vec<String>,
+    parts: usize,
+    input: Arc<dyn ExecutionPlan>,
+    properties: Arc<PlanProperties>,
+}
+
+impl FoldWriteExec {
+    fn new(job: String, keys: Vec<String>, parts: usize, input: Arc<dyn ExecutionPlan>) -> Self {
+        let partitions = input.properties().partitioning.partition_count();
+        let properties = PlanProperties::new(
+            EquivalenceProperties::new(result_schema()),
+            Partitioning::UnknownPartitioning(partitions),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        );
+        FoldWriteExec {
+            job,
+            keys,
+            parts,
+            input,
+            properties: Arc::new(properties),
+        }
+    }
+
+    /// The node as a cluster's physical codec sends it (its input goes separately).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        encode(&self.job, &self.keys, self.parts)
+    }
+
+    /// The node `bytes` holds over `input`; `None` when `bytes` is not such a node.
+    pub fn from_bytes(
+        bytes: &[u8],
+        input: Arc<dyn ExecutionPlan>,
+    ) -> Option<deltalake::datafusion::common::Result<Self>> {
+        decode(bytes).map(|wire| wire.map(|w| Self::new(w.job, w.keys, w.parts, input)))
+    }
+
+    /// This node over `input` shuffled by key into its parts (whatever distribution
+    /// operators were above `input`).
+    fn shuffled(&self) -> deltalake::datafusion::common::Result<Self> {
+        use deltalake::datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+        use deltalake::datafusion::physical_plan::repartition::RepartitionExec;
+        let mut input = self.input.clone();
+        loop {
+            let next = match (
+                input.downcast_ref::<RepartitionExec>(),
+                input.downcast_ref::<CoalescePartitionsExec>(),
+            ) {
+                (Some(r), _) => r.input().clone(),
+                (None, Some(c)) => c.input().clone(),
+                (None, None) => break,
+            };
+            input = next;
+        }
+        let keys = Self::new(
+            self.job.clone(),
+            self.keys.clone(),
+            self.parts,
+            input.clone(),
+        )
+        .key_exprs()?;
+        let shuffle = RepartitionExec::try_new(input, Partitioning::Hash(keys, self.parts.max(1)))?;
+        Ok(Self::new(
+            self.job.clone(),
+            self.keys.clone(),
+            self.parts,
+            Arc::new(shuffle),
+        ))
+    }
+
+    fn key_exprs(&self) -> deltalake::datafusion::common::Result<Vec<Arc<dyn PhysicalExpr>>> {
+        let schema = self.input.schema();
+        self.keys
+            .iter()
+            .map(|k| deltalake::datafusion::physical_expr::expressions::col(k, &schema))
+            .collect()
+    }
+}
+
+impl DisplayAs for FoldWriteExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "StrataFoldWriteExec: keys=[{}]", self.keys.join(", "))
+    }
+}
+
+impl ExecutionPlan for FoldWriteExec {
+    fn name(&self) -> &str {
+        "StrataFoldWriteExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn required_input_distribution(&self) -> Vec<Distribution> {
+        match self.key_exprs() {
+            Ok(keys) => vec![Distribution::KeyPartitioned(keys)],
+            Err(_) => vec![Distribution::UnspecifiedDistribution],
+        }
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(
+            &Arc<dyn PhysicalExpr>,
+        ) -> deltalake::datafusion::common::Result<TreeNodeRecursion>,
+    ) -> deltalake::datafusion::common::Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> deltalake::datafusion::common::Result<Arc<dyn ExecutionPlan>> {
+        let input = children.pop().ok_or_else(|| {
+            DataFusionError::Plan("StrataFoldWriteExec has one input".to_string())
+        })?;
+        Ok(Arc::new(Self::new(
+            self.job.clone(),
+            self.keys.clone(),
+            self.parts,
+            input,
+        )))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> deltalake::datafusion::common::Result<SendableRecordBatchStream> {
+        let input = self.input.execute(partition, context)?;
+        let job = self.job.clone();
+        let work = async move {
+            let job: FoldJob = serde_json::from_str(&job).map_err(|e| {
+                DataFusionError::Internal(format!("decoding a strata cluster job: {e}"))
+            })?;
+            let batches: Vec<RecordBatch> = input.try_collect().await?;
+            job.run_part(batches)
+                .await
+                .map_err(|e| DataFusionError::External(Box::new(e)))
+        };
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            result_schema(),
+            futures::stream::once(work),
+        )))
+    }
+}
+
+/// Plans [`FoldWriteNode`] as [`FoldWriteExec`].
+#[derive(Debug, Default)]
+struct FoldWritePlanner;
+
+#[async_trait::async_trait]
+impl ExtensionPlanner for FoldWritePlanner {
+    async fn plan_extension(
+        &self,
+        _planner: &dyn PhysicalPlanner,
+        node: &dyn UserDefinedLogicalNode,
+        _logical_inputs: &[&LogicalPlan],
+        physical_inputs: &[Arc<dyn ExecutionPlan>],
+        _session: &dyn Session,
+        _planning: &PhysicalPlanningContext,
+    ) -> deltalake::datafusion::common::Result<Option<Arc<dyn ExecutionPlan>>> {
+        let Some(node) = node.as_any().downcast_ref::<FoldWriteNode>() else {
+            return Ok(None);
+        };
+        let input = physical_inputs
+            .first()
+            .cloned()
+            .ok_or_else(|| DataFusionError::Plan("StrataFoldWrite has one input".to_string()))?;
+        Ok(Some(Arc::new(FoldWriteExec::new(
+            node.job.clone(),
+            node.keys.clone(),
+            node.parts,
+            input,
+        ))))
+    }
+}
+
+/// The query planner of a session that plans strata's cluster nodes (a scheduler's).
+#[derive(Debug, Default)]
+pub struct StrataQueryPlanner;
+
+#[async_trait::async_trait]
+impl QueryPlanner for StrataQueryPlanner {
+    async fn create_physical_plan(
+        &self,
+        logical_plan: &LogicalPlan,
+        session: &dyn Session,
+    ) -> deltalake::datafusion::common::Result<Arc<dyn ExecutionPlan>> {
+        DefaultPhysicalPlanner::with_extension_planners(vec![Arc::new(FoldWritePlanner)])
+            .create_physical_plan(logical_plan, session)
+            .await
+    }
+}
+
+/// Puts the shuffle by key into `parts` partitions under every [`FoldWriteExec`], after
+/// DataFusion's own rules: they drop a repartition whose input has one partition (one
+/// partition holds every key), which would fold a single-file load in one task.
+#[derive(Debug, Default)]
+pub struct ShuffleByKey;
+
+impl deltalake::datafusion::physical_optimizer::PhysicalOptimizerRule for ShuffleByKey {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        _config: &deltalake::datafusion::config::ConfigOptions,
+    ) -> deltalake::datafusion::common::Result<Arc<dyn ExecutionPlan>> {
+        use deltalake::datafusion::common::tree_node::{Transformed, TreeNode};
+        plan.transform_up(|node| match node.downcast_ref::<FoldWriteExec>() {
+            Some(fold) => Ok(Transformed::yes(
+                Arc::new(fold.shuffled()?) as Arc<dyn ExecutionPlan>
+            )),
+            None => Ok(Transformed::no(node)),
+        })
+        .map(|t| t.data)
+    }
+
+    fn name(&self) -> &str {
+        "strata_shuffle_by_key"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
