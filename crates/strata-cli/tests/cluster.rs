@@ -5,7 +5,7 @@
 mod common;
 
 use common::cluster::Cluster;
-use common::object_store::{OnStore, S3};
+use common::object_store::{delta_rows, OnStore, S3};
 use common::stderr;
 
 const PIPELINE: &str = r#"
@@ -95,8 +95,11 @@ fn later_delivery(keys: u64) -> String {
     out
 }
 
-/// What both runs must agree on: every row of both targets and the history's change feed.
+/// What both runs must agree on: every row of both targets, the history's change feed and
+/// both event stores.
 fn tables(w: &OnStore) -> Vec<String> {
+    let stores = ["history", "current"]
+        .map(|t| delta_rows(w.server, &format!("{}/_strata/default/{t}/events", w.url)).join("\n"));
     [
         "SELECT id, code, name, score, __START_AT, __END_AT FROM history ORDER BY id, __START_AT",
         "SELECT code, id, name, score FROM current ORDER BY code",
@@ -105,6 +108,7 @@ fn tables(w: &OnStore) -> Vec<String> {
     ]
     .iter()
     .map(|sql| w.csv(sql))
+    .chain(stores)
     .collect()
 }
 
@@ -122,8 +126,9 @@ fn assert_same(local: &[String], remote: &[String], cluster: &Cluster) {
 }
 
 /// A first load of two flows (integer and string keys, SCD 2 and SCD 1, late events and
-/// deletes) runs on the cluster, and gives the tables and change feed a local run gives;
-/// a second, incremental run afterwards (late events, deletes, re-inserts) is exact too.
+/// deletes) runs on the cluster, and gives the tables, change feed and event stores a local
+/// run gives; so do a second, incremental run afterwards (late events, deletes,
+/// re-inserts; run here) and a full refresh (on the cluster again).
 #[test]
 fn a_backfill_on_the_cluster_equals_a_local_one() {
     let s3 = S3::from_env();
@@ -164,6 +169,13 @@ fn a_backfill_on_the_cluster_equals_a_local_one() {
         !out.contains("bulk load on the cluster"),
         "an incremental batch runs here: {out}"
     );
+    assert_same(&tables(&local), &tables(&remote), &cluster);
+
+    // A full refresh rebuilds the targets from every event: a first load again, on the
+    // cluster.
+    local.ok(&["run", "pipeline.sql", "--full-refresh"]);
+    let out = remote.ok(&[&on_cluster[..], &["--full-refresh"]].concat());
+    assert!(out.contains("bulk load on the cluster"), "{out}");
     assert_same(&tables(&local), &tables(&remote), &cluster);
 }
 

@@ -535,3 +535,81 @@ pub fn event_store_small_files_compact_on_the_store(server: &dyn Server) {
     assert_eq!(compacted, [9], "the store compacted after the tenth run");
     assert!(w.ok(&["validate", "users"]).contains("ok"));
 }
+
+/// Every row of the Delta table at `url` on the server, one line per row (its values as
+/// text, columns in table order), sorted: the table's live files by its log (adds not
+/// removed since, without deletion vectors), read as Parquet. For tables strata reads
+/// nowhere else, such as an event store.
+pub fn delta_rows(server: &dyn Server, url: &str) -> Vec<String> {
+    use deltalake::arrow::util::display::{ArrayFormatter, FormatOptions};
+    use deltalake::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let store = server.client();
+    let root = server.key_of(url);
+    let log = StorePath::from(format!("{root}/_delta_log"));
+    runtime().block_on(async {
+        let mut commits: Vec<StorePath> = store
+            .list_with_delimiter(Some(&log))
+            .await
+            .expect("list the log")
+            .objects
+            .into_iter()
+            .map(|m| m.location)
+            .filter(|p| p.as_ref().ends_with(".json"))
+            .collect();
+        commits.sort();
+        let mut live = std::collections::BTreeSet::new();
+        for commit in commits {
+            let bytes = store
+                .get(&commit)
+                .await
+                .expect("get")
+                .bytes()
+                .await
+                .expect("bytes");
+            for line in String::from_utf8(bytes.to_vec()).expect("utf8").lines() {
+                let action: serde_json::Value = serde_json::from_str(line).expect("json");
+                if let Some(add) = action.get("add") {
+                    assert!(
+                        add.get("deletionVector").is_none_or(|d| d.is_null()),
+                        "no deletion vectors in {url}"
+                    );
+                    live.insert(add["path"].as_str().expect("a path").to_string());
+                }
+                if let Some(remove) = action.get("remove") {
+                    live.remove(remove["path"].as_str().expect("a path"));
+                }
+            }
+        }
+        let mut rows = Vec::new();
+        let options = FormatOptions::default().with_null("NULL");
+        for file in live {
+            let path = StorePath::from(format!("{root}/{file}"));
+            let bytes = store
+                .get(&path)
+                .await
+                .expect("get")
+                .bytes()
+                .await
+                .expect("bytes");
+            let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+                .expect("parquet")
+                .build()
+                .expect("a reader");
+            for batch in reader {
+                let batch = batch.expect("a batch");
+                let columns: Vec<ArrayFormatter> = batch
+                    .columns()
+                    .iter()
+                    .map(|c| ArrayFormatter::try_new(c.as_ref(), &options).expect("format"))
+                    .collect();
+                for r in 0..batch.num_rows() {
+                    let values: Vec<String> =
+                        columns.iter().map(|c| c.value(r).to_string()).collect();
+                    rows.push(values.join(","));
+                }
+            }
+        }
+        rows.sort();
+        rows
+    })
+}
