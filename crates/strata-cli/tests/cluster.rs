@@ -285,3 +285,41 @@ fn a_killed_executor_leaves_nothing_partial() {
     }
     assert_same(&tables(&local), &tables(&remote), &cluster);
 }
+
+/// Input a task rejects (two different upserts of a key at one sequence value) fails the
+/// run as it does here: exit code 2, the flow and key named, nothing in the target.
+#[test]
+fn input_rejected_on_the_cluster_fails_like_here() {
+    let s3 = S3::from_env();
+    let cluster = Cluster::start(&s3);
+    let w = OnStore::new(&s3, "cluster-rejected", PIPELINE);
+    let (a, _) = first_delivery(200);
+    w.p.file("data/cdc/001.json", &a);
+    w.p.file(
+        "data/cdc/002.json",
+        "{\"id\": 5, \"code\": \"k5\", \"name\": \"zz\", \"score\": 1, \"op\": \"UPSERT\", \"seq\": 10}\n\
+         {\"id\": 5, \"code\": \"k5\", \"name\": \"yy\", \"score\": 1, \"op\": \"UPSERT\", \"seq\": 10}\n",
+    );
+    let out = w.strata(&[
+        "run",
+        "pipeline.sql",
+        "--cluster",
+        &cluster.url,
+        "--cluster-min-events",
+        "1",
+    ]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}\n{}", cluster.logs());
+    assert!(
+        err.contains("two different upserts for key (id=5) at the same sequence value 10")
+            || err
+                .contains("two different upserts for key (code=k5) at the same sequence value 10"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("Ballista") && !err.contains("DataFusionError"),
+        "{err}"
+    );
+    let rows = w.csv("SELECT count(*) AS n FROM history");
+    assert!(rows.contains("\n0"), "nothing committed: {rows}");
+}

@@ -262,7 +262,10 @@ async fn run_job(
     deltalake::datafusion::dataframe::DataFrame::new(state, plan)
         .collect()
         .await
-        .map_err(|e| EngineError::of_query("running the bulk load on the cluster", e))
+        .map_err(|e| match plan::rejected_input(&e.to_string()) {
+            Some(rejection) => EngineError::BadInput(rejection),
+            None => EngineError::of_query("running the bulk load on the cluster", e),
+        })
 }
 
 /// Registers the files `live` of `source` in `ctx` as the flow's source table: Parquet files

@@ -440,15 +440,36 @@ impl ExecutionPlan for FoldWriteExec {
                 DataFusionError::Internal(format!("decoding a strata cluster job: {e}"))
             })?;
             let batches: Vec<RecordBatch> = input.try_collect().await?;
-            job.run_part(batches)
-                .await
-                .map_err(|e| DataFusionError::External(Box::new(e)))
+            job.run_part(batches).await.map_err(to_task_error)
         };
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             result_schema(),
             futures::stream::once(work),
         )))
     }
+}
+
+/// Where a task's rejection of its input starts and ends in the text of a failed job: the
+/// cluster hands a task's error back as text, and the coordinator finds the rejection in it
+/// ([`rejected_input`]).
+const REJECTED: (&str, &str) = ("[strata rejected the input: ", " :strata]");
+
+/// A task's error as the cluster carries it: a rejected input (a conflicting tie, a NULL
+/// in a NOT NULL column) marked so that the coordinator reports it as one.
+fn to_task_error(e: EngineError) -> DataFusionError {
+    match e {
+        EngineError::BadInput(msg) => {
+            DataFusionError::Execution(format!("{}{msg}{}", REJECTED.0, REJECTED.1))
+        }
+        other => DataFusionError::External(Box::new(other)),
+    }
+}
+
+/// The input rejection a failed job's error text `text` carries, if any.
+pub(crate) fn rejected_input(text: &str) -> Option<String> {
+    let start = text.find(REJECTED.0)? + REJECTED.0.len();
+    let len = text[start..].find(REJECTED.1)?;
+    Some(text[start..start + len].to_string())
 }
 
 /// Plans [`FoldWriteNode`] as [`FoldWriteExec`].
@@ -527,5 +548,21 @@ impl deltalake::datafusion::physical_optimizer::PhysicalOptimizerRule for Shuffl
 
     fn schema_check(&self) -> bool {
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rejected_input_is_found_in_a_failed_jobs_text() {
+        let msg = "flow f: two different upserts for key (id=5) at the same sequence value 10";
+        let carried = format!(
+            "Job 1 failed: Task failed: DataFusionError(Shared({}))",
+            to_task_error(EngineError::BadInput(msg.into()))
+        );
+        assert_eq!(rejected_input(&carried).as_deref(), Some(msg));
+        assert_eq!(rejected_input("Job 1 failed: executor lost"), None);
     }
 }
