@@ -353,13 +353,7 @@ impl FoldWriteExec {
             };
             input = next;
         }
-        let keys = Self::new(
-            self.job.clone(),
-            self.keys.clone(),
-            self.parts,
-            input.clone(),
-        )
-        .key_exprs()?;
+        let keys = key_exprs(&self.keys, &input.schema())?;
         let shuffle = RepartitionExec::try_new(input, Partitioning::Hash(keys, self.parts.max(1)))?;
         Ok(Self::new(
             self.job.clone(),
@@ -368,14 +362,16 @@ impl FoldWriteExec {
             Arc::new(shuffle),
         ))
     }
+}
 
-    fn key_exprs(&self) -> deltalake::datafusion::common::Result<Vec<Arc<dyn PhysicalExpr>>> {
-        let schema = self.input.schema();
-        self.keys
-            .iter()
-            .map(|k| deltalake::datafusion::physical_expr::expressions::col(k, &schema))
-            .collect()
-    }
+/// The key columns `keys` of `schema` as physical expressions.
+fn key_exprs(
+    keys: &[String],
+    schema: &SchemaRef,
+) -> deltalake::datafusion::common::Result<Vec<Arc<dyn PhysicalExpr>>> {
+    keys.iter()
+        .map(|k| deltalake::datafusion::physical_expr::expressions::col(k, schema))
+        .collect()
 }
 
 impl DisplayAs for FoldWriteExec {
@@ -394,7 +390,7 @@ impl ExecutionPlan for FoldWriteExec {
     }
 
     fn required_input_distribution(&self) -> Vec<Distribution> {
-        match self.key_exprs() {
+        match key_exprs(&self.keys, &self.input.schema()) {
             Ok(keys) => vec![Distribution::KeyPartitioned(keys)],
             Err(_) => vec![Distribution::UnspecifiedDistribution],
         }
