@@ -109,17 +109,69 @@ async fn stopped() {
     }
 }
 
-/// `strata run --cluster URL --cluster-min-events N`.
-pub(crate) fn for_run(
-    url: Option<&str>,
-    min_events: u64,
+/// The configuration keys of `--cluster` and `--cluster-min-events`.
+const URL_KEY: &str = "strata.cluster";
+const MIN_EVENTS_KEY: &str = "strata.cluster.minEvents";
+
+/// `strata run`'s cluster: `--cluster URL` (else `strata.cluster` of the pipeline's
+/// `settings`), with `--cluster-min-events N` (else `strata.cluster.minEvents`, else
+/// [`DEFAULT_MIN_EVENTS`]).
+pub(crate) fn from_settings(
+    url: Option<String>,
+    min_events: Option<u64>,
+    settings: &std::collections::BTreeMap<String, String>,
 ) -> Result<Option<strata_engine::cluster::ClusterRun>, BoxError> {
-    let Some(url) = url else {
+    let Some(url) = url.or_else(|| settings.get(URL_KEY).cloned()) else {
+        if min_events.is_some() {
+            return Err("--cluster-min-events needs a cluster: --cluster URL".into());
+        }
         return Ok(None);
     };
-    let connector = strata_cluster::Connector::new(url)?;
+    let min_events = match (min_events, settings.get(MIN_EVENTS_KEY)) {
+        (Some(n), _) => n,
+        (None, Some(text)) => text
+            .trim()
+            .parse()
+            .map_err(|_| format!("{MIN_EVENTS_KEY} = {text:?}: expected a number of events"))?,
+        (None, None) => DEFAULT_MIN_EVENTS,
+    };
+    let connector = strata_cluster::Connector::new(&url)?;
     Ok(Some(strata_engine::cluster::ClusterRun {
         connector: std::sync::Arc::new(connector),
         min_events,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_engine::cluster::ClusterConnector as _;
+
+    #[test]
+    fn the_cluster_comes_from_the_flag_else_the_configuration() {
+        let conf = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        let none = from_settings(None, None, &conf(&[])).unwrap();
+        assert!(none.is_none());
+        let set = conf(&[(URL_KEY, "df://h:1"), (MIN_EVENTS_KEY, "5")]);
+        let c = from_settings(None, None, &set).unwrap().unwrap();
+        assert_eq!((c.connector.url(), c.min_events), ("df://h:1".into(), 5));
+        let c = from_settings(Some("df://g:2".into()), Some(7), &set)
+            .unwrap()
+            .unwrap();
+        assert_eq!((c.connector.url(), c.min_events), ("df://g:2".into(), 7));
+        let c = from_settings(Some("df://g:2".into()), None, &conf(&[]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.min_events, DEFAULT_MIN_EVENTS);
+        let bad = conf(&[(URL_KEY, "df://h:1"), (MIN_EVENTS_KEY, "lots")]);
+        let e = from_settings(None, None, &bad).err().unwrap().to_string();
+        assert!(e.contains(MIN_EVENTS_KEY) && e.contains("lots"), "{e}");
+        assert!(from_settings(None, Some(3), &conf(&[])).is_err());
+        assert!(from_settings(Some("h:1".into()), None, &conf(&[])).is_err());
+    }
 }

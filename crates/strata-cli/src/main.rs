@@ -96,9 +96,11 @@ enum Command {
         /// and commits. The warehouse must be where the executors reach it (object storage).
         #[arg(long, value_name = "URL")]
         cluster: Option<String>,
-        /// A first load of fewer events stays on this machine.
-        #[arg(long, value_name = "N", default_value_t = cluster::DEFAULT_MIN_EVENTS, requires = "cluster")]
-        cluster_min_events: u64,
+        /// A first load of fewer events stays on this machine [default: 1000000]. Both may
+        /// also be set as `--conf strata.cluster=URL` and `strata.cluster.minEvents=N` (or in
+        /// a YAML spec's configuration).
+        #[arg(long, value_name = "N")]
+        cluster_min_events: Option<u64>,
     },
     /// Run the processes of a cluster for `strata run --cluster`: one scheduler, and
     /// executors that join it (Apache DataFusion Ballista with strata's plans). Each reads
@@ -474,12 +476,16 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
                 configuration.insert(strata_engine::memory::CONFIG_KEY.into(), bytes.to_string());
             }
             // A spec may name its warehouse; --warehouse wins.
+            // The cluster: --cluster, else the configuration's (--conf or the spec's).
+            let mut settings = configuration.clone();
             let wh = if strata_engine::is_spec(&pipeline) {
                 let loaded = strata_engine::load_pipeline(&pipeline, &configuration)?;
+                settings = loaded.configuration.clone();
                 warehouse.open_or(loaded.warehouse, loaded.catalog)?
             } else {
                 warehouse.open()?
             };
+            let cluster = cluster::from_settings(cluster, cluster_min_events, &settings)?;
             let stop = Arc::new(AtomicBool::new(false));
             let options = RunOptions {
                 configuration,
@@ -487,7 +493,7 @@ async fn execute(command: Command) -> Result<ExitCode, BoxError> {
                 full_refresh,
                 progress: Some(progress::reporter()),
                 stop: Some(stop.clone()),
-                cluster: cluster::for_run(cluster.as_deref(), cluster_min_events)?,
+                cluster,
                 lock: lock.map(|l| match l {
                     LockArg::Fail => strata_engine::LockMode::Fail,
                     LockArg::Wait => strata_engine::LockMode::Wait(lock_timeout),
