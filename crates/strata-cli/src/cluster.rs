@@ -145,7 +145,6 @@ pub(crate) fn from_settings(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use strata_engine::cluster::ClusterConnector as _;
 
     #[test]
     fn the_cluster_comes_from_the_flag_else_the_configuration() {
