@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""strata's database sources against DuckDB's postgres extension, on the same PostgreSQL data.
+"""strata's database sources against DuckDB's postgres extension, on the same PostgreSQL data;
+and strata's MariaDB/MySQL binlog CDC source on the same CDC workload.
 
     python3 benchmarks/db_bench.py --small             # ~1 minute: 50k-row bulk, 20k-row CDC + 20k changes
     python3 benchmarks/db_bench.py                     # 10M-row bulk; CDC: 1M rows, then 1M changes
     python3 benchmarks/db_bench.py --rounds 3 --strata path/to/strata --json results.json
     python3 benchmarks/db_bench.py --small --check-only   # correctness only (debug builds, CI)
+    python3 benchmarks/db_bench.py --source mariadb       # CDC from MariaDB's binlog: 1M rows, then 1M changes
+    python3 benchmarks/db_bench.py cdc --source both      # the same CDC workload from each, one after the other
 
 Two parts, both against a real PostgreSQL (14 or newer, wal_level=logical):
 
@@ -25,12 +28,36 @@ Two parts, both against a real PostgreSQL (14 or newer, wal_level=logical):
    the change table holds M changes, the target holds K + updates + inserts versions, and
    `strata validate` accepts its timeline. DuckDB has no log-based CDC: this part measures
    strata alone.
+3. cdc from MariaDB (`--source mariadb`, or `both` after the PostgreSQL parts): the same
+   shape through the binlog source (`read_database(conn, 'strata_bench.cust', mode =>
+   'cdc')` on a `TYPE mysql` connection): a table of K rows (the same ten columns in
+   MariaDB's types: bigint, int, decimal(12,2), varchar, text with NULLs, boolean (tinyint(1),
+   an integer in Delta), date, timestamp(6), char(36) for the uuid, json) generated with the
+   SEQUENCE engine (`seq_1_to_N`), copied by the first run (a consistent snapshot and its
+   binlog position), then the same M changes in transactions of --txn-size (sent by the
+   `mariadb` client as one script of START TRANSACTION ... COMMIT blocks), applied by ONE
+   strata run. Reported: changes/s end to end, the binlog bytes the changes wrote, how far
+   the position strata recorded is behind the binlog's end after the run, peak RSS. Checked
+   as for PostgreSQL: the target's open rows equal the MariaDB table (count, sum of ids, sum
+   of amounts, and every row's values: the table exported by the `mariadb` client and both
+   sides compared in DuckDB), the change table holds M changes, the target K + updates +
+   inserts versions, `strata validate`. Only `cdc` runs against MariaDB (`bulk` is
+   PostgreSQL's against DuckDB's postgres extension).
 
 PostgreSQL: the STRATA_TEST_PG_HOST/PORT/USER/PASSWORD/DATABASE variables name the server (as
 scripts/services/with-services.sh exports them). Without them, a throwaway server is started
 with scripts/services/postgres.sh in a temp dir and stopped at the end. The benchmark works in
 its own schema `strata_bench` (dropped and recreated), with its own slot and publication
 (dropped at the end, so no WAL is kept).
+
+MariaDB (`--source mariadb` or `both`): the STRATA_TEST_MYSQL_HOST/PORT/USER/PASSWORD/DATABASE
+variables name the server (as with-services.sh exports them); it needs the binary log on,
+binlog_format=ROW, binlog_row_image=FULL and a user with REPLICATION SLAVE and REPLICATION
+CLIENT (docs/sources.md), and MariaDB's SEQUENCE engine to generate the data (MySQL has none:
+this part runs on MariaDB only). Without them, a throwaway server is started with
+scripts/services/mariadb.sh in a temp dir (binlog set up that way) and stopped at the end.
+The benchmark works in its own database `strata_bench` (dropped and recreated, and dropped at
+the end unless --keep); the binlog source keeps nothing on the server between runs.
 
 The exit status is 1 if strata or DuckDB fails or any check fails, 0 otherwise.
 """
@@ -56,6 +83,7 @@ from _venv import ensure_venv  # noqa: E402
 
 REPO_DIR = BENCH_DIR.parent
 PG_SCRIPT = REPO_DIR / "scripts" / "services" / "postgres.sh"
+MARIADB_SCRIPT = REPO_DIR / "scripts" / "services" / "mariadb.sh"
 GNU_TIME = "/usr/bin/time"
 SCHEMA = "strata_bench"
 BULK_TABLE = f"{SCHEMA}.orders"
@@ -63,6 +91,10 @@ CDC_TABLE = f"{SCHEMA}.cust"
 SLOT = "strata_bench_slot"
 PUBLICATION = "strata_bench_pub"
 PW_ENV = "STRATA_BENCH_PG_PW"  # the variable the pipelines' CONNECTION reads its password from
+MY_DB = "strata_bench"  # MariaDB: the benchmark's own database
+MY_CDC_TABLE = f"{MY_DB}.cust"
+MY_PW_ENV = "STRATA_BENCH_MYSQL_PW"
+SOURCES = {"postgres": ["postgres"], "mariadb": ["mariadb"], "both": ["postgres", "mariadb"]}
 
 FULL = dict(rows=10_000_000, cdc_rows=1_000_000, changes=1_000_000)
 SMALL = dict(rows=50_000, cdc_rows=20_000, changes=20_000)
@@ -183,6 +215,9 @@ class Postgres:
     """The server the benchmark reads: the STRATA_TEST_PG_* variables, else a throwaway one
     started with scripts/services/postgres.sh (stopped by close())."""
 
+    name = "PostgreSQL"
+    pw_env = PW_ENV
+
     def __init__(self):
         self.own_dir: str | None = None
         need = ["STRATA_TEST_PG_HOST", "STRATA_TEST_PG_PORT", "STRATA_TEST_PG_USER",
@@ -225,6 +260,11 @@ class Postgres:
         return (f"host={self.host} port={self.port} dbname={self.database} user={self.user} "
                 f"password={self.password}")
 
+    def connection_sql(self) -> str:
+        return (f"CREATE CONNECTION bench TYPE postgresql OPTIONS (host '{self.host}', "
+                f"port '{self.port}', database '{self.database}', user '{self.user}', "
+                f"password_env '{self.pw_env}');\n")
+
     def psql(self, sql: str, quiet_notices: bool = True) -> str:
         """Run SQL (one or more statements, autocommit) and return the unaligned output."""
         cmd = [self.psql_bin, "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-f", "-"]
@@ -254,6 +294,132 @@ class Postgres:
     def reset_schema(self) -> None:
         self.drop_slot()
         self.psql(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE; CREATE SCHEMA {SCHEMA};")
+
+
+# --------------------------------------------------------------------------- MariaDB
+
+class MariaDB:
+    """The MariaDB server the binlog part reads: the STRATA_TEST_MYSQL_* variables, else a
+    throwaway one started with scripts/services/mariadb.sh (stopped by close()). SQL goes
+    through the `mariadb` (or `mysql`) command-line client, in UTC."""
+
+    name = "MariaDB"
+    pw_env = MY_PW_ENV
+
+    def __init__(self):
+        self.own_dir: str | None = None
+        need = ["STRATA_TEST_MYSQL_HOST", "STRATA_TEST_MYSQL_PORT", "STRATA_TEST_MYSQL_USER",
+                "STRATA_TEST_MYSQL_PASSWORD", "STRATA_TEST_MYSQL_DATABASE"]
+        if not all(os.environ.get(k) for k in need):
+            self._start_own()
+        self.host = os.environ["STRATA_TEST_MYSQL_HOST"]
+        self.port = os.environ["STRATA_TEST_MYSQL_PORT"]
+        self.user = os.environ["STRATA_TEST_MYSQL_USER"]
+        self.password = os.environ["STRATA_TEST_MYSQL_PASSWORD"]
+        self.database = os.environ["STRATA_TEST_MYSQL_DATABASE"]
+        self.client = shutil.which("mariadb") or shutil.which("mysql")
+        if not self.client:
+            self.close()
+            raise SystemExit("the mariadb (or mysql) command-line client is not on PATH "
+                             "(Debian: apt-get install mariadb-client)")
+        self.env = dict(os.environ, MYSQL_PWD=self.password)
+
+    def _start_own(self) -> None:
+        # The server's unix socket lives in the dir: keep it short, directly under /tmp.
+        self.own_dir = tempfile.mkdtemp(prefix="strata-dbm.", dir="/tmp")
+        log(f"no STRATA_TEST_MYSQL_* variables: starting a throwaway MariaDB in {self.own_dir}")
+        log(f"$ {MARIADB_SCRIPT} start {self.own_dir}")
+        r = subprocess.run([str(MARIADB_SCRIPT), "start", self.own_dir], capture_output=True,
+                           text=True)
+        if r.returncode != 0:
+            sys.stderr.write(r.stderr)
+            subprocess.run([str(MARIADB_SCRIPT), "stop", self.own_dir], capture_output=True)
+            shutil.rmtree(self.own_dir, ignore_errors=True)
+            raise SystemExit("could not start MariaDB with scripts/services/mariadb.sh "
+                             "(or run under scripts/services/with-services.sh)")
+        for line in r.stdout.splitlines():
+            if line.startswith("export ") and "=" in line:
+                k, v = line[len("export "):].split("=", 1)
+                os.environ[k] = v
+
+    def close(self) -> None:
+        if self.own_dir:
+            subprocess.run([str(MARIADB_SCRIPT), "stop", self.own_dir], capture_output=True)
+            shutil.rmtree(self.own_dir, ignore_errors=True)
+            self.own_dir = None
+
+    def connection_sql(self) -> str:
+        return (f"CREATE CONNECTION bench TYPE mysql OPTIONS (host '{self.host}', "
+                f"port '{self.port}', database '{self.database}', user '{self.user}', "
+                f"password_env '{self.pw_env}');\n")
+
+    def client_cmd(self) -> list[str]:
+        return [self.client, "--no-defaults", "--protocol=tcp", "-h", self.host, "-P", self.port,
+                "-u", self.user, "--batch", "--skip-column-names", self.database]
+
+    def sql(self, sql: str, out: Path | None = None) -> str:
+        """Run SQL (statements separated by `;`, autocommit unless a script says otherwise;
+        the client stops at the first error) in UTC; return the tab-separated output, or
+        with OUT, write it there (and return "")."""
+        script = "SET time_zone = '+00:00';\n" + sql
+        if out is not None:
+            with open(out, "wb") as fo:
+                r = subprocess.run(self.client_cmd(), input=script.encode(), stdout=fo,
+                                   stderr=subprocess.PIPE, env=self.env)
+            err, text = r.stderr.decode(errors="replace"), ""
+        else:
+            r = subprocess.run(self.client_cmd(), input=script.encode(), capture_output=True,
+                               env=self.env)
+            err, text = r.stderr.decode(errors="replace"), r.stdout.decode(errors="replace")
+        if r.returncode != 0:
+            raise RuntimeError(f"{Path(self.client).name} failed (exit {r.returncode}):\n"
+                               f"{err.strip()}\nSQL:\n{sql[:2000]}")
+        return text.strip()
+
+    def one(self, sql: str) -> list[str]:
+        out = self.sql(sql)
+        return out.splitlines()[-1].split("\t") if out else []
+
+    def version(self) -> str:
+        return self.sql("SELECT VERSION()")
+
+    def check_server(self) -> None:
+        """What the binlog source and this benchmark need, checked before any data is made."""
+        log_bin, fmt, image = self.one("SELECT @@log_bin, @@binlog_format, @@binlog_row_image")
+        bad = []
+        if log_bin != "1":
+            bad.append("the binary log is off (log-bin and server-id in the option file)")
+        if fmt != "ROW":
+            bad.append(f"binlog_format is {fmt}, not ROW")
+        if image != "FULL":
+            bad.append(f"binlog_row_image is {image}, not FULL")
+        if bad:
+            raise SystemExit(f"MariaDB on {self.host}:{self.port} cannot feed binlog CDC: "
+                             + "; ".join(bad) + " (docs/sources.md, the MySQL / MariaDB section)")
+        try:
+            self.sql("SELECT count(*) FROM seq_1_to_3")
+        except RuntimeError as e:
+            raise SystemExit(f"{self.version()} on {self.host}:{self.port} has no SEQUENCE engine "
+                             f"(seq_1_to_N), which the benchmark generates its rows with "
+                             f"(MariaDB only): {str(e).splitlines()[1:2]}")
+
+    def binlog_bytes(self) -> int:
+        """Bytes of binary log the server holds now (SHOW BINARY LOGS, summed)."""
+        return sum(int(line.split("\t")[1])
+                   for line in self.sql("SHOW BINARY LOGS").splitlines() if "\t" in line)
+
+    def binlog_end(self) -> tuple[str, int]:
+        """The binlog's end, as SHOW MASTER STATUS gives it: (file, position)."""
+        f, pos = self.one("SHOW MASTER STATUS")[:2]
+        return f, int(pos)
+
+    def reset_database(self) -> None:
+        self.sql(f"DROP DATABASE IF EXISTS {MY_DB}; CREATE DATABASE {MY_DB} CHARACTER SET utf8mb4;")
+
+    def table_sums(self, table: str) -> dict:
+        n, s_id, s_amount = self.one(f"SELECT count(*), coalesce(sum(id), 0), "
+                                     f"coalesce(sum(amount), 0) FROM {table}")
+        return {"rows": int(n), "sum_id": int(s_id), "sum_amount": money(s_amount)}
 
 
 # --------------------------------------------------------------------------- data
@@ -318,10 +484,13 @@ def table_sums(pg: Postgres, table: str) -> dict:
 # --------------------------------------------------------------------------- strata
 
 class Strata:
-    def __init__(self, binary: str, pg: Postgres):
+    """The strata binary, running pipelines whose CONNECTION `bench` is DB (a Postgres or a
+    MariaDB: its password in the variable the connection names)."""
+
+    def __init__(self, binary: str, db: "Postgres | MariaDB"):
         self.bin = binary
-        self.env = dict(os.environ, **{PW_ENV: pg.password})
-        self.pg = pg
+        self.env = dict(os.environ, **{db.pw_env: db.password})
+        self.db = db
 
     def check(self) -> None:
         for i in range(30):  # a debug binary being relinked by a concurrent build comes back
@@ -342,14 +511,11 @@ class Strata:
             return "?"
 
     def connection_sql(self) -> str:
-        pg = self.pg
-        return (f"CREATE CONNECTION bench TYPE postgresql OPTIONS (host '{pg.host}', "
-                f"port '{pg.port}', database '{pg.database}', user '{pg.user}', "
-                f"password_env '{PW_ENV}');\n")
+        return self.db.connection_sql()
 
     def run(self, wl: Path, label: str) -> dict:
         cmd = [self.bin, "run", str(wl / "pipeline.sql"), "--warehouse", str(wl / "warehouse")]
-        log(f"$ {PW_ENV}=... {shlex.join(cmd)}")
+        log(f"$ {self.db.pw_env}=... {shlex.join(cmd)}")
         logs = wl / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         r = timed(cmd, logs / f"{label}.stdout", logs / f"{label}.stderr", env=self.env)
@@ -563,6 +729,50 @@ def compare_rows(strata: Strata, wl: Path, pg: Postgres, ext_dir: Path, target: 
                 f"columns = {types})")
     con.execute(f"CREATE TEMP TABLE p AS SELECT {cols.replace('attrs', 'attrs::VARCHAR AS attrs')} "
                 f"FROM pg.{source}")
+    res = compare_s_and_p(con, "postgres")
+    con.close()
+    csv_path.unlink()
+    return res
+
+
+def compare_rows_mariadb(strata: Strata, wl: Path, my: MariaDB, target: str, source: str,
+                         where: str) -> dict:
+    """compare_rows for a MariaDB table: strata's open rows exported with `strata query
+    --format csv`, the MariaDB table with the `mariadb` client (tab-separated, NULL as `NULL`,
+    timestamps in UTC), both read into DuckDB with the same types and compared there."""
+    import duckdb
+
+    csv_path = wl / f"{target}.open.csv"
+    tsv_path = wl / f"{target}.source.tsv"
+    cols = ", ".join(COLUMN_NAMES)
+    if strata.query(wl, f"SELECT {cols} FROM {target} {where}", out=csv_path) is None:
+        return {"ok": False}
+    log(f"$ {Path(my.client).name} --batch --skip-column-names ... -e 'SELECT {cols} FROM {source}' "
+        f"> {tsv_path}")
+    my.sql(f"SELECT {cols} FROM {source}", out=tsv_path)
+    con = duckdb.connect()
+    con.execute("SET TimeZone = 'UTC'")
+    # boolean is tinyint(1) in MariaDB: an integer (0/1) in the binlog and in Delta.
+    types = ("{'id': 'BIGINT', 'customer_id': 'INTEGER', 'amount': 'DECIMAL(12,2)', "
+             "'status': 'VARCHAR', 'note': 'VARCHAR', 'paid': 'TINYINT', 'order_date': 'DATE', "
+             "'updated_at': 'TIMESTAMPTZ', 'ref': 'VARCHAR', 'attrs': 'VARCHAR'}")
+    con.execute(f"CREATE TEMP TABLE s AS SELECT * FROM read_csv('{csv_path}', header = true, "
+                f"columns = {types})")
+    # The client's batch output: tabs between values, no quoting, NULL for NULL (no value
+    # here holds a tab, a newline, a backslash or the text NULL).
+    con.execute(f"CREATE TEMP TABLE p AS SELECT * FROM read_csv('{tsv_path}', header = false, "
+                f"delim = '\t', quote = '', escape = '', nullstr = 'NULL', columns = {types})")
+    res = compare_s_and_p(con, "mariadb")
+    con.close()
+    csv_path.unlink()
+    tsv_path.unlink()
+    return res
+
+
+def compare_s_and_p(con, source_name: str) -> dict:
+    """Compare DuckDB's temp tables s (strata's rows) and p (the source's), both with
+    COLUMN_NAMES: counts, sums of ids, an order-independent hash of every value, and the rows
+    only on one side (EXCEPT ALL both ways), with up to three examples of each."""
     norm = ("id, customer_id, amount::VARCHAR AS amount, status, note, paid, "
             "order_date::VARCHAR AS order_date, epoch_us(updated_at) AS updated_us, "
             "ref::VARCHAR AS ref, attrs")
@@ -576,10 +786,8 @@ def compare_rows(strata: Strata, wl: Path, pg: Postgres, ext_dir: Path, target: 
     if only_s or only_p:
         example = con.execute(
             f"(SELECT 'strata' AS side, * FROM (SELECT {norm} FROM s EXCEPT ALL SELECT {norm} FROM p) LIMIT 3) "
-            f"UNION ALL (SELECT 'postgres', * FROM (SELECT {norm} FROM p EXCEPT ALL SELECT {norm} FROM s) LIMIT 3)"
+            f"UNION ALL (SELECT '{source_name}', * FROM (SELECT {norm} FROM p EXCEPT ALL SELECT {norm} FROM s) LIMIT 3)"
         ).fetchall()
-    con.close()
-    csv_path.unlink()
     return {"ok": only_s == 0 and only_p == 0 and sn == pn and sid == pid and shash == phash,
             "strata_rows": sn, "source_rows": pn, "strata_sum_id": int(sid), "source_sum_id": int(pid),
             "strata_hash": str(shash), "source_hash": str(phash),
@@ -736,7 +944,7 @@ def bench_cdc(a, pg: Postgres, strata: Strata, ext_dir: Path) -> dict:
     log(f"  -> {fmt_s(gen['seconds'])}; table {fmt_bytes(gen['heap_bytes'])}")
     (wl / "pipeline.sql").write_text(strata.connection_sql() + CDC_PIPELINE.format(
         table=CDC_TABLE, slot=SLOT, publication=PUBLICATION))
-    res: dict = {"workload": "cdc", "rows": k, "plan": plan, "generate": gen}
+    res: dict = {"workload": "cdc", "db": "postgres", "rows": k, "plan": plan, "generate": gen}
 
     log("run 1: the slot's snapshot copy")
     first = strata.run(wl, "cdc-1")
@@ -761,7 +969,18 @@ def bench_cdc(a, pg: Postgres, strata: Strata, ext_dir: Path) -> dict:
     if second["rc"] != 0:
         return res
 
-    want = table_sums(pg, CDC_TABLE)
+    check_cdc_result(res, strata, wl, k, plan, table_sums(pg, CDC_TABLE))
+    log("comparing every value of the open rows with the PostgreSQL table (through DuckDB)")
+    res["compare"] = compare_rows(strata, wl, pg, ext_dir, "cust", CDC_TABLE, "WHERE __END_AT IS NULL")
+    report_compare("cdc: cust open rows vs the source table", res["compare"])
+    res["delta_bytes"] = dir_bytes(wl / "warehouse")
+    return res
+
+
+def check_cdc_result(res: dict, strata: Strata, wl: Path, k: int, plan: dict, want: dict) -> None:
+    """The checks of a CDC run that applied the plan's changes, whichever database they came
+    from: the target's open rows against WANT (the source table's count and sums), the change
+    table holding every change once, the target's versions, `strata validate`."""
     res["source"] = want
     check_sums("strata cust open rows (__END_AT IS NULL) after the changes",
                strata_sums(strata, wl, "cust", "WHERE __END_AT IS NULL"), want)
@@ -782,9 +1001,171 @@ def bench_cdc(a, pg: Postgres, strata: Strata, ext_dir: Path) -> dict:
     else:
         log(f"  ok: cust holds {versions:,} versions (rows + updates + inserts)")
     strata.validate(wl, "cust")
-    log("comparing every value of the open rows with the PostgreSQL table (through DuckDB)")
-    res["compare"] = compare_rows(strata, wl, pg, ext_dir, "cust", CDC_TABLE, "WHERE __END_AT IS NULL")
-    report_compare("cdc: cust open rows vs the source table", res["compare"])
+
+
+# --------------------------------------------------------------------------- cdc from MariaDB
+
+# The columns of COLUMNS_DDL in MariaDB's types: boolean is tinyint(1); timestamp(6) is stored
+# in UTC as timestamptz is; the uuid is its text, char(36) (strata gives PostgreSQL's uuid
+# the same string type); json is MariaDB's alias of longtext, checked valid.
+MY_COLUMNS_DDL = """(
+  id          bigint PRIMARY KEY,
+  customer_id int NOT NULL,
+  amount      decimal(12,2) NOT NULL,
+  status      varchar(16) NOT NULL,
+  note        text,
+  paid        boolean NOT NULL,
+  order_date  date NOT NULL,
+  updated_at  timestamp(6) NOT NULL,
+  ref         char(36) NOT NULL,
+  attrs       json
+)"""
+# One row from the integer g (and its md5 h, and a version v), the values ROW_SELECT gives
+# in PostgreSQL (in a session at time zone UTC).
+MY_ROW_SELECT = """
+  g,
+  (g * 7919) % 100000,
+  CAST(((g * 104729 + ({v})) % 10000000) / 100 AS DECIMAL(12,2)),
+  ELT(1 + ((g + ({v})) % 5), 'new', 'paid', 'shipped', 'delivered', 'returned'),
+  CASE WHEN g % 10 = 0 THEN NULL ELSE CONCAT('order ', g, ' note ', ({v})) END,
+  (g + ({v})) % 3 <> 0,
+  DATE '2020-01-01' + INTERVAL (g % 2000) DAY,
+  TIMESTAMP '2024-01-01 00:00:00' + INTERVAL g SECOND + INTERVAL (({v}) * 1000) MICROSECOND,
+  CONCAT_WS('-', SUBSTR(h, 1, 8), SUBSTR(h, 9, 4), SUBSTR(h, 13, 4), SUBSTR(h, 17, 4), SUBSTR(h, 21, 12)),
+  JSON_OBJECT('channel', ELT(1 + g % 3, 'web', 'app', 'store'), 'items', 1 + (g + ({v})) % 9, 'v', ({v}))
+"""
+
+MY_CDC_PIPELINE = """\
+CREATE STREAMING TABLE cust_changes
+AS SELECT * FROM STREAM read_database('bench', table => '{table}', mode => 'cdc');
+CREATE STREAMING TABLE cust;
+CREATE FLOW cust_flow AS AUTO CDC INTO cust
+FROM STREAM(cust_changes)
+KEYS (id)
+APPLY AS DELETE WHEN _change_type = 'delete'
+SEQUENCE BY STRUCT(_commit_lsn, _change_seq)
+COLUMNS * EXCEPT (_change_type, _commit_lsn, _change_seq, _commit_timestamp, _unchanged_cols)
+STORED AS SCD TYPE 2;
+"""
+
+
+def my_rows_from(lo: int, hi: int, v: str) -> str:
+    """SELECT of the rows lo..hi (MY_ROW_SELECT at version V) from MariaDB's SEQUENCE engine."""
+    return (f"SELECT {MY_ROW_SELECT.format(v=v)} FROM (SELECT seq AS g, MD5(seq) AS h "
+            f"FROM seq_{lo}_to_{hi}) s")
+
+
+def create_table_mariadb(my: MariaDB, table: str, rows: int) -> dict:
+    t0 = time.perf_counter()
+    my.sql(f"CREATE TABLE {table} {MY_COLUMNS_DDL} ENGINE = InnoDB;\n"
+           f"INSERT INTO {table} {my_rows_from(1, rows, '0')};\n"
+           f"ANALYZE TABLE {table};")
+    secs = time.perf_counter() - t0
+    schema, name = table.split(".")
+    data, index = my.one(f"SELECT data_length, index_length FROM information_schema.tables "
+                         f"WHERE table_schema = '{schema}' AND table_name = '{name}'")
+    return {"rows": rows, "seconds": secs, "data_bytes": int(data), "index_bytes": int(index)}
+
+
+def make_changes_mariadb(my: MariaDB, k: int, plan: dict) -> float:
+    """The plan's changes, as make_changes makes them in PostgreSQL: one script of
+    START TRANSACTION ... COMMIT blocks (updates of distinct live rows through a join with the
+    ids they pick, deletes from the low ids up, inserts of new ids above K)."""
+    p = plan
+    t = MY_CDC_TABLE
+    blocks = []
+    for b in range(p["transactions"]):
+        stmts = ["START TRANSACTION;"]
+        stmts.append(
+            f"UPDATE {t} t JOIN (SELECT {p['deletes'] + 1} + (({b * p['updates_per_txn']} + seq) "
+            f"* {p['stride']}) % {p['live']} AS id FROM seq_0_to_{p['updates_per_txn'] - 1}) j "
+            f"ON t.id = j.id SET t.amount = t.amount + 1, "
+            f"t.status = ELT(1 + ((t.id + {b + 1}) % 5), 'new', 'paid', 'shipped', 'delivered', 'returned'), "
+            f"t.note = 'updated in {b}', t.paid = NOT t.paid, t.updated_at = NOW(6), "
+            f"t.attrs = JSON_SET(t.attrs, '$.v', {b + 1});")
+        if p["deletes_per_txn"]:
+            stmts.append(f"DELETE FROM {t} WHERE id BETWEEN {b * p['deletes_per_txn'] + 1} "
+                         f"AND {(b + 1) * p['deletes_per_txn']};")
+        if p["inserts_per_txn"]:
+            lo = k + b * p["inserts_per_txn"] + 1
+            hi = k + (b + 1) * p["inserts_per_txn"]
+            stmts.append(f"INSERT INTO {t} {my_rows_from(lo, hi, str(b + 1))};")
+        stmts.append("COMMIT;")
+        blocks.append("\n".join(stmts))
+    t0 = time.perf_counter()
+    my.sql("\n".join(blocks))
+    return time.perf_counter() - t0
+
+
+def recorded_position(table_dir: Path) -> str | None:
+    """The last `strata.lsn` a table's Delta log recorded in a commitInfo (`N/OFFSET`)."""
+    found = None
+    for f in sorted((table_dir / "_delta_log").glob("*.json")):
+        for line in f.read_text().splitlines():
+            if '"commitInfo"' in line:
+                found = json.loads(line)["commitInfo"].get("strata.lsn", found)
+    return found
+
+
+def binlog_behind(recorded: str | None, end: tuple[str, int]) -> int | None:
+    """Bytes between a recorded position (`N/OFFSET`, hexadecimal: binlog file number and
+    offset) and the binlog's end (file, position), when both are in the same file."""
+    if not recorded or "/" not in recorded:
+        return None
+    n, off = (int(x, 16) for x in recorded.split("/", 1))
+    end_file, end_pos = end
+    if int(end_file.rsplit(".", 1)[-1]) != n:
+        return None
+    return end_pos - off
+
+
+def bench_cdc_mariadb(a, my: MariaDB, strata: Strata) -> dict:
+    wl = a.workdir / "cdc-mariadb"
+    shutil.rmtree(wl, ignore_errors=True)
+    wl.mkdir(parents=True)
+    k = a.cdc_rows
+    plan = change_plan(k, a.changes, a.txn_size)
+    log(f"\n=== cdc from MariaDB's binlog: {k:,} rows copied, then {plan['changes']:,} changes "
+        f"({plan['updates']:,} updates, {plan['deletes']:,} deletes, {plan['inserts']:,} inserts "
+        f"in {plan['transactions']:,} transactions) applied by one run into an SCD2 target ===")
+    log(f"generating {MY_CDC_TABLE} in MariaDB (SEQUENCE engine)")
+    gen = create_table_mariadb(my, MY_CDC_TABLE, k)
+    log(f"  -> {fmt_s(gen['seconds'])}; table about {fmt_bytes(gen['data_bytes'])}")
+    (wl / "pipeline.sql").write_text(strata.connection_sql() + MY_CDC_PIPELINE.format(
+        table=MY_CDC_TABLE))
+    res: dict = {"workload": "cdc", "db": "mariadb", "rows": k, "plan": plan, "generate": gen}
+
+    log("run 1: the consistent snapshot's copy")
+    first = strata.run(wl, "cdc-1")
+    res["first_run"] = first
+    if first["rc"] != 0:
+        return res
+    got = strata_sums(strata, wl, "cust", "WHERE __END_AT IS NULL")
+    check_sums("strata cust after the snapshot copy", got, my.table_sums(MY_CDC_TABLE))
+
+    log(f"making {plan['changes']:,} changes in MariaDB (one client script, COMMIT every "
+        f"{a.txn_size})")
+    binlog_before = my.binlog_bytes()
+    res["changes_seconds"] = make_changes_mariadb(my, k, plan)
+    res["binlog_bytes"] = my.binlog_bytes() - binlog_before
+    log(f"  -> {fmt_s(res['changes_seconds'])}; {fmt_bytes(res['binlog_bytes'])} of binlog")
+    res["binlog_end_before"] = my.binlog_end()
+
+    log("run 2: every change since the snapshot")
+    second = strata.run(wl, "cdc-2")
+    res["second_run"] = second
+    if second["rc"] != 0:
+        return res
+    res["recorded_position"] = recorded_position(wl / "warehouse" / "default" / "cust_changes")
+    res["behind_after"] = binlog_behind(res["recorded_position"], res["binlog_end_before"])
+    log(f"position recorded by run 2: {res['recorded_position']}; binlog end before the run: "
+        f"{res['binlog_end_before'][0]}:{res['binlog_end_before'][1]} "
+        f"({fmt_bytes(res['behind_after'])} behind it)")
+
+    check_cdc_result(res, strata, wl, k, plan, my.table_sums(MY_CDC_TABLE))
+    log("comparing every value of the open rows with the MariaDB table (client export, in DuckDB)")
+    res["compare"] = compare_rows_mariadb(strata, wl, my, "cust", MY_CDC_TABLE, "WHERE __END_AT IS NULL")
+    report_compare("cdc (MariaDB): cust open rows vs the source table", res["compare"])
     res["delta_bytes"] = dir_bytes(wl / "warehouse")
     return res
 
@@ -794,9 +1175,13 @@ def bench_cdc(a, pg: Postgres, strata: Strata, ext_dir: Path) -> dict:
 def report(results: list[dict], strata: Strata, meta: dict) -> None:
     log("\n" + "=" * 78)
     log(f"strata: {strata.version()} ({strata.bin})")
-    log(f"PostgreSQL {meta['postgres']}, DuckDB {meta['duckdb']} + postgres extension "
-        f"({meta['duckdb_ext_source']}); {meta['cpus']} cores; load average at start "
-        f"{meta['loadavg_start']}")
+    servers = []
+    if meta.get("postgres"):
+        servers.append(f"PostgreSQL {meta['postgres']}, DuckDB {meta['duckdb']} + postgres "
+                       f"extension ({meta['duckdb_ext_source']})")
+    if meta.get("mariadb"):
+        servers.append(f"MariaDB {meta['mariadb']}")
+    log(f"{'; '.join(servers)}; {meta['cpus']} cores; load average at start {meta['loadavg_start']}")
     if CHECK_ONLY:
         log("timings and memory not shown (--check-only: a correctness check, e.g. on a debug build)")
     for r in results:
@@ -840,12 +1225,20 @@ def report(results: list[dict], strata: Strata, meta: dict) -> None:
                     f"{r['median_ratio_uuid_text']:.2f}x")
         else:
             p = r["plan"]
-            log(f"\ncdc: {r['rows']:,} rows, then {p['changes']:,} changes (DuckDB has no "
-                f"log-based CDC: strata alone)")
+            mariadb = r.get("db") == "mariadb"
+            log(f"\ncdc{' from MariaDB (binlog)' if mariadb else ' from PostgreSQL (logical replication)'}: "
+                f"{r['rows']:,} rows, then {p['changes']:,} changes (DuckDB has no log-based CDC: "
+                f"strata alone)")
             f, s = r.get("first_run"), r.get("second_run")
+            if mariadb:
+                log_line = (f"  binlog written by the changes: {fmt_bytes(r.get('binlog_bytes'))}; "
+                            f"position recorded by run 2: {fmt_bytes(r.get('behind_after'))} behind "
+                            f"the binlog's end before it")
+            else:
+                log_line = (f"  slot lag before / after run 2: {fmt_bytes(r.get('lag_before'))} / "
+                            f"{fmt_bytes(r.get('lag_after'))}")
             if CHECK_ONLY:
-                log(f"  slot lag before / after run 2: {fmt_bytes(r.get('lag_before'))} / "
-                    f"{fmt_bytes(r.get('lag_after'))}")
+                log(log_line)
                 continue
             if f:
                 log(f"  run 1 (snapshot copy):   {fmt_s(f['seconds']):>10}  "
@@ -855,10 +1248,10 @@ def report(results: list[dict], strata: Strata, meta: dict) -> None:
                 log(f"  run 2 (the changes):     {fmt_s(s['seconds']):>10}  "
                     f"{fmt_rate(p['changes'], s['seconds']):>12} changes  CPU {fmt_cpu(s):>8}  "
                     f"peak RSS {fmt_mem(s['maxrss_kib'])}")
-                log(f"  slot lag before / after run 2: {fmt_bytes(r.get('lag_before'))} / "
-                    f"{fmt_bytes(r.get('lag_after'))}")
+                log(log_line)
             if "changes_seconds" in r:
-                log(f"  (PostgreSQL made the changes in {fmt_s(r['changes_seconds'])})")
+                log(f"  ({'MariaDB' if mariadb else 'PostgreSQL'} made the changes in "
+                    f"{fmt_s(r['changes_seconds'])})")
     log("=" * 78)
 
 
@@ -872,7 +1265,11 @@ def default_strata() -> str:
 def main(argv=None) -> int:
     global CHECK_ONLY
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("parts", nargs="*", metavar="bulk|cdc", help="which parts to run (default: both)")
+    ap.add_argument("parts", nargs="*", metavar="bulk|cdc",
+                    help="which parts to run (default: both; MariaDB has cdc only)")
+    ap.add_argument("--source", choices=sorted(SOURCES), default="postgres",
+                    help="the database the parts read: postgres (default), mariadb (cdc from its "
+                         "binlog), or both (PostgreSQL's parts, then MariaDB's cdc)")
     ap.add_argument("--small", action="store_true",
                     help=f"small sizes: {SMALL['rows']:,}-row bulk, {SMALL['cdc_rows']:,}-row CDC "
                          f"table and {SMALL['changes']:,} changes")
@@ -901,7 +1298,8 @@ def main(argv=None) -> int:
     ap.add_argument("--check-only", action="store_true",
                     help="report correctness only, no timings (for debug builds and CI)")
     ap.add_argument("--keep", action="store_true",
-                    help="keep the benchmark schema in PostgreSQL (the slot is dropped anyway)")
+                    help="keep the benchmark schema in PostgreSQL (the slot is dropped anyway) "
+                         "and the database in MariaDB")
     ap.add_argument("--workdir", type=Path, default=BENCH_DIR / "data" / "db")
     ap.add_argument("--json", type=Path, help="write all measurements here (default: "
                                                "WORKDIR/results-<time>.json)")
@@ -916,42 +1314,71 @@ def main(argv=None) -> int:
     parts = a.parts or ["bulk", "cdc"]
     if set(parts) - {"bulk", "cdc"}:
         ap.error(f"unknown part(s) {sorted(set(parts) - {'bulk', 'cdc'})}: choose from bulk, cdc")
+    sources = SOURCES[a.source]
+    if "postgres" not in sources:
+        if "bulk" in a.parts:
+            ap.error("bulk is PostgreSQL's part (against DuckDB's postgres extension): "
+                     "--source mariadb runs cdc only")
+        parts = ["cdc"]
     a.workdir.mkdir(parents=True, exist_ok=True)
     a.workdir = a.workdir.resolve()
     log(f"$ {shlex.join([sys.executable, *sys.argv])}")
 
     import duckdb
 
-    pg = Postgres()
+    pg: Postgres | None = None
+    my: MariaDB | None = None
+    results: list[dict] = []
+    meta: dict = {
+        "duckdb": duckdb.__version__, "cpus": os.cpu_count(), "machine": platform.platform(),
+        "loadavg_start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv,
+        "check_only": CHECK_ONLY, "source": a.source, "parts": parts,
+    }
     try:
-        strata = Strata(a.strata, pg)
-        strata.check()
-        ext_dir = a.workdir / "duckdb_extensions"
-        meta = {
-            "strata": strata.version(), "strata_bin": strata.bin, "postgres": pg.version(),
-            "duckdb": duckdb.__version__, "duckdb_ext_source": install_duckdb_postgres(ext_dir),
-            "cpus": os.cpu_count(), "machine": platform.platform(),
-            "loadavg_start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv,
-            "check_only": CHECK_ONLY,
-        }
-        log(f"strata {meta['strata']}; PostgreSQL {meta['postgres']} on {pg.host}:{pg.port}; "
-            f"DuckDB {meta['duckdb']} (postgres extension from {meta['duckdb_ext_source']})")
-        pg.reset_schema()
-        results = []
-        try:
-            if "bulk" in parts:
-                results.append(bench_bulk(a, pg, strata, ext_dir))
-            if "cdc" in parts:
-                results.append(bench_cdc(a, pg, strata, ext_dir))
-        finally:
-            pg.drop_slot()  # a slot left behind keeps WAL forever
-            if not a.keep:
-                pg.psql(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+        strata = None
+        if "postgres" in sources:
+            pg = Postgres()
+            strata = Strata(a.strata, pg)
+            strata.check()
+            ext_dir = a.workdir / "duckdb_extensions"
+            meta.update({"strata": strata.version(), "strata_bin": strata.bin,
+                         "postgres": pg.version(),
+                         "duckdb_ext_source": install_duckdb_postgres(ext_dir)})
+            log(f"strata {meta['strata']}; PostgreSQL {meta['postgres']} on {pg.host}:{pg.port}; "
+                f"DuckDB {meta['duckdb']} (postgres extension from {meta['duckdb_ext_source']})")
+            pg.reset_schema()
+            try:
+                if "bulk" in parts:
+                    results.append(bench_bulk(a, pg, strata, ext_dir))
+                if "cdc" in parts:
+                    results.append(bench_cdc(a, pg, strata, ext_dir))
+            finally:
+                pg.drop_slot()  # a slot left behind keeps WAL forever
+                if not a.keep:
+                    pg.psql(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+        if "mariadb" in sources and "cdc" in parts:
+            my = MariaDB()
+            strata = Strata(a.strata, my)
+            strata.check()
+            my.check_server()
+            meta.update({"strata": strata.version(), "strata_bin": strata.bin,
+                         "mariadb": my.version()})
+            log(f"strata {meta['strata']}; MariaDB {meta['mariadb']} on {my.host}:{my.port}")
+            my.reset_database()
+            try:
+                results.append(bench_cdc_mariadb(a, my, strata))
+            finally:
+                if not a.keep:
+                    my.sql(f"DROP DATABASE IF EXISTS {MY_DB}")
         meta["loadavg_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
-        report(results, strata, meta)
+        if strata is not None:
+            report(results, strata, meta)
     finally:
-        pg.close()
+        if pg is not None:
+            pg.close()
+        if my is not None:
+            my.close()
     out_json = a.json or (a.workdir / f"results-{time.strftime('%Y%m%d-%H%M%S')}.json")
     out_json.write_text(json.dumps({"meta": meta, "results": results, "failures": FAILURES},
                                    indent=2, default=str))

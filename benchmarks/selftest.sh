@@ -32,6 +32,12 @@ python3 pit_bench.py --small --strata "$STRATA_BIN" --workdir "$work/pit"
 #    source. Correctness only: no timings are printed.
 python3 db_bench.py --small --check-only --strata "$STRATA_BIN" --workdir "$work/db" \
   --json "$work/db.json"
+#    The same CDC workload from MariaDB's binlog (`--source mariadb`: the STRATA_TEST_MYSQL_*
+#    server of with-services.sh, else one it starts itself with scripts/services/mariadb.sh):
+#    a 20k-row copy and 20k changes in one run into an SCD2 target, every value compared with
+#    the MariaDB table. Correctness only.
+python3 db_bench.py cdc --source mariadb --small --check-only --strata "$STRATA_BIN" \
+  --workdir "$work/db-mariadb" --json "$work/db-mariadb.json"
 # 5. `objstore_bench.py --small`: the same pipeline with its warehouse on local disk and on
 #    an S3-compatible server (moto, started on a free port by scripts/services/s3.sh); the
 #    rows must be the same on both. Correctness only here: debug timings mean nothing.

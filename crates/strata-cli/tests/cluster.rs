@@ -113,11 +113,13 @@ fn tables(w: &OnStore) -> Vec<String> {
 }
 
 fn assert_same(local: &[String], remote: &[String], cluster: &Cluster) {
-    for (l, r) in local.iter().zip(remote) {
+    for (i, (l, r)) in local.iter().zip(remote).enumerate() {
         assert!(l.lines().count() > 100, "a real table: {l}");
+        let first = l.lines().zip(r.lines()).find(|(a, b)| a != b);
         assert!(
             l == r,
-            "the cluster's table differs from the local one ({} vs {} lines)\n{}",
+            "table {i} of the cluster's run differs from the local one ({} vs {} lines; \
+             first difference: {first:?})\n{}",
             l.lines().count(),
             r.lines().count(),
             cluster.logs()
@@ -322,4 +324,53 @@ fn input_rejected_on_the_cluster_fails_like_here() {
     );
     let rows = w.csv("SELECT count(*) AS n FROM history");
     assert!(rows.contains("\n0"), "nothing committed: {rows}");
+}
+
+/// A drill: the coordinator (`strata run`) is killed (SIGKILL) while the cluster folds. Its
+/// commits are the only ones, so the targets hold nothing; a rerun gives the local run's
+/// tables.
+#[test]
+fn a_killed_coordinator_leaves_nothing_partial() {
+    let s3 = S3::from_env();
+    let cluster = Cluster::start(&s3);
+    let local = OnStore::new(&s3, "cluster-coord-local", PIPELINE);
+    let remote = OnStore::new(&s3, "cluster-coord", PIPELINE);
+    let (a, b) = first_delivery(60_000);
+    for w in [&local, &remote] {
+        w.p.file("data/cdc/001.json", &a);
+        w.p.file("data/cdc/002.json", &b);
+    }
+    local.ok(&["run", "pipeline.sql"]);
+    let on_cluster = [
+        "run",
+        "pipeline.sql",
+        "--cluster",
+        &cluster.url,
+        "--cluster-min-events",
+        "1",
+    ];
+    let mut run = remote
+        .command(&on_cluster)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("strata runs");
+    let started = std::time::Instant::now();
+    let folding = |log: String| {
+        log.lines()
+            .any(|l| l.contains("Execute task") && l.contains("/2."))
+    };
+    while !(folding(cluster.log("executor-1")) || folding(cluster.log("executor-2")))
+        && started.elapsed() < std::time::Duration::from_secs(120)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    run.kill().expect("SIGKILL");
+    run.wait().expect("the run ends");
+    for table in ["history", "current"] {
+        let rows = remote.csv(&format!("SELECT count(*) AS n FROM {table}"));
+        assert!(rows.contains("\n0"), "nothing committed to {table}: {rows}");
+    }
+    remote.ok(&on_cluster);
+    assert_same(&tables(&local), &tables(&remote), &cluster);
 }

@@ -274,6 +274,8 @@ struct Positions {
     applied: i64,
     /// What the source's commits after `from` changed; `None` when it has none.
     changes: Option<crate::storage::changes::Changes>,
+    /// The run number this run's events are stored under.
+    run: i64,
 }
 
 impl Positions {
@@ -290,7 +292,7 @@ impl Positions {
 
     /// The run number this run's events are stored under.
     fn run(&self) -> i64 {
-        self.store_version + 1
+        self.run
     }
 
     /// How the place of new rows is named in errors.
@@ -301,6 +303,17 @@ impl Positions {
             self.from.map_or("(start)".to_string(), |v| v.to_string())
         )
     }
+}
+
+/// The run number a run's events are stored under: the event store's next version, or 0
+/// when the store holds no version with events yet (it is missing, or an earlier run was
+/// killed just after creating it), so that a rerun after such a kill stores the events
+/// exactly as an uninterrupted first run.
+fn run_number(store: Option<&DeltaTable>, store_version: i64) -> Result<i64> {
+    Ok(match store {
+        Some(s) if store_version == 0 && crate::storage::table::table_files(s)?.is_empty() => 0,
+        _ => store_version + 1,
+    })
 }
 
 /// Opens the flow's source, event store and target and reads their positions; `None` when
@@ -333,6 +346,7 @@ async fn open_positions(scope: &Scope<'_>, setup: &FlowSetup) -> Result<Option<P
         false => None,
     };
     Ok(Some(Positions {
+        run: run_number(store.as_ref(), store_version)?,
         changes,
         source_version,
         source,
