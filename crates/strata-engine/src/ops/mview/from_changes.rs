@@ -4,7 +4,7 @@
 //! allow which is [`super::incremental`]'s to say; this module reads and writes.
 
 use super::incremental::{self, Grouped, Shape};
-use super::replace::{open_at, read_by, replaced, Grown, Incremental, VIEW_ROWS};
+use super::replace::{open_at, read_by, replace_touched, replaced, Grown, Incremental, VIEW_ROWS};
 use super::{collect_as, MvReport, Refresh};
 use crate::error::{Context, Result};
 use crate::sql::expect;
@@ -128,8 +128,15 @@ pub(super) async fn refresh(
                 .plan_over(ctx, df.logical_plan(), WHOLE_INPUT)
                 .await?
                 .ok_or_else(|| crate::error::EngineError::internal("a table of another schema"))?;
-            let rows = replaced(ctx, view, whole, touched, schema, keys).await?;
             report.refresh = Refresh::Regrouped;
+            let replacing = (whole.clone(), touched.clone());
+            if let Some(rows) =
+                replace_touched(ctx, view, replacing.0, replacing.1, schema, keys, commit).await?
+            {
+                report.rows = rows;
+                return Ok(Ok(report));
+            }
+            let rows = replaced(ctx, view, whole, touched, schema, keys).await?;
             (rows, RowChange::Overwrite)
         }
         (Shape::Groups(_), _) => {

@@ -439,6 +439,44 @@ pub(crate) fn combine_sql(input: &str, names: &[String], combine: &[Combine]) ->
     sql
 }
 
+/// The rows of `table` (the view's `held` or the `recomputed` ones) whose keys are among
+/// `touched`'s, keys compared as GROUP BY compares them (NULLs equal).
+pub(crate) fn touched_rows_sql(
+    table: &str,
+    touched: &str,
+    names: &[String],
+    keys: &[usize],
+) -> String {
+    let (columns, matches) = key_match(names, keys, "v");
+    let quote = |n: &str| format!("\"{}\"", n.replace('"', "\"\""));
+    format!(
+        "SELECT {columns} FROM {table} v WHERE EXISTS (SELECT 1 FROM {touched} t WHERE {matches})",
+        table = quote(table),
+        touched = quote(touched),
+    )
+}
+
+/// The column list of `side` and its keys' match with `t` (the touched keys).
+fn key_match(names: &[String], keys: &[usize], side: &str) -> (String, String) {
+    let quote = |n: &str| format!("\"{}\"", n.replace('"', "\"\""));
+    let matches = keys
+        .iter()
+        .map(|&k| {
+            let n = quote(&names[k]);
+            // In parentheses: the SQL parser binds `AND` tighter than `IS NOT DISTINCT
+            // FROM`, which would compare a key with the conjunction of the next.
+            format!("(t.{n} IS NOT DISTINCT FROM {side}.{n})")
+        })
+        .collect::<Vec<_>>()
+        .join(" AND ");
+    let columns = names
+        .iter()
+        .map(|n| format!("{side}.{}", quote(n)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    (columns, matches)
+}
+
 /// The query that puts the groups the changed rows touched (`touched`: their keys) in place
 /// of the view's (`held`): the recomputed groups (`recomputed`) that were touched, and the
 /// held groups that were not. Keys compare as GROUP BY compares them (NULLs equal).
@@ -450,24 +488,8 @@ pub(crate) fn regroup_sql(
     keys: &[usize],
 ) -> String {
     let quote = |n: &str| format!("\"{}\"", n.replace('"', "\"\""));
-    let matches = |side: &str| {
-        keys.iter()
-            .map(|&k| {
-                let n = quote(&names[k]);
-                // In parentheses: the SQL parser binds `AND` tighter than `IS NOT DISTINCT
-                // FROM`, which would compare a key with the conjunction of the next.
-                format!("(t.{n} IS NOT DISTINCT FROM {side}.{n})")
-            })
-            .collect::<Vec<_>>()
-            .join(" AND ")
-    };
-    let columns = |side: &str| {
-        names
-            .iter()
-            .map(|n| format!("{side}.{}", quote(n)))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+    let matches = |side: &str| key_match(names, keys, side).1;
+    let columns = |side: &str| key_match(names, keys, side).0;
     format!(
         "SELECT {r} FROM {recomputed} r WHERE EXISTS (SELECT 1 FROM {touched} t WHERE {rm}) \
          UNION ALL \

@@ -6,7 +6,7 @@
 //! [`super::incremental`]'s to say; this module reads and writes.
 
 use super::incremental::{self, Growth, Joined};
-use super::replace::{open_at, read_by, replaced, Grown, Incremental};
+use super::replace::{open_at, read_by, replace_touched, replaced, Grown, Incremental};
 use super::{collect_as, MvReport, Refresh};
 use crate::error::{Context, Result};
 use crate::storage::commit::PendingCommit;
@@ -82,6 +82,24 @@ pub(super) async fn refresh(
     let Some(recomputed) = restricted_plan(ctx, df, &sides, joined, &touched).await? else {
         return Ok(Err(STALE));
     };
+    let name = target.mv.name.to_string();
+    let replacing = (recomputed.clone(), touched.clone());
+    if let Some(rows) = replace_touched(
+        ctx,
+        target.view,
+        replacing.0,
+        replacing.1,
+        target.schema,
+        &joined.keys,
+        target.commit,
+    )
+    .await?
+    {
+        report.rows = rows;
+        tracing::info!(view = %name, keys = report.rows_read, rows = report.rows,
+            "incremental refresh of a join: the keys' rows replaced");
+        return Ok(Ok(report));
+    }
     let rows = replaced(
         ctx,
         target.view,
@@ -92,7 +110,6 @@ pub(super) async fn refresh(
     )
     .await?;
     report.rows = rows.num_rows();
-    let name = target.mv.name.to_string();
     tracing::info!(view = %name, keys = report.rows_read, rows = report.rows,
         "incremental refresh of a join");
     // The view is rewritten whole, consistent with the inputs it records whoever lands last.

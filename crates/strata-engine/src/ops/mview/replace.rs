@@ -78,14 +78,7 @@ pub(super) async fn replaced(
     schema: &SchemaRef,
     keys: &[usize],
 ) -> Result<RecordBatch> {
-    ctx.register_batch(TOUCHED, touched)
-        .context(|| "the keys touched".into())?;
-    ctx.register_table(
-        RECOMPUTED,
-        DataFrame::new(ctx.state(), recomputed).into_view(),
-    )
-    .context(|| "recomputing the keys touched".into())?;
-    crate::storage::session::register_table(ctx, VIEW_ROWS, view, None).await?;
+    register_parts(ctx, view, recomputed, touched).await?;
     let names: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
     let sql = incremental::regroup_sql(VIEW_ROWS, RECOMPUTED, TOUCHED, &names, keys);
     let df = ctx
@@ -93,4 +86,84 @@ pub(super) async fn replaced(
         .await
         .context(|| "recomputing the keys touched".into())?;
     collect_as(df, schema).await
+}
+
+/// Registers the keys touched, the recomputed rows and the view's rows in `ctx` (in place of
+/// earlier ones).
+async fn register_parts(
+    ctx: &SessionContext,
+    view: &DeltaTable,
+    recomputed: LogicalPlan,
+    touched: RecordBatch,
+) -> Result<()> {
+    // Registered again when an attempt to replace the keys fell back to a rewrite.
+    for name in [TOUCHED, RECOMPUTED, VIEW_ROWS] {
+        ctx.deregister_table(name)
+            .context(|| format!("unregistering {name}"))?;
+    }
+    ctx.register_batch(TOUCHED, touched)
+        .context(|| "the keys touched".into())?;
+    ctx.register_table(
+        RECOMPUTED,
+        DataFrame::new(ctx.state(), recomputed).into_view(),
+    )
+    .context(|| "recomputing the keys touched".into())?;
+    crate::storage::session::register_table(ctx, VIEW_ROWS, view, None).await
+}
+
+/// Replaces the view's rows of the keys `touched` (columns `keys`) by the ones `recomputed`
+/// gives for them, in one commit, `commit`, which must land right after the version read
+/// (another refresh in between makes it a conflict, and the refresh starts again): their
+/// old rows marked deleted, or the files holding them rewritten, the new rows added, and a
+/// change file (`storage/replace.rs`). Returns the view's row count after it, or `None`,
+/// having done nothing, when the view's table cannot be changed that way or a touched key
+/// is NULL (the caller then rewrites it whole with [`replaced`]).
+pub(super) async fn replace_touched(
+    ctx: &SessionContext,
+    view: &DeltaTable,
+    recomputed: LogicalPlan,
+    touched: RecordBatch,
+    schema: &SchemaRef,
+    keys: &[usize],
+    commit: &crate::storage::commit::PendingCommit,
+) -> Result<Option<usize>> {
+    register_parts(ctx, view, recomputed, touched).await?;
+    let names: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
+    let rows_of = |table: &str| incremental::touched_rows_sql(table, TOUCHED, &names, keys);
+    let query = |sql: String| async move {
+        let df = ctx
+            .sql(&sql)
+            .await
+            .context(|| "recomputing the keys touched".into())?;
+        collect_as(df, schema).await
+    };
+    let old = query(rows_of(VIEW_ROWS)).await?;
+    let new = query(rows_of(RECOMPUTED)).await?;
+    let held = ctx
+        .sql(&format!("SELECT count(*) FROM \"{VIEW_ROWS}\""))
+        .await
+        .context(|| "counting the view's rows".into())?
+        .collect()
+        .await
+        .context(|| "counting the view's rows".into())?;
+    let held = held
+        .first()
+        .and_then(|b| {
+            b.column(0)
+                .as_any()
+                .downcast_ref::<deltalake::arrow::array::Int64Array>()
+                .map(|a| a.value(0))
+        })
+        .unwrap_or_default() as usize;
+    // Key replacement matches keys that hold a value: a NULL group or join key is
+    // rewritten with the view.
+    let null_key = |rows: &RecordBatch| keys.iter().any(|&k| rows.column(k).null_count() > 0);
+    if null_key(&old) || null_key(&new) {
+        return Ok(None);
+    }
+    let after = held - old.num_rows() + new.num_rows();
+    let key_names: Vec<String> = keys.iter().map(|&k| names[k].clone()).collect();
+    let commit = commit.clone().exactly_next();
+    let done = crate::storage::replace::replace_keys(view, &key_names, &old, new, &commit).await?;
+    Ok(done.map(|_| after))
 }
