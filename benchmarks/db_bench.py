@@ -9,7 +9,8 @@ and strata's MariaDB/MySQL binlog CDC source on the same CDC workload.
     python3 benchmarks/db_bench.py --source mariadb       # CDC from MariaDB's binlog: 1M rows, then 1M changes
     python3 benchmarks/db_bench.py cdc --source both      # the same CDC workload from each, one after the other
 
-Two parts, both against a real PostgreSQL (14 or newer, wal_level=logical):
+Three parts, the first two against a real PostgreSQL (14 or newer, wal_level=logical), the
+third against MariaDB:
 
 1. bulk: a table of N rows (10 columns: bigint, int, numeric(12,2), text, text with NULLs, bool,
    date, timestamptz, uuid, jsonb) is generated inside PostgreSQL with generate_series. strata
