@@ -112,6 +112,32 @@ fn tables(w: &OnStore) -> Vec<String> {
     .collect()
 }
 
+/// The arguments of a run whose first loads go to the cluster at `url`, whatever their size.
+fn on_cluster(url: &str) -> [&str; 6] {
+    [
+        "run",
+        "pipeline.sql",
+        "--cluster",
+        url,
+        "--cluster-min-events",
+        "1",
+    ]
+}
+
+/// Two warehouses named after `test` holding the same first delivery of `keys` keys, the
+/// first of them (the local reference) already run on this machine only.
+fn local_and_remote<'a>(s3: &'a S3, test: &str, keys: u64) -> (OnStore<'a>, OnStore<'a>) {
+    let local = OnStore::new(s3, &format!("{test}-local"), PIPELINE);
+    let remote = OnStore::new(s3, test, PIPELINE);
+    let (a, b) = first_delivery(keys);
+    for w in [&local, &remote] {
+        w.p.file("data/cdc/001.json", &a);
+        w.p.file("data/cdc/002.json", &b);
+    }
+    local.ok(&["run", "pipeline.sql"]);
+    (local, remote)
+}
+
 fn assert_same(local: &[String], remote: &[String], cluster: &Cluster) {
     for (i, (l, r)) in local.iter().zip(remote).enumerate() {
         assert!(l.lines().count() > 100, "a real table: {l}");
@@ -135,22 +161,8 @@ fn assert_same(local: &[String], remote: &[String], cluster: &Cluster) {
 fn a_backfill_on_the_cluster_equals_a_local_one() {
     let s3 = S3::from_env();
     let cluster = Cluster::start(&s3);
-    let local = OnStore::new(&s3, "cluster-local", PIPELINE);
-    let remote = OnStore::new(&s3, "cluster-remote", PIPELINE);
-    let (a, b) = first_delivery(3000);
-    for w in [&local, &remote] {
-        w.p.file("data/cdc/001.json", &a);
-        w.p.file("data/cdc/002.json", &b);
-    }
-    local.ok(&["run", "pipeline.sql"]);
-    let on_cluster = [
-        "run",
-        "pipeline.sql",
-        "--cluster",
-        &cluster.url,
-        "--cluster-min-events",
-        "1",
-    ];
+    let (local, remote) = local_and_remote(&s3, "cluster-remote", 3000);
+    let on_cluster = on_cluster(&cluster.url);
     let out = remote.ok(&on_cluster);
     for flow in ["history_flow", "current_flow"] {
         assert!(
@@ -201,14 +213,7 @@ fn an_unreachable_cluster_fails_cleanly() {
     let w = OnStore::new(&s3, "cluster-down", PIPELINE);
     let (a, _) = first_delivery(20);
     w.p.file("data/cdc/001.json", &a);
-    let out = w.strata(&[
-        "run",
-        "pipeline.sql",
-        "--cluster",
-        "df://127.0.0.1:9",
-        "--cluster-min-events",
-        "1",
-    ]);
+    let out = w.strata(&on_cluster("df://127.0.0.1:9"));
     assert!(!out.status.success());
     let err = stderr(&out);
     assert!(err.contains("df://127.0.0.1:9"), "{err}");
@@ -226,41 +231,16 @@ fn an_unreachable_cluster_fails_cleanly() {
 fn a_killed_executor_leaves_nothing_partial() {
     let s3 = S3::from_env();
     let cluster = Cluster::start(&s3);
-    let local = OnStore::new(&s3, "cluster-drill-local", PIPELINE);
-    let remote = OnStore::new(&s3, "cluster-drill", PIPELINE);
-    let (a, b) = first_delivery(60_000);
-    for w in [&local, &remote] {
-        w.p.file("data/cdc/001.json", &a);
-        w.p.file("data/cdc/002.json", &b);
-    }
-    local.ok(&["run", "pipeline.sql"]);
+    let (local, remote) = local_and_remote(&s3, "cluster-drill", 60_000);
     let run = remote
-        .command(&[
-            "run",
-            "pipeline.sql",
-            "--cluster",
-            &cluster.url,
-            "--cluster-min-events",
-            "1",
-        ])
+        .command(&on_cluster(&cluster.url))
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("strata runs");
-    // Kill the first executor once it runs a task of the fold stage (stage 2: after the
-    // stage that reads the files and shuffles the events).
-    let started = std::time::Instant::now();
-    let folding = |log: String| {
-        log.lines()
-            .any(|l| l.contains("Execute task") && l.contains("/2."))
-    };
-    while !folding(cluster.log("executor-1"))
-        && started.elapsed() < std::time::Duration::from_secs(120)
-    {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    // Kill the first executor once it runs a task of the fold stage.
     assert!(
-        folding(cluster.log("executor-1")),
+        cluster.wait_until_folding(&["executor-1"]),
         "the executor folds: {}",
         cluster.logs()
     );
@@ -276,14 +256,7 @@ fn a_killed_executor_leaves_nothing_partial() {
     );
     if !out.status.success() {
         assert!(history.contains("\n0"), "nothing committed: {history}");
-        remote.ok(&[
-            "run",
-            "pipeline.sql",
-            "--cluster",
-            &cluster.url,
-            "--cluster-min-events",
-            "1",
-        ]);
+        remote.ok(&on_cluster(&cluster.url));
     }
     assert_same(&tables(&local), &tables(&remote), &cluster);
 }
@@ -302,14 +275,7 @@ fn input_rejected_on_the_cluster_fails_like_here() {
         "{\"id\": 5, \"code\": \"k5\", \"name\": \"zz\", \"score\": 1, \"op\": \"UPSERT\", \"seq\": 10}\n\
          {\"id\": 5, \"code\": \"k5\", \"name\": \"yy\", \"score\": 1, \"op\": \"UPSERT\", \"seq\": 10}\n",
     );
-    let out = w.strata(&[
-        "run",
-        "pipeline.sql",
-        "--cluster",
-        &cluster.url,
-        "--cluster-min-events",
-        "1",
-    ]);
+    let out = w.strata(&on_cluster(&cluster.url));
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(2), "{err}\n{}", cluster.logs());
     assert!(
@@ -333,38 +299,15 @@ fn input_rejected_on_the_cluster_fails_like_here() {
 fn a_killed_coordinator_leaves_nothing_partial() {
     let s3 = S3::from_env();
     let cluster = Cluster::start(&s3);
-    let local = OnStore::new(&s3, "cluster-coord-local", PIPELINE);
-    let remote = OnStore::new(&s3, "cluster-coord", PIPELINE);
-    let (a, b) = first_delivery(60_000);
-    for w in [&local, &remote] {
-        w.p.file("data/cdc/001.json", &a);
-        w.p.file("data/cdc/002.json", &b);
-    }
-    local.ok(&["run", "pipeline.sql"]);
-    let on_cluster = [
-        "run",
-        "pipeline.sql",
-        "--cluster",
-        &cluster.url,
-        "--cluster-min-events",
-        "1",
-    ];
+    let (local, remote) = local_and_remote(&s3, "cluster-coord", 60_000);
+    let on_cluster = on_cluster(&cluster.url);
     let mut run = remote
         .command(&on_cluster)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("strata runs");
-    let started = std::time::Instant::now();
-    let folding = |log: String| {
-        log.lines()
-            .any(|l| l.contains("Execute task") && l.contains("/2."))
-    };
-    while !(folding(cluster.log("executor-1")) || folding(cluster.log("executor-2")))
-        && started.elapsed() < std::time::Duration::from_secs(120)
-    {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    cluster.wait_until_folding(&["executor-1", "executor-2"]);
     run.kill().expect("SIGKILL");
     run.wait().expect("the run ends");
     for table in ["history", "current"] {

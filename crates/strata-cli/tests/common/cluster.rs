@@ -83,6 +83,24 @@ impl Cluster {
         all
     }
 
+    /// Waits (at most 120 s) until one of `executors` runs a task of the fold stage (stage 2:
+    /// after the stage that reads the files and shuffles the events); whether one did.
+    pub fn wait_until_folding(&self, executors: &[&str]) -> bool {
+        let folding = |process: &&str| {
+            self.log(process)
+                .lines()
+                .any(|l| l.contains("Execute task") && l.contains("/2."))
+        };
+        let started = std::time::Instant::now();
+        while !executors.iter().any(folding) {
+            if started.elapsed() > std::time::Duration::from_secs(120) {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        true
+    }
+
     /// The log of `process` so far.
     pub fn log(&self, process: &str) -> String {
         std::fs::read_to_string(self.dir.path().join(format!("cluster/{process}.log")))

@@ -244,16 +244,7 @@ pub fn latest_commit(server: &dyn Server, url: &str) -> String {
     let store = server.client();
     let log = StorePath::from(format!("{}/_delta_log", server.key_of(url)));
     runtime().block_on(async {
-        let mut commits: Vec<StorePath> = store
-            .list_with_delimiter(Some(&log))
-            .await
-            .expect("list the log")
-            .objects
-            .into_iter()
-            .map(|m| m.location)
-            .filter(|p| p.as_ref().ends_with(".json"))
-            .collect();
-        commits.sort();
+        let commits = log_commits(store.as_ref(), &log).await;
         let newest = commits.last().expect("a commit");
         let bytes = store
             .get(newest)
@@ -264,6 +255,21 @@ pub fn latest_commit(server: &dyn Server, url: &str) -> String {
             .expect("bytes");
         String::from_utf8(bytes.to_vec()).expect("utf8")
     })
+}
+
+/// The commit files of the Delta log `log` in `store`, in version order.
+async fn log_commits(store: &dyn ObjectStore, log: &StorePath) -> Vec<StorePath> {
+    let mut commits: Vec<StorePath> = store
+        .list_with_delimiter(Some(log))
+        .await
+        .expect("list the log")
+        .objects
+        .into_iter()
+        .map(|m| m.location)
+        .filter(|p| p.as_ref().ends_with(".json"))
+        .collect();
+    commits.sort();
+    commits
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -547,16 +553,7 @@ pub fn delta_rows(server: &dyn Server, url: &str) -> Vec<String> {
     let root = server.key_of(url);
     let log = StorePath::from(format!("{root}/_delta_log"));
     runtime().block_on(async {
-        let mut commits: Vec<StorePath> = store
-            .list_with_delimiter(Some(&log))
-            .await
-            .expect("list the log")
-            .objects
-            .into_iter()
-            .map(|m| m.location)
-            .filter(|p| p.as_ref().ends_with(".json"))
-            .collect();
-        commits.sort();
+        let commits = log_commits(store.as_ref(), &log).await;
         let mut live = std::collections::BTreeSet::new();
         for commit in commits {
             let bytes = store
