@@ -212,6 +212,31 @@ def timed(cmd: list[str], stdout_path: Path, stderr_path: Path, env: dict | None
 
 # --------------------------------------------------------------------------- PostgreSQL
 
+def start_service(script: Path, own_dir: str, name: str) -> None:
+    """Starts the throwaway server of `script` (scripts/services/*.sh) in `own_dir` and takes
+    the `export NAME=VALUE` lines it prints into this process's environment; exits naming
+    `name` if it does not start (after stopping what it left and removing the dir)."""
+    log(f"$ {script} start {own_dir}")
+    r = subprocess.run([str(script), "start", own_dir], capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.stderr.write(r.stderr)
+        stop_service(script, own_dir)
+        raise SystemExit(f"could not start {name} with scripts/services/{script.name} "
+                         "(or run under scripts/services/with-services.sh)")
+    for line in r.stdout.splitlines():
+        if line.startswith("export ") and "=" in line:
+            k, v = line[len("export "):].split("=", 1)
+            os.environ[k] = v
+
+
+def stop_service(script: Path, own_dir: str | None) -> None:
+    """Stops the throwaway server of `script` in `own_dir` (if any) and removes the dir."""
+    if own_dir:
+        subprocess.run([str(script), "stop", own_dir], capture_output=True)
+        shutil.rmtree(own_dir, ignore_errors=True)
+    return None
+
+
 class Postgres:
     """The server the benchmark reads: the STRATA_TEST_PG_* variables, else a throwaway one
     started with scripts/services/postgres.sh (stopped by close())."""
@@ -239,23 +264,11 @@ class Postgres:
         self.own_dir = tempfile.mkdtemp(prefix="strata-dbb.", dir="/tmp")
         os.chmod(self.own_dir, 0o711)
         log(f"no STRATA_TEST_PG_* variables: starting a throwaway PostgreSQL in {self.own_dir}")
-        log(f"$ {PG_SCRIPT} start {self.own_dir}")
-        r = subprocess.run([str(PG_SCRIPT), "start", self.own_dir], capture_output=True, text=True)
-        if r.returncode != 0:
-            sys.stderr.write(r.stderr)
-            shutil.rmtree(self.own_dir, ignore_errors=True)
-            raise SystemExit("could not start PostgreSQL with scripts/services/postgres.sh "
-                             "(or run under scripts/services/with-services.sh)")
-        for line in r.stdout.splitlines():
-            if line.startswith("export ") and "=" in line:
-                k, v = line[len("export "):].split("=", 1)
-                os.environ[k] = v
+        start_service(PG_SCRIPT, self.own_dir, "PostgreSQL")
 
     def close(self) -> None:
-        if self.own_dir:
-            subprocess.run([str(PG_SCRIPT), "stop", self.own_dir], capture_output=True)
-            shutil.rmtree(self.own_dir, ignore_errors=True)
-            self.own_dir = None
+        stop_service(PG_SCRIPT, self.own_dir)
+        self.own_dir = None
 
     def dsn(self) -> str:
         return (f"host={self.host} port={self.port} dbname={self.database} user={self.user} "
@@ -329,25 +342,11 @@ class MariaDB:
         # The server's unix socket lives in the dir: keep it short, directly under /tmp.
         self.own_dir = tempfile.mkdtemp(prefix="strata-dbm.", dir="/tmp")
         log(f"no STRATA_TEST_MYSQL_* variables: starting a throwaway MariaDB in {self.own_dir}")
-        log(f"$ {MARIADB_SCRIPT} start {self.own_dir}")
-        r = subprocess.run([str(MARIADB_SCRIPT), "start", self.own_dir], capture_output=True,
-                           text=True)
-        if r.returncode != 0:
-            sys.stderr.write(r.stderr)
-            subprocess.run([str(MARIADB_SCRIPT), "stop", self.own_dir], capture_output=True)
-            shutil.rmtree(self.own_dir, ignore_errors=True)
-            raise SystemExit("could not start MariaDB with scripts/services/mariadb.sh "
-                             "(or run under scripts/services/with-services.sh)")
-        for line in r.stdout.splitlines():
-            if line.startswith("export ") and "=" in line:
-                k, v = line[len("export "):].split("=", 1)
-                os.environ[k] = v
+        start_service(MARIADB_SCRIPT, self.own_dir, "MariaDB")
 
     def close(self) -> None:
-        if self.own_dir:
-            subprocess.run([str(MARIADB_SCRIPT), "stop", self.own_dir], capture_output=True)
-            shutil.rmtree(self.own_dir, ignore_errors=True)
-            self.own_dir = None
+        stop_service(MARIADB_SCRIPT, self.own_dir)
+        self.own_dir = None
 
     def connection_sql(self) -> str:
         return (f"CREATE CONNECTION bench TYPE mysql OPTIONS (host '{self.host}', "
