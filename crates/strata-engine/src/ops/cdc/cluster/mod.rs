@@ -254,8 +254,7 @@ async fn run_job(
         .await
         .map_err(|e| EngineError::of_query(what(), e))?;
     let (state, events) = events.into_parts();
-    let input = events;
-    let node = plan::FoldWriteNode::new(&job, setup.key_names.clone(), parts, input)?;
+    let node = plan::FoldWriteNode::new(&job, setup.key_names.clone(), parts, events)?;
     let plan = LogicalPlan::Extension(Extension {
         node: Arc::new(node),
     });

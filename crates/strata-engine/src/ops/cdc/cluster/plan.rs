@@ -196,8 +196,8 @@ fn decode(bytes: &[u8]) -> Option<std::result::Result<Wire, DataFusionError>> {
     }))
 }
 
-/// The logical node: fold and write each partition of `input` (the flow's events,
-/// hash-partitioned by key).
+/// The logical node: fold and write `input` (the flow's events) in `parts` partitions of
+/// whole keys (the physical plan shuffles it by key: [`ShuffleByKey`]).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct FoldWriteNode {
     /// The [`FoldJob`] as JSON.
@@ -253,11 +253,12 @@ impl FoldWriteNode {
     }
 }
 
-/// Ordered by the job and keys (the schema is the same for every node).
+/// Ordered by the job, keys and parts (the schema is the same for every node); nodes equal
+/// in those over different inputs are not ordered.
 impl PartialOrd for FoldWriteNode {
     fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        (&self.job, &self.keys)
-            .partial_cmp(&(&other.job, &other.keys))
+        (&self.job, &self.keys, self.parts)
+            .partial_cmp(&(&other.job, &other.keys, other.parts))
             .filter(|o| o.is_ne() || self.input == other.input)
     }
 }
