@@ -7,7 +7,7 @@
 mod common;
 
 use common::database::{
-    cdc_history, commits, files_containing, mysql, pg, pg_value, run, run_ok, unique, Server,
+    cdc_history, commits, drop_slot, files_containing, mysql, pg, pg_value, run, run_ok, unique, Server,
 };
 use common::{stderr, Project};
 use std::path::Path;
@@ -572,10 +572,7 @@ fn postgres_cdc_copies_the_table_then_applies_every_change_once() {
     let before = commits(&dir);
     run_ok(&p, &server.password);
     assert_eq!(commits(&dir), before);
-    pg(
-        &server,
-        &format!("SELECT pg_drop_replication_slot('{slot}')"),
-    );
+    drop_slot(&server, &slot);
 }
 
 /// The one-switch form: `AUTO CDC INTO t FROM STREAM read_database(..., mode => 'cdc')`
@@ -621,10 +618,7 @@ KEYS (id) STORED AS SCD TYPE 2;
     let columns = p.csv("SELECT column_name FROM information_schema.columns WHERE table_name = 'acct' ORDER BY ordinal_position");
     assert_eq!(columns, "column_name\nid\nplan\n__START_AT\n__END_AT\n");
     assert!(p.ok(&["validate", "acct"]).contains("acct: ok"));
-    pg(
-        &server,
-        &format!("SELECT pg_drop_replication_slot('{slot}')"),
-    );
+    drop_slot(&server, &slot);
 }
 
 /// PostgreSQL arrays and composite types reach an SCD type 2 target through the change
@@ -678,10 +672,7 @@ KEYS (id) STORED AS SCD TYPE 2;
         types.contains("home,\"Struct(") && types.contains("tags,\"List("),
         "{types}"
     );
-    pg(
-        &server,
-        &format!("SELECT pg_drop_replication_slot('{slot}')"),
-    );
+    drop_slot(&server, &slot);
 }
 
 #[test]
@@ -716,10 +707,7 @@ fn unchanged_toasted_values_are_taken_from_the_keys_last_row() {
         p.csv("SELECT id, n, length(body) AS len FROM docs WHERE __END_AT IS NULL ORDER BY id"),
         "id,n,len\n1,1,5000\n2,2,6000\n3,1,7000\n"
     );
-    pg(
-        &server,
-        &format!("SELECT pg_drop_replication_slot('{slot}')"),
-    );
+    drop_slot(&server, &slot);
 }
 
 /// `chunk_rows`: a CDC run commits its changes in parts, each ended at a transaction end and
@@ -770,10 +758,7 @@ fn a_cdc_run_commits_its_changes_in_parts_of_whole_transactions() {
     let after = commits(&dir);
     run_ok(&p, &server.password);
     assert_eq!(commits(&dir), after);
-    pg(
-        &server,
-        &format!("SELECT pg_drop_replication_slot('{slot}')"),
-    );
+    drop_slot(&server, &slot);
 }
 
 #[test]
@@ -810,10 +795,7 @@ fn an_unchanged_toasted_value_strata_cannot_find_is_an_error_naming_the_fix() {
         "{err}"
     );
     assert_eq!(p.csv("SELECT count(*) AS n FROM notes_changes"), "n\n1\n");
-    pg(
-        &server,
-        &format!("SELECT pg_drop_replication_slot('{slot}')"),
-    );
+    drop_slot(&server, &slot);
 }
 
 #[test]
@@ -884,10 +866,7 @@ fn yaml_spec_turns_three_lines_per_table_into_history() {
         "id,city,open\n1,Oslo,false\n1,Bergen,true\n2,Rome,false\n"
     );
     assert_eq!(p.csv("SELECT id, total FROM orders"), "id,total\n10,7\n");
-    pg(
-        &server,
-        &format!("SELECT pg_drop_replication_slot('{slot}')"),
-    );
+    drop_slot(&server, &slot);
 }
 
 /// A replication slot dropped on the server: the run fails (exit 2, nothing written) with
@@ -907,13 +886,8 @@ fn a_dropped_slot_names_the_full_refresh_command() {
     );
     let p = cdc_history(&server, "gone", &table, &slot, "");
     run_ok(&p, &server.password);
-    pg(
-        &server,
-        &format!(
-            "SELECT pg_drop_replication_slot('{slot}');
-             UPDATE {table} SET plan = 'pro' WHERE id = 1;"
-        ),
-    );
+    drop_slot(&server, &slot);
+    pg(&server, &format!("UPDATE {table} SET plan = 'pro' WHERE id = 1"));
     let dir = p.path("warehouse/default/gone_changes");
     let before = commits(&dir);
     let out = run(&p, &server.password);
@@ -937,10 +911,7 @@ fn a_dropped_slot_names_the_full_refresh_command() {
         p.csv("SELECT id, plan FROM gone WHERE __END_AT IS NULL"),
         "id,plan\n1,pro\n"
     );
-    pg(
-        &server,
-        &format!("SELECT pg_drop_replication_slot('{slot}')"),
-    );
+    drop_slot(&server, &slot);
 }
 
 /// An update of a TOASTed row's primary key (`UPDATE docs SET id = 10 WHERE id = 1`) leaves
@@ -1002,10 +973,7 @@ STORED AS SCD TYPE 2;
         p.csv("SELECT id, n, length(body) AS len FROM docs ORDER BY id"),
         "id,n,len\n10,7,5000\n21,6,6000\n"
     );
-    pg(
-        &server,
-        &format!("SELECT pg_drop_replication_slot('{slot}')"),
-    );
+    drop_slot(&server, &slot);
 }
 
 /// `TRUNCATE` on a replicated table, then new rows: the one-switch form applies it (SCD1:
@@ -1084,7 +1052,7 @@ COLUMNS * EXCEPT (_change_type, _commit_lsn, _change_seq, _commit_timestamp, _un
         "{err}"
     );
     for s in [slot.clone(), format!("{slot}_b")] {
-        pg(&server, &format!("SELECT pg_drop_replication_slot('{s}')"));
+        drop_slot(&server, &s);
     }
 }
 
@@ -1205,10 +1173,7 @@ STORED AS SCD TYPE 2;
         "id,city,score,open\n3,Nice,,false\n3,Nice,9,true\n"
     );
     assert!(p.ok(&["validate", "grow_history"]).contains("ok"));
-    pg(
-        &server,
-        &format!("SELECT pg_drop_replication_slot('{slot}')"),
-    );
+    drop_slot(&server, &slot);
 }
 
 /// A replicated table that lost a column and had another retyped: the run fails (exit
@@ -1264,10 +1229,7 @@ fn a_dropped_or_retyped_source_column_names_the_column_and_the_full_refresh_comm
         p.csv("SELECT id, name, n FROM shrink WHERE __END_AT IS NULL"),
         "id,name,n\n1,Anna,1\n"
     );
-    pg(
-        &server,
-        &format!("SELECT pg_drop_replication_slot('{slot}')"),
-    );
+    drop_slot(&server, &slot);
 }
 
 /// MySQL / MariaDB CDC from the binlog, in the one-switch form: the first run copies the

@@ -280,10 +280,7 @@ STORED AS SCD TYPE 2;
         alter_at,
     );
     assert_history(&p, &history, alter_at, seed);
-    pg(
-        &server.config,
-        &format!("SELECT pg_drop_replication_slot('{slot}')"),
-    );
+    pg(&server.config, &common::database::drop_slot_sql(&slot));
 }
 
 /// Every value the writer ever wrote is one version of the SCD2 target `hist`, in order,

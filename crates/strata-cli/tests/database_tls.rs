@@ -9,7 +9,7 @@
 mod common;
 
 use common::database::{
-    cdc_history, fact, files_containing, mysql, pg, run, run_ok, unique, Server,
+    cdc_history, drop_slot, fact, files_containing, mysql, pg, run, run_ok, unique, Server,
 };
 use common::{stderr, Project};
 
@@ -173,10 +173,7 @@ fn postgres_cdc_pipeline_runs_over_tls() {
         "id,city,open\n1,Oslo,false\n1,Bergen,true\n2,Rome,false\n3,Nice,true\n"
     );
     assert!(!said.contains(&tls.password), "the password was printed");
-    pg(
-        &plain,
-        &format!("SELECT pg_drop_replication_slot('{slot}')"),
-    );
+    drop_slot(&plain, &slot);
 }
 
 #[test]
@@ -289,10 +286,7 @@ fn postgres_client_certificates_log_in_for_queries_and_replication() {
         p.csv("SELECT id, v, __END_AT IS NULL AS open FROM cust ORDER BY id, __START_AT"),
         "id,v,open\n1,a,false\n1,c,true\n2,b,false\n"
     );
-    pg(
-        &plain,
-        &format!("SELECT pg_drop_replication_slot('{slot}')"),
-    );
+    drop_slot(&plain, &slot);
 
     // Without the certificate: refused by the server, the options named.
     let without = Server::cert_from_env(

@@ -125,6 +125,28 @@ pub fn pg_value(server: &Server, sql: &str) -> Option<String> {
     })
 }
 
+/// Drops replication slot `slot` once no walsender holds it: PostgreSQL ends a finished run's
+/// walsender shortly after the client leaves, so a drop right after a run can find the slot
+/// still active.
+pub fn drop_slot(server: &Server, slot: &str) {
+    pg(server, &drop_slot_sql(slot));
+}
+
+/// The statement [`drop_slot`] runs: waits up to 30 s for the slot to be released, then
+/// drops it (an error if it is still held then, or does not exist).
+pub fn drop_slot_sql(slot: &str) -> String {
+    format!(
+        "DO $$ BEGIN
+           FOR i IN 1..300 LOOP
+             EXIT WHEN NOT EXISTS (SELECT 1 FROM pg_replication_slots
+                                   WHERE slot_name = '{slot}' AND active);
+             PERFORM pg_sleep(0.1);
+           END LOOP;
+           PERFORM pg_drop_replication_slot('{slot}');
+         END $$"
+    )
+}
+
 /// Runs `sql` (one statement per entry) on the test MariaDB.
 pub fn mysql(server: &Server, statements: &[&str]) {
     use mysql_async::prelude::Queryable;
