@@ -7,7 +7,8 @@
 mod common;
 
 use common::database::{
-    cdc_history, commits, drop_slot, files_containing, mysql, pg, pg_value, run, run_ok, unique, Server,
+    cdc_history, commits, drop_slot, files_containing, mysql, pg, pg_value, run, run_ok, unique,
+    Server,
 };
 use common::{stderr, Project};
 use std::path::Path;
@@ -887,7 +888,10 @@ fn a_dropped_slot_names_the_full_refresh_command() {
     let p = cdc_history(&server, "gone", &table, &slot, "");
     run_ok(&p, &server.password);
     drop_slot(&server, &slot);
-    pg(&server, &format!("UPDATE {table} SET plan = 'pro' WHERE id = 1"));
+    pg(
+        &server,
+        &format!("UPDATE {table} SET plan = 'pro' WHERE id = 1"),
+    );
     let dir = p.path("warehouse/default/gone_changes");
     let before = commits(&dir);
     let out = run(&p, &server.password);
@@ -1484,4 +1488,161 @@ KEYS (id) STORED AS SCD TYPE 1;
         p.csv("SELECT id, plan FROM acct ORDER BY id"),
         "id,plan\n1,free\n2,pro\n"
     );
+}
+
+/// The rows of PostgreSQL table `table` as strata's CSV prints them (header, then one line
+/// per row in `order`; NULL as an empty field).
+fn pg_csv(server: &Server, table: &str, columns: &[&str], order: &str) -> String {
+    let fields = columns
+        .iter()
+        .map(|c| format!("coalesce({c}::text, '')"))
+        .collect::<Vec<_>>()
+        .join(" || ',' || ");
+    let rows = pg_value(
+        server,
+        &format!("SELECT string_agg({fields}, E'\\n' ORDER BY {order}) FROM {table}"),
+    )
+    .unwrap_or_default();
+    let header: Vec<&str> = columns.iter().map(|c| c.trim_matches('"')).collect();
+    format!("{}\n{rows}\n", header.join(","))
+}
+
+/// PostgreSQL sinks: an append flow, an SCD1 and an SCD2 AUTO CDC flow each write a
+/// PostgreSQL table through the declared connection, which receives every outbox version
+/// once: after a delivery that failed (the password wrong) the next run sends what the
+/// outbox holds, deletes and late events replace their keys' rows, and runs with nothing
+/// new send nothing. Each table then equals the sink's outbox.
+#[test]
+fn postgres_sinks_receive_appends_and_auto_cdc_changes_exactly_once() {
+    let server = Server::from_env("STRATA_TEST_PG");
+    let (log, cur, hist) = (unique("sink_log"), unique("sink_cur"), unique("sink_hist"));
+    let p = Project::new(&format!(
+        "{}CREATE OR REFRESH STREAMING TABLE changes AS SELECT * FROM STREAM \
+         read_files('data/changes', format => 'json', schema => 'id INT, name STRING, op STRING, seq BIGINT');
+CREATE SINK log_pg OPTIONS (format 'postgresql', connection 'shop', table 'public.{log}');
+CREATE FLOW log_flow AS INSERT INTO log_pg BY NAME SELECT id, name, op, seq FROM STREAM(changes);
+CREATE SINK cur_pg OPTIONS (format 'postgresql', connection 'shop', table 'public.{cur}');
+CREATE FLOW cur_flow AS AUTO CDC INTO cur_pg FROM STREAM(changes) KEYS (id)
+  APPLY AS DELETE WHEN op = 'delete' SEQUENCE BY seq COLUMNS * EXCEPT (op, seq);
+CREATE SINK hist_pg OPTIONS (format 'postgresql', connection 'shop', table 'public.{hist}');
+CREATE FLOW hist_flow AS AUTO CDC INTO hist_pg FROM STREAM(changes) KEYS (id)
+  APPLY AS DELETE WHEN op = 'delete' SEQUENCE BY seq COLUMNS * EXCEPT (op, seq) STORED AS SCD TYPE 2;
+",
+        server.connection("postgresql")
+    ));
+    let equal_outboxes = |p: &Project| {
+        assert_eq!(
+            pg_csv(&server, &log, &["id", "name", "op", "seq"], "seq, id"),
+            p.csv("SELECT id, name, op, seq FROM log_pg ORDER BY seq, id")
+        );
+        assert_eq!(
+            pg_csv(&server, &cur, &["id", "name"], "id"),
+            p.csv("SELECT id, name FROM cur_pg ORDER BY id")
+        );
+        assert_eq!(
+            pg_csv(
+                &server,
+                &hist,
+                &["id", "name", "\"__START_AT\"", "\"__END_AT\""],
+                "id, \"__START_AT\""
+            ),
+            p.csv("SELECT id, name, __START_AT, __END_AT FROM hist_pg ORDER BY id, __START_AT")
+        );
+    };
+    p.file(
+        "data/changes/001.json",
+        "{\"id\": 1, \"name\": \"Ann\", \"op\": \"upsert\", \"seq\": 1}\n\
+         {\"id\": 2, \"name\": \"Bob\", \"op\": \"upsert\", \"seq\": 2}\n\
+         {\"id\": 3, \"name\": \"Cy\\ttab\", \"op\": \"upsert\", \"seq\": 3}\n",
+    );
+    // The outboxes commit, the deliveries fail: nothing reaches PostgreSQL, the run fails
+    // naming the sink, and the password appears nowhere.
+    let out = run(&p, "not-the-password");
+    let err = stderr(&out);
+    assert_ne!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("sink") && !err.contains("not-the-password"),
+        "{err}"
+    );
+    assert_eq!(p.csv("SELECT count(*) AS n FROM log_pg"), "n\n3\n");
+    // The next run sends what the outboxes hold.
+    let said = run_ok(&p, &server.password);
+    assert!(
+        said.contains(&format!("3 row(s) sent to postgresql table public.{log}")),
+        "{said}"
+    );
+    equal_outboxes(&p);
+    assert_eq!(
+        pg_csv(&server, &cur, &["id", "name"], "id"),
+        "id,name\n1,Ann\n2,Bob\n3,Cy\ttab\n"
+    );
+    // Updates, a delete and a late event (seq 0 for key 1 comes before its first version).
+    p.file(
+        "data/changes/002.json",
+        "{\"id\": 1, \"name\": \"Anne\", \"op\": \"upsert\", \"seq\": 4}\n\
+         {\"id\": 2, \"name\": null, \"op\": \"delete\", \"seq\": 5}\n\
+         {\"id\": 4, \"name\": \"Dee\", \"op\": \"upsert\", \"seq\": 6}\n\
+         {\"id\": 1, \"name\": \"A.\", \"op\": \"upsert\", \"seq\": 0}\n",
+    );
+    run_ok(&p, &server.password);
+    equal_outboxes(&p);
+    assert_eq!(
+        pg_csv(&server, &cur, &["id", "name"], "id"),
+        "id,name\n1,Anne\n3,Cy\ttab\n4,Dee\n"
+    );
+    assert_eq!(
+        pg_csv(&server, &hist, &["id", "name", "\"__START_AT\"", "\"__END_AT\""], "id, \"__START_AT\""),
+        "id,name,__START_AT,__END_AT\n1,A.,0,1\n1,Ann,1,4\n1,Anne,4,\n2,Bob,2,5\n3,Cy\ttab,3,\n4,Dee,6,\n"
+    );
+    // Nothing new: nothing sent, the positions unchanged.
+    let positions = pg_value(
+        &server,
+        &format!("SELECT string_agg(sink || '=' || version, ',' ORDER BY sink) FROM strata_sink_positions WHERE sink LIKE 'public.sink_%' AND sink IN ('public.{log}', 'public.{cur}', 'public.{hist}')"),
+    );
+    let said = run_ok(&p, &server.password);
+    assert!(
+        said.contains(&format!("postgresql table public.{cur} is up to date")),
+        "{said}"
+    );
+    assert_eq!(
+        pg_value(
+            &server,
+            &format!("SELECT string_agg(sink || '=' || version, ',' ORDER BY sink) FROM strata_sink_positions WHERE sink LIKE 'public.sink_%' AND sink IN ('public.{log}', 'public.{cur}', 'public.{hist}')"),
+        ),
+        positions
+    );
+    equal_outboxes(&p);
+    // A full refresh reaching a sink stops, naming its table, and sends nothing.
+    let out = p.strata(&["run", "pipeline.sql", "--full-refresh"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("postgresql table public."), "{err}");
+    equal_outboxes(&p);
+}
+
+#[test]
+fn a_sink_naming_a_missing_or_mysql_connection_is_refused_before_anything_runs() {
+    let p = Project::new(
+        "CREATE CONNECTION m TYPE mysql OPTIONS (host 'localhost', database 'd', user 'u');
+CREATE OR REFRESH STREAMING TABLE t AS SELECT * FROM STREAM read_files('data/t', format => 'json', schema => 'id INT');
+CREATE SINK s OPTIONS (format 'postgresql', connection 'm', table 'public.t');
+CREATE FLOW f AS INSERT INTO s BY NAME SELECT id FROM STREAM(t);
+",
+    );
+    let out = p.run();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("a mysql connection; a database sink writes PostgreSQL tables"),
+        "{err}"
+    );
+    p.file(
+        "pipeline.sql",
+        "CREATE OR REFRESH STREAMING TABLE t AS SELECT * FROM STREAM read_files('data/t', format => 'json', schema => 'id INT');
+CREATE SINK s OPTIONS (format 'postgresql', table 'public.t');
+",
+    );
+    let err = stderr(&p.run());
+    assert!(err.contains("takes the options connection"), "{err}");
+    assert!(!p.path("warehouse").join("default/t").exists());
 }

@@ -1,5 +1,6 @@
 //! Database sources for strata: what feeds streaming tables from PostgreSQL and MySQL, as
-//! Arrow record batches. This crate reads; it does not parse pipelines or write Delta.
+//! Arrow record batches, and the PostgreSQL tables sinks write. It does not parse pipelines
+//! or write Delta.
 //!
 //! # Tour
 //!
@@ -59,6 +60,10 @@
 //! [`binlog`]); nothing is kept on the server between runs. [`LogCdc`] runs either log
 //! through the same calls.
 //!
+//! **PostgreSQL sinks** ([`PgSink`]): the one place this crate writes. A delivery of rows
+//! the engine kept in a sink's Delta outbox, in one transaction with the outbox version it
+//! sent (`src/pg/sink.rs`).
+//!
 //! **Debezium change files** ([`DebeziumReader`], [`read_debezium`]): JSON lines in the
 //! same row shape.
 
@@ -93,6 +98,7 @@ pub use pg::cdc::{
     CdcConfig, CdcTable, ChangeReader, ChangeSummary, PgCdc, ReadOptions, SlotStatus,
     SnapshotReader, TableBatch, FENCE_PREFIX,
 };
+pub use pg::sink::{PgSink, POSITIONS_TABLE};
 pub use pg::types::UNCONSTRAINED_NUMERIC;
 pub use read::{WatermarkRead, DEFAULT_BATCH_ROWS};
 pub use secret::Secret;

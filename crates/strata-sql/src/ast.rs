@@ -302,11 +302,18 @@ pub struct StreamingTable {
 }
 
 /// Where a sink writes: a Delta table at a path (relative paths from the pipeline's
-/// folder) or a table of the warehouse.
+/// folder) or a table of the warehouse, or a PostgreSQL table through a declared
+/// connection (`format 'postgresql'`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum SinkTarget {
     Path(String),
     Table(TableName),
+    Database {
+        /// The `CREATE CONNECTION` it writes through.
+        connection: String,
+        /// The table, `schema.table` or `table`, as written.
+        table: String,
+    },
 }
 
 /// The `AS SELECT ...` of a streaming table.

@@ -286,38 +286,62 @@ fn options_clause(c: &mut Cursor) -> Result<BTreeMap<String, String>> {
 // CREATE SINK
 
 /// `CREATE SINK name OPTIONS (path '...' | tableName 'schema.t' [, format 'delta'])`: a
-/// Delta table outside the pipeline's datasets that append flows write to, as Lakeflow's
-/// `create_sink(name, "delta", {...})` declares one.
+/// Delta table outside the pipeline's datasets that flows write to, as Lakeflow's
+/// `create_sink(name, "delta", {...})` declares one; or `OPTIONS (format 'postgresql',
+/// connection 'c', table 'schema.t')`: a PostgreSQL table written through a declared
+/// connection.
 fn sink(c: &mut Cursor, at: Location) -> Result<StreamingTable> {
     if_not_exists(c)?;
     let (name, name_at) = table_name(c, "a sink name")?;
     let options = options_clause(c)?;
     let err = |m: String| c.error_at(name_at, format!("sink {}: {m}", name.name));
-    if let Some(unknown) = options
-        .keys()
-        .find(|k| !["format", "path", "tablename"].contains(&k.as_str()))
-    {
+    let format = options
+        .get("format")
+        .map_or("delta", String::as_str)
+        .to_ascii_lowercase();
+    let known: &[&str] = match format.as_str() {
+        "delta" => &["format", "path", "tablename"],
+        "postgresql" | "postgres" => &["format", "connection", "table"],
+        _ => {
+            return Err(err(format!(
+                "format '{format}' is not supported: strata writes Delta sinks (a path or a \
+                 table name) and PostgreSQL sinks (format 'postgresql', connection, table); \
+                 Kafka and Event Hubs sinks are not"
+            )))
+        }
+    };
+    if let Some(unknown) = options.keys().find(|k| !known.contains(&k.as_str())) {
         return Err(err(format!(
-            "unknown option '{unknown}' (a Delta sink takes path or tableName, and format)"
+            "unknown option '{unknown}' (a {format} sink takes {})",
+            known.join(", ")
         )));
     }
-    let format = options.get("format").map_or("delta", String::as_str);
-    if !format.eq_ignore_ascii_case("delta") {
-        return Err(err(format!(
-            "format '{format}' is not supported: strata writes Delta sinks (a path or a table \
-             name); Kafka and Event Hubs sinks are not"
-        )));
-    }
-    let target = match (options.get("path"), options.get("tablename")) {
-        (Some(path), None) => SinkTarget::Path(path.clone()),
-        (None, Some(table)) => SinkTarget::Table(
-            resolve_table_name(
-                &table.split('.').map(str::to_string).collect::<Vec<_>>(),
-                c.src.schema(),
-            )
-            .map_err(&err)?,
-        ),
-        _ => return Err(err("give one of the options path and tableName".into())),
+    let target = if format == "delta" {
+        match (options.get("path"), options.get("tablename")) {
+            (Some(path), None) => SinkTarget::Path(path.clone()),
+            (None, Some(table)) => SinkTarget::Table(
+                resolve_table_name(
+                    &table.split('.').map(str::to_string).collect::<Vec<_>>(),
+                    c.src.schema(),
+                )
+                .map_err(&err)?,
+            ),
+            _ => return Err(err("give one of the options path and tableName".into())),
+        }
+    } else {
+        match (options.get("connection"), options.get("table")) {
+            (Some(connection), Some(table)) if !table.trim().is_empty() => SinkTarget::Database {
+                connection: connection.clone(),
+                table: table.trim().to_string(),
+            },
+            _ => {
+                return Err(err(
+                    "a PostgreSQL sink takes the options connection (a CREATE CONNECTION's \
+                     name) and table ('schema.table')"
+                        .into(),
+                ))
+            }
+        }
     };
     Ok(StreamingTable {
         name,

@@ -372,11 +372,38 @@ fn check_streaming_tables(plan: &PipelinePlan) -> Result<()> {
     Ok(())
 }
 
-/// A sink is written by append flows only and read by nothing, as in Lakeflow.
+/// A sink is read by nothing, as in Lakeflow. A Delta sink is written by append flows
+/// only; a PostgreSQL sink also by AUTO CDC flows, through a declared PostgreSQL
+/// connection.
 fn check_sinks(plan: &PipelinePlan) -> Result<()> {
     let sinks: Vec<&StreamingTable> = plan.tables.values().filter(|t| t.sink.is_some()).collect();
     for sink in &sinks {
-        if let Some(f) = plan.flows.iter().find(|f| f.target == sink.name) {
+        if let Some(SinkTarget::Database { connection, .. }) = &sink.sink {
+            match plan.connections.get(connection) {
+                Some(c) if matches!(c.kind.as_str(), "postgresql" | "postgres") => {}
+                Some(c) => {
+                    return Err(plan_error(
+                        sink.location,
+                        format!(
+                            "sink {} writes through connection {connection}, a {} connection; \
+                             a database sink writes PostgreSQL tables",
+                            sink.name, c.kind
+                        ),
+                    ))
+                }
+                None => {
+                    return Err(plan_error(
+                        sink.location,
+                        format!(
+                            "sink {} writes through connection {connection}, which is not \
+                             declared (CREATE CONNECTION {connection} TYPE postgresql OPTIONS \
+                             (...))",
+                            sink.name
+                        ),
+                    ))
+                }
+            }
+        } else if let Some(f) = plan.flows.iter().find(|f| f.target == sink.name) {
             return Err(plan_error(
                 f.location,
                 format!(

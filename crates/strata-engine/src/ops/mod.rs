@@ -7,6 +7,7 @@ pub(crate) mod cdc;
 pub(crate) mod ingest;
 pub(crate) mod mview;
 pub(crate) mod pit;
+pub(crate) mod sink;
 
 use crate::eventstore::handoff::Handoff;
 use crate::storage::warehouse::Warehouse;

@@ -187,6 +187,21 @@ async fn keeping_sinks(
             continue;
         }
         if wh.open_table(&t).await?.is_some() {
+            if let Some((_, table)) = plan
+                .tables
+                .get(&t)
+                .and_then(crate::ops::sink::database_sink)
+            {
+                return Err(EngineError::plan(format!(
+                    "--full-refresh reaches sink {t}, whose outbox at {} records the rows sent \
+                     to postgresql table {table}: a full refresh does not clear a sink, and its \
+                     flows would send every row again. Empty that table, delete its row in \
+                     {} and the outbox to have them sent again, or leave the tables upstream \
+                     of the sink out of --full-refresh",
+                    wh.table_location(&t),
+                    strata_sources::POSITIONS_TABLE
+                )));
+            }
             return Err(EngineError::plan(format!(
                 "--full-refresh reaches sink {t}, whose Delta table at {} keeps the rows it was \
                  given: a full refresh does not clear a sink, and its flows would send every \
@@ -209,7 +224,8 @@ fn sink_locations(
     let mut sinks = std::collections::BTreeMap::new();
     for t in plan.tables.values() {
         let location = match &t.sink {
-            None => continue,
+            // A PostgreSQL sink's outbox is the warehouse's table of its name (`ops/sink.rs`).
+            None | Some(SinkTarget::Database { .. }) => continue,
             Some(SinkTarget::Table(table)) => wh.table_location(table),
             Some(SinkTarget::Path(path)) => {
                 match Location::parse(path, &format!("sink {}", t.name))? {

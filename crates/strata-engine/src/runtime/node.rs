@@ -5,6 +5,7 @@ use crate::ops::cdc::FlowReport;
 use crate::ops::ingest::IngestReport;
 use crate::ops::mview::{MvReport, Refresh};
 use crate::ops::pit::PitReport;
+use crate::ops::sink::SinkReport;
 use crate::ops::Scope;
 use crate::runtime::event_log::EventRecord;
 use crate::runtime::event_log::Status;
@@ -22,6 +23,8 @@ pub(crate) enum NodeOutput {
     Waiting(String),
     PointInTime(PitReport),
     View(MvReport),
+    /// A node writing a PostgreSQL sink, and the delivery after it.
+    Delivered(Box<NodeOutput>, SinkReport),
 }
 
 impl NodeOutput {
@@ -32,12 +35,45 @@ impl NodeOutput {
             NodeOutput::Waiting(w) => report.waiting.push(w),
             NodeOutput::PointInTime(r) => report.pits.push(r),
             NodeOutput::View(r) => report.views.push(r),
+            NodeOutput::Delivered(node, sink) => {
+                node.add_to(report);
+                report.sinks.push(sink);
+            }
         }
     }
 }
 
-/// Runs one prepared node, filling `record` with what it did.
+/// Runs one prepared node `node`, filling `record` with what it did; a node writing a
+/// PostgreSQL sink then delivers it ([`crate::ops::sink`]), also when it had nothing new
+/// (an earlier run may have stopped between the outbox's commit and the delivery).
 pub(crate) async fn run_node(
+    scope: &Scope<'_>,
+    plan: &PipelinePlan,
+    node: &Node,
+    p: &Prepared,
+    declared: &BTreeSet<TableName>,
+    record: &mut EventRecord,
+) -> Result<NodeOutput> {
+    let output = run_prepared(scope, plan, p, declared, record).await?;
+    let sink = plan
+        .writes(node)
+        .and_then(|t| plan.tables.get(&t))
+        .filter(|t| crate::ops::sink::database_sink(t).is_some());
+    let Some(sink) = sink else {
+        return Ok(output);
+    };
+    tracing::info!(sink = %sink.name, "delivering sink");
+    let delivered = crate::ops::sink::deliver(scope, plan, sink).await?;
+    let line = delivered.summary();
+    record.message = Some(match record.message.take() {
+        Some(m) => format!("{m}; {line}"),
+        None => line,
+    });
+    Ok(NodeOutput::Delivered(Box::new(output), delivered))
+}
+
+/// Runs one prepared node, filling `record` with what it did.
+async fn run_prepared(
     scope: &Scope<'_>,
     plan: &PipelinePlan,
     p: &Prepared,

@@ -29,6 +29,8 @@ pub struct RunReport {
     pub flows: Vec<FlowReport>,
     pub views: Vec<MvReport>,
     pub pits: Vec<PitReport>,
+    /// PostgreSQL sinks delivered after the flows into them (`ops/sink.rs`).
+    pub sinks: Vec<crate::ops::sink::SinkReport>,
     /// Datasets that did not run because their schema cannot be known yet (no input files
     /// and no `schema =>`, or a joined table with no columns yet), with the reason.
     pub waiting: Vec<String>,

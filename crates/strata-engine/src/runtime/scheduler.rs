@@ -214,7 +214,15 @@ async fn run_with_retries(
     loop {
         let mut record = first.clone();
         let p = again.as_ref().unwrap_or(&n.prepared);
-        let outcome = run_node(&scope, plan, p, &run.prepared.declared, &mut record).await;
+        let outcome = run_node(
+            &scope,
+            plan,
+            &n.node,
+            p,
+            &run.prepared.declared,
+            &mut record,
+        )
+        .await;
         match outcome {
             Err(e) if e.is_conflict() => {
                 if attempt >= CONFLICT_ATTEMPTS {

@@ -6,4 +6,5 @@ pub(crate) mod pgoutput;
 pub(crate) mod ranges;
 pub(crate) mod read;
 pub(crate) mod scan;
+pub mod sink;
 pub(crate) mod types;

@@ -1,0 +1,220 @@
+//! Delivering a PostgreSQL sink (`CREATE SINK s OPTIONS (format 'postgresql', ...)`).
+//!
+//! The flows into such a sink write its outbox, a Delta table of the warehouse under the
+//! sink's name, as they write any table (append flows append, AUTO CDC flows keep the
+//! current state or the history), with their positions in the outbox's commits. After each
+//! flow into the sink, [`deliver`] sends the PostgreSQL table what the outbox gained since
+//! the version the table last received, in one PostgreSQL transaction that also records the
+//! version sent (`strata-sources`' `PgSink`). So a crash after the outbox's commit and
+//! before the delivery's leaves the rows in the outbox, and the next run sends them; no
+//! version is ever sent twice.
+//!
+//! What is sent: an append-only outbox's inserted rows; an AUTO CDC outbox's rows of every
+//! key a change touched, which replace that key's rows in the PostgreSQL table (its primary
+//! key: the flow's keys, with `__START_AT` for SCD type 2).
+
+use crate::error::{Context, EngineError, Result};
+use crate::ops::Scope;
+use crate::sources::connection::{connection_spec, process_env};
+use crate::storage::feed;
+use deltalake::arrow::array::RecordBatch;
+use deltalake::arrow::datatypes::SchemaRef;
+use deltalake::DeltaTable;
+use strata_sql::{PipelinePlan, ScdType, SinkTarget, StreamingTable};
+
+/// What one delivery sent.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SinkReport {
+    /// The PostgreSQL table.
+    pub table: String,
+    /// The outbox version the table holds after the delivery (`None`: no outbox yet).
+    pub version: Option<i64>,
+    /// Outbox versions sent in this delivery (0: the table was up to date).
+    pub versions_sent: i64,
+    /// Rows copied into the table.
+    pub rows: u64,
+    /// Keys whose rows were replaced (an AUTO CDC sink).
+    pub keys_replaced: usize,
+}
+
+impl SinkReport {
+    /// One line for the event log and progress display.
+    pub fn summary(&self) -> String {
+        if self.versions_sent == 0 {
+            return format!("postgresql table {} is up to date", self.table);
+        }
+        let mut m = format!(
+            "{} row(s) sent to postgresql table {} (through outbox version {}",
+            self.rows,
+            self.table,
+            self.version.unwrap_or(-1)
+        );
+        if self.keys_replaced > 0 {
+            m.push_str(&format!(", {} key(s) replaced", self.keys_replaced));
+        }
+        m.push(')');
+        m
+    }
+}
+
+/// How the rows of an outbox are sent: the keys whose rows replace theirs (AUTO CDC), and
+/// the PostgreSQL table's primary key.
+struct Keys {
+    replaced: Vec<String>,
+    primary: Vec<String>,
+}
+
+/// The PostgreSQL sink `table` is, if it is one: its connection's name and table.
+pub(crate) fn database_sink(table: &StreamingTable) -> Option<(&str, &str)> {
+    match &table.sink {
+        Some(SinkTarget::Database { connection, table }) => Some((connection, table)),
+        _ => None,
+    }
+}
+
+/// Sends the PostgreSQL table of sink `sink` what its outbox gained since the version it
+/// holds, in one transaction (see the module docs).
+pub(crate) async fn deliver(
+    scope: &Scope<'_>,
+    plan: &PipelinePlan,
+    sink: &StreamingTable,
+) -> Result<SinkReport> {
+    let (connection, target) = database_sink(sink)
+        .ok_or_else(|| EngineError::internal(format!("{} is not a database sink", sink.name)))?;
+    let mut report = SinkReport {
+        table: target.to_string(),
+        ..Default::default()
+    };
+    let Some(outbox) = scope.wh.open_table(&sink.name).await? else {
+        return Ok(report);
+    };
+    let version = crate::storage::table::version_of(&outbox);
+    let schema = crate::storage::table::table_schema(&outbox)?;
+    let outbox_id = outbox
+        .snapshot()
+        .context(|| format!("sink {}: reading its outbox", sink.name))?
+        .metadata()
+        .id()
+        .to_string();
+    let keys = sink_keys(plan, sink);
+    let c = plan.connections.get(connection).ok_or_else(|| {
+        EngineError::internal(format!(
+            "sink {}: connection {connection} is missing",
+            sink.name
+        ))
+    })?;
+    let spec = connection_spec(c, &process_env)?;
+    let context = || format!("sink {}", sink.name);
+    let mut pg = strata_sources::PgSink::connect(&spec, target, &outbox_id)
+        .await
+        .context(context)?;
+    let primary = keys.as_ref().map_or(&[][..], |k| &k.primary[..]);
+    let delivered = pg.begin(&schema, primary).await.context(context)?;
+    if delivered.is_some_and(|d| d >= version) {
+        pg.rollback().await.context(context)?;
+        report.version = delivered;
+        return Ok(report);
+    }
+    let sent = match &keys {
+        None => {
+            let rows = added_rows(&outbox, delivered, version).await?;
+            pg.deliver(None, &rows, version).await.context(context)?
+        }
+        Some(keys) => {
+            let changes = feed::read_feed(&outbox, delivered, Some(version), true).await?;
+            let (touched, rows) = touched_rows(&outbox, &schema, &changes, &keys.replaced).await?;
+            report.keys_replaced = touched.num_rows();
+            pg.deliver(Some((&keys.replaced, &[touched])), &[rows], version)
+                .await
+                .context(context)?
+        }
+    };
+    report.rows = sent;
+    report.version = Some(version);
+    report.versions_sent = version - delivered.unwrap_or(-1);
+    Ok(report)
+}
+
+/// The keys of the AUTO CDC flow writing `sink` (`None`: append flows only).
+fn sink_keys(plan: &PipelinePlan, sink: &StreamingTable) -> Option<Keys> {
+    let flow = plan.flows.iter().find(|f| f.target == sink.name)?;
+    let mut primary = flow.keys.clone();
+    if flow.stored_as == ScdType::Type2 {
+        primary.push("__START_AT".to_string());
+    }
+    Some(Keys {
+        replaced: flow.keys.clone(),
+        primary,
+    })
+}
+
+/// The rows an append-only outbox gained after version `from`, up to `until`, read as a
+/// streaming table reads its source's new rows (not through the change feed, whose
+/// `_change_type` column a sink of change rows also has).
+async fn added_rows(
+    outbox: &DeltaTable,
+    from: Option<i64>,
+    until: i64,
+) -> Result<Vec<RecordBatch>> {
+    let changes = crate::storage::changes::changes_since(outbox, from).await?;
+    let ctx = crate::storage::session::new_session();
+    crate::storage::changes::register_new_rows(&ctx, "outbox_rows", outbox, from, until, &changes)
+        .await?;
+    ctx.table("outbox_rows")
+        .await
+        .context(|| "reading the sink's outbox".into())?
+        .collect()
+        .await
+        .context(|| "reading the sink's outbox".into())
+}
+
+/// The distinct keys `changes` touch, and the outbox's rows (as of the version read) of
+/// those keys.
+async fn touched_rows(
+    outbox: &DeltaTable,
+    schema: &SchemaRef,
+    changes: &RecordBatch,
+    keys: &[String],
+) -> Result<(RecordBatch, RecordBatch)> {
+    let ctx = crate::storage::session::new_session();
+    ctx.register_batch("changes", changes.clone())
+        .context(|| "the sink's changes".into())?;
+    crate::storage::session::register_table(&ctx, "outbox", outbox, None).await?;
+    let quote = |n: &str| format!("\"{}\"", n.replace('"', "\"\""));
+    let list = keys.iter().map(|k| quote(k)).collect::<Vec<_>>().join(", ");
+    let matches = keys
+        .iter()
+        .map(|k| format!("t.{k} = o.{k}", k = quote(k)))
+        .collect::<Vec<_>>()
+        .join(" AND ");
+    let run = |sql: String| {
+        let ctx = ctx.clone();
+        async move {
+            let df = ctx
+                .sql(&sql)
+                .await
+                .context(|| "reading the sink's rows".into())?;
+            let out_schema: SchemaRef = std::sync::Arc::new(df.schema().as_arrow().clone());
+            let batches = df
+                .collect()
+                .await
+                .context(|| "reading the sink's rows".into())?;
+            deltalake::arrow::compute::concat_batches(&out_schema, &batches)
+                .context(|| "reading the sink's rows".into())
+        }
+    };
+    let touched = run(format!("SELECT DISTINCT {list} FROM changes")).await?;
+    ctx.register_batch("touched", touched.clone())
+        .context(|| "the sink's keys".into())?;
+    let columns = schema
+        .fields()
+        .iter()
+        .map(|f| format!("o.{}", quote(f.name())))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let rows = run(format!(
+        "SELECT {columns} FROM outbox o WHERE EXISTS (SELECT 1 FROM touched t WHERE {matches})"
+    ))
+    .await?;
+    Ok((touched, rows))
+}
