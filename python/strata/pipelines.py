@@ -571,7 +571,8 @@ create_target_table = create_streaming_table
 def create_sink(name: str, format: str, options: Optional[dict] = None) -> None:
     """``dp.create_sink(name, "delta", {"path": ...})`` (or ``{"tableName": "schema.t"}``): a
     Delta table outside the pipeline's datasets that ``@dp.append_flow(target=name)`` flows
-    append to, exactly once across kills and re-runs. Kafka and Event Hubs sinks are not
+    append to (and ``create_auto_cdc_flow(target=name)`` flows apply changes to), exactly
+    once across kills and re-runs. Kafka and Event Hubs sinks are not
     supported; PostgreSQL sinks need a connection, which only the SQL dialect declares."""
     if not isinstance(name, str) or not name:
         raise _error(f"create_sink: name must be a string, got {type(name).__name__}")

@@ -378,11 +378,30 @@ def test_sinks_receive_append_flows_exactly_once(tmp_path):
           [{"id": 4, "name": "d", "city": "v", "op": "UPSERT", "seq": 1}])
     strata.run(p, warehouse=wh, progress=False)
     assert deltalake.DeltaTable(str(tmp_path / "out" / "events")).to_pyarrow_table().num_rows == 7
-    # A sink is written, not read, and takes no AUTO CDC flow.
+    # An AUTO CDC flow into a sink by path: the Delta table there holds the current state.
+    cdc = write(tmp_path / "cdc.py", SINK_PY.format(schema=CDC_SCHEMA) + """
+@dp.table
+def keyed():
+    return dp.read_files("data/cdc", format="json", schema="%s").where("id IS NOT NULL")
+
+dp.create_sink("now", "delta", {"path": "out/now"})
+dp.create_auto_cdc_flow(target="now", source="keyed", keys=["id"], sequence_by="seq",
+                        apply_as_deletes="op = 'DELETE'", except_column_list=["op"])
+""" % CDC_SCHEMA)
+    strata.run(cdc, warehouse=wh, progress=False)
+    now = deltalake.DeltaTable(str(tmp_path / "out" / "now")).to_pyarrow_table()
+    assert now.sort_by("id").select(["id", "name", "city", "seq"]).to_pylist() == [
+        {"id": 1, "name": None, "city": "z", "seq": 2},
+        {"id": 2, "name": "b", "city": "y", "seq": 1},
+        {"id": 4, "name": "d", "city": "v", "seq": 1},
+    ]
+    # A sink is written, not read.
     bad = write(tmp_path / "bad.py", SINK_PY.format(schema=CDC_SCHEMA) + """
-dp.create_auto_cdc_flow(target="by_path", source="events", keys=["id"], sequence_by="seq")
+@dp.materialized_view
+def n():
+    return dp.table_ref("by_path").select("id")
 """)
-    with pytest.raises(strata.StrataError, match="a sink takes append flows only"):
+    with pytest.raises(strata.StrataError, match="reads sink"):
         strata.run(bad, warehouse=wh, progress=False)
 
 

@@ -348,7 +348,15 @@ fn sink(c: &mut Cursor, at: Location) -> Result<StreamingTable> {
         columns: None,
         expectations: Vec::new(),
         comment: None,
-        properties: BTreeMap::new(),
+        // A Delta sink is read by other tools: its replaced rows are rewritten, not marked
+        // in deletion vectors, which some Delta readers cannot read yet.
+        properties: match target {
+            SinkTarget::Path(_) | SinkTarget::Table(_) => BTreeMap::from([(
+                "delta.enableDeletionVectors".to_string(),
+                "false".to_string(),
+            )]),
+            SinkTarget::Database { .. } => BTreeMap::new(),
+        },
         partitioned_by: Vec::new(),
         cluster_by: Vec::new(),
         query: None,

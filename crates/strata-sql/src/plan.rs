@@ -372,9 +372,8 @@ fn check_streaming_tables(plan: &PipelinePlan) -> Result<()> {
     Ok(())
 }
 
-/// A sink is read by nothing, as in Lakeflow. A Delta sink is written by append flows
-/// only; a PostgreSQL sink also by AUTO CDC flows, through a declared PostgreSQL
-/// connection.
+/// A sink is read by nothing, as in Lakeflow; a PostgreSQL sink writes through a declared
+/// PostgreSQL connection.
 fn check_sinks(plan: &PipelinePlan) -> Result<()> {
     let sinks: Vec<&StreamingTable> = plan.tables.values().filter(|t| t.sink.is_some()).collect();
     for sink in &sinks {
@@ -403,15 +402,6 @@ fn check_sinks(plan: &PipelinePlan) -> Result<()> {
                     ))
                 }
             }
-        } else if let Some(f) = plan.flows.iter().find(|f| f.target == sink.name) {
-            return Err(plan_error(
-                f.location,
-                format!(
-                    "flow {} writes sink {} with AUTO CDC; a sink takes append flows only \
-                     (CREATE FLOW {} AS INSERT INTO {} BY NAME SELECT ...), as in Lakeflow",
-                    f.name, sink.name, f.name, sink.name.name
-                ),
-            ));
         }
         let reader = plan
             .tables
