@@ -64,6 +64,9 @@ python3 python/tests/run.py
 step "examples/postgres_shop (its own PostgreSQL, two runs, the history it keeps)"
 examples/postgres_shop/run.sh > /dev/null
 
+step "examples/cluster (a scheduler and two executors, a backfill on them, equal to a local run)"
+examples/cluster/run.sh 100000 > /dev/null
+
 if [ -x benchmarks/selftest.sh ]; then
   step "benchmark harness self-test (small workload, debug binary)"
   STRATA_BIN="$CARGO_TARGET_DIR/debug/strata" benchmarks/selftest.sh
