@@ -9,9 +9,10 @@
 //! before the delivery's leaves the rows in the outbox, and the next run sends them; no
 //! version is ever sent twice.
 //!
-//! What is sent: an append-only outbox's inserted rows; an AUTO CDC outbox's rows of every
-//! key a change touched, which replace that key's rows in the PostgreSQL table (its primary
-//! key: the flow's keys, with `__START_AT` for SCD type 2).
+//! What is sent: an append-only outbox's added rows, streamed; an AUTO CDC outbox's rows of
+//! every key a change touched, which replace that key's rows in the PostgreSQL table (its
+//! primary key: the flow's keys, with `__START_AT` for SCD type 2); on its first delivery,
+//! all of its rows, streamed.
 
 use crate::error::{Context, EngineError, Result};
 use crate::ops::Scope;
@@ -19,6 +20,7 @@ use crate::sources::connection::{connection_spec, process_env};
 use crate::storage::feed;
 use deltalake::arrow::array::RecordBatch;
 use deltalake::arrow::datatypes::SchemaRef;
+use deltalake::datafusion::prelude::{DataFrame, SessionContext};
 use deltalake::DeltaTable;
 use strata_sql::{PipelinePlan, ScdType, SinkTarget, StreamingTable};
 
@@ -115,20 +117,38 @@ pub(crate) async fn deliver(
         report.version = delivered;
         return Ok(report);
     }
-    let sent = match &keys {
-        None => {
-            let rows = added_rows(&outbox, delivered, version).await?;
-            pg.deliver(None, &rows, version).await.context(context)?
-        }
-        Some(keys) => {
-            let changes = feed::read_feed(&outbox, delivered, Some(version), true).await?;
-            let (touched, rows) = touched_rows(&outbox, &schema, &changes, &keys.replaced).await?;
-            report.keys_replaced = touched.num_rows();
-            pg.deliver(Some((&keys.replaced, &[touched])), &[rows], version)
+    let columns: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
+    let ctx = crate::storage::session::new_session();
+    let sent = match (&keys, delivered) {
+        // Appended rows, or an AUTO CDC outbox's first delivery (all of it): streamed.
+        (None, _) | (Some(_), None) => {
+            let rows = match keys {
+                None => added_rows(&ctx, &outbox, delivered, version).await?,
+                Some(_) => {
+                    crate::storage::session::register_table(&ctx, "outbox", &outbox, None).await?;
+                    select_columns(&ctx, "outbox", &schema).await?
+                }
+            };
+            let stream = rows
+                .execute_stream()
                 .await
-                .context(context)?
+                .context(|| "reading the sink's outbox".into())?;
+            pg.copy_rows(&columns, stream).await.context(context)?
+        }
+        // The changes since the last delivery: their keys' rows replaced.
+        (Some(keys), Some(_)) => {
+            let changes = feed::read_feed(&outbox, delivered, Some(version), true).await?;
+            let (touched, rows) =
+                touched_rows(&ctx, &outbox, &schema, &changes, &keys.replaced).await?;
+            report.keys_replaced = touched.num_rows();
+            pg.delete_keys(&keys.replaced, &[touched])
+                .await
+                .context(context)?;
+            let rows = futures::stream::iter([Ok::<_, String>(rows)]);
+            pg.copy_rows(&columns, rows).await.context(context)?
         }
     };
+    pg.finish(version).await.context(context)?;
     report.rows = sent;
     report.version = Some(version);
     report.versions_sent = version - delivered.unwrap_or(-1);
@@ -152,18 +172,28 @@ fn sink_keys(plan: &PipelinePlan, sink: &StreamingTable) -> Option<Keys> {
 /// streaming table reads its source's new rows (not through the change feed, whose
 /// `_change_type` column a sink of change rows also has).
 async fn added_rows(
+    ctx: &SessionContext,
     outbox: &DeltaTable,
     from: Option<i64>,
     until: i64,
-) -> Result<Vec<RecordBatch>> {
+) -> Result<DataFrame> {
     let changes = crate::storage::changes::changes_since(outbox, from).await?;
-    let ctx = crate::storage::session::new_session();
-    crate::storage::changes::register_new_rows(&ctx, "outbox_rows", outbox, from, until, &changes)
+    crate::storage::changes::register_new_rows(ctx, "outbox_rows", outbox, from, until, &changes)
         .await?;
-    ctx.table("outbox_rows")
-        .await
-        .context(|| "reading the sink's outbox".into())?
-        .collect()
+    let schema = crate::storage::table::table_schema(outbox)?;
+    select_columns(ctx, "outbox_rows", &schema).await
+}
+
+/// The columns of `schema` (the outbox's, in its order) of the table `name` in `ctx`.
+async fn select_columns(ctx: &SessionContext, name: &str, schema: &SchemaRef) -> Result<DataFrame> {
+    let quote = |n: &str| format!("\"{}\"", n.replace('"', "\"\""));
+    let columns = schema
+        .fields()
+        .iter()
+        .map(|f| quote(f.name()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    ctx.sql(&format!("SELECT {columns} FROM {}", quote(name)))
         .await
         .context(|| "reading the sink's outbox".into())
 }
@@ -171,15 +201,15 @@ async fn added_rows(
 /// The distinct keys `changes` touch, and the outbox's rows (as of the version read) of
 /// those keys.
 async fn touched_rows(
+    ctx: &SessionContext,
     outbox: &DeltaTable,
     schema: &SchemaRef,
     changes: &RecordBatch,
     keys: &[String],
 ) -> Result<(RecordBatch, RecordBatch)> {
-    let ctx = crate::storage::session::new_session();
     ctx.register_batch("changes", changes.clone())
         .context(|| "the sink's changes".into())?;
-    crate::storage::session::register_table(&ctx, "outbox", outbox, None).await?;
+    crate::storage::session::register_table(ctx, "outbox", outbox, None).await?;
     let quote = |n: &str| format!("\"{}\"", n.replace('"', "\"\""));
     let list = keys.iter().map(|k| quote(k)).collect::<Vec<_>>().join(", ");
     let matches = keys

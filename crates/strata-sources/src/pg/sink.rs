@@ -2,7 +2,8 @@
 //!
 //! The engine keeps what a sink sends in a Delta table of its own (its outbox) and hands a
 //! delivery the outbox's rows since the outbox version the PostgreSQL table last received.
-//! A delivery is one PostgreSQL transaction ([`PgSink::begin`], then [`PgSink::deliver`]):
+//! A delivery is one PostgreSQL transaction ([`PgSink::begin`], [`PgSink::delete_keys`],
+//! [`PgSink::copy_rows`], then [`PgSink::finish`]):
 //!
 //! 1. the table `strata_sink_positions` (in the target's schema) and the target (with the
 //!    primary key the engine asks for) are created when missing; a target that exists must
@@ -40,7 +41,7 @@ pub struct PgSink {
     table: TableRef,
     /// The outbox's Delta table id: which outbox the table's rows came from.
     outbox: String,
-    /// A transaction is open ([`PgSink::begin`] until deliver or rollback).
+    /// A transaction is open ([`PgSink::begin`] until finish or rollback).
     open: bool,
 }
 
@@ -63,7 +64,7 @@ impl PgSink {
     /// Begins a delivery: creates the positions table, and the target with `columns` and
     /// `primary_key` when it is missing; checks an existing target has every column; locks
     /// the sink's position and returns the outbox version the table holds (`None`: none
-    /// yet). End it with [`PgSink::deliver`] or [`PgSink::rollback`].
+    /// yet). End it with [`PgSink::finish`] or [`PgSink::rollback`].
     pub async fn begin(&mut self, columns: &Schema, primary_key: &[String]) -> Result<Option<i64>> {
         let create = create_table_sql(&self.table, columns, primary_key)
             .map_err(|detail| self.err(detail))?;
@@ -107,53 +108,50 @@ impl PgSink {
         }
     }
 
-    /// Ends the delivery begun: deletes the target's rows whose `keys` match a row of
-    /// `replaced` (the keys the delivery replaces; `None`: it only adds rows), copies `rows`
-    /// in, records `version` as delivered, and commits. Returns the rows copied.
-    pub async fn deliver(
-        &mut self,
-        replaced: Option<(&[String], &[RecordBatch])>,
-        rows: &[RecordBatch],
-        version: i64,
-    ) -> Result<u64> {
-        let target = self.target();
-        if let Some((keys, batches)) = replaced.filter(|(_, b)| b.iter().any(|b| b.num_rows() > 0))
-        {
-            let names = keys
-                .iter()
-                .map(|k| pg_ident(k))
-                .collect::<Vec<_>>()
-                .join(", ");
-            self.execute(&format!(
-                "CREATE TEMP TABLE strata_sink_keys ON COMMIT DROP AS \
-                 SELECT {names} FROM {target} WITH NO DATA"
-            ))
-            .await?;
-            self.copy_in("strata_sink_keys", keys, batches).await?;
-            let matches = keys
-                .iter()
-                .map(|k| format!("t.{k} = k.{k}", k = pg_ident(k)))
-                .collect::<Vec<_>>()
-                .join(" AND ");
-            self.execute(&format!(
-                "DELETE FROM {target} t USING strata_sink_keys k WHERE {matches}"
-            ))
-            .await?;
+    /// Deletes the target's rows whose `keys` match a row of `replaced` (the keys whose
+    /// rows the delivery replaces), in the delivery begun.
+    pub async fn delete_keys(&mut self, keys: &[String], replaced: &[RecordBatch]) -> Result<()> {
+        if !replaced.iter().any(|b| b.num_rows() > 0) {
+            return Ok(());
         }
-        let columns: Vec<String> = match rows.first() {
-            Some(b) => b
-                .schema()
-                .fields()
-                .iter()
-                .map(|f| f.name().clone())
-                .collect(),
-            None => Vec::new(),
-        };
-        let copied = if columns.is_empty() {
-            0
-        } else {
-            self.copy_in(&target, &columns, rows).await?
-        };
+        let target = self.target();
+        let names = keys
+            .iter()
+            .map(|k| pg_ident(k))
+            .collect::<Vec<_>>()
+            .join(", ");
+        self.execute(&format!(
+            "CREATE TEMP TABLE strata_sink_keys ON COMMIT DROP AS \
+             SELECT {names} FROM {target} WITH NO DATA"
+        ))
+        .await?;
+        let batches = futures::stream::iter(replaced.iter().cloned().map(Ok::<_, String>));
+        self.copy_in("strata_sink_keys", keys, batches).await?;
+        let matches = keys
+            .iter()
+            .map(|k| format!("t.{k} = k.{k}", k = pg_ident(k)))
+            .collect::<Vec<_>>()
+            .join(" AND ");
+        self.execute(&format!(
+            "DELETE FROM {target} t USING strata_sink_keys k WHERE {matches}"
+        ))
+        .await
+    }
+
+    /// Copies the `columns` of every batch of `rows` into the target, in the delivery begun,
+    /// as they come (a failed batch fails the delivery). Returns the rows copied.
+    pub async fn copy_rows<S, E>(&mut self, columns: &[String], rows: S) -> Result<u64>
+    where
+        S: futures::Stream<Item = std::result::Result<RecordBatch, E>>,
+        E: std::fmt::Display,
+    {
+        let target = self.target();
+        self.copy_in(&target, columns, rows).await
+    }
+
+    /// Ends the delivery begun: records `version` as the outbox version the table now holds,
+    /// and commits.
+    pub async fn finish(&mut self, version: i64) -> Result<()> {
         let sink = self.table.to_string();
         self.client
             .execute(
@@ -169,7 +167,7 @@ impl PgSink {
             .map_err(|e| self.err(pg_error_text(&e)))?;
         self.execute("COMMIT").await?;
         self.open = false;
-        Ok(copied)
+        Ok(())
     }
 
     /// Ends the delivery begun without changing anything.
@@ -226,13 +224,14 @@ impl PgSink {
         quoted(&self.table)
     }
 
-    /// Copies `columns` of `batches` into `table` (already quoted, or a temp table's name).
-    async fn copy_in(
-        &self,
-        table: &str,
-        columns: &[String],
-        batches: &[RecordBatch],
-    ) -> Result<u64> {
+    /// Copies `columns` of the batches of `batches` into `table` (already quoted, or a temp
+    /// table's name), as they come.
+    async fn copy_in<S, E>(&self, table: &str, columns: &[String], batches: S) -> Result<u64>
+    where
+        S: futures::Stream<Item = std::result::Result<RecordBatch, E>>,
+        E: std::fmt::Display,
+    {
+        use futures::StreamExt;
         let list = columns
             .iter()
             .map(|c| pg_ident(c))
@@ -244,8 +243,10 @@ impl PgSink {
             .await
             .map_err(|e| self.err(pg_error_text(&e)))?;
         futures::pin_mut!(sink);
-        for batch in batches {
-            let text = copy_text(batch, columns).map_err(|detail| self.err(detail))?;
+        futures::pin_mut!(batches);
+        while let Some(batch) = batches.next().await {
+            let batch = batch.map_err(|e| self.err(format!("reading the rows to send: {e}")))?;
+            let text = copy_text(&batch, columns).map_err(|detail| self.err(detail))?;
             if !text.is_empty() {
                 sink.send(Bytes::from(text))
                     .await
