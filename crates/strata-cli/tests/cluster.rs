@@ -224,6 +224,28 @@ fn an_unreachable_cluster_fails_cleanly() {
     assert!(!w.csv("SELECT count(*) AS n FROM history").contains("\n0"));
 }
 
+/// Executors without the warehouse's credentials (a wrong secret in their environment):
+/// the run fails, saying the executors could not read the warehouse and where, with
+/// nothing in the target; the same run without the cluster converges.
+#[test]
+fn executors_without_the_warehouse_credentials_fail_cleanly() {
+    let s3 = S3::from_env();
+    let cluster = Cluster::start_with_secret(&s3, "not-the-secret");
+    let w = OnStore::new(&s3, "cluster-creds", PIPELINE);
+    let (a, _) = first_delivery(20);
+    w.p.file("data/cdc/001.json", &a);
+    let out = w.strata(&on_cluster(&cluster.url));
+    let err = stderr(&out);
+    eprintln!("{err}");
+    assert_eq!(out.status.code(), Some(4), "{err}");
+    assert!(err.contains("executor") && err.contains("s3://"), "{err}");
+    assert!(!err.contains("not-the-secret"), "{err}");
+    let rows = w.csv("SELECT count(*) AS n FROM history");
+    assert!(rows.contains("\n0"), "nothing committed: {rows}");
+    w.ok(&["run", "pipeline.sql"]);
+    assert!(!w.csv("SELECT count(*) AS n FROM history").contains("\n0"));
+}
+
 /// A drill: one executor is killed (SIGKILL) while the backfill runs. The run either
 /// completes on the other executor or fails with nothing in the target; a rerun then gives
 /// the local run's tables.

@@ -20,6 +20,12 @@ fn script() -> PathBuf {
 impl Cluster {
     /// A scheduler and two executors reaching `server` with its own secret.
     pub fn start(server: &dyn Server) -> Cluster {
+        Cluster::start_with_secret(server, server.secret())
+    }
+
+    /// A scheduler and two executors reaching `server` with `secret` (a wrong one: executors
+    /// that lack the warehouse's credentials).
+    pub fn start_with_secret(server: &dyn Server, secret: &str) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut c = Command::new(script());
         c.args(["start", &dir.path().display().to_string()])
@@ -28,7 +34,7 @@ impl Cluster {
         for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with(server.env_prefix())) {
             c.env_remove(k);
         }
-        c.envs(server.env(server.secret()));
+        c.envs(server.env(secret));
         let out = c.output().expect("cluster.sh runs");
         let text = String::from_utf8_lossy(&out.stdout).to_string();
         let cluster = Cluster {

@@ -261,9 +261,22 @@ async fn run_job(
     deltalake::datafusion::dataframe::DataFrame::new(state, plan)
         .collect()
         .await
-        .map_err(|e| match plan::rejected_input(&e.to_string()) {
-            Some(rejection) => EngineError::BadInput(rejection),
-            None => EngineError::of_query("running the bulk load on the cluster", e),
+        .map_err(|e| {
+            let text = e.to_string();
+            match plan::rejected_input(&text) {
+                Some(rejection) => EngineError::BadInput(rejection),
+                None if plan::store_failure(&text) => EngineError::of_query(
+                    format!(
+                        "the cluster's executors could not read or write the warehouse \
+                         (the source {}); each executor reaches it with the credentials of \
+                         its own environment (AWS_*, AZURE_*, GOOGLE_*): check them on every \
+                         executor",
+                        source.table_url()
+                    ),
+                    e,
+                ),
+                None => EngineError::of_query("running the bulk load on the cluster", e),
+            }
         })
 }
 

@@ -469,6 +469,12 @@ pub(crate) fn rejected_input(text: &str) -> Option<String> {
     Some(text[start..start + len].to_string())
 }
 
+/// Whether a failed job's error text `text` says a task could not read or write the
+/// object store (a task's error reaches the coordinator as text, through the scheduler).
+pub(crate) fn store_failure(text: &str) -> bool {
+    text.contains("Object Store error") || text.contains("ObjectStore error")
+}
+
 /// Plans [`FoldWriteNode`] as [`FoldWriteExec`].
 #[derive(Debug, Default)]
 struct FoldWritePlanner;
@@ -561,5 +567,14 @@ mod tests {
         );
         assert_eq!(rejected_input(&carried).as_deref(), Some(msg));
         assert_eq!(rejected_input("Job 1 failed: executor lost"), None);
+    }
+
+    #[test]
+    fn an_object_store_failure_is_told_from_other_job_failures() {
+        assert!(store_failure(
+            "Job 1 failed: DataFusion error: Object Store error: The operation lacked the \
+             necessary privileges to complete for path wh/default/raw/part-0.parquet"
+        ));
+        assert!(!store_failure("Job 1 failed: executor lost"));
     }
 }
