@@ -9,7 +9,8 @@
 mod common;
 
 use common::database::{
-    cdc_history, drop_slot, fact, files_containing, mysql, pg, run, run_ok, unique, Server,
+    cdc_history, drop_slot, fact, files_containing, mysql, pg, pg_value, run, run_ok, unique,
+    Server,
 };
 use common::{stderr, Project};
 
@@ -411,5 +412,45 @@ KEYS (id) STORED AS SCD TYPE 2;
         err.contains("connection 'shop'")
             && err.contains("ssl_key: cannot read the private key file '/'"),
         "{err}"
+    );
+}
+
+/// A PostgreSQL sink writes through a connection that verifies the server's certificate
+/// (verify-full), as the sources read through it; the password appears nowhere.
+#[test]
+fn a_postgres_sink_writes_over_tls() {
+    let plain = Server::from_env(PG);
+    let ca = fact(PG, "SSLROOTCERT");
+    let (source, sink) = (unique("tls_sink_src"), unique("tls_sink_out"));
+    pg(
+        &plain,
+        &format!(
+            "CREATE TABLE {source} (id int PRIMARY KEY, v text, updated_at timestamptz NOT NULL);
+             INSERT INTO {source} VALUES (1, 'a', '2024-01-01 10:00:00+00'), (2, 'b', '2024-01-01 11:00:00+00');"
+        ),
+    );
+    let full = [("sslmode", "verify-full"), ("sslrootcert", ca.as_str())];
+    let verified = Server::tls_from_env(PG, "localhost", &full);
+    let p = Project::new(&format!(
+        "{}CREATE STREAMING TABLE src AS SELECT * FROM STREAM read_database('shop', \
+         table => 'public.{source}', watermark => 'updated_at');
+CREATE SINK out_pg OPTIONS (format 'postgresql', connection 'shop', table 'public.{sink}');
+CREATE FLOW out_flow AS INSERT INTO out_pg BY NAME SELECT id, v FROM STREAM(src);
+",
+        verified.connection("postgresql")
+    ));
+    let said = run_ok(&p, &verified.password);
+    assert!(said.contains("2 row(s) sent to postgresql table"), "{said}");
+    assert!(
+        !said.contains(&verified.password),
+        "the password was printed"
+    );
+    assert_eq!(
+        pg_value(
+            &plain,
+            &format!("SELECT string_agg(id || ':' || v, ',' ORDER BY id) FROM public.{sink}")
+        )
+        .as_deref(),
+        Some("1:a,2:b")
     );
 }
