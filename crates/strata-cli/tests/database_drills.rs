@@ -677,8 +677,8 @@ fn killed_runs_deliver_postgres_sinks_exactly_once() {
              table => 'public.{table}', mode => 'cdc', slot => '{slot}', publication => '{slot}', chunk_rows => '50');
 CREATE SINK hist_pg OPTIONS (format 'postgresql', connection 'shop', table 'public.{hist}');
 CREATE FLOW hist_flow AS AUTO CDC INTO hist_pg FROM STREAM(changes) KEYS (id)
-APPLY AS DELETE WHEN _change_type = 'delete' SEQUENCE BY _commit_lsn COLUMNS id, v
-STORED AS SCD TYPE 2;
+APPLY AS DELETE WHEN _change_type = 'delete' SEQUENCE BY STRUCT(_commit_lsn, _change_seq)
+COLUMNS id, v STORED AS SCD TYPE 2;
 CREATE SINK log_pg OPTIONS (format 'postgresql', connection 'shop', table 'public.{log}');
 CREATE FLOW log_flow AS INSERT INTO log_pg BY NAME
 SELECT id, v, _change_type, _commit_lsn, _change_seq FROM STREAM(changes);
@@ -706,16 +706,22 @@ SELECT id, v, _change_type, _commit_lsn, _change_seq FROM STREAM(changes);
             .map(|(_, rows)| rows.to_string())
             .unwrap_or_default()
     };
+    // `__START_AT` and `__END_AT` are structs (the sequence), jsonb in PostgreSQL.
     let hist_outbox = outbox_rows(
-        "SELECT concat_ws('|', id, v, __START_AT, __END_AT) AS r FROM hist_pg \
-         ORDER BY id, v, __START_AT, __END_AT",
+        "SELECT concat_ws('|', id, v, __START_AT['_commit_lsn'], __START_AT['_change_seq'], \
+         __END_AT['_commit_lsn'], __END_AT['_change_seq']) AS r FROM hist_pg \
+         ORDER BY id, v, __START_AT['_commit_lsn'], __START_AT['_change_seq']",
     );
     assert!(
         !hist_outbox.is_empty(),
         "seed {seed}: the drill wrote nothing"
     );
     assert_eq!(
-        pg_rows(&hist, "id, v, \"__START_AT\", \"__END_AT\""),
+        pg_rows(
+            &hist,
+            "id, v, (\"__START_AT\"->>'_commit_lsn')::bigint, (\"__START_AT\"->>'_change_seq')::bigint, \
+             (\"__END_AT\"->>'_commit_lsn')::bigint, (\"__END_AT\"->>'_change_seq')::bigint"
+        ),
         hist_outbox,
         "seed {seed}: the SCD2 sink's table differs from its outbox"
     );

@@ -290,8 +290,8 @@ fn create_table_sql(
         let ty = pg_type(f.data_type()).ok_or_else(|| {
             format!(
                 "column {} has type {}, which a PostgreSQL sink does not send (it sends \
-                 numbers, strings, booleans, dates, timestamps, decimals and binary); cast it \
-                 in the flow's query",
+                 numbers, strings, booleans, dates, timestamps, decimals, binary and structs); \
+                 cast it in the flow's query",
                 f.name(),
                 f.data_type()
             )
@@ -319,7 +319,7 @@ fn create_table_sql(
 }
 
 /// The PostgreSQL type a column of `t` is created with; `None` for types a sink does not
-/// send (lists, structs, maps, intervals).
+/// send (lists, maps, intervals).
 pub fn pg_type(t: &DataType) -> Option<String> {
     Some(match t {
         DataType::Boolean => "boolean".into(),
@@ -339,6 +339,9 @@ pub fn pg_type(t: &DataType) -> Option<String> {
         DataType::Decimal128(p, s) | DataType::Decimal256(p, s) if *s >= 0 => {
             format!("numeric({p}, {s})")
         }
+        // As a JSON object (an SCD2 `__START_AT` of `SEQUENCE BY STRUCT(...)`, a struct
+        // column): jsonb compares by value, so it may be part of a primary key.
+        DataType::Struct(_) => "jsonb".into(),
         _ => return None,
     })
 }
@@ -387,6 +390,14 @@ pub(crate) fn copy_text(
             _ => Ok(arrow_array::make_array(a.to_data())),
         })
         .collect::<std::result::Result<_, _>>()?;
+    // A struct column: each row's value as a JSON object (NULL fields written as null).
+    let json: Vec<Option<Vec<String>>> = arrays
+        .iter()
+        .map(|a| match a.data_type() {
+            DataType::Struct(_) => struct_json(a.as_ref()).map(Some),
+            _ => Ok(None),
+        })
+        .collect::<std::result::Result<_, _>>()?;
     let options = FormatOptions::default().with_timestamp_format(Some("%Y-%m-%dT%H:%M:%S%.f"));
     let formatters = arrays
         .iter()
@@ -405,7 +416,9 @@ pub(crate) fn copy_text(
                 continue;
             }
             field.clear();
-            if is_binary(a.data_type()) {
+            if let Some(rows) = &json[i] {
+                field.push_str(&rows[row]);
+            } else if is_binary(a.data_type()) {
                 field.push_str("\\x");
                 let _ = write!(field, "{}", f.value(row));
             } else {
@@ -419,6 +432,33 @@ pub(crate) fn copy_text(
         out.push('\n');
     }
     Ok(out.into_bytes())
+}
+
+/// Each row of the struct column `a` as a JSON object (one string per row; a NULL row's is
+/// not read).
+fn struct_json(a: &dyn Array) -> std::result::Result<Vec<String>, String> {
+    let structs = a
+        .as_any()
+        .downcast_ref::<arrow_array::StructArray>()
+        .ok_or_else(|| "a struct column that is not a StructArray".to_string())?;
+    // The fields as columns of their own (the struct's own NULL rows are not read; their
+    // fields may hold anything, so every field is taken as nullable).
+    let (fields, columns, _) = structs.clone().into_parts();
+    let fields: Vec<arrow_schema::Field> = fields
+        .iter()
+        .map(|f| f.as_ref().clone().with_nullable(true))
+        .collect();
+    let batch = RecordBatch::try_new(std::sync::Arc::new(Schema::new(fields)), columns)
+        .map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    let mut writer = arrow_json::WriterBuilder::new()
+        .with_explicit_nulls(true)
+        .build::<_, arrow_json::writer::LineDelimited>(&mut out);
+    writer.write(&batch).map_err(|e| e.to_string())?;
+    writer.finish().map_err(|e| e.to_string())?;
+    drop(writer);
+    let text = String::from_utf8(out).map_err(|e| e.to_string())?;
+    Ok(text.lines().map(str::to_string).collect())
 }
 
 fn is_binary(t: &DataType) -> bool {
@@ -501,6 +541,34 @@ mod tests {
         assert_eq!(text, "a\\tb\\\\c\\nd\t1\n\\N\t2\n");
         let e = copy_text(&batch(), &["nope".to_string()]).unwrap_err();
         assert!(e.contains("no column nope"), "{e}");
+    }
+
+    #[test]
+    fn struct_columns_go_as_json_objects() {
+        use arrow_array::StructArray;
+        let lsn = Arc::new(Int64Array::from(vec![Some(7), None, Some(9)])) as arrow_array::ArrayRef;
+        let seq = Arc::new(Int64Array::from(vec![0, 1, 2])) as arrow_array::ArrayRef;
+        let at = StructArray::try_new(
+            vec![
+                Arc::new(Field::new("_commit_lsn", DataType::Int64, true)),
+                Arc::new(Field::new("_change_seq", DataType::Int64, false)),
+            ]
+            .into(),
+            vec![lsn, seq],
+            Some(vec![true, true, false].into()),
+        )
+        .unwrap();
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "at",
+            at.data_type().clone(),
+            true,
+        )]));
+        let batch = RecordBatch::try_new(schema, vec![Arc::new(at)]).unwrap();
+        let text = String::from_utf8(copy_text(&batch, &["at".to_string()]).unwrap()).unwrap();
+        assert_eq!(
+            text,
+            "{\"_commit_lsn\":7,\"_change_seq\":0}\n{\"_commit_lsn\":null,\"_change_seq\":1}\n\\N\n"
+        );
     }
 
     #[test]
