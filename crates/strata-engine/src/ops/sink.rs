@@ -75,7 +75,8 @@ pub(crate) fn database_sink(table: &StreamingTable) -> Option<(&str, &str)> {
 }
 
 /// Sends the PostgreSQL table of sink `sink` what its outbox gained since the version it
-/// holds, in one transaction (see the module docs).
+/// holds, in one transaction (see the module docs): the outbox as it is now, the table's
+/// delivered version (locked), then the rows sent and the new version committed.
 pub(crate) async fn deliver(
     scope: &Scope<'_>,
     plan: &PipelinePlan,
@@ -87,72 +88,122 @@ pub(crate) async fn deliver(
         table: target.to_string(),
         ..Default::default()
     };
-    let Some(outbox) = scope.wh.open_table(&sink.name).await? else {
+    let Some(outbox) = Outbox::open(scope, sink).await? else {
         return Ok(report);
     };
-    let version = crate::storage::table::version_of(&outbox);
-    let schema = crate::storage::table::table_schema(&outbox)?;
-    let outbox_id = outbox
-        .snapshot()
-        .context(|| format!("sink {}: reading its outbox", sink.name))?
-        .metadata()
-        .id()
-        .to_string();
     let keys = sink_keys(plan, sink);
-    let c = plan.connections.get(connection).ok_or_else(|| {
-        EngineError::internal(format!(
-            "sink {}: connection {connection} is missing",
-            sink.name
-        ))
-    })?;
-    let spec = connection_spec(c, &process_env)?;
     let context = || format!("sink {}", sink.name);
-    let mut pg = strata_sources::PgSink::connect(&spec, target, &outbox_id)
+    let spec = plan
+        .connections
+        .get(connection)
+        .map(|c| connection_spec(c, &process_env))
+        .ok_or_else(|| {
+            EngineError::internal(format!(
+                "sink {}: connection {connection} is missing",
+                sink.name
+            ))
+        })??;
+    let mut pg = strata_sources::PgSink::connect(&spec, target, &outbox.id)
         .await
         .context(context)?;
     let primary = keys.as_ref().map_or(&[][..], |k| &k.primary[..]);
-    let delivered = pg.begin(&schema, primary).await.context(context)?;
-    if delivered.is_some_and(|d| d >= version) {
+    let delivered = pg.begin(&outbox.schema, primary).await.context(context)?;
+    report.version = delivered;
+    if delivered.is_some_and(|d| d >= outbox.version) {
         pg.rollback().await.context(context)?;
-        report.version = delivered;
         return Ok(report);
     }
-    let columns: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
+    report.rows = send(&mut pg, &outbox, keys.as_ref(), delivered, &mut report).await?;
+    pg.finish(outbox.version).await.context(context)?;
+    report.version = Some(outbox.version);
+    report.versions_sent = outbox.version - delivered.unwrap_or(-1);
+    Ok(report)
+}
+
+/// A sink's outbox as a delivery reads it: at one version, with its columns and its Delta
+/// table id (which the PostgreSQL table's position names).
+struct Outbox {
+    table: DeltaTable,
+    version: i64,
+    schema: SchemaRef,
+    id: String,
+}
+
+impl Outbox {
+    /// The outbox of `sink` as it is now (`None`: no flow has written it yet).
+    async fn open(scope: &Scope<'_>, sink: &StreamingTable) -> Result<Option<Outbox>> {
+        let Some(table) = scope.wh.open_table(&sink.name).await? else {
+            return Ok(None);
+        };
+        let id = table
+            .snapshot()
+            .context(|| format!("sink {}: reading its outbox", sink.name))?
+            .metadata()
+            .id()
+            .to_string();
+        Ok(Some(Outbox {
+            version: crate::storage::table::version_of(&table),
+            schema: crate::storage::table::table_schema(&table)?,
+            table,
+            id,
+        }))
+    }
+}
+
+/// Sends the outbox's rows after version `delivered` in the delivery `pg` began: appended
+/// rows, or an AUTO CDC outbox's first delivery (all of it), streamed; later AUTO CDC
+/// deliveries replace the rows of the keys the changes since then touched. Returns the rows
+/// copied.
+async fn send(
+    pg: &mut strata_sources::PgSink,
+    outbox: &Outbox,
+    keys: Option<&Keys>,
+    delivered: Option<i64>,
+    report: &mut SinkReport,
+) -> Result<u64> {
+    let context = || format!("postgresql table {}", report.table);
+    let columns: Vec<String> = outbox
+        .schema
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
     let ctx = crate::storage::session::new_session();
-    let sent = match (&keys, delivered) {
-        // Appended rows, or an AUTO CDC outbox's first delivery (all of it): streamed.
+    match (keys, delivered) {
         (None, _) | (Some(_), None) => {
             let rows = match keys {
-                None => added_rows(&ctx, &outbox, delivered, version).await?,
+                None => added_rows(&ctx, &outbox.table, delivered, outbox.version).await?,
                 Some(_) => {
-                    crate::storage::session::register_table(&ctx, "outbox", &outbox, None).await?;
-                    select_columns(&ctx, "outbox", &schema).await?
+                    crate::storage::session::register_table(&ctx, "outbox", &outbox.table, None)
+                        .await?;
+                    select_columns(&ctx, "outbox", &outbox.schema).await?
                 }
             };
             let stream = rows
                 .execute_stream()
                 .await
                 .context(|| "reading the sink's outbox".into())?;
-            pg.copy_rows(&columns, stream).await.context(context)?
+            pg.copy_rows(&columns, stream).await.context(context)
         }
-        // The changes since the last delivery: their keys' rows replaced.
         (Some(keys), Some(_)) => {
-            let changes = feed::read_feed(&outbox, delivered, Some(version), true).await?;
-            let (touched, rows) =
-                touched_rows(&ctx, &outbox, &schema, &changes, &keys.replaced).await?;
+            let changes =
+                feed::read_feed(&outbox.table, delivered, Some(outbox.version), true).await?;
+            let (touched, rows) = touched_rows(
+                &ctx,
+                &outbox.table,
+                &outbox.schema,
+                &changes,
+                &keys.replaced,
+            )
+            .await?;
             report.keys_replaced = touched.num_rows();
             pg.delete_keys(&keys.replaced, &[touched])
                 .await
                 .context(context)?;
             let rows = futures::stream::iter([Ok::<_, String>(rows)]);
-            pg.copy_rows(&columns, rows).await.context(context)?
+            pg.copy_rows(&columns, rows).await.context(context)
         }
-    };
-    pg.finish(version).await.context(context)?;
-    report.rows = sent;
-    report.version = Some(version);
-    report.versions_sent = version - delivered.unwrap_or(-1);
-    Ok(report)
+    }
 }
 
 /// The keys of the AUTO CDC flow writing `sink` (`None`: append flows only).
