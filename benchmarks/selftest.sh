@@ -71,3 +71,9 @@ python3 serve_bench.py --small --strata "$STRATA_BIN" --workdir "$work/serve" \
 #    view and DuckDB's query over delta_scan of the source. No timings printed.
 python3 mview_bench.py --small --strata "$STRATA_BIN" --workdir "$work/mview" \
   --json "$work/mview.json"
+# 10. `cluster_bench.py --small`: the bulk workload (200k events) run by `strata run` alone and
+#     with `--cluster` on a scheduler and two `--slots 1` executors it starts (and stops) on
+#     loopback ports; the run must say it loaded on the cluster and both SCD2 targets must
+#     hold the same rows (DuckDB, EXCEPT ALL both ways). Correctness only: no timings printed.
+python3 cluster_bench.py --small --strata "$STRATA_BIN" --workdir "$work/cluster" \
+  --json "$work/cluster.json" > /dev/null
