@@ -13,9 +13,9 @@ Each round runs, on the same input files and each on a fresh local warehouse:
   A  `strata run pipeline.sql --warehouse wh-local`
   B  `strata run pipeline.sql --warehouse wh-cluster --cluster df://127.0.0.1:PORT
       --cluster-min-events N` against a scheduler and two executors started here for the
-     round (`strata cluster scheduler` / `strata cluster executor --slots 1`, as
-     scripts/services/cluster.sh starts them, which has no setting for --slots), all on
-     this machine, so the executors read and write the same local paths.
+     round by scripts/services/cluster.sh (CLUSTER_SLOTS=1: `strata cluster executor
+     --slots 1`), all on this machine, so the executors read and write the same local
+     paths.
 
 Both are timed under /usr/bin/time -v (run.py's `timed`: wall clock, coordinator peak RSS,
 plus its user+system CPU). The executors' peak RSS is VmHWM from /proc/PID/status (the
@@ -42,8 +42,6 @@ import platform
 import re
 import shlex
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -73,25 +71,6 @@ def fail(msg: str) -> None:
     log("FAILURE: " + msg)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 60) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode} before listening on {port}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"{what}: nothing answered on port {port} within {timeout:.0f}s")
-
-
 def proc_status(pid: int) -> dict:
     """VmHWM / VmRSS in KiB of a live process, and its CPU seconds (utime + stime)."""
     out = {}
@@ -113,46 +92,50 @@ def dir_bytes(d: Path) -> int:
 
 
 class Cluster:
-    """A scheduler and EXECUTORS executors (--slots SLOTS) as child processes, in DIR."""
+    """A scheduler and EXECUTORS executors (--slots SLOTS) started in DIR by
+    scripts/services/cluster.sh (its pid files, logs and work dirs are under DIR/cluster)."""
+
+    SCRIPT = BENCH_DIR.parent / "scripts" / "services" / "cluster.sh"
 
     def __init__(self, strata: str, d: Path):
         self.strata, self.dir = strata, d
-        self.procs: list[tuple[str, subprocess.Popen]] = []
-        self.work_dirs: list[Path] = []
         self.url = ""
 
-    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
-        logf = open(self.dir / f"{name}.log", "wb")
-        env = dict(os.environ)
-        env.setdefault("RUST_LOG", "ballista_scheduler=info,ballista_executor=info")
-        p = subprocess.Popen([self.strata, *args], stdout=logf, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-        logf.close()
-        self.procs.append((name, p))
-        return p
+    def _script(self, verb: str) -> str:
+        env = dict(os.environ, STRATA_BIN=self.strata, CLUSTER_EXECUTORS=str(EXECUTORS),
+                   CLUSTER_SLOTS=str(SLOTS))
+        out = subprocess.run([str(self.SCRIPT), verb, str(self.dir)], env=env,
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(f"cluster.sh {verb} failed: {out.stderr.strip()}")
+        return out.stdout
 
     def start(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
         self.dir.mkdir(parents=True)
-        port = free_port()
-        p = self._spawn("scheduler", ["cluster", "scheduler", "--bind", f"127.0.0.1:{port}"])
-        wait_port(port, p, "scheduler")
-        for i in range(1, EXECUTORS + 1):
-            flight, grpc = free_port(), free_port()
-            work = self.dir / f"work-{i}"
-            work.mkdir()
-            self.work_dirs.append(work)
-            p = self._spawn(f"executor-{i}", [
-                "cluster", "executor", "--scheduler", f"127.0.0.1:{port}", "--host", "127.0.0.1",
-                "--port", str(flight), "--grpc-port", str(grpc), "--slots", str(SLOTS),
-                "--work-dir", str(work)])
-            wait_port(grpc, p, f"executor-{i}")
-        self.url = f"df://127.0.0.1:{port}"
+        said = self._script("start")
+        m = re.search(r"STRATA_TEST_CLUSTER_URL=(\S+)", said)
+        if not m:
+            raise RuntimeError(f"cluster.sh start printed no URL: {said!r}")
+        self.url = m.group(1)
         log(f"  cluster up: scheduler {self.url}, {EXECUTORS} executors with --slots {SLOTS} "
-            f"(pids {', '.join(f'{n} {p.pid}' for n, p in self.procs)}; logs in {self.dir})")
+            f"(pids {', '.join(f'{n} {pid}' for n, pid in self.executors())}; logs in "
+            f"{self.dir / 'cluster'})")
 
-    def executors(self) -> list[tuple[str, subprocess.Popen]]:
-        return [(n, p) for n, p in self.procs if n.startswith("executor")]
+    def executors(self) -> list[tuple[str, int]]:
+        """(name, pid) of each executor."""
+        out = []
+        for i in range(1, EXECUTORS + 1):
+            name = f"executor-{i}"
+            out.append((name, int((self.dir / "cluster" / f"{name}.pid").read_text().strip())))
+        return out
+
+    @property
+    def work_dirs(self) -> list[Path]:
+        return [self.dir / "cluster" / f"work-{i}" for i in range(1, EXECUTORS + 1)]
+
+    def log_of(self, name: str) -> Path:
+        return self.dir / "cluster" / f"{name}.log"
 
     def task_seconds(self) -> dict:
         """{executor: {stage: (tasks, seconds)}} from the executors' "Finished task" log lines."""
@@ -162,7 +145,7 @@ class Cluster:
         for name, _ in self.executors():
             per = {}
             try:
-                text = (self.dir / f"{name}.log").read_text(errors="replace")
+                text = self.log_of(name).read_text(errors="replace")
             except OSError:
                 continue
             for m in pat.finditer(text):
@@ -172,21 +155,21 @@ class Cluster:
         return out
 
     def stop(self) -> None:
-        """SIGTERM each process we started (by pid), SIGKILL what is left after 10 s."""
-        for _, p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        end = time.monotonic() + 10
-        for name, p in self.procs:
-            try:
-                p.wait(timeout=max(0.1, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log(f"  {name} (pid {p.pid}) ignored SIGTERM; killing it")
-                p.kill()
-                p.wait()
-        self.procs = []
-        for w in self.work_dirs:  # shuffle files Ballista had not removed yet (GiBs at 40M events)
-            shutil.rmtree(w, ignore_errors=True)
+        """cluster.sh stop (SIGTERM, then SIGKILL), and the shuffle files Ballista had not
+        removed yet (GiBs at 40M events)."""
+        try:
+            self._script("stop")
+        finally:
+            for w in self.work_dirs:
+                shutil.rmtree(w, ignore_errors=True)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
 
 
 def cpu_of(time_file: Path) -> float | None:
@@ -228,8 +211,8 @@ def run_cluster(a, wl: Path, wh: Path, label: str, min_events: int) -> dict:
     cl = Cluster(a.strata, wl / "cluster" / label)
     try:
         cl.start()
-        before = {p.pid: proc_status(p.pid) for _, p in cl.executors()}
-        peak = {"work": 0, "rss": {p.pid: 0 for _, p in cl.executors()}}
+        before = {pid: proc_status(pid) for _, pid in cl.executors()}
+        peak = {"work": 0, "rss": {pid: 0 for _, pid in cl.executors()}}
         stop = threading.Event()
 
         def sample() -> None:  # the work dirs' bytes and VmRSS, every 0.25 s, as a cross-check
@@ -238,8 +221,8 @@ def run_cluster(a, wl: Path, wh: Path, label: str, min_events: int) -> dict:
                     peak["work"] = max(peak["work"], sum(dir_bytes(w) for w in cl.work_dirs))
                 except OSError:
                     pass
-                for _, p in cl.executors():
-                    peak["rss"][p.pid] = max(peak["rss"][p.pid], proc_status(p.pid).get("VmRSS") or 0)
+                for _, pid in cl.executors():
+                    peak["rss"][pid] = max(peak["rss"][pid], proc_status(pid).get("VmRSS") or 0)
                 stop.wait(0.25)
 
         sampler = threading.Thread(target=sample, daemon=True)
@@ -251,17 +234,17 @@ def run_cluster(a, wl: Path, wh: Path, label: str, min_events: int) -> dict:
             sampler.join()
         r["work_dirs_peak_bytes"] = peak["work"]
         execs = []
-        for (name, p), work in zip(cl.executors(), cl.work_dirs):
-            st = proc_status(p.pid)
-            alive = p.poll() is None
+        for (name, pid), work in zip(cl.executors(), cl.work_dirs):
+            st = proc_status(pid)
+            up = alive(pid)
             cpu = None
-            if st.get("cpu_seconds") is not None and before[p.pid].get("cpu_seconds") is not None:
-                cpu = st["cpu_seconds"] - before[p.pid]["cpu_seconds"]
-            execs.append({"name": name, "pid": p.pid, "alive": alive,
-                          "vmhwm_kib": st.get("VmHWM"), "vmrss_sampled_max_kib": peak["rss"][p.pid],
+            if st.get("cpu_seconds") is not None and before[pid].get("cpu_seconds") is not None:
+                cpu = st["cpu_seconds"] - before[pid]["cpu_seconds"]
+            execs.append({"name": name, "pid": pid, "alive": up,
+                          "vmhwm_kib": st.get("VmHWM"), "vmrss_sampled_max_kib": peak["rss"][pid],
                           "cpu_seconds": cpu, "work_dir_bytes_after": dir_bytes(work)})
-            if not alive:
-                fail(f"{name} (pid {p.pid}) died during the run ({label}); log {cl.dir / (name + '.log')}")
+            if not up:
+                fail(f"{name} (pid {pid}) died during the run ({label}); log {cl.log_of(name)}")
         r["executors"] = execs
         for e in execs:
             log(f"  {e['name']}: peak RSS (VmHWM) {fmt_mem(e['vmhwm_kib'])} (sampled VmRSS max "

@@ -14,7 +14,8 @@
 #
 #   export STRATA_TEST_CLUSTER_URL=df://127.0.0.1:PORT
 #
-# CLUSTER_EXECUTORS=N starts N executors instead of two. The processes log Ballista's task
+# CLUSTER_EXECUTORS=N starts N executors instead of two; CLUSTER_SLOTS=N gives each N task
+# slots (default 2). Shuffle files go to DIR/cluster/work-N. The processes log Ballista's task
 # lines (RUST_LOG=ballista_scheduler=info,ballista_executor=info unless RUST_LOG is set). All
 # progress and error messages go to stderr.
 set -Eeuo pipefail
@@ -66,7 +67,7 @@ start() {
     LOG="$dir/cluster/executor-$i.log"
     mkdir -p "$dir/cluster/work-$i"
     nohup "$BIN" cluster executor --scheduler "127.0.0.1:$port" --host 127.0.0.1 \
-      --port "$flight" --grpc-port "$grpc" --slots 2 --work-dir "$dir/cluster/work-$i" \
+      --port "$flight" --grpc-port "$grpc" --slots "${CLUSTER_SLOTS:-2}" --work-dir "$dir/cluster/work-$i" \
       >"$LOG" 2>&1 </dev/null &
     echo $! >"$dir/cluster/executor-$i.pid"
     wait_port "$grpc" "$dir/cluster/executor-$i.pid"
