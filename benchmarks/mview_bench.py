@@ -66,6 +66,7 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 from _venv import ensure_venv  # noqa: E402
+from _bench import FAILURES, R, fail, log, sql_str  # noqa: E402
 
 SMALL = dict(events=20_000, keys=2_000, files=2, rounds=1)
 FULL = dict(events=10_000_000, keys=1_000_000, files=10, rounds=3)
@@ -98,30 +99,6 @@ METHOD_TITLE = {"incremental": "strata incremental", "full": "strata full recomp
 VIEW_LINE = re.compile(r"^materialized view default\.(?P<name>\w+): (?P<what>.*)$")
 # Its progress line on stderr ends with the view's own time: "... (incremental) (0.09 s)".
 VIEW_TIME = re.compile(r"materialized view default\.(?P<name>\w+): .*\((?P<secs>[\d.]+) s\)\s*$")
-
-FAILURES: list[str] = []
-_R = None  # run.py, imported once the venv is active
-
-
-def R():
-    global _R
-    if _R is None:
-        import run as _run
-        _R = _run
-    return _R
-
-
-def log(msg: str = "") -> None:
-    print(msg, flush=True)
-
-
-def fail(msg: str) -> None:
-    FAILURES.append(msg)
-    log(f"  FAILURE: {msg}")
-
-
-def sql_str(s) -> str:
-    return "'" + str(s).replace("'", "''") + "'"
 
 
 def pipeline_sql() -> str:

@@ -64,6 +64,7 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 from _venv import ensure_venv  # noqa: E402
+from _bench import FAILURES, R, fail, log, sql_str  # noqa: E402
 
 SMALL = dict(events=20_000, keys=2_000, files=2, seconds=5, batch_events=200, batch_every=1.0,
              sample=100)
@@ -80,30 +81,6 @@ DUCK_AS_OF = ('SELECT ' + COLS + ' FROM {table} WHERE id = ? AND "__START_AT" <=
               'AND ("__END_AT" IS NULL OR ? < "__END_AT")')
 SIDES = ("strata", "duckdb")
 SIDE_TITLE = {"strata": "strata serve --pg", "duckdb": "DuckDB delta_scan"}
-
-FAILURES: list[str] = []
-_R = None  # run.py, imported once the venv is active
-
-
-def R():
-    global _R
-    if _R is None:
-        import run as _run
-        _R = _run
-    return _R
-
-
-def log(msg: str = "") -> None:
-    print(msg, flush=True)
-
-
-def fail(msg: str) -> None:
-    FAILURES.append(msg)
-    log(f"  FAILURE: {msg}")
-
-
-def sql_str(s) -> str:
-    return "'" + str(s).replace("'", "''") + "'"
 
 
 def vm_hwm_kib(pid: int | str = "self") -> int | None:

@@ -53,6 +53,7 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 from _venv import ensure_venv  # noqa: E402
+from _bench import FAILURES, R, fail, log, sql_str  # noqa: E402
 
 SMALL = dict(events=20_000, keys=2_000, files=2, batches=5, rounds=1)
 FULL = dict(events=10_000_000, keys=1_000_000, files=10, batches=100, rounds=3)
@@ -69,30 +70,6 @@ FINGERPRINT_SQL = ('SELECT count(*), sum(hash(id, name, city, amount, "__START_A
                    '"__END_AT")::HUGEINT)::VARCHAR FROM delta_scan({path})')
 SIDES = ("strata", "deltalake")
 SIDE_TITLE = {"strata": "strata optimize", "deltalake": "deltalake compact"}
-
-FAILURES: list[str] = []
-_R = None  # run.py, imported once the venv is active
-
-
-def R():
-    global _R
-    if _R is None:
-        import run as _run
-        _R = _run
-    return _R
-
-
-def log(msg: str = "") -> None:
-    print(msg, flush=True)
-
-
-def fail(msg: str) -> None:
-    FAILURES.append(msg)
-    log(f"  FAILURE: {msg}")
-
-
-def sql_str(s: str) -> str:
-    return "'" + str(s).replace("'", "''") + "'"
 
 
 def target_path(wh: Path) -> Path:
