@@ -1508,8 +1508,8 @@ fn pg_csv(server: &Server, table: &str, columns: &[&str], order: &str) -> String
 }
 
 /// PostgreSQL sinks: an append flow, an SCD1 and an SCD2 AUTO CDC flow each write a
-/// PostgreSQL table through the declared connection, which receives every outbox version
-/// once: after a delivery that failed (the password wrong) the next run sends what the
+/// PostgreSQL table through the declared connection (an existing table gains the columns it
+/// lacks), which receives every outbox version once: after a delivery that failed (the password wrong) the next run sends what the
 /// outbox holds, deletes and late events replace their keys' rows, and runs with nothing
 /// new send nothing. Each table then equals the sink's outbox.
 #[test]
@@ -1549,6 +1549,11 @@ CREATE FLOW hist_flow AS AUTO CDC INTO hist_pg FROM STREAM(changes) KEYS (id)
             p.csv("SELECT id, name, __START_AT, __END_AT FROM hist_pg ORDER BY id, __START_AT")
         );
     };
+    // The append sink's table exists with two of the four columns: the others are added.
+    pg(
+        &server,
+        &format!("CREATE TABLE public.{log} (id integer, name text)"),
+    );
     p.file(
         "data/changes/001.json",
         "{\"id\": 1, \"name\": \"Ann\", \"op\": \"upsert\", \"seq\": 1}\n\
@@ -1571,6 +1576,7 @@ CREATE FLOW hist_flow AS AUTO CDC INTO hist_pg FROM STREAM(changes) KEYS (id)
         said.contains(&format!("3 row(s) sent to postgresql table public.{log}")),
         "{said}"
     );
+    assert!(said.contains("added column(s) op, seq to it"), "{said}");
     equal_outboxes(&p);
     assert_eq!(
         pg_csv(&server, &cur, &["id", "name"], "id"),

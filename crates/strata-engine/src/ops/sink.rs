@@ -37,6 +37,8 @@ pub struct SinkReport {
     pub rows: u64,
     /// Keys whose rows were replaced (an AUTO CDC sink).
     pub keys_replaced: usize,
+    /// Columns the PostgreSQL table lacked and was given (NULL in its earlier rows).
+    pub columns_added: Vec<String>,
 }
 
 impl SinkReport {
@@ -55,6 +57,12 @@ impl SinkReport {
             m.push_str(&format!(", {} key(s) replaced", self.keys_replaced));
         }
         m.push(')');
+        if !self.columns_added.is_empty() {
+            m.push_str(&format!(
+                "; added column(s) {} to it",
+                self.columns_added.join(", ")
+            ));
+        }
         m
     }
 }
@@ -114,6 +122,7 @@ pub(crate) async fn deliver(
         return Ok(report);
     }
     report.rows = send(&mut pg, &outbox, keys.as_ref(), delivered, &mut report).await?;
+    report.columns_added = pg.columns_added().to_vec();
     pg.finish(outbox.version).await.context(context)?;
     report.version = Some(outbox.version);
     report.versions_sent = outbox.version - delivered.unwrap_or(-1);

@@ -6,8 +6,8 @@
 //! [`PgSink::copy_rows`], then [`PgSink::finish`]):
 //!
 //! 1. the table `strata_sink_positions` (in the target's schema) and the target (with the
-//!    primary key the engine asks for) are created when missing; a target that exists must
-//!    have every column sent;
+//!    primary key the engine asks for) are created when missing; a column the target lacks
+//!    is added to it (NULL in its earlier rows);
 //! 2. the sink's row in `strata_sink_positions` is locked (a concurrent delivery waits) and
 //!    says which outbox version the table holds, and of which outbox (its Delta table id:
 //!    a table fed by another outbox is refused);
@@ -43,6 +43,8 @@ pub struct PgSink {
     outbox: String,
     /// A transaction is open ([`PgSink::begin`] until finish or rollback).
     open: bool,
+    /// The columns the delivery begun added to the target.
+    added: Vec<String>,
 }
 
 impl PgSink {
@@ -58,11 +60,13 @@ impl PgSink {
             table,
             outbox: outbox.to_string(),
             open: false,
+            added: Vec::new(),
         })
     }
 
     /// Begins a delivery: creates the positions table, and the target with `columns` and
-    /// `primary_key` when it is missing; checks an existing target has every column; locks
+    /// `primary_key` when it is missing; adds the columns an existing target lacks
+    /// ([`PgSink::columns_added`]); locks
     /// the sink's position and returns the outbox version the table holds (`None`: none
     /// yet). End it with [`PgSink::finish`] or [`PgSink::rollback`].
     pub async fn begin(&mut self, columns: &Schema, primary_key: &[String]) -> Result<Option<i64>> {
@@ -80,7 +84,7 @@ impl PgSink {
         .await?;
         self.execute("BEGIN").await?;
         self.open = true;
-        self.check_columns(columns).await?;
+        self.added = self.add_missing_columns(columns).await?;
         let sink = self.table.to_string();
         let row = self
             .client
@@ -170,6 +174,11 @@ impl PgSink {
         Ok(())
     }
 
+    /// The columns the delivery begun added to the target (it lacked them).
+    pub fn columns_added(&self) -> &[String] {
+        &self.added
+    }
+
     /// Ends the delivery begun without changing anything.
     pub async fn rollback(&mut self) -> Result<()> {
         if self.open {
@@ -191,7 +200,10 @@ impl PgSink {
         })
     }
 
-    async fn check_columns(&self, columns: &Schema) -> Result<()> {
+    /// Adds to the target, in the delivery begun, each column of `columns` it lacks (NULL in
+    /// its rows so far), as a streaming table gains the columns its source gains; returns
+    /// their names.
+    async fn add_missing_columns(&self, columns: &Schema) -> Result<Vec<String>> {
         let rows = self
             .client
             .query(
@@ -202,21 +214,27 @@ impl PgSink {
             .await
             .map_err(|e| self.err(pg_error_text(&e)))?;
         let have: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
-        let missing: Vec<&str> = columns
-            .fields()
-            .iter()
-            .map(|f| f.name().as_str())
-            .filter(|n| !have.iter().any(|h| h == n))
-            .collect();
-        if missing.is_empty() {
-            return Ok(());
+        let mut added = Vec::new();
+        for f in columns.fields() {
+            if have.iter().any(|h| h == f.name()) {
+                continue;
+            }
+            let ty = pg_type(f.data_type()).ok_or_else(|| {
+                self.err(format!(
+                    "column {} has type {}, which a PostgreSQL sink does not send",
+                    f.name(),
+                    f.data_type()
+                ))
+            })?;
+            self.execute(&format!(
+                "ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {ty}",
+                self.target(),
+                pg_ident(f.name())
+            ))
+            .await?;
+            added.push(f.name().clone());
         }
-        Err(self.err(format!(
-            "the table has no column {} that the sink sends; add {} to it (ALTER TABLE ... ADD \
-             COLUMN), or select fewer columns into the sink",
-            missing.join(", "),
-            if missing.len() == 1 { "it" } else { "them" }
-        )))
+        Ok(added)
     }
 
     /// The table's name as `regclass` reads it (quoted parts).
