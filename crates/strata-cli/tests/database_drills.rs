@@ -11,6 +11,7 @@
 
 mod common;
 
+use common::database::{drop_slot, pg, pg_value, Server};
 use common::{stderr, Project};
 use std::collections::BTreeMap;
 use std::process::Stdio;
@@ -18,39 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-struct Server {
-    config: String,
-    connection: String,
-    password: String,
-}
-
-impl Server {
-    fn from_env() -> Server {
-        let var = |name: &str| {
-            std::env::var(format!("STRATA_TEST_PG_{name}")).unwrap_or_else(|_| {
-                panic!(
-                    "STRATA_TEST_PG_{name} is not set: run the tests under \
-                     scripts/services/with-services.sh (the README's test command does)"
-                )
-            })
-        };
-        let (host, port, db, user, password) = (
-            var("HOST"),
-            var("PORT"),
-            var("DATABASE"),
-            var("USER"),
-            var("PASSWORD"),
-        );
-        Server {
-            config: format!("host={host} port={port} dbname={db} user={user} password={password}"),
-            connection: format!(
-                "CREATE CONNECTION shop TYPE postgresql OPTIONS (host '{host}', port '{port}', \
-                 database '{db}', user '{user}', password_env 'SHOP_PW');\n"
-            ),
-            password,
-        }
-    }
-}
+const PG: &str = "STRATA_TEST_PG";
 
 /// A small deterministic generator (xorshift64*), seeded and printed so a failure replays.
 struct Rng(u64);
@@ -181,22 +150,6 @@ fn run_clean(p: &Project, password: &str) {
     assert!(out.status.success(), "clean run failed: {}", stderr(&out));
 }
 
-fn pg(config: &str, sql: &str) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async {
-        let (client, conn) = tokio_postgres::connect(config, tokio_postgres::NoTls)
-            .await
-            .expect("connect");
-        let task = tokio::spawn(conn);
-        client.batch_execute(sql).await.expect("statement");
-        drop(client);
-        let _ = task.await;
-    });
-}
-
 /// Runs the drill on `pipeline` (reading `table`) and returns what the writer did (which
 /// adds a column at `alter_at`, see [`write_until`]).
 fn drill(
@@ -207,16 +160,16 @@ fn drill(
     alter_at: Option<i64>,
 ) -> (Project, History) {
     pg(
-        &server.config,
+        server,
         &format!("CREATE TABLE {table} (id bigint PRIMARY KEY, v bigint, updated_at timestamptz NOT NULL)"),
     );
-    let p = Project::new(&format!("{}{pipeline}", server.connection));
+    let p = Project::new(&format!("{}{pipeline}", server.connection("postgresql")));
     // The empty table first (a CDC source takes its snapshot now): every change the
     // writer makes then reaches strata as a change.
     run_clean(&p, &server.password);
     let stop = Arc::new(AtomicBool::new(false));
     let writer = {
-        let (config, table, stop) = (server.config.clone(), table.to_string(), stop.clone());
+        let (config, table, stop) = (server.dsn(), table.to_string(), stop.clone());
         std::thread::spawn(move || write_until(config, table, seed, stop, alter_at))
     };
     let mut rng = Rng(seed ^ 0x9E37_79B9_7F4A_7C15);
@@ -252,7 +205,7 @@ fn killed_cdc_runs_across_an_added_column_lose_and_double_no_change() {
 }
 
 fn cdc_drill(prefix: &str, options: &str, alter_at: Option<i64>) {
-    let server = Server::from_env();
+    let server = Server::from_env(PG);
     let seed = seed();
     eprintln!("drill seed {seed} (STRATA_DRILL_SEED={seed} replays it)");
     let table = format!("drill_{prefix}_{}", std::process::id());
@@ -280,7 +233,7 @@ STORED AS SCD TYPE 2;
         alter_at,
     );
     assert_history(&p, &history, alter_at, seed);
-    pg(&server.config, &common::database::drop_slot_sql(&slot));
+    drop_slot(&server, &slot);
 }
 
 /// Every value the writer ever wrote is one version of the SCD2 target `hist`, in order,
@@ -493,7 +446,7 @@ STORED AS SCD TYPE 2;
 
 #[test]
 fn killed_watermark_runs_end_with_the_tables_state() {
-    let server = Server::from_env();
+    let server = Server::from_env(PG);
     let seed = seed();
     eprintln!("drill seed {seed} (STRATA_DRILL_SEED={seed} replays it)");
     let table = format!("drill_wm_{}", std::process::id());
@@ -586,7 +539,7 @@ fn killed_parallel_chunked_loads_take_every_row_once() {
 /// the table is filled: `setup`, `{table}` naming it), killed at random moments, then a
 /// clean run: every row once.
 fn chunked_load_drill(prefix: &str, options: &str, setup: &str) {
-    let server = Server::from_env();
+    let server = Server::from_env(PG);
     let seed = seed();
     eprintln!("drill seed {seed} (STRATA_DRILL_SEED={seed} replays it)");
     let table = format!("{prefix}_{}", std::process::id());
@@ -594,7 +547,7 @@ fn chunked_load_drill(prefix: &str, options: &str, setup: &str) {
     // Three rows to a watermark value, committed 1,000 rows at a time: kills land between
     // chunks and inside them.
     pg(
-        &server.config,
+        &server,
         &format!(
             "CREATE TABLE {table} (id bigint PRIMARY KEY, grp bigint NOT NULL, pad text);
              INSERT INTO {table} SELECT i, i / 3, repeat('p', 40) FROM generate_series(1, 30000) i;
@@ -605,7 +558,7 @@ fn chunked_load_drill(prefix: &str, options: &str, setup: &str) {
         "{}CREATE STREAMING TABLE bulk_raw AS SELECT * FROM STREAM read_database('shop', \
          table => 'public.{table}', watermark => 'grp', chunk_rows => 1000{options});
 ",
-        server.connection
+        server.connection("postgresql")
     ));
     let mut rng = Rng(seed);
     let mut total = 30000;
@@ -619,7 +572,7 @@ fn chunked_load_drill(prefix: &str, options: &str, setup: &str) {
         let from = total + 1;
         total += 500 * (round + 1);
         pg(
-            &server.config,
+            &server,
             &format!(
                 "INSERT INTO {table} SELECT i, i, 'n' FROM generate_series({from}, {total}) i;"
             ),
@@ -634,32 +587,13 @@ fn chunked_load_drill(prefix: &str, options: &str, setup: &str) {
     );
 }
 
-/// The one text value `sql` returns (NULL as an empty string).
-fn pg_text(config: &str, sql: &str) -> String {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async {
-        let (client, conn) = tokio_postgres::connect(config, tokio_postgres::NoTls)
-            .await
-            .expect("connect");
-        let task = tokio::spawn(conn);
-        let row = client.query_one(sql, &[]).await.expect("query");
-        let value: Option<String> = row.get(0);
-        drop(client);
-        let _ = task.await;
-        value.unwrap_or_default()
-    })
-}
-
 /// PostgreSQL sinks under kills: CDC changes go to an SCD2 sink and an append sink, while
 /// runs are killed at random (also between an outbox's commit and its delivery, and inside
 /// a delivery). After the clean runs each PostgreSQL table equals its sink's outbox: no
 /// version lost, none sent twice.
 #[test]
 fn killed_runs_deliver_postgres_sinks_exactly_once() {
-    let server = Server::from_env();
+    let server = Server::from_env(PG);
     let seed = seed();
     eprintln!("drill seed {seed} (STRATA_DRILL_SEED={seed} replays it)");
     let id = std::process::id();
@@ -688,12 +622,13 @@ SELECT id, v, _change_type, _commit_lsn, _change_seq FROM STREAM(changes);
         None,
     );
     let pg_rows = |t: &str, cols: &str| {
-        let text = pg_text(
-            &server.config,
+        let text = pg_value(
+            &server,
             &format!(
                 "SELECT string_agg(concat_ws('|', {cols}), E'\\n' ORDER BY {cols}) FROM public.{t}"
             ),
-        );
+        )
+        .unwrap_or_default();
         if text.is_empty() {
             text
         } else {
@@ -733,5 +668,5 @@ SELECT id, v, _change_type, _commit_lsn, _change_seq FROM STREAM(changes);
         ),
         "seed {seed}: the append sink's table differs from its outbox"
     );
-    pg(&server.config, &common::database::drop_slot_sql(&slot));
+    drop_slot(&server, &slot);
 }

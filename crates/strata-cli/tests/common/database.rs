@@ -67,6 +67,15 @@ impl Server {
         }
     }
 
+    /// The libpq connection string of this server's user, without TLS (tokio-postgres's
+    /// `NoTls`).
+    pub fn dsn(&self) -> String {
+        format!(
+            "host={} port={} dbname={} user={} password={}",
+            self.host, self.port, self.database, self.user, self.password
+        )
+    }
+
     /// `CREATE CONNECTION shop TYPE kind OPTIONS (...)` with the password in `SHOP_PW`.
     pub fn connection(&self, kind: &str) -> String {
         let more: String = self
@@ -91,11 +100,7 @@ pub fn runtime() -> tokio::runtime::Runtime {
 
 /// A plain (no TLS) tokio-postgres client of the test PostgreSQL as `server`'s user.
 async fn pg_client(server: &Server) -> (tokio_postgres::Client, tokio::task::JoinHandle<()>) {
-    let config = format!(
-        "host={} port={} dbname={} user={} password={}",
-        server.host, server.port, server.database, server.user, server.password
-    );
-    let (client, conn) = tokio_postgres::connect(&config, tokio_postgres::NoTls)
+    let (client, conn) = tokio_postgres::connect(&server.dsn(), tokio_postgres::NoTls)
         .await
         .expect("connect to the test PostgreSQL");
     let task = tokio::spawn(async move {
@@ -127,24 +132,22 @@ pub fn pg_value(server: &Server, sql: &str) -> Option<String> {
 
 /// Drops replication slot `slot` once no walsender holds it: PostgreSQL ends a finished run's
 /// walsender shortly after the client leaves, so a drop right after a run can find the slot
-/// still active.
+/// still active. Waits up to 30 s for the slot to be released, then drops it (an error if
+/// it is still held then, or does not exist).
 pub fn drop_slot(server: &Server, slot: &str) {
-    pg(server, &drop_slot_sql(slot));
-}
-
-/// The statement [`drop_slot`] runs: waits up to 30 s for the slot to be released, then
-/// drops it (an error if it is still held then, or does not exist).
-pub fn drop_slot_sql(slot: &str) -> String {
-    format!(
-        "DO $$ BEGIN
-           FOR i IN 1..300 LOOP
-             EXIT WHEN NOT EXISTS (SELECT 1 FROM pg_replication_slots
-                                   WHERE slot_name = '{slot}' AND active);
-             PERFORM pg_sleep(0.1);
-           END LOOP;
-           PERFORM pg_drop_replication_slot('{slot}');
-         END $$"
-    )
+    pg(
+        server,
+        &format!(
+            "DO $$ BEGIN
+               FOR i IN 1..300 LOOP
+                 EXIT WHEN NOT EXISTS (SELECT 1 FROM pg_replication_slots
+                                       WHERE slot_name = '{slot}' AND active);
+                 PERFORM pg_sleep(0.1);
+               END LOOP;
+               PERFORM pg_drop_replication_slot('{slot}');
+             END $$"
+        ),
+    );
 }
 
 /// Runs `sql` (one statement per entry) on the test MariaDB.
