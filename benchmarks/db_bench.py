@@ -237,47 +237,65 @@ def stop_service(script: Path, own_dir: str | None) -> None:
     return None
 
 
-class Postgres:
-    """The server the benchmark reads: the STRATA_TEST_PG_* variables, else a throwaway one
-    started with scripts/services/postgres.sh (stopped by close())."""
+class Service:
+    """A database server the benchmark reads: the `{prefix}_*` variables with-services.sh
+    exports, else a throwaway one started with `script` in a short dir under /tmp (stopped
+    by close()). Subclasses name them and add their client."""
 
-    name = "PostgreSQL"
-    pw_env = PW_ENV
+    name = ""
+    kind = ""  # the CREATE CONNECTION ... TYPE
+    prefix = ""  # STRATA_TEST_PG, STRATA_TEST_MYSQL
+    script: Path
+    dir_prefix = ""
+    dir_mode: int | None = None
+    pw_env = ""
 
     def __init__(self):
         self.own_dir: str | None = None
-        need = ["STRATA_TEST_PG_HOST", "STRATA_TEST_PG_PORT", "STRATA_TEST_PG_USER",
-                "STRATA_TEST_PG_PASSWORD", "STRATA_TEST_PG_DATABASE"]
-        if not all(os.environ.get(k) for k in need):
+        facts = ["HOST", "PORT", "USER", "PASSWORD", "DATABASE"]
+        if not all(os.environ.get(f"{self.prefix}_{k}") for k in facts):
             self._start_own()
-        self.host = os.environ["STRATA_TEST_PG_HOST"]
-        self.port = os.environ["STRATA_TEST_PG_PORT"]
-        self.user = os.environ["STRATA_TEST_PG_USER"]
-        self.password = os.environ["STRATA_TEST_PG_PASSWORD"]
-        self.database = os.environ["STRATA_TEST_PG_DATABASE"]
+        self.host, self.port, self.user, self.password, self.database = (
+            os.environ[f"{self.prefix}_{k}"] for k in facts)
+
+    def _start_own(self) -> None:
+        # The server's unix socket lives in the dir: keep it short, directly under /tmp.
+        self.own_dir = tempfile.mkdtemp(prefix=self.dir_prefix, dir="/tmp")
+        if self.dir_mode is not None:
+            os.chmod(self.own_dir, self.dir_mode)
+        log(f"no {self.prefix}_* variables: starting a throwaway {self.name} in {self.own_dir}")
+        start_service(self.script, self.own_dir, self.name)
+
+    def close(self) -> None:
+        stop_service(self.script, self.own_dir)
+        self.own_dir = None
+
+    def connection_sql(self) -> str:
+        return (f"CREATE CONNECTION bench TYPE {self.kind} OPTIONS (host '{self.host}', "
+                f"port '{self.port}', database '{self.database}', user '{self.user}', "
+                f"password_env '{self.pw_env}');\n")
+
+
+class Postgres(Service):
+    """The PostgreSQL server the benchmark reads (STRATA_TEST_PG_*); SQL goes through psql."""
+
+    name = "PostgreSQL"
+    kind = "postgresql"
+    prefix = "STRATA_TEST_PG"
+    script = PG_SCRIPT
+    dir_prefix = "strata-dbb."
+    dir_mode = 0o711
+    pw_env = PW_ENV
+
+    def __init__(self):
+        super().__init__()
         self.psql_bin = shutil.which("psql") or "/usr/bin/psql"
         self.env = dict(os.environ, PGHOST=self.host, PGPORT=self.port, PGUSER=self.user,
                         PGPASSWORD=self.password, PGDATABASE=self.database)
 
-    def _start_own(self) -> None:
-        # Unix socket paths must stay short: a dir directly under /tmp.
-        self.own_dir = tempfile.mkdtemp(prefix="strata-dbb.", dir="/tmp")
-        os.chmod(self.own_dir, 0o711)
-        log(f"no STRATA_TEST_PG_* variables: starting a throwaway PostgreSQL in {self.own_dir}")
-        start_service(PG_SCRIPT, self.own_dir, "PostgreSQL")
-
-    def close(self) -> None:
-        stop_service(PG_SCRIPT, self.own_dir)
-        self.own_dir = None
-
     def dsn(self) -> str:
         return (f"host={self.host} port={self.port} dbname={self.database} user={self.user} "
                 f"password={self.password}")
-
-    def connection_sql(self) -> str:
-        return (f"CREATE CONNECTION bench TYPE postgresql OPTIONS (host '{self.host}', "
-                f"port '{self.port}', database '{self.database}', user '{self.user}', "
-                f"password_env '{self.pw_env}');\n")
 
     def psql(self, sql: str, quiet_notices: bool = True) -> str:
         """Run SQL (one or more statements, autocommit) and return the unaligned output."""
@@ -312,46 +330,25 @@ class Postgres:
 
 # --------------------------------------------------------------------------- MariaDB
 
-class MariaDB:
-    """The MariaDB server the binlog part reads: the STRATA_TEST_MYSQL_* variables, else a
-    throwaway one started with scripts/services/mariadb.sh (stopped by close()). SQL goes
-    through the `mariadb` (or `mysql`) command-line client, in UTC."""
+class MariaDB(Service):
+    """The MariaDB server the binlog part reads (STRATA_TEST_MYSQL_*). SQL goes through the
+    `mariadb` (or `mysql`) command-line client, in UTC."""
 
     name = "MariaDB"
+    kind = "mysql"
+    prefix = "STRATA_TEST_MYSQL"
+    script = MARIADB_SCRIPT
+    dir_prefix = "strata-dbm."
     pw_env = MY_PW_ENV
 
     def __init__(self):
-        self.own_dir: str | None = None
-        need = ["STRATA_TEST_MYSQL_HOST", "STRATA_TEST_MYSQL_PORT", "STRATA_TEST_MYSQL_USER",
-                "STRATA_TEST_MYSQL_PASSWORD", "STRATA_TEST_MYSQL_DATABASE"]
-        if not all(os.environ.get(k) for k in need):
-            self._start_own()
-        self.host = os.environ["STRATA_TEST_MYSQL_HOST"]
-        self.port = os.environ["STRATA_TEST_MYSQL_PORT"]
-        self.user = os.environ["STRATA_TEST_MYSQL_USER"]
-        self.password = os.environ["STRATA_TEST_MYSQL_PASSWORD"]
-        self.database = os.environ["STRATA_TEST_MYSQL_DATABASE"]
+        super().__init__()
         self.client = shutil.which("mariadb") or shutil.which("mysql")
         if not self.client:
             self.close()
             raise SystemExit("the mariadb (or mysql) command-line client is not on PATH "
                              "(Debian: apt-get install mariadb-client)")
         self.env = dict(os.environ, MYSQL_PWD=self.password)
-
-    def _start_own(self) -> None:
-        # The server's unix socket lives in the dir: keep it short, directly under /tmp.
-        self.own_dir = tempfile.mkdtemp(prefix="strata-dbm.", dir="/tmp")
-        log(f"no STRATA_TEST_MYSQL_* variables: starting a throwaway MariaDB in {self.own_dir}")
-        start_service(MARIADB_SCRIPT, self.own_dir, "MariaDB")
-
-    def close(self) -> None:
-        stop_service(MARIADB_SCRIPT, self.own_dir)
-        self.own_dir = None
-
-    def connection_sql(self) -> str:
-        return (f"CREATE CONNECTION bench TYPE mysql OPTIONS (host '{self.host}', "
-                f"port '{self.port}', database '{self.database}', user '{self.user}', "
-                f"password_env '{self.pw_env}');\n")
 
     def client_cmd(self) -> list[str]:
         return [self.client, "--no-defaults", "--protocol=tcp", "-h", self.host, "-P", self.port,
