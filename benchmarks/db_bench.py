@@ -858,10 +858,11 @@ def report_compare(what: str, c: dict) -> None:
 
 # --------------------------------------------------------------------------- cdc
 
+# The CDC pipeline of either database: {options} are PostgreSQL's slot and publication
+# (MariaDB's binlog needs none).
 CDC_PIPELINE = """\
 CREATE STREAMING TABLE cust_changes
-AS SELECT * FROM STREAM read_database('bench', table => '{table}', mode => 'cdc',
-  slot => '{slot}', publication => '{publication}');
+AS SELECT * FROM STREAM read_database('bench', table => '{table}', mode => 'cdc'{options});
 CREATE STREAMING TABLE cust;
 CREATE FLOW cust_flow AS AUTO CDC INTO cust
 FROM STREAM(cust_changes)
@@ -940,7 +941,7 @@ def bench_cdc(a, pg: Postgres, strata: Strata, ext_dir: Path) -> dict:
     gen = create_table(pg, CDC_TABLE, k)
     log(f"  -> {fmt_s(gen['seconds'])}; table {fmt_bytes(gen['heap_bytes'])}")
     (wl / "pipeline.sql").write_text(strata.connection_sql() + CDC_PIPELINE.format(
-        table=CDC_TABLE, slot=SLOT, publication=PUBLICATION))
+        table=CDC_TABLE, options=f",\n  slot => '{SLOT}', publication => '{PUBLICATION}'"))
     res: dict = {"workload": "cdc", "db": "postgres", "rows": k, "plan": plan, "generate": gen}
 
     log("run 1: the slot's snapshot copy")
@@ -1032,19 +1033,6 @@ MY_ROW_SELECT = """
   JSON_OBJECT('channel', ELT(1 + g % 3, 'web', 'app', 'store'), 'items', 1 + (g + ({v})) % 9, 'v', ({v}))
 """
 
-MY_CDC_PIPELINE = """\
-CREATE STREAMING TABLE cust_changes
-AS SELECT * FROM STREAM read_database('bench', table => '{table}', mode => 'cdc');
-CREATE STREAMING TABLE cust;
-CREATE FLOW cust_flow AS AUTO CDC INTO cust
-FROM STREAM(cust_changes)
-KEYS (id)
-APPLY AS DELETE WHEN _change_type = 'delete'
-SEQUENCE BY STRUCT(_commit_lsn, _change_seq)
-COLUMNS * EXCEPT (_change_type, _commit_lsn, _change_seq, _commit_timestamp, _unchanged_cols)
-STORED AS SCD TYPE 2;
-"""
-
 
 def my_rows_from(lo: int, hi: int, v: str) -> str:
     """SELECT of the rows lo..hi (MY_ROW_SELECT at version V) from MariaDB's SEQUENCE engine."""
@@ -1128,8 +1116,8 @@ def bench_cdc_mariadb(a, my: MariaDB, strata: Strata) -> dict:
     log(f"generating {MY_CDC_TABLE} in MariaDB (SEQUENCE engine)")
     gen = create_table_mariadb(my, MY_CDC_TABLE, k)
     log(f"  -> {fmt_s(gen['seconds'])}; table about {fmt_bytes(gen['data_bytes'])}")
-    (wl / "pipeline.sql").write_text(strata.connection_sql() + MY_CDC_PIPELINE.format(
-        table=MY_CDC_TABLE))
+    (wl / "pipeline.sql").write_text(strata.connection_sql() + CDC_PIPELINE.format(
+        table=MY_CDC_TABLE, options=""))
     res: dict = {"workload": "cdc", "db": "mariadb", "rows": k, "plan": plan, "generate": gen}
 
     log("run 1: the consistent snapshot's copy")
