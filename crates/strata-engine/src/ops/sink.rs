@@ -18,10 +18,13 @@ use crate::error::{Context, EngineError, Result};
 use crate::ops::Scope;
 use crate::sources::connection::{connection_spec, process_env};
 use crate::storage::feed;
+use crate::util::sql::quote_ident;
 use deltalake::arrow::array::RecordBatch;
 use deltalake::arrow::datatypes::SchemaRef;
+use deltalake::datafusion::datasource::MemTable;
 use deltalake::datafusion::prelude::{DataFrame, SessionContext};
 use deltalake::DeltaTable;
+use std::sync::Arc;
 use strata_sql::{PipelinePlan, ScdType, SinkTarget, StreamingTable};
 
 /// What one delivery sent.
@@ -181,7 +184,7 @@ async fn send(
     match (keys, delivered) {
         (None, _) | (Some(_), None) => {
             let rows = match keys {
-                None => added_rows(&ctx, &outbox.table, delivered, outbox.version).await?,
+                None => added_rows(&ctx, outbox, delivered).await?,
                 Some(_) => {
                     crate::storage::session::register_table(&ctx, "outbox", &outbox.table, None)
                         .await?;
@@ -197,19 +200,12 @@ async fn send(
         (Some(keys), Some(_)) => {
             let changes =
                 feed::read_feed(&outbox.table, delivered, Some(outbox.version), true).await?;
-            let (touched, rows) = touched_rows(
-                &ctx,
-                &outbox.table,
-                &outbox.schema,
-                &changes,
-                &keys.replaced,
-            )
-            .await?;
-            report.keys_replaced = touched.num_rows();
-            pg.delete_keys(&keys.replaced, &[touched])
+            let (touched, rows) = touched_rows(&ctx, outbox, changes, &keys.replaced).await?;
+            report.keys_replaced = touched.iter().map(RecordBatch::num_rows).sum();
+            pg.delete_keys(&keys.replaced, &touched)
                 .await
                 .context(context)?;
-            let rows = futures::stream::iter([Ok::<_, String>(rows)]);
+            let rows = futures::stream::iter(rows.into_iter().map(Ok::<_, String>));
             pg.copy_rows(&columns, rows).await.context(context)
         }
     }
@@ -228,32 +224,33 @@ fn sink_keys(plan: &PipelinePlan, sink: &StreamingTable) -> Option<Keys> {
     })
 }
 
-/// The rows an append-only outbox gained after version `from`, up to `until`, read as a
-/// streaming table reads its source's new rows (not through the change feed, whose
+/// The rows an append-only outbox gained after version `from`, up to the version read, read
+/// as a streaming table reads its source's new rows (not through the change feed, whose
 /// `_change_type` column a sink of change rows also has).
-async fn added_rows(
-    ctx: &SessionContext,
-    outbox: &DeltaTable,
-    from: Option<i64>,
-    until: i64,
-) -> Result<DataFrame> {
-    let changes = crate::storage::changes::changes_since(outbox, from).await?;
-    crate::storage::changes::register_new_rows(ctx, "outbox_rows", outbox, from, until, &changes)
-        .await?;
-    let schema = crate::storage::table::table_schema(outbox)?;
-    select_columns(ctx, "outbox_rows", &schema).await
+async fn added_rows(ctx: &SessionContext, outbox: &Outbox, from: Option<i64>) -> Result<DataFrame> {
+    let table = &outbox.table;
+    let changes = crate::storage::changes::changes_since(table, from).await?;
+    crate::storage::changes::register_new_rows(
+        ctx,
+        "outbox_rows",
+        table,
+        from,
+        outbox.version,
+        &changes,
+    )
+    .await?;
+    select_columns(ctx, "outbox_rows", &outbox.schema).await
 }
 
 /// The columns of `schema` (the outbox's, in its order) of the table `name` in `ctx`.
 async fn select_columns(ctx: &SessionContext, name: &str, schema: &SchemaRef) -> Result<DataFrame> {
-    let quote = |n: &str| format!("\"{}\"", n.replace('"', "\"\""));
     let columns = schema
         .fields()
         .iter()
-        .map(|f| quote(f.name()))
+        .map(|f| quote_ident(f.name()))
         .collect::<Vec<_>>()
         .join(", ");
-    ctx.sql(&format!("SELECT {columns} FROM {}", quote(name)))
+    ctx.sql(&format!("SELECT {columns} FROM {}", quote_ident(name)))
         .await
         .context(|| "reading the sink's outbox".into())
 }
@@ -262,49 +259,49 @@ async fn select_columns(ctx: &SessionContext, name: &str, schema: &SchemaRef) ->
 /// those keys.
 async fn touched_rows(
     ctx: &SessionContext,
-    outbox: &DeltaTable,
-    schema: &SchemaRef,
-    changes: &RecordBatch,
+    outbox: &Outbox,
+    changes: RecordBatch,
     keys: &[String],
-) -> Result<(RecordBatch, RecordBatch)> {
-    ctx.register_batch("changes", changes.clone())
-        .context(|| "the sink's changes".into())?;
-    crate::storage::session::register_table(ctx, "outbox", outbox, None).await?;
-    let quote = |n: &str| format!("\"{}\"", n.replace('"', "\"\""));
-    let list = keys.iter().map(|k| quote(k)).collect::<Vec<_>>().join(", ");
-    let matches = keys
+) -> Result<(Vec<RecordBatch>, Vec<RecordBatch>)> {
+    let what = || "reading the sink's rows".to_string();
+    ctx.register_batch("changes", changes).context(what)?;
+    crate::storage::session::register_table(ctx, "outbox", &outbox.table, None).await?;
+    let list = keys
         .iter()
-        .map(|k| format!("t.{k} = o.{k}", k = quote(k)))
-        .collect::<Vec<_>>()
-        .join(" AND ");
-    let run = |sql: String| {
-        let ctx = ctx.clone();
-        async move {
-            let df = ctx
-                .sql(&sql)
-                .await
-                .context(|| "reading the sink's rows".into())?;
-            let out_schema: SchemaRef = std::sync::Arc::new(df.schema().as_arrow().clone());
-            let batches = df
-                .collect()
-                .await
-                .context(|| "reading the sink's rows".into())?;
-            deltalake::arrow::compute::concat_batches(&out_schema, &batches)
-                .context(|| "reading the sink's rows".into())
-        }
-    };
-    let touched = run(format!("SELECT DISTINCT {list} FROM changes")).await?;
-    ctx.register_batch("touched", touched.clone())
-        .context(|| "the sink's keys".into())?;
-    let columns = schema
-        .fields()
-        .iter()
-        .map(|f| format!("o.{}", quote(f.name())))
+        .map(|k| quote_ident(k))
         .collect::<Vec<_>>()
         .join(", ");
-    let rows = run(format!(
-        "SELECT {columns} FROM outbox o WHERE EXISTS (SELECT 1 FROM touched t WHERE {matches})"
-    ))
-    .await?;
+    let touched = ctx
+        .sql(&format!("SELECT DISTINCT {list} FROM changes"))
+        .await
+        .context(what)?;
+    let touched_schema = Arc::new(touched.schema().as_arrow().clone());
+    let touched = touched.collect().await.context(what)?;
+    ctx.register_table(
+        "touched",
+        Arc::new(MemTable::try_new(touched_schema, vec![touched.clone()]).context(what)?),
+    )
+    .context(what)?;
+    let columns = outbox
+        .schema
+        .fields()
+        .iter()
+        .map(|f| format!("o.{}", quote_ident(f.name())))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let matches = keys
+        .iter()
+        .map(|k| format!("t.{k} = o.{k}", k = quote_ident(k)))
+        .collect::<Vec<_>>()
+        .join(" AND ");
+    let rows = ctx
+        .sql(&format!(
+            "SELECT {columns} FROM outbox o WHERE EXISTS (SELECT 1 FROM touched t WHERE {matches})"
+        ))
+        .await
+        .context(what)?
+        .collect()
+        .await
+        .context(what)?;
     Ok((touched, rows))
 }

@@ -66,9 +66,9 @@ impl PgSink {
 
     /// Begins a delivery: creates the positions table, and the target with `columns` and
     /// `primary_key` when it is missing; adds the columns an existing target lacks
-    /// ([`PgSink::columns_added`]); locks
-    /// the sink's position and returns the outbox version the table holds (`None`: none
-    /// yet). End it with [`PgSink::finish`] or [`PgSink::rollback`].
+    /// ([`PgSink::columns_added`]); locks the sink's position and returns the outbox version
+    /// the table holds (`None`: none yet). End it with [`PgSink::finish`] or
+    /// [`PgSink::rollback`].
     pub async fn begin(&mut self, columns: &Schema, primary_key: &[String]) -> Result<Option<i64>> {
         let create = create_table_sql(&self.table, columns, primary_key)
             .map_err(|detail| self.err(detail))?;
@@ -190,14 +190,15 @@ impl PgSink {
 
     /// The target, quoted.
     fn target(&self) -> String {
-        quoted(&self.table)
+        self.table.pg_sql()
     }
 
     fn positions(&self) -> String {
-        quoted(&TableRef {
+        TableRef {
             schema: self.table.schema.clone(),
             name: POSITIONS_TABLE.to_string(),
-        })
+        }
+        .pg_sql()
     }
 
     /// Adds to the target, in the delivery begun, each column of `columns` it lacks (NULL in
@@ -209,7 +210,7 @@ impl PgSink {
             .query(
                 "SELECT a.attname FROM pg_attribute a WHERE a.attrelid = $1::text::regclass \
                  AND a.attnum > 0 AND NOT a.attisdropped",
-                &[&self.table_text()],
+                &[&self.target()],
             )
             .await
             .map_err(|e| self.err(pg_error_text(&e)))?;
@@ -219,13 +220,7 @@ impl PgSink {
             if have.iter().any(|h| h == f.name()) {
                 continue;
             }
-            let ty = pg_type(f.data_type()).ok_or_else(|| {
-                self.err(format!(
-                    "column {} has type {}, which a PostgreSQL sink does not send",
-                    f.name(),
-                    f.data_type()
-                ))
-            })?;
+            let ty = column_type(f.name(), f.data_type()).map_err(|e| self.err(e))?;
             self.execute(&format!(
                 "ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {ty}",
                 self.target(),
@@ -235,11 +230,6 @@ impl PgSink {
             added.push(f.name().clone());
         }
         Ok(added)
-    }
-
-    /// The table's name as `regclass` reads it (quoted parts).
-    fn table_text(&self) -> String {
-        quoted(&self.table)
     }
 
     /// Copies `columns` of the batches of `batches` into `table` (already quoted, or a temp
@@ -290,11 +280,16 @@ impl PgSink {
     }
 }
 
-fn quoted(t: &TableRef) -> String {
-    match &t.schema {
-        Some(s) => format!("{}.{}", pg_ident(s), pg_ident(&t.name)),
-        None => pg_ident(&t.name),
-    }
+/// The PostgreSQL type of column `name` of type `t`, or the error naming it and saying what
+/// a sink sends.
+fn column_type(name: &str, t: &DataType) -> std::result::Result<String, String> {
+    pg_type(t).ok_or_else(|| {
+        format!(
+            "column {name} has type {t}, which a PostgreSQL sink does not send (it sends \
+             numbers, strings, booleans, dates, timestamps, decimals, binary and structs); \
+             cast it in the flow's query"
+        )
+    })
 }
 
 /// `CREATE TABLE IF NOT EXISTS` for `table` with `columns` and `primary_key`.
@@ -305,15 +300,7 @@ fn create_table_sql(
 ) -> std::result::Result<String, String> {
     let mut parts = Vec::with_capacity(columns.fields().len() + 1);
     for f in columns.fields() {
-        let ty = pg_type(f.data_type()).ok_or_else(|| {
-            format!(
-                "column {} has type {}, which a PostgreSQL sink does not send (it sends \
-                 numbers, strings, booleans, dates, timestamps, decimals, binary and structs); \
-                 cast it in the flow's query",
-                f.name(),
-                f.data_type()
-            )
-        })?;
+        let ty = column_type(f.name(), f.data_type())?;
         let not_null = if primary_key.contains(f.name()) {
             " NOT NULL"
         } else {
@@ -331,7 +318,7 @@ fn create_table_sql(
     }
     Ok(format!(
         "CREATE TABLE IF NOT EXISTS {} ({})",
-        quoted(table),
+        table.pg_sql(),
         parts.join(", ")
     ))
 }
@@ -382,12 +369,7 @@ pub(crate) fn copy_text(
         })
         .collect::<std::result::Result<_, _>>()?;
     for (a, c) in arrays.iter().zip(columns) {
-        if pg_type(a.data_type()).is_none() {
-            return Err(format!(
-                "column {c} has type {}, which a PostgreSQL sink does not send",
-                a.data_type()
-            ));
-        }
+        column_type(c, a.data_type())?;
     }
     // A timestamp with a time zone is an instant in UTC: formatted as the UTC wall time
     // with `+00:00` (Arrow's own formatting of a zone name needs its chrono-tz feature).
