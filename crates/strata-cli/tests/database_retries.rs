@@ -63,17 +63,10 @@ fn proxy(listener: TcpListener, target: String) {
     });
 }
 
-/// A fresh table `<prefix>_<pid>_<nanos>` on the test PostgreSQL holding `n` orders with
+/// A fresh table `<prefix>_<pid>_<n>_<nanos>` on the test PostgreSQL holding `n` orders with
 /// rising `updated_at`; its name.
 fn seeded_orders(prefix: &str, n: usize) -> String {
-    let table = format!(
-        "{prefix}_{}_{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock")
-            .subsec_nanos()
-    );
+    let table = common::database::unique(prefix);
     let rows: Vec<String> = (1..=n)
         .map(|i| format!("({i}, 'new', '2024-01-01 {:02}:00:00+00')", 9 + i))
         .collect();

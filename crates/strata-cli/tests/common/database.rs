@@ -172,11 +172,7 @@ pub fn mysql(server: &Server, statements: &[&str]) {
 
 /// A table name no other test run uses.
 pub fn unique(prefix: &str) -> String {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .subsec_nanos();
-    format!("{prefix}_{}_{t}", std::process::id())
+    format!("{prefix}_{}", super::unique_suffix())
 }
 
 /// `strata run` with the password in `SHOP_PW` only (the client's own variables removed).

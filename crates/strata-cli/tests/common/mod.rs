@@ -273,6 +273,19 @@ COLUMNS * EXCEPT (eid, op) STORED AS SCD TYPE 1;
 }
 pub(crate) use people_scd1;
 
+/// `<pid>_<n>_<nanos>`: a suffix no other name made by this process (`n` counts them) or by
+/// another test process uses. Tests start two at a time at the same instant, so the time
+/// alone can repeat: two tests once drew the same slot name and raced to create it.
+pub fn unique_suffix() -> String {
+    static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    format!("{}_{n}_{nanos}", std::process::id())
+}
+
 /// A seed from `STRATA_DRILL_SEED`, else from the clock (odd, never 0); drills print it so
 /// that a failure replays.
 pub fn drill_seed() -> u64 {

@@ -70,11 +70,7 @@ fn from_env(prefix: &str, name: &str) -> String {
 
 /// A prefix of the test bucket or container no other test (or earlier run) uses.
 fn unique(test: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    format!("{test}-{}-{nanos}", std::process::id())
+    format!("{test}-{}", super::unique_suffix().replace('_', "-"))
 }
 
 /// The S3-compatible server (moto).
