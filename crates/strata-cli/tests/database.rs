@@ -711,6 +711,114 @@ fn unchanged_toasted_values_are_taken_from_the_keys_last_row() {
     drop_slot(&server, &slot);
 }
 
+/// A first copy commits the table in parts of `chunk_rows` rows in key order; one that
+/// fails after some parts (here a row its expectation refuses) resumes after the last part
+/// committed, in a new snapshot. A change committed before the resume to a key the first
+/// parts copied is read from the log; one to a key copied after the resume is already in
+/// its row and is not applied twice. The history then equals the source, and later changes
+/// go on from the first snapshot's slot.
+#[test]
+fn an_interrupted_first_copy_resumes_after_its_last_part() {
+    let server = Server::from_env("STRATA_TEST_PG");
+    let table = unique("resume");
+    let slot = unique("strata_slot");
+    pg(
+        &server,
+        &format!(
+            "CREATE TABLE {table} (id int PRIMARY KEY, v int);
+             INSERT INTO {table} SELECT i, CASE WHEN i = 700 THEN NULL ELSE i END FROM generate_series(1, 1000) i;"
+        ),
+    );
+    let p = Project::new(&format!(
+        "{}CREATE STREAMING TABLE resume_changes (
+  CONSTRAINT v_set EXPECT (v IS NOT NULL OR _change_type = 'delete') ON VIOLATION FAIL UPDATE
+) AS SELECT * FROM STREAM read_database('shop', table => 'public.{table}', mode => 'cdc', \
+slot => '{slot}', publication => '{slot}', chunk_rows => '100', batch_rows => '50');
+CREATE STREAMING TABLE resume;
+CREATE FLOW resume_flow AS AUTO CDC INTO resume FROM STREAM(resume_changes) KEYS (id)
+APPLY AS DELETE WHEN _change_type = 'delete'
+SEQUENCE BY STRUCT(_commit_lsn, _change_seq)
+COLUMNS id, v
+STORED AS SCD TYPE 2;
+",
+        server.connection("postgresql")
+    ));
+    let out = run(&p, &server.password);
+    assert!(!out.status.success(), "the copy meets the NULL and fails");
+    assert!(stderr(&out).contains("v_set"), "{}", stderr(&out));
+    // Parts of 100 rows (two batches of 50) up to key 600 are committed; nothing after.
+    assert_eq!(
+        p.csv("SELECT count(*) AS n, max(id) AS hi FROM resume_changes"),
+        "n,hi\n600,600\n"
+    );
+    // Meanwhile the source changes below and above that key, and the bad row is fixed.
+    for change in [
+        format!("UPDATE {table} SET v = -5 WHERE id = 5"),
+        format!("DELETE FROM {table} WHERE id = 10"),
+        format!("INSERT INTO {table} VALUES (0, 0)"),
+        format!("UPDATE {table} SET v = 700 WHERE id = 700"),
+        format!("UPDATE {table} SET v = -900 WHERE id = 900"),
+        format!("DELETE FROM {table} WHERE id = 950"),
+        format!("INSERT INTO {table} VALUES (1001, 1001)"),
+    ] {
+        pg(&server, &change);
+    }
+    let log = run_ok(&p, &server.password);
+    assert!(
+        log.contains("the initial snapshot resumed after key id = 600"),
+        "{log}"
+    );
+    // The copy after key 600 is as of the resume; of the changes before it, only those to
+    // keys the first parts copied are applied.
+    assert_eq!(
+        p.csv(
+            "SELECT count(*) AS n, min(id) AS lo, max(id) AS hi, count(DISTINCT _commit_lsn) AS points \
+             FROM resume_changes WHERE _change_type = 'snapshot'"
+        ),
+        "n,lo,hi,points\n1000,1,1001,2\n"
+    );
+    assert_eq!(
+        p.csv(
+            "SELECT id, _change_type, v FROM resume_changes WHERE _change_type <> 'snapshot' \
+             ORDER BY _commit_lsn, _change_seq"
+        ),
+        "id,_change_type,v\n5,update,-5\n10,delete,\n0,insert,0\n"
+    );
+    let source = |server: &Server| {
+        pg_value(
+            server,
+            &format!("SELECT string_agg(id || ':' || v, ',' ORDER BY id) FROM {table}"),
+        )
+        .expect("rows")
+    };
+    let current = || {
+        p.csv("SELECT id, v FROM resume WHERE __END_AT IS NULL ORDER BY id")
+            .lines()
+            .skip(1)
+            .map(|l| l.replace(',', ":"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    assert_eq!(current(), source(&server));
+    assert_eq!(
+        p.csv("SELECT id, v, __END_AT IS NULL AS open FROM resume WHERE id IN (5, 10, 900) ORDER BY id, __START_AT"),
+        "id,v,open\n5,5,false\n5,-5,true\n10,10,false\n900,-900,true\n"
+    );
+    // Later changes come from the first snapshot's slot, once each.
+    pg(
+        &server,
+        &format!("UPDATE {table} SET v = 1 WHERE id IN (1, 999)"),
+    );
+    run_ok(&p, &server.password);
+    run_ok(&p, &server.password);
+    assert_eq!(current(), source(&server));
+    assert_eq!(
+        p.csv("SELECT count(*) AS n FROM resume_changes WHERE _change_type = 'update'"),
+        "n\n3\n"
+    );
+    drop_slot(&server, &slot);
+}
+
 /// `chunk_rows`: a CDC run commits its changes in parts, each ended at a transaction end and
 /// recording where the next starts; an unchanged TOASTed value is found in an earlier part
 /// of the same run; the slot follows each part; the history equals the source.

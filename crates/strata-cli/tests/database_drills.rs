@@ -151,22 +151,34 @@ fn run_clean(p: &Project, password: &str) {
 }
 
 /// Runs the drill on `pipeline` (reading `table`) and returns what the writer did (which
-/// adds a column at `alter_at`, see [`write_until`]).
+/// adds a column at `alter_at`, see [`write_until`]). With `seeded` rows (keys from 1001,
+/// `v = -id`, above the writer's keys) the table is not empty when the first run starts,
+/// and the kills land in its first copy too.
 fn drill(
     server: &Server,
     table: &str,
     pipeline: &str,
     seed: u64,
     alter_at: Option<i64>,
+    seeded: u64,
 ) -> (Project, History) {
     pg(
         server,
         &format!("CREATE TABLE {table} (id bigint PRIMARY KEY, v bigint, updated_at timestamptz NOT NULL)"),
     );
     let p = Project::new(&format!("{}{pipeline}", server.connection("postgresql")));
-    // The empty table first (a CDC source takes its snapshot now): every change the
-    // writer makes then reaches strata as a change.
-    run_clean(&p, &server.password);
+    if seeded > 0 {
+        pg(
+            server,
+            &format!(
+                "INSERT INTO {table} SELECT 1000 + i, -(1000 + i), now() FROM generate_series(1, {seeded}) i"
+            ),
+        );
+    } else {
+        // The empty table first (a CDC source takes its snapshot now): every change the
+        // writer makes then reaches strata as a change.
+        run_clean(&p, &server.password);
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let writer = {
         let (config, table, stop) = (server.dsn(), table.to_string(), stop.clone());
@@ -185,14 +197,27 @@ fn drill(
 
 #[test]
 fn killed_cdc_runs_lose_and_double_no_change() {
-    cdc_drill("cdc", "", None);
+    cdc_drill("cdc", "", None, 0);
+}
+
+/// The same starting from a table of 100,000 rows, copied in parts of 2,000 while the
+/// writer changes the keys below them and runs are killed: a killed copy resumes after its
+/// last part (or starts over before the first), and every seeded row is copied once.
+#[test]
+fn killed_first_copies_resume_and_lose_and_double_no_change() {
+    cdc_drill(
+        "cdc_copy",
+        ", chunk_rows => '2000', batch_rows => '1000'",
+        None,
+        100_000,
+    );
 }
 
 /// The same with each run committing its changes in parts of a few transactions, so that
 /// kills also land between the parts of one run.
 #[test]
 fn killed_cdc_runs_committing_in_parts_lose_and_double_no_change() {
-    cdc_drill("cdc_parts", ", chunk_rows => '50'", None);
+    cdc_drill("cdc_parts", ", chunk_rows => '50'", None, 0);
 }
 
 /// The same while the writer adds a column to the table (`ALTER TABLE ... ADD COLUMN w`)
@@ -201,10 +226,10 @@ fn killed_cdc_runs_committing_in_parts_lose_and_double_no_change() {
 /// every one after has its value, whichever runs were killed around it.
 #[test]
 fn killed_cdc_runs_across_an_added_column_lose_and_double_no_change() {
-    cdc_drill("cdc_alter", ", chunk_rows => '50'", Some(100));
+    cdc_drill("cdc_alter", ", chunk_rows => '50'", Some(100), 0);
 }
 
-fn cdc_drill(prefix: &str, options: &str, alter_at: Option<i64>) {
+fn cdc_drill(prefix: &str, options: &str, alter_at: Option<i64>, seeded: u64) {
     let server = Server::from_env(PG);
     let seed = seed();
     eprintln!("drill seed {seed} (STRATA_DRILL_SEED={seed} replays it)");
@@ -231,18 +256,48 @@ STORED AS SCD TYPE 2;
         ),
         seed,
         alter_at,
+        seeded,
     );
-    assert_history(&p, &history, alter_at, seed);
+    assert_history(&p, &history, alter_at, seed, seeded > 0);
+    if seeded > 0 {
+        // How many snapshots the copy took (one plus the resumes), for the log.
+        let points = p.csv(
+            "SELECT count(DISTINCT _commit_lsn) AS n FROM changes WHERE _change_type = 'snapshot'",
+        );
+        eprintln!(
+            "seed {seed}: the first copy took {} snapshot(s)",
+            points.lines().nth(1).unwrap_or("?")
+        );
+    }
+    // Each seeded row is copied once and is one open version with its value.
+    assert_eq!(
+        p.csv("SELECT count(*) AS n, count(DISTINCT id) AS keys FROM changes WHERE id > 1000"),
+        format!("n,keys\n{seeded},{seeded}\n"),
+        "seed {seed}: a seeded row was copied twice or not at all"
+    );
+    assert_eq!(
+        p.csv("SELECT count(*) AS n FROM hist WHERE id > 1000 AND v = -id AND __END_AT IS NULL"),
+        format!("n\n{seeded}\n"),
+        "seed {seed}"
+    );
     drop_slot(&server, &slot);
 }
 
 /// Every value the writer ever wrote is one version of the SCD2 target `hist`, in order,
 /// with `w` set from the ALTER at `alter_at` on; a key deleted last has no open one; and no
-/// change is twice in the change table `changes`.
-fn assert_history(p: &Project, history: &History, alter_at: Option<i64>, seed: u64) {
+/// change is twice in the change table `changes`. `copied_live`: the writer began with the
+/// first copy, so only the versions from the copy's snapshot on are asked for.
+fn assert_history(
+    p: &Project,
+    history: &History,
+    alter_at: Option<i64>,
+    seed: u64,
+    copied_live: bool,
+) {
     let w = if alter_at.is_some() { "w" } else { "NULL" };
     let rows = p.csv(&format!(
-        "SELECT id, v, {w} AS w, __END_AT IS NULL AS open FROM hist ORDER BY id, __START_AT"
+        "SELECT id, v, {w} AS w, __END_AT IS NULL AS open FROM hist WHERE id <= 1000 \
+         ORDER BY id, __START_AT"
     ));
     type Versions = BTreeMap<i64, Vec<(i64, Option<i64>, bool)>>;
     let mut got: Versions = BTreeMap::new();
@@ -271,10 +326,29 @@ fn assert_history(p: &Project, history: &History, alter_at: Option<i64>, seed: u
                 .collect(),
         );
     }
-    assert_eq!(
-        got, want,
-        "seed {seed}: the SCD2 target is not the fold of the changes"
-    );
+    if copied_live {
+        // The writer began with the first copy: the versions a key had before the copy's
+        // snapshot are folded into its snapshot row, so each key's versions are the tail
+        // of what it was given from the one at the snapshot on (none lost or doubled
+        // after it), and a key that exists at the end has its open version.
+        for (key, versions) in &want {
+            let tail = got.get(key).map(Vec::as_slice).unwrap_or_default();
+            assert!(
+                versions.ends_with(tail)
+                    && !(tail.is_empty() && versions.last().is_some_and(|v| v.2)),
+                "seed {seed}: key {key} has versions {tail:?}, not a tail of {versions:?}"
+            );
+        }
+        assert!(
+            got.keys().all(|k| want.contains_key(k)),
+            "seed {seed}: keys the writer never wrote"
+        );
+    } else {
+        assert_eq!(
+            got, want,
+            "seed {seed}: the SCD2 target is not the fold of the changes"
+        );
+    }
     // No change was taken twice: each (commit LSN, position) is one row of the change table.
     let dups = p.csv(
         "SELECT count(*) AS n FROM (SELECT _commit_lsn, _change_seq FROM changes \
@@ -441,7 +515,7 @@ STORED AS SCD TYPE 2;
     let history = writer.join().expect("writer");
     run_clean(&p, &password);
     run_clean(&p, &password);
-    assert_history(&p, &history, alter_at, seed);
+    assert_history(&p, &history, alter_at, seed, false);
 }
 
 #[test]
@@ -463,6 +537,7 @@ SEQUENCE BY updated_at COLUMNS id, v STORED AS SCD TYPE 1;
         ),
         seed,
         None,
+        0,
     );
     // A watermark load cannot see deletes: the target holds the last value each key had
     // while it existed at a load; keys never deleted must match the table exactly.
@@ -620,6 +695,7 @@ SELECT id, v, _change_type, _commit_lsn, _change_seq FROM STREAM(changes);
         ),
         seed,
         None,
+        0,
     );
     let pg_rows = |t: &str, cols: &str| {
         let text = pg_value(

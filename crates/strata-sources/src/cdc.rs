@@ -9,11 +9,12 @@
 
 use crate::binlog::{BinlogCdc, BinlogChanges, BinlogSnapshot};
 use crate::conn::{ConnectionSpec, SourceKind};
-use crate::error::Result;
+use crate::error::{Result, SourceError};
 use crate::lsn::Lsn;
 use crate::object::TableRef;
 use crate::pg::cdc::{
-    CdcConfig, ChangeReader, ChangeSummary, PgCdc, ReadOptions, SnapshotReader, TableBatch,
+    CdcConfig, ChangeReader, ChangeSummary, CopyPosition, PgCdc, ReadOptions, SnapshotReader,
+    TableBatch,
 };
 
 /// The CDC control plane of a connection, whichever database it is.
@@ -67,12 +68,31 @@ impl LogCdc {
         }
     }
 
-    /// The initial snapshot and the position it corresponds to.
+    /// The initial snapshot and the position it corresponds to; PostgreSQL tables with a
+    /// primary key are read in key order, so that an interrupted copy can resume
+    /// ([`LogSnapshot::position`], [`LogCdc::resume_snapshot`]).
     pub async fn start_snapshot(&self) -> Result<LogSnapshot> {
         Ok(match self {
-            LogCdc::Postgres(c) => LogSnapshot::Postgres(Box::new(c.start_snapshot().await?)),
+            LogCdc::Postgres(c) => LogSnapshot::Postgres(Box::new(c.start_snapshot(true).await?)),
             LogCdc::Mysql(c) => LogSnapshot::Mysql(c.start_snapshot().await?),
         })
+    }
+
+    /// The rest of an interrupted first copy after `from`, in a new snapshot whose
+    /// consistent point is the snapshot's ([`PgCdc::resume_snapshot`]). MySQL / MariaDB
+    /// copies are not resumed: they start over.
+    pub async fn resume_snapshot(&self, from: &CopyPosition) -> Result<LogSnapshot> {
+        match self {
+            LogCdc::Postgres(c) => Ok(LogSnapshot::Postgres(Box::new(
+                c.resume_snapshot(from).await?,
+            ))),
+            LogCdc::Mysql(_) => Err(SourceError::Binlog {
+                connection: String::new(),
+                position: None,
+                detail: "a first copy through the binlog does not resume".into(),
+                resnapshot: true,
+            }),
+        }
     }
 
     /// The changes committed after `after` up to a fence set now.
@@ -117,6 +137,15 @@ impl LogSnapshot {
         match self {
             LogSnapshot::Postgres(s) => s.consistent_point(),
             LogSnapshot::Mysql(s) => s.consistent_point(),
+        }
+    }
+
+    /// Where the rows returned so far end, to resume from (`None`: not at a point a copy
+    /// can resume from; MySQL / MariaDB copies never are).
+    pub fn position(&self) -> Option<CopyPosition> {
+        match self {
+            LogSnapshot::Postgres(s) => s.position(),
+            LogSnapshot::Mysql(_) => None,
         }
     }
 

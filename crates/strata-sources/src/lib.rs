@@ -95,7 +95,7 @@ pub use error::{Result, SourceError};
 pub use lsn::Lsn;
 pub use object::{SourceObject, TableRef};
 pub use pg::cdc::{
-    CdcConfig, CdcTable, ChangeReader, ChangeSummary, PgCdc, ReadOptions, SlotStatus,
+    CdcConfig, CdcTable, ChangeReader, ChangeSummary, CopyPosition, PgCdc, ReadOptions, SlotStatus,
     SnapshotReader, TableBatch, FENCE_PREFIX,
 };
 pub use pg::sink::{PgSink, POSITIONS_TABLE};

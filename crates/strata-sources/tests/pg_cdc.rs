@@ -65,7 +65,7 @@ impl Fixture {
 }
 
 async fn snapshot(cdc: &PgCdc) -> (Lsn, BTreeMap<String, Vec<RecordBatch>>) {
-    let mut s = cdc.start_snapshot().await.expect("snapshot");
+    let mut s = cdc.start_snapshot(true).await.expect("snapshot");
     let cp = s.consistent_point();
     let mut out: BTreeMap<String, Vec<RecordBatch>> = BTreeMap::new();
     while let Some(tb) = s.next_batch().await.expect("snapshot batch") {
@@ -486,7 +486,7 @@ async fn dropped_slot_is_a_typed_error_saying_how_to_resnapshot() {
     // A slot that is already there cannot take a fresh snapshot.
     let (cp2, _) = snapshot(&cdc).await;
     assert!(cp2 > cp);
-    let e = match cdc.start_snapshot().await {
+    let e = match cdc.start_snapshot(true).await {
         Err(e) => e.to_string(),
         Ok(_) => panic!("second snapshot through an existing slot"),
     };
@@ -681,7 +681,7 @@ async fn unsupported_column_types_name_the_column_and_can_be_excluded() {
     let t = unique("cdc_unsup");
     f.sql(&format!("CREATE TABLE {t} (id int PRIMARY KEY, tags int4range, v text); INSERT INTO {t} VALUES (1, '[1,2)', 'a')")).await;
     let cdc = f.cdc(&[&t]).await;
-    let mut snap = cdc.start_snapshot().await.unwrap();
+    let mut snap = cdc.start_snapshot(true).await.unwrap();
     let e = snap.next_batch().await.unwrap_err();
     assert!(
         matches!(&e, SourceError::UnsupportedType { column, .. } if column == "tags"),
@@ -740,7 +740,7 @@ async fn existing_publication_must_contain_the_tables() {
     let mut cfg = f.config(&[&t]);
     cfg.create_publication = false;
     let cdc = PgCdc::connect(&f.spec, cfg).await.unwrap();
-    let e = match cdc.start_snapshot().await {
+    let e = match cdc.start_snapshot(true).await {
         Err(e) => e.to_string(),
         Ok(_) => panic!("table missing from the publication"),
     };
@@ -928,7 +928,7 @@ async fn arrays_and_composites_are_arrays_and_structs() {
     .await;
     let f2 = fixture("pg_cdc_matrix").await.expect("fixture");
     let cdc2 = f2.cdc(&[&t2]).await;
-    let mut snap2 = cdc2.start_snapshot().await.unwrap();
+    let mut snap2 = cdc2.start_snapshot(true).await.unwrap();
     let e = snap2.next_batch().await.unwrap_err().to_string();
     assert!(e.contains("2-dimensional") && e.contains('m'), "{e}");
 }

@@ -182,7 +182,7 @@ async fn pg_cdc_over_tls() {
     // The slot is made and its snapshot read on the replication connection, which runs as
     // the TLS-only user too.
     let cdc = PgCdc::connect(&spec, config()).await.expect("connect");
-    let mut snapshot = cdc.start_snapshot().await.expect("snapshot");
+    let mut snapshot = cdc.start_snapshot(true).await.expect("snapshot");
     let cp = snapshot.consistent_point();
     let mut batches = vec![];
     while let Some(tb) = snapshot.next_batch().await.expect("snapshot batch") {
@@ -238,7 +238,7 @@ async fn pg_cdc_verify_ca_by_address_is_refused_on_the_replication_connection() 
         vec![TableRef::new("public", &t)],
     );
     let cdc = PgCdc::connect(&spec, config).await.expect("connect");
-    let e = match cdc.start_snapshot().await {
+    let e = match cdc.start_snapshot(true).await {
         Ok(_) => panic!("pgwire-replication now forgives the name in verify-ca: update this test and docs/sources.md"),
         Err(e) => e,
     };

@@ -7,5 +7,6 @@
 pub(crate) mod connection;
 pub(crate) mod overlap;
 pub(crate) mod read;
+pub(crate) mod resume;
 pub(crate) mod toast;
 pub(crate) mod watermark;

@@ -125,6 +125,18 @@ pub struct TableBatch {
     pub key_changes: Vec<(i64, i64)>,
 }
 
+/// How far a first copy in key order got: every row of the tables before `table` (its
+/// index among the config's tables) is copied, and of `table` every row whose key is at or
+/// below `after` (`None`: none of it). Recorded with each part of the copy, it is where an
+/// interrupted copy resumes ([`PgCdc::resume_snapshot`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CopyPosition {
+    /// The table being copied.
+    pub table: usize,
+    /// The key (primary key columns, in order) of the last row of `table` copied.
+    pub after: Option<crate::value::Watermark>,
+}
+
 /// Options of one change read.
 #[derive(Clone, Debug)]
 pub struct ReadOptions {
@@ -524,7 +536,10 @@ impl PgCdc {
     /// Record the consistent point with the Delta commit of the snapshot batches (it is the
     /// `after` of the first [`PgCdc::read_changes`]). A slot of the same name must not exist
     /// (a first run that crashed leaves one: [`PgCdc::drop_slot`] it, as a full refresh does).
-    pub async fn start_snapshot(&self) -> Result<SnapshotReader> {
+    ///
+    /// `keyed`: each table with a primary key of types strata orders as PostgreSQL does is
+    /// read in key order, so that [`SnapshotReader::position`] says where to resume.
+    pub async fn start_snapshot(&self, keyed: bool) -> Result<SnapshotReader> {
         if self.slot_status().await?.is_some() {
             return Err(self.slot_error(
                 "already exists, so strata cannot take a fresh snapshot through it; if this is a first run \
@@ -534,16 +549,53 @@ impl PgCdc {
             ));
         }
         self.ensure_publication().await?;
-        let repl_cfg = self
-            .r
-            .replication_config(&self.cfg.slot, &self.cfg.publication)?;
+        let from = CopyPosition {
+            table: 0,
+            after: None,
+        };
+        self.exported_snapshot(&self.cfg.slot, false, keyed, &from)
+            .await
+    }
+
+    /// Resumes a first copy that stopped at `from` (killed, or failed after some parts were
+    /// committed), in a new snapshot exported by a temporary slot: the rows after `from`
+    /// as of that snapshot, whose [`SnapshotReader::consistent_point`] is the temporary
+    /// slot's. The slot of the copy must still exist: its changes are read from the first
+    /// copy's consistent point on. A change committed before the new consistent point to a
+    /// row the resumed copy holds is already in that row: the caller skips it.
+    pub async fn resume_snapshot(&self, from: &CopyPosition) -> Result<SnapshotReader> {
+        if self.slot_status().await?.is_none() {
+            return Err(self.slot_error(
+                "is gone, so the interrupted first copy cannot go on (the changes since it \
+                 began are lost to strata); re-snapshot with a full refresh",
+                true,
+            ));
+        }
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or_default();
+        let temporary = format!("strata_resume_{}_{nanos}", std::process::id());
+        self.exported_snapshot(&temporary, true, true, from).await
+    }
+
+    /// Creates `slot` (`temporary`: dropped when its connection ends) exporting its
+    /// snapshot, and opens a reader of the tables from `from` on in that snapshot.
+    async fn exported_snapshot(
+        &self,
+        slot: &str,
+        temporary: bool,
+        keyed: bool,
+        from: &CopyPosition,
+    ) -> Result<SnapshotReader> {
+        let repl_cfg = self.r.replication_config(slot, &self.cfg.publication)?;
         let mut gated = ReplicationClient::connect_gated(repl_cfg)
             .await
             .map_err(|e| self.repl_error(None, e))?;
         let rows = gated
             .simple_query(&format!(
-                "CREATE_REPLICATION_SLOT {} LOGICAL pgoutput EXPORT_SNAPSHOT",
-                self.cfg.slot
+                "CREATE_REPLICATION_SLOT {slot}{} LOGICAL pgoutput EXPORT_SNAPSHOT",
+                if temporary { " TEMPORARY" } else { "" }
             ))
             .await
             .map_err(|e| self.repl_error(None, e))?;
@@ -558,25 +610,86 @@ impl PgCdc {
                 false,
             ));
         };
+        let out = self.read_exported(&snapshot, &cp, keyed, from).await;
+        // The exporting session must stay open until the snapshot is imported; then end it
+        // (a temporary slot goes with it). A slot of the copy that failed to start is
+        // dropped: the next first run creates it again.
+        drop(gated);
+        if out.is_err() && !temporary {
+            let _ = self.drop_slot().await;
+        }
+        out
+    }
+
+    /// A reader of the tables from `from` on in the exported `snapshot`, whose slot became
+    /// consistent at `cp`.
+    async fn read_exported(
+        &self,
+        snapshot: &str,
+        cp: &str,
+        keyed: bool,
+        from: &CopyPosition,
+    ) -> Result<SnapshotReader> {
         let consistent_point: Lsn = cp
             .parse()
             .map_err(|e| self.slot_error(format!("bad consistent point: {e}"), false))?;
-        let out = self.import_snapshot(&snapshot, consistent_point).await;
-        // The exporting session must stay open until the snapshot is imported; then end it.
-        drop(gated);
-        match out {
-            Ok(reader) => Ok(reader),
-            Err(e) => {
-                let _ = self.drop_slot().await;
-                Err(e)
-            }
+        let mut tables = VecDeque::new();
+        for (i, t) in self.cfg.tables.iter().enumerate().skip(from.table) {
+            let order = match keyed {
+                true => self.copy_order(&t.table).await?,
+                false => None,
+            };
+            let after = if i == from.table {
+                from.after.clone()
+            } else {
+                None
+            };
+            tables.push_back(CopyTable {
+                index: i,
+                table: t.clone(),
+                order,
+                after,
+            });
         }
+        self.import_snapshot(snapshot, consistent_point, tables)
+            .await
+    }
+
+    /// The primary key of `table` as a copy in key order sorts it (text in byte order, as
+    /// Arrow compares it), or `None` when it has none or one of its columns is of a type
+    /// whose order strata does not reproduce (floats, enums, padded `char`, ...).
+    async fn copy_order(&self, table: &TableRef) -> Result<Option<Vec<KeyColumn>>> {
+        let rows = self
+            .client
+            .query(
+                "SELECT a.attname::text, t.typname::text FROM pg_catalog.pg_index i \
+                 JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n) ON true \
+                 JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum \
+                 JOIN pg_catalog.pg_type t ON t.oid = a.atttypid \
+                 WHERE i.indrelid = $1::text::regclass AND i.indisprimary ORDER BY k.n",
+                &[&table.pg_sql()],
+            )
+            .await
+            .map_err(|e| self.q_err(&format!("the primary key of table {table}"), e))?;
+        let mut key = Vec::new();
+        for row in &rows {
+            let (name, typ): (String, String) = (row.get(0), row.get(1));
+            let bytewise = match typ.as_str() {
+                "int2" | "int4" | "int8" | "numeric" | "date" | "timestamp" | "timestamptz"
+                | "uuid" => false,
+                "text" | "varchar" => true,
+                _ => return Ok(None),
+            };
+            key.push(KeyColumn { name, bytewise });
+        }
+        Ok((!key.is_empty()).then_some(key))
     }
 
     async fn import_snapshot(
         &self,
         snapshot: &str,
         consistent_point: Lsn,
+        tables: VecDeque<CopyTable>,
     ) -> Result<SnapshotReader> {
         let client = Arc::new(self.r.pg_connect().await?);
         if !snapshot.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
@@ -592,15 +705,20 @@ impl PgCdc {
             .query_one("SELECT (extract(epoch FROM now()) * 1000000)::bigint", &[])
             .await
             .map_err(|e| self.q_err("snapshot", e))?;
+        let position = tables.front().map(|t| CopyPosition {
+            table: t.index,
+            after: t.after.clone(),
+        });
         Ok(SnapshotReader {
             r: self.r.clone(),
             client,
-            tables: self.cfg.tables.iter().cloned().collect(),
+            tables,
             current: None,
             consistent_point,
             snapshot_micros: row.get(0),
             batch_rows: self.cfg.batch_rows,
             finished: false,
+            position,
         })
     }
 
@@ -824,17 +942,49 @@ impl PgCdc {
     }
 }
 
+/// A primary key column as a copy in key order sorts it: text `bytewise` (`COLLATE "C"`,
+/// the order of its UTF-8 bytes), other types in their own order.
+#[derive(Clone, Debug)]
+struct KeyColumn {
+    name: String,
+    bytewise: bool,
+}
+
+/// A table a snapshot reader copies: its index among the config's tables, its key order
+/// (`None`: read as it lies, resumable only at its start) and the key to start after.
+#[derive(Clone, Debug)]
+struct CopyTable {
+    index: usize,
+    table: CdcTable,
+    order: Option<Vec<KeyColumn>>,
+    after: Option<crate::value::Watermark>,
+}
+
+/// The table being read: its reference, description, Arrow schema, row reader, whether it
+/// gave a row yet, and whether its rows come in key order.
+struct OpenTable {
+    index: usize,
+    table: TableRef,
+    schema: SourceSchema,
+    arrow: SchemaRef,
+    reader: PgRowReader,
+    any: bool,
+    keyed: bool,
+}
+
 /// The initial snapshot: every table's rows as of the slot's consistent point, as change rows
 /// with `_change_type = 'snapshot'`, `_commit_lsn` = the consistent point, `_change_seq` = 0.
 pub struct SnapshotReader {
     r: Resolved,
     client: Arc<Client>,
-    tables: VecDeque<CdcTable>,
-    current: Option<(TableRef, SourceSchema, SchemaRef, PgRowReader, bool)>,
+    tables: VecDeque<CopyTable>,
+    current: Option<OpenTable>,
     consistent_point: Lsn,
     snapshot_micros: i64,
     batch_rows: usize,
     finished: bool,
+    /// Where the rows returned so far end (`None`: inside a table read as it lies).
+    position: Option<CopyPosition>,
 }
 
 impl std::fmt::Debug for SnapshotReader {
@@ -853,6 +1003,12 @@ impl SnapshotReader {
         self.consistent_point
     }
 
+    /// Where the rows returned so far end, to resume from: `None` inside a table read as it
+    /// lies (without a primary key strata can order by), and after the last table.
+    pub fn position(&self) -> Option<CopyPosition> {
+        self.position.clone()
+    }
+
     /// The next batch, table by table (a table without rows gives one empty batch, so its
     /// schema is known); `None` when all tables were read (the snapshot transaction is then
     /// closed).
@@ -864,32 +1020,47 @@ impl SnapshotReader {
             if self.current.is_none() {
                 let Some(t) = self.tables.pop_front() else {
                     self.finished = true;
+                    self.position = None;
                     let _ = self.client.batch_execute("COMMIT").await;
                     return Ok(None);
                 };
-                self.current = Some(self.open_table(t).await?);
+                let open = self.open_table(t).await?;
+                if !open.keyed {
+                    self.position = None;
+                }
+                self.current = Some(open);
             }
-            let Some((table, schema, arrow, reader, any)) = self.current.as_mut() else {
+            let Some(open) = self.current.as_mut() else {
                 continue;
             };
-            match reader.next_batch(arrow, schema).await? {
-                Some((batch, _)) => {
-                    *any = true;
+            match open.reader.next_batch(&open.arrow, &open.schema).await? {
+                Some((batch, last_key)) => {
+                    open.any = true;
+                    if open.keyed {
+                        self.position = Some(CopyPosition {
+                            table: open.index,
+                            after: last_key,
+                        });
+                    }
                     return Ok(Some(TableBatch {
-                        table: table.clone(),
+                        table: open.table.clone(),
                         batch,
                         added_columns: vec![],
                         key_changes: vec![],
                     }));
                 }
                 None => {
-                    let empty = !*any;
+                    let empty = !open.any;
                     let out = TableBatch {
-                        table: table.clone(),
-                        batch: RecordBatch::new_empty(arrow.clone()),
+                        table: open.table.clone(),
+                        batch: RecordBatch::new_empty(open.arrow.clone()),
                         added_columns: vec![],
                         key_changes: vec![],
                     };
+                    self.position = Some(CopyPosition {
+                        table: open.index + 1,
+                        after: None,
+                    });
                     self.current = None;
                     if empty {
                         return Ok(Some(out));
@@ -899,27 +1070,39 @@ impl SnapshotReader {
         }
     }
 
-    async fn open_table(
-        &self,
-        t: CdcTable,
-    ) -> Result<(TableRef, SourceSchema, SchemaRef, PgRowReader, bool)> {
-        let (s, n) = CdcConfig::table_key(&t.table);
+    async fn open_table(&self, t: CopyTable) -> Result<OpenTable> {
+        let (s, n) = CdcConfig::table_key(&t.table.table);
         let table = TableRef::new(s, n);
         let object = SourceObject::Table(table.clone());
         let (schema, decoders, all) =
-            describe(&*self.client, &self.r, &object, &t.exclude_columns).await?;
-        crate::read::check_columns(&self.r, &object, &all, &schema, &[], &t.exclude_columns)?;
+            describe(&*self.client, &self.r, &object, &t.table.exclude_columns).await?;
+        crate::read::check_columns(
+            &self.r,
+            &object,
+            &all,
+            &schema,
+            &[],
+            &t.table.exclude_columns,
+        )?;
         let cols: Vec<String> = schema.columns.iter().map(|c| pg_ident(&c.name)).collect();
+        // Key order needs every key column among the columns read.
+        let key_idx: Option<Vec<usize>> = t.order.as_ref().and_then(|key| {
+            key.iter()
+                .map(|k| schema.columns.iter().position(|c| c.name == k.name))
+                .collect()
+        });
+        let order = t.order.as_ref().filter(|_| key_idx.is_some());
         let sql = format!(
-            "SELECT {} FROM {}",
+            "SELECT {} FROM {}{}",
             if cols.is_empty() {
                 "1".to_string()
             } else {
                 cols.join(", ")
             },
-            table.pg_sql()
+            table.pg_sql(),
+            order.map_or(String::new(), |key| key_order_clause(key, t.after.as_ref()))
         );
-        let reader = PgRowReader::start_copy(
+        let mut reader = PgRowReader::start_copy(
             self.client.clone(),
             &self.r,
             &object,
@@ -932,6 +1115,9 @@ impl SnapshotReader {
             commit_lsn: self.consistent_point.to_i64(),
             commit_ts: self.snapshot_micros,
         });
+        if let (Some(key), Some(idx)) = (order, key_idx) {
+            reader = reader.tracking(idx, key.iter().map(|k| k.name.clone()).collect());
+        }
         let mut fields: Vec<arrow_schema::Field> = schema
             .arrow_schema()
             .fields()
@@ -939,9 +1125,35 @@ impl SnapshotReader {
             .map(|f| f.as_ref().clone())
             .collect();
         fields.extend(change_meta_fields());
-        let arrow = Arc::new(Schema::new(fields));
-        Ok((table, schema, arrow, reader, false))
+        Ok(OpenTable {
+            index: t.index,
+            table,
+            schema,
+            arrow: Arc::new(Schema::new(fields)),
+            reader,
+            any: false,
+            keyed: order.is_some(),
+        })
     }
+}
+
+/// ` WHERE (key) > (after) ORDER BY key` for a copy in key order, text compared bytewise.
+fn key_order_clause(key: &[KeyColumn], after: Option<&crate::value::Watermark>) -> String {
+    let cols: Vec<String> = key
+        .iter()
+        .map(|k| match k.bytewise {
+            true => format!("{} COLLATE \"C\"", pg_ident(&k.name)),
+            false => pg_ident(&k.name),
+        })
+        .collect();
+    let cond = match after {
+        Some(w) if !w.values.is_empty() => {
+            let values: Vec<String> = w.values.iter().map(super::read::value_literal).collect();
+            format!(" WHERE ({}) > ({})", cols.join(", "), values.join(", "))
+        }
+        _ => String::new(),
+    };
+    format!("{cond} ORDER BY {}", cols.join(", "))
 }
 
 /// A table's relation as the stream last described it.

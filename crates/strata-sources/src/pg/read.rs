@@ -320,6 +320,15 @@ impl PgRowReader {
         })
     }
 
+    /// Tracks the values of these columns (`idx` among the decoded ones, named `names`) in
+    /// each batch's last row, as [`PgRowReader::next_batch`] returns them.
+    pub(crate) fn tracking(mut self, idx: Vec<usize>, names: Vec<String>) -> Self {
+        self.last_wm = vec![None; idx.len()];
+        self.wm_idx = idx;
+        self.wm_names = names;
+        self
+    }
+
     /// Appends these metadata columns to every batch.
     pub(crate) fn with_meta(mut self, meta: SnapshotMeta) -> Self {
         self.meta = Some(meta);

@@ -34,6 +34,7 @@ use crate::sources::overlap::{self, Seen};
 #[cfg(doc)]
 use crate::sources::read::ChunkSize;
 use crate::sources::read::{database_read, DatabaseRead, FirstLoad, ReadMode};
+use crate::sources::resume::{self, CopyProgress, Window};
 use crate::sources::toast;
 use crate::sources::watermark;
 use crate::storage::commit::{position, AppId, PendingCommit};
@@ -450,16 +451,21 @@ impl Chunk {
 /// Commits `part` (a watermark load's chunk, a CDC run's part) in a commit of its own that
 /// records `position` under `key`, building on `table`; returns the table as that commit
 /// left it, which the next part builds on.
+#[allow(clippy::too_many_arguments)]
 async fn commit_part(
     scope: &Scope<'_>,
     setup: &IngestSetup,
     table: Option<&DeltaTable>,
     key: &str,
     position: String,
+    extra: Option<(String, String)>,
     part: Chunk,
     report: &mut IngestReport,
 ) -> Result<DeltaTable> {
-    let commit = position_commit(scope, setup, table, key.to_string(), position).await?;
+    let mut commit = position_commit(scope, setup, table, key.to_string(), position).await?;
+    if let Some((k, v)) = extra {
+        commit = commit.with_info(k, serde_json::Value::String(v));
+    }
     let taken = part.into_taken(commit);
     let version = super::commit::commit_rows(scope, setup, table.cloned(), taken, report).await?;
     table_at(scope, setup, version).await
@@ -483,7 +489,7 @@ async fn commit_chunk(
     report.watermark = Some(describe_watermark(reached));
     let part = std::mem::take(chunk);
     let table = base.as_ref().or(existing);
-    let committed = commit_part(scope, setup, table, key, json.clone(), part, report).await?;
+    let committed = commit_part(scope, setup, table, key, json.clone(), None, part, report).await?;
     *base = Some(committed);
     Ok(json)
 }
@@ -671,6 +677,8 @@ async fn take_changes(
         Some(t) => watermark::stored_lsn(t, &key).await?,
         None => None,
     };
+    let tables: Vec<strata_sources::TableRef> =
+        config.tables.iter().map(|t| t.table.clone()).collect();
     let cdc = LogCdc::connect(spec, config).await.context(|| {
         setup
             .err(format!("connection {}", read.connection))
@@ -694,16 +702,39 @@ async fn take_changes(
     let mut chunk = Chunk::default();
     // The table as the last part (or the snapshot) committed it (`None`: none yet).
     let mut base: Option<DeltaTable> = None;
-    // First run (or after a full refresh): the table as of the slot's snapshot,
-    // committed on its own.
-    let after = match stored {
-        Some(lsn) => lsn,
-        None => {
-            let (lsn, table) =
-                take_snapshot(scope, setup, &cdc, existing, &running, &ctx, report).await?;
+    let windows_key = resume::windows_key(setup.append_flow.as_deref());
+    // First run (or after a full refresh): the table as of the slot's snapshot, committed
+    // in parts; a copy that stopped goes on where it did.
+    let (after, windows) = match (stored, existing) {
+        (Some(lsn), Some(t)) => (lsn, resume::stored_windows(t, &key, &windows_key).await?),
+        (Some(lsn), None) => (lsn, Vec::new()),
+        (None, _) => {
+            let progress = match existing {
+                Some(t) => {
+                    let copy = resume::copy_key(setup.append_flow.as_deref());
+                    resume::stored_progress(t, &copy, &key).await?
+                }
+                None => None,
+            };
+            let copy = FirstCopy {
+                cdc: &cdc,
+                checks,
+                progress,
+                part_rows: chunk_rows,
+            };
+            let (lsn, table, windows) = take_snapshot(scope, setup, existing, copy, report).await?;
             base = Some(table);
-            lsn
+            (lsn, windows)
         }
+    };
+    // The changes a resumed copy's rows already hold are dropped as they are read.
+    let windows = resume::open_windows(windows, after);
+    let table_index = |t: &strata_sources::TableRef| {
+        tables.iter().position(|c| {
+            c.name == t.name
+                && c.schema.as_deref().unwrap_or("public")
+                    == t.schema.as_deref().unwrap_or("public")
+        })
     };
     let options = ReadOptions {
         part_changes: Some(chunk_rows as u64),
@@ -730,7 +761,17 @@ async fn take_changes(
             check_columns_known(scope, setup, input, &place, &tb.batch)?;
             part_rows += tb.batch.num_rows();
             read_rows += tb.batch.num_rows();
-            raw.push(tb.batch);
+            let batch = match (windows.is_empty(), table_index(&tb.table)) {
+                (false, Some(i)) => {
+                    let held = resume::superseded(&tb.batch, i, &windows)?;
+                    let kept = deltalake::arrow::compute::not(&held)
+                        .context(|| "dropping changes the copy holds".into())?;
+                    deltalake::arrow::compute::filter_record_batch(&tb.batch, &kept)
+                        .context(|| "dropping changes the copy holds".into())?
+                }
+                _ => tb.batch,
+            };
+            raw.push(batch);
             key_changes.extend(tb.key_changes);
             (scope.update)(format!("{read_rows} change(s) read"));
         }
@@ -746,7 +787,20 @@ async fn take_changes(
         // server then hears it may drop the WAL before.
         report.watermark = Some(cdc.describe_position(end));
         let part = std::mem::take(&mut chunk);
-        base = Some(commit_part(scope, setup, table, &key, end.to_string(), part, report).await?);
+        let extra = windows_info(&windows_key, &windows, end);
+        base = Some(
+            commit_part(
+                scope,
+                setup,
+                table,
+                &key,
+                end.to_string(),
+                extra,
+                part,
+                report,
+            )
+            .await?,
+        );
         changes.next_part();
         last_part = Some(end);
         (scope.update)(format!(
@@ -771,7 +825,10 @@ async fn take_changes(
         return Ok(None);
     }
     report.watermark = Some(cdc.describe_position(resume));
-    let commit = position_commit(scope, setup, table, key, resume.to_string()).await?;
+    let mut commit = position_commit(scope, setup, table, key, resume.to_string()).await?;
+    if let Some((k, v)) = windows_info(&windows_key, &windows, resume) {
+        commit = commit.with_info(k, serde_json::Value::String(v));
+    }
     Ok(Some(Taken {
         after_commit: Some(Box::new(move || {
             Box::pin(SlotAdvance { cdc, to: resume }.run())
@@ -843,25 +900,37 @@ fn resnapshot_hint(
     ))
 }
 
+/// What a first copy needs: the source, the checks its rows go through, where an
+/// interrupted copy stopped (`None`: start one), and the rows per part.
+struct FirstCopy<'a> {
+    cdc: &'a LogCdc,
+    checks: RowChecks<'a>,
+    progress: Option<CopyProgress>,
+    part_rows: usize,
+}
+
 /// The table as of a consistent snapshot, for a first CDC run (or one after a full
 /// refresh): PostgreSQL's slot (re)created and the table copied through its exported
 /// snapshot, or MySQL's table read in a consistent-snapshot transaction (rows with
 /// `_change_type = 'snapshot'`), checked and written to data files as they come
-/// ([`StreamedRows`]), and committed once with the snapshot's position, from which the
-/// changes are read. A run that stops before that commit leaves a slot behind, which the
-/// next first run drops and creates again. Returns that point and the table as committed.
+/// ([`StreamedRows`]). A PostgreSQL table with a primary key is read in key order and
+/// committed in parts of `part_rows` rows, each recording how far the copy got
+/// ([`CopyProgress`]); a run that finds such a record goes on after it in a new snapshot
+/// (a [`Window`]). The last commit records the first snapshot's position, from which the
+/// changes are read. A first copy that stops before its first part's commit leaves a slot
+/// behind, which the next first run drops and creates again. Returns that point, the table
+/// as committed and the windows of the resumed parts.
 async fn take_snapshot(
     scope: &Scope<'_>,
     setup: &IngestSetup,
-    cdc: &LogCdc,
     existing: Option<&DeltaTable>,
-    running: &Running,
-    ctx: &deltalake::datafusion::prelude::SessionContext,
+    copy: FirstCopy<'_>,
     report: &mut IngestReport,
-) -> Result<(Lsn, DeltaTable)> {
-    let Source::Database { read, input, .. } = &setup.source else {
+) -> Result<(Lsn, DeltaTable, Vec<Window>)> {
+    let Source::Database { read, .. } = &setup.source else {
         return Err(EngineError::internal("not a database source"));
     };
+    let cdc = copy.cdc;
     let place = format!(
         "connection {}, {} through {}, initial snapshot",
         read.connection,
@@ -869,30 +938,106 @@ async fn take_snapshot(
         cdc.log_label()
     );
     let fail = || setup.err(&place).to_string();
-    cdc.reset().await.context(fail)?;
-    let mut snapshot = cdc.start_snapshot().await.context(fail)?;
-    let checks = RowChecks {
-        setup,
-        running,
-        ctx,
-        input,
-        place: &place,
+    let (mut snapshot, mut progress) = match copy.progress {
+        None => {
+            cdc.reset().await.context(fail)?;
+            let snapshot = cdc.start_snapshot().await.context(fail)?;
+            let progress = CopyProgress {
+                consistent_point: snapshot.consistent_point(),
+                position: strata_sources::CopyPosition {
+                    table: 0,
+                    after: None,
+                },
+                windows: Vec::new(),
+            };
+            (snapshot, progress)
+        }
+        Some(mut progress) => {
+            let snapshot = cdc
+                .resume_snapshot(&progress.position)
+                .await
+                .map_err(|e| resnapshot_hint(scope, setup, &place, e))?;
+            report.notes.push(format!(
+                "the initial snapshot resumed after {}, as of {}",
+                describe_copy_position(&progress.position),
+                cdc.describe_position(snapshot.consistent_point())
+            ));
+            progress.windows.push(Window {
+                table: progress.position.table,
+                after: progress.position.after.clone(),
+                before: snapshot.consistent_point(),
+            });
+            (snapshot, progress)
+        }
     };
-    let mut rows = StreamedRows::new(checks, existing);
+    let flow = setup.append_flow.as_deref();
+    let mut base: Option<DeltaTable> = existing.cloned();
     let mut read_rows = 0usize;
-    while let Some(tb) = snapshot.next_batch().await.context(fail)? {
-        read_rows += tb.batch.num_rows();
-        rows.add(scope, tb.batch, report).await?;
-        (scope.update)(format!("{read_rows} row(s) of the initial snapshot"));
+    loop {
+        let mut rows = StreamedRows::new(copy.checks, base.as_ref());
+        let mut part = 0usize;
+        let done = loop {
+            let Some(tb) = snapshot.next_batch().await.context(fail)? else {
+                break true;
+            };
+            read_rows += tb.batch.num_rows();
+            part += tb.batch.num_rows();
+            rows.add(scope, tb.batch, report).await?;
+            (scope.update)(format!("{read_rows} row(s) of the initial snapshot"));
+            if part >= copy.part_rows {
+                if let Some(at) = snapshot.position() {
+                    progress.position = at;
+                    break false;
+                }
+            }
+        };
+        let commit = match done {
+            true => {
+                let at = progress.consistent_point;
+                report.watermark = Some(cdc.describe_position(at));
+                let key = watermark::lsn_key(flow);
+                let commit = position_commit(scope, setup, rows.table(), key, at.to_string());
+                let mut commit = commit.await?;
+                if let Some((k, v)) =
+                    windows_info(&resume::windows_key(flow), &progress.windows, at)
+                {
+                    commit = commit.with_info(k, serde_json::Value::String(v));
+                }
+                commit
+            }
+            false => {
+                let key = resume::copy_key(flow);
+                position_commit(scope, setup, rows.table(), key, progress.to_json()).await?
+            }
+        };
+        let mut taken = rows.into_taken(commit).await?;
+        let table = taken.base.take().or_else(|| base.clone());
+        let version = super::commit::commit_rows(scope, setup, table, taken, report).await?;
+        let committed = table_at(scope, setup, version).await?;
+        if done {
+            return Ok((progress.consistent_point, committed, progress.windows));
+        }
+        base = Some(committed);
+        (scope.update)(format!(
+            "{read_rows} row(s) of the initial snapshot, committed up to {}",
+            describe_copy_position(&progress.position)
+        ));
     }
-    let at = snapshot.consistent_point();
-    let key = watermark::lsn_key(setup.append_flow.as_deref());
-    report.watermark = Some(cdc.describe_position(at));
-    let commit = position_commit(scope, setup, rows.table(), key, at.to_string()).await?;
-    let mut taken = rows.into_taken(commit).await?;
-    let table = taken.base.take().or_else(|| existing.cloned());
-    let version = super::commit::commit_rows(scope, setup, table, taken, report).await?;
-    Ok((at, table_at(scope, setup, version).await?))
+}
+
+/// `the key id = 41 of table 1`: where a first copy stands, for progress lines.
+fn describe_copy_position(p: &strata_sources::CopyPosition) -> String {
+    match &p.after {
+        Some(w) => format!("key {}", describe_watermark(w)),
+        None => format!("the start of the source's table {}", p.table + 1),
+    }
+}
+
+/// The windows a commit at `position` records (under `key`): those the changes read have
+/// not passed yet, if any.
+fn windows_info(key: &str, windows: &[Window], position: Lsn) -> Option<(String, String)> {
+    let open: Vec<Window> = resume::open_windows(windows.to_vec(), position);
+    (!open.is_empty()).then(|| (key.to_string(), resume::windows_json(&open)))
 }
 
 /// Updates that left a TOASTed value unchanged (REPLICA IDENTITY DEFAULT) get the value the
