@@ -259,27 +259,7 @@ STORED AS SCD TYPE 2;
         seeded,
     );
     assert_history(&p, &history, alter_at, seed, seeded > 0);
-    if seeded > 0 {
-        // How many snapshots the copy took (one plus the resumes), for the log.
-        let points = p.csv(
-            "SELECT count(DISTINCT _commit_lsn) AS n FROM changes WHERE _change_type = 'snapshot'",
-        );
-        eprintln!(
-            "seed {seed}: the first copy took {} snapshot(s)",
-            points.lines().nth(1).unwrap_or("?")
-        );
-    }
-    // Each seeded row is copied once and is one open version with its value.
-    assert_eq!(
-        p.csv("SELECT count(*) AS n, count(DISTINCT id) AS keys FROM changes WHERE id > 1000"),
-        format!("n,keys\n{seeded},{seeded}\n"),
-        "seed {seed}: a seeded row was copied twice or not at all"
-    );
-    assert_eq!(
-        p.csv("SELECT count(*) AS n FROM hist WHERE id > 1000 AND v = -id AND __END_AT IS NULL"),
-        format!("n\n{seeded}\n"),
-        "seed {seed}"
-    );
+    assert_seeded(&p, seeded, seed);
     drop_slot(&server, &slot);
 }
 
@@ -453,7 +433,15 @@ fn my_write_until(
 /// the SCD2 target is the fold of every change, none lost or doubled.
 #[test]
 fn killed_binlog_cdc_runs_lose_and_double_no_change() {
-    binlog_drill("binlog", None);
+    binlog_drill("binlog", None, 0);
+}
+
+/// The same starting from a table of 100,000 rows whose first copy, in parts of 2,000, is
+/// killed and resumed: every seeded row is copied once, each key's history is a tail of
+/// what the writer gave it.
+#[test]
+fn killed_binlog_first_copies_resume_and_lose_and_double_no_change() {
+    binlog_drill("binlog_copy", None, 100_000);
 }
 
 /// The same while the writer adds a column in the middle of the table's columns after its
@@ -462,10 +450,10 @@ fn killed_binlog_cdc_runs_lose_and_double_no_change() {
 /// has its value, whichever runs were killed around it.
 #[test]
 fn killed_binlog_cdc_runs_across_an_added_column_lose_and_double_no_change() {
-    binlog_drill("binlog_alter", Some(100));
+    binlog_drill("binlog_alter", Some(100), 0);
 }
 
-fn binlog_drill(prefix: &str, alter_at: Option<i64>) {
+fn binlog_drill(prefix: &str, alter_at: Option<i64>, seeded: u64) {
     use mysql_async::prelude::Queryable;
     let (opts, connection, password) = mariadb();
     let seed = seed();
@@ -482,6 +470,13 @@ fn binlog_drill(prefix: &str, alter_at: Option<i64>) {
             ))
             .await
             .expect("create the table");
+            if seeded > 0 {
+                conn.query_drop(format!(
+                    "INSERT INTO {table} SELECT 1000 + seq, -(1000 + seq), NOW(6) FROM seq_1_to_{seeded}"
+                ))
+                .await
+                .expect("seed the table (MariaDB's sequence engine)");
+            }
             let _ = conn.disconnect().await;
         });
     let columns = match alter_at {
@@ -491,9 +486,13 @@ fn binlog_drill(prefix: &str, alter_at: Option<i64>) {
         }
         None => "COLUMNS id, v",
     };
+    let parts = match seeded {
+        0 => "chunk_rows => '50'",
+        _ => "chunk_rows => '2000', batch_rows => '1000'",
+    };
     let p = Project::new(&format!(
         "{connection}CREATE STREAMING TABLE changes AS SELECT * FROM STREAM read_database('shop', \
-         table => '{table}', mode => 'cdc', chunk_rows => '50');
+         table => '{table}', mode => 'cdc', {parts});
 CREATE STREAMING TABLE hist;
 CREATE FLOW hist_flow AS AUTO CDC INTO hist FROM STREAM(changes) KEYS (id)
 APPLY AS DELETE WHEN _change_type = 'delete'
@@ -502,8 +501,11 @@ SEQUENCE BY STRUCT(_commit_lsn, _change_seq)
 STORED AS SCD TYPE 2;
 "
     ));
-    // The empty table first (its snapshot now): every change then comes through the binlog.
-    run_clean(&p, &password);
+    if seeded == 0 {
+        // The empty table first (its snapshot now): every change then comes through the
+        // binlog.
+        run_clean(&p, &password);
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let writer = {
         let (opts, table, stop) = (opts.clone(), table.clone(), stop.clone());
@@ -515,7 +517,33 @@ STORED AS SCD TYPE 2;
     let history = writer.join().expect("writer");
     run_clean(&p, &password);
     run_clean(&p, &password);
-    assert_history(&p, &history, alter_at, seed, false);
+    assert_history(&p, &history, alter_at, seed, seeded > 0);
+    assert_seeded(&p, seeded, seed);
+}
+
+/// Each seeded row (keys from 1001, `v = -id`) is copied once and is one open version with
+/// its value; says how many snapshots the copy took (one plus the resumes).
+fn assert_seeded(p: &Project, seeded: u64, seed: u64) {
+    if seeded == 0 {
+        return;
+    }
+    assert_eq!(
+        p.csv("SELECT count(*) AS n, count(DISTINCT id) AS keys FROM changes WHERE id > 1000"),
+        format!("n,keys\n{seeded},{seeded}\n"),
+        "seed {seed}: a seeded row was copied twice or not at all"
+    );
+    assert_eq!(
+        p.csv("SELECT count(*) AS n FROM hist WHERE id > 1000 AND v = -id AND __END_AT IS NULL"),
+        format!("n\n{seeded}\n"),
+        "seed {seed}"
+    );
+    let points = p.csv(
+        "SELECT count(DISTINCT _commit_lsn) AS n FROM changes WHERE _change_type = 'snapshot'",
+    );
+    eprintln!(
+        "seed {seed}: the first copy took {} snapshot(s)",
+        points.lines().nth(1).unwrap_or("?")
+    );
 }
 
 #[test]

@@ -38,7 +38,8 @@ use crate::error::{Result, SourceError};
 use crate::lsn::Lsn;
 use crate::mysql::{self, MyDecode};
 use crate::object::{mysql_ident, SourceObject, TableRef};
-use crate::pg::cdc::{CdcConfig, CdcTable, ChangeSummary, ReadOptions, TableBatch};
+use crate::pg::cdc::{CdcConfig, CdcTable, ChangeSummary, CopyPosition, ReadOptions, TableBatch};
+use crate::value::Watermark;
 
 mod alter;
 
@@ -741,26 +742,44 @@ impl BinlogCdc {
     /// from there: nothing lost or doubled. MariaDB tells the position of a consistent
     /// snapshot (`binlog_snapshot_file` / `_position`); MySQL's is taken under a brief
     /// `FLUSH TABLES WITH READ LOCK`.
-    pub async fn start_snapshot(&self) -> Result<BinlogSnapshot> {
+    ///
+    /// The tables from `from` on are read, the first after `from`'s key (a first copy that
+    /// stopped resumes this way, in a new snapshot). `keyed`: each table whose primary key
+    /// is of integer, decimal, date or datetime columns is read in key order, so that
+    /// [`BinlogSnapshot::position`] says where to resume.
+    pub async fn start_snapshot(&self, from: &CopyPosition, keyed: bool) -> Result<BinlogSnapshot> {
         let mut conn = self.r.mysql_connect().await?;
-        let started = self.begin_snapshot(&mut conn).await;
-        let (point, micros) = match started {
+        let started = async {
+            let (point, micros) = self.begin_snapshot(&mut conn).await?;
+            let mut tables = Vec::new();
+            for (index, t) in self.cfg.tables.iter().enumerate().skip(from.table) {
+                let layout = self.layout(&mut conn, t).await?;
+                let order = match keyed {
+                    true => self.copy_order(&mut conn, &layout).await?,
+                    false => None,
+                };
+                let after = if index == from.table {
+                    from.after.clone()
+                } else {
+                    None
+                };
+                tables.push(SnapshotTable {
+                    index,
+                    layout,
+                    order,
+                    after,
+                });
+            }
+            Ok::<_, SourceError>((point, micros, tables))
+        }
+        .await;
+        let (point, micros, tables) = match started {
             Ok(x) => x,
             Err(e) => {
                 let _ = conn.disconnect().await;
                 return Err(e);
             }
         };
-        let mut layouts = Vec::new();
-        for t in &self.cfg.tables {
-            match self.layout(&mut conn, t).await {
-                Ok(l) => layouts.push(l),
-                Err(e) => {
-                    let _ = conn.disconnect().await;
-                    return Err(e);
-                }
-            }
-        }
         let (tx, rx) = tokio::sync::mpsc::channel(1);
         let task = SnapshotTask {
             r: self.r.clone(),
@@ -769,8 +788,8 @@ impl BinlogCdc {
             batch_rows: self.cfg.batch_rows,
         };
         tokio::spawn(async move {
-            for layout in layouts {
-                if let Err(e) = task.read_table(&mut conn, &layout, &tx).await {
+            for table in tables {
+                if let Err(e) = task.read_table(&mut conn, &table, &tx).await {
                     let _ = tx.send(Err(e)).await;
                     break;
                 }
@@ -781,7 +800,36 @@ impl BinlogCdc {
         Ok(BinlogSnapshot {
             rx,
             consistent_point: point,
+            position: None,
         })
+    }
+
+    /// The primary key of `layout`'s table as a copy in key order sorts it (the slots of
+    /// its columns), or `None` when it has none, one of its columns is not read, or one is
+    /// of a type whose order strata does not reproduce (text, with its collations and
+    /// padding; floats; TIMESTAMP, compared in the session's time zone).
+    async fn copy_order(
+        &self,
+        conn: &mut Conn,
+        layout: &TableLayout,
+    ) -> Result<Option<Vec<usize>>> {
+        let names = self.primary_key_on(conn, &layout.table).await?;
+        if names.is_empty() || layout.key.len() != names.len() {
+            return Ok(None);
+        }
+        let ordered = layout.key.iter().all(|&i| {
+            matches!(
+                layout.schema.columns[i].kind,
+                ColumnKind::Int8
+                    | ColumnKind::Int16
+                    | ColumnKind::Int32
+                    | ColumnKind::Int64
+                    | ColumnKind::Decimal { .. }
+                    | ColumnKind::Date
+                    | ColumnKind::Timestamp
+            )
+        });
+        Ok(ordered.then(|| layout.key.clone()))
     }
 
     /// Starts the snapshot transaction on `conn`: its binlog position and time.
@@ -988,15 +1036,27 @@ struct SnapshotTask {
     batch_rows: usize,
 }
 
-type SnapshotBatches = tokio::sync::mpsc::Sender<Result<TableBatch>>;
+/// A snapshot's batches, each with where the rows sent so far end when its table is read
+/// in key order.
+type SnapshotBatches = tokio::sync::mpsc::Sender<Result<(TableBatch, Option<CopyPosition>)>>;
+
+/// A table a snapshot reads: its index among the config's tables, its layout, its key
+/// order (slots of the primary key; `None`: read as it comes) and the key to start after.
+struct SnapshotTable {
+    index: usize,
+    layout: TableLayout,
+    order: Option<Vec<usize>>,
+    after: Option<Watermark>,
+}
 
 impl SnapshotTask {
     async fn read_table(
         &self,
         conn: &mut Conn,
-        layout: &TableLayout,
+        t: &SnapshotTable,
         tx: &SnapshotBatches,
     ) -> Result<()> {
+        let layout = &t.layout;
         let table = &layout.table;
         let cols: Vec<String> = layout
             .schema
@@ -1004,8 +1064,12 @@ impl SnapshotTask {
             .iter()
             .map(|c| mysql_ident(&c.name))
             .collect();
+        let (order, params) = match &t.order {
+            Some(key) => key_order_clause(&layout.schema, key, t.after.as_ref()),
+            None => (String::new(), Vec::new()),
+        };
         let sql = format!(
-            "SELECT {} FROM {}",
+            "SELECT {} FROM {}{order}",
             if cols.is_empty() {
                 "1".to_string()
             } else {
@@ -1024,15 +1088,42 @@ impl SnapshotTask {
             self.r
                 .query_error(table.to_string(), self.r.scrub(&e.to_string()))
         };
-        let mut result = conn.exec_iter(sql, ()).await.map_err(q)?;
+        // The key of the last row read (in key order).
+        let mut last: Vec<Cell> = Vec::new();
+        let position = |last: &[Cell]| -> Option<CopyPosition> {
+            let key = t.order.as_ref()?;
+            let values = key
+                .iter()
+                .zip(last)
+                .map(|(&i, c)| mysql::cell_watermark(&layout.schema.columns[i].kind, c))
+                .collect::<Option<Vec<_>>>()?;
+            Some(CopyPosition {
+                table: t.index,
+                after: Some(Watermark {
+                    columns: key
+                        .iter()
+                        .map(|&i| layout.schema.columns[i].name.clone())
+                        .collect(),
+                    values,
+                }),
+            })
+        };
+        let mut result = conn
+            .exec_iter(sql, mysql_async::Params::Positional(params))
+            .await
+            .map_err(q)?;
         let mut sent = false;
         while let Some(row) = result.next().await.map_err(q)? {
+            last.clear();
             for (i, (_, _, b)) in buf.columns.iter_mut().enumerate() {
                 let v = row.as_ref(i).unwrap_or(&Value::NULL);
                 let c = mysql::cell(layout.decoders[i], v)
                     .map_err(|d| value_error(&self.r, table, &layout.schema.columns[i].name, d))?;
                 b.append_value(&c)
                     .map_err(|d| value_error(&self.r, table, &layout.schema.columns[i].name, d))?;
+                if t.order.as_ref().is_some_and(|k| k.contains(&i)) {
+                    last.push(c);
+                }
             }
             buf.end_row(
                 meta::SNAPSHOT,
@@ -1044,16 +1135,52 @@ impl SnapshotTask {
             if buf.rows >= self.batch_rows {
                 let batch = finish(&mut buf, table)?;
                 sent = true;
-                if tx.send(Ok(table_batch(table, batch))).await.is_err() {
+                let item = (table_batch(table, batch), position(&last));
+                if tx.send(Ok(item)).await.is_err() {
                     return Ok(());
                 }
             }
         }
         if buf.rows > 0 || !sent {
             let batch = finish(&mut buf, table)?;
-            let _ = tx.send(Ok(table_batch(table, batch))).await;
+            let at = match last.is_empty() {
+                true => None,
+                false => position(&last),
+            };
+            let _ = tx.send(Ok((table_batch(table, batch), at))).await;
         }
         Ok(())
+    }
+}
+
+/// ` WHERE (key) > (?, ...) ORDER BY key` for a copy in key order (`key`: slots of
+/// `schema`'s columns), and its parameters.
+fn key_order_clause(
+    schema: &SourceSchema,
+    key: &[usize],
+    after: Option<&Watermark>,
+) -> (String, Vec<Value>) {
+    let cols: Vec<String> = key
+        .iter()
+        .map(|&i| mysql_ident(&schema.columns[i].name))
+        .collect();
+    let order = format!(" ORDER BY {}", cols.join(", "));
+    match after {
+        Some(w) if w.values.len() == key.len() => {
+            let placeholders: Vec<String> = key
+                .iter()
+                .map(|&i| mysql::placeholder(&schema.columns[i].kind))
+                .collect();
+            (
+                format!(
+                    " WHERE ({}) > ({}){order}",
+                    cols.join(", "),
+                    placeholders.join(", ")
+                ),
+                w.values.iter().map(mysql::param).collect(),
+            )
+        }
+        _ => (order, Vec::new()),
     }
 }
 
@@ -1085,8 +1212,10 @@ fn table_batch(table: &TableRef, batch: RecordBatch) -> TableBatch {
 /// The initial snapshot: every table's rows as of the snapshot's binlog position, as change
 /// rows with `_change_type = 'snapshot'`, `_commit_lsn` = that position, `_change_seq` = 0.
 pub struct BinlogSnapshot {
-    rx: tokio::sync::mpsc::Receiver<Result<TableBatch>>,
+    rx: tokio::sync::mpsc::Receiver<Result<(TableBatch, Option<CopyPosition>)>>,
     consistent_point: Lsn,
+    /// Where the rows returned so far end (`None`: inside a table read as it comes).
+    position: Option<CopyPosition>,
 }
 
 impl std::fmt::Debug for BinlogSnapshot {
@@ -1104,10 +1233,25 @@ impl BinlogSnapshot {
         self.consistent_point
     }
 
+    /// Where the rows returned so far end, to resume from (`None`: inside a table read as
+    /// it comes, and after the last table).
+    pub fn position(&self) -> Option<CopyPosition> {
+        self.position.clone()
+    }
+
     /// The next batch, table by table (a table without rows gives one empty batch); `None`
     /// when all tables were read.
     pub async fn next_batch(&mut self) -> Result<Option<TableBatch>> {
-        self.rx.recv().await.transpose()
+        match self.rx.recv().await.transpose()? {
+            Some((batch, position)) => {
+                self.position = position;
+                Ok(Some(batch))
+            }
+            None => {
+                self.position = None;
+                Ok(None)
+            }
+        }
     }
 }
 

@@ -9,7 +9,7 @@
 
 use crate::binlog::{BinlogCdc, BinlogChanges, BinlogSnapshot};
 use crate::conn::{ConnectionSpec, SourceKind};
-use crate::error::{Result, SourceError};
+use crate::error::Result;
 use crate::lsn::Lsn;
 use crate::object::TableRef;
 use crate::pg::cdc::{
@@ -68,31 +68,28 @@ impl LogCdc {
         }
     }
 
-    /// The initial snapshot and the position it corresponds to; PostgreSQL tables with a
-    /// primary key are read in key order, so that an interrupted copy can resume
-    /// ([`LogSnapshot::position`], [`LogCdc::resume_snapshot`]).
+    /// The initial snapshot and the position it corresponds to; tables with a primary key
+    /// of types strata orders as the database does are read in key order, so that an
+    /// interrupted copy can resume ([`LogSnapshot::position`], [`LogCdc::resume_snapshot`]).
     pub async fn start_snapshot(&self) -> Result<LogSnapshot> {
+        let from = CopyPosition {
+            table: 0,
+            after: None,
+        };
         Ok(match self {
             LogCdc::Postgres(c) => LogSnapshot::Postgres(Box::new(c.start_snapshot(true).await?)),
-            LogCdc::Mysql(c) => LogSnapshot::Mysql(c.start_snapshot().await?),
+            LogCdc::Mysql(c) => LogSnapshot::Mysql(c.start_snapshot(&from, true).await?),
         })
     }
 
-    /// The rest of an interrupted first copy after `from`, in a new snapshot whose
-    /// consistent point is the snapshot's ([`PgCdc::resume_snapshot`]). MySQL / MariaDB
-    /// copies are not resumed: they start over.
+    /// The rest of an interrupted first copy after `from`, in a new snapshot: PostgreSQL's
+    /// exported by a temporary slot ([`PgCdc::resume_snapshot`]), MySQL's a new consistent
+    /// snapshot. The changes are still read from the first snapshot's position.
     pub async fn resume_snapshot(&self, from: &CopyPosition) -> Result<LogSnapshot> {
-        match self {
-            LogCdc::Postgres(c) => Ok(LogSnapshot::Postgres(Box::new(
-                c.resume_snapshot(from).await?,
-            ))),
-            LogCdc::Mysql(_) => Err(SourceError::Binlog {
-                connection: String::new(),
-                position: None,
-                detail: "a first copy through the binlog does not resume".into(),
-                resnapshot: true,
-            }),
-        }
+        Ok(match self {
+            LogCdc::Postgres(c) => LogSnapshot::Postgres(Box::new(c.resume_snapshot(from).await?)),
+            LogCdc::Mysql(c) => LogSnapshot::Mysql(c.start_snapshot(from, true).await?),
+        })
     }
 
     /// The changes committed after `after` up to a fence set now.
@@ -141,11 +138,22 @@ impl LogSnapshot {
     }
 
     /// Where the rows returned so far end, to resume from (`None`: not at a point a copy
-    /// can resume from; MySQL / MariaDB copies never are).
+    /// can resume from).
     pub fn position(&self) -> Option<CopyPosition> {
         match self {
             LogSnapshot::Postgres(s) => s.position(),
-            LogSnapshot::Mysql(_) => None,
+            LogSnapshot::Mysql(s) => s.position(),
+        }
+    }
+
+    /// The changes the snapshot holds are those whose `_commit_lsn` is below this:
+    /// PostgreSQL's consistent point (a transaction committed at it is streamed, not in
+    /// the snapshot), one past a binlog position (a change's `_commit_lsn` is the end of
+    /// its transaction, so one ending at the snapshot's position is in it).
+    pub fn holds_changes_before(&self) -> Lsn {
+        match self {
+            LogSnapshot::Postgres(s) => s.consistent_point(),
+            LogSnapshot::Mysql(s) => Lsn::from_i64(s.consistent_point().to_i64() + 1),
         }
     }
 

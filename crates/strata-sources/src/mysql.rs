@@ -280,7 +280,18 @@ pub(crate) async fn describe(
     Ok(described)
 }
 
-fn param(v: &WatermarkValue) -> Value {
+/// The placeholder of a value compared with a column of `kind`: a string compared with a
+/// DECIMAL would be compared as a double.
+pub(crate) fn placeholder(kind: &ColumnKind) -> String {
+    match kind {
+        ColumnKind::Decimal { precision, scale } => {
+            format!("CAST(? AS DECIMAL({precision},{scale}))")
+        }
+        _ => "?".to_string(),
+    }
+}
+
+pub(crate) fn param(v: &WatermarkValue) -> Value {
     match v {
         WatermarkValue::Int(i) => Value::Int(*i),
         WatermarkValue::Float(f) => Value::Double(*f),
@@ -347,13 +358,7 @@ pub(crate) async fn start(
         let n = lb.watermark.values.len();
         let placeholders: Vec<String> = wm_idx[..n]
             .iter()
-            .map(|&i| match &schema.columns[i].kind {
-                // A string compared with a DECIMAL would be compared as a double.
-                ColumnKind::Decimal { precision, scale } => {
-                    format!("CAST(? AS DECIMAL({precision},{scale}))")
-                }
-                _ => "?".to_string(),
-            })
+            .map(|&i| placeholder(&schema.columns[i].kind))
             .collect();
         cond.push(format!(
             "({}) {} ({})",

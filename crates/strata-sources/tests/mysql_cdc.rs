@@ -48,7 +48,16 @@ impl Fixture {
 }
 
 async fn snapshot(cdc: &BinlogCdc) -> (Lsn, Vec<RecordBatch>) {
-    let mut s = cdc.start_snapshot().await.expect("snapshot");
+    let mut s = cdc
+        .start_snapshot(
+            &strata_sources::CopyPosition {
+                table: 0,
+                after: None,
+            },
+            true,
+        )
+        .await
+        .expect("snapshot");
     let cp = s.consistent_point();
     let mut out = Vec::new();
     while let Some(tb) = s.next_batch().await.expect("snapshot batch") {
@@ -265,7 +274,16 @@ async fn a_change_made_while_the_snapshot_is_read_comes_once_after_it() {
     ])
     .await;
     let cdc = f.cdc(&t).await;
-    let mut snap = cdc.start_snapshot().await.expect("snapshot");
+    let mut snap = cdc
+        .start_snapshot(
+            &strata_sources::CopyPosition {
+                table: 0,
+                after: None,
+            },
+            true,
+        )
+        .await
+        .expect("snapshot");
     // After the snapshot's transaction began, before its rows are read.
     f.each(&[
         format!("INSERT INTO {t} VALUES (3, 3)"),

@@ -42,7 +42,8 @@ pub(crate) fn windows_key(append_flow: Option<&str>) -> String {
 
 /// A part of a first copy taken after a resume: the rows of the source's table number
 /// `table` with a key above `after` (all of them for `None`), and every row of the tables
-/// after it, as of the snapshot whose consistent point is `before`.
+/// after it, as of a snapshot that holds the changes whose `_commit_lsn` is below `before`
+/// (`strata_sources::LogSnapshot::holds_changes_before`).
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Window {
     pub(crate) table: usize,

@@ -729,11 +729,11 @@ async fn take_changes(
     };
     // The changes a resumed copy's rows already hold are dropped as they are read.
     let windows = resume::open_windows(windows, after);
+    // A batch's table among the source's (a table named without its schema or database is
+    // read from the connection's default one, which the batches name).
     let table_index = |t: &strata_sources::TableRef| {
         tables.iter().position(|c| {
-            c.name == t.name
-                && c.schema.as_deref().unwrap_or("public")
-                    == t.schema.as_deref().unwrap_or("public")
+            c.name == t.name && (c.schema.is_none() || t.schema.is_none() || c.schema == t.schema)
         })
     };
     let options = ReadOptions {
@@ -965,7 +965,7 @@ async fn take_snapshot(
             progress.windows.push(Window {
                 table: progress.position.table,
                 after: progress.position.after.clone(),
-                before: snapshot.consistent_point(),
+                before: snapshot.holds_changes_before(),
             });
             (snapshot, progress)
         }
