@@ -732,6 +732,46 @@ fn an_interrupted_binlog_first_copy_resumes_after_its_last_part() {
     interrupted_first_copy(&server, Db::Mysql);
 }
 
+/// A first copy in key order commits in parts of `chunk_rows` rows; `first_load =>
+/// 'scan'` reads the table as it lies and commits it once.
+#[test]
+fn a_first_copy_commits_in_parts_unless_first_load_is_scan() {
+    let server = Server::from_env("STRATA_TEST_PG");
+    let table = unique("copyparts");
+    pg(
+        &server,
+        &format!(
+            "CREATE TABLE {table} (id int PRIMARY KEY, v int);
+             INSERT INTO {table} SELECT i, i FROM generate_series(1, 300) i;"
+        ),
+    );
+    // The table's creation, then three parts and the commit of the copy's position (the
+    // copy learns it ended after the third part's commit); or the creation and one commit.
+    for (first_load, commits_made) in [("", 5), (", first_load => 'scan'", 2)] {
+        let slot = unique("strata_slot");
+        let p = cdc_history(
+            &server,
+            "parts",
+            &table,
+            &slot,
+            &format!(", chunk_rows => '100', batch_rows => '50'{first_load}"),
+        );
+        run_ok(&p, &server.password);
+        assert_eq!(
+            commits(&p.path("warehouse/default/parts_changes")),
+            commits_made,
+            "{first_load}"
+        );
+        assert_eq!(
+            p.csv(
+                "SELECT count(*) AS n, count(DISTINCT id) AS k FROM parts WHERE __END_AT IS NULL"
+            ),
+            "n,k\n300,300\n"
+        );
+        drop_slot(&server, &slot);
+    }
+}
+
 /// The database an interrupted-copy test runs against (PostgreSQL with its slot's name).
 enum Db<'a> {
     Postgres(&'a str),

@@ -68,17 +68,18 @@ impl LogCdc {
         }
     }
 
-    /// The initial snapshot and the position it corresponds to; tables with a primary key
-    /// of types strata orders as the database does are read in key order, so that an
-    /// interrupted copy can resume ([`LogSnapshot::position`], [`LogCdc::resume_snapshot`]).
-    pub async fn start_snapshot(&self) -> Result<LogSnapshot> {
+    /// The initial snapshot and the position it corresponds to. `keyed`: tables with a
+    /// primary key of types strata orders as the database does are read in key order, so
+    /// that an interrupted copy can resume ([`LogSnapshot::position`],
+    /// [`LogCdc::resume_snapshot`]); else every table is read as it lies.
+    pub async fn start_snapshot(&self, keyed: bool) -> Result<LogSnapshot> {
         let from = CopyPosition {
             table: 0,
             after: None,
         };
         Ok(match self {
-            LogCdc::Postgres(c) => LogSnapshot::Postgres(Box::new(c.start_snapshot(true).await?)),
-            LogCdc::Mysql(c) => LogSnapshot::Mysql(c.start_snapshot(&from, true).await?),
+            LogCdc::Postgres(c) => LogSnapshot::Postgres(Box::new(c.start_snapshot(keyed).await?)),
+            LogCdc::Mysql(c) => LogSnapshot::Mysql(c.start_snapshot(&from, keyed).await?),
         })
     }
 

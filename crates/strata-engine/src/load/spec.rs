@@ -756,12 +756,11 @@ fn read_database_call(source: &SourceEntry) -> Result<String, String> {
             s.overlap.is_some(),
             s.chunk_bytes.is_some(),
             s.parallel.is_some(),
-            s.first_load.is_some(),
         ];
         if s.watermark.is_some() || watermark_only.contains(&true) {
             return Err(
-                "source: watermark, overlap, chunk_bytes, parallel and first_load belong to \
-                 watermark loads, not to cdc: true"
+                "source: watermark, overlap, chunk_bytes and parallel belong to watermark \
+                 loads, not to cdc: true"
                     .into(),
             );
         }
@@ -771,8 +770,10 @@ fn read_database_call(source: &SourceEntry) -> Result<String, String> {
                 let _ = write!(out, ", {k} => {}", string(v));
             }
         }
-        if let Some(n) = &s.chunk_rows {
-            let _ = write!(out, ", chunk_rows => {}", string(&n.text()));
+        for (k, v) in [("chunk_rows", &s.chunk_rows), ("first_load", &s.first_load)] {
+            if let Some(v) = v {
+                let _ = write!(out, ", {k} => {}", string(&v.text()));
+            }
         }
     } else {
         if s.slot.is_some() || s.publication.is_some() {
@@ -913,15 +914,18 @@ mod tests {
         // Parsed as the engine will read them.
         assert!(strata_sql::parse_pipeline(&sql).is_ok(), "{sql}");
         let cdc_parts = entry(
-            "name: c\nsource: { database: shop, table: t, cdc: true, chunk_rows: 10 }\nkeys: [id]\n",
+            "name: c\nsource: { database: shop, table: t, cdc: true, chunk_rows: 10, first_load: scan }\nkeys: [id]\n",
         );
         let sql = table_sql(&cdc_parts).unwrap();
-        assert!(sql.contains("mode => 'cdc', chunk_rows => '10'"), "{sql}");
+        assert!(
+            sql.contains("mode => 'cdc', chunk_rows => '10', first_load => 'scan'"),
+            "{sql}"
+        );
         let cdc_chunk_bytes = entry(
             "name: c\nsource: { database: shop, table: t, cdc: true, chunk_bytes: 10MB }\nkeys: [id]\n",
         );
         let e = table_sql(&cdc_chunk_bytes).unwrap_err();
-        assert!(e.contains("first_load belong to watermark loads"), "{e}");
+        assert!(e.contains("parallel belong to watermark loads"), "{e}");
         let e = entry(
             "name: customers\nsource: { database: shop, table: public.customers, cdc: true }\n\
              keys: [id]\nstored_as: SCD TYPE 2\nexcept_columns: [secret]\n",

@@ -20,7 +20,7 @@ const WATERMARK_OPTIONS: [&str; 11] = [
     "parallel",
     "first_load",
 ];
-const CDC_OPTIONS: [&str; 7] = [
+const CDC_OPTIONS: [&str; 8] = [
     "mode",
     "table",
     "slot",
@@ -28,6 +28,7 @@ const CDC_OPTIONS: [&str; 7] = [
     "exclude",
     "batch_rows",
     "chunk_rows",
+    "first_load",
 ];
 
 /// The default size of a CDC run's commit: this many changes (then the next transaction
@@ -106,11 +107,14 @@ pub(crate) enum ReadMode {
     /// client's server id; `publication` is unused); the first run copies the table in a
     /// consistent snapshot.
     /// A run commits its changes in parts of `chunk_rows` changes (ended at a transaction
-    /// end), each with the position to resume from.
+    /// end), each with the position to resume from. The first copy (`first_load`) reads a
+    /// table with a primary key in key order and commits it in parts of `chunk_rows` rows,
+    /// resumable (`Chunks`, the default), or as it lies, committed once (`Scan`).
     Changes {
         slot: String,
         publication: String,
         chunk_rows: usize,
+        first_load: FirstLoad,
     },
 }
 
@@ -288,6 +292,10 @@ pub(crate) fn database_read(rd: &ReadDatabase, hint: &str) -> Result<DatabaseRea
                     .map(|n| positive(n, "chunk_rows", "changes"))
                     .transpose()?
                     .unwrap_or(DEFAULT_CDC_CHUNK_ROWS),
+                first_load: get("first_load")
+                    .map(first_load)
+                    .transpose()?
+                    .unwrap_or(FirstLoad::Chunks),
             },
         });
     }
@@ -343,8 +351,9 @@ fn first_load(text: &str) -> Result<FirstLoad, String> {
         "scan" => Ok(FirstLoad::Scan),
         "chunks" => Ok(FirstLoad::Chunks),
         _ => Err(format!(
-            "first_load '{text}' is not known: 'scan' (the default: the table as it lies on \
-             disk, committed once) or 'chunks' (in watermark order, committed in chunks)"
+            "first_load '{text}' is not known: 'scan' (the table as it lies on disk, \
+             committed once; a watermark load's default) or 'chunks' (in watermark or key \
+             order, committed in chunks; a CDC copy's default)"
         )),
     }
 }
@@ -551,10 +560,8 @@ mod tests {
                 ..
             }
         ));
-        assert!(
-            e(&[("table", "t"), ("mode", "cdc"), ("first_load", "scan")])
-                .contains("'first_load' is not known in cdc mode")
-        );
+        assert!(e(&[("table", "t"), ("mode", "cdc"), ("overlap", "5")])
+            .contains("'overlap' is not known in cdc mode"));
         assert!(
             e(&[("table", "t"), ("watermark", "w"), ("batch_rows", "0")]).contains("batch_rows")
         );
@@ -637,6 +644,25 @@ mod tests {
             })
         ));
         assert!(cdc("none").unwrap_err().contains("chunk_rows"));
+        assert!(matches!(
+            r.mode,
+            ReadMode::Changes {
+                first_load: FirstLoad::Chunks,
+                ..
+            }
+        ));
+        let scan = database_read(
+            &rd(&[("mode", "cdc"), ("table", "t"), ("first_load", "scan")]),
+            "t",
+        )
+        .unwrap();
+        assert!(matches!(
+            scan.mode,
+            ReadMode::Changes {
+                first_load: FirstLoad::Scan,
+                ..
+            }
+        ));
         assert_eq!(r.cdc_config().unwrap().tables[0].table.name, "orders");
         assert_eq!(default_slot_name(&"x".repeat(100)).len(), 63);
     }

@@ -669,7 +669,12 @@ async fn take_changes(
     else {
         return Err(EngineError::internal("not a CDC source"));
     };
-    let ReadMode::Changes { chunk_rows, .. } = read.mode else {
+    let ReadMode::Changes {
+        chunk_rows,
+        first_load,
+        ..
+    } = read.mode
+    else {
         return Err(EngineError::internal("not a CDC source"));
     };
     let key = watermark::lsn_key(setup.append_flow.as_deref());
@@ -720,6 +725,7 @@ async fn take_changes(
                 cdc: &cdc,
                 checks,
                 progress,
+                keyed: first_load == FirstLoad::Chunks,
                 part_rows: chunk_rows,
             };
             let (lsn, table, windows) = take_snapshot(scope, setup, existing, copy, report).await?;
@@ -901,11 +907,13 @@ fn resnapshot_hint(
 }
 
 /// What a first copy needs: the source, the checks its rows go through, where an
-/// interrupted copy stopped (`None`: start one), and the rows per part.
+/// interrupted copy stopped (`None`: start one), whether to read in key order
+/// (`first_load => 'chunks'`) and the rows per part.
 struct FirstCopy<'a> {
     cdc: &'a LogCdc,
     checks: RowChecks<'a>,
     progress: Option<CopyProgress>,
+    keyed: bool,
     part_rows: usize,
 }
 
@@ -941,7 +949,7 @@ async fn take_snapshot(
     let (mut snapshot, mut progress) = match copy.progress {
         None => {
             cdc.reset().await.context(fail)?;
-            let snapshot = cdc.start_snapshot().await.context(fail)?;
+            let snapshot = cdc.start_snapshot(copy.keyed).await.context(fail)?;
             let progress = CopyProgress {
                 consistent_point: snapshot.consistent_point(),
                 position: strata_sources::CopyPosition {
