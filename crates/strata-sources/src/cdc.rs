@@ -73,13 +73,11 @@ impl LogCdc {
     /// that an interrupted copy can resume ([`LogSnapshot::position`],
     /// [`LogCdc::resume_snapshot`]); else every table is read as it lies.
     pub async fn start_snapshot(&self, keyed: bool) -> Result<LogSnapshot> {
-        let from = CopyPosition {
-            table: 0,
-            after: None,
-        };
         Ok(match self {
             LogCdc::Postgres(c) => LogSnapshot::Postgres(Box::new(c.start_snapshot(keyed).await?)),
-            LogCdc::Mysql(c) => LogSnapshot::Mysql(c.start_snapshot(&from, keyed).await?),
+            LogCdc::Mysql(c) => {
+                LogSnapshot::Mysql(c.start_snapshot(&CopyPosition::start(), keyed).await?)
+            }
         })
     }
 

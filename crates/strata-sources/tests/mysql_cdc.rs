@@ -49,13 +49,7 @@ impl Fixture {
 
 async fn snapshot(cdc: &BinlogCdc) -> (Lsn, Vec<RecordBatch>) {
     let mut s = cdc
-        .start_snapshot(
-            &strata_sources::CopyPosition {
-                table: 0,
-                after: None,
-            },
-            true,
-        )
+        .start_snapshot(&strata_sources::CopyPosition::start(), true)
         .await
         .expect("snapshot");
     let cp = s.consistent_point();
@@ -275,13 +269,7 @@ async fn a_change_made_while_the_snapshot_is_read_comes_once_after_it() {
     .await;
     let cdc = f.cdc(&t).await;
     let mut snap = cdc
-        .start_snapshot(
-            &strata_sources::CopyPosition {
-                table: 0,
-                after: None,
-            },
-            true,
-        )
+        .start_snapshot(&strata_sources::CopyPosition::start(), true)
         .await
         .expect("snapshot");
     // After the snapshot's transaction began, before its rows are read.

@@ -137,6 +137,16 @@ pub struct CopyPosition {
     pub after: Option<crate::value::Watermark>,
 }
 
+impl CopyPosition {
+    /// Nothing copied yet: a first copy's start.
+    pub fn start() -> Self {
+        CopyPosition {
+            table: 0,
+            after: None,
+        }
+    }
+}
+
 /// Options of one change read.
 #[derive(Clone, Debug)]
 pub struct ReadOptions {
@@ -549,11 +559,7 @@ impl PgCdc {
             ));
         }
         self.ensure_publication().await?;
-        let from = CopyPosition {
-            table: 0,
-            after: None,
-        };
-        self.exported_snapshot(&self.cfg.slot, false, keyed, &from)
+        self.exported_snapshot(&self.cfg.slot, false, keyed, &CopyPosition::start())
             .await
     }
 

@@ -952,10 +952,7 @@ async fn take_snapshot(
             let snapshot = cdc.start_snapshot(copy.keyed).await.context(fail)?;
             let progress = CopyProgress {
                 consistent_point: snapshot.consistent_point(),
-                position: strata_sources::CopyPosition {
-                    table: 0,
-                    after: None,
-                },
+                position: strata_sources::CopyPosition::start(),
                 windows: Vec::new(),
             };
             (snapshot, progress)
