@@ -705,42 +705,21 @@ async fn take_changes(
         place: &place,
     };
     let mut chunk = Chunk::default();
-    // The table as the last part (or the snapshot) committed it (`None`: none yet).
-    let mut base: Option<DeltaTable> = None;
     let windows_key = resume::windows_key(setup.append_flow.as_deref());
-    // First run (or after a full refresh): the table as of the slot's snapshot, committed
-    // in parts; a copy that stopped goes on where it did.
-    let (after, windows) = match (stored, existing) {
-        (Some(lsn), Some(t)) => (lsn, resume::stored_windows(t, &key, &windows_key).await?),
-        (Some(lsn), None) => (lsn, Vec::new()),
-        (None, _) => {
-            let progress = match existing {
-                Some(t) => {
-                    let copy = resume::copy_key(setup.append_flow.as_deref());
-                    resume::stored_progress(t, &copy, &key).await?
-                }
-                None => None,
-            };
-            let copy = FirstCopy {
-                cdc: &cdc,
-                checks,
-                progress,
-                keyed: first_load == FirstLoad::Chunks,
-                part_rows: chunk_rows,
-            };
-            let (lsn, table, windows) = take_snapshot(scope, setup, existing, copy, report).await?;
-            base = Some(table);
-            (lsn, windows)
-        }
+    let copy = FirstCopy {
+        cdc: &cdc,
+        checks,
+        progress: None,
+        keyed: first_load == FirstLoad::Chunks,
+        part_rows: chunk_rows,
     };
+    // The table as the last part (or the snapshot) committed it (`None`: none yet).
+    let (after, windows, mut base) =
+        read_start(scope, setup, existing, stored, copy, report).await?;
     // The changes a resumed copy's rows already hold are dropped as they are read.
-    let windows = resume::open_windows(windows, after);
-    // A batch's table among the source's (a table named without its schema or database is
-    // read from the connection's default one, which the batches name).
-    let table_index = |t: &strata_sources::TableRef| {
-        tables.iter().position(|c| {
-            c.name == t.name && (c.schema.is_none() || t.schema.is_none() || c.schema == t.schema)
-        })
+    let held = Held {
+        tables,
+        windows: resume::open_windows(windows, after),
     };
     let options = ReadOptions {
         part_changes: Some(chunk_rows as u64),
@@ -767,17 +746,7 @@ async fn take_changes(
             check_columns_known(scope, setup, input, &place, &tb.batch)?;
             part_rows += tb.batch.num_rows();
             read_rows += tb.batch.num_rows();
-            let batch = match (windows.is_empty(), table_index(&tb.table)) {
-                (false, Some(i)) => {
-                    let held = resume::superseded(&tb.batch, i, &windows)?;
-                    let kept = deltalake::arrow::compute::not(&held)
-                        .context(|| "dropping changes the copy holds".into())?;
-                    deltalake::arrow::compute::filter_record_batch(&tb.batch, &kept)
-                        .context(|| "dropping changes the copy holds".into())?
-                }
-                _ => tb.batch,
-            };
-            raw.push(batch);
+            raw.push(held.drop_held(&tb.table, tb.batch)?);
             key_changes.extend(tb.key_changes);
             (scope.update)(format!("{read_rows} change(s) read"));
         }
@@ -793,7 +762,7 @@ async fn take_changes(
         // server then hears it may drop the WAL before.
         report.watermark = Some(cdc.describe_position(end));
         let part = std::mem::take(&mut chunk);
-        let extra = windows_info(&windows_key, &windows, end);
+        let extra = windows_info(&windows_key, &held.windows, end);
         base = Some(
             commit_part(
                 scope,
@@ -832,7 +801,7 @@ async fn take_changes(
     }
     report.watermark = Some(cdc.describe_position(resume));
     let mut commit = position_commit(scope, setup, table, key, resume.to_string()).await?;
-    if let Some((k, v)) = windows_info(&windows_key, &windows, resume) {
+    if let Some((k, v)) = windows_info(&windows_key, &held.windows, resume) {
         commit = commit.with_info(k, serde_json::Value::String(v));
     }
     Ok(Some(Taken {
@@ -842,6 +811,70 @@ async fn take_changes(
         base,
         ..Taken::rows(chunk.parts, chunk.events, commit)
     }))
+}
+
+/// Where a CDC run's change read starts, and the windows of a resumed first copy it must
+/// still apply: after the position the table recorded, with the windows the commit of it
+/// carried; or, on a first run (or after a full refresh), after the first copy it takes
+/// now (`copy`), going on with a copy that stopped. Returns the table as the copy left it.
+async fn read_start(
+    scope: &Scope<'_>,
+    setup: &IngestSetup,
+    existing: Option<&DeltaTable>,
+    stored: Option<Lsn>,
+    mut copy: FirstCopy<'_>,
+    report: &mut IngestReport,
+) -> Result<(Lsn, Vec<Window>, Option<DeltaTable>)> {
+    let flow = setup.append_flow.as_deref();
+    let key = watermark::lsn_key(flow);
+    match (stored, existing) {
+        (Some(lsn), Some(t)) => {
+            let windows = resume::stored_windows(t, &key, &resume::windows_key(flow)).await?;
+            Ok((lsn, windows, None))
+        }
+        (Some(lsn), None) => Ok((lsn, Vec::new(), None)),
+        (None, _) => {
+            copy.progress = match existing {
+                Some(t) => resume::stored_progress(t, &resume::copy_key(flow), &key).await?,
+                None => None,
+            };
+            let (lsn, table, windows) = take_snapshot(scope, setup, existing, copy, report).await?;
+            Ok((lsn, windows, Some(table)))
+        }
+    }
+}
+
+/// The source's tables and the windows of a resumed first copy a change read still
+/// applies ([`resume`]).
+struct Held {
+    tables: Vec<strata_sources::TableRef>,
+    windows: Vec<Window>,
+}
+
+impl Held {
+    /// `batch` (changes of `table`) without the changes a window's rows already hold.
+    fn drop_held(
+        &self,
+        table: &strata_sources::TableRef,
+        batch: RecordBatch,
+    ) -> Result<RecordBatch> {
+        let Some(i) = self.index(table).filter(|_| !self.windows.is_empty()) else {
+            return Ok(batch);
+        };
+        let held = resume::superseded(&batch, i, &self.windows)?;
+        let kept = deltalake::arrow::compute::not(&held)
+            .context(|| "dropping changes the copy holds".into())?;
+        deltalake::arrow::compute::filter_record_batch(&batch, &kept)
+            .context(|| "dropping changes the copy holds".into())
+    }
+
+    /// `t` among the source's tables (a table named without its schema or database is read
+    /// from the connection's default one, which the batches name).
+    fn index(&self, t: &strata_sources::TableRef) -> Option<usize> {
+        self.tables.iter().position(|c| {
+            c.name == t.name && (c.schema.is_none() || t.schema.is_none() || c.schema == t.schema)
+        })
+    }
 }
 
 /// A batch of changes has only columns the run was prepared with (`input`): a column the
