@@ -1110,6 +1110,67 @@ fn a_dropped_slot_names_the_full_refresh_command() {
     drop_slot(&server, &slot);
 }
 
+/// A first copy that stopped after some parts cannot resume once its slot is gone (the
+/// changes since its snapshot are lost to strata): the run says so with the full-refresh
+/// command and writes nothing, and that command copies the table again.
+#[test]
+fn a_stopped_first_copy_whose_slot_is_gone_names_the_full_refresh_command() {
+    let server = Server::from_env("STRATA_TEST_PG");
+    let table = unique("noresume");
+    let slot = unique("strata_slot");
+    pg(
+        &server,
+        &format!(
+            "CREATE TABLE {table} (id int PRIMARY KEY, v int);
+             INSERT INTO {table} SELECT i, CASE WHEN i = 250 THEN NULL ELSE i END FROM generate_series(1, 300) i;"
+        ),
+    );
+    let p = Project::new(&format!(
+        "{}CREATE STREAMING TABLE noresume_changes (
+  CONSTRAINT v_set EXPECT (v IS NOT NULL OR _change_type = 'delete') ON VIOLATION FAIL UPDATE
+) AS SELECT * FROM STREAM read_database('shop', table => 'public.{table}', mode => 'cdc', \
+slot => '{slot}', publication => '{slot}', chunk_rows => '100', batch_rows => '50');
+",
+        server.connection("postgresql")
+    ));
+    assert!(
+        !run(&p, &server.password).status.success(),
+        "the copy meets the NULL"
+    );
+    assert_eq!(
+        p.csv("SELECT count(*) AS n FROM noresume_changes"),
+        "n\n200\n"
+    );
+    drop_slot(&server, &slot);
+    pg(
+        &server,
+        &format!("UPDATE {table} SET v = 250 WHERE id = 250"),
+    );
+    let dir = p.path("warehouse/default/noresume_changes");
+    let before = commits(&dir);
+    let out = run(&p, &server.password);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("`strata run pipeline.sql --full-refresh default.noresume_changes`"),
+        "{err}"
+    );
+    assert!(err.contains(&slot) && err.contains("is gone"), "{err}");
+    assert_eq!(commits(&dir), before, "nothing written");
+    let out = p
+        .command(&["run", "pipeline.sql", "--full-refresh", "noresume_changes"])
+        .env("SHOP_PW", &server.password)
+        .env_remove("PGPASSWORD")
+        .output()
+        .expect("strata runs");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        p.csv("SELECT count(*) AS n, sum(v) AS s FROM noresume_changes"),
+        "n,s\n300,45150\n"
+    );
+    drop_slot(&server, &slot);
+}
+
 /// An update of a TOASTed row's primary key (`UPDATE docs SET id = 10 WHERE id = 1`) leaves
 /// the large value unchanged: the new key takes it from the old key's last row, whether
 /// that row is in the streaming table (an earlier run) or earlier in the same run, and a
