@@ -509,6 +509,8 @@ struct TableLayout {
     columns: Vec<BinColumn>,
     /// Primary key columns (slots in the buffer); empty when the table has none.
     key: Vec<usize>,
+    /// Every primary key column is read (none excluded), so `key` is the whole key.
+    key_whole: bool,
 }
 
 /// MySQL / MariaDB log-based CDC for one connection and its tables.
@@ -677,7 +679,7 @@ impl BinlogCdc {
             })
             .collect();
         let key_names = self.primary_key_on(conn, &table).await?;
-        let key = key_names
+        let key: Vec<usize> = key_names
             .iter()
             .filter_map(|k| schema.index_of(k))
             .collect();
@@ -686,6 +688,7 @@ impl BinlogCdc {
             schema,
             decoders,
             columns,
+            key_whole: key.len() == key_names.len(),
             key,
         })
     }
@@ -755,19 +758,14 @@ impl BinlogCdc {
             for (index, t) in self.cfg.tables.iter().enumerate().skip(from.table) {
                 let layout = self.layout(&mut conn, t).await?;
                 let order = match keyed {
-                    true => self.copy_order(&mut conn, &layout).await?,
+                    true => copy_order(&layout),
                     false => None,
-                };
-                let after = if index == from.table {
-                    from.after.clone()
-                } else {
-                    None
                 };
                 tables.push(SnapshotTable {
                     index,
                     layout,
                     order,
-                    after,
+                    after: from.after_in(index),
                 });
             }
             Ok::<_, SourceError>((point, micros, tables))
@@ -802,34 +800,6 @@ impl BinlogCdc {
             consistent_point: point,
             position: None,
         })
-    }
-
-    /// The primary key of `layout`'s table as a copy in key order sorts it (the slots of
-    /// its columns), or `None` when it has none, one of its columns is not read, or one is
-    /// of a type whose order strata does not reproduce (text, with its collations and
-    /// padding; floats; TIMESTAMP, compared in the session's time zone).
-    async fn copy_order(
-        &self,
-        conn: &mut Conn,
-        layout: &TableLayout,
-    ) -> Result<Option<Vec<usize>>> {
-        let names = self.primary_key_on(conn, &layout.table).await?;
-        if names.is_empty() || layout.key.len() != names.len() {
-            return Ok(None);
-        }
-        let ordered = layout.key.iter().all(|&i| {
-            matches!(
-                layout.schema.columns[i].kind,
-                ColumnKind::Int8
-                    | ColumnKind::Int16
-                    | ColumnKind::Int32
-                    | ColumnKind::Int64
-                    | ColumnKind::Decimal { .. }
-                    | ColumnKind::Date
-                    | ColumnKind::Timestamp
-            )
-        });
-        Ok(ordered.then(|| layout.key.clone()))
     }
 
     /// Starts the snapshot transaction on `conn`: its binlog position and time.
@@ -1039,6 +1009,26 @@ struct SnapshotTask {
 /// A snapshot's batches, each with where the rows sent so far end when its table is read
 /// in key order.
 type SnapshotBatches = tokio::sync::mpsc::Sender<Result<(TableBatch, Option<CopyPosition>)>>;
+
+/// The primary key of `layout`'s table as a copy in key order sorts it (the slots of its
+/// columns), or `None` when it has none, one of its columns is not read, or one is of a
+/// type whose order strata does not reproduce (text, with its collations and padding;
+/// floats; TIMESTAMP, compared in the session's time zone).
+fn copy_order(layout: &TableLayout) -> Option<Vec<usize>> {
+    let ordered = layout.key.iter().all(|&i| {
+        matches!(
+            layout.schema.columns[i].kind,
+            ColumnKind::Int8
+                | ColumnKind::Int16
+                | ColumnKind::Int32
+                | ColumnKind::Int64
+                | ColumnKind::Decimal { .. }
+                | ColumnKind::Date
+                | ColumnKind::Timestamp
+        )
+    });
+    (layout.key_whole && !layout.key.is_empty() && ordered).then(|| layout.key.clone())
+}
 
 /// A table a snapshot reads: its index among the config's tables, its layout, its key
 /// order (slots of the primary key; `None`: read as it comes) and the key to start after.

@@ -1,7 +1,7 @@
-//! A CDC source's first copy in parts: where an interrupted copy stands, and which changes
-//! the parts copied after a resume already hold.
+//! How far a CDC source has read ([`stored_read`]): its position, or where an interrupted
+//! first copy stands, and which changes the parts copied after a resume already hold.
 //!
-//! The first copy of a PostgreSQL table with a primary key reads it in key order and
+//! The first copy of a table with a primary key strata can order by reads it in key order and
 //! commits it in parts, each recording a [`CopyProgress`] (`strata.copy` in its commit
 //! info): the first copy's consistent point, where the rows committed so far end, and the
 //! resumed parts so far. A run that finds one resumes the copy after that key in a new
@@ -14,6 +14,7 @@
 
 use crate::error::{Context, EngineError, Result};
 use crate::sources::overlap::scalar_of;
+use crate::storage::commit::PendingCommit;
 use deltalake::arrow::array::{Array, AsArray, BooleanArray, RecordBatch};
 use deltalake::arrow::compute::cast;
 use deltalake::arrow::datatypes::{DataType, Int64Type};
@@ -33,7 +34,7 @@ pub(crate) fn copy_key(append_flow: Option<&str>) -> String {
 
 /// The commit-info key of the windows of a resumed first copy that the changes read have
 /// not passed yet (`strata.copy.windows`, `strata.copy.windows.<flow>`).
-pub(crate) fn windows_key(append_flow: Option<&str>) -> String {
+fn windows_key(append_flow: Option<&str>) -> String {
     match append_flow {
         None => "strata.copy.windows".to_string(),
         Some(f) => format!("strata.copy.windows.{f}"),
@@ -138,66 +139,85 @@ impl CopyProgress {
     }
 }
 
-/// The windows as recorded under [`windows_key`].
-pub(crate) fn windows_json(windows: &[Window]) -> String {
-    let j: Vec<WindowJson> = windows.iter().map(Window::to_json).collect();
-    serde_json::to_string(&j).unwrap_or_default()
+/// The windows a commit at `position` records: those a change read from there has not
+/// passed yet (under [`windows_key`] for `append_flow`), none when it has passed them all.
+pub(crate) fn with_windows(
+    commit: PendingCommit,
+    append_flow: Option<&str>,
+    windows: &[Window],
+    position: Lsn,
+) -> PendingCommit {
+    let open: Vec<WindowJson> = open_windows(windows, position)
+        .iter()
+        .map(Window::to_json)
+        .collect();
+    match open.is_empty() {
+        true => commit,
+        false => commit.with_info(
+            windows_key(append_flow),
+            serde_json::Value::String(serde_json::to_string(&open).unwrap_or_default()),
+        ),
+    }
 }
 
 /// The windows a change read starting after `from` must still apply: those whose point it
 /// has not passed.
-pub(crate) fn open_windows(windows: Vec<Window>, from: Lsn) -> Vec<Window> {
-    windows.into_iter().filter(|w| w.before > from).collect()
+pub(crate) fn open_windows(windows: &[Window], from: Lsn) -> Vec<Window> {
+    windows
+        .iter()
+        .filter(|w| w.before > from)
+        .cloned()
+        .collect()
 }
 
-/// The progress of an interrupted first copy, from the newest commit that recorded one
-/// (under `copy`), unless a newer commit recorded a position (under `position`): the copy
-/// was then done.
-pub(crate) async fn stored_progress(
-    table: &DeltaTable,
-    copy: &str,
-    position: &str,
-) -> Result<Option<CopyProgress>> {
-    match newest_of(table, copy, position).await? {
-        Some((key, text)) if key == copy => CopyProgress::from_json(&text).map(Some),
-        _ => Ok(None),
-    }
+/// How far a CDC source's table has read, as its log says.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Stored {
+    /// Nothing yet: a first copy starts.
+    Nothing,
+    /// A first copy stopped there.
+    Copying(CopyProgress),
+    /// The changes are read after `lsn`, with the windows its commit carried.
+    Reading { lsn: Lsn, windows: Vec<Window> },
 }
 
-/// The windows the newest commit that recorded a position (under `position`) carried
-/// (under `windows`); none when it carried none.
-pub(crate) async fn stored_windows(
-    table: &DeltaTable,
-    position: &str,
-    windows: &str,
-) -> Result<Vec<Window>> {
+/// How far `table` has read for `append_flow`, from the newest commit that recorded a
+/// position (`strata.lsn`, with its windows) or a first copy's progress, in one walk of
+/// its history.
+pub(crate) async fn stored_read(table: &DeltaTable, append_flow: Option<&str>) -> Result<Stored> {
+    let (lsn_key, copy) = (
+        crate::sources::watermark::lsn_key(append_flow),
+        copy_key(append_flow),
+    );
+    let text = |info: &std::collections::HashMap<String, serde_json::Value>, key: &str| match info
+        .get(key)
+    {
+        Some(serde_json::Value::String(t)) => Ok(Some(t.clone())),
+        Some(other) => Err(unreadable(&other.to_string())),
+        None => Ok(None),
+    };
     let mut history = table.history(None);
     while let Some(info) = history.next().await {
-        let info = info.context(|| "reading table history".into())?;
-        if info.info.contains_key(position) {
-            let Some(serde_json::Value::String(text)) = info.info.get(windows) else {
-                return Ok(Vec::new());
+        let info = info.context(|| "reading table history".into())?.info;
+        if let Some(at) = text(&info, &lsn_key)? {
+            let windows = match text(&info, &windows_key(append_flow))? {
+                Some(j) => serde_json::from_str::<Vec<WindowJson>>(&j)
+                    .map_err(|_| unreadable(&j))?
+                    .into_iter()
+                    .map(Window::from_json)
+                    .collect::<Result<_>>()?,
+                None => Vec::new(),
             };
-            let j: Vec<WindowJson> = serde_json::from_str(text).map_err(|_| unreadable(text))?;
-            return j.into_iter().map(Window::from_json).collect();
+            return Ok(Stored::Reading {
+                lsn: lsn(&at)?,
+                windows,
+            });
+        }
+        if let Some(progress) = text(&info, &copy)? {
+            return CopyProgress::from_json(&progress).map(Stored::Copying);
         }
     }
-    Ok(Vec::new())
-}
-
-/// The key and text of the newest commit that recorded `a` or `b` (`b` first if one commit
-/// has both).
-async fn newest_of(table: &DeltaTable, a: &str, b: &str) -> Result<Option<(String, String)>> {
-    let mut history = table.history(None);
-    while let Some(info) = history.next().await {
-        let info = info.context(|| "reading table history".into())?;
-        for key in [b, a] {
-            if let Some(serde_json::Value::String(text)) = info.info.get(key) {
-                return Ok(Some((key.to_string(), text.clone())));
-            }
-        }
-    }
-    Ok(None)
+    Ok(Stored::Nothing)
 }
 
 /// Which rows of `batch` (changes of the source's table number `table`) a window already
@@ -340,7 +360,7 @@ mod tests {
             s.iter().map(Option::unwrap).collect::<Vec<_>>(),
             vec![false, false, true]
         );
-        assert_eq!(open_windows(w.to_vec(), Lsn::from_i64(12)).len(), 1);
+        assert_eq!(open_windows(&w, Lsn::from_i64(12)).len(), 1);
     }
 
     #[test]

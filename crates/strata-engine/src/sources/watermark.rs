@@ -3,13 +3,14 @@
 //! the commit that appended the rows up to it (`strata.watermark`, or
 //! `strata.watermark.<flow>` for an append flow): the rows and the watermark are one atomic
 //! commit, so a crash never skips or doubles rows. The table keeps its whole log (as file
-//! ingestion does) so that the commit holding the watermark is never cleaned up.
+//! ingestion does) so that the commit holding the watermark is never cleaned up. A CDC
+//! source's LSN is read back with its first copy's progress (`sources/resume.rs`).
 
 use crate::error::{Context, EngineError, Result};
 use deltalake::DeltaTable;
 use futures::StreamExt;
 use serde_json::Value;
-use strata_sources::{Lsn, Watermark};
+use strata_sources::Watermark;
 
 /// The commit-info key of the watermark.
 pub(crate) const WATERMARK_KEY: &str = "strata.watermark";
@@ -30,18 +31,6 @@ pub(crate) fn lsn_key(append_flow: Option<&str>) -> String {
         None => "strata.lsn".to_string(),
         Some(f) => format!("strata.lsn.{f}"),
     }
-}
-
-/// The newest LSN `table` recorded under `key`; `None` before the first load.
-pub(crate) async fn stored_lsn(table: &DeltaTable, key: &str) -> Result<Option<Lsn>> {
-    let Some(text) = newest_info(table, key).await? else {
-        return Ok(None);
-    };
-    text.parse::<Lsn>().map(Some).map_err(|_| {
-        EngineError::internal(format!(
-            "the LSN recorded in the table's log does not read back: {text}"
-        ))
-    })
 }
 
 /// The newest watermark `table` recorded under `key` (newest commit first; the commits

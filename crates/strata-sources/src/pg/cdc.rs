@@ -145,6 +145,12 @@ impl CopyPosition {
             after: None,
         }
     }
+
+    /// The key a copy from here starts after in the table numbered `index` (one at or after
+    /// `table`): `after` in `table`, none in the tables after it.
+    pub fn after_in(&self, index: usize) -> Option<crate::value::Watermark> {
+        self.after.clone().filter(|_| index == self.table)
+    }
 }
 
 /// Options of one change read.
@@ -645,16 +651,11 @@ impl PgCdc {
                 true => self.copy_order(&t.table).await?,
                 false => None,
             };
-            let after = if i == from.table {
-                from.after.clone()
-            } else {
-                None
-            };
             tables.push_back(CopyTable {
                 index: i,
                 table: t.clone(),
                 order,
-                after,
+                after: from.after_in(i),
             });
         }
         self.import_snapshot(snapshot, consistent_point, tables)

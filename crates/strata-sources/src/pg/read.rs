@@ -272,7 +272,7 @@ impl PgRowReader {
         d: &Described,
         select: &str,
     ) -> Result<PgRowReader> {
-        let mut reader = PgRowReader::start_copy(
+        let reader = PgRowReader::start_copy(
             client,
             r,
             &read.object,
@@ -281,10 +281,7 @@ impl PgRowReader {
             select,
         )
         .await?;
-        reader.wm_idx = d.wm_idx.clone();
-        reader.wm_names = read.watermark_columns.clone();
-        reader.last_wm = vec![None; d.wm_idx.len()];
-        Ok(reader)
+        Ok(reader.tracking(d.wm_idx.clone(), read.watermark_columns.clone()))
     }
 
     /// Starts the COPY of `select`'s rows (no watermark tracked: see [`PgRowReader::copy`]).

@@ -34,7 +34,7 @@ use crate::sources::overlap::{self, Seen};
 #[cfg(doc)]
 use crate::sources::read::ChunkSize;
 use crate::sources::read::{database_read, DatabaseRead, FirstLoad, ReadMode};
-use crate::sources::resume::{self, CopyProgress, Window};
+use crate::sources::resume::{self, CopyProgress, Stored, Window};
 use crate::sources::toast;
 use crate::sources::watermark;
 use crate::storage::commit::{position, AppId, PendingCommit};
@@ -448,24 +448,17 @@ impl Chunk {
     }
 }
 
-/// Commits `part` (a watermark load's chunk, a CDC run's part) in a commit of its own that
-/// records `position` under `key`, building on `table`; returns the table as that commit
-/// left it, which the next part builds on.
-#[allow(clippy::too_many_arguments)]
+/// Commits `part` (a watermark load's chunk, a CDC run's part) as `commit` (one that records
+/// its position: [`position_commit`]), building on `table`; returns the table as that
+/// commit left it, which the next part builds on.
 async fn commit_part(
     scope: &Scope<'_>,
     setup: &IngestSetup,
     table: Option<&DeltaTable>,
-    key: &str,
-    position: String,
-    extra: Option<(String, String)>,
+    commit: PendingCommit,
     part: Chunk,
     report: &mut IngestReport,
 ) -> Result<DeltaTable> {
-    let mut commit = position_commit(scope, setup, table, key.to_string(), position).await?;
-    if let Some((k, v)) = extra {
-        commit = commit.with_info(k, serde_json::Value::String(v));
-    }
     let taken = part.into_taken(commit);
     let version = super::commit::commit_rows(scope, setup, table.cloned(), taken, report).await?;
     table_at(scope, setup, version).await
@@ -489,7 +482,8 @@ async fn commit_chunk(
     report.watermark = Some(describe_watermark(reached));
     let part = std::mem::take(chunk);
     let table = base.as_ref().or(existing);
-    let committed = commit_part(scope, setup, table, key, json.clone(), None, part, report).await?;
+    let commit = position_commit(scope, setup, table, key.to_string(), json.clone()).await?;
+    let committed = commit_part(scope, setup, table, commit, part, report).await?;
     *base = Some(committed);
     Ok(json)
 }
@@ -677,11 +671,13 @@ async fn take_changes(
     else {
         return Err(EngineError::internal("not a CDC source"));
     };
-    let key = watermark::lsn_key(setup.append_flow.as_deref());
+    let flow = setup.append_flow.as_deref();
+    let key = watermark::lsn_key(flow);
     let stored = match existing {
-        Some(t) => watermark::stored_lsn(t, &key).await?,
-        None => None,
+        Some(t) => resume::stored_read(t, flow).await?,
+        None => Stored::Nothing,
     };
+    let read_before = matches!(stored, Stored::Reading { .. });
     let tables: Vec<strata_sources::TableRef> =
         config.tables.iter().map(|t| t.table.clone()).collect();
     let cdc = LogCdc::connect(spec, config).await.context(|| {
@@ -705,21 +701,29 @@ async fn take_changes(
         place: &place,
     };
     let mut chunk = Chunk::default();
-    let windows_key = resume::windows_key(setup.append_flow.as_deref());
-    let copy = FirstCopy {
-        cdc: &cdc,
-        checks,
-        progress: None,
-        keyed: first_load == FirstLoad::Chunks,
-        part_rows: chunk_rows,
+    // The table as the last part (or the first copy) committed it (`None`: none yet). On a
+    // first run (or after a full refresh), the first copy, going on with one that stopped.
+    let (after, windows, mut base) = match stored {
+        Stored::Reading { lsn, windows } => (lsn, windows, None),
+        first => {
+            let copy = FirstCopy {
+                cdc: &cdc,
+                checks,
+                progress: match first {
+                    Stored::Copying(progress) => Some(progress),
+                    _ => None,
+                },
+                keyed: first_load == FirstLoad::Chunks,
+                part_rows: chunk_rows,
+            };
+            let (lsn, table, windows) = take_snapshot(scope, setup, existing, copy, report).await?;
+            (lsn, windows, Some(table))
+        }
     };
-    // The table as the last part (or the snapshot) committed it (`None`: none yet).
-    let (after, windows, mut base) =
-        read_start(scope, setup, existing, stored, copy, report).await?;
     // The changes a resumed copy's rows already hold are dropped as they are read.
     let held = Held {
         tables,
-        windows: resume::open_windows(windows, after),
+        windows: resume::open_windows(&windows, after),
     };
     let options = ReadOptions {
         part_changes: Some(chunk_rows as u64),
@@ -762,20 +766,9 @@ async fn take_changes(
         // server then hears it may drop the WAL before.
         report.watermark = Some(cdc.describe_position(end));
         let part = std::mem::take(&mut chunk);
-        let extra = windows_info(&windows_key, &held.windows, end);
-        base = Some(
-            commit_part(
-                scope,
-                setup,
-                table,
-                &key,
-                end.to_string(),
-                extra,
-                part,
-                report,
-            )
-            .await?,
-        );
+        let commit = position_commit(scope, setup, table, key.clone(), end.to_string()).await?;
+        let commit = resume::with_windows(commit, flow, &held.windows, end);
+        base = Some(commit_part(scope, setup, table, commit, part, report).await?);
         changes.next_part();
         last_part = Some(end);
         (scope.update)(format!(
@@ -794,16 +787,14 @@ async fn take_changes(
         match last_part {
             // The stream may have closed before it told the server of the last part.
             Some(end) => advance_slot(&cdc, end).await,
-            None if stored.is_some() => report.skipped = Some("no new changes".into()),
+            None if read_before => report.skipped = Some("no new changes".into()),
             None => {}
         }
         return Ok(None);
     }
     report.watermark = Some(cdc.describe_position(resume));
-    let mut commit = position_commit(scope, setup, table, key, resume.to_string()).await?;
-    if let Some((k, v)) = windows_info(&windows_key, &held.windows, resume) {
-        commit = commit.with_info(k, serde_json::Value::String(v));
-    }
+    let commit = position_commit(scope, setup, table, key, resume.to_string()).await?;
+    let commit = resume::with_windows(commit, flow, &held.windows, resume);
     Ok(Some(Taken {
         after_commit: Some(Box::new(move || {
             Box::pin(SlotAdvance { cdc, to: resume }.run())
@@ -811,37 +802,6 @@ async fn take_changes(
         base,
         ..Taken::rows(chunk.parts, chunk.events, commit)
     }))
-}
-
-/// Where a CDC run's change read starts, and the windows of a resumed first copy it must
-/// still apply: after the position the table recorded, with the windows the commit of it
-/// carried; or, on a first run (or after a full refresh), after the first copy it takes
-/// now (`copy`), going on with a copy that stopped. Returns the table as the copy left it.
-async fn read_start(
-    scope: &Scope<'_>,
-    setup: &IngestSetup,
-    existing: Option<&DeltaTable>,
-    stored: Option<Lsn>,
-    mut copy: FirstCopy<'_>,
-    report: &mut IngestReport,
-) -> Result<(Lsn, Vec<Window>, Option<DeltaTable>)> {
-    let flow = setup.append_flow.as_deref();
-    let key = watermark::lsn_key(flow);
-    match (stored, existing) {
-        (Some(lsn), Some(t)) => {
-            let windows = resume::stored_windows(t, &key, &resume::windows_key(flow)).await?;
-            Ok((lsn, windows, None))
-        }
-        (Some(lsn), None) => Ok((lsn, Vec::new(), None)),
-        (None, _) => {
-            copy.progress = match existing {
-                Some(t) => resume::stored_progress(t, &resume::copy_key(flow), &key).await?,
-                None => None,
-            };
-            let (lsn, table, windows) = take_snapshot(scope, setup, existing, copy, report).await?;
-            Ok((lsn, windows, Some(table)))
-        }
-    }
 }
 
 /// The source's tables and the windows of a resumed first copy a change read still
@@ -954,8 +914,8 @@ struct FirstCopy<'a> {
 /// refresh): PostgreSQL's slot (re)created and the table copied through its exported
 /// snapshot, or MySQL's table read in a consistent-snapshot transaction (rows with
 /// `_change_type = 'snapshot'`), checked and written to data files as they come
-/// ([`StreamedRows`]). A PostgreSQL table with a primary key is read in key order and
-/// committed in parts of `part_rows` rows, each recording how far the copy got
+/// ([`StreamedRows`]). A table with a primary key strata can order by is read in key order
+/// and committed in parts of `part_rows` rows, each recording how far the copy got
 /// ([`CopyProgress`]); a run that finds such a record goes on after it in a new snapshot
 /// (a [`Window`]). The last commit records the first snapshot's position, from which the
 /// changes are read. A first copy that stops before its first part's commit leaves a slot
@@ -1035,13 +995,7 @@ async fn take_snapshot(
                 report.watermark = Some(cdc.describe_position(at));
                 let key = watermark::lsn_key(flow);
                 let commit = position_commit(scope, setup, rows.table(), key, at.to_string());
-                let mut commit = commit.await?;
-                if let Some((k, v)) =
-                    windows_info(&resume::windows_key(flow), &progress.windows, at)
-                {
-                    commit = commit.with_info(k, serde_json::Value::String(v));
-                }
-                commit
+                resume::with_windows(commit.await?, flow, &progress.windows, at)
             }
             false => {
                 let key = resume::copy_key(flow);
@@ -1063,19 +1017,13 @@ async fn take_snapshot(
     }
 }
 
-/// `the key id = 41 of table 1`: where a first copy stands, for progress lines.
+/// `key id = 41`, `the start of the source's table 2`: where a first copy stands, for
+/// progress lines and notes.
 fn describe_copy_position(p: &strata_sources::CopyPosition) -> String {
     match &p.after {
         Some(w) => format!("key {}", describe_watermark(w)),
         None => format!("the start of the source's table {}", p.table + 1),
     }
-}
-
-/// The windows a commit at `position` records (under `key`): those the changes read have
-/// not passed yet, if any.
-fn windows_info(key: &str, windows: &[Window], position: Lsn) -> Option<(String, String)> {
-    let open: Vec<Window> = resume::open_windows(windows.to_vec(), position);
-    (!open.is_empty()).then(|| (key.to_string(), resume::windows_json(&open)))
 }
 
 /// Updates that left a TOASTed value unchanged (REPLICA IDENTITY DEFAULT) get the value the
