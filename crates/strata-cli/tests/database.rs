@@ -7,8 +7,8 @@
 mod common;
 
 use common::database::{
-    cdc_history, commits, drop_slot, files_containing, mysql, pg, pg_value, run, run_ok, unique,
-    Server,
+    cdc_history, commits, drop_slot, files_containing, full_refresh_ok, mysql, pg, pg_value, run,
+    run_ok, unique, Server,
 };
 use common::{stderr, Project};
 use std::path::Path;
@@ -1096,13 +1096,7 @@ fn a_dropped_slot_names_the_full_refresh_command() {
     );
     assert!(err.contains(&slot), "{err}");
     assert_eq!(commits(&dir), before, "nothing written");
-    let out = p
-        .command(&["run", "pipeline.sql", "--full-refresh", "gone_changes"])
-        .env("SHOP_PW", &server.password)
-        .env_remove("PGPASSWORD")
-        .output()
-        .expect("strata runs");
-    assert!(out.status.success(), "{}", stderr(&out));
+    full_refresh_ok(&p, &server.password, "gone_changes");
     assert_eq!(
         p.csv("SELECT id, plan FROM gone WHERE __END_AT IS NULL"),
         "id,plan\n1,pro\n"
@@ -1157,13 +1151,7 @@ slot => '{slot}', publication => '{slot}', chunk_rows => '100', batch_rows => '5
     );
     assert!(err.contains(&slot) && err.contains("is gone"), "{err}");
     assert_eq!(commits(&dir), before, "nothing written");
-    let out = p
-        .command(&["run", "pipeline.sql", "--full-refresh", "noresume_changes"])
-        .env("SHOP_PW", &server.password)
-        .env_remove("PGPASSWORD")
-        .output()
-        .expect("strata runs");
-    assert!(out.status.success(), "{}", stderr(&out));
+    full_refresh_ok(&p, &server.password, "noresume_changes");
     assert_eq!(
         p.csv("SELECT count(*) AS n, sum(v) AS s FROM noresume_changes"),
         "n,s\n300,45150\n"
@@ -1475,13 +1463,7 @@ fn a_dropped_or_retyped_source_column_names_the_column_and_the_full_refresh_comm
         "{err}"
     );
     assert_eq!(commits(&dir), before, "nothing written");
-    let out = p
-        .command(&["run", "pipeline.sql", "--full-refresh", "shrink_changes"])
-        .env("SHOP_PW", &server.password)
-        .env_remove("PGPASSWORD")
-        .output()
-        .expect("strata runs");
-    assert!(out.status.success(), "{}", stderr(&out));
+    full_refresh_ok(&p, &server.password, "shrink_changes");
     assert_eq!(
         p.csv("SELECT id, name, n FROM shrink WHERE __END_AT IS NULL"),
         "id,name,n\n1,Anna,1\n"
@@ -1730,13 +1712,7 @@ KEYS (id) STORED AS SCD TYPE 1;
         "{err}"
     );
     assert_eq!(commits(&dir), before, "nothing written");
-    let out = p
-        .command(&["run", "pipeline.sql", "--full-refresh", "acct_changes,acct"])
-        .env("SHOP_PW", &server.password)
-        .env_remove("MYSQL_PWD")
-        .output()
-        .expect("strata runs");
-    assert!(out.status.success(), "{}", stderr(&out));
+    full_refresh_ok(&p, &server.password, "acct_changes,acct");
     assert_eq!(
         p.csv("SELECT id, plan FROM acct ORDER BY id"),
         "id,plan\n1,free\n2,pro\n"

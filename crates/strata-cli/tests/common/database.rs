@@ -177,12 +177,27 @@ pub fn unique(prefix: &str) -> String {
 
 /// `strata run` with the password in `SHOP_PW` only (the client's own variables removed).
 pub fn run(p: &Project, password: &str) -> std::process::Output {
-    p.command(&["run", "pipeline.sql"])
+    run_with(p, password, &[])
+}
+
+/// `strata run pipeline.sql ARGS` with the password in `SHOP_PW` only.
+pub fn run_with(p: &Project, password: &str, args: &[&str]) -> std::process::Output {
+    p.command(&[&["run", "pipeline.sql"], args].concat())
         .env("SHOP_PW", password)
         .env_remove("PGPASSWORD")
         .env_remove("MYSQL_PWD")
         .output()
         .expect("strata runs")
+}
+
+/// `strata run pipeline.sql --full-refresh TABLES`, which must succeed.
+pub fn full_refresh_ok(p: &Project, password: &str, tables: &str) {
+    let out = run_with(p, password, &["--full-refresh", tables]);
+    assert!(
+        out.status.success(),
+        "full refresh failed: {}",
+        stderr(&out)
+    );
 }
 
 pub fn run_ok(p: &Project, password: &str) -> String {
