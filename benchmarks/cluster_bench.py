@@ -55,7 +55,8 @@ sys.path.insert(0, str(BENCH_DIR))
 from _venv import ensure_venv  # noqa: E402
 
 import run as bench  # noqa: E402  (run.py: timed, prepare_workload, live_adds, fmt_*)
-from run import fmt_int, fmt_mem, fmt_s, log  # noqa: E402
+from run import fmt_int, fmt_mem, fmt_s  # noqa: E402
+from _bench import FAILURES, fail, log  # noqa: E402
 
 EXECUTORS = 2
 SLOTS = 1
@@ -63,13 +64,6 @@ CLUSTER_NOTE = "bulk load on the cluster"
 COLS = ["id", "name", "city", "amount", "__START_AT", "__END_AT"]
 SMALL = dict(events=200_000, keys=20_000, files=4)
 FULL = dict(events=10_000_000, keys=1_000_000, files=10)
-FAILURES: list[str] = []
-
-
-def fail(msg: str) -> None:
-    FAILURES.append(msg)
-    log("FAILURE: " + msg)
-
 
 def proc_status(pid: int) -> dict:
     """VmHWM / VmRSS in KiB of a live process, and its CPU seconds (utime + stime)."""

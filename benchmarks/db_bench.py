@@ -81,6 +81,7 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 from _venv import ensure_venv  # noqa: E402
+from _bench import FAILURES, fail, log  # noqa: E402
 
 REPO_DIR = BENCH_DIR.parent
 PG_SCRIPT = REPO_DIR / "scripts" / "services" / "postgres.sh"
@@ -103,17 +104,7 @@ SMALL = dict(rows=50_000, cdc_rows=20_000, changes=20_000)
 DELETE_SHARE = 0.15
 INSERT_SHARE = 0.15
 
-FAILURES: list[str] = []
 CHECK_ONLY = False  # --check-only: timings are not printed (debug builds, CI)
-
-
-def log(msg: str = "") -> None:
-    print(msg, flush=True)
-
-
-def fail(msg: str) -> None:
-    FAILURES.append(msg)
-    log(f"  FAILED: {msg}")
 
 
 def fmt_int(n) -> str:
