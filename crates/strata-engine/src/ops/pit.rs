@@ -13,26 +13,40 @@
 //! table since the version recorded in the PIT table's log gives the smallest start value
 //! that changed, and every as-of value from there on is recomputed. The rows of those as-of
 //! values are replaced in one commit, together with the source versions they reflect.
+//!
+//! A range source's rows come from expanding each of its versions over the as-of values it
+//! covers (two binary searches per version, [`Expansion`]) rather than from a range join
+//! comparing every version with every as-of value; a new table of one such source is written
+//! to files while its rows are made, so memory holds batches, not the table. `validate`
+//! recomputes the rows with the range join (`sql/pit_check.rs`), independently.
 
 use crate::error::{Context, EngineError, Result};
 use crate::ops::Scope;
 pub(crate) use crate::semantics::pit::AS_OF_COL;
-use crate::semantics::pit::{pit_sql, plan_refresh, Changed, PitSource, RefreshPlan};
+use crate::semantics::pit::{
+    covered, expanded_table, pit_sql, plan_refresh, Changed, PitSource, Ranges, RefreshPlan,
+};
 use crate::semantics::timeline::Timeline;
 use crate::sql::session::warehouse_session_in;
 use crate::storage::commit::{position, AppId, PendingCommit};
 use crate::storage::table::version_of;
 use crate::storage::warehouse::Warehouse;
-use crate::storage::write::{write_rows, RowChange};
+use crate::storage::write::{commit_actions, write_rows, FileStream, RowChange};
 use crate::util::sql::quote_ident;
-use deltalake::arrow::array::{Array, RecordBatch};
-use deltalake::arrow::compute::concat_batches;
+use deltalake::arrow::array::{Array, ArrayRef, RecordBatch, UInt32Array};
+use deltalake::arrow::compute::{cast, concat_batches, sort_to_indices, take};
 use deltalake::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use deltalake::arrow::row::{RowConverter, Rows, SortField};
 use deltalake::datafusion::common::Column;
-use deltalake::datafusion::physical_plan::collect;
+use deltalake::datafusion::datasource::MemTable;
+use deltalake::datafusion::logical_expr::type_coercion::binary::comparison_coercion;
+use deltalake::datafusion::physical_plan::{collect, SendableRecordBatchStream};
 use deltalake::datafusion::prelude::{lit, Expr, SessionContext};
 use deltalake::datafusion::scalar::ScalarValue;
+use deltalake::kernel::Action;
+use deltalake::protocol::{DeltaOperation, SaveMode};
 use deltalake::DeltaTable;
+use futures::StreamExt;
 use std::sync::Arc;
 use strata_sql::{PitTable, Spine, TableName};
 
@@ -208,7 +222,8 @@ async fn changed_since(
 }
 
 /// Refreshes `pit` from the historised tables of the warehouse: [`open_sources`] →
-/// [`spine_values`] → [`plan`] (what to compute) → [`compute_rows`] → [`commit_rows`].
+/// [`spine_values`] → [`plan`] (what to compute) → [`create_streamed`] for a new table of
+/// one range source, else [`compute_rows`] → [`commit_rows`].
 pub(crate) async fn refresh(scope: &Scope<'_>, pit: &PitTable, schema: &str) -> Result<PitReport> {
     let wh = scope.wh;
     let mut report = PitReport {
@@ -233,15 +248,6 @@ pub(crate) async fn refresh(scope: &Scope<'_>, pit: &PitTable, schema: &str) -> 
         report.skipped = Some("up to date".to_string());
         return Ok(report);
     }
-    let (out_schema, batches) = compute_rows(&ctx, pit, &sources, &spine, &refresh).await?;
-    report.rows = batches.iter().map(RecordBatch::num_rows).sum();
-    // As-of values at which no key has a version leave no rows; computing them again finds
-    // none again, and there is nothing to commit.
-    if report.rows == 0 && report.recomputed == 0 && refresh.removed.is_empty() && target.is_some()
-    {
-        report.skipped = Some("up to date".to_string());
-        return Ok(report);
-    }
     let mut commit = PendingCommit::of_run(scope.run_id);
     for s in &sources {
         let id = AppId::Pit {
@@ -249,6 +255,23 @@ pub(crate) async fn refresh(scope: &Scope<'_>, pit: &PitTable, schema: &str) -> 
             source: &s.name,
         };
         commit = commit.at(id, version_of(&s.table));
+    }
+    let as_of = as_of_column(&spine, &refresh.compute)?;
+    if let (None, [only]) = (&target, sources.as_slice()) {
+        if !only.pit.snapshots {
+            // A new table of one range source: its rows go to files as they are made.
+            report.rows = create_streamed(scope, &ctx, pit, &only.pit, &as_of, &commit).await?;
+            return Ok(report);
+        }
+    }
+    let (out_schema, batches) = compute_rows(&ctx, pit, &sources, &as_of).await?;
+    report.rows = batches.iter().map(RecordBatch::num_rows).sum();
+    // As-of values at which no key has a version leave no rows; computing them again finds
+    // none again, and there is nothing to commit.
+    if report.rows == 0 && report.recomputed == 0 && refresh.removed.is_empty() && target.is_some()
+    {
+        report.skipped = Some("up to date".to_string());
+        return Ok(report);
     }
     commit_rows(scope, pit, target, &out_schema, batches, refresh, &commit).await?;
     Ok(report)
@@ -378,36 +401,54 @@ fn check_columns(pit: &PitTable, sources: &[Source], table: &DeltaTable) -> Resu
     )))
 }
 
-/// The PIT rows of the as-of values the refresh computes, in Delta's types.
+/// The as-of values a refresh computes, as one column of the spine's type.
+fn as_of_column(spine: &[RecordBatch], compute: &[ScalarValue]) -> Result<ArrayRef> {
+    let spine_type = spine.first().map_or(DataType::Date32, |b| {
+        b.schema().field(0).data_type().clone()
+    });
+    match compute.is_empty() {
+        true => Ok(deltalake::arrow::array::new_empty_array(&spine_type)),
+        false => ScalarValue::iter_to_array(compute.to_vec()).context(|| "as-of values".into()),
+    }
+}
+
+/// The PIT rows of the as-of values `as_of`, in Delta's types: each range source expanded
+/// ([`Expansion`]) into a table of the session, then [`pit_sql`] over them (which also
+/// finds the snapshot sources' rows and joins several sources).
 async fn compute_rows(
     ctx: &SessionContext,
     pit: &PitTable,
     sources: &[Source],
-    spine: &[RecordBatch],
-    refresh: &RefreshPlan,
+    as_of: &ArrayRef,
 ) -> Result<(SchemaRef, Vec<RecordBatch>)> {
-    let spine_type = spine.first().map_or(DataType::Date32, |b| {
-        b.schema().field(0).data_type().clone()
-    });
-    let column = match refresh.compute.is_empty() {
-        true => deltalake::arrow::array::new_empty_array(&spine_type),
-        false => {
-            ScalarValue::iter_to_array(refresh.compute.clone()).context(|| "as-of values".into())?
-        }
-    };
     let spine_batch = RecordBatch::try_new(
         Arc::new(Schema::new(vec![Field::new(
             AS_OF_COL,
-            column.data_type().clone(),
+            as_of.data_type().clone(),
             true,
         )])),
-        vec![column],
+        vec![as_of.clone()],
     )
     .context(|| "as-of values".into())?;
     ctx.register_batch("__strata_spine", spine_batch)
         .context(|| "as-of values".into())?;
+    for (i, s) in sources.iter().enumerate() {
+        if s.pit.snapshots {
+            continue;
+        }
+        let (schema, sql) = expanded_schema(ctx, &s.pit, &pit.keys, as_of).await?;
+        let mut rows = Expansion::open(ctx, &s.pit, pit.keys.len(), as_of, &schema, &sql).await?;
+        let mut batches = Vec::new();
+        while let Some(b) = rows.next().await? {
+            batches.push(b);
+        }
+        let table = MemTable::try_new(schema, vec![batches])
+            .context(|| format!("point-in-time rows of {}", s.name))?;
+        ctx.register_table(expanded_table(i), Arc::new(table))
+            .context(|| format!("point-in-time rows of {}", s.name))?;
+    }
     let pit_sources: Vec<PitSource> = sources.iter().map(|s| s.pit.clone()).collect();
-    let sql = pit_sql(&pit.keys, &pit_sources);
+    let sql = pit_sql(&pit.keys, &pit_sources, Ranges::Expanded);
     let err = |e| EngineError::of_query(format!("point-in-time table {}", pit.name), e);
     let df = ctx.sql(&sql).await.map_err(err)?;
     let out_schema: SchemaRef = Arc::new(Schema::new(
@@ -432,6 +473,231 @@ async fn compute_rows(
         .map(|b| crate::util::arrow::cast_batch(b, &out_schema))
         .collect::<Result<Vec<_>>>()?;
     Ok((out_schema, batches))
+}
+
+/// Creates `pit` with the rows of its one range source `source` at the as-of values
+/// `as_of`, written to files while they are expanded (memory holds a batch per file
+/// writer, not the table), in one commit; returns the rows.
+async fn create_streamed(
+    scope: &Scope<'_>,
+    ctx: &SessionContext,
+    pit: &PitTable,
+    source: &PitSource,
+    as_of: &ArrayRef,
+    commit: &PendingCommit,
+) -> Result<usize> {
+    let (schema, sql) = expanded_schema(ctx, source, &pit.keys, as_of).await?;
+    let out_schema: SchemaRef = Arc::new(Schema::new(
+        schema
+            .fields()
+            .iter()
+            .enumerate()
+            .map(|(i, f)| match i == schema.fields().len() - 1 {
+                true => f.as_ref().clone().with_name(source.out_name.clone()),
+                false => f.as_ref().clone(),
+            })
+            .collect::<Vec<_>>(),
+    ));
+    let table = crate::storage::table::create_delta(
+        &scope.wh.table_location(&pit.name),
+        &pit.name.name,
+        &out_schema,
+        pit_configuration(pit),
+        None,
+        Vec::new(),
+    )
+    .await?;
+    let mut files = FileStream::start(&table)?;
+    let mut rows = Expansion::open(ctx, source, pit.keys.len(), as_of, &schema, &sql).await?;
+    while let Some(b) = rows.next().await? {
+        let b = RecordBatch::try_new(out_schema.clone(), b.columns().to_vec())
+            .context(|| format!("point-in-time table {}", pit.name))?;
+        files.write(b).await?;
+    }
+    let rows = files.rows();
+    let adds = files.finish().await?;
+    let operation = DeltaOperation::Write {
+        mode: SaveMode::Append,
+        partition_by: None,
+        predicate: None,
+    };
+    commit_actions(
+        &table,
+        adds.into_iter().map(Action::Add).collect(),
+        operation,
+        commit,
+    )
+    .await
+    .map_err(|e| e.within(|| format!("writing point-in-time table {}", pit.name)))?;
+    Ok(rows)
+}
+
+/// The query reading what a range source's expansion needs (keys, start, end, recorded
+/// column), and the schema of its expanded rows: (as_of, keys..., c) in Delta's types.
+async fn expanded_schema(
+    ctx: &SessionContext,
+    s: &PitSource,
+    keys: &[String],
+    as_of: &ArrayRef,
+) -> Result<(SchemaRef, String)> {
+    let sql = format!(
+        "SELECT {}, {} AS __strata_from, {} AS __strata_to, {} AS c FROM {}",
+        keys.iter()
+            .map(|k| quote_ident(k))
+            .collect::<Vec<_>>()
+            .join(", "),
+        quote_ident(&s.valid_from),
+        quote_ident(&s.valid_to),
+        quote_ident(&s.column),
+        s.reference
+    );
+    let df = ctx
+        .sql(&sql)
+        .await
+        .map_err(|e| EngineError::of_query(format!("point-in-time rows of {}", s.reference), e))?;
+    let read = df.schema().as_arrow();
+    let mut fields = vec![Field::new(AS_OF_COL, as_of.data_type().clone(), true)];
+    for f in read.fields().iter().take(keys.len()) {
+        fields.push(Field::new(
+            f.name(),
+            crate::util::arrow::storage_type(f.data_type()),
+            true,
+        ));
+    }
+    let c = read.field(keys.len() + 2);
+    fields.push(Field::new(
+        "c",
+        crate::util::arrow::storage_type(c.data_type()),
+        true,
+    ));
+    Ok((Arc::new(Schema::new(fields)), sql))
+}
+
+/// `column` cast to `common` in `converter`'s row format.
+fn in_row_format(
+    converter: &RowConverter,
+    common: &DataType,
+    column: &ArrayRef,
+    what: &str,
+) -> Result<Rows> {
+    let c = cast(column, common).context(|| what.to_string())?;
+    converter.convert_columns(&[c]).context(|| what.to_string())
+}
+
+/// Rows per batch an [`Expansion`] gives.
+const EXPANDED_BATCH_ROWS: usize = 131_072;
+
+/// Every version of a range source expanded over the as-of values it [`covered`]
+/// (`start <= as_of < end`), in batches of (as_of, keys..., c) made while the source is
+/// read. Where a range join compares every version with every as-of value, this finds each
+/// version's as-of values by two binary searches: the work is the output.
+struct Expansion {
+    what: String,
+    /// The source's (keys..., start, end, c), from [`expanded_schema`]'s query.
+    versions: SendableRecordBatchStream,
+    keys: usize,
+    /// The as-of values, ascending, and the same in the row format of `common`.
+    as_of: ArrayRef,
+    as_of_rows: Rows,
+    /// The type starts, ends and as-of values are compared in, as the range join would.
+    common: DataType,
+    converter: RowConverter,
+    schema: SchemaRef,
+    /// Made and not yet given.
+    ready: std::collections::VecDeque<RecordBatch>,
+}
+
+impl Expansion {
+    async fn open(
+        ctx: &SessionContext,
+        s: &PitSource,
+        keys: usize,
+        as_of: &ArrayRef,
+        schema: &SchemaRef,
+        sql: &str,
+    ) -> Result<Self> {
+        let what = format!("point-in-time rows of {}", s.reference);
+        let df = ctx
+            .sql(sql)
+            .await
+            .map_err(|e| EngineError::of_query(what.clone(), e))?;
+        let from_type = df.schema().field(keys).data_type().clone();
+        let common = comparison_coercion(as_of.data_type(), &from_type).ok_or_else(|| {
+            EngineError::plan(format!(
+                "{what}: its {} ({from_type}) cannot be compared with the as-of values ({})",
+                s.valid_from,
+                as_of.data_type()
+            ))
+        })?;
+        let order = sort_to_indices(as_of, None, None).context(|| what.clone())?;
+        let as_of = take(as_of, &order, None).context(|| what.clone())?;
+        let converter =
+            RowConverter::new(vec![SortField::new(common.clone())]).context(|| what.clone())?;
+        let versions = df
+            .execute_stream()
+            .await
+            .map_err(|e| EngineError::of_query(what.clone(), e))?;
+        let as_of_rows = in_row_format(&converter, &common, &as_of, &what)?;
+        Ok(Expansion {
+            what,
+            versions,
+            keys,
+            as_of,
+            as_of_rows,
+            common,
+            converter,
+            schema: schema.clone(),
+            ready: Default::default(),
+        })
+    }
+
+    /// `column` in the row format of the compared type.
+    fn in_common(&self, column: &ArrayRef) -> Result<Rows> {
+        in_row_format(&self.converter, &self.common, column, &self.what)
+    }
+
+    /// The next batch of rows, `None` at the end of the source.
+    async fn next(&mut self) -> Result<Option<RecordBatch>> {
+        while self.ready.is_empty() {
+            let Some(batch) = self.versions.next().await else {
+                return Ok(None);
+            };
+            let batch = batch.map_err(|e| EngineError::of_query(self.what.clone(), e))?;
+            self.expand(&batch)?;
+        }
+        Ok(self.ready.pop_front())
+    }
+
+    /// The rows of the versions in `batch`, cut into batches of [`EXPANDED_BATCH_ROWS`].
+    fn expand(&mut self, batch: &RecordBatch) -> Result<()> {
+        let n = self.keys;
+        let (from_col, to_col) = (batch.column(n), batch.column(n + 1));
+        let (from, to) = (self.in_common(from_col)?, self.in_common(to_col)?);
+        let spine: Vec<_> = self.as_of_rows.iter().collect();
+        let (mut versions, mut at) = (Vec::<u32>::new(), Vec::<u32>::new());
+        for i in 0..batch.num_rows() {
+            if from_col.is_null(i) {
+                continue;
+            }
+            let end = (!to_col.is_null(i)).then(|| to.row(i));
+            let range = covered(&spine, &from.row(i), end.as_ref());
+            versions.extend(std::iter::repeat_n(i as u32, range.len()));
+            at.extend(range.map(|j| j as u32));
+        }
+        for start in (0..versions.len()).step_by(EXPANDED_BATCH_ROWS) {
+            let end = (start + EXPANDED_BATCH_ROWS).min(versions.len());
+            let rows = UInt32Array::from(versions[start..end].to_vec());
+            let at = UInt32Array::from(at[start..end].to_vec());
+            let what = || self.what.clone();
+            let mut columns = vec![take(&self.as_of, &at, None).context(what)?];
+            for c in (0..n).chain([n + 2]) {
+                columns.push(take(batch.column(c), &rows, None).context(what)?);
+            }
+            self.ready
+                .push_back(crate::util::arrow::cast_columns(columns, &self.schema)?);
+        }
+        Ok(())
+    }
 }
 
 /// Replaces the rows of the computed and removed as-of values in one commit (or creates
@@ -478,4 +744,115 @@ async fn commit_rows(
         .await
         .context(|| format!("writing point-in-time table {}", pit.name))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deltalake::arrow::array::{Date32Array, Int32Array, TimestampMicrosecondArray};
+    use proptest::prelude::*;
+
+    /// The rows the expansion gives for versions (key, start, end) of a table whose start
+    /// and end are `Timestamp(us)` (midnight of day `d`), at DATE as-of values `spine`: the
+    /// range join's type coercion, as `validate` would compute it.
+    fn expanded(
+        versions: &[(i32, Option<i32>, Option<i32>)],
+        spine: &[i32],
+    ) -> Vec<(i32, i32, i64)> {
+        let day = 86_400_000_000i64;
+        let micros = |v: &Option<i32>| v.map(|d| d as i64 * day);
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int32, false),
+            Field::new("s", DataType::Timestamp(TimeUnit::Microsecond, None), true),
+            Field::new("e", DataType::Timestamp(TimeUnit::Microsecond, None), true),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int32Array::from_iter_values(versions.iter().map(|v| v.0))),
+                Arc::new(TimestampMicrosecondArray::from(
+                    versions.iter().map(|v| micros(&v.1)).collect::<Vec<_>>(),
+                )),
+                Arc::new(TimestampMicrosecondArray::from(
+                    versions.iter().map(|v| micros(&v.2)).collect::<Vec<_>>(),
+                )),
+            ],
+        )
+        .expect("batch");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let ctx = SessionContext::new();
+            ctx.register_batch("dim", batch).expect("register");
+            let source = PitSource {
+                reference: "dim".into(),
+                valid_from: "s".into(),
+                valid_to: "e".into(),
+                snapshots: false,
+                column: "s".into(),
+                out_name: "dim_start".into(),
+            };
+            let keys = vec!["id".to_string()];
+            let as_of: ArrayRef = Arc::new(Date32Array::from(spine.to_vec()));
+            let (schema, sql) = expanded_schema(&ctx, &source, &keys, &as_of)
+                .await
+                .expect("schema");
+            let mut rows = Expansion::open(&ctx, &source, 1, &as_of, &schema, &sql)
+                .await
+                .expect("open");
+            let mut out = Vec::new();
+            while let Some(b) = rows.next().await.expect("next") {
+                let d = b
+                    .column(0)
+                    .as_any()
+                    .downcast_ref::<Date32Array>()
+                    .expect("date");
+                let k = b
+                    .column(1)
+                    .as_any()
+                    .downcast_ref::<Int32Array>()
+                    .expect("id");
+                let c = b
+                    .column(2)
+                    .as_any()
+                    .downcast_ref::<TimestampMicrosecondArray>()
+                    .expect("start");
+                for i in 0..b.num_rows() {
+                    out.push((d.value(i), k.value(i), c.value(i) / day));
+                }
+            }
+            out.sort_unstable();
+            out
+        })
+    }
+
+    proptest! {
+        /// Each version expanded over the as-of values it covers gives exactly the rows of
+        /// the range join `start <= as_of AND (end IS NULL OR as_of < end)`, in any spine
+        /// order, with NULL starts covering nothing.
+        #[test]
+        fn the_expansion_gives_the_range_joins_rows(
+            versions in prop::collection::vec(
+                (0i32..20, prop::option::weighted(0.95, 0i32..40), prop::option::of(0i32..40)),
+                0..40,
+            ),
+            spine in prop::collection::btree_set(-2i32..45, 0..12),
+        ) {
+            let mut spine: Vec<i32> = spine.into_iter().collect();
+            spine.reverse();
+            let mut expected = Vec::new();
+            for &(id, s, e) in &versions {
+                for &d in &spine {
+                    if let Some(s) = s {
+                        if s <= d && e.is_none_or(|e| d < e) {
+                            expected.push((d, id, s as i64));
+                        }
+                    }
+                }
+            }
+            expected.sort_unstable();
+            prop_assert_eq!(expanded(&versions, &spine), expected);
+        }
+    }
 }

@@ -118,11 +118,36 @@ pub(crate) fn pit_source(
     }
 }
 
+/// How [`pit_sql`] finds the rows of a source that is not a `SNAPSHOTS` table (a range
+/// source, whose versions hold from their start until their end).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ranges {
+    /// By a range join of the spine with the source: every version compared with every
+    /// as-of value. `validate` recomputes a table this way, independently of a refresh.
+    Joined,
+    /// Already expanded (each version over the as-of values it [`covered`]) into table
+    /// [`expanded_table`]`(i)` of columns (as_of, keys..., c): the work is the output.
+    Expanded,
+}
+
+/// The table holding source `i`'s expanded rows under [`Ranges::Expanded`].
+pub(crate) fn expanded_table(i: usize) -> String {
+    format!("__strata_pit_s{i}")
+}
+
+/// The positions in `spine` (ascending, distinct) of the as-of values a version valid from
+/// `start` until `end` (`None`: still open) covers, `start <= as_of < end`.
+pub(crate) fn covered<T: Ord>(spine: &[T], start: &T, end: Option<&T>) -> std::ops::Range<usize> {
+    let lo = spine.partition_point(|v| v < start);
+    let hi = end.map_or(spine.len(), |e| spine.partition_point(|v| v < e));
+    lo..hi.max(lo)
+}
+
 /// The query computing the PIT rows of the as-of values in table `__strata_spine` (one
 /// column, `as_of`): per source, each key's version valid at each as-of value (for a
-/// `SNAPSHOTS` table, the latest snapshot at or before it); with several sources, their
-/// rows full-outer-joined on (as_of, keys).
-pub(crate) fn pit_sql(keys: &[String], sources: &[PitSource]) -> String {
+/// `SNAPSHOTS` table, the latest snapshot at or before it; a range source's rows as `ranges`
+/// says); with several sources, their rows full-outer-joined on (as_of, keys).
+pub(crate) fn pit_sql(keys: &[String], sources: &[PitSource], ranges: Ranges) -> String {
     let keys_of = |alias: &str| {
         keys.iter()
             .map(|k| format!("{alias}.{}", quote_ident(k)))
@@ -139,7 +164,9 @@ pub(crate) fn pit_sql(keys: &[String], sources: &[PitSource]) -> String {
                 quote_ident(&s.valid_to),
                 quote_ident(&s.column),
             );
-            let body = if s.snapshots {
+            let body = if !s.snapshots && ranges == Ranges::Expanded {
+                format!("SELECT * FROM {}", expanded_table(i))
+            } else if s.snapshots {
                 format!(
                     "SELECT v.{AS_OF_COL}, {}, t.{col} AS c FROM \
                        (SELECT sp.{AS_OF_COL}, max(d.st) AS st FROM __strata_spine sp \
@@ -339,7 +366,7 @@ mod tests {
             out_name: format!("{name}_start"),
         };
         let keys = vec!["id".to_string()];
-        let one = pit_sql(&keys, &[source("a", false)]);
+        let one = pit_sql(&keys, &[source("a", false)], Ranges::Joined);
         assert!(
             one.contains(
                 "SELECT s0.as_of AS as_of, s0.\"id\" AS \"id\", s0.c AS \"a_start\" FROM s0"
@@ -350,7 +377,11 @@ mod tests {
             one.contains("t.\"__END_AT\" IS NULL OR sp.as_of < t.\"__END_AT\""),
             "{one}"
         );
-        let two = pit_sql(&keys, &[source("a", false), source("b", true)]);
+        let two = pit_sql(
+            &keys,
+            &[source("a", false), source("b", true)],
+            Ranges::Joined,
+        );
         assert!(
             two.contains("FULL OUTER JOIN s1 ON s1.as_of = s0.as_of AND s1.\"id\" = s0.\"id\""),
             "{two}"
@@ -363,5 +394,49 @@ mod tests {
             two.contains("max(d.st) AS st"),
             "snapshots take the latest one: {two}"
         );
+    }
+
+    /// Expanded sources are read from their tables; snapshot sources still join.
+    #[test]
+    fn expanded_sources_are_read_from_their_tables() {
+        let source = |name: &str, snapshots| PitSource {
+            reference: format!("\"default\".\"{name}\""),
+            valid_from: "__START_AT".into(),
+            valid_to: "__END_AT".into(),
+            snapshots,
+            column: "__START_AT".into(),
+            out_name: format!("{name}_start"),
+        };
+        let keys = vec!["id".to_string()];
+        let sql = pit_sql(
+            &keys,
+            &[source("a", false), source("b", true)],
+            Ranges::Expanded,
+        );
+        assert!(
+            sql.contains("s0 AS (SELECT * FROM __strata_pit_s0)"),
+            "{sql}"
+        );
+        assert!(!sql.contains("__END_AT"), "no range join left: {sql}");
+        assert!(sql.contains("max(d.st) AS st"), "{sql}");
+    }
+
+    /// A version covers the as-of values from its start (included) to its end (excluded),
+    /// all of them from its start on while it is open, none if it ends where it starts.
+    #[test]
+    fn a_version_covers_the_as_of_values_from_its_start_to_its_end() {
+        let spine = [10, 20, 30, 40];
+        assert_eq!(covered(&spine, &20, Some(&40)), 1..3);
+        assert_eq!(covered(&spine, &15, Some(&31)), 1..3);
+        assert_eq!(covered(&spine, &15, None), 1..4);
+        assert_eq!(covered(&spine, &5, Some(&10)), 0..0);
+        assert_eq!(covered(&spine, &41, None), 4..4);
+        assert_eq!(covered(&spine, &20, Some(&20)), 1..1);
+        assert_eq!(
+            covered(&spine, &30, Some(&20)),
+            2..2,
+            "an end before the start"
+        );
+        assert_eq!(covered::<i32>(&[], &1, None), 0..0);
     }
 }

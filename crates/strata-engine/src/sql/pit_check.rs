@@ -5,7 +5,7 @@
 
 use crate::error::{Context, EngineError, Result};
 use crate::semantics::integrity::Violation;
-use crate::semantics::pit::{pit_source, pit_sql, pit_violations, PitRow, AS_OF_COL};
+use crate::semantics::pit::{pit_source, pit_sql, pit_violations, PitRow, Ranges, AS_OF_COL};
 use crate::semantics::timeline::Timeline;
 use crate::storage::session::{new_session, register_table};
 use crate::storage::warehouse::Warehouse;
@@ -62,7 +62,7 @@ pub(crate) async fn validate_pit(
     ctx.register_table("__strata_spine", spine.into_view())
         .context(|| format!("validate {table_name}"))?;
     let expected = ctx
-        .sql(&pit_sql(&keys, &sources))
+        .sql(&pit_sql(&keys, &sources, Ranges::Joined))
         .await
         .context(|| format!("validate {table_name}: computing its rows again"))?;
     ctx.register_table("__strata_expected", expected.into_view())
