@@ -353,18 +353,22 @@ mod tests {
         assert_eq!(Changed::Nothing.and(Changed::Nothing), Changed::Nothing);
     }
 
-    /// One source reads its rows directly; two are joined on the as-of value and the keys,
-    /// each taken from whichever side has them.
-    #[test]
-    fn the_sql_joins_sources_on_as_of_and_keys() {
-        let source = |name: &str, snapshots| PitSource {
+    /// Table `default.name` with Databricks' timeline columns, recorded by its start.
+    fn source(name: &str, snapshots: bool) -> PitSource {
+        PitSource {
             reference: format!("\"default\".\"{name}\""),
             valid_from: "__START_AT".into(),
             valid_to: "__END_AT".into(),
             snapshots,
             column: "__START_AT".into(),
             out_name: format!("{name}_start"),
-        };
+        }
+    }
+
+    /// One source reads its rows directly; two are joined on the as-of value and the keys,
+    /// each taken from whichever side has them.
+    #[test]
+    fn the_sql_joins_sources_on_as_of_and_keys() {
         let keys = vec!["id".to_string()];
         let one = pit_sql(&keys, &[source("a", false)], Ranges::Joined);
         assert!(
@@ -399,14 +403,6 @@ mod tests {
     /// Expanded sources are read from their tables; snapshot sources still join.
     #[test]
     fn expanded_sources_are_read_from_their_tables() {
-        let source = |name: &str, snapshots| PitSource {
-            reference: format!("\"default\".\"{name}\""),
-            valid_from: "__START_AT".into(),
-            valid_to: "__END_AT".into(),
-            snapshots,
-            column: "__START_AT".into(),
-            out_name: format!("{name}_start"),
-        };
         let keys = vec!["id".to_string()];
         let sql = pit_sql(
             &keys,
