@@ -31,7 +31,7 @@ use crate::sql::session::warehouse_session_in;
 use crate::storage::commit::{position, AppId, PendingCommit};
 use crate::storage::table::version_of;
 use crate::storage::warehouse::Warehouse;
-use crate::storage::write::{commit_actions, write_rows, FileStream, RowChange};
+use crate::storage::write::{append, write_rows, FileStream, RowChange};
 use crate::util::sql::quote_ident;
 use deltalake::arrow::array::{Array, ArrayRef, RecordBatch, UInt32Array};
 use deltalake::arrow::compute::{cast, concat_batches, sort_to_indices, take};
@@ -43,8 +43,6 @@ use deltalake::datafusion::logical_expr::type_coercion::binary::comparison_coerc
 use deltalake::datafusion::physical_plan::{collect, SendableRecordBatchStream};
 use deltalake::datafusion::prelude::{lit, Expr, SessionContext};
 use deltalake::datafusion::scalar::ScalarValue;
-use deltalake::kernel::Action;
-use deltalake::protocol::{DeltaOperation, SaveMode};
 use deltalake::DeltaTable;
 use futures::StreamExt;
 use std::sync::Arc;
@@ -436,13 +434,12 @@ async fn compute_rows(
         if s.pit.snapshots {
             continue;
         }
-        let (schema, sql) = expanded_schema(ctx, &s.pit, &pit.keys, as_of).await?;
-        let mut rows = Expansion::open(ctx, &s.pit, pit.keys.len(), as_of, &schema, &sql).await?;
+        let mut rows = Expansion::open(ctx, &s.pit, &pit.keys, as_of, "c").await?;
         let mut batches = Vec::new();
         while let Some(b) = rows.next().await? {
             batches.push(b);
         }
-        let table = MemTable::try_new(schema, vec![batches])
+        let table = MemTable::try_new(rows.schema.clone(), vec![batches])
             .context(|| format!("point-in-time rows of {}", s.name))?;
         ctx.register_table(expanded_table(i), Arc::new(table))
             .context(|| format!("point-in-time rows of {}", s.name))?;
@@ -486,91 +483,26 @@ async fn create_streamed(
     as_of: &ArrayRef,
     commit: &PendingCommit,
 ) -> Result<usize> {
-    let (schema, sql) = expanded_schema(ctx, source, &pit.keys, as_of).await?;
-    let out_schema: SchemaRef = Arc::new(Schema::new(
-        schema
-            .fields()
-            .iter()
-            .enumerate()
-            .map(|(i, f)| match i == schema.fields().len() - 1 {
-                true => f.as_ref().clone().with_name(source.out_name.clone()),
-                false => f.as_ref().clone(),
-            })
-            .collect::<Vec<_>>(),
-    ));
+    let mut rows = Expansion::open(ctx, source, &pit.keys, as_of, &source.out_name).await?;
     let table = crate::storage::table::create_delta(
         &scope.wh.table_location(&pit.name),
         &pit.name.name,
-        &out_schema,
+        &rows.schema,
         pit_configuration(pit),
         None,
         Vec::new(),
     )
     .await?;
     let mut files = FileStream::start(&table)?;
-    let mut rows = Expansion::open(ctx, source, pit.keys.len(), as_of, &schema, &sql).await?;
     while let Some(b) = rows.next().await? {
-        let b = RecordBatch::try_new(out_schema.clone(), b.columns().to_vec())
-            .context(|| format!("point-in-time table {}", pit.name))?;
         files.write(b).await?;
     }
     let rows = files.rows();
     let adds = files.finish().await?;
-    let operation = DeltaOperation::Write {
-        mode: SaveMode::Append,
-        partition_by: None,
-        predicate: None,
-    };
-    commit_actions(
-        &table,
-        adds.into_iter().map(Action::Add).collect(),
-        operation,
-        commit,
-    )
-    .await
-    .map_err(|e| e.within(|| format!("writing point-in-time table {}", pit.name)))?;
-    Ok(rows)
-}
-
-/// The query reading what a range source's expansion needs (keys, start, end, recorded
-/// column), and the schema of its expanded rows: (as_of, keys..., c) in Delta's types.
-async fn expanded_schema(
-    ctx: &SessionContext,
-    s: &PitSource,
-    keys: &[String],
-    as_of: &ArrayRef,
-) -> Result<(SchemaRef, String)> {
-    let sql = format!(
-        "SELECT {}, {} AS __strata_from, {} AS __strata_to, {} AS c FROM {}",
-        keys.iter()
-            .map(|k| quote_ident(k))
-            .collect::<Vec<_>>()
-            .join(", "),
-        quote_ident(&s.valid_from),
-        quote_ident(&s.valid_to),
-        quote_ident(&s.column),
-        s.reference
-    );
-    let df = ctx
-        .sql(&sql)
+    append(&table, Vec::new(), adds, commit)
         .await
-        .map_err(|e| EngineError::of_query(format!("point-in-time rows of {}", s.reference), e))?;
-    let read = df.schema().as_arrow();
-    let mut fields = vec![Field::new(AS_OF_COL, as_of.data_type().clone(), true)];
-    for f in read.fields().iter().take(keys.len()) {
-        fields.push(Field::new(
-            f.name(),
-            crate::util::arrow::storage_type(f.data_type()),
-            true,
-        ));
-    }
-    let c = read.field(keys.len() + 2);
-    fields.push(Field::new(
-        "c",
-        crate::util::arrow::storage_type(c.data_type()),
-        true,
-    ));
-    Ok((Arc::new(Schema::new(fields)), sql))
+        .map_err(|e| e.within(|| format!("writing point-in-time table {}", pit.name)))?;
+    Ok(rows)
 }
 
 /// `column` cast to `common` in `converter`'s row format.
@@ -593,7 +525,7 @@ const EXPANDED_BATCH_ROWS: usize = 131_072;
 /// version's as-of values by two binary searches: the work is the output.
 struct Expansion {
     what: String,
-    /// The source's (keys..., start, end, c), from [`expanded_schema`]'s query.
+    /// The source's (keys..., start, end, recorded column).
     versions: SendableRecordBatchStream,
     keys: usize,
     /// The as-of values, ascending, and the same in the row format of `common`.
@@ -602,26 +534,40 @@ struct Expansion {
     /// The type starts, ends and as-of values are compared in, as the range join would.
     common: DataType,
     converter: RowConverter,
+    /// (as_of, keys..., recorded column), in Delta's types.
     schema: SchemaRef,
     /// Made and not yet given.
     ready: std::collections::VecDeque<RecordBatch>,
 }
 
 impl Expansion {
+    /// Starts reading range source `s` (its keys, start, end and recorded column) for the
+    /// as-of values `as_of`; the rows' last column is named `recorded_as`.
     async fn open(
         ctx: &SessionContext,
         s: &PitSource,
-        keys: usize,
+        keys: &[String],
         as_of: &ArrayRef,
-        schema: &SchemaRef,
-        sql: &str,
+        recorded_as: &str,
     ) -> Result<Self> {
         let what = format!("point-in-time rows of {}", s.reference);
+        let sql = format!(
+            "SELECT {}, {} AS __strata_from, {} AS __strata_to, {} AS c FROM {}",
+            keys.iter()
+                .map(|k| quote_ident(k))
+                .collect::<Vec<_>>()
+                .join(", "),
+            quote_ident(&s.valid_from),
+            quote_ident(&s.valid_to),
+            quote_ident(&s.column),
+            s.reference
+        );
         let df = ctx
-            .sql(sql)
+            .sql(&sql)
             .await
             .map_err(|e| EngineError::of_query(what.clone(), e))?;
-        let from_type = df.schema().field(keys).data_type().clone();
+        let read = df.schema().as_arrow();
+        let from_type = read.field(keys.len()).data_type().clone();
         let common = comparison_coercion(as_of.data_type(), &from_type).ok_or_else(|| {
             EngineError::plan(format!(
                 "{what}: its {} ({from_type}) cannot be compared with the as-of values ({})",
@@ -629,6 +575,16 @@ impl Expansion {
                 as_of.data_type()
             ))
         })?;
+        // (as_of, keys..., recorded column) in Delta's types.
+        let stored = |name: &str, f: &Field| {
+            Field::new(name, crate::util::arrow::storage_type(f.data_type()), true)
+        };
+        let mut fields = vec![Field::new(AS_OF_COL, as_of.data_type().clone(), true)];
+        for f in read.fields().iter().take(keys.len()) {
+            fields.push(stored(f.name(), f));
+        }
+        fields.push(stored(recorded_as, read.field(keys.len() + 2)));
+        let schema = Arc::new(Schema::new(fields));
         let order = sort_to_indices(as_of, None, None).context(|| what.clone())?;
         let as_of = take(as_of, &order, None).context(|| what.clone())?;
         let converter =
@@ -641,12 +597,12 @@ impl Expansion {
         Ok(Expansion {
             what,
             versions,
-            keys,
+            keys: keys.len(),
             as_of,
             as_of_rows,
             common,
             converter,
-            schema: schema.clone(),
+            schema,
             ready: Default::default(),
         })
     }
@@ -684,10 +640,10 @@ impl Expansion {
             versions.extend(std::iter::repeat_n(i as u32, range.len()));
             at.extend(range.map(|j| j as u32));
         }
+        let (versions, at) = (UInt32Array::from(versions), UInt32Array::from(at));
         for start in (0..versions.len()).step_by(EXPANDED_BATCH_ROWS) {
-            let end = (start + EXPANDED_BATCH_ROWS).min(versions.len());
-            let rows = UInt32Array::from(versions[start..end].to_vec());
-            let at = UInt32Array::from(at[start..end].to_vec());
+            let len = EXPANDED_BATCH_ROWS.min(versions.len() - start);
+            let (rows, at) = (versions.slice(start, len), at.slice(start, len));
             let what = || self.what.clone();
             let mut columns = vec![take(&self.as_of, &at, None).context(what)?];
             for c in (0..n).chain([n + 2]) {
@@ -795,10 +751,7 @@ mod tests {
             };
             let keys = vec!["id".to_string()];
             let as_of: ArrayRef = Arc::new(Date32Array::from(spine.to_vec()));
-            let (schema, sql) = expanded_schema(&ctx, &source, &keys, &as_of)
-                .await
-                .expect("schema");
-            let mut rows = Expansion::open(&ctx, &source, 1, &as_of, &schema, &sql)
+            let mut rows = Expansion::open(&ctx, &source, &keys, &as_of, "c")
                 .await
                 .expect("open");
             let mut out = Vec::new();

@@ -164,9 +164,7 @@ pub(crate) fn pit_sql(keys: &[String], sources: &[PitSource], ranges: Ranges) ->
                 quote_ident(&s.valid_to),
                 quote_ident(&s.column),
             );
-            let body = if !s.snapshots && ranges == Ranges::Expanded {
-                format!("SELECT * FROM {}", expanded_table(i))
-            } else if s.snapshots {
+            let body = if s.snapshots {
                 format!(
                     "SELECT v.{AS_OF_COL}, {}, t.{col} AS c FROM \
                        (SELECT sp.{AS_OF_COL}, max(d.st) AS st FROM __strata_spine sp \
@@ -175,6 +173,8 @@ pub(crate) fn pit_sql(keys: &[String], sources: &[PitSource], ranges: Ranges) ->
                      JOIN {src} t ON t.{from} = v.st",
                     keys_of("t")
                 )
+            } else if ranges == Ranges::Expanded {
+                format!("SELECT * FROM {}", expanded_table(i))
             } else {
                 format!(
                     "SELECT sp.{AS_OF_COL}, {}, t.{col} AS c FROM __strata_spine sp JOIN {src} t \
