@@ -127,10 +127,9 @@ pub(crate) fn compare(
     Ok(out)
 }
 
-/// The change counts for a target that had no rows before the run: every row of `new` (in
-/// the target layout) is new.
-pub(crate) fn count_first_rows(setup: &FlowSetup, new: &RecordBatch) -> Counts {
-    let rows = new.num_rows();
+/// The change counts for a target that had no rows before the run: every one of its `rows`
+/// new rows is new.
+pub(crate) fn count_first_rows(setup: &FlowSetup, rows: usize) -> Counts {
     let timeline = setup.flow.stored_as.has_timeline();
     Counts {
         rows_written: rows,

@@ -2,12 +2,12 @@
 //! it does and the schemas of its event store and target. Built by `ops/cdc/setup.rs`; pure
 //! data everything downstream reads.
 
-use crate::error::Result;
+use crate::error::{Context, Result};
 use crate::semantics::fold;
 use crate::semantics::fold::FoldSpec;
 use crate::semantics::timeline::Timeline;
 use crate::util::arrow;
-use deltalake::arrow::array::RecordBatch;
+use deltalake::arrow::array::{new_null_array, RecordBatch};
 use deltalake::arrow::datatypes::SchemaRef;
 use strata_sql::CdcFlow;
 use strata_sql::FlowKind;
@@ -77,6 +77,27 @@ impl FlowSetup {
             self.timeline
                 .apply(&rows, self.spec.n_out, &self.spec.keys, &self.target_schema)?;
         Ok((rows, keys))
+    }
+
+    /// What [`fold_to_target`](Self::fold_to_target) gives `events` when each upserts a key
+    /// no other event has and nothing came before: each event is its key's row (SCD type 2:
+    /// one open version from its sequence), in the events' order, sharing their columns.
+    /// The caller vouches for the keys being distinct and the events being upserts.
+    pub(crate) fn first_rows(&self, events: &RecordBatch) -> Result<RecordBatch> {
+        let n_out = self.spec.n_out;
+        let mut cols = events.columns()[..n_out].to_vec();
+        if self.spec.scd2 {
+            let seq = events.column(n_out);
+            cols.push(seq.clone());
+            cols.push(new_null_array(seq.data_type(), seq.len()));
+        }
+        let rows = RecordBatch::try_new(self.fold_schema.clone(), cols)
+            .context(|| format!("flow {}: the first rows", self.flow.name))?;
+        if !self.spec.scd2 {
+            return Ok(rows);
+        }
+        self.timeline
+            .apply(&rows, n_out, &self.spec.keys, &self.target_schema)
     }
 
     /// A snapshot flow without `SNAPSHOT VERSION BY`: each run snapshots the whole source.

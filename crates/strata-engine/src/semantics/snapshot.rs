@@ -85,6 +85,21 @@ impl Snap {
         compute::interleave_record_batch(&refs, &at).context(|| "snapshot rows".into())
     }
 
+    /// [`make_events`] of every row, in order: one batch per piece, sharing its columns.
+    pub(crate) fn all_events(
+        &self,
+        setup: &FlowSetup,
+        v: &ScalarValue,
+        op: i8,
+        run: i64,
+    ) -> Result<Vec<RecordBatch>> {
+        self.pieces
+            .iter()
+            .filter(|p| p.num_rows() > 0)
+            .map(|p| events_of(setup, p.columns()[..setup.spec.n_out].to_vec(), v, op, run))
+            .collect()
+    }
+
     /// [`make_events`] of rows `idx`.
     pub(crate) fn events(
         &self,
@@ -93,13 +108,13 @@ impl Snap {
         v: &ScalarValue,
         op: i8,
         run: i64,
-    ) -> Result<RecordBatch> {
+    ) -> Result<Vec<RecordBatch>> {
         if self.pieces.len() == 1 || self.whole.get().is_some() {
-            return make_events(setup, self.batch()?, idx, v, op, run);
+            return Ok(vec![make_events(setup, self.batch()?, idx, v, op, run)?]);
         }
         let rows = self.take(idx)?;
-        let all: Vec<u32> = (0..rows.num_rows() as u32).collect();
-        make_events(setup, &rows, &all, v, op, run)
+        let data = rows.columns()[..setup.spec.n_out].to_vec();
+        Ok(vec![events_of(setup, data, v, op, run)?])
     }
 }
 
@@ -404,9 +419,7 @@ pub(crate) fn make_events(
     op: i8,
     run: i64,
 ) -> Result<RecordBatch> {
-    let n = idx.len();
-    let all_in_order = n == rows.num_rows() && idx.iter().enumerate().all(|(i, &j)| i as u32 == j);
-    let mut cols: Vec<ArrayRef> = if all_in_order {
+    let data: Vec<ArrayRef> = if idx.len() == rows.num_rows() && in_order(idx) {
         rows.columns()[..setup.spec.n_out].to_vec()
     } else {
         let idx = UInt32Array::from(idx.to_vec());
@@ -416,6 +429,23 @@ pub(crate) fn make_events(
             .collect::<std::result::Result<_, _>>()
             .context(|| "building snapshot events".into())?
     };
+    events_of(setup, data, v, op, run)
+}
+
+/// `idx` is `0, 1, 2, ...`.
+fn in_order(idx: &[u32]) -> bool {
+    idx.iter().enumerate().all(|(i, &j)| i as u32 == j)
+}
+
+/// Events in the event schema with data columns `data`, at version `v`.
+fn events_of(
+    setup: &FlowSetup,
+    mut cols: Vec<ArrayRef>,
+    v: &ScalarValue,
+    op: i8,
+    run: i64,
+) -> Result<RecordBatch> {
+    let n = cols.first().map_or(0, |c| c.len());
     cols.push(
         v.to_array_of_size(n)
             .context(|| "building snapshot events".into())?,

@@ -138,9 +138,11 @@ fn listed_columns(schema: &deltalake::kernel::StructType, list: Option<&str>) ->
 }
 
 /// Appends `batches`, and the data files already in the table's folder that `files` add,
-/// to `table` in one commit, `commit`. Large inputs are cut into one slice per core,
-/// each encoded to parquet by its own writer at the same time (delta-rs encodes an
-/// unpartitioned write on one thread), and all files are committed together.
+/// to `table` in one commit, `commit`. Large inputs are cut into one range of rows per
+/// core, each encoded to parquet by its own writer of a [`FileStream`] at the same time
+/// (delta-rs encodes an unpartitioned write on one thread; a local table's files are
+/// written as they are encoded, not built in memory first), and all files are committed
+/// together.
 pub(crate) async fn append(
     table: &DeltaTable,
     batches: Vec<RecordBatch>,
@@ -165,7 +167,8 @@ pub(crate) async fn append(
             .context(|| format!("writing {}", table.table_url()))?;
         return Ok(written.version().map_or(-1, |v| v as i64));
     }
-    // One group of whole batches (cut where needed) per writer, in order, without copying.
+    // One contiguous group of rows per writer (each file then holds a range of the rows,
+    // in order), handed over in slices of a row group side by side, without copying.
     let chunk = rows.div_ceil(parts).max(1);
     let mut groups: Vec<Vec<RecordBatch>> = vec![Vec::new()];
     let mut in_group = 0usize;
@@ -176,7 +179,9 @@ pub(crate) async fn append(
                 groups.push(Vec::new());
                 in_group = 0;
             }
-            let take = (chunk - in_group).min(b.num_rows() - offset);
+            let take = (chunk - in_group)
+                .min(b.num_rows() - offset)
+                .min(STREAM_ROW_GROUP_ROWS);
             if let Some(g) = groups.last_mut() {
                 g.push(b.slice(offset, take));
             }
@@ -184,20 +189,19 @@ pub(crate) async fn append(
             offset += take;
         }
     }
-    let mut writers = Vec::new();
-    for group in groups.into_iter().filter(|g| !g.is_empty()) {
-        let table = table.clone();
-        writers.push(tokio::spawn(
-            async move { write_files(&table, group).await },
-        ));
+    let mut stream = FileStream::start(table)?;
+    let longest = groups.iter().map(Vec::len).max().unwrap_or(0);
+    for j in 0..longest {
+        for (writer, group) in groups.iter_mut().enumerate() {
+            if let Some(slice) = group.get_mut(j) {
+                let slice = std::mem::replace(slice, RecordBatch::new_empty(slice.schema()));
+                stream.write_to(writer, slice).await?;
+            }
+        }
     }
+    drop(groups);
     let mut actions: Vec<Action> = files.into_iter().map(Action::Add).collect();
-    for w in writers {
-        let adds = w
-            .await
-            .map_err(|e| EngineError::internal(format!("a writer task failed: {e}")))??;
-        actions.extend(adds.into_iter().map(Action::Add));
-    }
+    actions.extend(stream.finish().await?.into_iter().map(Action::Add));
     let partition_by: Vec<String> = table
         .snapshot()
         .context(|| "reading table state".into())?
@@ -306,12 +310,18 @@ impl FileStream {
 
     /// Hands `batch` to the next writer (waiting while it is busy).
     pub(crate) async fn write(&mut self, batch: RecordBatch) -> Result<()> {
+        let i = self.next;
+        self.next += 1;
+        self.write_to(i, batch).await
+    }
+
+    /// Hands `batch` to writer `i` (modulo their number; waiting while it is busy).
+    async fn write_to(&mut self, i: usize, batch: RecordBatch) -> Result<()> {
         if batch.num_rows() == 0 {
             return Ok(());
         }
         let rows = batch.num_rows();
-        let i = self.next % self.feeds.len();
-        self.next += 1;
+        let i = i % self.feeds.len();
         if self.feeds[i].send(batch).await.is_err() {
             // The writer has stopped: its error says why.
             let failed = self.writers.swap_remove(i);

@@ -310,7 +310,7 @@ pub(crate) async fn write_part(
         events: n_events,
         rows: rows.num_rows(),
         keys,
-        counts: count_first_rows(setup, &rows),
+        counts: count_first_rows(setup, rows.num_rows()),
     };
     write_sliced(target_files, &rows).await?;
     Ok(outcome)

@@ -147,10 +147,30 @@ async fn run_flow_once(
         "{} new event(s), folding {} event(s)",
         report.events,
         stored.as_ref().map_or(0, RecordBatch::num_rows)
-            + input.events.as_ref().map_or(0, RecordBatch::num_rows)
+            + input
+                .events
+                .iter()
+                .flatten()
+                .map(RecordBatch::num_rows)
+                .sum::<usize>()
     ));
-    let folded = fold(setup, stored.clone(), input.events.clone()).await?;
-    step!(info, steps, "folded and checked the SCD2 integrity");
+    let folded = match (&stored, input.one_per_key) {
+        (None, true) => {
+            let rows = first_rows(setup, input.events.clone().unwrap_or_default()).await?;
+            step!(info, steps, "made the first rows");
+            rows
+        }
+        _ => {
+            let rows = fold(
+                setup,
+                stored.clone(),
+                input.events.clone().unwrap_or_default(),
+            );
+            let rows = rows.await?;
+            step!(info, steps, "folded and checked the SCD2 integrity");
+            rows
+        }
+    };
     if matches!(input.touched, Touched::All) {
         report.keys_touched = folded.keys;
     }
@@ -371,9 +391,11 @@ async fn in_step_through_upkeep(store: &DeltaTable, applied: i64) -> Result<i64>
 
 /// What a run adds to the event store, and the keys whose rows it derives again.
 struct Input {
-    /// New events to fold (for a snapshot flow: its upserts, deletes and pins); `None` when
-    /// the run only completes an interrupted one.
-    events: Option<RecordBatch>,
+    /// New events to fold (for a snapshot flow: its upserts, deletes and pins), in pieces;
+    /// `None` when the run only completes an interrupted one.
+    events: Option<Vec<RecordBatch>>,
+    /// Every new event upserts a key no other has, and nothing is stored (a first snapshot).
+    one_per_key: bool,
     /// What the event store gets: the events, and a snapshot flow's markers.
     to_commit: Option<Vec<RecordBatch>>,
     /// A snapshot flow's markers of the versions this run applies.
@@ -423,6 +445,7 @@ async fn take_input(
     let Some(new) = new else {
         return Ok(Some(Input {
             events: None,
+            one_per_key: false,
             to_commit: None,
             markers: None,
             superseded: None,
@@ -433,14 +456,16 @@ async fn take_input(
     };
     report.notes.extend(new.notes);
     let (to_commit, markers) = match setup.is_snapshot() {
-        true => (
-            vec![new.events.clone(), new.markers.clone()],
-            Some(new.markers),
-        ),
-        false => (vec![new.events.clone()], None),
+        true => {
+            let mut all = new.events.clone();
+            all.push(new.markers.clone());
+            (all, Some(new.markers))
+        }
+        false => (new.events.clone(), None),
     };
     Ok(Some(Input {
         events: Some(new.events),
+        one_per_key: new.one_per_key,
         to_commit: Some(to_commit),
         markers,
         superseded: new.superseded,
@@ -462,7 +487,11 @@ fn new_keys(
         return Ok(Vec::new());
     };
     let mut out = vec![match pos.store.is_some() {
-        true => touched_keys(setup, &new.events)?,
+        true => touched_keys(
+            setup,
+            &concat_batches(&setup.event_schema, &new.events)
+                .context(|| "the run's events".into())?,
+        )?,
         false => Touched::All,
     }];
     if let Some(old) = &new.superseded {
@@ -540,7 +569,7 @@ async fn new_events(
             digest::dir_for(&pos.store_path).as_deref(),
             pos.store_version,
         ),
-        &pieces,
+        pieces,
         pos.run(),
     )
     .await?;
@@ -701,9 +730,10 @@ async fn read_by_pages(
     ))
 }
 
-/// The fold's output: the touched keys' rows in the target layout, and how many keys.
+/// The fold's output: the touched keys' rows in the target layout (in pieces), and how
+/// many keys.
 struct Folded {
-    rows: RecordBatch,
+    rows: Vec<RecordBatch>,
     keys: usize,
 }
 
@@ -713,7 +743,7 @@ struct Folded {
 async fn fold(
     setup: &FlowSetup,
     stored: Option<RecordBatch>,
-    new: Option<RecordBatch>,
+    new: Vec<RecordBatch>,
 ) -> Result<Folded> {
     let setup = setup.clone();
     off_scheduler("the fold", move || {
@@ -727,6 +757,22 @@ async fn fold(
                 .context(|| "concatenating events".into())?,
         };
         let (rows, keys) = target::fold_checked(&setup, events)?;
+        Ok(Folded {
+            rows: vec![rows],
+            keys,
+        })
+    })
+    .await
+}
+
+/// The target rows of a first snapshot's events, which each upsert a key no other has
+/// with nothing stored: each event is its key's row (`target::first_rows`), without the
+/// fold's sort and gather, in the events' pieces.
+async fn first_rows(setup: &FlowSetup, events: Vec<RecordBatch>) -> Result<Folded> {
+    let setup = setup.clone();
+    off_scheduler("the first rows", move || {
+        let keys = events.iter().map(RecordBatch::num_rows).sum();
+        let rows = target::first_rows(&setup, &events)?;
         Ok(Folded { rows, keys })
     })
     .await

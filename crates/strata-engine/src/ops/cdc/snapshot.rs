@@ -51,8 +51,11 @@ use deltalake::DeltaTable;
 
 /// What applying the pending snapshots of one run produces.
 pub(crate) struct SnapshotEvents {
-    /// Upserts, deletes and pins: the new input of the fold.
-    pub events: RecordBatch,
+    /// Upserts, deletes and pins: the new input of the fold, in pieces.
+    pub events: Vec<RecordBatch>,
+    /// Every event upserts a key that no other event of the run has, and nothing was stored
+    /// before (a first snapshot): the fold of each is its own row (`target::first_rows`).
+    pub one_per_key: bool,
     /// One marker per applied version.
     pub markers: RecordBatch,
     /// Keys of stored events that redeliveries supersede (they must be re-derived too).
@@ -69,7 +72,8 @@ impl SnapshotEvents {
     pub(crate) fn just(events: RecordBatch) -> Self {
         SnapshotEvents {
             markers: RecordBatch::new_empty(events.schema()),
-            events,
+            events: vec![events],
+            one_per_key: false,
             superseded: None,
             notes: Vec::new(),
             state_digest: None,
@@ -224,11 +228,11 @@ pub(crate) async fn to_events(
     has_store: bool,
     current: Option<&DeltaTable>,
     digest_at: (Option<&std::path::Path>, i64),
-    rows: &[RecordBatch],
+    rows: Vec<RecordBatch>,
     run: i64,
 ) -> Result<SnapshotEvents> {
     let steps = crate::util::steps::Steps::new(&setup.flow.name, "snapshot: ");
-    let delivery = Delivery::group(setup, rows)?;
+    let mut delivery = Delivery::group(setup, rows)?;
     let mut stored: Vec<ScalarValue> = Vec::new();
     if has_store {
         register_effective(
@@ -270,8 +274,9 @@ pub(crate) async fn to_events(
         fingerprint: digest_fingerprint(setup),
         at: digest_at,
     };
-    for (v, idx) in &delivery.versions.groups {
-        let snap = delivery.snap(setup, rows, idx)?;
+    let groups = std::mem::take(&mut delivery.versions.groups);
+    for (v, idx) in &groups {
+        let snap = delivery.snap(setup, idx)?;
         let place = applying.place(&states.stored, v);
         let from_file = applying.digest_file(&states, &digests, &place);
         let ((by_digest, saved), snap) = match (digests.key, place.newest()) {
@@ -302,58 +307,60 @@ pub(crate) async fn to_events(
             }
         }
     }
-    applying.finish(setup)
+    applying.finish(setup, !has_store && pending.len() == 1)
 }
 
 /// The snapshot rows of one run, grouped by version.
 struct Delivery {
-    /// With several versions, the rows in one batch (one version: they stay in the pieces
-    /// they came in).
+    /// One version (the common case): its rows in the pieces they came in, until its
+    /// [`Snap`] takes them.
+    pieces: Option<Vec<RecordBatch>>,
+    /// Several versions: the rows in one batch.
     whole: Option<RecordBatch>,
     versions: Versions,
 }
 
 impl Delivery {
-    fn group(setup: &FlowSetup, rows: &[RecordBatch]) -> Result<Delivery> {
-        // One version (the common case): its rows stay in the pieces they came in. Several:
-        // the rows are put in one batch and grouped.
-        let one = one_version(setup, rows)?;
-        let whole = match &one {
-            Some(_) => None,
-            None => Some(match rows {
-                [b] => b.clone(),
-                _ => {
-                    let schema = rows
-                        .first()
-                        .map_or_else(|| setup.event_schema.clone(), |b| b.schema());
-                    concat_batches(&schema, rows).context(|| "snapshot rows".into())?
-                }
-            }),
+    fn group(setup: &FlowSetup, rows: Vec<RecordBatch>) -> Result<Delivery> {
+        if let Some(v) = one_version(setup, &rows)? {
+            return Ok(Delivery {
+                pieces: Some(rows),
+                whole: None,
+                versions: Versions {
+                    groups: vec![(v, Vec::new())],
+                },
+            });
+        }
+        let whole = match rows.as_slice() {
+            [b] => b.clone(),
+            _ => {
+                let schema = rows
+                    .first()
+                    .map_or_else(|| setup.event_schema.clone(), |b| b.schema());
+                concat_batches(&schema, &rows).context(|| "snapshot rows".into())?
+            }
         };
-        let versions = match (&one, &whole) {
-            (Some(v), _) => Versions {
-                groups: vec![(v.clone(), Vec::new())],
-            },
-            (None, Some(w)) => group_versions(setup, w)?,
-            (None, None) => Versions { groups: Vec::new() },
-        };
-        Ok(Delivery { whole, versions })
+        Ok(Delivery {
+            versions: group_versions(setup, &whole)?,
+            pieces: None,
+            whole: Some(whole),
+        })
     }
 
-    /// The data rows of one version (`idx`: its rows in `whole`).
-    fn snap(&self, setup: &FlowSetup, rows: &[RecordBatch], idx: &[u32]) -> Result<Snap> {
-        Ok(match &self.whole {
-            None => Snap::new(
-                data_schema(setup),
-                rows.iter()
-                    .map(|b| data_only(setup, b))
-                    .collect::<Result<_>>()?,
-            ),
-            Some(w) => Snap::new(
-                data_schema(setup),
-                vec![data_only(setup, &take_rows(w, idx)?)?],
-            ),
-        })
+    /// The data rows of one version (`idx`: its rows in `whole`; the one version takes the
+    /// pieces, so that nothing else holds them).
+    fn snap(&mut self, setup: &FlowSetup, idx: &[u32]) -> Result<Snap> {
+        let pieces = match &self.whole {
+            Some(w) => vec![data_only(setup, &take_rows(w, idx)?)?],
+            None => self
+                .pieces
+                .take()
+                .unwrap_or_default()
+                .iter()
+                .map(|b| data_only(setup, b))
+                .collect::<Result<_>>()?,
+        };
+        Ok(Snap::new(data_schema(setup), pieces))
     }
 }
 
@@ -526,7 +533,13 @@ impl<'a> Applying<'a> {
         })?;
         self.step("diffed by digest");
         let run = self.run;
-        self.parts.push(snap.events(setup, &d.upserts, v, 0, run)?);
+        // Every row an upsert (a first snapshot): the events share the pieces' columns, in
+        // the order the rows came (as `take_rows` keeps a batch taken whole).
+        let events = match d.upserts.len() == snap.num_rows() {
+            true => snap.all_events(setup, v, 0, run)?,
+            false => snap.events(setup, &d.upserts, v, 0, run)?,
+        };
+        self.parts.extend(events);
         self.parts
             .push(delete_events(setup, k, old.keys_at(&d.deletes)?, v, run)?);
         self.markers.push(marker(setup, v, run)?);
@@ -649,10 +662,14 @@ impl<'a> Applying<'a> {
         Ok(())
     }
 
-    /// The events, markers, superseded events and notes of the run.
-    fn finish(self, setup: &FlowSetup) -> Result<SnapshotEvents> {
-        let events = concat_batches(&setup.event_schema, &self.parts)
-            .context(|| "snapshot events".into())?;
+    /// The events, markers, superseded events and notes of the run; `first`: the run
+    /// delivers one version and nothing was stored before.
+    fn finish(self, setup: &FlowSetup, first: bool) -> Result<SnapshotEvents> {
+        let events: Vec<RecordBatch> = self
+            .parts
+            .into_iter()
+            .filter(|p| p.num_rows() > 0)
+            .collect();
         let markers = concat_batches(&setup.event_schema, &self.markers)
             .context(|| "snapshot markers".into())?;
         let superseded = match self.superseded.is_empty() {
@@ -671,6 +688,9 @@ impl<'a> Applying<'a> {
             .map(|(_, d)| d);
         Ok(SnapshotEvents {
             events,
+            // Against an empty state a version has upserts only, of distinct keys (a key
+            // that appears twice was refused by the diff).
+            one_per_key: first,
             markers,
             superseded,
             notes: self.notes,

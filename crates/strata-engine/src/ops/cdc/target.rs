@@ -29,8 +29,8 @@ use std::sync::Arc;
 
 /// What a run writes to its target.
 pub(crate) struct TargetWrite<'a> {
-    /// The touched keys' rows after the run, in the target layout.
-    pub(crate) rows: RecordBatch,
+    /// The touched keys' rows after the run, in the target layout, in pieces.
+    pub(crate) rows: Vec<RecordBatch>,
     /// The touched keys' stored events, when the target reflects them all: their rows before
     /// the run are then folded from them instead of read from the target.
     pub(crate) stored_only: Option<RecordBatch>,
@@ -58,6 +58,11 @@ pub(crate) async fn write_target(
         }
     };
     let steps = Steps::new(&setup.flow.name, "");
+    let rows = match write.rows.as_slice() {
+        [one] => one.clone(),
+        pieces => concat_batches(&setup.target_schema, pieces)
+            .context(|| "the touched keys' rows".into())?,
+    };
     let current = match &write.stored_only {
         Some(stored) => {
             let (s, stored) = (setup.clone(), stored.clone());
@@ -75,7 +80,7 @@ pub(crate) async fn write_target(
         report.keys_touched
     ));
     let change = {
-        let (s, now, new) = (setup.clone(), current.clone(), write.rows.clone());
+        let (s, now, new) = (setup.clone(), current.clone(), rows.clone());
         off_scheduler("compare", move || compare(&s, &now, &new)).await?
     };
     step!(debug, steps, "compared them with the new rows");
@@ -86,7 +91,7 @@ pub(crate) async fn write_target(
     if change.keys == 0 {
         return Ok(());
     }
-    replace_changed(setup, &target, ctx, &current, write, change).await
+    replace_changed(setup, &target, ctx, &current, rows, write, change).await
 }
 
 /// No rows yet: everything folded is new, written with a plain append (which also creates
@@ -100,14 +105,14 @@ async fn write_first_rows(
     report: &mut FlowReport,
 ) -> Result<()> {
     report.keys_changed = report.keys_touched;
-    report.rows_inserted = write.rows.num_rows();
-    report.count(&count_first_rows(setup, &write.rows));
+    report.rows_inserted = write.rows.iter().map(RecordBatch::num_rows).sum();
+    report.count(&count_first_rows(setup, report.rows_inserted));
     let flow = &setup.flow;
     let target = match existing {
         Some(t) => t,
         None => create_target(scope, setup, target_properties).await?,
     };
-    crate::storage::write::append(&target, vec![write.rows], Vec::new(), &write.commit).await?;
+    crate::storage::write::append(&target, write.rows, Vec::new(), &write.commit).await?;
     let steps = Steps::new(&flow.name, "");
     step!(info, steps, "wrote the first rows of the target");
     Ok(())
@@ -124,6 +129,21 @@ pub(super) fn fold_checked(setup: &FlowSetup, events: RecordBatch) -> Result<(Re
         check_integrity(setup, &rows)?;
     }
     Ok((rows, keys))
+}
+
+/// The target rows of `events` that each upsert a key no other event has, with nothing
+/// stored before them (a first snapshot), checked like [`fold_checked`]'s: each event is its
+/// key's row (`FlowSetup::first_rows`), in the events' pieces. An SCD type 2 result is one
+/// open version per key, so there is no timeline to check.
+pub(super) fn first_rows(setup: &FlowSetup, events: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
+    let rows = events
+        .iter()
+        .map(|e| setup.first_rows(e))
+        .collect::<Result<Vec<_>>>()?;
+    for r in &rows {
+        check_not_null(setup, r)?;
+    }
+    Ok(rows)
 }
 
 /// The target's declared `NOT NULL` columns hold a value in every row about to be written:
@@ -205,6 +225,7 @@ async fn replace_changed(
     target: &DeltaTable,
     ctx: &SessionContext,
     current: &RecordBatch,
+    rows: RecordBatch,
     write: TargetWrite<'_>,
     change: ChangeSet,
 ) -> Result<()> {
@@ -214,9 +235,9 @@ async fn replace_changed(
         compute::take_record_batch(rows, &UInt32Array::from(idx))
             .context(|| "selecting rows".into())
     };
-    let inserts = take(&write.rows, change.insert_rows)?;
+    let inserts = take(&rows, change.insert_rows)?;
     let old_rows = take(current, change.old_rows)?;
-    drop(write.rows);
+    drop(rows);
     let replaced = crate::storage::replace::replace_keys(
         target,
         &setup.key_names,
@@ -311,4 +332,99 @@ fn merge_source(
     let (i, d) = (tag(inserts, "ins")?, tag(deletes, "del")?);
     let both = concat_batches(&i.schema(), &[i.clone(), d]).context(|| "merge source".into())?;
     ctx.read_batch(both).context(|| "merge source".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deltalake::arrow::array::{ArrayRef, Int64Array, Int8Array};
+    use proptest::prelude::*;
+
+    /// The setup of a snapshot flow over (key, name, amount, v) stored as `stored` with
+    /// target properties `props`.
+    fn setup(stored: &str, props: &[(&str, &str)]) -> FlowSetup {
+        let sql = format!(
+            "CREATE FLOW f AS AUTO CDC FROM SNAPSHOT INTO t FROM STREAM(s) KEYS (key) \
+             SNAPSHOT VERSION BY v COLUMNS * EXCEPT (v) STORED AS {stored};"
+        );
+        let flow = strata_sql::parse_pipeline(&sql)
+            .expect("parses")
+            .statements
+            .into_iter()
+            .find_map(|s| match s {
+                strata_sql::Statement::Flow(f) => Some(f),
+                _ => None,
+            })
+            .expect("a flow");
+        let source = Arc::new(Schema::new(vec![
+            Field::new("key", DataType::Int64, true),
+            Field::new("name", DataType::Utf8, true),
+            Field::new("amount", DataType::Int64, true),
+            Field::new("v", DataType::Int64, true),
+        ]));
+        let props: BTreeMap<String, String> = props
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        rt.block_on(super::super::setup::prepare_flow(
+            &flow, &source, &props, None,
+        ))
+        .expect("setup")
+    }
+
+    /// Rows sorted by their first (key) column.
+    fn by_key(rows: &RecordBatch) -> RecordBatch {
+        let order = compute::sort_to_indices(rows.column(0), None, None).expect("sort");
+        compute::take_record_batch(rows, &order).expect("take")
+    }
+
+    proptest! {
+        /// A first snapshot's rows, made piece by piece without the fold, are the fold's
+        /// rows: SCD type 1, and SCD type 2 in each timeline convention.
+        #[test]
+        fn first_rows_are_the_folds_rows(
+            rows in prop::collection::btree_map(
+                -1000i64..1000,
+                (prop::option::of("[a-c]{0,3}"), prop::option::of(-5i64..5)),
+                0..60,
+            ),
+            cut in 0usize..60,
+            version in 1i64..100,
+        ) {
+            // Keys in an order of their own (the map's reversed), cut into two pieces.
+            let rows: Vec<_> = rows.into_iter().rev().collect();
+            for (stored, props) in [
+                ("SCD TYPE 1", vec![]),
+                ("SCD TYPE 2", vec![]),
+                ("SCD TYPE 2", vec![("strata.scd.convention", "dbt")]),
+                (
+                    "SCD TYPE 2",
+                    vec![("strata.scd.convention", "kimball"), ("strata.scd.openEnd", "999999")],
+                ),
+            ] {
+                let setup = setup(stored, &props);
+                let n = rows.len();
+                let columns: Vec<ArrayRef> = vec![
+                    Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))),
+                    Arc::new(StringArray::from_iter(rows.iter().map(|r| r.1 .0.clone()))),
+                    Arc::new(Int64Array::from_iter(rows.iter().map(|r| r.1 .1))),
+                    Arc::new(Int64Array::from(vec![version; n])),
+                    Arc::new(Int8Array::from(vec![0i8; n])),
+                    Arc::new(Int64Array::from(vec![0i64; n])),
+                ];
+                let events = RecordBatch::try_new(setup.event_schema.clone(), columns)
+                    .expect("events");
+                let (folded, keys) = fold_checked(&setup, events.clone()).expect("fold");
+                let cut = cut.min(n);
+                let pieces = [events.slice(0, cut), events.slice(cut, n - cut)];
+                let first = first_rows(&setup, &pieces).expect("first rows");
+                let first = concat_batches(&folded.schema(), &first).expect("concat");
+                prop_assert_eq!(keys, n);
+                prop_assert_eq!(by_key(&first), by_key(&folded), "{} {:?}", stored, props);
+            }
+        }
+    }
 }
