@@ -739,21 +739,15 @@ async fn take_changes(
     // Where the last part committed ends.
     let mut last_part: Option<Lsn> = None;
     loop {
-        let mut raw = Vec::new();
-        let mut key_changes = std::collections::HashSet::new();
-        part_rows = 0usize;
-        while let Some(tb) = changes
-            .next_batch()
-            .await
-            .map_err(|e| resnapshot_hint(scope, setup, &place, e))?
-        {
-            check_columns_known(scope, setup, input, &place, &tb.batch)?;
-            part_rows += tb.batch.num_rows();
-            read_rows += tb.batch.num_rows();
-            raw.push(held.drop_held(&tb.table, tb.batch)?);
-            key_changes.extend(tb.key_changes);
-            (scope.update)(format!("{read_rows} change(s) read"));
-        }
+        let reading = PartRead {
+            scope,
+            setup,
+            input,
+            place: &place,
+            held: &held,
+        };
+        let (raw, key_changes, rows) = reading.read(&mut changes, &mut read_rows).await?;
+        part_rows = rows;
         let table = base.as_ref().or(existing);
         let raw = fill_toast(&cdc, setup, read, &place, table, raw, key_changes).await?;
         for batch in raw {
@@ -802,6 +796,49 @@ async fn take_changes(
         base,
         ..Taken::rows(chunk.parts, chunk.events, commit)
     }))
+}
+
+/// What reading one part of a change stream needs.
+struct PartRead<'a> {
+    scope: &'a Scope<'a>,
+    setup: &'a IngestSetup,
+    input: &'a SchemaRef,
+    place: &'a str,
+    held: &'a Held,
+}
+
+impl PartRead<'_> {
+    /// The changes of the stream's current part (to its end, or the stream's): each batch
+    /// checked for columns the query does not know, the changes a resumed copy already
+    /// holds dropped; with the key changes the batches report (`fill_toast` needs them) and
+    /// the part's number of changes. `read_rows` counts every change of the read.
+    async fn read(
+        &self,
+        changes: &mut strata_sources::LogChanges,
+        read_rows: &mut usize,
+    ) -> Result<(
+        Vec<RecordBatch>,
+        std::collections::HashSet<(i64, i64)>,
+        usize,
+    )> {
+        let (scope, setup) = (self.scope, self.setup);
+        let mut raw = Vec::new();
+        let mut key_changes = std::collections::HashSet::new();
+        let mut part_rows = 0usize;
+        while let Some(tb) = changes
+            .next_batch()
+            .await
+            .map_err(|e| resnapshot_hint(scope, setup, self.place, e))?
+        {
+            check_columns_known(scope, setup, self.input, self.place, &tb.batch)?;
+            part_rows += tb.batch.num_rows();
+            *read_rows += tb.batch.num_rows();
+            raw.push(self.held.drop_held(&tb.table, tb.batch)?);
+            key_changes.extend(tb.key_changes);
+            (scope.update)(format!("{read_rows} change(s) read"));
+        }
+        Ok((raw, key_changes, part_rows))
+    }
 }
 
 /// The source's tables and the windows of a resumed first copy a change read still
