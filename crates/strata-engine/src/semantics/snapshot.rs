@@ -86,7 +86,7 @@ impl Snap {
     }
 
     /// [`make_events`] of every row, in order: one batch per piece, sharing its columns.
-    pub(crate) fn all_events(
+    fn all_events(
         &self,
         setup: &FlowSetup,
         v: &ScalarValue,
@@ -100,7 +100,9 @@ impl Snap {
             .collect()
     }
 
-    /// [`make_events`] of rows `idx`.
+    /// [`make_events`] of rows `idx`. Every row (`idx` as long as the snapshot, a first
+    /// snapshot's upserts) is the rows in the order they came, as [`take_rows`] keeps a batch
+    /// taken whole: one batch per piece, sharing its columns.
     pub(crate) fn events(
         &self,
         setup: &FlowSetup,
@@ -109,6 +111,9 @@ impl Snap {
         op: i8,
         run: i64,
     ) -> Result<Vec<RecordBatch>> {
+        if idx.len() == self.num_rows() {
+            return self.all_events(setup, v, op, run);
+        }
         if self.pieces.len() == 1 || self.whole.get().is_some() {
             return Ok(vec![make_events(setup, self.batch()?, idx, v, op, run)?]);
         }

@@ -190,16 +190,17 @@ pub(crate) async fn append(
         }
     }
     let mut stream = FileStream::start(table)?;
-    let longest = groups.iter().map(Vec::len).max().unwrap_or(0);
-    for j in 0..longest {
+    let mut groups: Vec<_> = groups.into_iter().map(Vec::into_iter).collect();
+    let mut fed = true;
+    while fed {
+        fed = false;
         for (writer, group) in groups.iter_mut().enumerate() {
-            if let Some(slice) = group.get_mut(j) {
-                let slice = std::mem::replace(slice, RecordBatch::new_empty(slice.schema()));
+            if let Some(slice) = group.next() {
                 stream.write_to(writer, slice).await?;
+                fed = true;
             }
         }
     }
-    drop(groups);
     let mut actions: Vec<Action> = files.into_iter().map(Action::Add).collect();
     actions.extend(stream.finish().await?.into_iter().map(Action::Add));
     let partition_by: Vec<String> = table

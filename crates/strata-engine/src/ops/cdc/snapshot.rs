@@ -232,7 +232,7 @@ pub(crate) async fn to_events(
     run: i64,
 ) -> Result<SnapshotEvents> {
     let steps = crate::util::steps::Steps::new(&setup.flow.name, "snapshot: ");
-    let mut delivery = Delivery::group(setup, rows)?;
+    let (mut delivery, versions) = Delivery::group(setup, rows)?;
     let mut stored: Vec<ScalarValue> = Vec::new();
     if has_store {
         register_effective(
@@ -250,12 +250,7 @@ pub(crate) async fn to_events(
         steps,
         "grouped the versions and listed the stored ones"
     );
-    let pending: Vec<ScalarValue> = delivery
-        .versions
-        .groups
-        .iter()
-        .map(|g| g.0.clone())
-        .collect();
+    let pending: Vec<ScalarValue> = versions.groups.iter().map(|g| g.0.clone()).collect();
     let mut applying = Applying::new(run, &steps, stored.clone());
     let mut states = States {
         ctx,
@@ -274,8 +269,7 @@ pub(crate) async fn to_events(
         fingerprint: digest_fingerprint(setup),
         at: digest_at,
     };
-    let groups = std::mem::take(&mut delivery.versions.groups);
-    for (v, idx) in &groups {
+    for (v, idx) in &versions.groups {
         let snap = delivery.snap(setup, idx)?;
         let place = applying.place(&states.stored, v);
         let from_file = applying.digest_file(&states, &digests, &place);
@@ -310,26 +304,27 @@ pub(crate) async fn to_events(
     applying.finish(setup, !has_store && pending.len() == 1)
 }
 
-/// The snapshot rows of one run, grouped by version.
+/// The snapshot rows of one run, handed out version by version.
 struct Delivery {
     /// One version (the common case): its rows in the pieces they came in, until its
     /// [`Snap`] takes them.
     pieces: Option<Vec<RecordBatch>>,
     /// Several versions: the rows in one batch.
     whole: Option<RecordBatch>,
-    versions: Versions,
 }
 
 impl Delivery {
-    fn group(setup: &FlowSetup, rows: Vec<RecordBatch>) -> Result<Delivery> {
+    /// The rows, and the versions they hold with each one's rows.
+    fn group(setup: &FlowSetup, rows: Vec<RecordBatch>) -> Result<(Delivery, Versions)> {
         if let Some(v) = one_version(setup, &rows)? {
-            return Ok(Delivery {
+            let versions = Versions {
+                groups: vec![(v, Vec::new())],
+            };
+            let delivery = Delivery {
                 pieces: Some(rows),
                 whole: None,
-                versions: Versions {
-                    groups: vec![(v, Vec::new())],
-                },
-            });
+            };
+            return Ok((delivery, versions));
         }
         let whole = match rows.as_slice() {
             [b] => b.clone(),
@@ -340,11 +335,12 @@ impl Delivery {
                 concat_batches(&schema, &rows).context(|| "snapshot rows".into())?
             }
         };
-        Ok(Delivery {
-            versions: group_versions(setup, &whole)?,
+        let versions = group_versions(setup, &whole)?;
+        let delivery = Delivery {
             pieces: None,
             whole: Some(whole),
-        })
+        };
+        Ok((delivery, versions))
     }
 
     /// The data rows of one version (`idx`: its rows in `whole`; the one version takes the
@@ -533,13 +529,8 @@ impl<'a> Applying<'a> {
         })?;
         self.step("diffed by digest");
         let run = self.run;
-        // Every row an upsert (a first snapshot): the events share the pieces' columns, in
-        // the order the rows came (as `take_rows` keeps a batch taken whole).
-        let events = match d.upserts.len() == snap.num_rows() {
-            true => snap.all_events(setup, v, 0, run)?,
-            false => snap.events(setup, &d.upserts, v, 0, run)?,
-        };
-        self.parts.extend(events);
+        self.parts
+            .extend(snap.events(setup, &d.upserts, v, 0, run)?);
         self.parts
             .push(delete_events(setup, k, old.keys_at(&d.deletes)?, v, run)?);
         self.markers.push(marker(setup, v, run)?);
