@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/strata-target}"
 strata="$CARGO_TARGET_DIR/debug/strata"
 if [ ! -x "$strata" ]; then
-  echo "building strata (the CLI only, about 20 minutes on a fresh 2-core machine, seconds" \
+  echo "building strata (the CLI only, about 10 minutes on a fresh 2-core machine, seconds" \
     "once built; $CARGO_TARGET_DIR keeps the build)" >&2
 fi
 # Only the binary: the test binaries, the Python module and the fuzz targets are left to
