@@ -29,7 +29,7 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 # caches beside the build; off unless asked for.
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
-step() { printf '\n==> %s\n' "$*"; }
+step() { printf '\n==> %s (%s)\n' "$*" "$(date -u +%H:%M:%S)"; }
 
 # A full disk fails the build with a linker I/O error far from its cause; say how much room
 # there is up front (a cold debug build and its test binaries take about 3 GiB).
