@@ -21,18 +21,21 @@ def main() -> None:
     ap.add_argument("--keys", type=int, default=100_000)
     ap.add_argument("--files", type=int, default=4)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--prefix", default="", help="file name prefix (a later delivery)")
+    ap.add_argument("--seq-from", type=int, default=0,
+                    help="sequence numbers start after this many events (a later delivery)")
     a = ap.parse_args()
     rng = random.Random(a.seed)
     os.makedirs(a.folder, exist_ok=True)
     per_file = -(-a.events // a.files)
     written = 0
     for f in range(a.files):
-        with open(os.path.join(a.folder, f"{f:03}.json"), "w") as out:
+        with open(os.path.join(a.folder, f"{a.prefix}{f:03}.json"), "w") as out:
             for _ in range(min(per_file, a.events - written)):
                 written += 1
-                seq = written
+                seq = a.seq_from + written
                 if rng.random() < 0.02:
-                    seq = max(1, written - rng.randrange(1, 1000))  # late
+                    seq = max(1, seq - rng.randrange(1, 1000))  # late
                 op = "delete" if rng.random() < 0.05 else "upsert"
                 out.write(json.dumps({
                     "id": rng.randrange(a.keys),

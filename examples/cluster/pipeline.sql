@@ -1,6 +1,6 @@
 -- A backfill of customer change events into an SCD type 2 history. With
--- `strata run --cluster df://HOST:PORT`, the history's first load (at least
--- --cluster-min-events events) runs on the cluster's executors.
+-- `strata run --cluster df://HOST:PORT`, the history's first load and later batches (of at
+-- least --cluster-min-events events) run on the cluster's executors.
 CREATE OR REFRESH STREAMING TABLE customer_events
 AS SELECT * FROM STREAM read_files('data/events', format => 'json',
   schema => 'id BIGINT, city STRING, tier STRING, op STRING, seq BIGINT');

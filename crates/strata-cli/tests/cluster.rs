@@ -19,7 +19,7 @@ APPLY AS DELETE WHEN op = 'DELETE'
 SEQUENCE BY seq
 COLUMNS * EXCEPT (op, seq)
 STORED AS SCD TYPE 2;
-CREATE OR REFRESH STREAMING TABLE current;
+CREATE OR REFRESH STREAMING TABLE current TBLPROPERTIES ('delta.enableDeletionVectors' = 'false');
 CREATE FLOW current_flow AS AUTO CDC INTO current FROM STREAM(raw)
 KEYS (code)
 APPLY AS DELETE WHEN op = 'DELETE'
@@ -155,8 +155,9 @@ fn assert_same(local: &[String], remote: &[String], cluster: &Cluster) {
 
 /// A first load of two flows (integer and string keys, SCD 2 and SCD 1, late events and
 /// deletes) runs on the cluster, and gives the tables, change feed and event stores a local
-/// run gives; so do a second, incremental run afterwards (late events, deletes,
-/// re-inserts; run here) and a full refresh (on the cluster again).
+/// run gives; so do a second, incremental batch afterwards (late events, deletes,
+/// re-inserts; on the cluster too, being above `--cluster-min-events`), a small batch
+/// (here) and a full refresh (on the cluster again).
 #[test]
 fn a_backfill_on_the_cluster_equals_a_local_one() {
     let s3 = S3::from_env();
@@ -170,6 +171,20 @@ fn a_backfill_on_the_cluster_equals_a_local_one() {
                 .any(|l| l.contains(flow) && l.contains("bulk load on the cluster")),
             "{flow} ran on the cluster: {out}"
         );
+        // Each stage is told as the scheduler completes it: the read and shuffle of every
+        // event, then the fold and write of the parts.
+        let stages = out
+            .lines()
+            .find(|l| l.contains(flow) && l.contains("stage 1"))
+            .unwrap_or_else(|| panic!("{flow}'s stages are told: {out}"));
+        let (a, b) = first_delivery(3000);
+        let events = a.lines().count() + b.lines().count();
+        assert!(
+            stages.contains("(read and shuffle the events): ")
+                && stages.contains(&format!(" task(s), {events} row(s) done at"))
+                && stages.contains("(fold and write): 4 task(s), 4 row(s) done at"),
+            "{stages}"
+        );
     }
     assert_same(&tables(&local), &tables(&remote), &cluster);
 
@@ -179,9 +194,25 @@ fn a_backfill_on_the_cluster_equals_a_local_one() {
     }
     local.ok(&["run", "pipeline.sql"]);
     let out = remote.ok(&on_cluster);
+    for flow in ["history_flow", "current_flow"] {
+        assert!(
+            out.lines()
+                .any(|l| l.contains(flow) && l.contains("batch on the cluster")),
+            "{flow}'s batch (at least --cluster-min-events) ran on the cluster: {out}"
+        );
+    }
+    assert_same(&tables(&local), &tables(&remote), &cluster);
+
+    // A batch below --cluster-min-events runs here.
+    let small = "{\"id\": 7, \"code\": \"k7\", \"name\": \"late\", \"score\": 1.5, \"op\": \"UPSERT\", \"seq\": 15}\n";
+    for w in [&local, &remote] {
+        w.p.file("data/cdc/004.json", small);
+    }
+    local.ok(&["run", "pipeline.sql"]);
+    let out = remote.ok(&[&on_cluster[..4], &["--cluster-min-events", "1000"]].concat());
     assert!(
-        !out.contains("bulk load on the cluster"),
-        "an incremental batch runs here: {out}"
+        !out.contains("on the cluster"),
+        "a small batch runs here: {out}"
     );
     assert_same(&tables(&local), &tables(&remote), &cluster);
 
@@ -316,7 +347,8 @@ fn input_rejected_on_the_cluster_fails_like_here() {
 
 /// A drill: the coordinator (`strata run`) is killed (SIGKILL) while the cluster folds. Its
 /// commits are the only ones, so the targets hold nothing; a rerun gives the local run's
-/// tables.
+/// tables. Then the same while the cluster folds a later batch: whatever the kill left (no
+/// commit, or the events committed and the target not), a rerun gives the local tables.
 #[test]
 fn a_killed_coordinator_leaves_nothing_partial() {
     let s3 = S3::from_env();
@@ -336,6 +368,40 @@ fn a_killed_coordinator_leaves_nothing_partial() {
         let rows = remote.csv(&format!("SELECT count(*) AS n FROM {table}"));
         assert!(rows.contains("\n0"), "nothing committed to {table}: {rows}");
     }
+    remote.ok(&on_cluster);
+    assert_same(&tables(&local), &tables(&remote), &cluster);
+
+    let later = later_delivery(60_000);
+    for w in [&local, &remote] {
+        w.p.file("data/cdc/003.json", &later);
+    }
+    local.ok(&["run", "pipeline.sql"]);
+    let (before, seen) = (
+        remote.csv("SELECT count(*) AS n FROM history"),
+        cluster.fold_tasks(&["executor-1", "executor-2"]),
+    );
+    let mut run = remote
+        .command(&on_cluster)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("strata runs");
+    assert!(
+        cluster.wait_for_fold_tasks(&["executor-1", "executor-2"], seen),
+        "the batch folds on the cluster: {}",
+        cluster.logs()
+    );
+    run.kill().expect("SIGKILL");
+    run.wait().expect("the run ends");
+    eprintln!(
+        "drill: the coordinator killed during a batch; history held {} rows before, {} after",
+        before.lines().nth(1).unwrap_or("?"),
+        remote
+            .csv("SELECT count(*) AS n FROM history")
+            .lines()
+            .nth(1)
+            .unwrap_or("?")
+    );
     remote.ok(&on_cluster);
     assert_same(&tables(&local), &tables(&remote), &cluster);
 }

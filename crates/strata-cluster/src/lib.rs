@@ -20,12 +20,18 @@ mod stores;
 pub use codec::{LogicalCodec, PhysicalCodec};
 
 use ballista::prelude::SessionContextExt;
+use ballista_core::execution_plans::DistributedQueryExec;
 use ballista_core::extension::SessionConfigExt;
 use ballista_core::registry::BallistaFunctionRegistry;
+use ballista_core::serde::protobuf::scheduler_grpc_client::SchedulerGrpcClient;
+use ballista_core::serde::protobuf::{GetJobMetricsParams, JobStageMetrics};
+use datafusion_proto::protobuf::LogicalPlanNode;
 use deltalake::datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
+use deltalake::datafusion::physical_plan::ExecutionPlan;
 use deltalake::datafusion::prelude::{SessionConfig, SessionContext};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use strata_engine::cluster::StageDone;
 
 /// What went wrong starting or reaching a cluster.
 #[derive(Debug, thiserror::Error)]
@@ -104,6 +110,60 @@ impl strata_engine::cluster::ClusterConnector for Connector {
                 .await
                 .map_err(|e| e.to_string())
         })
+    }
+
+    fn stages_done(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+    ) -> futures::future::BoxFuture<'_, Option<Vec<StageDone>>> {
+        Box::pin(async move {
+            let job_id = job_of(&plan)?;
+            let address = format!("http://{}", self.url.strip_prefix("df://")?);
+            let mut client = SchedulerGrpcClient::connect(address).await.ok()?;
+            let metrics = client
+                .get_job_metrics(GetJobMetricsParams { job_id })
+                .await
+                .ok()?
+                .into_inner();
+            let mut stages: Vec<StageDone> = metrics.stages.iter().map(stage_done).collect();
+            stages.sort_by_key(|s| s.stage);
+            Some(stages)
+        })
+    }
+}
+
+/// The id of the job that `plan` (a Ballista session's physical plan, executing) runs.
+fn job_of(plan: &Arc<dyn ExecutionPlan>) -> Option<String> {
+    if let Some(exec) = plan.downcast_ref::<DistributedQueryExec<LogicalPlanNode>>() {
+        return exec.job_id().map(|id| id.to_string());
+    }
+    plan.children().into_iter().find_map(job_of)
+}
+
+/// A completed stage as the scheduler's metrics tell it: its top operator's output rows,
+/// and whether strata's fold-and-write node runs in it.
+fn stage_done(stage: &JobStageMetrics) -> StageDone {
+    use ballista_core::serde::protobuf::operator_metric::Metric;
+    let top = stage.operators.iter().min_by_key(|o| o.depth);
+    let rows = top.and_then(|o| {
+        let rows: Vec<u64> = o
+            .metrics
+            .iter()
+            .filter_map(|m| match m.metric {
+                Some(Metric::OutputRows(n)) => Some(n),
+                _ => None,
+            })
+            .collect();
+        (!rows.is_empty()).then(|| rows.iter().sum())
+    });
+    StageDone {
+        stage: stage.stage_id,
+        tasks: stage.partitions,
+        rows,
+        folds: stage
+            .operators
+            .iter()
+            .any(|o| o.operator_type.contains("StrataFoldWrite")),
     }
 }
 

@@ -65,7 +65,7 @@ pub use ops::cdc::FlowReport;
 pub mod cluster {
     pub use crate::ops::cdc::cluster::session_state;
     pub use crate::ops::cdc::cluster::{
-        ClusterConnector, ClusterRun, FoldWriteExec, FoldWriteNode, StrataQueryPlanner,
+        ClusterConnector, ClusterRun, FoldWriteExec, FoldWriteNode, StageDone, StrataQueryPlanner,
     };
     pub use crate::storage::location::object_store_for;
 }

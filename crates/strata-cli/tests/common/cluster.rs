@@ -92,13 +92,27 @@ impl Cluster {
     /// Waits (at most 120 s) until one of `executors` runs a task of the fold stage (stage 2:
     /// after the stage that reads the files and shuffles the events); whether one did.
     pub fn wait_until_folding(&self, executors: &[&str]) -> bool {
-        let folding = |process: &&str| {
-            self.log(process)
-                .lines()
-                .any(|l| l.contains("Execute task") && l.contains("/2."))
-        };
+        self.wait_for_fold_tasks(executors, 0)
+    }
+
+    /// The fold-stage tasks `executors` have started so far.
+    pub fn fold_tasks(&self, executors: &[&str]) -> usize {
+        executors
+            .iter()
+            .map(|process| {
+                self.log(process)
+                    .lines()
+                    .filter(|l| l.contains("Execute task") && l.contains("/2."))
+                    .count()
+            })
+            .sum()
+    }
+
+    /// Waits until `executors` have started more than `seen` fold-stage tasks (a later
+    /// job's); `false` after two minutes.
+    pub fn wait_for_fold_tasks(&self, executors: &[&str], seen: usize) -> bool {
         let started = std::time::Instant::now();
-        while !executors.iter().any(folding) {
+        while self.fold_tasks(executors) <= seen {
             if started.elapsed() > std::time::Duration::from_secs(120) {
                 return false;
             }

@@ -124,7 +124,15 @@ pub(crate) async fn replace_keys(
             shared.gone.len(),
             keys.join(", ")
         );
-        commit_replacement(table, marked.cdc, actions, SaveMode::Append, what, commit).await?;
+        commit_replacement(
+            table,
+            vec![marked.cdc],
+            actions,
+            SaveMode::Append,
+            what,
+            commit,
+        )
+        .await?;
         crate::util::steps::step!(debug, steps, "committed");
         return Ok(Some(Replaced {
             files_read: files.len(),
@@ -145,13 +153,80 @@ pub(crate) async fn replace_keys(
     );
     crate::util::steps::step!(debug, steps, "rewrote them");
     let cdc = write_change_file(table, &layout.root, &schema, old_rows, &new_rows).await?;
-    commit_replacement(table, cdc, actions, SaveMode::Overwrite, what, commit).await?;
+    commit_replacement(table, vec![cdc], actions, SaveMode::Overwrite, what, commit).await?;
     crate::util::steps::step!(debug, steps, "wrote the change file and committed");
     Ok(Some(Replaced {
         files_read: files.len(),
         files_rewritten: touched.len(),
         files_marked: 0,
     }))
+}
+
+/// Replaces the rows `old_rows` (exactly the rows `table` holds for their keys, columns
+/// `keys`) by files written elsewhere (a cluster's tasks): their add actions `adds` and the
+/// change files `cdc` that already tell both the deletes and the inserts. The old rows are
+/// marked in deletion vectors or their files rewritten without them, as [`replace_keys`]
+/// does, in one commit with the given files. `None`, having done nothing, for a table
+/// [`replace_keys`] leaves to delta-rs (callers check [`replaces_in_place`] first).
+pub(crate) async fn replace_keys_with_files(
+    table: &DeltaTable,
+    keys: &[String],
+    old_rows: &RecordBatch,
+    adds: Vec<deltalake::kernel::Add>,
+    cdc: Vec<AddCDCFile>,
+    commit: &PendingCommit,
+) -> Result<Option<Replaced>> {
+    let snapshot = table.snapshot().context(|| "reading table state".into())?;
+    let Some(mut layout) = Layout::of(table, snapshot)? else {
+        return Ok(None);
+    };
+    let no_rows = RecordBatch::new_empty(old_rows.schema());
+    let shared = Arc::new(Shared::of(layout.schema.clone(), keys, old_rows, &no_rows)?);
+    let files_read = snapshot.log_data().iter().count();
+    let what = format!(
+        "the rows of {} key(s) ({}) replaced by files written on a cluster",
+        shared.gone.len(),
+        keys.join(", ")
+    );
+    let mut actions: Vec<Action> = cdc.into_iter().map(Action::Cdc).collect();
+    let done = if layout.marking {
+        let vectors = mark_deleted(table, &shared, &layout.root, snapshot, &layout.deleted).await?;
+        let files_marked = vectors.len();
+        actions.extend(vectors.into_iter().flatten());
+        Replaced {
+            files_read,
+            files_rewritten: 0,
+            files_marked,
+        }
+    } else {
+        let files: Vec<(String, deltalake::kernel::Remove)> = snapshot
+            .log_data()
+            .iter()
+            .map(|f| (f.path().to_string(), f.remove_action(true)))
+            .collect();
+        let touched = find_touched(&shared, &layout.root, &files).await?;
+        let kept = rewrite_touched_files(table, &shared, &mut layout, &touched).await?;
+        actions.extend(kept.into_iter().map(Action::Add));
+        actions.extend(touched.iter().map(|(_, r)| Action::Remove(r.clone())));
+        Replaced {
+            files_read,
+            files_rewritten: touched.len(),
+            files_marked: 0,
+        }
+    };
+    actions.extend(adds.into_iter().map(Action::Add));
+    let mode = match layout.marking {
+        true => SaveMode::Append,
+        false => SaveMode::Overwrite,
+    };
+    commit_replacement(table, Vec::new(), actions, mode, what, commit).await?;
+    Ok(Some(done))
+}
+
+/// Whether [`replace_keys`] replaces rows of `table` itself (else delta-rs does).
+pub(crate) fn replaces_in_place(table: &DeltaTable) -> Result<bool> {
+    let snapshot = table.snapshot().context(|| "reading table state".into())?;
+    Ok(Layout::of(table, snapshot)?.is_some())
 }
 
 /// Where and how a replacement writes a table.
@@ -166,6 +241,22 @@ struct Layout {
 }
 
 impl Layout {
+    /// The files `touched` to rewrite, each with the rows its deletion vector deletes.
+    fn files_of(
+        &mut self,
+        touched: &[(String, deltalake::kernel::Remove)],
+    ) -> Vec<(DataFile, RoaringTreemap)> {
+        touched
+            .iter()
+            .map(|(path, remove)| {
+                (
+                    DataFile::new(&self.root, path, remove.size),
+                    self.deleted.remove(path).unwrap_or_default(),
+                )
+            })
+            .collect()
+    }
+
     /// The table's layout, or `None` when a replacement here cannot write it (delta-rs
     /// does).
     fn of(
@@ -359,17 +450,20 @@ async fn rewrite_touched(
     touched: &[(String, deltalake::kernel::Remove)],
     new_rows: &RecordBatch,
 ) -> Result<Vec<Action>> {
-    let files: Vec<(DataFile, RoaringTreemap)> = touched
-        .iter()
-        .map(|(path, remove)| {
-            (
-                DataFile::new(&layout.root, path, remove.size),
-                layout.deleted.remove(path).unwrap_or_default(),
-            )
-        })
-        .collect();
+    let files = layout.files_of(touched);
     let adds = rewrite_together(table, shared, files, Some(new_rows.clone())).await?;
     Ok(adds.into_iter().map(Action::Add).collect())
+}
+
+/// Rewrites the files that hold a replaced key without those rows (no new rows with them).
+async fn rewrite_touched_files(
+    table: &DeltaTable,
+    shared: &Arc<Shared>,
+    layout: &mut Layout,
+    touched: &[(String, deltalake::kernel::Remove)],
+) -> Result<Vec<deltalake::kernel::Add>> {
+    let files = layout.files_of(touched);
+    rewrite_together(table, shared, files, None).await
 }
 
 /// Writes the kept rows of `files` (each with the rows its deletion vector deletes) and
@@ -433,17 +527,17 @@ fn rewrite_file_size(table: &DeltaTable, groups: &[Vec<(DataFile, RoaringTreemap
 /// The commit-info entry telling what a replacement replaced.
 const REPLACED_KEY: &str = "strata.replaced";
 
-/// Adds the change file `cdc` (written by [`write_change_file`]) to `actions` and commits
+/// Adds the change files `cdc` (written by [`write_change_file`]) to `actions` and commits
 /// them as one write.
 async fn commit_replacement(
     table: &DeltaTable,
-    cdc: AddCDCFile,
+    cdc: Vec<AddCDCFile>,
     mut actions: Vec<Action>,
     mode: SaveMode,
     what: String,
     commit: &PendingCommit,
 ) -> Result<()> {
-    actions.push(Action::Cdc(cdc));
+    actions.extend(cdc.into_iter().map(Action::Cdc));
     // What was replaced is told in the commit info, not as the operation's predicate: Delta's
     // conflict check parses a predicate as SQL (and would fail on these words when another
     // writer committed first).
@@ -735,7 +829,7 @@ fn cast_to(array: &ArrayRef, to: &DataType) -> Result<ArrayRef> {
 
 /// Writes `deleted` as `delete` rows and `inserted` as `insert` rows to a new change data
 /// file of `table` (at `root`), with the table's writer settings, and returns its action.
-async fn write_change_file(
+pub(crate) async fn write_change_file(
     table: &DeltaTable,
     root: &Root,
     schema: &SchemaRef,

@@ -506,10 +506,60 @@ pub(crate) mod schema_serde {
     }
 }
 
+/// `batch` as text: the bytes of an Arrow IPC stream of it, base64 (for a result a cluster
+/// task sends back as JSON text).
+pub(crate) fn batch_to_text(batch: &RecordBatch) -> Result<String> {
+    use base64::Engine as _;
+    use deltalake::arrow::ipc::writer::StreamWriter;
+    let mut bytes = Vec::new();
+    let mut writer =
+        StreamWriter::try_new(&mut bytes, &batch.schema()).context(|| "encoding rows".into())?;
+    writer.write(batch).context(|| "encoding rows".into())?;
+    writer.finish().context(|| "encoding rows".into())?;
+    drop(writer);
+    Ok(base64::engine::general_purpose::STANDARD.encode(bytes))
+}
+
+/// The batch [`batch_to_text`] wrote (its pieces concatenated).
+pub(crate) fn batch_from_text(text: &str) -> Result<RecordBatch> {
+    use base64::Engine as _;
+    use deltalake::arrow::ipc::reader::StreamReader;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .map_err(|e| EngineError::internal(format!("decoding rows: {e}")))?;
+    let reader = StreamReader::try_new(std::io::Cursor::new(bytes), None)
+        .context(|| "decoding rows".into())?;
+    let schema = reader.schema();
+    let pieces = reader
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .context(|| "decoding rows".into())?;
+    deltalake::arrow::compute::concat_batches(&schema, &pieces).context(|| "decoding rows".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use deltalake::arrow::datatypes::Field;
+
+    #[test]
+    fn a_batch_survives_its_text_form() {
+        use deltalake::arrow::array::{Int64Array, StringArray};
+        let schema = std::sync::Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("name", DataType::Utf8, true),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                std::sync::Arc::new(Int64Array::from(vec![1, 2, 3])),
+                std::sync::Arc::new(StringArray::from(vec![Some("a"), None, Some("c")])),
+            ],
+        )
+        .expect("batch");
+        let text = batch_to_text(&batch).expect("encodes");
+        assert_eq!(batch_from_text(&text).expect("decodes"), batch);
+        assert!(batch_from_text("not base64!").is_err());
+    }
 
     #[test]
     fn computed_timestamps_are_stored_as_delta_types() {

@@ -119,7 +119,7 @@ fn min_rows_override() -> Option<u64> {
 
 /// The rows of the source files `live` by the Delta log's statistics; `None` when a file
 /// has none.
-fn estimated_rows(source: &DeltaTable, live: &[String]) -> Option<u64> {
+pub(super) fn estimated_rows(source: &DeltaTable, live: &[String]) -> Option<u64> {
     let live: std::collections::HashSet<&str> = live.iter().map(String::as_str).collect();
     let snapshot = source.snapshot().ok()?;
     let mut rows = 0u64;
@@ -283,6 +283,15 @@ pub(crate) struct PartOutcome {
     pub(crate) rows: usize,
     pub(crate) keys: usize,
     pub(crate) counts: crate::semantics::compare::Counts,
+    /// A batch into a target with rows: the keys whose rows changed, and the old rows that
+    /// go (a first load has none).
+    #[serde(default)]
+    pub(crate) keys_changed: usize,
+    #[serde(default)]
+    pub(crate) rows_deleted: usize,
+    /// A batch into an SCD type 1 target: the expired tombstones forgotten.
+    #[serde(default)]
+    pub(crate) tombstones_forgotten: usize,
 }
 
 impl PartOutcome {
@@ -290,6 +299,8 @@ impl PartOutcome {
         report.count(&self.counts);
         report.rows_inserted += self.rows;
         report.keys_touched += self.keys;
+        report.keys_changed += self.keys_changed;
+        report.rows_deleted += self.rows_deleted;
     }
 }
 
@@ -311,6 +322,7 @@ pub(crate) async fn write_part(
         rows: rows.num_rows(),
         keys,
         counts: count_first_rows(setup, rows.num_rows()),
+        ..Default::default()
     };
     write_sliced(target_files, &rows).await?;
     Ok(outcome)
@@ -494,7 +506,7 @@ fn in_key_order(setup: &FlowSetup, batches: Vec<RecordBatch>, by_run: bool) -> R
 }
 
 /// `batch` handed to `files` in slices of [`WRITE_ROWS`], so that every writer encodes.
-async fn write_sliced(files: &mut FileStream, batch: &RecordBatch) -> Result<()> {
+pub(crate) async fn write_sliced(files: &mut FileStream, batch: &RecordBatch) -> Result<()> {
     let mut offset = 0;
     while offset < batch.num_rows() {
         let len = WRITE_ROWS.min(batch.num_rows() - offset);

@@ -130,6 +130,17 @@ async fn run_flow_once(
         }
         return Ok(report);
     }
+    if let Some(batch) = batch_on_cluster(scope, setup, &pos)? {
+        match super::cluster::batch_placement(scope, &batch) {
+            Ok(cluster) => {
+                report.source_versions = Some((pos.from, pos.source_version));
+                super::cluster::run_batch_on_cluster(scope, cluster, setup, batch, &mut report)
+                    .await?;
+                return Ok(report);
+            }
+            Err(local) => report.notes.extend(local),
+        }
+    }
     let steps = Steps::new(&setup.flow.name, "");
     let ctx = crate::storage::session::new_session();
     let Some(input) = take_input(scope, setup, &pos, &ctx, &mut report).await? else {
@@ -274,6 +285,56 @@ async fn bulk_load<'a>(
         source_version: pos.source_version,
         store_version: pos.store_version,
         target: pos.target.clone(),
+    }))
+}
+
+/// The batch this run is when it may go to the run's cluster: a change-event flow without
+/// a truncate rule, reading at least `--cluster-min-events` rows only
+/// appended to its source, into a target that reflects every stored event (no interrupted
+/// run to complete). `None` when it runs here.
+fn batch_on_cluster<'a>(
+    scope: &Scope<'_>,
+    setup: &FlowSetup,
+    pos: &'a Positions,
+) -> Result<Option<super::bulk::Bulk<'a>>> {
+    use super::bulk::{Bulk, Input};
+    let Some(cluster) = scope.cluster else {
+        return Ok(None);
+    };
+    if setup.is_snapshot()
+        || setup.source_feed
+        || setup.table_mode()
+        || setup.flow.truncate_when.is_some()
+        || !pos.target_in_step()
+        || !pos.has_new_input()
+    {
+        return Ok(None);
+    }
+    let (Some(changes), Some(_), Some(target)) = (&pos.changes, &pos.store, &pos.target) else {
+        return Ok(None);
+    };
+    if !changes.only_appends || !changes.rewritten.is_empty() {
+        return Ok(None);
+    }
+    let Some(expected) = super::bulk::estimated_rows(&pos.source, &changes.live) else {
+        return Ok(None);
+    };
+    if expected < cluster.min_events {
+        return Ok(None);
+    }
+    Ok(Some(Bulk {
+        from: Input::Source {
+            source: &pos.source,
+            changes,
+            from: pos.from,
+            store: pos.store.clone(),
+            run: pos.run(),
+        },
+        expected,
+        store_path: &pos.store_path,
+        source_version: pos.source_version,
+        store_version: pos.store_version,
+        target: Some(target.clone()),
     }))
 }
 

@@ -1,6 +1,7 @@
-//! A flow's bulk load on a cluster (Apache DataFusion Ballista, through `strata-cluster`):
-//! the same parts as a local bulk load (`ops/cdc/bulk.rs`), with the cluster's shuffle
-//! in place of the local split and its executors folding and writing the parts.
+//! A flow's bulk load, or a large batch, on a cluster (Apache DataFusion Ballista, through
+//! `strata-cluster`): the same parts as a local bulk load (`ops/cdc/bulk.rs`), with the
+//! cluster's shuffle in place of the local split and its executors folding and writing the
+//! parts.
 //!
 //! ```text
 //!  coordinator (strata run)                     cluster
@@ -13,11 +14,18 @@
 //!  commit the event store, then the target (bulk.rs: commit_bulk), as a local load does
 //! ```
 //!
+//! A batch into a target with rows (`run_batch_on_cluster`) sends the same plan with the
+//! event store's version: each task also reads the stored events of its keys, folds the
+//! rows before and after, and writes only what changed (`batch.rs`); the coordinator's
+//! target commit marks the changed keys' old rows deleted (`storage/replace.rs`).
+//!
 //! Executors commit nothing: a failed or killed job leaves files in no commit (a vacuum
 //! removes them) and the next run starts over. The input is read as Parquet files by path,
 //! so a source with deletion vectors, column mapping or partition columns is loaded
 //! locally (the run's notes say why).
 
+mod batch;
+mod job;
 pub(crate) mod plan;
 
 use crate::error::{EngineError, Result};
@@ -25,6 +33,8 @@ use crate::ops::cdc::bulk::{commit_bulk, Bulk, Input, Written};
 use crate::ops::cdc::FlowReport;
 use crate::ops::Scope;
 use crate::semantics::flow::FlowSetup;
+use crate::storage::commit::{AppId, PendingCommit};
+use deltalake::datafusion::physical_plan::ExecutionPlan;
 use deltalake::datafusion::prelude::SessionContext;
 use deltalake::DeltaTable;
 use std::collections::BTreeMap;
@@ -40,6 +50,45 @@ pub trait ClusterConnector: Send + Sync {
     fn connect(
         &self,
     ) -> futures::future::BoxFuture<'_, std::result::Result<SessionContext, String>>;
+    /// The stages of the job that `plan` (planned in a session of [`Self::connect`], and
+    /// executing) runs that have completed so far; `None` when the cluster cannot tell (the
+    /// job has not started, or the scheduler does not answer).
+    fn stages_done(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+    ) -> futures::future::BoxFuture<'_, Option<Vec<StageDone>>>;
+}
+
+/// A completed stage of a cluster job, as its scheduler tells it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StageDone {
+    /// The stage's number in its job.
+    pub stage: u32,
+    /// Its tasks (one per partition).
+    pub tasks: u32,
+    /// The rows its tasks put out, when the scheduler reports them.
+    pub rows: Option<u64>,
+    /// The stage folds and writes (strata's node), else it reads and shuffles.
+    pub folds: bool,
+}
+
+impl StageDone {
+    /// What the stage did, for progress lines (`stage 1 (read and shuffle the events): 2
+    /// task(s), 3000 row(s)`).
+    fn describe(&self) -> String {
+        let what = match self.folds {
+            true => "fold and write",
+            false => "read and shuffle the events",
+        };
+        let rows = self
+            .rows
+            .map(|r| format!(", {r} row(s)"))
+            .unwrap_or_default();
+        format!(
+            "stage {} ({what}): {} task(s){rows}",
+            self.stage, self.tasks
+        )
+    }
 }
 
 /// `strata run --cluster`: where bulk loads go.
@@ -106,6 +155,28 @@ pub(super) fn placement<'a>(
     source_reason(source, &changes.live).map_or(Ok(cluster), |r| Err(Some(r)))
 }
 
+/// Whether the batch `bulk` into a target with rows runs on the run's cluster: as
+/// [`placement`], and the target's changed rows can be replaced by files written elsewhere
+/// (not partitioned, no column mapping, no deletion vectors in files).
+pub(super) fn batch_placement<'a>(
+    scope: &Scope<'a>,
+    bulk: &Bulk<'_>,
+) -> std::result::Result<&'a ClusterRun, Option<String>> {
+    let cluster = placement(scope, bulk)?;
+    match bulk
+        .target
+        .as_ref()
+        .map(crate::storage::replace::replaces_in_place)
+    {
+        Some(Ok(true)) => Ok(cluster),
+        _ => Err(Some(
+            "the target is partitioned, uses column mapping or has deletion vectors stored in \
+             files: the batch runs locally"
+                .into(),
+        )),
+    }
+}
+
 /// Why the executors cannot read the files `live` of `source` as plain Parquet files.
 fn source_reason(source: &DeltaTable, live: &[String]) -> Option<String> {
     let snapshot = match source.snapshot() {
@@ -140,43 +211,9 @@ pub(super) async fn run_on_cluster(
     bulk: Bulk<'_>,
     report: &mut FlowReport,
 ) -> Result<()> {
-    let flow = &setup.flow;
-    let within = |e: EngineError| {
-        e.within(|| {
-            format!(
-                "flow {}: bulk load on {}",
-                flow.name,
-                cluster.connector.url()
-            )
-        })
-    };
-    let Input::Source {
-        source,
-        changes,
-        from,
-        store,
-        run,
-    } = &bulk.from
-    else {
+    let Input::Source { store, .. } = &bulk.from else {
         return Err(EngineError::internal("a cluster load reads its source"));
     };
-    drop(
-        scope
-            .handoff
-            .take(&flow.source, &flow.name, None, bulk.source_version),
-    );
-    (scope.update)(format!(
-        "bulk load: {} event(s) on the cluster {}",
-        bulk.expected,
-        cluster.connector.url()
-    ));
-    let ctx = cluster.connector.connect().await.map_err(|e| {
-        EngineError::BadInput(format!(
-            "flow {}: cannot reach the cluster {}: {e}",
-            flow.name,
-            cluster.connector.url()
-        ))
-    })?;
     let store = match store {
         Some(s) => s.clone(),
         None => {
@@ -187,7 +224,175 @@ pub(super) async fn run_on_cluster(
         Some(t) => t.clone(),
         None => super::target::create_target(scope, setup, target_properties).await?,
     };
-    let job = plan::FoldJob {
+    let sent = send(scope, cluster, setup, &bulk, &target, None, report).await?;
+    report.notes.push(format!(
+        "bulk load on the cluster {}: {} event(s) folded in {} part(s) of whole keys by its \
+         executors in {:.1} s",
+        cluster.connector.url(),
+        sent.events,
+        sent.tasks,
+        sent.seconds
+    ));
+    let written = Written {
+        store: Some((&store, sent.store_adds)),
+        target: &target,
+        target_adds: sent.target_adds,
+        events: sent.events,
+        decided_at: sent.decided_at,
+    };
+    commit_bulk(scope, setup, &bulk, written, report).await
+}
+
+/// Runs the batch `bulk` of `setup` into a target with rows on `cluster` (`batch.rs`): the
+/// executors fold the new events with the stored events of their keys and write the files;
+/// here the event store's commit, then the target's, which marks the changed keys' old rows
+/// deleted (or rewrites their files) and adds the new ones.
+pub(super) async fn run_batch_on_cluster(
+    scope: &Scope<'_>,
+    cluster: &ClusterRun,
+    setup: &FlowSetup,
+    bulk: Bulk<'_>,
+    report: &mut FlowReport,
+) -> Result<()> {
+    let flow = &setup.flow;
+    let (
+        Input::Source {
+            store: Some(store), ..
+        },
+        Some(target),
+    ) = (&bulk.from, &bulk.target)
+    else {
+        return Err(EngineError::internal(
+            "a batch on the cluster has an event store and a target",
+        ));
+    };
+    let sent = send(
+        scope,
+        cluster,
+        setup,
+        &bulk,
+        target,
+        Some(bulk.store_version),
+        report,
+    )
+    .await?;
+    report.events = sent.events;
+    if sent.forgotten > 0 {
+        report.notes.push(format!(
+            "{} tombstone(s) older than {} s forgotten ({}): a late event older than one of \
+             those deletes brings its key back",
+            sent.forgotten,
+            setup.tombstone_secs.unwrap_or_default(),
+            crate::eventstore::tombstones::PROPERTY
+        ));
+    }
+    report.notes.push(format!(
+        "batch on the cluster {}: {} new event(s) folded with the stored events of {} key(s) \
+         in {} part(s) by its executors in {:.1} s",
+        cluster.connector.url(),
+        sent.events,
+        report.keys_touched,
+        sent.tasks,
+        sent.seconds
+    ));
+    let commit = PendingCommit::of_run(scope.run_id)
+        .at(AppId::Flow(&flow.name), bulk.source_version)
+        .with_info(
+            crate::eventstore::tombstones::DECIDED_AT,
+            serde_json::json!(sent.decided_at),
+        );
+    let store_version = crate::storage::write::append(store, Vec::new(), sent.store_adds, &commit)
+        .await
+        .map_err(|e| e.within(|| format!("flow {}: committing events", flow.name)))?;
+    if report.keys_changed == 0 {
+        return Ok(());
+    }
+    let old_rows = deltalake::arrow::compute::concat_batches(&setup.target_schema, &sent.old_rows)
+        .map_err(|e| EngineError::internal(format!("the changed keys' old rows: {e}")))?;
+    let commit = PendingCommit::of_run(scope.run_id)
+        .at(AppId::Events, store_version)
+        .at(AppId::Flow(&flow.name), bulk.source_version);
+    let replaced = crate::storage::replace::replace_keys_with_files(
+        target,
+        &setup.key_names,
+        &old_rows,
+        sent.target_adds,
+        sent.cdc_adds,
+        &commit,
+    )
+    .await
+    .map_err(|e| e.within(|| format!("flow {}: writing {}", flow.name, flow.target)))?;
+    match replaced {
+        Some(_) => Ok(()),
+        None => Err(EngineError::internal(format!(
+            "flow {}: {} changed its layout during the run",
+            flow.name, flow.target
+        ))),
+    }
+}
+
+/// What a job's partitions gave, gathered.
+struct Sent {
+    events: usize,
+    /// Expired tombstones a batch's tasks forgot.
+    forgotten: usize,
+    tasks: usize,
+    seconds: f64,
+    decided_at: i64,
+    store_adds: Vec<deltalake::kernel::Add>,
+    target_adds: Vec<deltalake::kernel::Add>,
+    cdc_adds: Vec<deltalake::kernel::AddCDCFile>,
+    old_rows: Vec<deltalake::arrow::array::RecordBatch>,
+}
+
+/// Sends the job of `bulk` (a first load, or with `stored_at` a batch folded with the
+/// event store's events as of that version) to `cluster`, writing into `target`, and
+/// gathers its partitions' results, counted into `report`.
+async fn send(
+    scope: &Scope<'_>,
+    cluster: &ClusterRun,
+    setup: &FlowSetup,
+    bulk: &Bulk<'_>,
+    target: &DeltaTable,
+    stored_at: Option<i64>,
+    report: &mut FlowReport,
+) -> Result<Sent> {
+    let flow = &setup.flow;
+    let work = match stored_at {
+        Some(_) => "batch",
+        None => "bulk load",
+    };
+    let within = |e: EngineError| {
+        e.within(|| format!("flow {}: {work} on {}", flow.name, cluster.connector.url()))
+    };
+    let Input::Source {
+        source,
+        changes,
+        from,
+        run,
+        ..
+    } = &bulk.from
+    else {
+        return Err(EngineError::internal("a cluster job reads its source"));
+    };
+    drop(
+        scope
+            .handoff
+            .take(&flow.source, &flow.name, *from, bulk.source_version),
+    );
+    (scope.update)(format!(
+        "{work}: {} event(s) on the cluster {}",
+        bulk.expected,
+        cluster.connector.url()
+    ));
+    let ctx = cluster.connector.connect().await.map_err(|e| {
+        EngineError::BadInput(format!(
+            "flow {}: cannot reach the cluster {}: {e}",
+            flow.name,
+            cluster.connector.url()
+        ))
+    })?;
+    let job = job::FoldJob {
         setup: setup.clone(),
         store: bulk.store_path.to_string(),
         target: target.table_url().to_string(),
@@ -197,7 +402,10 @@ pub(super) async fn run_on_cluster(
             flow.source,
             from.map_or("(start)".to_string(), |v| v.to_string())
         ),
+        stored_at,
+        decided_at: chrono::Utc::now().timestamp_millis(),
     };
+    let decided_at = job.decided_at;
     let parts = crate::util::spill::parts_for(
         bulk.expected,
         super::bulk::EVENT_BYTES_IN_MEMORY,
@@ -205,50 +413,58 @@ pub(super) async fn run_on_cluster(
     )?
     .max(MIN_PARTS);
     let started = std::time::Instant::now();
-    let batches = run_job(&ctx, source, &changes.live, setup, job, parts)
+    register_files(&ctx, source, &changes.live).await?;
+    let (batches, stages) = run_job(scope, cluster, &ctx, source, setup, job, parts)
         .await
         .map_err(within)?;
-    let results = plan::read_results(&batches)?;
-    let tasks = results.len();
-    let (mut store_adds, mut target_adds, mut events) = (Vec::new(), Vec::new(), 0);
+    if !stages.is_empty() {
+        report.notes.push(format!(
+            "{work} on the cluster {}: {}",
+            cluster.connector.url(),
+            stages.join("; ")
+        ));
+    }
+    let results = job::read_results(&batches)?;
+    let mut sent = Sent {
+        events: 0,
+        forgotten: 0,
+        tasks: results.len(),
+        seconds: 0.0,
+        decided_at,
+        store_adds: Vec::new(),
+        target_adds: Vec::new(),
+        cdc_adds: Vec::new(),
+        old_rows: Vec::new(),
+    };
     for part in results {
         part.outcome.add_to(report);
-        events += part.outcome.events;
-        store_adds.extend(part.store_adds);
-        target_adds.extend(part.target_adds);
+        sent.events += part.outcome.events;
+        sent.forgotten += part.outcome.tombstones_forgotten;
+        sent.store_adds.extend(part.store_adds);
+        sent.target_adds.extend(part.target_adds);
+        sent.cdc_adds.extend(part.cdc_adds);
+        sent.old_rows.extend(part.old_rows);
     }
-    report.notes.push(format!(
-        "bulk load on the cluster {}: {events} event(s) folded in {tasks} part(s) of whole \
-         keys by its executors in {:.1} s",
-        cluster.connector.url(),
-        started.elapsed().as_secs_f64()
-    ));
-    let written = Written {
-        store: Some((&store, store_adds)),
-        target: &target,
-        target_adds,
-        events,
-        decided_at: chrono::Utc::now().timestamp_millis(),
-    };
-    commit_bulk(scope, setup, &bulk, written, report).await
+    sent.seconds = started.elapsed().as_secs_f64();
+    Ok(sent)
 }
 
 /// The fewest partitions a cluster load is split into, so that two executors share it.
 const MIN_PARTS: usize = 4;
 
-/// Plans the job over the source files `live` in `ctx` (a cluster session) and collects
-/// its result rows.
+/// Plans the job over the source's files registered in `ctx` (a cluster session) and collects
+/// its result rows, telling each stage as the cluster completes it ([`watch_stages`]).
 async fn run_job(
+    scope: &Scope<'_>,
+    cluster: &ClusterRun,
     ctx: &SessionContext,
     source: &DeltaTable,
-    live: &[String],
     setup: &FlowSetup,
-    job: plan::FoldJob,
+    job: job::FoldJob,
     parts: usize,
-) -> Result<Vec<deltalake::arrow::array::RecordBatch>> {
+) -> Result<(Vec<deltalake::arrow::array::RecordBatch>, Vec<String>)> {
     use deltalake::datafusion::logical_expr::{Extension, LogicalPlan};
     let what = || "planning the bulk load".to_string();
-    register_files(ctx, source, live).await?;
     let events = ctx
         .sql(&setup.select_sql)
         .await
@@ -258,26 +474,72 @@ async fn run_job(
     let plan = LogicalPlan::Extension(Extension {
         node: Arc::new(node),
     });
-    deltalake::datafusion::dataframe::DataFrame::new(state, plan)
-        .collect()
+    let frame = deltalake::datafusion::dataframe::DataFrame::new(state, plan);
+    let task_ctx = Arc::new(frame.task_ctx());
+    let physical = frame
+        .create_physical_plan()
         .await
-        .map_err(|e| {
-            let text = e.to_string();
-            match plan::rejected_input(&text) {
-                Some(rejection) => EngineError::BadInput(rejection),
-                None if plan::store_failure(&text) => EngineError::of_query(
-                    format!(
-                        "the cluster's executors could not read or write the warehouse \
-                         (the source {}); each executor reaches it with the credentials of \
-                         its own environment (AWS_*, AZURE_*, GOOGLE_*): check them on every \
-                         executor",
-                        source.table_url()
-                    ),
-                    e,
+        .map_err(|e| EngineError::of_query(what(), e))?;
+    let work = deltalake::datafusion::physical_plan::collect(physical.clone(), task_ctx);
+    let (batches, stages) = watch_stages(scope, cluster, physical, work).await;
+    let batches = batches.map_err(|e| {
+        let text = e.to_string();
+        match plan::rejected_input(&text) {
+            Some(rejection) => EngineError::BadInput(rejection),
+            None if plan::store_failure(&text) => EngineError::of_query(
+                format!(
+                    "the cluster's executors could not read or write the warehouse \
+                     (the source {}); each executor reaches it with the credentials of \
+                     its own environment (AWS_*, AZURE_*, GOOGLE_*): check them on every \
+                     executor",
+                    source.table_url()
                 ),
-                None => EngineError::of_query("running the bulk load on the cluster", e),
+                e,
+            ),
+            None => EngineError::of_query("running the bulk load on the cluster", e),
+        }
+    })?;
+    Ok((batches, stages))
+}
+
+/// How often the scheduler is asked which stages completed.
+const STAGE_POLL: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Awaits `work` (the job `plan` running on `cluster`), asking the scheduler every
+/// [`STAGE_POLL`] which stages completed: each is told on the run's progress line and in
+/// the log as it completes, and listed with the second it was seen done in the returned
+/// lines (once more asked when the job ends).
+async fn watch_stages<T>(
+    scope: &Scope<'_>,
+    cluster: &ClusterRun,
+    plan: Arc<dyn ExecutionPlan>,
+    work: impl std::future::Future<Output = T>,
+) -> (T, Vec<String>) {
+    let started = std::time::Instant::now();
+    let mut told: Vec<String> = Vec::new();
+    let tell = |stages: Option<Vec<StageDone>>, told: &mut Vec<String>| {
+        for stage in stages.unwrap_or_default().iter().skip(told.len()) {
+            let line = format!(
+                "{} done at {:.1} s",
+                stage.describe(),
+                started.elapsed().as_secs_f64()
+            );
+            tracing::info!("cluster {}: {line}", cluster.connector.url());
+            (scope.update)(format!("on the cluster: {line}"));
+            told.push(line);
+        }
+    };
+    tokio::pin!(work);
+    let out = loop {
+        tokio::select! {
+            out = &mut work => break out,
+            _ = tokio::time::sleep(STAGE_POLL) => {
+                tell(cluster.connector.stages_done(plan.clone()).await, &mut told);
             }
-        })
+        }
+    };
+    tell(cluster.connector.stages_done(plan).await, &mut told);
+    (out, told)
 }
 
 /// Registers the files `live` of `source` in `ctx` as the flow's source table: Parquet files

@@ -1,10 +1,11 @@
 //! The plan pieces a cluster runs: [`FoldWriteNode`] (logical) and [`FoldWriteExec`]
-//! (physical) take one hash partition of a flow's events (whole keys), order and check
-//! them, write them to the event store's files, fold them and write the folded rows to the
-//! target's files, exactly as one part of a local bulk load (`ops/cdc/bulk.rs`:
-//! `order_part`, `write_part`). They commit nothing: each partition returns one row with
-//! the Delta add actions of the files it wrote and its counts, and the coordinator makes
-//! the commits.
+//! (physical) take one hash partition of a flow's events (whole keys) and do its part of
+//! the job (`job.rs`): a first load's part orders and checks them, writes them to the event
+//! store's files, folds them and writes the folded rows to the target's files, exactly as
+//! one part of a local bulk load (`ops/cdc/bulk.rs`: `order_part`, `write_part`); a batch's
+//! part also folds the stored events of its keys (`batch.rs`). They commit nothing: each
+//! partition returns one row with the Delta add actions of the files it wrote and its
+//! counts, and the coordinator makes the commits.
 //!
 //! ```text
 //!  source files ─▶ the flow's SELECT ─▶ hash shuffle by key ─▶ FoldWriteExec ─▶ one row per
@@ -15,15 +16,11 @@
 //! the run number): [`FoldWriteNode::to_bytes`] and [`FoldWriteExec::to_bytes`] are what a
 //! cluster's codecs send, read back by `from_bytes`.
 
+use super::job::{result_schema, FoldJob, PartResult};
 use crate::error::{EngineError, Result};
-use crate::ops::cdc::bulk::{order_part, write_part, PartOutcome};
 use crate::semantics::events::without_run;
-use crate::semantics::flow::FlowSetup;
-use crate::storage::location::Location;
-use crate::storage::write::FileStream;
-use crate::util::threads::off_scheduler;
-use deltalake::arrow::array::{RecordBatch, StringArray};
-use deltalake::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use deltalake::arrow::array::RecordBatch;
+use deltalake::arrow::datatypes::SchemaRef;
 use deltalake::datafusion::catalog::Session;
 use deltalake::datafusion::common::tree_node::TreeNodeRecursion;
 use deltalake::datafusion::common::{DFSchema, DFSchemaRef, DataFusionError};
@@ -44,129 +41,6 @@ use deltalake::datafusion::physical_planner::{
 };
 use futures::TryStreamExt;
 use std::sync::Arc;
-
-/// What every partition of a cluster bulk load does, sent with the plan.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub(crate) struct FoldJob {
-    pub(crate) setup: FlowSetup,
-    /// The event store's place (a URL or a local path every executor sees).
-    pub(crate) store: String,
-    /// The target's place.
-    pub(crate) target: String,
-    /// The run number the events are stored under.
-    pub(crate) run: i64,
-    /// The input as errors name it (`the rows of default.raw added after version 3`).
-    pub(crate) place: String,
-}
-
-/// The columns of a partition's result row.
-const OUTCOME: &str = "outcome";
-const STORE_ADDS: &str = "store_adds";
-const TARGET_ADDS: &str = "target_adds";
-
-/// The schema of a partition's result: its [`PartOutcome`] and the add actions of the files
-/// it wrote, as JSON.
-fn result_schema() -> SchemaRef {
-    Arc::new(Schema::new(vec![
-        Field::new(OUTCOME, DataType::Utf8, false),
-        Field::new(STORE_ADDS, DataType::Utf8, false),
-        Field::new(TARGET_ADDS, DataType::Utf8, false),
-    ]))
-}
-
-/// One partition's result, read back by the coordinator.
-pub(crate) struct PartResult {
-    pub(crate) outcome: PartOutcome,
-    pub(crate) store_adds: Vec<deltalake::kernel::Add>,
-    pub(crate) target_adds: Vec<deltalake::kernel::Add>,
-}
-
-/// The rows of a cluster's result batches.
-pub(crate) fn read_results(batches: &[RecordBatch]) -> Result<Vec<PartResult>> {
-    let bad = |what: &str, e: &dyn std::fmt::Display| {
-        EngineError::internal(format!("a cluster partition's result: {what}: {e}"))
-    };
-    let mut out = Vec::new();
-    for batch in batches {
-        let column = |name: &str| -> Result<&StringArray> {
-            batch
-                .column_by_name(name)
-                .and_then(|c| c.as_any().downcast_ref::<StringArray>())
-                .ok_or_else(|| bad(name, &"missing"))
-        };
-        let (outcome, store, target) =
-            (column(OUTCOME)?, column(STORE_ADDS)?, column(TARGET_ADDS)?);
-        for row in 0..batch.num_rows() {
-            out.push(PartResult {
-                outcome: serde_json::from_str(outcome.value(row)).map_err(|e| bad(OUTCOME, &e))?,
-                store_adds: serde_json::from_str(store.value(row))
-                    .map_err(|e| bad(STORE_ADDS, &e))?,
-                target_adds: serde_json::from_str(target.value(row))
-                    .map_err(|e| bad(TARGET_ADDS, &e))?,
-            });
-        }
-    }
-    Ok(out)
-}
-
-impl FoldJob {
-    /// One partition: its events ordered and checked, stored, folded and written; the
-    /// result row.
-    async fn run_part(self, batches: Vec<RecordBatch>) -> Result<RecordBatch> {
-        let split_schema = without_run(&self.setup);
-        let batches = batches
-            .iter()
-            .filter(|b| b.num_rows() > 0)
-            .map(|b| crate::util::arrow::cast_batch(b, &split_schema))
-            .collect::<Result<Vec<_>>>()?;
-        let (mut outcome, mut store_adds, mut target_adds) =
-            (PartOutcome::default(), vec![], vec![]);
-        if !batches.is_empty() {
-            let (setup, run, place) = (self.setup.clone(), self.run, self.place.clone());
-            let events = off_scheduler("ordering a part of the bulk load", move || {
-                order_part(&setup, batches, Some(run), &place)
-            })
-            .await?;
-            let store = open(&self.store, "the event store").await?;
-            let target = open(&self.target, "the target").await?;
-            let mut store_files = FileStream::start(&store)?;
-            let mut target_files = FileStream::start(&target)?;
-            outcome = write_part(
-                &self.setup,
-                events,
-                Some(&mut store_files),
-                &mut target_files,
-            )
-            .await?;
-            store_adds = store_files.finish().await?;
-            target_adds = target_files.finish().await?;
-        }
-        let text = |v: String| Arc::new(StringArray::from(vec![v])) as _;
-        RecordBatch::try_new(
-            result_schema(),
-            vec![
-                text(json(&outcome)?),
-                text(json(&store_adds)?),
-                text(json(&target_adds)?),
-            ],
-        )
-        .map_err(|e| EngineError::internal(format!("a cluster partition's result: {e}")))
-    }
-}
-
-/// A result value as JSON.
-fn json<T: serde::Serialize>(value: &T) -> Result<String> {
-    serde_json::to_string(value)
-        .map_err(|e| EngineError::internal(format!("encoding a cluster partition's result: {e}")))
-}
-
-/// The table at `place`, which the coordinator created before it sent the job.
-async fn open(place: &str, what: &str) -> Result<deltalake::DeltaTable> {
-    let location = Location::parse(place, what)?;
-    crate::storage::table::open_delta(&location)
-        .await?
-        .ok_or_else(|| EngineError::internal(format!("{what} at {place} has no Delta log")))
-}
 
 /// The bytes a node is sent as: a tag, then the job and the key columns as JSON.
 const TAG: &[u8] = b"strata.fold_write.v1:";
@@ -437,13 +311,30 @@ impl ExecutionPlan for FoldWriteExec {
                 DataFusionError::Internal(format!("decoding a strata cluster job: {e}"))
             })?;
             let batches: Vec<RecordBatch> = input.try_collect().await?;
-            job.run_part(batches).await.map_err(to_task_error)
+            run_part(job, batches).await.map_err(to_task_error)
         };
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             result_schema(),
             futures::stream::once(work),
         )))
     }
+}
+
+/// One partition's result row: a first load's part ([`FoldJob::load_part`]) or a batch's
+/// (`batch.rs`), over the partition's non-empty input batches.
+async fn run_part(job: FoldJob, batches: Vec<RecordBatch>) -> Result<RecordBatch> {
+    let split_schema = without_run(&job.setup);
+    let batches = batches
+        .iter()
+        .filter(|b| b.num_rows() > 0)
+        .map(|b| crate::util::arrow::cast_batch(b, &split_schema))
+        .collect::<Result<Vec<_>>>()?;
+    let result = match (batches.is_empty(), job.stored_at) {
+        (true, _) => PartResult::empty(),
+        (false, Some(version)) => super::batch::run_part(&job, version, batches).await?,
+        (false, None) => job.load_part(batches).await?,
+    };
+    result.to_row()
 }
 
 /// Where a task's rejection of its input starts and ends in the text of a failed job: the
