@@ -74,6 +74,8 @@ python3 mview_bench.py --small --strata "$STRATA_BIN" --workdir "$work/mview" \
 # 10. `cluster_bench.py --small`: the bulk workload (200k events) run by `strata run` alone and
 #     with `--cluster` on a scheduler and two `--slots 1` executors it starts (and stops) on
 #     loopback ports; the run must say it loaded on the cluster and both SCD2 targets must
-#     hold the same rows (DuckDB, EXCEPT ALL both ways). Correctness only: no timings printed.
-python3 cluster_bench.py --small --strata "$STRATA_BIN" --workdir "$work/cluster" \
-  --json "$work/cluster.json" > /dev/null
+#     hold the same rows (DuckDB, EXCEPT ALL both ways); then a later batch of 20k events into
+#     both (on the cluster for B: "batch on the cluster"), compared again. Correctness only: no
+#     timings printed.
+python3 cluster_bench.py --small --batch-events 20000 --strata "$STRATA_BIN" \
+  --workdir "$work/cluster" --json "$work/cluster.json" > /dev/null

@@ -162,16 +162,17 @@ pub(crate) async fn replace_keys(
     }))
 }
 
-/// Replaces the rows `old_rows` (exactly the rows `table` holds for their keys, columns
-/// `keys`) by files written elsewhere (a cluster's tasks): their add actions `adds` and the
-/// change files `cdc` that already tell both the deletes and the inserts. The old rows are
-/// marked in deletion vectors or their files rewritten without them, as [`replace_keys`]
-/// does, in one commit with the given files. `None`, having done nothing, for a table
-/// [`replace_keys`] leaves to delta-rs (callers check [`replaces_in_place`] first).
+/// Replaces the rows of the keys `changed` (their key columns `keys`, in that order) by
+/// files written already (by a cluster's tasks, or part by part): their add actions `adds`
+/// and the change files `cdc` that tell both the deletes and the inserts. The keys' rows
+/// are marked in deletion vectors or their files rewritten without them, as
+/// [`replace_keys`] does, in one commit with the given files. `None`, having done nothing,
+/// for a table [`replace_keys`] leaves to delta-rs (callers check [`replaces_in_place`]
+/// first).
 pub(crate) async fn replace_keys_with_files(
     table: &DeltaTable,
     keys: &[String],
-    old_rows: &RecordBatch,
+    changed: &RecordBatch,
     adds: Vec<deltalake::kernel::Add>,
     cdc: Vec<AddCDCFile>,
     commit: &PendingCommit,
@@ -180,8 +181,7 @@ pub(crate) async fn replace_keys_with_files(
     let Some(mut layout) = Layout::of(table, snapshot)? else {
         return Ok(None);
     };
-    let no_rows = RecordBatch::new_empty(old_rows.schema());
-    let shared = Arc::new(Shared::of(layout.schema.clone(), keys, old_rows, &no_rows)?);
+    let shared = Arc::new(Shared::of_keys(layout.schema.clone(), keys, changed)?);
     let files_read = snapshot.log_data().iter().count();
     let what = format!(
         "the rows of {} key(s) ({}) replaced by files written on a cluster",
@@ -305,14 +305,34 @@ impl Shared {
         old_rows: &RecordBatch,
         new_rows: &RecordBatch,
     ) -> Result<Shared> {
-        let key_at = keys
-            .iter()
-            .map(|k| {
-                schema
-                    .index_of(k)
-                    .map_err(|_| EngineError::internal(format!("table has no key column {k}")))
-            })
-            .collect::<Result<Vec<usize>>>()?;
+        let key_at = key_positions(&schema, keys)?;
+        let columns = |b: &RecordBatch| -> Vec<ArrayRef> {
+            key_at.iter().map(|&i| b.column(i).clone()).collect()
+        };
+        let pieces = [columns(old_rows), columns(new_rows)];
+        Self::of_key_columns(schema, key_at, &pieces)
+    }
+
+    /// The keys `changed` (the key columns `keys` of `schema`, in that order) whose rows go.
+    fn of_keys(schema: SchemaRef, keys: &[String], changed: &RecordBatch) -> Result<Shared> {
+        let key_at = key_positions(&schema, keys)?;
+        if changed.num_columns() != key_at.len() {
+            return Err(EngineError::internal(format!(
+                "{} key column(s) of replaced keys for {} key(s)",
+                changed.num_columns(),
+                key_at.len()
+            )));
+        }
+        Self::of_key_columns(schema, key_at, &[changed.columns().to_vec()])
+    }
+
+    /// The keys whose rows go, given as pieces of key columns (in the order of `key_at`,
+    /// the key columns' positions in `schema`).
+    fn of_key_columns(
+        schema: SchemaRef,
+        key_at: Vec<usize>,
+        pieces: &[Vec<ArrayRef>],
+    ) -> Result<Shared> {
         let converter = RowConverter::new(
             key_at
                 .iter()
@@ -320,18 +340,26 @@ impl Shared {
                 .collect(),
         )
         .context(|| "row format".into())?;
-        let mut gone = ahash::AHashSet::<Box<[u8]>>::with_capacity(old_rows.num_rows());
-        for batch in [old_rows, new_rows] {
+        let n: usize = pieces
+            .iter()
+            .filter_map(|p| p.first())
+            .map(|c| c.len())
+            .sum();
+        let mut gone = ahash::AHashSet::<Box<[u8]>>::with_capacity(n);
+        let mut cast_pieces = Vec::with_capacity(pieces.len());
+        for piece in pieces {
             let cols: Vec<ArrayRef> = key_at
                 .iter()
-                .map(|&i| cast_to(batch.column(i), schema.field(i).data_type()))
+                .zip(piece)
+                .map(|(&i, c)| cast_to(c, schema.field(i).data_type()))
                 .collect::<Result<_>>()?;
             let rows = converter
                 .convert_columns(&cols)
                 .context(|| "row format".into())?;
             gone.extend(rows.iter().map(|r| r.data().to_vec().into_boxed_slice()));
+            cast_pieces.push(cols);
         }
-        let gone_ints = gone_ints(&schema, &key_at, gone.len(), old_rows, new_rows)?;
+        let gone_ints = gone_ints(&schema, &key_at, gone.len(), &cast_pieces)?;
         Ok(Shared {
             schema,
             key_at,
@@ -342,20 +370,31 @@ impl Shared {
     }
 }
 
+/// Where the key columns `keys` are in `schema`.
+fn key_positions(schema: &Schema, keys: &[String]) -> Result<Vec<usize>> {
+    keys.iter()
+        .map(|k| {
+            schema
+                .index_of(k)
+                .map_err(|_| EngineError::internal(format!("table has no key column {k}")))
+        })
+        .collect()
+}
+
 /// A single integer key is also kept as plain integers: files are then checked without
-/// converting their keys to the row format. `None` for other keys.
+/// converting their keys to the row format. `None` for other keys. `pieces` hold the key
+/// columns.
 fn gone_ints(
     schema: &Schema,
     key_at: &[usize],
     n_gone: usize,
-    old_rows: &RecordBatch,
-    new_rows: &RecordBatch,
+    pieces: &[Vec<ArrayRef>],
 ) -> Result<Option<crate::util::keyset::KeySet>> {
     Ok(match key_at {
         [k] if arrow::fits_i64(schema.field(*k).data_type()) => {
             let mut ints: Vec<i64> = Vec::with_capacity(n_gone);
-            for batch in [old_rows, new_rows] {
-                let col = int64(batch.column(*k))?;
+            for piece in pieces {
+                let col = int64(&piece[0])?;
                 if col.null_count() > 0 {
                     return Err(EngineError::internal("a NULL key among replaced rows"));
                 }

@@ -87,6 +87,17 @@ pub(super) struct Bulk<'a> {
     pub(super) expected: u64,
 }
 
+impl Bulk<'_> {
+    /// The flow's position in its source before this load (`None` when rebuilding from the
+    /// store, or on the first run).
+    pub(super) fn position_before(&self) -> Option<i64> {
+        match &self.from {
+            Input::Source { from, .. } => *from,
+            Input::Store { .. } => None,
+        }
+    }
+}
+
 /// The events of the files `live` of `source` (by the Delta log's statistics) when a load of
 /// them streams: at least the run's cluster's `min_events` (it goes to the cluster), or
 /// more than the run's memory limit holds in memory (`STRATA_STREAM_MIN_ROWS`
@@ -119,7 +130,7 @@ fn min_rows_override() -> Option<u64> {
 
 /// The rows of the source files `live` by the Delta log's statistics; `None` when a file
 /// has none.
-pub(super) fn estimated_rows(source: &DeltaTable, live: &[String]) -> Option<u64> {
+fn estimated_rows(source: &DeltaTable, live: &[String]) -> Option<u64> {
     let live: std::collections::HashSet<&str> = live.iter().map(String::as_str).collect();
     let snapshot = source.snapshot().ok()?;
     let mut rows = 0u64;
@@ -147,6 +158,85 @@ pub(super) async fn run_bulk(
             .handoff
             .take(&flow.source, &flow.name, None, bulk.source_version),
     );
+    let split = split_input(scope, setup, &bulk).await?;
+    let store = match &bulk.from {
+        Input::Source { store: Some(s), .. } => Some(s.clone()),
+        Input::Source { store: None, .. } => Some(
+            crate::eventstore::pages::create_store(bulk.store_path, &setup.event_schema).await?,
+        ),
+        Input::Store { .. } => None,
+    };
+    let target = match &bulk.target {
+        Some(t) => t.clone(),
+        None => super::target::create_target(scope, setup, target_properties).await?,
+    };
+    let mut store_files = store.as_ref().map(FileStream::start).transpose()?;
+    let mut target_files = FileStream::start(&target)?;
+    let mut folded_events = 0usize;
+    let decided_at = chrono::Utc::now().timestamp_millis();
+    let started = std::time::Instant::now();
+    for part in 0..split.parts {
+        let Some(events) = split.part(setup, part).await? else {
+            continue;
+        };
+        let outcome = write_part(setup, events, store_files.as_mut(), &mut target_files).await?;
+        folded_events += outcome.events;
+        outcome.add_to(report);
+        (scope.update)(progress(folded_events, bulk.expected, started.elapsed()));
+    }
+    report.notes.push(format!(
+        "bulk load: {folded_events} event(s) folded in {} part(s) of whole keys, {} \
+         on local disk between the read and the fold",
+        split.parts,
+        show_size(split.spilled.bytes)
+    ));
+    drop(split);
+    let store_adds = match store_files {
+        Some(files) => Some(files.finish().await?),
+        None => None,
+    };
+    let written = Written {
+        store: store.as_ref().zip(store_adds),
+        target: &target,
+        target_adds: target_files.finish().await?,
+        events: folded_events,
+        decided_at,
+    };
+    commit_bulk(scope, setup, &bulk, written, report).await
+}
+
+/// A load's (or a large batch's) events split into parts of whole keys on local disk.
+pub(super) struct SplitInput {
+    /// Removed (with the parts' files) when the split is dropped.
+    _dir: SpillDir,
+    spilled: Spilled,
+    pub(super) parts: usize,
+    /// The run number new events are stored under (`None` when rebuilding from the store).
+    run: Option<i64>,
+    /// The input as errors name it.
+    place: String,
+}
+
+impl SplitInput {
+    /// Part `part`'s events in key order with their run, checked (R4); `None` when empty.
+    pub(super) async fn part(&self, setup: &FlowSetup, part: usize) -> Result<Option<RecordBatch>> {
+        read_part(setup, &self.spilled, part, self.run, &self.place).await
+    }
+
+    /// The bytes the parts take on local disk.
+    pub(super) fn bytes(&self) -> u64 {
+        self.spilled.bytes
+    }
+}
+
+/// Reads the input of `bulk` (the flow's events, `bulk.expected` of them by the log's
+/// statistics) and splits it into as many parts of whole keys as the memory limit needs.
+pub(super) async fn split_input(
+    scope: &Scope<'_>,
+    setup: &FlowSetup,
+    bulk: &Bulk<'_>,
+) -> Result<SplitInput> {
+    let flow = &setup.flow;
     let parts = part_count(bulk.expected, scope.memory)
         .map_err(|e| e.within(|| format!("flow {}", flow.name)))?;
     let ctx = crate::storage::session::file_session();
@@ -166,7 +256,7 @@ pub(super) async fn run_bulk(
     let dir = SpillDir::new()?;
     let flush_bytes = (scope.memory / SPLIT_BUFFER_SHARE) as usize
         / (parts * crate::util::threads::parallelism()).max(1);
-    let split = split_events(
+    let spilled = split_events(
         scope,
         setup,
         &ctx,
@@ -180,49 +270,13 @@ pub(super) async fn run_bulk(
         },
     )
     .await?;
-    let store = match &bulk.from {
-        Input::Source { store: Some(s), .. } => Some(s.clone()),
-        Input::Source { store: None, .. } => Some(
-            crate::eventstore::pages::create_store(bulk.store_path, &setup.event_schema).await?,
-        ),
-        Input::Store { .. } => None,
-    };
-    let target = match &bulk.target {
-        Some(t) => t.clone(),
-        None => super::target::create_target(scope, setup, target_properties).await?,
-    };
-    let mut store_files = store.as_ref().map(FileStream::start).transpose()?;
-    let mut target_files = FileStream::start(&target)?;
-    let mut folded_events = 0usize;
-    let decided_at = chrono::Utc::now().timestamp_millis();
-    let started = std::time::Instant::now();
-    for part in 0..parts {
-        let Some(events) = read_part(setup, &split, part, run, &place).await? else {
-            continue;
-        };
-        let outcome = write_part(setup, events, store_files.as_mut(), &mut target_files).await?;
-        folded_events += outcome.events;
-        outcome.add_to(report);
-        (scope.update)(progress(folded_events, bulk.expected, started.elapsed()));
-    }
-    drop(dir);
-    report.notes.push(format!(
-        "bulk load: {folded_events} event(s) folded in {parts} part(s) of whole keys, {} \
-         on local disk between the read and the fold",
-        show_size(split.bytes)
-    ));
-    let store_adds = match store_files {
-        Some(files) => Some(files.finish().await?),
-        None => None,
-    };
-    let written = Written {
-        store: store.as_ref().zip(store_adds),
-        target: &target,
-        target_adds: target_files.finish().await?,
-        events: folded_events,
-        decided_at,
-    };
-    commit_bulk(scope, setup, &bulk, written, report).await
+    Ok(SplitInput {
+        _dir: dir,
+        spilled,
+        parts,
+        run,
+        place,
+    })
 }
 
 /// What a bulk load wrote, to commit: the event store's files (none when rebuilding from
@@ -572,7 +626,7 @@ fn split_progress(done: usize, total: u64) -> String {
 
 /// The progress line of a bulk load: `done` of `total` events folded in `elapsed`, with an
 /// estimate of the time left at the rate so far (once there is a rate to go by).
-fn progress(done: usize, total: u64, elapsed: std::time::Duration) -> String {
+pub(super) fn progress(done: usize, total: u64, elapsed: std::time::Duration) -> String {
     if total == 0 {
         return format!("bulk load: folded {done} event(s)");
     }

@@ -26,6 +26,7 @@
 mod bulk;
 pub(crate) mod cluster;
 mod evolve;
+mod large_batch;
 mod run;
 mod setup;
 pub(crate) mod snapshot;

@@ -10,6 +10,10 @@
 //! The events are committed before the target: from then on they are never lost, and a run
 //! that dies before the target commit is completed by the next one (`take_input` finds the
 //! event store ahead of the target and derives the keys of its commits again).
+//!
+//! Two kinds of run leave these phases at the start: a first load too large for memory (or
+//! sent to a cluster) is a bulk load (`bulk.rs`, `cluster/`), and so is, into a target with
+//! rows, a batch too large for memory (`large_batch.rs`, `cluster/batch.rs`).
 
 use super::snapshot::{self, SnapshotEvents};
 use super::target::{self, TargetWrite};
@@ -130,16 +134,19 @@ async fn run_flow_once(
         }
         return Ok(report);
     }
-    if let Some(batch) = batch_on_cluster(scope, setup, &pos)? {
-        match super::cluster::batch_placement(scope, &batch) {
+    if let Some(batch) = large_batch(scope, setup, &pos, &mut report)? {
+        report.source_versions = Some((pos.from, pos.source_version));
+        match super::cluster::placement(scope, &batch) {
             Ok(cluster) => {
-                report.source_versions = Some((pos.from, pos.source_version));
                 super::cluster::run_batch_on_cluster(scope, cluster, setup, batch, &mut report)
-                    .await?;
-                return Ok(report);
+                    .await?
             }
-            Err(local) => report.notes.extend(local),
+            Err(local) => {
+                report.notes.extend(local);
+                super::large_batch::run_large_batch(scope, setup, batch, &mut report).await?
+            }
         }
+        return Ok(report);
     }
     let steps = Steps::new(&setup.flow.name, "");
     let ctx = crate::storage::session::new_session();
@@ -288,19 +295,19 @@ async fn bulk_load<'a>(
     }))
 }
 
-/// The batch this run is when it may go to the run's cluster: a change-event flow without
-/// a truncate rule, reading at least `--cluster-min-events` rows only
-/// appended to its source, into a target that reflects every stored event (no interrupted
-/// run to complete). `None` when it runs here.
-fn batch_on_cluster<'a>(
+/// The large batch this run is (`large_batch.rs`), if it is one: a change-event flow
+/// without a truncate rule, reading only rows appended to its source, into a target that
+/// reflects every stored event (no interrupted run to complete) and whose rows can be
+/// replaced by files written part by part, with more new events than the memory limit holds
+/// or at least the run's cluster's `--cluster-min-events`. `None` when the batch folds in
+/// memory (the run's notes say why when it would otherwise have streamed).
+fn large_batch<'a>(
     scope: &Scope<'_>,
     setup: &FlowSetup,
     pos: &'a Positions,
+    report: &mut FlowReport,
 ) -> Result<Option<super::bulk::Bulk<'a>>> {
     use super::bulk::{Bulk, Input};
-    let Some(cluster) = scope.cluster else {
-        return Ok(None);
-    };
     if setup.is_snapshot()
         || setup.source_feed
         || setup.table_mode()
@@ -316,10 +323,16 @@ fn batch_on_cluster<'a>(
     if !changes.only_appends || !changes.rewritten.is_empty() {
         return Ok(None);
     }
-    let Some(expected) = super::bulk::estimated_rows(&pos.source, &changes.live) else {
+    let Some(expected) = super::bulk::streamed_events(scope, &pos.source, &changes.live) else {
         return Ok(None);
     };
-    if expected < cluster.min_events {
+    if !crate::storage::replace::replaces_in_place(target)? {
+        report.notes.push(format!(
+            "{expected} new event(s) folded in memory: {} is partitioned, uses column mapping \
+             or has deletion vectors stored in files, so its rows are replaced through \
+             delta-rs",
+            setup.flow.target
+        ));
         return Ok(None);
     }
     Ok(Some(Bulk {

@@ -40,18 +40,18 @@ const OUTCOME: &str = "outcome";
 const STORE_ADDS: &str = "store_adds";
 const TARGET_ADDS: &str = "target_adds";
 const CDC_ADDS: &str = "cdc_adds";
-const OLD_ROWS: &str = "old_rows";
+const CHANGED_KEYS: &str = "changed_keys";
 
 /// The schema of a partition's result: its [`PartOutcome`] and the add actions of the files
-/// it wrote, as JSON, and a batch's old rows of its changed keys (Arrow IPC, base64; empty
-/// for a first load).
+/// it wrote, as JSON, and a batch's changed keys (Arrow IPC, base64; empty for a first
+/// load).
 pub(crate) fn result_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
         Field::new(OUTCOME, DataType::Utf8, false),
         Field::new(STORE_ADDS, DataType::Utf8, false),
         Field::new(TARGET_ADDS, DataType::Utf8, false),
         Field::new(CDC_ADDS, DataType::Utf8, false),
-        Field::new(OLD_ROWS, DataType::Utf8, false),
+        Field::new(CHANGED_KEYS, DataType::Utf8, false),
     ]))
 }
 
@@ -62,8 +62,8 @@ pub(crate) struct PartResult {
     pub(crate) target_adds: Vec<deltalake::kernel::Add>,
     /// A batch's change files (old rows `delete`, new rows `insert`).
     pub(crate) cdc_adds: Vec<deltalake::kernel::AddCDCFile>,
-    /// A batch's rows of its changed keys before it, which the target's files hold.
-    pub(crate) old_rows: Option<RecordBatch>,
+    /// A batch's changed keys that have rows in the target (their key columns).
+    pub(crate) changed_keys: Option<RecordBatch>,
 }
 
 impl PartResult {
@@ -74,14 +74,14 @@ impl PartResult {
             store_adds: Vec::new(),
             target_adds: Vec::new(),
             cdc_adds: Vec::new(),
-            old_rows: None,
+            changed_keys: None,
         }
     }
 
     /// The result row the coordinator reads back ([`read_results`]).
     pub(crate) fn to_row(&self) -> Result<RecordBatch> {
         let text = |v: String| Arc::new(StringArray::from(vec![v])) as _;
-        let old_rows = match &self.old_rows {
+        let changed_keys = match &self.changed_keys {
             Some(rows) => crate::util::arrow::batch_to_text(rows)?,
             None => String::new(),
         };
@@ -92,7 +92,7 @@ impl PartResult {
                 text(json(&self.store_adds)?),
                 text(json(&self.target_adds)?),
                 text(json(&self.cdc_adds)?),
-                text(old_rows),
+                text(changed_keys),
             ],
         )
         .map_err(|e| EngineError::internal(format!("a cluster partition's result: {e}")))
@@ -114,7 +114,7 @@ pub(crate) fn read_results(batches: &[RecordBatch]) -> Result<Vec<PartResult>> {
         };
         let (outcome, store, target) =
             (column(OUTCOME)?, column(STORE_ADDS)?, column(TARGET_ADDS)?);
-        let (cdc, old) = (column(CDC_ADDS)?, column(OLD_ROWS)?);
+        let (cdc, old) = (column(CDC_ADDS)?, column(CHANGED_KEYS)?);
         for row in 0..batch.num_rows() {
             out.push(PartResult {
                 outcome: serde_json::from_str(outcome.value(row)).map_err(|e| bad(OUTCOME, &e))?,
@@ -123,7 +123,7 @@ pub(crate) fn read_results(batches: &[RecordBatch]) -> Result<Vec<PartResult>> {
                 target_adds: serde_json::from_str(target.value(row))
                     .map_err(|e| bad(TARGET_ADDS, &e))?,
                 cdc_adds: serde_json::from_str(cdc.value(row)).map_err(|e| bad(CDC_ADDS, &e))?,
-                old_rows: match old.value(row) {
+                changed_keys: match old.value(row) {
                     "" => None,
                     text => Some(crate::util::arrow::batch_from_text(text)?),
                 },

@@ -30,10 +30,10 @@ pub(crate) mod plan;
 
 use crate::error::{EngineError, Result};
 use crate::ops::cdc::bulk::{commit_bulk, Bulk, Input, Written};
+use crate::ops::cdc::large_batch::{commit_batch, BatchWritten};
 use crate::ops::cdc::FlowReport;
 use crate::ops::Scope;
 use crate::semantics::flow::FlowSetup;
-use crate::storage::commit::{AppId, PendingCommit};
 use deltalake::datafusion::physical_plan::ExecutionPlan;
 use deltalake::datafusion::prelude::SessionContext;
 use deltalake::DeltaTable;
@@ -155,28 +155,6 @@ pub(super) fn placement<'a>(
     source_reason(source, &changes.live).map_or(Ok(cluster), |r| Err(Some(r)))
 }
 
-/// Whether the batch `bulk` into a target with rows runs on the run's cluster: as
-/// [`placement`], and the target's changed rows can be replaced by files written elsewhere
-/// (not partitioned, no column mapping, no deletion vectors in files).
-pub(super) fn batch_placement<'a>(
-    scope: &Scope<'a>,
-    bulk: &Bulk<'_>,
-) -> std::result::Result<&'a ClusterRun, Option<String>> {
-    let cluster = placement(scope, bulk)?;
-    match bulk
-        .target
-        .as_ref()
-        .map(crate::storage::replace::replaces_in_place)
-    {
-        Some(Ok(true)) => Ok(cluster),
-        _ => Err(Some(
-            "the target is partitioned, uses column mapping or has deletion vectors stored in \
-             files: the batch runs locally"
-                .into(),
-        )),
-    }
-}
-
 /// Why the executors cannot read the files `live` of `source` as plain Parquet files.
 fn source_reason(source: &DeltaTable, live: &[String]) -> Option<String> {
     let snapshot = match source.snapshot() {
@@ -229,24 +207,23 @@ pub(super) async fn run_on_cluster(
         "bulk load on the cluster {}: {} event(s) folded in {} part(s) of whole keys by its \
          executors in {:.1} s",
         cluster.connector.url(),
-        sent.events,
+        sent.written.events,
         sent.tasks,
         sent.seconds
     ));
     let written = Written {
-        store: Some((&store, sent.store_adds)),
+        store: Some((&store, sent.written.store_adds)),
         target: &target,
-        target_adds: sent.target_adds,
-        events: sent.events,
-        decided_at: sent.decided_at,
+        target_adds: sent.written.target_adds,
+        events: sent.written.events,
+        decided_at: sent.written.decided_at,
     };
     commit_bulk(scope, setup, &bulk, written, report).await
 }
 
 /// Runs the batch `bulk` of `setup` into a target with rows on `cluster` (`batch.rs`): the
 /// executors fold the new events with the stored events of their keys and write the files;
-/// here the event store's commit, then the target's, which marks the changed keys' old rows
-/// deleted (or rewrites their files) and adds the new ones.
+/// here the commits (`large_batch.rs`: `commit_batch`).
 pub(super) async fn run_batch_on_cluster(
     scope: &Scope<'_>,
     cluster: &ClusterRun,
@@ -254,17 +231,8 @@ pub(super) async fn run_batch_on_cluster(
     bulk: Bulk<'_>,
     report: &mut FlowReport,
 ) -> Result<()> {
-    let flow = &setup.flow;
-    let (
-        Input::Source {
-            store: Some(store), ..
-        },
-        Some(target),
-    ) = (&bulk.from, &bulk.target)
-    else {
-        return Err(EngineError::internal(
-            "a batch on the cluster has an event store and a target",
-        ));
+    let Some(target) = &bulk.target else {
+        return Err(EngineError::internal("a batch on the cluster has a target"));
     };
     let sent = send(
         scope,
@@ -276,73 +244,23 @@ pub(super) async fn run_batch_on_cluster(
         report,
     )
     .await?;
-    report.events = sent.events;
-    if sent.forgotten > 0 {
-        report.notes.push(format!(
-            "{} tombstone(s) older than {} s forgotten ({}): a late event older than one of \
-             those deletes brings its key back",
-            sent.forgotten,
-            setup.tombstone_secs.unwrap_or_default(),
-            crate::eventstore::tombstones::PROPERTY
-        ));
-    }
     report.notes.push(format!(
         "batch on the cluster {}: {} new event(s) folded with the stored events of {} key(s) \
          in {} part(s) by its executors in {:.1} s",
         cluster.connector.url(),
-        sent.events,
+        sent.written.events,
         report.keys_touched,
         sent.tasks,
         sent.seconds
     ));
-    let commit = PendingCommit::of_run(scope.run_id)
-        .at(AppId::Flow(&flow.name), bulk.source_version)
-        .with_info(
-            crate::eventstore::tombstones::DECIDED_AT,
-            serde_json::json!(sent.decided_at),
-        );
-    let store_version = crate::storage::write::append(store, Vec::new(), sent.store_adds, &commit)
-        .await
-        .map_err(|e| e.within(|| format!("flow {}: committing events", flow.name)))?;
-    if report.keys_changed == 0 {
-        return Ok(());
-    }
-    let old_rows = deltalake::arrow::compute::concat_batches(&setup.target_schema, &sent.old_rows)
-        .map_err(|e| EngineError::internal(format!("the changed keys' old rows: {e}")))?;
-    let commit = PendingCommit::of_run(scope.run_id)
-        .at(AppId::Events, store_version)
-        .at(AppId::Flow(&flow.name), bulk.source_version);
-    let replaced = crate::storage::replace::replace_keys_with_files(
-        target,
-        &setup.key_names,
-        &old_rows,
-        sent.target_adds,
-        sent.cdc_adds,
-        &commit,
-    )
-    .await
-    .map_err(|e| e.within(|| format!("flow {}: writing {}", flow.name, flow.target)))?;
-    match replaced {
-        Some(_) => Ok(()),
-        None => Err(EngineError::internal(format!(
-            "flow {}: {} changed its layout during the run",
-            flow.name, flow.target
-        ))),
-    }
+    commit_batch(scope, setup, &bulk, sent.written, report).await
 }
 
 /// What a job's partitions gave, gathered.
 struct Sent {
-    events: usize,
-    /// Expired tombstones a batch's tasks forgot.
-    forgotten: usize,
     tasks: usize,
     seconds: f64,
-    decided_at: i64,
-    store_adds: Vec<deltalake::kernel::Add>,
-    target_adds: Vec<deltalake::kernel::Add>,
-    cdc_adds: Vec<deltalake::kernel::AddCDCFile>,
-    old_rows: Vec<deltalake::arrow::array::RecordBatch>,
+    written: BatchWritten,
 }
 
 /// Sends the job of `bulk` (a first load, or with `stored_at` a batch folded with the
@@ -426,24 +344,18 @@ async fn send(
     }
     let results = job::read_results(&batches)?;
     let mut sent = Sent {
-        events: 0,
-        forgotten: 0,
         tasks: results.len(),
         seconds: 0.0,
-        decided_at,
-        store_adds: Vec::new(),
-        target_adds: Vec::new(),
-        cdc_adds: Vec::new(),
-        old_rows: Vec::new(),
+        written: BatchWritten {
+            decided_at,
+            ..Default::default()
+        },
     };
     for part in results {
-        part.outcome.add_to(report);
-        sent.events += part.outcome.events;
-        sent.forgotten += part.outcome.tombstones_forgotten;
-        sent.store_adds.extend(part.store_adds);
-        sent.target_adds.extend(part.target_adds);
-        sent.cdc_adds.extend(part.cdc_adds);
-        sent.old_rows.extend(part.old_rows);
+        let written = &mut sent.written;
+        written.store_adds.extend(part.store_adds);
+        written.target_adds.extend(part.target_adds);
+        written.add(part.outcome, part.cdc_adds, part.changed_keys, report);
     }
     sent.seconds = started.elapsed().as_secs_f64();
     Ok(sent)
