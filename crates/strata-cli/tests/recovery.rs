@@ -96,8 +96,12 @@ fn new_project() -> Project {
 
 /// Starts `args`, kills it (SIGKILL) after `after`; whether it was still running then.
 fn start_and_kill(p: &Project, args: &[&str], after: Duration) -> bool {
-    let mut child: Child = p
-        .command(args)
+    kill_after(p.command(args), after)
+}
+
+/// Starts `command`, kills it (SIGKILL) after `after`; whether it was still running then.
+fn kill_after(mut command: std::process::Command, after: Duration) -> bool {
+    let mut child: Child = command
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -265,17 +269,9 @@ fn bulk_loads_killed_at_random_moments_converge() {
     for round in 3..rounds + 3 {
         input.deliver(&p, round, &mut rng);
         let after = Duration::from_millis(10 + rng.below(typical + typical / 4));
-        let mut child = bulk(&refresh)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("strata starts");
-        std::thread::sleep(after);
-        if child.try_wait().expect("wait").is_none() {
+        if kill_after(bulk(&refresh), after) {
             kills += 1;
         }
-        let _ = child.kill();
-        let _ = child.wait();
         check_after_crash(&p, &format!("bulk round {round} (killed after {after:?})"));
         if round % 2 == 0 {
             let out = bulk(&["run", "pipeline.sql"])
@@ -338,17 +334,9 @@ fn large_batches_killed_at_random_moments_converge() {
     for round in 2..rounds + 2 {
         input.deliver(&p, round, &mut rng);
         let after = Duration::from_millis(10 + rng.below(typical + typical / 4));
-        let mut child = large(&["run", "pipeline.sql"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("strata starts");
-        std::thread::sleep(after);
-        if child.try_wait().expect("wait").is_none() {
+        if kill_after(large(&["run", "pipeline.sql"]), after) {
             kills += 1;
         }
-        let _ = child.kill();
-        let _ = child.wait();
         check_after_crash(
             &p,
             &format!("large-batch round {round} (killed after {after:?})"),

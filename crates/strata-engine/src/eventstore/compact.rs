@@ -65,19 +65,25 @@ pub(crate) struct Rules {
 }
 
 /// A store file below this size is small: a run's compaction after it rewrites the small
-/// files together and leaves the large ones (a million events or so each) alone.
+/// files together and leaves the large ones (a million events or so each) alone. A file of
+/// at least half a compacted file's events ([`FILE_ROWS`]) is not small whatever its size:
+/// narrow events compress below this size, and a compaction's own files must not count as
+/// small (else every later run would rewrite them again).
 pub(crate) const SMALL_FILE_BYTES: i64 = 32 << 20;
 /// How many small files a store holds before a run compacts them: each is a footer and
 /// column chunks to read for every later batch on object storage.
 pub(crate) const SMALL_FILES_TO_COMPACT: usize = 10;
 
-/// The small files of a store whose `files` are (path, bytes), when there are enough of
-/// them to compact ([`SMALL_FILES_TO_COMPACT`]); in the order given.
-pub(crate) fn small_files(files: &[(String, i64)]) -> Option<Vec<String>> {
+/// The small files of a store whose `files` are (path, bytes, events when the log has
+/// them), when there are enough of them to compact ([`SMALL_FILES_TO_COMPACT`]); in the
+/// order given.
+pub(crate) fn small_files(files: &[(String, i64, Option<usize>)]) -> Option<Vec<String>> {
     let small: Vec<String> = files
         .iter()
-        .filter(|(_, bytes)| *bytes < SMALL_FILE_BYTES)
-        .map(|(path, _)| path.clone())
+        .filter(|(_, bytes, events)| {
+            *bytes < SMALL_FILE_BYTES && events.is_none_or(|n| n < FILE_ROWS / 2)
+        })
+        .map(|(path, _, _)| path.clone())
         .collect();
     (small.len() >= SMALL_FILES_TO_COMPACT).then_some(small)
 }
@@ -390,22 +396,33 @@ mod tests {
 
     #[test]
     fn small_files_are_compacted_once_there_are_enough() {
-        let files = |sizes: &[i64]| -> Vec<(String, i64)> {
+        let files = |sizes: &[i64]| -> Vec<(String, i64, Option<usize>)> {
             sizes
                 .iter()
                 .enumerate()
-                .map(|(i, &b)| (format!("part-{i}.parquet"), b))
+                .map(|(i, &b)| (format!("part-{i}.parquet"), b, Some(1_000)))
                 .collect()
         };
         let nine_small = files(&[1_000; 9]);
         assert_eq!(small_files(&nine_small), None);
         let mut ten = nine_small.clone();
-        ten.push(("big.parquet".into(), SMALL_FILE_BYTES));
+        ten.push(("big.parquet".into(), SMALL_FILE_BYTES, Some(1_000)));
         assert_eq!(small_files(&ten), None, "a large file does not count");
-        ten.push(("last.parquet".into(), SMALL_FILE_BYTES - 1));
+        ten.push((
+            "compacted.parquet".into(),
+            SMALL_FILE_BYTES / 2,
+            Some(FILE_ROWS),
+        ));
+        assert_eq!(
+            small_files(&ten),
+            None,
+            "a file of a compaction's size in events does not count, however few its bytes"
+        );
+        ten.push(("last.parquet".into(), SMALL_FILE_BYTES - 1, None));
         let picked = small_files(&ten).expect("ten small files");
         assert_eq!(picked.len(), 10);
         assert!(!picked.contains(&"big.parquet".to_string()));
+        assert!(!picked.contains(&"compacted.parquet".to_string()));
         assert_eq!(picked.last().map(String::as_str), Some("last.parquet"));
     }
 

@@ -113,12 +113,12 @@ pub(crate) async fn compact_small_files(
     if property(&properties, MANAGED_PROPERTY).is_some_and(|v| v == "false") {
         return Ok(None);
     }
-    let files: Vec<(String, i64)> = store
+    let files: Vec<(String, i64, Option<usize>)> = store
         .snapshot()
         .context(|| "reading the event store's state".into())?
         .log_data()
         .iter()
-        .map(|f| (f.path().to_string(), f.size()))
+        .map(|f| (f.path().to_string(), f.size(), f.num_records()))
         .collect();
     let Some(small) = compact::small_files(&files) else {
         return Ok(None);

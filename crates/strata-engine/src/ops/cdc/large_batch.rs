@@ -221,17 +221,7 @@ pub(super) async fn run_large_batch(
     report: &mut FlowReport,
 ) -> Result<()> {
     let flow = &setup.flow;
-    let (
-        Input::Source {
-            store: Some(store), ..
-        },
-        Some(target),
-    ) = (&bulk.from, &bulk.target)
-    else {
-        return Err(EngineError::internal(
-            "a large batch has an event store and a target",
-        ));
-    };
+    let (store, target) = store_and_target(&bulk)?;
     drop(scope.handoff.take(
         &flow.source,
         &flow.name,
@@ -281,6 +271,21 @@ pub(super) async fn run_large_batch(
     commit_batch(scope, setup, &bulk, written, report).await
 }
 
+/// The event store and the target a large batch writes (both exist: it is not a first load).
+fn store_and_target<'b>(bulk: &'b Bulk<'_>) -> Result<(&'b DeltaTable, &'b DeltaTable)> {
+    match (&bulk.from, &bulk.target) {
+        (
+            Input::Source {
+                store: Some(store), ..
+            },
+            Some(target),
+        ) => Ok((store, target)),
+        _ => Err(EngineError::internal(
+            "a large batch has an event store and a target",
+        )),
+    }
+}
+
 /// What a large batch's parts wrote, gathered for its commits.
 #[derive(Default)]
 pub(super) struct BatchWritten {
@@ -323,17 +328,7 @@ pub(super) async fn commit_batch(
     report: &mut FlowReport,
 ) -> Result<()> {
     let flow = &setup.flow;
-    let (
-        Input::Source {
-            store: Some(store), ..
-        },
-        Some(target),
-    ) = (&bulk.from, &bulk.target)
-    else {
-        return Err(EngineError::internal(
-            "a large batch has an event store and a target",
-        ));
-    };
+    let (store, target) = store_and_target(bulk)?;
     report.events = written.events;
     if written.forgotten > 0 {
         report.notes.push(format!(
