@@ -130,7 +130,7 @@ fn min_rows_override() -> Option<u64> {
 
 /// The rows of the source files `live` by the Delta log's statistics; `None` when a file
 /// has none.
-fn estimated_rows(source: &DeltaTable, live: &[String]) -> Option<u64> {
+pub(super) fn estimated_rows(source: &DeltaTable, live: &[String]) -> Option<u64> {
     let live: std::collections::HashSet<&str> = live.iter().map(String::as_str).collect();
     let snapshot = source.snapshot().ok()?;
     let mut rows = 0u64;
@@ -158,7 +158,7 @@ pub(super) async fn run_bulk(
             .handoff
             .take(&flow.source, &flow.name, None, bulk.source_version),
     );
-    let split = split_input(scope, setup, &bulk).await?;
+    let split = split_input(scope, setup, &bulk, bulk.expected).await?;
     let store = match &bulk.from {
         Input::Source { store: Some(s), .. } => Some(s.clone()),
         Input::Source { store: None, .. } => Some(
@@ -230,14 +230,16 @@ impl SplitInput {
 }
 
 /// Reads the input of `bulk` (the flow's events, `bulk.expected` of them by the log's
-/// statistics) and splits it into as many parts of whole keys as the memory limit needs.
+/// statistics) and splits it into as many parts of whole keys as the memory limit needs for
+/// `in_memory` events (the input's, and any a part holds beside them).
 pub(super) async fn split_input(
     scope: &Scope<'_>,
     setup: &FlowSetup,
     bulk: &Bulk<'_>,
+    in_memory: u64,
 ) -> Result<SplitInput> {
     let flow = &setup.flow;
-    let parts = part_count(bulk.expected, scope.memory)
+    let parts = part_count(in_memory, scope.memory)
         .map_err(|e| e.within(|| format!("flow {}", flow.name)))?;
     let ctx = crate::storage::session::file_session();
     let (sql, run) = register_input(&ctx, setup, &bulk.from).await?;

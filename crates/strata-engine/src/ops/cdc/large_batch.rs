@@ -18,7 +18,8 @@
 //! The target is not read to find the touched keys' rows: a batch takes this path only
 //! when the target reflects every stored event, so those rows are the fold of the keys'
 //! stored events. Memory holds one part, its keys' stored events, and the changed keys
-//! (their key columns) until the commit.
+//! (their key columns) until the commit; the parts are as many as the memory limit needs
+//! for the new events and as many stored ones (`in_memory`).
 
 use super::bulk::{write_sliced, Bulk, Input, PartOutcome};
 use crate::error::{Context, EngineError, Result};
@@ -229,7 +230,7 @@ pub(super) async fn run_large_batch(
         bulk.source_version,
     ));
     let decided_at = chrono::Utc::now().timestamp_millis();
-    let split = super::bulk::split_input(scope, setup, &bulk).await?;
+    let split = super::bulk::split_input(scope, setup, &bulk, in_memory(store, &bulk)).await?;
     let store_place = bulk.store_path.to_string();
     let at = Refold {
         setup,
@@ -269,6 +270,18 @@ pub(super) async fn run_large_batch(
     written.store_adds = store_files.finish().await?;
     written.target_adds = target_files.finish().await?;
     commit_batch(scope, setup, &bulk, written, report).await
+}
+
+/// The events a part of the batch `bulk` holds in all, summed over the parts: the new
+/// events, and the stored events of their keys, taken as many as the new ones (a batch
+/// touching few keys of a long history holds more; one touching many keys of a short
+/// history fewer) but never more than the store holds.
+fn in_memory(store: &DeltaTable, bulk: &Bulk<'_>) -> u64 {
+    let files: Vec<String> = crate::storage::table::table_files(store)
+        .map(|f| f.into_iter().collect())
+        .unwrap_or_default();
+    let stored = super::bulk::estimated_rows(store, &files).unwrap_or(bulk.expected);
+    bulk.expected + stored.min(bulk.expected)
 }
 
 /// The event store and the target a large batch writes (both exist: it is not a first load).
