@@ -73,14 +73,15 @@ pub(crate) async fn refold_part(
     let stored = stored_events(at, &touched).await?;
     let (stored, forgotten) = forget_expired(at, stored).await?;
     let n_events = new.num_rows();
-    write_sliced(store_files, &new).await?;
+    // Folded (and checked) before anything is written: a part rejected writes nothing.
     let change = {
-        let setup = setup.clone();
+        let (setup, new) = (setup.clone(), new.clone());
         off_scheduler("folding a part of the batch", move || {
             fold_and_compare(&setup, stored, new)
         })
         .await?
     };
+    write_sliced(store_files, &new).await?;
     let mut cdc = Vec::new();
     if change.outcome.keys_changed > 0 {
         write_sliced(target_files, &change.inserts).await?;
@@ -246,18 +247,41 @@ pub(super) async fn run_large_batch(
         ..Default::default()
     };
     let started = std::time::Instant::now();
-    for part in 0..split.parts {
-        let Some(events) = split.part(setup, part).await? else {
-            continue;
-        };
-        let done = refold_part(&at, events, &mut store_files, &mut target_files).await?;
-        written.add(done.outcome, done.cdc, Some(done.changed_keys), report);
-        (scope.update)(super::bulk::progress(
-            written.events,
-            bulk.expected,
-            started.elapsed(),
-        ));
+    let refolded = async {
+        for part in 0..split.parts {
+            let Some(events) = split.part(setup, part).await? else {
+                continue;
+            };
+            let done = refold_part(&at, events, &mut store_files, &mut target_files).await?;
+            written.add(done.outcome, done.cdc, Some(done.changed_keys), report);
+            (scope.update)(super::bulk::progress(
+                written.events,
+                bulk.expected,
+                started.elapsed(),
+            ));
+        }
+        Ok::<(), EngineError>(())
     }
+    .await;
+    let (store_adds, target_adds) = (store_files.finish().await, target_files.finish().await);
+    let (store_adds, target_adds) = match (refolded, store_adds, target_adds) {
+        (Ok(()), Ok(s), Ok(t)) => (s, t),
+        (refolded, s, t) => {
+            // A part failed (input rejected, a write failed): what the earlier parts wrote
+            // goes, so that a failed run leaves the tables' folders as they were.
+            let written_files = WrittenFiles {
+                store: s.unwrap_or_default(),
+                target: t.unwrap_or_default(),
+                cdc: std::mem::take(&mut written.cdc_adds),
+            };
+            written_files
+                .remove(bulk.store_path, &scope.wh.table_location(&flow.target))
+                .await;
+            return Err(refolded.err().unwrap_or_else(|| {
+                EngineError::internal("a large batch's files could not be finished")
+            }));
+        }
+    };
     report.notes.push(format!(
         "large batch: {} new event(s) folded with the stored events of {} key(s) in {} \
          part(s) of whole keys, {} on local disk between the read and the fold",
@@ -267,9 +291,34 @@ pub(super) async fn run_large_batch(
         crate::util::memory::show_size(split.bytes())
     ));
     drop(split);
-    written.store_adds = store_files.finish().await?;
-    written.target_adds = target_files.finish().await?;
+    written.store_adds = store_adds;
+    written.target_adds = target_adds;
     commit_batch(scope, setup, &bulk, written, report).await
+}
+
+/// Files a failed large batch wrote (in no commit).
+struct WrittenFiles {
+    store: Vec<Add>,
+    target: Vec<Add>,
+    cdc: Vec<AddCDCFile>,
+}
+
+impl WrittenFiles {
+    /// Removes the files from the event store at `store` and the target at `target`; a file
+    /// that cannot be removed is logged (it is in no commit: a vacuum removes it).
+    async fn remove(self, store: &Location, target: &Location) {
+        let paths = self
+            .store
+            .into_iter()
+            .map(|a| (store, a.path))
+            .chain(self.target.into_iter().map(|a| (target, a.path)))
+            .chain(self.cdc.into_iter().map(|c| (target, c.path)));
+        for (place, path) in paths {
+            if let Err(e) = place.remove_file(&path).await {
+                tracing::warn!("{e}: left for a vacuum");
+            }
+        }
+    }
 }
 
 /// The events a part of the batch `bulk` holds in all, summed over the parts: the new
