@@ -344,7 +344,9 @@ def run_batch(a, wl: Path, wh_a: Path, wh_b: Path, min_events: int) -> dict:
     paths = [Path(p) for p in st["paths"]]
     try:
         ra = strata_run(a, wl, wh_a, "local-batch", [], keep=True)
-        rb = run_cluster(a, wl, wh_b, "cluster-batch", min_events, note="batch on the cluster", keep=True)
+        # The batch goes to the cluster however small (a --small self-test's is 20k events).
+        rb = run_cluster(a, wl, wh_b, "cluster-batch", min(min_events, a.batch_events),
+                         note="batch on the cluster", keep=True)
         cmp = compare(a, wl, wh_a, wh_b) if not FAILURES else {"match": False}
     finally:
         for p in paths:
