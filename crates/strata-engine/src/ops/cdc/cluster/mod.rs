@@ -192,6 +192,7 @@ pub(super) async fn run_on_cluster(
     let Input::Source { store, .. } = &bulk.from else {
         return Err(EngineError::internal("a cluster load reads its source"));
     };
+    let on = connect(cluster, setup).await?;
     let store = match store {
         Some(s) => s.clone(),
         None => {
@@ -202,7 +203,7 @@ pub(super) async fn run_on_cluster(
         Some(t) => t.clone(),
         None => super::target::create_target(scope, setup, target_properties).await?,
     };
-    let sent = send(scope, cluster, setup, &bulk, &target, None, report).await?;
+    let sent = send(scope, &on, setup, &bulk, &target, None, report).await?;
     report.notes.push(format!(
         "bulk load on the cluster {}: {} event(s) folded in {} part(s) of whole keys by its \
          executors in {:.1} s",
@@ -234,9 +235,10 @@ pub(super) async fn run_batch_on_cluster(
     let Some(target) = &bulk.target else {
         return Err(EngineError::internal("a batch on the cluster has a target"));
     };
+    let on = connect(cluster, setup).await?;
     let sent = send(
         scope,
-        cluster,
+        &on,
         setup,
         &bulk,
         target,
@@ -263,18 +265,38 @@ struct Sent {
     written: BatchWritten,
 }
 
+/// A cluster and a session on it.
+struct Connected<'a> {
+    cluster: &'a ClusterRun,
+    ctx: SessionContext,
+}
+
+/// A session on `cluster` for a job of `setup`'s flow; a cluster that cannot be reached is
+/// bad input (its address), before anything is created or written.
+async fn connect<'a>(cluster: &'a ClusterRun, setup: &FlowSetup) -> Result<Connected<'a>> {
+    let ctx = cluster.connector.connect().await.map_err(|e| {
+        EngineError::BadInput(format!(
+            "flow {}: cannot reach the cluster {}: {e}",
+            setup.flow.name,
+            cluster.connector.url()
+        ))
+    })?;
+    Ok(Connected { cluster, ctx })
+}
+
 /// Sends the job of `bulk` (a first load, or with `stored_at` a batch folded with the
 /// event store's events as of that version) to `cluster`, writing into `target`, and
 /// gathers its partitions' results, counted into `report`.
 async fn send(
     scope: &Scope<'_>,
-    cluster: &ClusterRun,
+    on: &Connected<'_>,
     setup: &FlowSetup,
     bulk: &Bulk<'_>,
     target: &DeltaTable,
     stored_at: Option<i64>,
     report: &mut FlowReport,
 ) -> Result<Sent> {
+    let (cluster, ctx) = (on.cluster, &on.ctx);
     let flow = &setup.flow;
     let work = match stored_at {
         Some(_) => "batch",
@@ -303,13 +325,6 @@ async fn send(
         bulk.expected,
         cluster.connector.url()
     ));
-    let ctx = cluster.connector.connect().await.map_err(|e| {
-        EngineError::BadInput(format!(
-            "flow {}: cannot reach the cluster {}: {e}",
-            flow.name,
-            cluster.connector.url()
-        ))
-    })?;
     let job = job::FoldJob {
         setup: setup.clone(),
         store: bulk.store_path.to_string(),
@@ -331,8 +346,8 @@ async fn send(
     )?
     .max(MIN_PARTS);
     let started = std::time::Instant::now();
-    register_files(&ctx, source, &changes.live).await?;
-    let (batches, stages) = run_job(scope, cluster, &ctx, source, setup, job, parts)
+    register_files(ctx, source, &changes.live).await?;
+    let (batches, stages) = run_job(scope, cluster, ctx, source, setup, job, parts)
         .await
         .map_err(within)?;
     if !stages.is_empty() {
