@@ -26,13 +26,10 @@ use deltalake::datafusion::parquet::arrow::arrow_reader::{
     RowSelector,
 };
 use deltalake::datafusion::parquet::arrow::ProjectionMask;
-use deltalake::datafusion::parquet::errors::Result as ParquetResult;
 use deltalake::datafusion::parquet::file::metadata::{PageIndexPolicy, ParquetMetaData};
 use deltalake::datafusion::parquet::file::page_index::column_index::ColumnIndexMetaData;
-use deltalake::datafusion::parquet::file::reader::{ChunkReader, Length};
 use deltalake::datafusion::parquet::file::statistics::Statistics;
 use deltalake::DeltaTable;
-use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -150,11 +147,10 @@ fn any_in(keys: &[i64], lo: i64, hi: i64) -> bool {
     i < keys.len() && keys[i] <= hi
 }
 
-/// The row groups of `meta` that may hold one of `keys` in leaf column `leaf`, and within
-/// them the rows of the pages that may (all rows where the file has no page index).
-fn selection(meta: &ParquetMetaData, leaf: usize, keys: &[i64]) -> (Vec<usize>, Vec<RowSelector>) {
+/// The row groups of `meta` that may hold one of `keys` in leaf column `leaf`, each with
+/// the rows of its pages that may (all its rows where the file has no page index).
+fn selection(meta: &ParquetMetaData, leaf: usize, keys: &[i64]) -> Vec<(usize, Vec<RowSelector>)> {
     let mut groups = Vec::new();
-    let mut selectors: Vec<RowSelector> = Vec::new();
     let bounds = |s: Option<&Statistics>| match s {
         Some(Statistics::Int64(v)) => v.min_opt().copied().zip(v.max_opt().copied()),
         Some(Statistics::Int32(v)) => v
@@ -170,7 +166,7 @@ fn selection(meta: &ParquetMetaData, leaf: usize, keys: &[i64]) -> (Vec<usize>, 
                 continue;
             }
         }
-        groups.push(g);
+        let mut selectors: Vec<RowSelector> = Vec::new();
         let pages = meta
             .column_index()
             .and_then(|ci| ci.get(g))
@@ -181,7 +177,7 @@ fn selection(meta: &ParquetMetaData, leaf: usize, keys: &[i64]) -> (Vec<usize>, 
                     .and_then(|o| o.get(leaf)),
             );
         let Some((index, offsets)) = pages else {
-            selectors.push(RowSelector::select(rows));
+            groups.push((g, vec![RowSelector::select(rows)]));
             continue;
         };
         let locations = offsets.page_locations();
@@ -208,8 +204,11 @@ fn selection(meta: &ParquetMetaData, leaf: usize, keys: &[i64]) -> (Vec<usize>, 
                 _ => selectors.push(RowSelector::skip(count)),
             }
         }
+        if selectors.iter().any(|s| !s.skip) {
+            groups.push((g, selectors));
+        }
     }
-    (groups, selectors)
+    groups
 }
 
 /// `coarse` narrowed to the rows whose key (`keys_read`: the key of every row `coarse`
@@ -261,131 +260,171 @@ fn read_file(
             path.display()
         )));
     };
-    let (groups, coarse) = selection(meta.metadata(), leaf, keys);
-    if groups.is_empty() {
-        return Ok(None);
-    }
-    // Most rows of the row groups read are in pages that may hold a key (a delivery
-    // touching a share of keys spread over every page): their bytes are read at once.
-    let candidates: usize = coarse.iter().filter(|s| !s.skip).map(|s| s.row_count).sum();
-    let in_groups: usize = groups
-        .iter()
-        .map(|&g| meta.metadata().row_group(g).num_rows() as usize)
-        .sum();
-    let input = match candidates * 2 > in_groups {
-        true => Input::Window(read_window(file, meta.metadata(), &groups).context(what)?),
-        false => Input::File(Arc::new(file)),
-    };
-    let reader = |projection: ProjectionMask, rows: Vec<RowSelector>| {
-        ParquetRecordBatchReaderBuilder::new_with_metadata(input.clone(), meta.clone())
+    let reader = |g: usize, input: Fetched, projection: ProjectionMask, rows: Vec<RowSelector>| {
+        ParquetRecordBatchReaderBuilder::new_with_metadata(input, meta.clone())
             .with_projection(projection)
-            .with_row_groups(groups.clone())
+            .with_row_groups(vec![g])
             .with_row_selection(RowSelection::from(rows))
             .with_batch_size(64 * 1024)
             .build()
             .context(what)
     };
-    let mut keys_read: Vec<i64> = Vec::new();
     let key_only = ProjectionMask::leaves(meta.parquet_schema(), [leaf]);
-    for batch in reader(key_only, coarse.clone())? {
-        let k = cast(batch.context(what)?.column(0), &DataType::Int64).context(what)?;
-        let k = k
-            .as_any()
-            .downcast_ref::<deltalake::arrow::array::Int64Array>()
-            .ok_or_else(|| EngineError::internal("key values"))?;
-        keys_read.extend(k.iter().map(|v| v.unwrap_or(i64::MIN)));
+    let leaves: Vec<usize> = (0..meta.parquet_schema().num_columns()).collect();
+    let (mut candidates, mut selected) = (0usize, 0usize);
+    let mut out = Vec::new();
+    // A row group at a time: the bytes read are those of one group's pages.
+    for (g, coarse) in selection(meta.metadata(), leaf, keys) {
+        let mut keys_read: Vec<i64> = Vec::new();
+        let key_pages = fetch_pages(&file, meta.metadata(), g, &[leaf], &coarse).context(what)?;
+        for batch in reader(g, key_pages, key_only.clone(), coarse.clone())? {
+            let k = cast(batch.context(what)?.column(0), &DataType::Int64).context(what)?;
+            let k = k
+                .as_any()
+                .downcast_ref::<deltalake::arrow::array::Int64Array>()
+                .ok_or_else(|| EngineError::internal("key values"))?;
+            keys_read.extend(k.iter().map(|v| v.unwrap_or(i64::MIN)));
+        }
+        let rows = exact(&coarse, &keys_read, set);
+        candidates += keys_read.len();
+        let here: usize = rows.iter().filter(|s| !s.skip).map(|s| s.row_count).sum();
+        if here == 0 {
+            continue;
+        }
+        selected += here;
+        let pages = fetch_pages(&file, meta.metadata(), g, &leaves, &rows).context(what)?;
+        for batch in reader(g, pages, ProjectionMask::all(), rows)? {
+            out.push(crate::util::arrow::in_layout(
+                &batch.context(what)?,
+                schema,
+            )?);
+        }
     }
-    let rows = exact(&coarse, &keys_read, set);
-    let selected: usize = rows.iter().filter(|s| !s.skip).map(|s| s.row_count).sum();
     tracing::debug!(
-        "store: {}: {selected} row(s) of the {} in the pages that may hold the keys, of {}",
+        "store: {}: {selected} row(s) of the {candidates} in the pages that may hold the keys, \
+         of {}",
         path.display(),
-        keys_read.len(),
         meta.metadata().file_metadata().num_rows()
     );
-    if selected == 0 {
+    if out.is_empty() {
         return Ok(None);
-    }
-    let mut out = Vec::new();
-    for batch in reader(ProjectionMask::all(), rows)? {
-        out.push(crate::util::arrow::in_layout(
-            &batch.context(what)?,
-            schema,
-        )?);
     }
     concat_batches(schema, &out)
         .map(Some)
         .context(|| "concatenating stored events".into())
 }
 
-/// Where a store file's pages come from: the file, a seek and a read per page (for reads
-/// that skip most pages), or its bytes read at once. With [`STORE_PAGE_ROWS`]-row pages and
-/// the keys of a 1% snapshot change spread over every page, the per-page calls took a third
-/// of the store read.
-#[derive(Clone)]
-enum Input {
-    File(Arc<std::fs::File>),
-    Window(Fetched),
-}
+/// Pages closer than this in a file are read together, with the bytes between them: one
+/// read of a few dozen KiB costs less than two system calls.
+const READ_GAP: u64 = 8 * 1024;
 
-impl Length for Input {
-    fn len(&self) -> u64 {
-        match self {
-            Input::File(f) => f.as_ref().len(),
-            Input::Window(w) => w.len(),
-        }
-    }
-}
-
-impl ChunkReader for Input {
-    type T = Box<dyn Read + Send>;
-
-    fn get_read(&self, start: u64) -> ParquetResult<Self::T> {
-        Ok(match self {
-            Input::File(f) => Box::new(f.as_ref().get_read(start)?),
-            Input::Window(w) => Box::new(w.get_read(start)?),
-        })
-    }
-
-    fn get_bytes(&self, start: u64, length: usize) -> ParquetResult<Bytes> {
-        match self {
-            Input::File(f) => f.as_ref().get_bytes(start, length),
-            Input::Window(w) => w.get_bytes(start, length),
-        }
-    }
-}
-
-/// The bytes of a file's row groups that a read needs, read at once: the span from the
-/// first to the last byte of the column chunks of `groups`.
-fn read_window(
-    mut file: std::fs::File,
+/// The pages of leaf columns `leaves` in row group `group` of a file that hold rows `rows`
+/// selects, read from `file` with one read per run of nearby pages. A store file's 512-row pages made the
+/// reader's own page-by-page reads (a system call each) most of a batch's store read.
+fn fetch_pages(
+    file: &std::fs::File,
     meta: &ParquetMetaData,
-    groups: &[usize],
+    group: usize,
+    leaves: &[usize],
+    rows: &[RowSelector],
 ) -> std::io::Result<Fetched> {
-    let (mut start, mut end) = (u64::MAX, 0u64);
-    for &g in groups {
-        for c in meta.row_group(g).columns() {
-            let (s, len) = c.byte_range();
-            (start, end) = (start.min(s), end.max(s.saturating_add(len)));
+    use std::io::{Read, Seek, SeekFrom};
+    let ranges = coalesce(page_ranges(meta, group, leaves, rows), READ_GAP);
+    let mut pieces = Vec::with_capacity(ranges.len());
+    let mut reader = file;
+    for (start, end) in ranges {
+        // Read into the vector's spare capacity: no zeroing of memory about to be filled.
+        let mut bytes = Vec::with_capacity((end - start) as usize);
+        reader.seek(SeekFrom::Start(start))?;
+        reader.take(end - start).read_to_end(&mut bytes)?;
+        if bytes.len() as u64 != end - start {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!("bytes {start}..{end} lie past the end of the file"),
+            ));
+        }
+        pieces.push((start, Bytes::from(bytes)));
+    }
+    Ok(Fetched::new(file.metadata()?.len(), pieces))
+}
+
+/// The byte ranges (start, end) of the pages [`fetch_pages`] reads: in each column chunk,
+/// the data pages holding a selected row and, when one does, the dictionary page before
+/// them; a whole chunk when the file has no page index for it.
+fn page_ranges(
+    meta: &ParquetMetaData,
+    group: usize,
+    leaves: &[usize],
+    rows: &[RowSelector],
+) -> Vec<(u64, u64)> {
+    // The selected rows as (first, end) runs over the group's rows.
+    let mut selected: Vec<(usize, usize)> = Vec::new();
+    let mut at = 0;
+    for s in rows {
+        if !s.skip && s.row_count > 0 {
+            selected.push((at, at + s.row_count));
+        }
+        at += s.row_count;
+    }
+    let any_selected = |first: usize, end: usize| {
+        let i = selected.partition_point(|&(_, e)| e <= first);
+        selected.get(i).is_some_and(|&(s, _)| s < end)
+    };
+    let row_group = meta.row_group(group);
+    let group_rows = row_group.num_rows() as usize;
+    let mut ranges = Vec::new();
+    if selected.is_empty() {
+        return ranges;
+    }
+    for &leaf in leaves {
+        let chunk = row_group.column(leaf);
+        let (chunk_start, chunk_len) = chunk.byte_range();
+        let locations = meta
+            .offset_index()
+            .and_then(|oi| oi.get(group))
+            .and_then(|o| o.get(leaf))
+            .map(|o| o.page_locations());
+        let Some(locations) = locations.filter(|l| !l.is_empty()) else {
+            ranges.push((chunk_start, chunk_start + chunk_len));
+            continue;
+        };
+        let mut any = false;
+        for (p, loc) in locations.iter().enumerate() {
+            let first = loc.first_row_index as usize;
+            let end = locations
+                .get(p + 1)
+                .map_or(group_rows, |n| n.first_row_index as usize);
+            if any_selected(first, end) {
+                let start = loc.offset as u64;
+                ranges.push((start, start + loc.compressed_page_size as u64));
+                any = true;
+            }
+        }
+        let first_page = locations[0].offset as u64;
+        if any && first_page > chunk_start {
+            ranges.push((chunk_start, first_page));
         }
     }
-    let file_len = file.metadata()?.len();
-    if end > file_len {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("its column chunks end at byte {end}, past the end of the file ({file_len})"),
-        ));
+    ranges
+}
+
+/// `ranges` sorted and merged where they overlap or lie at most `gap` bytes apart.
+fn coalesce(mut ranges: Vec<(u64, u64)>, gap: u64) -> Vec<(u64, u64)> {
+    ranges.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    for (start, end) in ranges {
+        match out.last_mut() {
+            Some(last) if start <= last.1.saturating_add(gap) => last.1 = last.1.max(end),
+            _ => out.push((start, end)),
+        }
     }
-    let start = start.min(end);
-    let mut bytes = vec![0u8; (end - start) as usize];
-    file.seek(SeekFrom::Start(start))?;
-    file.read_exact(&mut bytes)?;
-    Ok(Fetched::new(file_len, vec![(start, Bytes::from(bytes))]))
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use deltalake::datafusion::parquet::file::reader::ChunkReader;
 
     /// Close keys (bitmap) and keys spread over the whole range (filtered hash set) answer
     /// like a plain set, for members and for values next to them.
@@ -478,29 +517,59 @@ mod tests {
                 );
             }
         }
-        // Outside the bytes read is an error, not other bytes.
+        // Outside the pages fetched is an error, not other bytes: the pages of row group 2
+        // holding rows 50..150 of it are its 100-row pages 0 and 1, key column only.
         let meta = ArrowReaderMetadata::load(
             &std::fs::File::open(&path).unwrap(),
-            ArrowReaderOptions::new(),
+            ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional),
         )
         .unwrap();
-        let window =
-            read_window(std::fs::File::open(&path).unwrap(), meta.metadata(), &[2]).unwrap();
-        let (start, len) = {
-            let first = meta.metadata().row_group(2).column(0).byte_range().0;
-            let end = (0..meta.metadata().row_group(2).num_columns())
-                .map(|c| {
-                    let (s, l) = meta.metadata().row_group(2).column(c).byte_range();
-                    s + l
-                })
-                .max()
-                .unwrap();
-            (first, (end - first) as usize)
-        };
-        assert!(start > 0);
-        assert!(window.get_bytes(0, 4).is_err());
-        assert!(window.get_bytes(start, len + 1).is_err());
-        assert!(window.get_bytes(start, len).is_ok());
+        let rows = [
+            RowSelector::skip(50),
+            RowSelector::select(100),
+            RowSelector::skip(850),
+        ];
+        let ranges = page_ranges(meta.metadata(), 2, &[0], &rows);
+        let pages = meta.metadata().offset_index().unwrap()[2][0].page_locations();
+        let chunk = meta.metadata().row_group(2).column(0).byte_range();
+        let (p0, p1) = (&pages[0], &pages[1]);
+        let mut want = vec![
+            (
+                p0.offset as u64,
+                (p0.offset + p0.compressed_page_size as i64) as u64,
+            ),
+            (
+                p1.offset as u64,
+                (p1.offset + p1.compressed_page_size as i64) as u64,
+            ),
+        ];
+        if chunk.0 < p0.offset as u64 {
+            want.push((chunk.0, p0.offset as u64));
+        }
+        assert_eq!(ranges, want);
+        let fetched = fetch_pages(
+            &std::fs::File::open(&path).unwrap(),
+            meta.metadata(),
+            2,
+            &[0],
+            &rows,
+        )
+        .unwrap();
+        let (start, end) = (chunk.0, p1.offset as u64 + p1.compressed_page_size as u64);
+        assert!(fetched.get_bytes(start, (end - start) as usize).is_ok());
+        assert!(fetched
+            .get_bytes(start, (end - start) as usize + 1)
+            .is_err());
+        assert!(fetched.get_bytes(0, 4).is_err());
+    }
+
+    #[test]
+    fn nearby_ranges_are_read_together() {
+        let got = coalesce(
+            vec![(100, 200), (0, 10), (210, 300), (5, 20), (1000, 1100)],
+            10,
+        );
+        assert_eq!(got, vec![(0, 20), (100, 300), (1000, 1100)]);
     }
 
     #[test]

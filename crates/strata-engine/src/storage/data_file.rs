@@ -118,7 +118,7 @@ impl Root {
                             .block_on(store.get_range(&location, whole.clone()))
                             .map_err(store_error)
                             .context(what)?;
-                        fetched.pieces.push((whole.start, bytes));
+                        fetched.add(whole.start, bytes);
                         ArrowReaderMetadata::load(&fetched, ArrowReaderOptions::new())
                             .context(what)?
                     }
@@ -271,15 +271,27 @@ pub(crate) struct Fetched {
 
 impl Fetched {
     /// `pieces` (offset, bytes) of a file of `size` bytes.
-    pub(crate) fn new(size: u64, pieces: Vec<(u64, Bytes)>) -> Fetched {
+    pub(crate) fn new(size: u64, mut pieces: Vec<(u64, Bytes)>) -> Fetched {
+        pieces.sort_by_key(|(at, _)| *at);
         Fetched { size, pieces }
     }
 
-    /// The fetched bytes from `start` to the end of the piece holding it.
+    /// Adds the piece `bytes` at offset `at`, keeping the pieces in order.
+    fn add(&mut self, at: u64, bytes: Bytes) {
+        let i = self.pieces.partition_point(|(p, _)| *p <= at);
+        self.pieces.insert(i, (at, bytes));
+    }
+
+    /// The fetched bytes from `start` to the end of the piece holding it: the last piece
+    /// starting at or before `start` (the pieces are in order; a read of thousands of pages
+    /// looks each up), else any piece holding it (pieces may overlap).
     fn from(&self, start: u64) -> ParquetResult<Bytes> {
-        self.pieces
-            .iter()
-            .find(|(at, b)| *at <= start && start < at + b.len() as u64)
+        let holds = |(at, b): &&(u64, Bytes)| *at <= start && start < at + b.len() as u64;
+        let i = self.pieces.partition_point(|(at, _)| *at <= start);
+        i.checked_sub(1)
+            .and_then(|i| self.pieces.get(i))
+            .filter(|p| holds(p))
+            .or_else(|| self.pieces.iter().find(holds))
             .map(|(at, b)| b.slice((start - at) as usize..))
             .ok_or_else(|| {
                 ParquetError::General(format!(

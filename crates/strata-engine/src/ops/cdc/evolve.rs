@@ -19,19 +19,19 @@ pub(crate) async fn evolve_tables(
     wh: &Warehouse,
     setup: &FlowSetup,
     target: Option<DeltaTable>,
-) -> Result<Vec<String>> {
+) -> Result<Evolved> {
     let flow = &setup.flow;
     let mut added = Vec::new();
-    let tables = [
+    let mut tables = [
         (
             crate::storage::table::open_delta(&wh.event_store_location(&flow.target)).await?,
             &setup.event_schema,
         ),
         (target, &setup.target_schema),
     ];
-    for (table, want) in tables {
+    for (table, want) in &mut tables {
         let Some(table) = table else { continue };
-        let have = crate::storage::table::table_schema(&table)?;
+        let have = crate::storage::table::table_schema(table)?;
         let Some(new) = added_columns(&have, want).filter(|a| !a.is_empty()) else {
             continue;
         };
@@ -48,19 +48,37 @@ pub(crate) async fn evolve_tables(
             EngineError::internal(format!("adding columns to {}: {e}", table.table_url()))
         })?;
         crate::storage::write::commit_actions(
-            &table,
+            table,
             vec![Action::Metadata(metadata)],
             DeltaOperation::AddColumn { fields },
             &crate::storage::commit::PendingCommit::default(),
         )
         .await?;
+        table
+            .update_state()
+            .await
+            .context(|| format!("reading {} after adding columns", table.table_url()))?;
         for c in new {
             if !added.contains(&c) {
                 added.push(c);
             }
         }
     }
-    Ok(added)
+    let [(store, _), (target, _)] = tables;
+    Ok(Evolved {
+        added,
+        store,
+        target,
+    })
+}
+
+/// A flow's tables after [`evolve_tables`]: the columns it added, and the event store and
+/// target as they now are (`None` where there is none yet), for the run to go on from
+/// without opening them again.
+pub(crate) struct Evolved {
+    pub(crate) added: Vec<String>,
+    pub(crate) store: Option<DeltaTable>,
+    pub(crate) target: Option<DeltaTable>,
 }
 
 /// Sets the existing `target`'s `delta.enableDeletionVectors` to what the pipeline now

@@ -60,8 +60,10 @@ pub(crate) async fn run_flow(
         None => (None, None),
     };
     let created = target.is_none();
-    let added = evolve_tables(wh, setup, target).await?;
-    let mut report = run_flow_once(scope, setup, target_properties).await?;
+    let evolved = evolve_tables(wh, setup, target).await?;
+    let added = evolved.added;
+    let opened = (evolved.store, evolved.target);
+    let mut report = run_flow_once(scope, setup, target_properties, opened).await?;
     let gc_set = crate::storage::table::sets_property(target_properties, tombstones::PROPERTY);
     if gc_set && setup.tombstone_secs.is_none() {
         report.notes.push(format!(
@@ -99,17 +101,19 @@ pub(crate) async fn run_flow(
     Ok(report)
 }
 
-/// The phases of one run (see the module docs).
+/// The phases of one run (see the module docs), from the event store and target as
+/// `opened` (by `run_flow`, which brought them in line with the flow).
 async fn run_flow_once(
     scope: &Scope<'_>,
     setup: &FlowSetup,
     target_properties: &BTreeMap<String, String>,
+    opened: (Option<DeltaTable>, Option<DeltaTable>),
 ) -> Result<FlowReport> {
     if setup.flow.stored_as == ScdType::Snapshots {
         return super::snapshots_mode::run_snapshots_mode(scope, setup, target_properties).await;
     }
     let mut report = FlowReport::of(&setup.flow.name);
-    let Some(pos) = open_positions(scope, setup).await? else {
+    let Some(pos) = open_positions(scope, setup, opened).await? else {
         report.skipped = Some(format!("source {} has no data yet", setup.flow.source));
         return Ok(report);
     };
@@ -410,21 +414,23 @@ fn run_number(store: Option<&DeltaTable>, store_version: i64) -> Result<i64> {
     })
 }
 
-/// Opens the flow's source, event store and target and reads their positions; `None` when
-/// the source does not exist yet.
-async fn open_positions(scope: &Scope<'_>, setup: &FlowSetup) -> Result<Option<Positions>> {
+/// Opens the flow's source and reads the positions of it, the event store and the target
+/// (`opened`); `None` when the source does not exist yet.
+async fn open_positions(
+    scope: &Scope<'_>,
+    setup: &FlowSetup,
+    (store, target): (Option<DeltaTable>, Option<DeltaTable>),
+) -> Result<Option<Positions>> {
     let wh = scope.wh;
     let flow = &setup.flow;
     let Some(source) = wh.open_table(&flow.source).await? else {
         return Ok(None);
     };
     let store_path = wh.event_store_location(&flow.target);
-    let store = crate::storage::table::open_delta(&store_path).await?;
     let from = match &store {
         Some(s) => position(s, AppId::Flow(&flow.name)).await?,
         None => None,
     };
-    let target = wh.open_table(&flow.target).await?;
     let store_version = store.as_ref().map_or(-1, version_of);
     let applied = match &target {
         Some(t) => position(t, AppId::Events).await?.unwrap_or(-1),
