@@ -108,11 +108,6 @@ pub(crate) async fn compact_small_files(
     let Some(store) = open_delta(&path).await? else {
         return Ok(None);
     };
-    let target_table = open_target(wh, target).await?;
-    let properties = table_properties(&target_table)?;
-    if property(&properties, MANAGED_PROPERTY).is_some_and(|v| v == "false") {
-        return Ok(None);
-    }
     let files: Vec<(String, i64, Option<usize>)> = store
         .snapshot()
         .context(|| "reading the event store's state".into())?
@@ -123,6 +118,12 @@ pub(crate) async fn compact_small_files(
     let Some(small) = compact::small_files(&files) else {
         return Ok(None);
     };
+    // The target only once there is something to compact: most runs end above.
+    let target_table = open_target(wh, target).await?;
+    let properties = table_properties(&target_table)?;
+    if property(&properties, MANAGED_PROPERTY).is_some_and(|v| v == "false") {
+        return Ok(None);
+    }
     let note = format!("its {} small file(s), of {}", small.len(), files.len());
     let rules = Rules {
         keys: key_columns(target, &target_table)?,

@@ -134,13 +134,44 @@ impl Root {
                     .block_on(store.get_ranges(&location, &ranges))
                     .map_err(store_error)
                     .context(what)?;
-                fetched
-                    .pieces
-                    .extend(ranges.iter().map(|r| r.start).zip(chunks));
+                for (at, bytes) in ranges.iter().map(|r| r.start).zip(chunks) {
+                    fetched.add(at, bytes);
+                }
                 ParquetRecordBatchReaderBuilder::new_with_metadata(fetched, meta)
                     .with_projection(mask)
                     .with_batch_size(batch_rows)
                     .build()
+                    .context(what)
+            }
+        }
+    }
+
+    /// The bytes `range` of the table's file `path`.
+    pub(crate) async fn get(&self, path: &str, range: std::ops::Range<u64>) -> Result<Bytes> {
+        let what = || format!("reading {}", self.label(path));
+        match self {
+            Root::Local(dir) => {
+                let file = dir.join(path);
+                tokio::task::spawn_blocking(move || -> std::io::Result<Bytes> {
+                    use std::io::{Read, Seek, SeekFrom};
+                    let mut f = std::fs::File::open(&file)?;
+                    f.seek(SeekFrom::Start(range.start))?;
+                    let mut bytes = Vec::with_capacity((range.end - range.start) as usize);
+                    f.take(range.end - range.start).read_to_end(&mut bytes)?;
+                    Ok(Bytes::from(bytes))
+                })
+                .await
+                .map_err(|e| EngineError::internal(format!("a reading task failed: {e}")))?
+                .context(what)
+            }
+            Root::Store { store, .. } => {
+                let location = StorePath::from_url_path(path)
+                    .map_err(std::io::Error::other)
+                    .context(what)?;
+                store
+                    .get_range(&location, range)
+                    .await
+                    .map_err(store_error)
                     .context(what)
             }
         }

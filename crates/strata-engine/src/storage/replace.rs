@@ -18,10 +18,10 @@
 //! caller already knows the rows that go (the fold derived them) and the rows that come, so
 //! each file is read once and the change feed is written from memory. Files are read and
 //! written where the table lives (`storage/data_file.rs`: a local folder, or an object store
-//! where a file is two requests: its footer, then the columns read); a file's inline
-//! deletion vector is honoured (its rows stay deleted). A table partitioned by its start
-//! value, or one with column mapping or deletion vectors stored in files (written by
-//! another engine), goes through delta-rs.
+//! where a file is two requests: its footer, then the columns read); a file's deletion
+//! vector, inline or in a deletion-vector file, is honoured (its rows stay deleted). A table
+//! partitioned by its start value, or one with column mapping or deletion vectors at
+//! absolute paths (written by another engine), goes through delta-rs.
 
 use crate::error::{Context, EngineError, Result};
 use crate::storage::commit::PendingCommit;
@@ -79,7 +79,7 @@ impl std::fmt::Display for Replaced {
 /// `new_rows`, in one commit, `commit`. `old_rows` must be exactly the rows the table
 /// holds for those keys (they become the change feed's `delete` rows). Returns `None`, having
 /// done nothing, for a partitioned table or one with column mapping or deletion vectors
-/// stored in files.
+/// at absolute paths.
 ///
 /// ```text
 ///  Layout::of ─▶ Shared::of ─▶ mark_replaced (deletion-vector tables)
@@ -101,6 +101,7 @@ pub(crate) async fn replace_keys(
     let Some(mut layout) = Layout::of(table, snapshot)? else {
         return Ok(None);
     };
+    layout.read_vectors().await?;
     let schema = layout.schema.clone();
     let files: Vec<(String, deltalake::kernel::Remove)> = snapshot
         .log_data()
@@ -181,6 +182,7 @@ pub(crate) async fn replace_keys_with_files(
     let Some(mut layout) = Layout::of(table, snapshot)? else {
         return Ok(None);
     };
+    layout.read_vectors().await?;
     let shared = Arc::new(Shared::of_keys(layout.schema.clone(), keys, changed)?);
     let files_read = snapshot.log_data().iter().count();
     let what = format!(
@@ -236,8 +238,11 @@ struct Layout {
     schema: SchemaRef,
     /// The table has deletion vectors: replaced rows are marked, not rewritten.
     marking: bool,
-    /// The rows each file's (inline) deletion vector already deletes, by path.
+    /// The rows each file's deletion vector already deletes, by path (those stored in
+    /// files once [`Layout::read_vectors`] has read them).
     deleted: ahash::AHashMap<String, RoaringTreemap>,
+    /// The data files whose vectors are in deletion-vector files, not read yet.
+    stored: Vec<(String, deltalake::kernel::DeletionVectorDescriptor)>,
 }
 
 impl Layout {
@@ -264,8 +269,8 @@ impl Layout {
         snapshot: &deltalake::table::state::DeltaTableState,
     ) -> Result<Option<Layout>> {
         // Files are read as plain parquet with logical column names, dropping the rows their
-        // inline deletion vectors delete: a partitioned table, column mapping, or deletion
-        // vectors stored in files (a table another engine wrote) go through delta-rs.
+        // deletion vectors delete: a partitioned table, column mapping, or deletion vectors
+        // at absolute paths (a table another engine wrote) go through delta-rs.
         let config = snapshot.metadata().configuration();
         let mapped = config
             .get("delta.columnMapping.mode")
@@ -274,10 +279,16 @@ impl Layout {
             .get(crate::storage::dv::PROPERTY)
             .is_some_and(|v| v.eq_ignore_ascii_case("true"));
         let mut deleted: ahash::AHashMap<String, RoaringTreemap> = ahash::AHashMap::new();
+        let mut stored = Vec::new();
         for f in snapshot.log_data().iter() {
             if let Some(d) = f.deletion_vector_descriptor() {
                 match crate::storage::dv::read_inline(&d)? {
-                    Some(rows) => deleted.insert(f.path().to_string(), rows),
+                    Some(rows) => {
+                        deleted.insert(f.path().to_string(), rows);
+                    }
+                    None if crate::storage::dv::file_of(&d).is_some() => {
+                        stored.push((f.path().to_string(), d));
+                    }
                     None => return Ok(None),
                 };
             }
@@ -292,7 +303,21 @@ impl Layout {
             schema,
             marking,
             deleted,
+            stored,
         }))
+    }
+
+    /// Reads the vectors kept in deletion-vector files into `deleted`.
+    async fn read_vectors(&mut self) -> Result<()> {
+        for (path, dv) in std::mem::take(&mut self.stored) {
+            let (file, range) = crate::storage::dv::file_of(&dv).ok_or_else(|| {
+                EngineError::internal(format!("{path}: a deletion vector without a file"))
+            })?;
+            let bytes = self.root.get(&file, range).await?;
+            let rows = crate::storage::dv::read_stored(&dv, &file, &bytes)?;
+            self.deleted.insert(path, rows);
+        }
+        Ok(())
     }
 }
 
@@ -629,8 +654,10 @@ async fn mark_deleted(
         });
     }
     let lanes = crate::util::threads::parallelism();
-    let mut out = Vec::new();
+    let mut out: Vec<Vec<Action>> = Vec::new();
     let (mut mostly_deleted, mut first_rewritten) = (Vec::new(), None);
+    // The files marked (their index in `out`) and their new vectors.
+    let mut marked: Vec<(usize, RoaringTreemap)> = Vec::new();
     for chunk in files.chunks(lanes) {
         let checks: Vec<_> = chunk
             .iter()
@@ -658,11 +685,20 @@ async fn mark_deleted(
                 mostly_deleted.push((file, f.deleted.clone()));
                 first_rewritten.get_or_insert(out.len());
             } else {
-                let mut add = f.add.clone();
-                add.deletion_vector = Some(crate::storage::dv::inline(&deleted)?);
-                actions.push(Action::Add(add));
+                actions.push(Action::Add(f.add.clone()));
+                marked.push((out.len(), deleted));
             }
             out.push(actions);
+        }
+    }
+    let vectors: Vec<RoaringTreemap> = marked.iter().map(|(_, d)| d.clone()).collect();
+    let (descriptors, file) = crate::storage::dv::descriptors(&vectors)?;
+    if let Some(file) = file {
+        root.put(&file.path, file.bytes).await?;
+    }
+    for ((at, _), dv) in marked.iter().zip(descriptors) {
+        if let Some(Action::Add(add)) = out[*at].last_mut() {
+            add.deletion_vector = Some(dv);
         }
     }
     if let Some(first) = first_rewritten {

@@ -28,11 +28,13 @@ pub enum Mode {
     SingleThread,
     /// `STRATA_PARALLEL_MIN_ROWS=1`: every fold and write takes the parallel path; and
     /// `STRATA_STREAM_MIN_ROWS=1`: every first load of a change flow is a bulk load
-    /// (`ops/cdc/bulk.rs`: sorted by DataFusion, folded a chunk at a time).
+    /// (`ops/cdc/bulk.rs`: sorted by DataFusion, folded a chunk at a time); and
+    /// `STRATA_DV_INLINE_MAX_BYTES=0`: every deletion vector goes to a deletion-vector file.
     Parallel,
     /// The default threshold, with each scenario's warehouse and input files under a prefix
     /// of its own in the bucket of the S3-compatible server that
-    /// `scripts/services/with-services.sh` starts (`STRATA_TEST_S3_*`).
+    /// `scripts/services/with-services.sh` starts (`STRATA_TEST_S3_*`); deletion vectors in
+    /// deletion-vector files, as in `Parallel`.
     S3,
     /// The default threshold, with each scenario's warehouse and input files under a prefix
     /// of its own in the container of the Azure Storage emulator (Azurite) that
@@ -46,16 +48,19 @@ pub fn main(mode: Mode) -> ExitCode {
         Mode::SingleThread => {
             std::env::remove_var("STRATA_PARALLEL_MIN_ROWS");
             std::env::remove_var("STRATA_STREAM_MIN_ROWS");
+            std::env::remove_var("STRATA_DV_INLINE_MAX_BYTES");
             Storage::Local
         }
         Mode::Parallel => {
             std::env::set_var("STRATA_PARALLEL_MIN_ROWS", "1");
             std::env::set_var("STRATA_STREAM_MIN_ROWS", "1");
+            std::env::set_var("STRATA_DV_INLINE_MAX_BYTES", "0");
             Storage::Local
         }
         Mode::S3 | Mode::Azure => {
             std::env::remove_var("STRATA_PARALLEL_MIN_ROWS");
             std::env::remove_var("STRATA_STREAM_MIN_ROWS");
+            std::env::set_var("STRATA_DV_INLINE_MAX_BYTES", "0");
             let (target, storage) = match mode {
                 Mode::S3 => ("golden_s3", s3_from_env()),
                 _ => ("golden_azure", azure_from_env()),

@@ -163,6 +163,66 @@ async fn replaced_rows_are_marked_in_deletion_vectors_not_rewritten() {
     assert!(deleted.contains("| 1 |"), "{deleted}");
 }
 
+/// A vector over 1 KiB goes to a deletion-vector file beside the data, not into the log;
+/// the next run reads it back from there and adds to it.
+#[tokio::test]
+async fn large_vectors_are_kept_in_deletion_vector_files() {
+    let (dir, wh, t, first) = loaded(10_000).await;
+    let vector = |version: u64| {
+        actions(&t, version, "add")
+            .into_iter()
+            .find(|a| a["path"] == first[0].as_str())
+            .map(|a| a["deletionVector"].clone())
+            .expect("run 1's file marked")
+    };
+    let vector_files = || {
+        let mut names: Vec<String> = std::fs::read_dir(&t)
+            .expect("table folder")
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .filter(|n| n.starts_with("deletion_vector_") && n.ends_with(".bin"))
+            .collect();
+        names.sort();
+        names
+    };
+    // Run 2: every tenth key changes, 1000 rows of run 1's file go.
+    let rows: String = (0..10_000)
+        .step_by(10)
+        .map(|i| format!("{i},b,U,2\n"))
+        .collect();
+    deliver(&dir, &wh, "002.csv", rows).await;
+    let dv = vector(2);
+    assert_eq!(dv["storageType"], "u", "{dv}");
+    assert_eq!(dv["cardinality"], 1000);
+    assert_eq!(vector_files().len(), 1);
+    // Run 3: another 1000 keys of the same file: its vector is read back and grows.
+    let rows: String = (5..10_000)
+        .step_by(10)
+        .map(|i| format!("{i},c,U,3\n"))
+        .collect();
+    deliver(&dir, &wh, "003.csv", rows).await;
+    let dv = vector(3);
+    assert_eq!(dv["storageType"], "u", "{dv}");
+    assert_eq!(
+        dv["cardinality"], 2000,
+        "run 2's deletes kept, run 3's added"
+    );
+    assert_eq!(vector_files().len(), 2, "one file per run that marks");
+    assert_eq!(count(&wh, "SELECT count(*) AS n FROM t").await, "| 12000 |");
+    assert_eq!(
+        count(
+            &wh,
+            "SELECT count(*) AS n FROM t WHERE __END_AT IS NULL AND v = 'a'"
+        )
+        .await,
+        "| 8000 |"
+    );
+    assert_eq!(
+        count(&wh, "SELECT count(*) AS n FROM s WHERE v = 'a'").await,
+        "| 8000 |"
+    );
+}
+
 /// A file whose rows would be mostly deleted (here 30 of 100, over the quarter at which
 /// strata stops growing a vector) is rewritten without them instead.
 #[tokio::test]

@@ -333,7 +333,7 @@ fn large_batch<'a>(
     if !crate::storage::replace::replaces_in_place(target)? {
         report.notes.push(format!(
             "{expected} new event(s) folded in memory: {} is partitioned, uses column mapping \
-             or has deletion vectors stored in files, so its rows are replaced through \
+             or has deletion vectors at absolute paths, so its rows are replaced through \
              delta-rs",
             setup.flow.target
         ));

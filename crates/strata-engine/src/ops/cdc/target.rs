@@ -256,7 +256,7 @@ async fn replace_changed(
         return Ok(());
     }
     // A target the replacement does not handle (partitioned by its start, or written by
-    // another engine with column mapping or file-stored deletion vectors): a delta-rs MERGE.
+    // another engine with column mapping or deletion vectors at absolute paths): a delta-rs MERGE.
     drop(old_rows);
     let deletes = take(current, change.delete_rows)?;
     merge_changed(setup, target, ctx, &inserts, &deletes, &write.commit).await?;
