@@ -801,22 +801,24 @@ def check_run(strata: Strata, storage: Storage, run: int, readers: list, duck: D
                                 f"check did not cover rewritten tables")
         for name in DV_TABLES:
             path = table_path(storage, *name.split(".", 1))
-            marked = sum(line.startswith('{"add"') and '"deletionVector":{' in line
-                         for _, text in storage.commits(path)
-                         for line in text.splitlines())
-            if isinstance(storage, S3Storage):
-                # storage/replace.rs marks replaced rows in deletion vectors only in a local
-                # warehouse; on object storage delta-rs rewrites the files instead.
-                print(f"  sanity: {name} has {marked} file(s) added with a deletion vector "
-                      f"(not checked on S3: strata writes deletion vectors only to a local "
-                      f"warehouse)")
-                continue
+            adds = [line for _, text in storage.commits(path) for line in text.splitlines()
+                    if line.startswith('{"add"') and '"deletionVector":{' in line]
+            marked = len(adds)
             ok = marked > 0
             print(f"  sanity: {name} has {marked} file(s) added with a deletion vector  "
                   f"{'OK' if ok else 'FAIL'}")
             if not ok:
                 failures.append(f"run {run}: {name}: no deletion vector was ever written, so the "
                                 f"check did not cover them")
+            if os.environ.get("STRATA_DV_INLINE_MAX_BYTES") == "0":
+                # Every vector in a deletion-vector file: the readers must have read those.
+                in_files = sum('"storageType":"u"' in line for line in adds)
+                ok = in_files == marked
+                print(f"  sanity: {name}: {in_files} of its {marked} vector(s) in deletion-vector "
+                      f"files (STRATA_DV_INLINE_MAX_BYTES=0)  {'OK' if ok else 'FAIL'}")
+                if not ok:
+                    failures.append(f"run {run}: {name}: a vector stayed inline with "
+                                    f"STRATA_DV_INLINE_MAX_BYTES=0")
     if run >= 2:
         for name, sql in CLOSED_VERSIONS.items():
             n = strata.query(sql)[0]["n"]
