@@ -90,9 +90,7 @@ impl Root {
                     .context(what)
             }
             Root::Store { store, runtime, .. } => {
-                let location = StorePath::from_url_path(path)
-                    .map_err(std::io::Error::other)
-                    .context(what)?;
+                let location = Self::location(path, what)?;
                 let size = match size.filter(|&s| s > 0) {
                     Some(s) => s,
                     None => {
@@ -146,34 +144,45 @@ impl Root {
         }
     }
 
+    /// The object-store location of the table's file `path` (`what`: the error's place).
+    fn location(path: &str, what: impl FnOnce() -> String) -> Result<StorePath> {
+        StorePath::from_url_path(path)
+            .map_err(std::io::Error::other)
+            .context(what)
+    }
+
+    /// `work` on a blocking thread, its I/O error placed by `what`.
+    async fn blocking<T: Send + 'static>(
+        work: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+        what: impl FnOnce() -> String,
+    ) -> Result<T> {
+        tokio::task::spawn_blocking(work)
+            .await
+            .map_err(|e| EngineError::internal(format!("a file task failed: {e}")))?
+            .context(what)
+    }
+
     /// The bytes `range` of the table's file `path`.
     pub(crate) async fn get(&self, path: &str, range: std::ops::Range<u64>) -> Result<Bytes> {
         let what = || format!("reading {}", self.label(path));
         match self {
             Root::Local(dir) => {
                 let file = dir.join(path);
-                tokio::task::spawn_blocking(move || -> std::io::Result<Bytes> {
+                let read = move || {
                     use std::io::{Read, Seek, SeekFrom};
                     let mut f = std::fs::File::open(&file)?;
                     f.seek(SeekFrom::Start(range.start))?;
                     let mut bytes = Vec::with_capacity((range.end - range.start) as usize);
                     f.take(range.end - range.start).read_to_end(&mut bytes)?;
                     Ok(Bytes::from(bytes))
-                })
+                };
+                Self::blocking(read, what).await
+            }
+            Root::Store { store, .. } => store
+                .get_range(&Self::location(path, what)?, range)
                 .await
-                .map_err(|e| EngineError::internal(format!("a reading task failed: {e}")))?
-                .context(what)
-            }
-            Root::Store { store, .. } => {
-                let location = StorePath::from_url_path(path)
-                    .map_err(std::io::Error::other)
-                    .context(what)?;
-                store
-                    .get_range(&location, range)
-                    .await
-                    .map_err(store_error)
-                    .context(what)
-            }
+                .map_err(store_error)
+                .context(what),
         }
     }
 
@@ -183,22 +192,17 @@ impl Root {
         match self {
             Root::Local(dir) => {
                 let file = dir.join(path);
-                tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+                let write = move || {
                     if let Some(parent) = file.parent() {
                         std::fs::create_dir_all(parent)?;
                     }
                     std::fs::write(&file, bytes)
-                })
-                .await
-                .map_err(|e| EngineError::internal(format!("a writing task failed: {e}")))?
-                .context(what)
+                };
+                Self::blocking(write, what).await
             }
             Root::Store { store, .. } => {
-                let location = StorePath::from_url_path(path)
-                    .map_err(std::io::Error::other)
-                    .context(what)?;
                 store
-                    .put(&location, PutPayload::from(bytes))
+                    .put(&Self::location(path, what)?, PutPayload::from(bytes))
                     .await
                     .map_err(store_error)
                     .context(what)?;
