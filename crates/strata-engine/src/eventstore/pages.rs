@@ -15,9 +15,8 @@
 //! key), read the store through DataFusion.
 
 use crate::error::{Context, EngineError, Result};
-use crate::storage::data_file::Fetched;
+use crate::storage::data_file::{read_range, Fetched};
 use crate::util::keyset::KeySet;
-use bytes::Bytes;
 use deltalake::arrow::array::{Array, RecordBatch};
 use deltalake::arrow::compute::{cast, concat_batches};
 use deltalake::arrow::datatypes::{DataType, SchemaRef};
@@ -319,8 +318,9 @@ fn read_file(
 const READ_GAP: u64 = 8 * 1024;
 
 /// The pages of leaf columns `leaves` in row group `group` of a file that hold rows `rows`
-/// selects, read from `file` with one read per run of nearby pages. A store file's 512-row pages made the
-/// reader's own page-by-page reads (a system call each) most of a batch's store read.
+/// selects, read from `file` with one read per run of nearby pages. A store file's
+/// 512-row pages made the reader's own page-by-page reads (a system call each) most of a
+/// batch's store read.
 fn fetch_pages(
     file: &std::fs::File,
     meta: &ParquetMetaData,
@@ -328,23 +328,10 @@ fn fetch_pages(
     leaves: &[usize],
     rows: &[RowSelector],
 ) -> std::io::Result<Fetched> {
-    use std::io::{Read, Seek, SeekFrom};
-    let ranges = coalesce(page_ranges(meta, group, leaves, rows), READ_GAP);
-    let mut pieces = Vec::with_capacity(ranges.len());
-    let mut reader = file;
-    for (start, end) in ranges {
-        // Read into the vector's spare capacity: no zeroing of memory about to be filled.
-        let mut bytes = Vec::with_capacity((end - start) as usize);
-        reader.seek(SeekFrom::Start(start))?;
-        reader.take(end - start).read_to_end(&mut bytes)?;
-        if bytes.len() as u64 != end - start {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                format!("bytes {start}..{end} lie past the end of the file"),
-            ));
-        }
-        pieces.push((start, Bytes::from(bytes)));
-    }
+    let pieces = coalesce(page_ranges(meta, group, leaves, rows), READ_GAP)
+        .into_iter()
+        .map(|(start, end)| Ok((start, read_range(file, start..end)?)))
+        .collect::<std::io::Result<Vec<_>>>()?;
     Ok(Fetched::new(file.metadata()?.len(), pieces))
 }
 

@@ -168,14 +168,7 @@ impl Root {
         match self {
             Root::Local(dir) => {
                 let file = dir.join(path);
-                let read = move || {
-                    use std::io::{Read, Seek, SeekFrom};
-                    let mut f = std::fs::File::open(&file)?;
-                    f.seek(SeekFrom::Start(range.start))?;
-                    let mut bytes = Vec::with_capacity((range.end - range.start) as usize);
-                    f.take(range.end - range.start).read_to_end(&mut bytes)?;
-                    Ok(Bytes::from(bytes))
-                };
+                let read = move || read_range(&std::fs::File::open(&file)?, range);
                 Self::blocking(read, what).await
             }
             Root::Store { store, .. } => store
@@ -210,6 +203,29 @@ impl Root {
             }
         }
     }
+}
+
+/// The bytes `range` of the open `file`, read into memory that is not zeroed first; a
+/// range reaching past the end of the file is an error.
+pub(crate) fn read_range(
+    mut file: &std::fs::File,
+    range: std::ops::Range<u64>,
+) -> std::io::Result<Bytes> {
+    use std::io::{Read, Seek, SeekFrom};
+    let len = range.end.saturating_sub(range.start);
+    let mut bytes = Vec::with_capacity(len as usize);
+    file.seek(SeekFrom::Start(range.start))?;
+    file.take(len).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 != len {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!(
+                "bytes {}..{} lie past the end of the file",
+                range.start, range.end
+            ),
+        ));
+    }
+    Ok(Bytes::from(bytes))
 }
 
 /// One data file of a table: where the table lives, its path as the log names it, and its

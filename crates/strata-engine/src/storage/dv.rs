@@ -53,17 +53,30 @@ fn size_of(bytes: &[u8]) -> Result<i32> {
     i32::try_from(bytes.len()).map_err(|_| EngineError::internal("a deletion vector over 2 GiB"))
 }
 
+/// The inline descriptor of a vector of `cardinality` rows serialized as `bytes`.
+fn inline_of(bytes: &[u8], cardinality: u64) -> Result<DeletionVectorDescriptor> {
+    Ok(DeletionVectorDescriptor {
+        storage_type: StorageType::Inline,
+        path_or_inline_dv: z85_encode(bytes),
+        offset: None,
+        size_in_bytes: size_of(bytes)?,
+        cardinality: cardinality as i64,
+    })
+}
+
 /// The inline descriptor of a file whose rows at `deleted` are deleted.
 #[cfg(test)]
 fn inline(deleted: &RoaringTreemap) -> Result<DeletionVectorDescriptor> {
-    let bytes = serialize(deleted)?;
-    Ok(DeletionVectorDescriptor {
-        storage_type: StorageType::Inline,
-        path_or_inline_dv: z85_encode(&bytes),
-        offset: None,
-        size_in_bytes: size_of(&bytes)?,
-        cardinality: deleted.len() as i64,
-    })
+    inline_of(&serialize(deleted)?, deleted.len())
+}
+
+/// The rows of a serialized `RoaringBitmapArray` (`bad` names the vector in errors).
+fn deserialize(bytes: &[u8], bad: impl Fn(&str) -> EngineError) -> Result<RoaringTreemap> {
+    let (magic, rest) = bytes.split_at_checked(4).ok_or_else(|| bad("is empty"))?;
+    if magic != MAGIC.to_le_bytes() {
+        return Err(bad("has no RoaringBitmapArray magic number"));
+    }
+    RoaringTreemap::deserialize_from(rest).map_err(|e| bad(&format!("is bad: {e}")))
 }
 
 /// A deletion-vector file about to be written: its path in the table's folder and bytes.
@@ -86,13 +99,7 @@ pub(crate) fn descriptors(
     for deleted in vectors {
         let bytes = serialize(deleted)?;
         if bytes.len() <= max {
-            out.push(DeletionVectorDescriptor {
-                storage_type: StorageType::Inline,
-                path_or_inline_dv: z85_encode(&bytes),
-                offset: None,
-                size_in_bytes: size_of(&bytes)?,
-                cardinality: deleted.len() as i64,
-            });
+            out.push(inline_of(&bytes, deleted.len())?);
             continue;
         }
         if file.is_empty() {
@@ -160,11 +167,7 @@ pub(crate) fn read_stored(
     if crc32fast::hash(vector).to_be_bytes() != crc {
         return Err(bad("its checksum does not match"));
     }
-    let (magic, rest) = vector.split_at_checked(4).ok_or_else(|| bad("is empty"))?;
-    if magic != MAGIC.to_le_bytes() {
-        return Err(bad("has no RoaringBitmapArray magic number"));
-    }
-    RoaringTreemap::deserialize_from(rest).map_err(|e| bad(&format!("is bad: {e}")))
+    deserialize(vector, bad)
 }
 
 /// The deleted row positions of an inline descriptor; `None` for one stored in a file
@@ -178,12 +181,7 @@ pub(crate) fn read_inline(dv: &DeletionVectorDescriptor) -> Result<Option<Roarin
     let bytes = bytes
         .get(..dv.size_in_bytes as usize)
         .ok_or_else(|| bad("is shorter than its size"))?;
-    let (magic, rest) = bytes.split_at_checked(4).ok_or_else(|| bad("is empty"))?;
-    if magic != MAGIC.to_le_bytes() {
-        return Err(bad("has no RoaringBitmapArray magic number"));
-    }
-    let map = RoaringTreemap::deserialize_from(rest).map_err(|e| bad(&format!("is bad: {e}")))?;
-    Ok(Some(map))
+    deserialize(bytes, bad).map(Some)
 }
 
 /// Z85 of `bytes`, zero-padded to a multiple of four bytes (the descriptor's size says how

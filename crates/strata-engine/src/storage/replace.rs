@@ -241,8 +241,13 @@ struct Layout {
     /// The rows each file's deletion vector already deletes, by path (those stored in
     /// files once [`Layout::read_vectors`] has read them).
     deleted: ahash::AHashMap<String, RoaringTreemap>,
-    /// The data files whose vectors are in deletion-vector files, not read yet.
-    stored: Vec<(String, deltalake::kernel::DeletionVectorDescriptor)>,
+    /// The data files whose vectors are in deletion-vector files, not read yet: the data
+    /// file's path, the descriptor, and where in which file the vector is.
+    stored: Vec<(
+        String,
+        deltalake::kernel::DeletionVectorDescriptor,
+        (String, std::ops::Range<u64>),
+    )>,
 }
 
 impl Layout {
@@ -282,15 +287,13 @@ impl Layout {
         let mut stored = Vec::new();
         for f in snapshot.log_data().iter() {
             if let Some(d) = f.deletion_vector_descriptor() {
-                match crate::storage::dv::read_inline(&d)? {
-                    Some(rows) => {
-                        deleted.insert(f.path().to_string(), rows);
-                    }
-                    None if crate::storage::dv::file_of(&d).is_some() => {
-                        stored.push((f.path().to_string(), d));
-                    }
-                    None => return Ok(None),
-                };
+                if let Some(rows) = crate::storage::dv::read_inline(&d)? {
+                    deleted.insert(f.path().to_string(), rows);
+                } else if let Some(at) = crate::storage::dv::file_of(&d) {
+                    stored.push((f.path().to_string(), d, at));
+                } else {
+                    return Ok(None);
+                }
             }
         }
         if !snapshot.metadata().partition_columns().is_empty() || mapped {
@@ -309,10 +312,7 @@ impl Layout {
 
     /// Reads the vectors kept in deletion-vector files into `deleted`.
     async fn read_vectors(&mut self) -> Result<()> {
-        for (path, dv) in std::mem::take(&mut self.stored) {
-            let (file, range) = crate::storage::dv::file_of(&dv).ok_or_else(|| {
-                EngineError::internal(format!("{path}: a deletion vector without a file"))
-            })?;
+        for (path, dv, (file, range)) in std::mem::take(&mut self.stored) {
             let bytes = self.root.get(&file, range).await?;
             let rows = crate::storage::dv::read_stored(&dv, &file, &bytes)?;
             self.deleted.insert(path, rows);
@@ -691,13 +691,13 @@ async fn mark_deleted(
             out.push(actions);
         }
     }
-    let vectors: Vec<RoaringTreemap> = marked.iter().map(|(_, d)| d.clone()).collect();
+    let (at, vectors): (Vec<usize>, Vec<RoaringTreemap>) = marked.into_iter().unzip();
     let (descriptors, file) = crate::storage::dv::descriptors(&vectors)?;
     if let Some(file) = file {
         root.put(&file.path, file.bytes).await?;
     }
-    for ((at, _), dv) in marked.iter().zip(descriptors) {
-        if let Some(Action::Add(add)) = out[*at].last_mut() {
+    for (at, dv) in at.into_iter().zip(descriptors) {
+        if let Some(Action::Add(add)) = out[at].last_mut() {
             add.deletion_vector = Some(dv);
         }
     }

@@ -185,22 +185,21 @@ async fn large_vectors_are_kept_in_deletion_vector_files() {
         names.sort();
         names
     };
+    // Every tenth key from `first` gets value `v` at sequence `seq`.
+    let every_tenth = |first: i64, v: &str, seq: u32| -> String {
+        (first..10_000)
+            .step_by(10)
+            .map(|i| format!("{i},{v},U,{seq}\n"))
+            .collect()
+    };
     // Run 2: every tenth key changes, 1000 rows of run 1's file go.
-    let rows: String = (0..10_000)
-        .step_by(10)
-        .map(|i| format!("{i},b,U,2\n"))
-        .collect();
-    deliver(&dir, &wh, "002.csv", rows).await;
+    deliver(&dir, &wh, "002.csv", every_tenth(0, "b", 2)).await;
     let dv = vector(2);
     assert_eq!(dv["storageType"], "u", "{dv}");
     assert_eq!(dv["cardinality"], 1000);
     assert_eq!(vector_files().len(), 1);
     // Run 3: another 1000 keys of the same file: its vector is read back and grows.
-    let rows: String = (5..10_000)
-        .step_by(10)
-        .map(|i| format!("{i},c,U,3\n"))
-        .collect();
-    deliver(&dir, &wh, "003.csv", rows).await;
+    deliver(&dir, &wh, "003.csv", every_tenth(5, "c", 3)).await;
     let dv = vector(3);
     assert_eq!(dv["storageType"], "u", "{dv}");
     assert_eq!(
