@@ -7,7 +7,7 @@ use crate::semantics::fold;
 use crate::semantics::fold::FoldSpec;
 use crate::semantics::timeline::Timeline;
 use crate::util::arrow;
-use deltalake::arrow::array::{new_null_array, RecordBatch};
+use deltalake::arrow::array::{ArrayRef, RecordBatch};
 use deltalake::arrow::datatypes::SchemaRef;
 use strata_sql::CdcFlow;
 use strata_sql::FlowKind;
@@ -83,13 +83,15 @@ impl FlowSetup {
     /// no other event has and nothing came before: each event is its key's row (SCD type 2:
     /// one open version from its sequence), in the events' order, sharing their columns.
     /// The caller vouches for the keys being distinct and the events being upserts.
-    pub(crate) fn first_rows(&self, events: &RecordBatch) -> Result<RecordBatch> {
+    /// `open`, a NULL column of the sequence's type at least as long as `events`, is sliced
+    /// for the open ends (callers with many batches share one).
+    pub(crate) fn first_rows(&self, events: &RecordBatch, open: &ArrayRef) -> Result<RecordBatch> {
         let n_out = self.spec.n_out;
         let mut cols = events.columns()[..n_out].to_vec();
         if self.spec.scd2 {
             let seq = events.column(n_out);
             cols.push(seq.clone());
-            cols.push(new_null_array(seq.data_type(), seq.len()));
+            cols.push(open.slice(0, seq.len()));
         }
         let rows = RecordBatch::try_new(self.fold_schema.clone(), cols)
             .context(|| format!("flow {}: the first rows", self.flow.name))?;

@@ -1,6 +1,6 @@
 //! Tables on storage: where they live ([`warehouse`]; a local folder or an object store
 //! prefix, [`location`]), opening and creating one and what it
-//! records ([`table`]), writing ([`write`]), a commit as a value
+//! records ([`table`]), writing ([`write`], with the columns a file writes without a dictionary: [`encoding`]), a commit as a value
 //! with its positions ([`commit`]), DataFusion sessions over them
 //! ([`session`], with Spark's datetime patterns: [`spark_functions`]), the change data feed ([`feed`]), replacing keys' rows in place
 //! ([`replace`], with deletion vectors in [`dv`], reading and writing data files where the
@@ -14,6 +14,7 @@ pub(crate) mod changes;
 pub(crate) mod commit;
 pub(crate) mod data_file;
 pub(crate) mod dv;
+pub(crate) mod encoding;
 pub(crate) mod feed;
 pub(crate) mod ledger;
 pub(crate) mod location;

@@ -35,6 +35,8 @@ pub(crate) const PAGE_ROWS_PROPERTY: &str = "strata.parquet.pageRows";
 /// creates to their key and timeline columns, whose values are nearly all distinct: a
 /// dictionary there saves no space, costs a hash of every value on write, and makes the read
 /// of the key column that finds a batch's rows in the target (`storage/replace.rs`) go through it.
+/// Files a [`FileStream`] writes locally also skip it for columns their first batch shows to
+/// be nearly distinct (`storage/encoding.rs`).
 pub(crate) const PLAIN_COLUMNS_PROPERTY: &str = "strata.parquet.plainColumns";
 
 /// `strata.parquet.uncompressedColumns`: columns (comma-separated, any case) written without
@@ -418,7 +420,9 @@ fn write_local_files(
             None => {
                 let name = format!("part-00000-{}-c000{codec}.parquet", uuid::Uuid::new_v4());
                 let file = std::fs::File::create(dir.join(&name)).context(|| what(&name))?;
-                let writer = ArrowWriter::try_new(file, schema.clone(), Some(props.clone()))
+                // Columns the first batch shows to be nearly distinct skip the dictionary.
+                let props = crate::storage::encoding::plain_where_distinct(props.clone(), &batch);
+                let writer = ArrowWriter::try_new(file, schema.clone(), Some(props))
                     .context(|| what(&name))?;
                 open.insert((name, writer))
             }

@@ -2,7 +2,8 @@
 //!
 //! The hot paths put millions of integer keys in order (a snapshot's keys for its digest,
 //! a batch's event keys before the fold, each part of the fold's input) and need, for each position of the result, the
-//! row the key came from, rows of equal keys in row order. [`sorted_with_rows`] does it in
+//! row the key came from, rows of equal keys in row order. [`sorted_rows`] and
+//! [`sorted_carrying`] do it in
 //! three steps, each split over the threads:
 //!
 //! 1. each thread deals its share of the rows into buckets by the key's top bits (a
@@ -11,7 +12,8 @@
 //!    thread), copies its buckets' pieces from every share in share order, and sorts each
 //!    bucket by the key's remaining bits with a least-significant-digit radix sort; a
 //!    bucket holds a few thousand keys, so those passes run in the CPU cache;
-//! 3. the sorted keys are unpacked into keys and rows.
+//! 3. the sorted keys are unpacked into keys and rows (a value carried along is gathered
+//!    into their order first).
 //!
 //! A key and its row are packed into one `u64` when the key range and the row count fit in
 //! 64 bits together (the common case); else sorted as (key, row) pairs. Every step is
@@ -30,19 +32,57 @@ const MAX_BUCKET_BITS: u32 = 8;
 /// Buckets smaller than this are sorted by comparison instead of by radix passes.
 const SMALL_BUCKET: usize = 64;
 
-/// `values` in ascending order, with the row each value came from (rows of equal values in
-/// row order), using up to `threads` threads.
-pub(crate) fn sorted_with_rows(values: Vec<u64>, threads: usize) -> Result<(Vec<u64>, Vec<u32>)> {
-    sort(values, threads, true)
-}
-
-/// The rows of `values` in the order of [`sorted_with_rows`], without the sorted values.
+/// The rows of `values` in ascending order of their values (rows of equal values in row
+/// order), using up to `threads` threads.
 pub(crate) fn sorted_rows(values: Vec<u64>, threads: usize) -> Result<Vec<u32>> {
-    Ok(sort(values, threads, false)?.1)
+    Ok(sort(values, threads, false, None)?.0 .1)
 }
 
-/// The sorted values (when `keep_values`, else none) and their rows.
-fn sort(values: Vec<u64>, threads: usize, keep_values: bool) -> Result<(Vec<u64>, Vec<u32>)> {
+/// `values` in ascending order with the row each came from (as [`sorted_rows`] orders them),
+/// and a value per row that `carried` makes (in row order) put in the same order. `carried` runs once the sort's own buffers are freed and before the rows are
+/// split out of the sorted items, so the row-order values, the sorted ones and the sort's
+/// items are the most it holds at once (for 10M rows 240 MB, where sorting first and then
+/// gathering held 280).
+pub(crate) fn sorted_carrying(
+    values: Vec<u64>,
+    threads: usize,
+    carried: impl FnOnce() -> Result<Vec<u64>>,
+) -> Result<(Vec<u64>, Vec<u32>, Vec<u64>)> {
+    let ((values, rows), carried) = sort(values, threads, true, Some(Box::new(carried)))?;
+    Ok((values, rows, carried.unwrap_or_default()))
+}
+
+/// A value per row, made when a sort asks for it ([`sorted_carrying`]).
+type Carried<'a> = Box<dyn FnOnce() -> Result<Vec<u64>> + 'a>;
+
+/// `by_row` gathered into the order of `items` (`row(item)` the row of each), on up to
+/// `threads` threads.
+fn gather_by<T: Copy + Sync>(
+    items: &[T],
+    by_row: &[u64],
+    threads: usize,
+    row: impl Fn(T) -> usize + Sync,
+) -> Result<Vec<u64>> {
+    let mut out = vec![0u64; items.len()];
+    let per = items.len().div_ceil(threads.max(1)).max(1);
+    let jobs: Vec<_> = items.chunks(per).zip(out.chunks_mut(per)).collect();
+    on_threads(jobs, "gather", |(src, dst)| {
+        for (&t, d) in src.iter().zip(dst.iter_mut()) {
+            *d = by_row[row(t)];
+        }
+    })?;
+    Ok(out)
+}
+
+/// The sorted values (when `keep_values`, else none) and their rows, and what `carried`
+/// makes in the same order.
+#[allow(clippy::type_complexity)]
+fn sort(
+    values: Vec<u64>,
+    threads: usize,
+    keep_values: bool,
+    carried: Option<Carried<'_>>,
+) -> Result<((Vec<u64>, Vec<u32>), Option<Vec<u64>>)> {
     let n = values.len();
     let (mut min, mut max, mut ascending) = (u64::MAX, 0, true);
     let mut last = 0;
@@ -52,7 +92,8 @@ fn sort(values: Vec<u64>, threads: usize, keep_values: bool) -> Result<(Vec<u64>
     }
     if ascending {
         let values = if keep_values { values } else { Vec::new() };
-        return Ok((values, (0..n as u32).collect()));
+        let carried = carried.map(|c| c()).transpose()?;
+        return Ok(((values, (0..n as u32).collect()), carried));
     }
     let value_bits = 64 - (max - min).leading_zeros();
     let row_bits = 64 - (n as u64).leading_zeros();
@@ -66,8 +107,17 @@ fn sort(values: Vec<u64>, threads: usize, keep_values: bool) -> Result<(Vec<u64>
             threads,
         )?;
         drop(values);
-        // Unpacked in place: the sorted values take the packed integers' memory.
         let mask = (1u64 << row_bits) - 1;
+        let carried = match carried {
+            Some(c) => {
+                let by_row = c()?;
+                Some(gather_by(&packed, &by_row, threads, |p| {
+                    (p & mask) as usize
+                })?)
+            }
+            None => None,
+        };
+        // Unpacked in place: the sorted values take the packed integers' memory.
         let mut rows = vec![0u32; n];
         let per = n.div_ceil(threads).max(1);
         let jobs: Vec<_> = packed.chunks_mut(per).zip(rows.chunks_mut(per)).collect();
@@ -77,7 +127,10 @@ fn sort(values: Vec<u64>, threads: usize, keep_values: bool) -> Result<(Vec<u64>
                 *p = (*p >> row_bits) + min;
             }
         })?;
-        return Ok((if keep_values { packed } else { Vec::new() }, rows));
+        return Ok((
+            (if keep_values { packed } else { Vec::new() }, rows),
+            carried,
+        ));
     }
     let pairs = bucket_sort(
         n,
@@ -87,7 +140,17 @@ fn sort(values: Vec<u64>, threads: usize, keep_values: bool) -> Result<(Vec<u64>
         threads,
     )?;
     drop(values);
-    unpack(&pairs, threads, keep_values, |(v, r)| (v + min, r))
+    let carried = match carried {
+        Some(c) => {
+            let by_row = c()?;
+            Some(gather_by(&pairs, &by_row, threads, |(_, r)| r as usize)?)
+        }
+        None => None,
+    };
+    Ok((
+        unpack(&pairs, threads, keep_values, |(v, r)| (v + min, r))?,
+        carried,
+    ))
 }
 
 /// The `n` items `make(0..n)` sorted stably by `key(item)`, which is below `2^bits`.
@@ -297,7 +360,14 @@ mod tests {
                 .collect();
             want.sort();
             let rows_only = sorted_rows(values.clone(), threads).unwrap();
-            let (sorted, rows) = sorted_with_rows(values, threads).unwrap();
+            // A carried value per row (here its row times three) comes out in the rows' order.
+            let (_, carried_rows, carried) = sorted_carrying(values.clone(), threads, || {
+                Ok((0..values.len() as u64).map(|r| r * 3).collect())
+            })
+            .unwrap();
+            let thrice: Vec<u64> = carried_rows.iter().map(|&r| r as u64 * 3).collect();
+            assert_eq!(carried, thrice);
+            let (sorted, rows) = sort(values, threads, true, None).unwrap().0;
             assert_eq!(rows_only, rows);
             let got: Vec<(u64, u32)> = sorted.into_iter().zip(rows).collect();
             assert_eq!(got, want, "n {n}, spread {spread}, {threads} thread(s)");
@@ -312,7 +382,7 @@ mod tests {
         values.push(1 << 39);
         let mut want = values.clone();
         want.sort();
-        let (sorted, rows) = sorted_with_rows(values.clone(), 2).unwrap();
+        let (sorted, rows) = sort(values.clone(), 2, true, None).unwrap().0;
         assert_eq!(sorted, want);
         assert!(rows
             .iter()

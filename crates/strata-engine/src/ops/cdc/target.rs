@@ -18,7 +18,7 @@ use crate::storage::session::register_table;
 use crate::storage::table::table_files;
 use crate::util::steps::{step, Steps};
 use crate::util::threads::off_scheduler;
-use deltalake::arrow::array::{RecordBatch, StringArray, UInt32Array};
+use deltalake::arrow::array::{new_null_array, RecordBatch, StringArray, UInt32Array};
 use deltalake::arrow::compute::{self, concat_batches};
 use deltalake::arrow::datatypes::{DataType, Field, Schema};
 use deltalake::datafusion::common::Column;
@@ -136,9 +136,13 @@ pub(super) fn fold_checked(setup: &FlowSetup, events: RecordBatch) -> Result<(Re
 /// key's row (`FlowSetup::first_rows`), in the events' pieces. An SCD type 2 result is one
 /// open version per key, so there is no timeline to check.
 pub(super) fn first_rows(setup: &FlowSetup, events: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
+    // One NULL column for the open ends of every piece.
+    let longest = events.iter().map(RecordBatch::num_rows).max().unwrap_or(0);
+    let seq_type = setup.event_schema.field(setup.spec.n_out).data_type();
+    let open = new_null_array(seq_type, longest);
     let rows = events
         .iter()
-        .map(|e| setup.first_rows(e))
+        .map(|e| setup.first_rows(e, &open))
         .collect::<Result<Vec<_>>>()?;
     for r in &rows {
         check_not_null(setup, r)?;
