@@ -250,9 +250,13 @@ fn an_unreachable_cluster_fails_cleanly() {
     assert!(err.contains("df://127.0.0.1:9"), "{err}");
     let rows = w.csv("SELECT count(*) AS n FROM history");
     assert!(rows.contains("\n0"), "nothing committed: {rows}");
-    // The same pipeline without the cluster converges.
+    let store = format!("{}/_strata/default/history/events", w.url);
+    assert!(delta_rows(w.server, &store).is_empty(), "no event stored");
+    // The same pipeline without the cluster converges (and the store read above sees its
+    // events).
     w.ok(&["run", "pipeline.sql"]);
     assert!(!w.csv("SELECT count(*) AS n FROM history").contains("\n0"));
+    assert!(!delta_rows(w.server, &store).is_empty());
 }
 
 /// Executors without the warehouse's credentials (a wrong secret in their environment):

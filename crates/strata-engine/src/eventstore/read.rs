@@ -1,5 +1,5 @@
 //! Reading the stored events (or a target's rows) of the keys a batch touches, through
-//! DataFusion.
+//! DataFusion, or through the event store's page index (`pages.rs`) where it applies.
 
 use crate::error::{Context, Result};
 use crate::semantics::events::Touched;
@@ -11,6 +11,25 @@ use deltalake::arrow::array::RecordBatch;
 use deltalake::arrow::compute::concat_batches;
 use deltalake::arrow::datatypes::SchemaRef;
 use deltalake::datafusion::prelude::SessionContext;
+use deltalake::DeltaTable;
+
+/// The stored events of the `touched` keys read through the page index of the event store
+/// `store` (at `place`), when the flow has one integer key; `None` when that read does not
+/// apply (other keys, every key touched, a store `pages::read_keys` cannot read exactly).
+pub(crate) async fn read_touched_by_pages(
+    store: &DeltaTable,
+    place: &crate::storage::location::Location,
+    setup: &FlowSetup,
+    touched: &Touched,
+) -> Result<Option<RecordBatch>> {
+    let (Touched::Keys(keys), [key]) = (touched, setup.key_names.as_slice()) else {
+        return Ok(None);
+    };
+    let Some(keys) = super::pages::int_keys(keys) else {
+        return Ok(None);
+    };
+    super::pages::read_keys(store, place, key, keys, &setup.event_schema).await
+}
 
 pub(crate) async fn collect_sql(
     ctx: &SessionContext,

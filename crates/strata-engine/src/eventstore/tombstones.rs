@@ -137,6 +137,20 @@ fn commit_time(text: &str) -> Option<i64> {
     })
 }
 
+/// [`forget_expired`] of `events` stored in the event store at `store`, with their runs'
+/// commit times read from it ([`CommitTimes::of_runs`]).
+pub(crate) async fn forget_expired_in(
+    store: &Location,
+    events: &RecordBatch,
+    keys: &[usize],
+    n_out: usize,
+    threshold_secs: u64,
+    now: i64,
+) -> Result<(RecordBatch, usize)> {
+    let mut times = CommitTimes::of_runs(store, events, n_out).await?;
+    forget_expired(events, keys, n_out, threshold_secs, now, &mut times)
+}
+
 /// `events` (stored events, in the event-store layout: output columns with the keys at
 /// `keys`, then sequence, kind and run) without the expired tombstones and the events they
 /// hid, as of `now` (milliseconds since the epoch), and how many tombstones were forgotten.

@@ -23,7 +23,7 @@
 
 use super::bulk::{write_sliced, Bulk, Input, PartOutcome};
 use crate::error::{Context, EngineError, Result};
-use crate::eventstore::read::read_slice;
+use crate::eventstore::read::{read_slice, read_touched_by_pages};
 use crate::eventstore::tombstones;
 use crate::ops::cdc::FlowReport;
 use crate::ops::Scope;
@@ -164,21 +164,9 @@ fn fold_and_compare(setup: &FlowSetup, stored: RecordBatch, new: RecordBatch) ->
 /// key in a local store (as a local run reads them), else by a query.
 async fn stored_events(at: &Refold<'_>, touched: &Touched) -> Result<RecordBatch> {
     let setup = at.setup;
-    if let (Touched::Keys(keys), [key]) = (touched, setup.key_names.as_slice()) {
-        if let Some(ints) = crate::eventstore::pages::int_keys(keys) {
-            let place = Location::parse(at.store_place, "the event store")?;
-            let read = crate::eventstore::pages::read_keys(
-                at.store,
-                &place,
-                key,
-                ints,
-                &setup.event_schema,
-            )
-            .await?;
-            if let Some(read) = read {
-                return Ok(read);
-            }
-        }
+    let place = Location::parse(at.store_place, "the event store")?;
+    if let Some(read) = read_touched_by_pages(at.store, &place, setup, touched).await? {
+        return Ok(read);
     }
     let ctx = crate::storage::session::new_session();
     crate::storage::session::register_table(&ctx, "__strata_events", at.store, None).await?;
@@ -202,16 +190,8 @@ async fn forget_expired(at: &Refold<'_>, stored: RecordBatch) -> Result<(RecordB
         return Ok((stored, 0));
     };
     let place = Location::parse(at.store_place, "the event store")?;
-    let n_out = setup.spec.n_out;
-    let mut times = tombstones::CommitTimes::of_runs(&place, &stored, n_out).await?;
-    tombstones::forget_expired(
-        &stored,
-        &setup.spec.keys,
-        n_out,
-        secs,
-        at.decided_at,
-        &mut times,
-    )
+    let (keys, n_out) = (&setup.spec.keys, setup.spec.n_out);
+    tombstones::forget_expired_in(&place, &stored, keys, n_out, secs, at.decided_at).await
 }
 
 /// Runs the large batch `bulk` here: split into parts on local disk, each refolded in turn

@@ -20,7 +20,7 @@ use super::target::{self, TargetWrite};
 use crate::error::{Context, Result};
 use crate::eventstore::digest::{self, Digest};
 use crate::eventstore::evaluate::evaluate_events;
-use crate::eventstore::read::{collect_sql, read_slice};
+use crate::eventstore::read::{collect_sql, read_slice, read_touched_by_pages};
 use crate::eventstore::tombstones;
 use crate::ops::cdc::evolve::{evolve_tables, follow_deletion_vectors};
 use crate::ops::cdc::setup::deletion_vectors_by_default;
@@ -747,14 +747,15 @@ async fn read_stored(
     let Some(secs) = setup.tombstone_secs else {
         return Ok(Some(slice));
     };
-    let (kept, forgotten) = tombstones::forget_expired(
+    let (kept, forgotten) = tombstones::forget_expired_in(
+        &pos.store_path,
         &slice,
         &setup.spec.keys,
         setup.spec.n_out,
         secs,
         input.decided_at,
-        &mut tombstones::CommitTimes::of_runs(&pos.store_path, &slice, setup.spec.n_out).await?,
-    )?;
+    )
+    .await?;
     if forgotten > 0 {
         report.notes.push(format!(
             "{forgotten} tombstone(s) older than {secs} s forgotten ({}): a late event older \
@@ -774,18 +775,10 @@ async fn read_by_pages(
     store: &DeltaTable,
     input: &Input,
 ) -> Result<Option<RecordBatch>> {
-    let (Touched::Keys(keys), [key]) = (&input.touched, setup.key_names.as_slice()) else {
-        return Ok(None);
-    };
     if setup.flow.truncate_when.is_some() {
         return Ok(None);
     }
-    let Some(keys) = crate::eventstore::pages::int_keys(keys) else {
-        return Ok(None);
-    };
-    let raw =
-        crate::eventstore::pages::read_keys(store, &pos.store_path, key, keys, &setup.event_schema)
-            .await?;
+    let raw = read_touched_by_pages(store, &pos.store_path, setup, &input.touched).await?;
     let Some(raw) = raw else {
         return Ok(None);
     };
