@@ -149,15 +149,10 @@ pub(super) async fn refresh(
     report.rows = rows.num_rows();
     tracing::info!(view = %name, input = %input.name, refresh = ?report.refresh,
         rows = report.rows, "incremental refresh");
-    // An append computed from the view as it was must land right after it: another run's
-    // append of the same new rows in between would double them (a conflict makes the
-    // scheduler start the refresh again, which then finds the view up to date). A view
-    // rewritten whole is consistent with the inputs it records, whoever lands last.
-    let commit = match change {
-        RowChange::Append => commit.clone().exactly_next(),
-        _ => commit.clone(),
-    };
-    write_rows(view.clone(), vec![rows], change, &commit)
+    // The commit lands right after the view it was computed from (`exactly_next`, set by
+    // `refresh` in mod.rs): another run's append of the same new rows in between would
+    // double them.
+    write_rows(view.clone(), vec![rows], change, commit)
         .await
         .context(|| format!("materialized view {name}: committing"))?;
     Ok(Ok(report))

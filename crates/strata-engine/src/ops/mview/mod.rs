@@ -216,7 +216,15 @@ pub(crate) async fn refresh(
                 .collect::<Vec<_>>(),
         )),
     };
-    let commit = PendingCommit::of_run(run_id).with_info(INPUTS_KEY, inputs.clone());
+    // Every refresh lands right after the view it was computed from, or is a conflict (the
+    // scheduler starts it again, and it then finds the view up to date or refreshes it from
+    // there). Retried on top of another commit, a refresh would remove only the files it
+    // saw: after a concurrent compaction of the view (its removes do not change data, so
+    // Delta's conflict check lets them pass) the compacted copy of the old rows would stay
+    // beside the new ones, and a view combined from its rows would count them twice.
+    let commit = PendingCommit::of_run(run_id)
+        .with_info(INPUTS_KEY, inputs.clone())
+        .exactly_next();
     if let (Some(view), Some(last)) = (&existing, &last) {
         let grown = replace::Grown {
             last,
