@@ -102,6 +102,31 @@ async fn input_versions(
     Ok(Ok(out))
 }
 
+/// Registers each table the view reads (`reads`) in `ctx` at the version the refresh
+/// records for it (`versions`, from [`input_versions`]). The session opened the warehouse's
+/// tables again after those versions were taken: a table that grew in between (another
+/// run's ingestion, say) would put rows in the view that its commit does not record, and the
+/// next incremental refresh would add them a second time.
+async fn pin_reads(
+    wh: &Warehouse,
+    ctx: &deltalake::datafusion::prelude::SessionContext,
+    reads: &[TableName],
+    versions: &BTreeMap<String, i64>,
+) -> Result<()> {
+    for t in reads {
+        let Some(&version) = versions.get(&t.to_string()) else {
+            continue;
+        };
+        let Some(table) = replace::open_at(wh, t, version).await? else {
+            continue;
+        };
+        let reference = crate::sql::session::reference_in(ctx, t)?;
+        let _ = ctx.deregister_table(reference.as_str());
+        crate::storage::session::register_table(ctx, &reference, &table, None).await?;
+    }
+    Ok(())
+}
+
 /// What the latest refresh of `table` was computed from (its latest commit that is not
 /// upkeep: an OPTIMIZE or VACUUM of the view records no inputs).
 async fn last_inputs(table: &deltalake::DeltaTable) -> Result<Option<serde_json::Value>> {
@@ -178,6 +203,7 @@ pub(crate) async fn refresh(
     }
 
     let ctx = warehouse_session_in(wh, schema).await?;
+    pin_reads(wh, &ctx, reads, &versions).await?;
     register_views(wh, &ctx, views, schema, None).await?;
     for (i, (schema, batches, _)) in files.into_iter().enumerate() {
         let name = strata_sql::files_placeholder(i);
