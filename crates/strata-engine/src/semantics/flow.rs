@@ -83,8 +83,8 @@ impl FlowSetup {
     /// no other event has and nothing came before: each event is its key's row (SCD type 2:
     /// one open version from its sequence), in the events' order, sharing their columns.
     /// The caller vouches for the keys being distinct and the events being upserts.
-    /// `open`, a NULL column of the sequence's type at least as long as `events`, is sliced
-    /// for the open ends (callers with many batches share one).
+    /// For SCD type 2, `open`, a NULL column of the sequence's type at least as long as
+    /// `events`, is sliced for the open ends (callers with many batches share one).
     pub(crate) fn first_rows(&self, events: &RecordBatch, open: &ArrayRef) -> Result<RecordBatch> {
         let n_out = self.spec.n_out;
         let mut cols = events.columns()[..n_out].to_vec();

@@ -39,8 +39,9 @@ pub(crate) fn sorted_rows(values: Vec<u64>, threads: usize) -> Result<Vec<u32>> 
 }
 
 /// `values` in ascending order with the row each came from (as [`sorted_rows`] orders them),
-/// and a value per row that `carried` makes (in row order) put in the same order. `carried` runs once the sort's own buffers are freed and before the rows are
-/// split out of the sorted items, so the row-order values, the sorted ones and the sort's
+/// and a value per row that `carried` makes (in row order) put in the same order.
+/// `carried` runs once the sort's own buffers are freed and before the rows are split out
+/// of the sorted items, so the row-order values, the sorted ones and the sort's
 /// items are the most it holds at once (for 10M rows 240 MB, where sorting first and then
 /// gathering held 280).
 pub(crate) fn sorted_carrying(
@@ -55,14 +56,18 @@ pub(crate) fn sorted_carrying(
 /// A value per row, made when a sort asks for it ([`sorted_carrying`]).
 type Carried<'a> = Box<dyn FnOnce() -> Result<Vec<u64>> + 'a>;
 
-/// `by_row` gathered into the order of `items` (`row(item)` the row of each), on up to
-/// `threads` threads.
-fn gather_by<T: Copy + Sync>(
+/// What `carried` makes (a value per row), gathered into the order of the sorted `items`
+/// (`row(item)` the row of each) on up to `threads` threads; `None` without `carried`.
+fn carry<T: Copy + Sync>(
+    carried: Option<Carried<'_>>,
     items: &[T],
-    by_row: &[u64],
     threads: usize,
     row: impl Fn(T) -> usize + Sync,
-) -> Result<Vec<u64>> {
+) -> Result<Option<Vec<u64>>> {
+    let Some(carried) = carried else {
+        return Ok(None);
+    };
+    let by_row = carried()?;
     let mut out = vec![0u64; items.len()];
     let per = items.len().div_ceil(threads.max(1)).max(1);
     let jobs: Vec<_> = items.chunks(per).zip(out.chunks_mut(per)).collect();
@@ -71,7 +76,7 @@ fn gather_by<T: Copy + Sync>(
             *d = by_row[row(t)];
         }
     })?;
-    Ok(out)
+    Ok(Some(out))
 }
 
 /// The sorted values (when `keep_values`, else none) and their rows, and what `carried`
@@ -108,15 +113,7 @@ fn sort(
         )?;
         drop(values);
         let mask = (1u64 << row_bits) - 1;
-        let carried = match carried {
-            Some(c) => {
-                let by_row = c()?;
-                Some(gather_by(&packed, &by_row, threads, |p| {
-                    (p & mask) as usize
-                })?)
-            }
-            None => None,
-        };
+        let carried = carry(carried, &packed, threads, |p| (p & mask) as usize)?;
         // Unpacked in place: the sorted values take the packed integers' memory.
         let mut rows = vec![0u32; n];
         let per = n.div_ceil(threads).max(1);
@@ -140,13 +137,7 @@ fn sort(
         threads,
     )?;
     drop(values);
-    let carried = match carried {
-        Some(c) => {
-            let by_row = c()?;
-            Some(gather_by(&pairs, &by_row, threads, |(_, r)| r as usize)?)
-        }
-        None => None,
-    };
+    let carried = carry(carried, &pairs, threads, |(_, r)| r as usize)?;
     Ok((
         unpack(&pairs, threads, keep_values, |(v, r)| (v + min, r))?,
         carried,

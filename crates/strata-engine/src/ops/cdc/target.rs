@@ -136,8 +136,12 @@ pub(super) fn fold_checked(setup: &FlowSetup, events: RecordBatch) -> Result<(Re
 /// key's row (`FlowSetup::first_rows`), in the events' pieces. An SCD type 2 result is one
 /// open version per key, so there is no timeline to check.
 pub(super) fn first_rows(setup: &FlowSetup, events: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
-    // One NULL column for the open ends of every piece.
-    let longest = events.iter().map(RecordBatch::num_rows).max().unwrap_or(0);
+    // One NULL column for the open ends of every piece (SCD type 2 only: type 1 rows have
+    // no open end).
+    let longest = match setup.spec.scd2 {
+        true => events.iter().map(RecordBatch::num_rows).max().unwrap_or(0),
+        false => 0,
+    };
     let seq_type = setup.event_schema.field(setup.spec.n_out).data_type();
     let open = new_null_array(seq_type, longest);
     let rows = events

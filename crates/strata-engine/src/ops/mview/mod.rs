@@ -82,19 +82,31 @@ pub enum Refresh {
     Rejoined,
 }
 
-/// The versions of the tables `reads` (views already resolved), or the name of the first
-/// one that does not exist yet.
-async fn input_versions(
+/// A table a view reads, as opened when its refresh started, with the version of its data
+/// that the refresh records.
+struct Read {
+    name: TableName,
+    table: deltalake::DeltaTable,
+    version: i64,
+}
+
+/// The tables `reads` (views already resolved) with their data versions, or the name of the
+/// first one that does not exist yet.
+async fn open_reads(
     wh: &Warehouse,
     reads: &[TableName],
-) -> Result<std::result::Result<BTreeMap<String, i64>, TableName>> {
-    let mut out = BTreeMap::new();
+) -> Result<std::result::Result<Vec<Read>, TableName>> {
+    let mut out = Vec::new();
     for t in reads {
         match wh.open_table(t).await? {
             Some(table) => {
                 // Upkeep (OPTIMIZE, VACUUM) changes no row: no reason to compute again.
                 let version = crate::storage::changes::data_version(&table).await?;
-                out.insert(t.to_string(), version);
+                out.push(Read {
+                    name: t.clone(),
+                    table,
+                    version,
+                });
             }
             None => return Ok(Err(t.clone())),
         }
@@ -102,25 +114,28 @@ async fn input_versions(
     Ok(Ok(out))
 }
 
-/// Registers each table the view reads (`reads`) in `ctx` at the version the refresh
-/// records for it (`versions`, from [`input_versions`]). The session opened the warehouse's
-/// tables again after those versions were taken: a table that grew in between (another
-/// run's ingestion, say) would put rows in the view that its commit does not record, and the
-/// next incremental refresh would add them a second time.
+/// Registers each table the view reads in `ctx` at the version the refresh records for it
+/// (`reads`, from [`open_reads`]). The session opened the warehouse's tables again after
+/// those versions were taken: a table that grew in between (another run's ingestion, say)
+/// would put rows in the view that its commit does not record, and the next incremental
+/// refresh would add them a second time.
 async fn pin_reads(
-    wh: &Warehouse,
     ctx: &deltalake::datafusion::prelude::SessionContext,
-    reads: &[TableName],
-    versions: &BTreeMap<String, i64>,
+    reads: Vec<Read>,
 ) -> Result<()> {
-    for t in reads {
-        let Some(&version) = versions.get(&t.to_string()) else {
-            continue;
-        };
-        let Some(table) = replace::open_at(wh, t, version).await? else {
-            continue;
-        };
-        let reference = crate::sql::session::reference_in(ctx, t)?;
+    for Read {
+        name,
+        mut table,
+        version,
+    } in reads
+    {
+        if crate::storage::table::version_of(&table) != version {
+            table
+                .load_version(version as u64)
+                .await
+                .context(|| format!("loading version {version} of {name}"))?;
+        }
+        let reference = crate::sql::session::reference_in(ctx, &name)?;
         let _ = ctx.deregister_table(reference.as_str());
         crate::storage::session::register_table(ctx, &reference, &table, None).await?;
     }
@@ -162,7 +177,7 @@ pub(crate) async fn refresh(
         table: name.to_string(),
         ..Default::default()
     };
-    let versions = match input_versions(wh, reads).await? {
+    let opened = match open_reads(wh, reads).await? {
         Ok(v) => v,
         Err(missing) if declared.contains(&missing) => {
             report.skipped = Some(format!("{missing} has no data yet"));
@@ -187,6 +202,10 @@ pub(crate) async fn refresh(
             return Ok(report);
         }
     };
+    let versions: BTreeMap<String, i64> = opened
+        .iter()
+        .map(|r| (r.name.to_string(), r.version))
+        .collect();
     let names: Vec<&Vec<String>> = files.iter().map(|(_, _, n)| n).collect();
     let inputs = match names.is_empty() {
         true => serde_json::json!({ "query": mv.query.sql, "versions": versions }),
@@ -203,7 +222,7 @@ pub(crate) async fn refresh(
     }
 
     let ctx = warehouse_session_in(wh, schema).await?;
-    pin_reads(wh, &ctx, reads, &versions).await?;
+    pin_reads(&ctx, opened).await?;
     register_views(wh, &ctx, views, schema, None).await?;
     for (i, (schema, batches, _)) in files.into_iter().enumerate() {
         let name = strata_sql::files_placeholder(i);
