@@ -514,8 +514,9 @@ mod tests {
     use deltalake::parquet::file::reader::{FileReader, SerializedFileReader};
     use std::sync::Arc;
 
-    /// A stream's files keep their row groups to [`STREAM_ROW_GROUP_ROWS`] rows, and a
-    /// column in `strata.parquet.uncompressedColumns` skips the table's codec.
+    /// A stream's files keep their row groups to [`STREAM_ROW_GROUP_ROWS`] rows, a column in
+    /// `strata.parquet.uncompressedColumns` skips the table's codec, and distinct columns
+    /// skip the dictionary.
     #[tokio::test]
     async fn streamed_files_cut_row_groups_and_honour_column_codecs() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -551,6 +552,12 @@ mod tests {
                 assert!(rg.num_rows() as usize <= STREAM_ROW_GROUP_ROWS);
                 let codecs: Vec<_> = rg.columns().iter().map(|c| c.compression()).collect();
                 assert_eq!(codecs, [Compression::SNAPPY, Compression::UNCOMPRESSED]);
+                // Distinct ids are written PLAIN from the start (`storage/encoding.rs`): no
+                // dictionary page, where Parquet's fallback would have left one.
+                assert!(rg
+                    .columns()
+                    .iter()
+                    .all(|c| c.dictionary_page_offset().is_none()));
                 total += rg.num_rows();
             }
         }
