@@ -72,24 +72,30 @@ pub(crate) fn compare(
         delete_rows: Vec::new(),
         insert_rows: Vec::new(),
         old_rows: Vec::new(),
+        feed_deleted: Vec::new(),
+        feed_inserted: Vec::new(),
         rows_deleted: 0,
         counts: Counts::default(),
     };
-    let (mut od, mut nd): (Vec<&[u8]>, Vec<&[u8]>) = (Vec::new(), Vec::new());
+    // Each key's whole rows on each side, sorted, with their row numbers.
+    let (mut od, mut nd): (Vec<Numbered>, Vec<Numbered>) = (Vec::new(), Vec::new());
     for (o, n) in by_key.values() {
         od.clear();
-        od.extend(o.iter().map(|&i| old_rows.row(i as usize).data()));
+        od.extend(o.iter().map(|&i| (old_rows.row(i as usize).data(), i)));
         od.sort_unstable();
         nd.clear();
-        nd.extend(n.iter().map(|&i| new_rows.row(i as usize).data()));
+        nd.extend(n.iter().map(|&i| (new_rows.row(i as usize).data(), i)));
         nd.sort_unstable();
-        if od != nd {
+        let (gone, came) = row_difference(&od, &nd);
+        if !gone.is_empty() || !came.is_empty() {
             out.keys += 1;
             out.delete_rows.extend(o.first());
             out.insert_rows.extend_from_slice(n);
             out.old_rows.extend_from_slice(o);
+            report.rows_written += came.len();
+            out.feed_deleted.extend(gone);
+            out.feed_inserted.extend(came);
         }
-        report.rows_written += nd.iter().filter(|r| od.binary_search(r).is_err()).count();
         match &timeline {
             Some((old_start, new_start, old_end, new_end)) => {
                 let (os, ns) = (
@@ -122,9 +128,37 @@ pub(crate) fn compare(
     out.delete_rows.sort_unstable();
     out.insert_rows.sort_unstable();
     out.old_rows.sort_unstable();
+    out.feed_deleted.sort_unstable();
+    out.feed_inserted.sort_unstable();
     out.rows_deleted = out.old_rows.len();
     out.counts = report;
     Ok(out)
+}
+
+/// A row in the row format, with its row number.
+type Numbered<'a> = (&'a [u8], u32);
+
+/// The row numbers of the rows only `old` holds and of those only `new` holds (both sorted
+/// by row, a row held twice on one side and once on the other counting once).
+fn row_difference(old: &[Numbered], new: &[Numbered]) -> (Vec<u32>, Vec<u32>) {
+    let (mut gone, mut came) = (Vec::new(), Vec::new());
+    let (mut i, mut j) = (0, 0);
+    while i < old.len() && j < new.len() {
+        match old[i].0.cmp(new[j].0) {
+            std::cmp::Ordering::Equal => (i, j) = (i + 1, j + 1),
+            std::cmp::Ordering::Less => {
+                gone.push(old[i].1);
+                i += 1;
+            }
+            std::cmp::Ordering::Greater => {
+                came.push(new[j].1);
+                j += 1;
+            }
+        }
+    }
+    gone.extend(old[i..].iter().map(|r| r.1));
+    came.extend(new[j..].iter().map(|r| r.1));
+    (gone, came)
 }
 
 /// The change counts for a target that had no rows before the run: every one of its `rows`
@@ -161,6 +195,27 @@ pub(crate) struct ChangeSet {
     pub(crate) insert_rows: Vec<u32>,
     /// Every old row of a changed key.
     pub(crate) old_rows: Vec<u32>,
+    /// The old rows of the changed keys that no new row repeats, and the new rows that
+    /// repeat no old row: the change feed's deletes and inserts. The rows of a changed key
+    /// that stay as they were are rewritten, not changed, and stay out of the feed.
+    pub(crate) feed_deleted: Vec<u32>,
+    pub(crate) feed_inserted: Vec<u32>,
     pub(crate) rows_deleted: usize,
     pub(crate) counts: Counts,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::row_difference;
+
+    /// Rows on both sides cancel out, once per pair; what is left on each side is its
+    /// change, by row number.
+    #[test]
+    fn rows_held_on_both_sides_are_no_change() {
+        let old: Vec<super::Numbered> = vec![(b"a", 4), (b"b", 0), (b"b", 2), (b"d", 1)];
+        let new: Vec<super::Numbered> = vec![(b"a", 3), (b"b", 1), (b"c", 0), (b"e", 2)];
+        assert_eq!(row_difference(&old, &new), (vec![2, 1], vec![0, 2]));
+        assert_eq!(row_difference(&old, &old), (vec![], vec![]));
+        assert_eq!(row_difference(&[], &new), (vec![], vec![3, 1, 0, 2]));
+    }
 }

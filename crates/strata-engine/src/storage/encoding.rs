@@ -11,10 +11,17 @@
 //! to.
 //!
 //! A column counts as nearly distinct when two samples of the batch are: its first rows (so
-//! that a column sorted into runs of repeated values, such as an event store's keys, keeps
-//! its dictionary and the runs it encodes) and rows spread over the whole batch (so that
-//! a column cycling through a few values does too); and when a row group of such values
-//! would overflow the dictionary page.
+//! that a column sorted into runs of repeated values keeps its dictionary and the runs it
+//! encodes) and rows spread over the whole batch (so that a column cycling through a few
+//! values does too); and when a row group of such values would overflow the dictionary page.
+//!
+//! Files laid out for lookups by key (small data pages, as in an event store: see
+//! `eventstore/pages.rs`) weigh the dictionary differently. A lookup reads a few pages of
+//! each row group it touches, and with them the whole dictionary page of every column: a
+//! dictionary of tens of thousands of keys, names or amounts is read and decoded to use a
+//! few dozen of its values. There a column keeps its dictionary only when the estimated
+//! dictionary of a row group is small ([`LOOKUP_DICTIONARY_BYTES`]), as for a column of a
+//! few repeated values.
 
 use deltalake::arrow::array::{Array, ArrayRef, RecordBatch, UInt32Array};
 use deltalake::arrow::compute;
@@ -33,14 +40,22 @@ const MIN_SAMPLE_ROWS: usize = 1024;
 /// distinct.
 const DISTINCT_SHARE: f64 = 0.99;
 
-/// `props` with the dictionary off for the top-level columns of `batch` that are nearly
-/// distinct (the module docs), or `props` as they are when there is none.
+/// Data pages of at most this many rows mark a file laid out for lookups by key.
+const LOOKUP_PAGE_ROWS: usize = 4096;
+
+/// In a file laid out for lookups, the largest estimated dictionary of a row group (bytes) a
+/// column keeps: a few pages' worth.
+const LOOKUP_DICTIONARY_BYTES: usize = 16 * 1024;
+
+/// `props` with the dictionary off for the top-level columns of `batch` whose dictionary
+/// costs more than it saves (the module docs), or `props` as they are when there is none.
 pub(crate) fn plain_where_distinct(
     props: WriterProperties,
     batch: &RecordBatch,
 ) -> WriterProperties {
     let group_rows = props.max_row_group_row_count().unwrap_or(batch.num_rows());
     let limit = props.dictionary_page_size_limit();
+    let lookups = props.data_page_row_count_limit() <= LOOKUP_PAGE_ROWS;
     let plain: Vec<ColumnPath> = batch
         .schema()
         .fields()
@@ -48,7 +63,17 @@ pub(crate) fn plain_where_distinct(
         .zip(batch.columns())
         .filter(|(f, c)| {
             let path = ColumnPath::from(f.name().as_str());
-            props.dictionary_enabled(&path) && nearly_distinct(c, group_rows, limit)
+            if !props.dictionary_enabled(&path) {
+                return false;
+            }
+            let Some(samples) = Samples::of(c) else {
+                return false;
+            };
+            if lookups {
+                samples.dictionary_bytes(group_rows) > LOOKUP_DICTIONARY_BYTES
+            } else {
+                samples.nearly_distinct(group_rows, limit)
+            }
         })
         .map(|(f, _)| ColumnPath::from(f.name().as_str()))
         .collect();
@@ -62,23 +87,63 @@ pub(crate) fn plain_where_distinct(
     builder.build()
 }
 
-/// Both samples of `column` are nearly all distinct and a row group of `group_rows` such
-/// values would not fit a dictionary page of `limit` bytes.
-fn nearly_distinct(column: &ArrayRef, group_rows: usize, limit: usize) -> bool {
-    if !leaf_with_dictionary(column.data_type()) || column.len() < MIN_SAMPLE_ROWS {
-        return false;
+/// What the two samples of a column (the module docs) show.
+struct Samples {
+    /// The share of distinct values among the first rows.
+    first: f64,
+    /// The share of distinct values among the rows spread over the batch.
+    spread: f64,
+    /// How many distinct values the spread rows hold, of `spread_rows`.
+    spread_distinct: usize,
+    spread_rows: usize,
+    /// About how many bytes a value takes in a dictionary.
+    width: usize,
+}
+
+impl Samples {
+    /// The samples of `column`, when it is a leaf Parquet keeps a dictionary for and long
+    /// enough to tell.
+    fn of(column: &ArrayRef) -> Option<Samples> {
+        if !leaf_with_dictionary(column.data_type()) || column.len() < MIN_SAMPLE_ROWS {
+            return None;
+        }
+        let first = column.slice(0, column.len().min(SAMPLE_ROWS));
+        let stride = column.len().div_ceil(SAMPLE_ROWS).max(1);
+        let spread =
+            UInt32Array::from_iter_values((0..column.len()).step_by(stride).map(|i| i as u32));
+        let spread = compute::take(column.as_ref(), &spread, None).ok()?;
+        let (first_distinct, first_rows) = distinct(&first)?;
+        let (spread_distinct, spread_rows) = distinct(&spread)?;
+        Some(Samples {
+            first: first_distinct as f64 / first_rows as f64,
+            spread: spread_distinct as f64 / spread_rows as f64,
+            spread_distinct,
+            spread_rows,
+            width: value_width(&spread),
+        })
     }
-    let first = column.slice(0, column.len().min(SAMPLE_ROWS));
-    let stride = column.len().div_ceil(SAMPLE_ROWS).max(1);
-    let spread = UInt32Array::from_iter_values((0..column.len()).step_by(stride).map(|i| i as u32));
-    let Ok(spread) = compute::take(column.as_ref(), &spread, None) else {
-        return false;
-    };
-    let (Some(a), Some(b)) = (distinct_share(&first), distinct_share(&spread)) else {
-        return false;
-    };
-    let width = value_width(&spread);
-    a >= DISTINCT_SHARE && b >= DISTINCT_SHARE && group_rows.saturating_mul(width) > limit
+
+    /// Both samples are nearly all distinct and a row group of `group_rows` such values
+    /// would not fit a dictionary page of `limit` bytes.
+    fn nearly_distinct(&self, group_rows: usize, limit: usize) -> bool {
+        self.first >= DISTINCT_SHARE
+            && self.spread >= DISTINCT_SHARE
+            && group_rows.saturating_mul(self.width) > limit
+    }
+
+    /// About how many bytes the dictionary of a row group of `group_rows` rows takes. Few
+    /// distinct values in both samples (at most half of each) are about all there are (the
+    /// spread rows' count); more grow with the rows, at the rate of the denser sample (the
+    /// first rows of a column sorted into runs repeat each value, the spread rows do not).
+    fn dictionary_bytes(&self, group_rows: usize) -> usize {
+        let few = self.spread_distinct * 2 <= self.spread_rows && self.first <= 0.5;
+        let values = if few {
+            self.spread_distinct
+        } else {
+            (self.first.min(self.spread) * group_rows as f64) as usize
+        };
+        values.saturating_mul(self.width)
+    }
 }
 
 /// Types Parquet's writer keeps a dictionary for, as one leaf column: not booleans (never a
@@ -99,9 +164,9 @@ fn leaf_with_dictionary(t: &DataType) -> bool {
     )
 }
 
-/// The share of distinct values among the non-NULL values of `sample` (`None` when it has
-/// too few to tell).
-fn distinct_share(sample: &ArrayRef) -> Option<f64> {
+/// How many distinct values `sample` holds and how many non-NULL values (`None` when it
+/// has too few to tell).
+fn distinct(sample: &ArrayRef) -> Option<(usize, usize)> {
     let values = sample.len() - sample.null_count();
     if values < MIN_SAMPLE_ROWS {
         return None;
@@ -114,7 +179,7 @@ fn distinct_share(sample: &ArrayRef) -> Option<f64> {
         .filter(|&i| sample.is_valid(i))
         .map(|i| rows.row(i).data())
         .collect();
-    Some(seen.len() as f64 / values as f64)
+    Some((seen.len(), values))
 }
 
 /// About how many bytes a value of `sample` takes in a dictionary.
@@ -185,6 +250,45 @@ mod tests {
         assert!(dictionary(&p, "cycle"));
         let p = plain_where_distinct(props(), &batch.slice(0, 1000));
         assert!(dictionary(&p, "key") && dictionary(&p, "name"));
+    }
+
+    /// In a file laid out for lookups, keys sorted into runs and amounts of many values skip
+    /// the dictionary too; a few cities and a column of 500 values (a 4 KB dictionary)
+    /// keep it.
+    #[test]
+    fn lookup_files_keep_only_small_dictionaries() {
+        let n = 100_000i64;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("runs", DataType::Int64, false),
+            Field::new("amount", DataType::Int64, false),
+            Field::new("city", DataType::Utf8, true),
+            Field::new("cycle", DataType::Int64, false),
+        ]));
+        let cities: StringArray = (0..n).map(|i| Some(format!("city-{}", i % 32))).collect();
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from_iter_values((0..n).map(|i| i / 10))),
+                Arc::new(Int64Array::from_iter_values((0..n).map(|i| i * 7919 % 20_000))),
+                Arc::new(cities),
+                Arc::new(Int64Array::from_iter_values((0..n).map(|i| i % 500))),
+            ],
+        )
+        .unwrap();
+        let lookups = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(262_144))
+            .set_data_page_row_count_limit(512)
+            .build();
+        let p = plain_where_distinct(lookups, &batch);
+        assert!(!dictionary(&p, "runs"));
+        assert!(!dictionary(&p, "amount"));
+        assert!(dictionary(&p, "city"));
+        assert!(dictionary(&p, "cycle"));
+        // The same batch in an ordinary file: none is nearly distinct.
+        let p = plain_where_distinct(props(), &batch);
+        assert!(["runs", "amount", "city", "cycle"]
+            .iter()
+            .all(|c| dictionary(&p, c)));
     }
 
     /// A row group small enough for its distinct values to fit the dictionary page keeps it.

@@ -3,7 +3,8 @@
 //!
 //! strata rewrites a changed key of an AUTO CDC target by deleting its old rows and
 //! inserting its new ones in one commit, so Delta's raw feed shows an update as a `delete`
-//! and an `insert` of the same key in the same commit. The feed read here restores what
+//! and an `insert` of the same key in the same commit (only the rows that changed: rows
+//! rewritten as they were are in neither). The feed read here restores what
 //! happened, per key and commit: rows deleted and inserted together are an update
 //! (`update_preimage`, `update_postimage`), rows only deleted a `delete`, rows only inserted
 //! an `insert`. Keys come from the table's `strata.keys` property; a table without keys (an

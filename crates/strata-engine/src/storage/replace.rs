@@ -75,9 +75,17 @@ impl std::fmt::Display for Replaced {
     }
 }
 
+/// The change feed rows of a replacement: the rows that go and the rows that come. Rows a
+/// replacement writes again as they were are in neither (as in Delta's own feed, a row
+/// copied unchanged into a new file is no change).
+pub(crate) struct Feed {
+    pub(crate) deleted: RecordBatch,
+    pub(crate) inserted: RecordBatch,
+}
+
 /// Replaces every row of `table` whose key (columns `keys`) is a key of `old_rows` by
-/// `new_rows`, in one commit, `commit`. `old_rows` must be exactly the rows the table
-/// holds for those keys (they become the change feed's `delete` rows). Returns `None`, having
+/// `new_rows`, in one commit, `commit`, whose change file holds `feed`. `old_rows` must be
+/// exactly the rows the table holds for those keys. Returns `None`, having
 /// done nothing, for a partitioned table or one with column mapping or deletion vectors
 /// at absolute paths.
 ///
@@ -93,6 +101,7 @@ pub(crate) async fn replace_keys(
     keys: &[String],
     old_rows: &RecordBatch,
     new_rows: RecordBatch,
+    feed: &Feed,
     commit: &PendingCommit,
 ) -> Result<Option<Replaced>> {
     let table_name = table.table_url().to_string();
@@ -111,7 +120,7 @@ pub(crate) async fn replace_keys(
     let shared = Arc::new(Shared::of(schema.clone(), keys, old_rows, &new_rows)?);
     crate::util::steps::step!(debug, steps, "collected the replaced keys");
     if layout.marking {
-        let marked = mark_replaced(table, &shared, &layout, snapshot, old_rows, new_rows).await?;
+        let marked = mark_replaced(table, &shared, &layout, snapshot, feed, new_rows).await?;
         crate::util::steps::step!(
             debug,
             steps,
@@ -153,7 +162,8 @@ pub(crate) async fn replace_keys(
         keys.join(", ")
     );
     crate::util::steps::step!(debug, steps, "rewrote them");
-    let cdc = write_change_file(table, &layout.root, &schema, old_rows, &new_rows).await?;
+    let cdc =
+        write_change_file(table, &layout.root, &schema, &feed.deleted, &feed.inserted).await?;
     commit_replacement(table, vec![cdc], actions, SaveMode::Overwrite, what, commit).await?;
     crate::util::steps::step!(debug, steps, "wrote the change file and committed");
     Ok(Some(Replaced {
@@ -449,30 +459,54 @@ async fn mark_replaced(
     shared: &Arc<Shared>,
     layout: &Layout,
     snapshot: &deltalake::table::state::DeltaTableState,
-    old_rows: &RecordBatch,
+    feed: &Feed,
     new_rows: RecordBatch,
 ) -> Result<Marked> {
     // Three independent pieces of work, side by side: the vectors (a read of the
     // target's key columns, one file per core), the file of new rows, the change file.
     let (root, schema) = (&layout.root, &layout.schema);
     let new_rows = arrow::cast_batch(&new_rows, schema)?;
+    let started = std::time::Instant::now();
     let rows_file = {
         let (table, rows) = (table.clone(), new_rows.clone());
-        tokio::spawn(async move {
+        tokio::spawn(timed(started, "wrote the new rows", async move {
             match rows.num_rows() {
                 0 => Ok(Vec::new()),
                 _ => crate::storage::write::write_files(&table, vec![rows]).await,
             }
-        })
+        }))
     };
     let (vectors, cdc) = tokio::try_join!(
-        mark_deleted(table, shared, root, snapshot, &layout.deleted),
-        write_change_file(table, root, schema, old_rows, &new_rows),
+        timed(
+            started,
+            "marked the deletion vectors",
+            mark_deleted(table, shared, root, snapshot, &layout.deleted)
+        ),
+        timed(
+            started,
+            "wrote the change file",
+            write_change_file(table, root, schema, &feed.deleted, &feed.inserted)
+        ),
     )?;
     let adds = rows_file
         .await
         .map_err(|e| EngineError::internal(format!("a writing task failed: {e}")))??;
     Ok(Marked { vectors, adds, cdc })
+}
+
+/// `work`, and a debug line of how long after `started` it was done: the pieces of
+/// [`mark_replaced`] run side by side, and their times show which one a run waits for.
+async fn timed<T>(
+    started: std::time::Instant,
+    what: &'static str,
+    work: impl std::future::Future<Output = T>,
+) -> T {
+    let out = work.await;
+    tracing::debug!(
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "replace: {what}"
+    );
+    out
 }
 
 /// Which files hold a replaced key: key columns only, one file per core at a time.
@@ -790,9 +824,11 @@ impl Shared {
             let batch = batch.context(|| format!("reading {}", file.label()))?;
             let keep = self.keep_mask(&batch, &key_cols)?;
             if keep.true_count() < batch.num_rows() {
+                // The rows not kept: the unset bits, a word at a time.
+                let not_kept = !keep.values();
                 gone.extend(
-                    (0..batch.num_rows())
-                        .filter(|&i| !keep.value(i))
+                    not_kept
+                        .set_indices()
                         .map(|i| offset + i as u64)
                         .filter(|p| !deleted.contains(*p)),
                 );
@@ -911,7 +947,7 @@ pub(crate) async fn write_change_file(
     deleted: &RecordBatch,
     inserted: &RecordBatch,
 ) -> Result<AddCDCFile> {
-    let props = crate::storage::write::writer_properties(table);
+    let props = crate::storage::write::writer_properties_for(table, Some(inserted));
     let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
     fields.push(Field::new(CHANGE_TYPE, DataType::Utf8, false));
     let feed_schema = Arc::new(Schema::new(fields));

@@ -122,6 +122,20 @@ pub(crate) fn writer_properties(table: &DeltaTable) -> WriterProperties {
     props.build()
 }
 
+/// [`writer_properties`] of `table` for a file whose first batch is `first`: with the
+/// dictionary off for the columns that batch shows it costs more than it saves
+/// (`storage/encoding.rs`).
+pub(crate) fn writer_properties_for(
+    table: &DeltaTable,
+    first: Option<&RecordBatch>,
+) -> WriterProperties {
+    let props = writer_properties(table);
+    match first {
+        Some(batch) => crate::storage::encoding::plain_where_distinct(props, batch),
+        None => props,
+    }
+}
+
 /// The columns of `schema` named in `list` (comma-separated, any case), in their own
 /// spelling; a name the table lacks is ignored.
 fn listed_columns(schema: &deltalake::kernel::StructType, list: Option<&str>) -> Vec<ColumnPath> {
@@ -228,7 +242,7 @@ pub(crate) async fn write_files(
     let what = || format!("writing {}", table.table_url());
     let mut writer = RecordBatchWriter::for_table(table)
         .context(what)?
-        .with_writer_properties(writer_properties(table));
+        .with_writer_properties(writer_properties_for(table, batches.first()));
     for b in batches {
         writer.write(b).await.context(what)?;
     }
@@ -468,10 +482,11 @@ pub(crate) async fn write_rows(
     commit: &PendingCommit,
 ) -> deltalake::DeltaResult<DeltaTable> {
     use deltalake::operations::write::SchemaMode;
+    let props = writer_properties_for(&table, rows.first());
     let write = table
         .clone()
         .write(rows)
-        .with_writer_properties(writer_properties(&table))
+        .with_writer_properties(props)
         .with_commit_properties(commit.properties());
     match change {
         RowChange::Append => write.with_save_mode(SaveMode::Append),

@@ -372,3 +372,38 @@ CREATE FLOW f3 AS AUTO CDC INTO parted FROM STREAM(raw) KEYS (id) SEQUENCE BY se
     assert_eq!(setting("raw"), None);
     assert_eq!(count(&wh, "SELECT count(*) AS n FROM plain").await, "| 2 |");
 }
+
+/// A run rewrites every row of a changed key, but its change feed holds only what changed:
+/// the version it closed and the one it opened, not the key's older versions rewritten as
+/// they were (Delta's own feed leaves a row copied unchanged out too). A flow reading the
+/// feed sees the same.
+#[tokio::test]
+async fn the_change_feed_leaves_out_rows_rewritten_unchanged() {
+    // Run 1: keys 0..100 (t version 1); run 2: key 10 gets version b (t version 2).
+    let (dir, wh, _t, _) = loaded(100).await;
+    deliver(&dir, &wh, "002.csv", "10,b,U,2\n".into()).await;
+    // Run 3: key 10 gets version c; its first version (a, closed by run 2) stays as it was.
+    deliver(&dir, &wh, "003.csv", "10,c,U,3\n".into()).await;
+    let feed = common::query_text(
+        &wh,
+        "SELECT id, v, __START_AT, __END_AT, _change_type FROM table_changes('t', 3, 3) \
+         ORDER BY _change_type, __START_AT",
+    )
+    .await;
+    let body: Vec<&str> = feed
+        .lines()
+        .skip(3)
+        .filter(|l| l.starts_with("| "))
+        .collect();
+    assert_eq!(
+        body,
+        [
+            "| 10 | b | 2          | 3        | update_postimage |",
+            "| 10 | c | 3          |          | update_postimage |",
+            "| 10 | b | 2          |          | update_preimage  |",
+        ],
+        "{feed}"
+    );
+    let all = count(&wh, "SELECT count(*) AS n FROM t WHERE id = 10").await;
+    assert_eq!(all, "| 3 |", "the key's three versions are all there");
+}

@@ -91,8 +91,8 @@ pub(crate) async fn refold_part(
                 at.target,
                 &Root::of(at.target),
                 &schema,
-                &change.old_rows,
-                &change.inserts,
+                &change.feed.deleted,
+                &change.feed.inserted,
             )
             .await?,
         );
@@ -108,10 +108,11 @@ pub(crate) async fn refold_part(
     })
 }
 
-/// What folding a part gave: the changed keys' new rows, old rows and keys, and the counts.
+/// What folding a part gave: the changed keys' new rows, their change feed rows and keys,
+/// and the counts.
 struct Change {
     inserts: RecordBatch,
-    old_rows: RecordBatch,
+    feed: crate::storage::replace::Feed,
     changed_keys: RecordBatch,
     outcome: PartOutcome,
 }
@@ -129,7 +130,10 @@ fn fold_and_compare(setup: &FlowSetup, stored: RecordBatch, new: RecordBatch) ->
         take_record_batch(rows, &UInt32Array::from(idx)).context(|| "selecting rows".into())
     };
     let inserts = take(&rows, change.insert_rows)?;
-    let old_rows = take(&old, change.old_rows)?;
+    let feed = crate::storage::replace::Feed {
+        deleted: take(&old, change.feed_deleted)?,
+        inserted: take(&rows, change.feed_inserted)?,
+    };
     let deleted = take(&old, change.delete_rows)?;
     let key_at = setup
         .key_names
@@ -155,7 +159,7 @@ fn fold_and_compare(setup: &FlowSetup, stored: RecordBatch, new: RecordBatch) ->
             tombstones_forgotten: 0,
         },
         inserts,
-        old_rows,
+        feed,
         changed_keys,
     })
 }

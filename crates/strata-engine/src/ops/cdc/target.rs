@@ -245,12 +245,17 @@ async fn replace_changed(
     };
     let inserts = take(&rows, change.insert_rows)?;
     let old_rows = take(current, change.old_rows)?;
+    let feed = crate::storage::replace::Feed {
+        deleted: take(current, change.feed_deleted)?,
+        inserted: take(&rows, change.feed_inserted)?,
+    };
     drop(rows);
     let replaced = crate::storage::replace::replace_keys(
         target,
         &setup.key_names,
         &old_rows,
         inserts.clone(),
+        &feed,
         &write.commit,
     )
     .await

@@ -164,6 +164,12 @@ pub(super) async fn replace_touched(
     let after = held - old.num_rows() + new.num_rows();
     let key_names: Vec<String> = keys.iter().map(|&k| names[k].clone()).collect();
     let commit = commit.clone().exactly_next();
-    let done = crate::storage::replace::replace_keys(view, &key_names, &old, new, &commit).await?;
+    // A changed key's row differs on both sides: the feed is the rows themselves.
+    let feed = crate::storage::replace::Feed {
+        deleted: old.clone(),
+        inserted: new.clone(),
+    };
+    let done =
+        crate::storage::replace::replace_keys(view, &key_names, &old, new, &feed, &commit).await?;
     Ok(done.map(|_| after))
 }
