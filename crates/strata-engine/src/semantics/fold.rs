@@ -516,6 +516,9 @@ pub(crate) fn columns_in_key_order(
 }
 
 fn take_column(array: &ArrayRef, idx: UInt32Array) -> Result<ArrayRef> {
+    if let Some(gathered) = crate::util::gather::take_bytes(array, &idx) {
+        return Ok(gathered);
+    }
     take(array.as_ref(), &idx, None).context(|| "gathering output rows".to_string())
 }
 

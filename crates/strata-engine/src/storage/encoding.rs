@@ -269,7 +269,9 @@ mod tests {
             schema,
             vec![
                 Arc::new(Int64Array::from_iter_values((0..n).map(|i| i / 10))),
-                Arc::new(Int64Array::from_iter_values((0..n).map(|i| i * 7919 % 20_000))),
+                Arc::new(Int64Array::from_iter_values(
+                    (0..n).map(|i| i * 7919 % 20_000),
+                )),
                 Arc::new(cities),
                 Arc::new(Int64Array::from_iter_values((0..n).map(|i| i % 500))),
             ],

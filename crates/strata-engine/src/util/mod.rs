@@ -5,6 +5,7 @@
 
 pub(crate) mod arrow;
 pub(crate) mod chunks;
+pub(crate) mod gather;
 pub(crate) mod glob;
 pub(crate) mod keyset;
 pub mod memory;
