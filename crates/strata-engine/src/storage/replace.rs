@@ -131,7 +131,7 @@ pub(crate) async fn replace_keys(
         actions.extend(marked.adds.into_iter().map(Action::Add));
         let what = format!(
             "the rows of {} key(s) ({}) replaced, old rows marked deleted",
-            shared.gone.len(),
+            shared.count,
             keys.join(", ")
         );
         commit_replacement(
@@ -158,7 +158,7 @@ pub(crate) async fn replace_keys(
     actions.extend(touched.iter().map(|(_, r)| Action::Remove(r.clone())));
     let what = format!(
         "the rows of {} key(s) ({}) replaced",
-        shared.gone.len(),
+        shared.count,
         keys.join(", ")
     );
     crate::util::steps::step!(debug, steps, "rewrote them");
@@ -197,7 +197,7 @@ pub(crate) async fn replace_keys_with_files(
     let files_read = snapshot.log_data().iter().count();
     let what = format!(
         "the rows of {} key(s) ({}) replaced by files written on a cluster",
-        shared.gone.len(),
+        shared.count,
         keys.join(", ")
     );
     let mut actions: Vec<Action> = cdc.into_iter().map(Action::Cdc).collect();
@@ -375,32 +375,40 @@ impl Shared {
                 .collect(),
         )
         .context(|| "row format".into())?;
-        let n: usize = pieces
+        let cast_pieces = pieces
             .iter()
-            .filter_map(|p| p.first())
-            .map(|c| c.len())
-            .sum();
-        let mut gone = ahash::AHashSet::<Box<[u8]>>::with_capacity(n);
-        let mut cast_pieces = Vec::with_capacity(pieces.len());
-        for piece in pieces {
-            let cols: Vec<ArrayRef> = key_at
-                .iter()
-                .zip(piece)
-                .map(|(&i, c)| cast_to(c, schema.field(i).data_type()))
-                .collect::<Result<_>>()?;
-            let rows = converter
-                .convert_columns(&cols)
-                .context(|| "row format".into())?;
-            gone.extend(rows.iter().map(|r| r.data().to_vec().into_boxed_slice()));
-            cast_pieces.push(cols);
-        }
-        let gone_ints = gone_ints(&schema, &key_at, gone.len(), &cast_pieces)?;
+            .map(|piece| {
+                key_at
+                    .iter()
+                    .zip(piece)
+                    .map(|(&i, c)| cast_to(c, schema.field(i).data_type()))
+                    .collect::<Result<Vec<ArrayRef>>>()
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut gone = ahash::AHashSet::<Box<[u8]>>::new();
+        let (gone_ints, count) = match gone_ints(&schema, &key_at, &cast_pieces)? {
+            Some((ints, count)) => (Some(ints), count),
+            None => {
+                for cols in &cast_pieces {
+                    let rows = converter
+                        .convert_columns(cols)
+                        .context(|| "row format".into())?;
+                    for r in rows.iter() {
+                        if !gone.contains(r.data()) {
+                            gone.insert(r.data().into());
+                        }
+                    }
+                }
+                (None, gone.len())
+            }
+        };
         Ok(Shared {
             schema,
             key_at,
             converter,
             gone,
             gone_ints,
+            count,
         })
     }
 }
@@ -416,18 +424,22 @@ fn key_positions(schema: &Schema, keys: &[String]) -> Result<Vec<usize>> {
         .collect()
 }
 
-/// A single integer key is also kept as plain integers: files are then checked without
-/// converting their keys to the row format. `None` for other keys. `pieces` hold the key
-/// columns.
+/// A single integer key is kept as plain integers, with how many there are: files are then
+/// checked without converting their keys to the row format. `None` for other keys.
+/// `pieces` hold the key columns.
 fn gone_ints(
     schema: &Schema,
     key_at: &[usize],
-    n_gone: usize,
     pieces: &[Vec<ArrayRef>],
-) -> Result<Option<crate::util::keyset::KeySet>> {
+) -> Result<Option<(crate::util::keyset::KeySet, usize)>> {
     Ok(match key_at {
         [k] if arrow::fits_i64(schema.field(*k).data_type()) => {
-            let mut ints: Vec<i64> = Vec::with_capacity(n_gone);
+            let rows = pieces
+                .iter()
+                .filter_map(|p| p.first())
+                .map(|c| c.len())
+                .sum();
+            let mut ints: Vec<i64> = Vec::with_capacity(rows);
             for piece in pieces {
                 let col = int64(&piece[0])?;
                 if col.null_count() > 0 {
@@ -437,7 +449,7 @@ fn gone_ints(
             }
             ints.sort_unstable();
             ints.dedup();
-            Some(crate::util::keyset::KeySet::new(&ints))
+            Some((crate::util::keyset::KeySet::new(&ints), ints.len()))
         }
         _ => None,
     })
@@ -760,25 +772,29 @@ struct Shared {
     schema: SchemaRef,
     key_at: Vec<usize>,
     converter: RowConverter,
+    /// The keys in the row format; empty when they are in `gone_ints`.
     gone: ahash::AHashSet<Box<[u8]>>,
-    /// The same keys as integers, for a single integer key column.
+    /// The keys as integers, for a single integer key column.
     gone_ints: Option<crate::util::keyset::KeySet>,
+    /// How many keys go.
+    count: usize,
 }
 
 impl Shared {
     /// Which rows of `batch` (in the table's layout) stay.
     fn keep_mask(&self, batch: &RecordBatch, key_cols: &[usize]) -> Result<BooleanArray> {
         if let (Some(ints), [c]) = (&self.gone_ints, key_cols) {
+            // No replaced key is NULL: a row with a NULL key stays.
             let col = int64(batch.column(*c))?;
-            if col.null_count() == 0 {
-                let values = col.as_primitive::<Int64Type>().values();
-                return Ok(BooleanArray::new(
-                    deltalake::arrow::buffer::BooleanBuffer::collect_bool(values.len(), |i| {
-                        !ints.contains(values[i])
-                    }),
-                    None,
-                ));
-            }
+            let values = col.as_primitive::<Int64Type>();
+            let nulls = values.nulls();
+            let values = values.values();
+            return Ok(BooleanArray::new(
+                deltalake::arrow::buffer::BooleanBuffer::collect_bool(values.len(), |i| {
+                    nulls.is_some_and(|n| n.is_null(i)) || !ints.contains(values[i])
+                }),
+                None,
+            ));
         }
         let cols: Vec<ArrayRef> = key_cols
             .iter()
