@@ -578,4 +578,47 @@ mod tests {
         }
         assert_eq!(total, 4 * rows, "every row in some file");
     }
+
+    /// Files written through delta-rs's writer (a batch's new target rows, small appends)
+    /// decide per column from their first batch too: distinct ids go PLAIN, a column of a
+    /// few values keeps its dictionary.
+    #[tokio::test]
+    async fn smaller_writes_skip_the_dictionary_of_distinct_columns() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let schema = Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("few", DataType::Int64, false),
+        ]);
+        let at = Location::parse(dir.path().to_str().expect("utf-8"), "table").expect("path");
+        let table = crate::storage::table::create_delta(&at, "t", &schema, vec![], None, vec![])
+            .await
+            .expect("create");
+        let rows = 200_000i64;
+        let batch = RecordBatch::try_new(
+            Arc::new(schema),
+            vec![
+                Arc::new((0..rows).collect::<Int64Array>()),
+                Arc::new((0..rows).map(|i| i % 7).collect::<Int64Array>()),
+            ],
+        )
+        .expect("batch");
+        let adds = write_files(&table, vec![batch]).await.expect("write");
+        assert!(!adds.is_empty());
+        for add in &adds {
+            let file = std::fs::File::open(dir.path().join(&add.path)).expect("open");
+            let reader = SerializedFileReader::new(file).expect("parquet");
+            for rg in reader.metadata().row_groups() {
+                let dictionaries: Vec<bool> = rg
+                    .columns()
+                    .iter()
+                    .map(|c| c.dictionary_page_offset().is_some())
+                    .collect();
+                assert_eq!(
+                    dictionaries,
+                    [false, true],
+                    "id PLAIN, few with a dictionary"
+                );
+            }
+        }
+    }
 }
