@@ -14,7 +14,20 @@ pub(crate) fn compare(
     old: &RecordBatch,
     new: &RecordBatch,
 ) -> Result<ChangeSet> {
-    let mut report = Counts::default();
+    let lanes = match old.num_rows() + new.num_rows() {
+        n if n >= PARALLEL_COMPARE_ROWS => crate::util::threads::parallelism(),
+        _ => 1,
+    };
+    compare_in_lanes(setup, old, new, lanes)
+}
+
+/// [`compare`], the keys compared in `lanes` lanes side by side.
+pub(crate) fn compare_in_lanes(
+    setup: &FlowSetup,
+    old: &RecordBatch,
+    new: &RecordBatch,
+    lanes: usize,
+) -> Result<ChangeSet> {
     // Each side's keys and whole rows in the row format, the two sides side by side.
     use deltalake::arrow::row::Rows;
     let convert = |b: &RecordBatch| -> Result<(Rows, Rows)> {
@@ -67,63 +80,30 @@ pub(crate) fn compare(
             .1
             .push(i as u32);
     }
-    let mut out = ChangeSet {
-        keys: 0,
-        delete_rows: Vec::new(),
-        insert_rows: Vec::new(),
-        old_rows: Vec::new(),
-        feed_deleted: Vec::new(),
-        feed_inserted: Vec::new(),
-        rows_deleted: 0,
-        counts: Counts::default(),
+    // The keys' comparisons, side by side in lanes of keys.
+    let groups: Vec<(Vec<u32>, Vec<u32>)> = by_key.into_values().collect();
+    let sides = Sides {
+        old_rows: &old_rows,
+        new_rows: &new_rows,
+        timeline: timeline.as_ref(),
     };
-    // Each key's whole rows on each side, sorted, with their row numbers.
-    let (mut od, mut nd): (Vec<Numbered>, Vec<Numbered>) = (Vec::new(), Vec::new());
-    for (o, n) in by_key.values() {
-        od.clear();
-        od.extend(o.iter().map(|&i| (old_rows.row(i as usize).data(), i)));
-        od.sort_unstable();
-        nd.clear();
-        nd.extend(n.iter().map(|&i| (new_rows.row(i as usize).data(), i)));
-        nd.sort_unstable();
-        let (gone, came) = row_difference(&od, &nd);
-        if !gone.is_empty() || !came.is_empty() {
-            out.keys += 1;
-            out.delete_rows.extend(o.first());
-            out.insert_rows.extend_from_slice(n);
-            out.old_rows.extend_from_slice(o);
-            report.rows_written += came.len();
-            out.feed_deleted.extend(gone);
-            out.feed_inserted.extend(came);
-        }
-        match &timeline {
-            Some((old_start, new_start, old_end, new_end)) => {
-                let (os, ns) = (
-                    |i: u32| old_start.row(i as usize).data(),
-                    |i: u32| new_start.row(i as usize).data(),
-                );
-                report.versions_opened += n
-                    .iter()
-                    .filter(|&&j| !o.iter().any(|&i| os(i) == ns(j)))
-                    .count();
-                report.versions_closed += o
-                    .iter()
-                    .filter(|&&i| {
-                        old_end.is_null(i as usize)
-                            && n.iter()
-                                .any(|&j| new_end.is_valid(j as usize) && ns(j) == os(i))
-                    })
-                    .count();
-            }
-            None => {
-                let before = o.last().map(|&i| old_rows.row(i as usize).data());
-                report.keys_upserted += n
-                    .iter()
-                    .filter(|&&j| before != Some(new_rows.row(j as usize).data()))
-                    .count();
-                report.keys_deleted += usize::from(!o.is_empty() && n.is_empty());
-            }
-        }
+    let chunk = groups.len().div_ceil(lanes).max(1);
+    let parts: Vec<ChangeSet> = std::thread::scope(|scope| {
+        let handles: Vec<_> = groups
+            .chunks(chunk)
+            .map(|keys| scope.spawn(|| sides.compare_keys(keys)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| EngineError::internal("a comparing thread panicked"))
+            })
+            .collect::<Result<Vec<_>>>()
+    })?;
+    let mut out = ChangeSet::default();
+    for part in parts {
+        out.absorb(part);
     }
     out.delete_rows.sort_unstable();
     out.insert_rows.sort_unstable();
@@ -131,8 +111,85 @@ pub(crate) fn compare(
     out.feed_deleted.sort_unstable();
     out.feed_inserted.sort_unstable();
     out.rows_deleted = out.old_rows.len();
-    out.counts = report;
     Ok(out)
+}
+
+/// Rows on both sides at and above which [`compare`] compares the keys on every core.
+const PARALLEL_COMPARE_ROWS: usize = 50_000;
+
+/// The two sides of a comparison in the row format: whole rows, and for a target with a
+/// timeline each side's starts and open ends (NULL where open).
+struct Sides<'a> {
+    old_rows: &'a deltalake::arrow::row::Rows,
+    new_rows: &'a deltalake::arrow::row::Rows,
+    timeline: Option<&'a Timeline>,
+}
+
+/// Each side's starts in the row format and ends (NULL where open), old side first.
+type Timeline = (
+    deltalake::arrow::row::Rows,
+    deltalake::arrow::row::Rows,
+    deltalake::arrow::array::ArrayRef,
+    deltalake::arrow::array::ArrayRef,
+);
+
+impl Sides<'_> {
+    /// The changes of `keys` (each key's old and new row numbers): which keys changed,
+    /// their rows, and the counts, row numbers in no particular order.
+    fn compare_keys(&self, keys: &[(Vec<u32>, Vec<u32>)]) -> ChangeSet {
+        let (old_rows, new_rows) = (self.old_rows, self.new_rows);
+        let mut out = ChangeSet::default();
+        let report = &mut out.counts;
+        // Each key's whole rows on each side, sorted, with their row numbers.
+        let (mut od, mut nd): (Vec<Numbered>, Vec<Numbered>) = (Vec::new(), Vec::new());
+        for (o, n) in keys {
+            od.clear();
+            od.extend(o.iter().map(|&i| (old_rows.row(i as usize).data(), i)));
+            od.sort_unstable();
+            nd.clear();
+            nd.extend(n.iter().map(|&i| (new_rows.row(i as usize).data(), i)));
+            nd.sort_unstable();
+            let (gone, came) = row_difference(&od, &nd);
+            if !gone.is_empty() || !came.is_empty() {
+                out.keys += 1;
+                out.delete_rows.extend(o.first());
+                out.insert_rows.extend_from_slice(n);
+                out.old_rows.extend_from_slice(o);
+                report.rows_written += came.len();
+                out.feed_deleted.extend(gone);
+                out.feed_inserted.extend(came);
+            }
+            match self.timeline {
+                Some((old_start, new_start, old_end, new_end)) => {
+                    let (os, ns) = (
+                        |i: u32| old_start.row(i as usize).data(),
+                        |i: u32| new_start.row(i as usize).data(),
+                    );
+                    report.versions_opened += n
+                        .iter()
+                        .filter(|&&j| !o.iter().any(|&i| os(i) == ns(j)))
+                        .count();
+                    report.versions_closed += o
+                        .iter()
+                        .filter(|&&i| {
+                            old_end.is_null(i as usize)
+                                && n.iter()
+                                    .any(|&j| new_end.is_valid(j as usize) && ns(j) == os(i))
+                        })
+                        .count();
+                }
+                None => {
+                    let before = o.last().map(|&i| old_rows.row(i as usize).data());
+                    report.keys_upserted += n
+                        .iter()
+                        .filter(|&&j| before != Some(new_rows.row(j as usize).data()))
+                        .count();
+                    report.keys_deleted += usize::from(!o.is_empty() && n.is_empty());
+                }
+            }
+        }
+        out
+    }
 }
 
 /// A row in the row format, with its row number.
@@ -187,6 +244,7 @@ pub(crate) struct Counts {
     pub(crate) keys_deleted: usize,
 }
 
+#[derive(Debug, Default, PartialEq)]
 pub(crate) struct ChangeSet {
     pub(crate) keys: usize,
     /// One old row per changed key that exists in the target (its key drives the delete).
@@ -202,6 +260,25 @@ pub(crate) struct ChangeSet {
     pub(crate) feed_inserted: Vec<u32>,
     pub(crate) rows_deleted: usize,
     pub(crate) counts: Counts,
+}
+
+impl ChangeSet {
+    /// Adds the changes of `other` (of other keys) to these.
+    fn absorb(&mut self, other: ChangeSet) {
+        self.keys += other.keys;
+        self.delete_rows.extend(other.delete_rows);
+        self.insert_rows.extend(other.insert_rows);
+        self.old_rows.extend(other.old_rows);
+        self.feed_deleted.extend(other.feed_deleted);
+        self.feed_inserted.extend(other.feed_inserted);
+        self.rows_deleted += other.rows_deleted;
+        let (c, o) = (&mut self.counts, other.counts);
+        c.rows_written += o.rows_written;
+        c.versions_opened += o.versions_opened;
+        c.versions_closed += o.versions_closed;
+        c.keys_upserted += o.keys_upserted;
+        c.keys_deleted += o.keys_deleted;
+    }
 }
 
 #[cfg(test)]

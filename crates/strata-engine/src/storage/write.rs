@@ -183,6 +183,67 @@ pub(crate) async fn append(
             .context(|| format!("writing {}", table.table_url()))?;
         return Ok(written.version().map_or(-1, |v| v as i64));
     }
+    let mut actions: Vec<Action> = files.into_iter().map(Action::Add).collect();
+    actions.extend(
+        write_side_by_side(table, batches, rows)
+            .await?
+            .into_iter()
+            .map(Action::Add),
+    );
+    commit_actions(table, actions, append_operation(table)?, commit).await
+}
+
+/// The data files of an append of `batches` to `table`, written and not committed (see
+/// [`commit_append`]): by one writer below [`parallel_min_rows`] rows, else as [`append`]
+/// writes them. A caller that has other work to do before it may commit writes the files
+/// meanwhile; files of an append never committed stay in no commit (a vacuum removes
+/// them).
+pub(crate) async fn stage_append(
+    table: &DeltaTable,
+    batches: Vec<RecordBatch>,
+) -> Result<Vec<deltalake::kernel::Add>> {
+    let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+    match rows {
+        0 => Ok(Vec::new()),
+        _ if rows < parallel_min_rows() || parallelism() == 1 => write_files(table, batches).await,
+        _ => write_side_by_side(table, batches, rows).await,
+    }
+}
+
+/// Commits the files [`stage_append`] wrote to `table` as an append, in commit `commit`;
+/// returns the table's new version.
+pub(crate) async fn commit_append(
+    table: &DeltaTable,
+    files: Vec<deltalake::kernel::Add>,
+    commit: &PendingCommit,
+) -> Result<i64> {
+    let actions = files.into_iter().map(Action::Add).collect();
+    commit_actions(table, actions, append_operation(table)?, commit).await
+}
+
+/// The operation an append to `table` records.
+fn append_operation(table: &DeltaTable) -> Result<DeltaOperation> {
+    let partition_by: Vec<String> = table
+        .snapshot()
+        .context(|| "reading table state".into())?
+        .metadata()
+        .partition_columns()
+        .to_vec();
+    Ok(DeltaOperation::Write {
+        mode: SaveMode::Append,
+        partition_by: (!partition_by.is_empty()).then_some(partition_by),
+        predicate: None,
+    })
+}
+
+/// `batches` (`rows` rows) written to new data files of `table` by one writer per core, a
+/// contiguous range of the rows each; nothing is committed.
+async fn write_side_by_side(
+    table: &DeltaTable,
+    batches: Vec<RecordBatch>,
+    rows: usize,
+) -> Result<Vec<deltalake::kernel::Add>> {
+    let parts = parallelism();
     // One contiguous group of rows per writer (each file then holds a range of the rows,
     // in order), handed over in slices of a row group side by side, without copying.
     let chunk = rows.div_ceil(parts).max(1);
@@ -217,20 +278,7 @@ pub(crate) async fn append(
             }
         }
     }
-    let mut actions: Vec<Action> = files.into_iter().map(Action::Add).collect();
-    actions.extend(stream.finish().await?.into_iter().map(Action::Add));
-    let partition_by: Vec<String> = table
-        .snapshot()
-        .context(|| "reading table state".into())?
-        .metadata()
-        .partition_columns()
-        .to_vec();
-    let operation = DeltaOperation::Write {
-        mode: SaveMode::Append,
-        partition_by: (!partition_by.is_empty()).then_some(partition_by),
-        predicate: None,
-    };
-    commit_actions(table, actions, operation, commit).await
+    stream.finish().await
 }
 
 /// Writes `batches` (in the table's layout) to new data files of `table` and returns their

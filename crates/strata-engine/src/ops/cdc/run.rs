@@ -176,27 +176,34 @@ async fn run_flow_once(
                 .map(RecordBatch::num_rows)
                 .sum::<usize>()
     ));
-    let folded = match (&stored, input.one_per_key) {
-        (None, true) => {
-            let rows = first_rows(setup, input.events.clone().unwrap_or_default()).await?;
-            step!(info, steps, "made the first rows");
-            rows
-        }
-        _ => {
-            let rows = fold(
-                setup,
-                stored.clone(),
-                input.events.clone().unwrap_or_default(),
-            );
-            let rows = rows.await?;
-            step!(info, steps, "folded and checked the SCD2 integrity");
-            rows
-        }
+    // The target rows before the run, when the target reflects every stored event (no
+    // interrupted run to complete): the fold of the touched keys' stored events, so the
+    // target need not be read to find out what changes. (For a snapshot flow, the run's
+    // deliveries must supersede nothing stored: new versions only.)
+    let stored_only = (pos.target_in_step()
+        && !report.recovered
+        && (!setup.is_snapshot() || input.superseded.is_none())
+        && matches!(input.touched, Touched::Keys(_)))
+    .then(|| stored.clone())
+    .flatten();
+    // Three independent pieces of work side by side: the fold, the rows before the run,
+    // and the new events' files (written, not committed: a fold that fails commits
+    // nothing).
+    let first = stored.is_none() && input.one_per_key;
+    let (folded, current, staged) = tokio::try_join!(
+        fold_or_first_rows(setup, stored, &input),
+        rows_before(setup, stored_only),
+        stage_events(setup, &pos, &input),
+    )?;
+    let what = match first {
+        true => "made the first rows and wrote the events",
+        false => "folded and checked the SCD2 integrity, wrote the events",
     };
+    step!(info, steps, what);
     if matches!(input.touched, Touched::All) {
         report.keys_touched = folded.keys;
     }
-    let store_version = commit_events(scope, setup, &pos, &input).await?;
+    let store_version = commit_events(scope, setup, &pos, &input, staged).await?;
     step!(info, steps, "committed the events");
     // Written on a thread of its own while the target is written; joined when the run ends.
     let _digest_writer = input.state_digest.and_then(|d| {
@@ -205,16 +212,7 @@ async fn run_flow_once(
     });
     let write = TargetWrite {
         rows: folded.rows,
-        // The target reflects every stored event (no interrupted run to complete): the rows
-        // the touched keys have now are the fold of their stored events, so the target need
-        // not be read to find out what changes. (For a snapshot flow, the run's deliveries
-        // must supersede nothing stored: new versions only.)
-        stored_only: (pos.target_in_step()
-            && !report.recovered
-            && (!setup.is_snapshot() || input.superseded.is_none())
-            && matches!(input.touched, Touched::Keys(_)))
-        .then_some(stored)
-        .flatten(),
+        current,
         touched: &input.touched,
         commit: PendingCommit::of_run(scope.run_id)
             .at(AppId::Events, store_version)
@@ -838,6 +836,36 @@ async fn fold(
     .await
 }
 
+/// The touched keys' rows after the run: each event its key's row for a first snapshot
+/// (nothing stored, one event per key), else the fold of their stored and new events.
+async fn fold_or_first_rows(
+    setup: &FlowSetup,
+    stored: Option<RecordBatch>,
+    input: &Input,
+) -> Result<Folded> {
+    let new = input.events.clone().unwrap_or_default();
+    match (&stored, input.one_per_key) {
+        (None, true) => first_rows(setup, new).await,
+        _ => fold(setup, stored, new).await,
+    }
+}
+
+/// The touched keys' rows before the run, folded from their stored events (`stored`), when
+/// those are all the target reflects.
+async fn rows_before(
+    setup: &FlowSetup,
+    stored: Option<RecordBatch>,
+) -> Result<Option<RecordBatch>> {
+    let Some(stored) = stored else {
+        return Ok(None);
+    };
+    let setup = setup.clone();
+    off_scheduler("the rows before the run", move || {
+        Ok(Some(setup.fold_to_target(&stored)?.0))
+    })
+    .await
+}
+
 /// The target rows of a first snapshot's events, which each upsert a key no other has
 /// with nothing stored: each event is its key's row (`target::first_rows`), without the
 /// fold's sort and gather, in the events' pieces.
@@ -851,17 +879,15 @@ async fn first_rows(setup: &FlowSetup, events: Vec<RecordBatch>) -> Result<Folde
     .await
 }
 
-/// Commits the run's events to the event store (created on the first run) together with
-/// the flow's new source position: from here on they are never lost. Returns the event
-/// store's version after the run.
-async fn commit_events(
-    scope: &Scope<'_>,
+/// The event store (created on the first run) and the data files of the run's new events
+/// in it, written but not committed; `None` when the run adds no events.
+async fn stage_events(
     setup: &FlowSetup,
     pos: &Positions,
     input: &Input,
-) -> Result<i64> {
+) -> Result<Option<(DeltaTable, Vec<deltalake::kernel::Add>)>> {
     let Some(events) = &input.to_commit else {
-        return Ok(pos.store_version);
+        return Ok(None);
     };
     let store = match &pos.store {
         Some(s) => s.clone(),
@@ -869,11 +895,29 @@ async fn commit_events(
             crate::eventstore::pages::create_store(&pos.store_path, &setup.event_schema).await?
         }
     };
+    let files = crate::storage::write::stage_append(&store, events.clone())
+        .await
+        .map_err(|e| e.within(|| format!("flow {}: writing events", setup.flow.name)))?;
+    Ok(Some((store, files)))
+}
+
+/// Commits the run's events (their files written by [`stage_events`]) to the event store
+/// together with the flow's new source position: from here on they are never lost.
+/// Returns the event store's version after the run.
+async fn commit_events(
+    scope: &Scope<'_>,
+    setup: &FlowSetup,
+    pos: &Positions,
+    input: &Input,
+    staged: Option<(DeltaTable, Vec<deltalake::kernel::Add>)>,
+) -> Result<i64> {
+    let Some((store, files)) = staged else {
+        return Ok(pos.store_version);
+    };
     let commit = PendingCommit::of_run(scope.run_id)
         .at(AppId::Flow(&setup.flow.name), pos.source_version)
         .with_info(tombstones::DECIDED_AT, serde_json::json!(input.decided_at));
-    let version = crate::storage::write::append(&store, events.clone(), Vec::new(), &commit)
+    crate::storage::write::commit_append(&store, files, &commit)
         .await
-        .map_err(|e| e.within(|| format!("flow {}: committing events", setup.flow.name)))?;
-    Ok(if version < 0 { pos.run() } else { version })
+        .map_err(|e| e.within(|| format!("flow {}: committing events", setup.flow.name)))
 }

@@ -31,9 +31,9 @@ use std::sync::Arc;
 pub(crate) struct TargetWrite<'a> {
     /// The touched keys' rows after the run, in the target layout, in pieces.
     pub(crate) rows: Vec<RecordBatch>,
-    /// The touched keys' stored events, when the target reflects them all: their rows before
-    /// the run are then folded from them instead of read from the target.
-    pub(crate) stored_only: Option<RecordBatch>,
+    /// The touched keys' rows before the run, folded from their stored events when the
+    /// target reflects them all; `None`: read from the target.
+    pub(crate) current: Option<RecordBatch>,
     pub(crate) touched: &'a Touched,
     /// The positions the target commit records (the event-store version and the flow's
     /// source position).
@@ -63,11 +63,8 @@ pub(crate) async fn write_target(
         pieces => concat_batches(&setup.target_schema, pieces)
             .context(|| "the touched keys' rows".into())?,
     };
-    let current = match &write.stored_only {
-        Some(stored) => {
-            let (s, stored) = (setup.clone(), stored.clone());
-            off_scheduler("fold", move || Ok(s.fold_to_target(&stored)?.0)).await?
-        }
+    let current = match &write.current {
+        Some(current) => current.clone(),
         None => {
             register_table(ctx, "__strata_target", &target, None).await?;
             let (schema, touched) = (&setup.target_schema, write.touched);
@@ -392,6 +389,46 @@ mod tests {
     fn by_key(rows: &RecordBatch) -> RecordBatch {
         let order = compute::sort_to_indices(rows.column(0), None, None).expect("sort");
         compute::take_record_batch(rows, &order).expect("take")
+    }
+
+    /// The keys compared in several lanes side by side give what one lane gives: the same
+    /// changed keys, rows and counts (SCD types 1 and 2).
+    #[test]
+    fn comparing_in_lanes_is_comparing_at_once() {
+        use crate::semantics::compare::compare_in_lanes;
+        for stored in ["SCD TYPE 1", "SCD TYPE 2"] {
+            let setup = setup(stored, &[]);
+            // Version 1 holds keys 0..300; version 2 two thirds of them, a change of amount
+            // for the even ones (100 keys).
+            let events = |version: i64, keys: Vec<i64>| {
+                let n = keys.len();
+                let columns: Vec<ArrayRef> = vec![
+                    Arc::new(Int64Array::from(keys.clone())),
+                    Arc::new(StringArray::from_iter_values(
+                        keys.iter().map(|k| format!("n{k}")),
+                    )),
+                    Arc::new(Int64Array::from_iter_values(
+                        keys.iter()
+                            .map(|k| k + i64::from(version == 2 && k % 2 == 0)),
+                    )),
+                    Arc::new(Int64Array::from(vec![version; n])),
+                    Arc::new(Int8Array::from(vec![0i8; n])),
+                    Arc::new(Int64Array::from(vec![version; n])),
+                ];
+                RecordBatch::try_new(setup.event_schema.clone(), columns).expect("events")
+            };
+            let v1 = events(1, (0..300).collect());
+            let v2 = events(2, (0..300).filter(|k| k % 3 != 0).collect());
+            let both = concat_batches(&setup.event_schema, &[v1.clone(), v2]).expect("concat");
+            let (old, _) = fold_checked(&setup, v1).expect("fold");
+            let (new, _) = fold_checked(&setup, both).expect("fold");
+            let one = compare_in_lanes(&setup, &old, &new, 1).expect("compare");
+            assert_eq!(one.keys, 100, "{stored}");
+            for lanes in [2, 3, 7] {
+                let many = compare_in_lanes(&setup, &old, &new, lanes).expect("compare");
+                assert_eq!(many, one, "{stored}, {lanes} lanes");
+            }
+        }
     }
 
     proptest! {
