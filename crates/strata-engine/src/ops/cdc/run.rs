@@ -190,11 +190,19 @@ async fn run_flow_once(
     // and the new events' files (written, not committed: a fold that fails commits
     // nothing).
     let first = stored.is_none() && input.one_per_key;
-    let (folded, current, staged) = tokio::try_join!(
+    let (folded, current, staged) = tokio::join!(
         fold_or_first_rows(setup, stored, &input),
         rows_before(setup, stored_only),
         stage_events(setup, &pos, &input),
-    )?;
+    );
+    let staged = staged?;
+    let (folded, current) = match (folded, current) {
+        (Ok(folded), Ok(current)) => (folded, current),
+        (Err(e), _) | (_, Err(e)) => {
+            remove_staged(&pos.store_path, staged).await;
+            return Err(e);
+        }
+    };
     let what = match first {
         true => "made the first rows and wrote the events",
         false => "folded and checked the SCD2 integrity, wrote the events",
@@ -879,31 +887,41 @@ async fn first_rows(setup: &FlowSetup, events: Vec<RecordBatch>) -> Result<Folde
     .await
 }
 
-/// The event store (created on the first run) and the data files of the run's new events
-/// in it, written but not committed; `None` when the run adds no events.
+/// The event store and the data files of the run's new events in it, written but not
+/// committed; `None` when the run adds no events or there is no event store yet (the first
+/// run creates it when it commits).
 async fn stage_events(
     setup: &FlowSetup,
     pos: &Positions,
     input: &Input,
 ) -> Result<Option<(DeltaTable, Vec<deltalake::kernel::Add>)>> {
-    let Some(events) = &input.to_commit else {
+    let (Some(events), Some(store)) = (&input.to_commit, &pos.store) else {
         return Ok(None);
     };
-    let store = match &pos.store {
-        Some(s) => s.clone(),
-        None => {
-            crate::eventstore::pages::create_store(&pos.store_path, &setup.event_schema).await?
-        }
-    };
-    let files = crate::storage::write::stage_append(&store, events.clone())
+    let files = crate::storage::write::stage_append(store, events.clone())
         .await
         .map_err(|e| e.within(|| format!("flow {}: writing events", setup.flow.name)))?;
-    Ok(Some((store, files)))
+    Ok(Some((store.clone(), files)))
 }
 
-/// Commits the run's events (their files written by [`stage_events`]) to the event store
-/// together with the flow's new source position: from here on they are never lost.
-/// Returns the event store's version after the run.
+/// Removes the event files [`stage_events`] wrote for a run that failed before it
+/// committed them; a file that cannot be removed is logged (it is in no commit: a vacuum
+/// removes it).
+async fn remove_staged(
+    store: &Location,
+    staged: Option<(DeltaTable, Vec<deltalake::kernel::Add>)>,
+) {
+    for add in staged.map(|(_, files)| files).unwrap_or_default() {
+        if let Err(e) = store.remove_file(&add.path).await {
+            tracing::warn!("{e}: left for a vacuum");
+        }
+    }
+}
+
+/// Commits the run's events (their files written by [`stage_events`]; on the first run,
+/// written now into the event store it creates) together with the flow's new source
+/// position: from here on they are never lost. Returns the event store's version after
+/// the run.
 async fn commit_events(
     scope: &Scope<'_>,
     setup: &FlowSetup,
@@ -911,13 +929,26 @@ async fn commit_events(
     input: &Input,
     staged: Option<(DeltaTable, Vec<deltalake::kernel::Add>)>,
 ) -> Result<i64> {
-    let Some((store, files)) = staged else {
-        return Ok(pos.store_version);
-    };
     let commit = PendingCommit::of_run(scope.run_id)
         .at(AppId::Flow(&setup.flow.name), pos.source_version)
         .with_info(tombstones::DECIDED_AT, serde_json::json!(input.decided_at));
-    crate::storage::write::commit_append(&store, files, &commit)
-        .await
-        .map_err(|e| e.within(|| format!("flow {}: committing events", setup.flow.name)))
+    let within = |e: crate::error::EngineError| {
+        e.within(|| format!("flow {}: committing events", setup.flow.name))
+    };
+    match (staged, &input.to_commit) {
+        (Some((store, files)), _) => crate::storage::write::commit_append(&store, files, &commit)
+            .await
+            .map_err(within),
+        (None, Some(events)) => {
+            let store =
+                crate::eventstore::pages::create_store(&pos.store_path, &setup.event_schema)
+                    .await?;
+            let version =
+                crate::storage::write::append(&store, events.clone(), Vec::new(), &commit)
+                    .await
+                    .map_err(within)?;
+            Ok(if version < 0 { pos.run() } else { version })
+        }
+        (None, None) => Ok(pos.store_version),
+    }
 }
