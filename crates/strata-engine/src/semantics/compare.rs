@@ -88,19 +88,10 @@ pub(crate) fn compare_in_lanes(
         timeline: timeline.as_ref(),
     };
     let chunk = groups.len().div_ceil(lanes).max(1);
-    let parts: Vec<ChangeSet> = std::thread::scope(|scope| {
-        let handles: Vec<_> = groups
-            .chunks(chunk)
-            .map(|keys| scope.spawn(|| sides.compare_keys(keys)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .map_err(|_| EngineError::internal("a comparing thread panicked"))
-            })
-            .collect::<Result<Vec<_>>>()
-    })?;
+    let parts =
+        crate::util::threads::on_threads(groups.chunks(chunk).collect(), "comparing", |keys| {
+            sides.compare_keys(keys)
+        })?;
     let mut out = ChangeSet::default();
     for part in parts {
         out.absorb(part);
