@@ -162,7 +162,12 @@ pub(super) async fn run_bulk(
     let store = match &bulk.from {
         Input::Source { store: Some(s), .. } => Some(s.clone()),
         Input::Source { store: None, .. } => Some(
-            crate::eventstore::pages::create_store(bulk.store_path, &setup.event_schema).await?,
+            crate::eventstore::pages::create_store(
+                bulk.store_path,
+                &setup.event_schema,
+                &setup.key_names,
+            )
+            .await?,
         ),
         Input::Store { .. } => None,
     };

@@ -940,9 +940,12 @@ async fn commit_events(
             .await
             .map_err(within),
         (None, Some(events)) => {
-            let store =
-                crate::eventstore::pages::create_store(&pos.store_path, &setup.event_schema)
-                    .await?;
+            let store = crate::eventstore::pages::create_store(
+                &pos.store_path,
+                &setup.event_schema,
+                &setup.key_names,
+            )
+            .await?;
             let version =
                 crate::storage::write::append(&store, events.clone(), Vec::new(), &commit)
                     .await

@@ -196,7 +196,12 @@ pub(super) async fn run_on_cluster(
     let store = match store {
         Some(s) => s.clone(),
         None => {
-            crate::eventstore::pages::create_store(bulk.store_path, &setup.event_schema).await?
+            crate::eventstore::pages::create_store(
+                bulk.store_path,
+                &setup.event_schema,
+                &setup.key_names,
+            )
+            .await?
         }
     };
     let target = match &bulk.target {
