@@ -1,5 +1,6 @@
 //! `strata.parquet.compression` chooses the codec of every Parquet file strata writes into a
-//! table (appends, rewrites, change data files); strata's own event stores use LZ4_RAW; an
+//! table (appends, rewrites, change data files); strata's own event stores use LZ4_RAW (their
+//! integer keys packed as deltas, without a codec); an
 //! unknown codec is refused before anything runs. `strata.parquet.plainColumns` keeps
 //! columns out of dictionary encoding (by default a target's key and timeline columns);
 //! `strata.parquet.uncompressedColumns` writes columns without the table's codec.
@@ -109,11 +110,23 @@ async fn every_file_of_a_table_has_its_codec() {
     assert_eq!(codecs(&wh_dir.join("default/raw")), set(&["ZSTD"]));
     assert_eq!(codecs(&wh_dir.join("default/fast")), set(&["LZ4_RAW"]));
     assert_eq!(codecs(&wh_dir.join("default/plain")), set(&["SNAPPY"]));
-    assert_eq!(codecs(&wh_dir.join("_strata")), set(&["LZ4_RAW", "SNAPPY"]));
     assert_eq!(
-        codecs(&wh_dir.join("_strata/default/plain")),
-        set(&["LZ4_RAW"]),
-        "event stores are LZ4_RAW"
+        codecs(&wh_dir.join("_strata")),
+        set(&["LZ4_RAW", "SNAPPY", "UNCOMPRESSED"])
+    );
+    // Event stores are LZ4_RAW, but for their integer key, packed as deltas without a
+    // codec (`strata.parquet.deltaColumns`).
+    let mut store = BTreeMap::<String, BTreeSet<String>>::new();
+    each_chunk(&wh_dir.join("_strata/default/plain"), |c| {
+        store
+            .entry(c.column_path().string())
+            .or_default()
+            .insert(codec_name(c));
+    });
+    assert_eq!(store.remove("id"), Some(set(&["UNCOMPRESSED"])));
+    assert!(
+        store.values().all(|c| *c == set(&["LZ4_RAW"])),
+        "event stores are LZ4_RAW: {store:?}"
     );
 
     let both = "\
