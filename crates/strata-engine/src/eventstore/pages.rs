@@ -48,6 +48,7 @@ pub(crate) async fn create_store(
         COMPRESSION_PROPERTY, DELTA_COLUMNS_PROPERTY, PAGE_ROWS_PROPERTY,
         PAGE_STATISTICS_COLUMNS_PROPERTY,
     };
+    let keys = keys.join(",");
     crate::storage::table::create_delta(
         path,
         "events",
@@ -63,9 +64,9 @@ pub(crate) async fn create_store(
             ),
             (
                 PAGE_STATISTICS_COLUMNS_PROPERTY.to_string(),
-                Some(keys.join(",")),
+                Some(keys.clone()),
             ),
-            (DELTA_COLUMNS_PROPERTY.to_string(), Some(keys.join(","))),
+            (DELTA_COLUMNS_PROPERTY.to_string(), Some(keys)),
         ],
         None,
         Vec::new(),

@@ -134,10 +134,10 @@ pub(crate) fn writer_properties(table: &DeltaTable) -> WriterProperties {
         for column in listed_columns(&schema, get(UNCOMPRESSED_COLUMNS_PROPERTY)) {
             props = props.set_column_compression(column, Compression::UNCOMPRESSED);
         }
-        for column in integer_columns(
-            &schema,
-            listed_columns(&schema, get(DELTA_COLUMNS_PROPERTY)),
-        ) {
+        let packed = listed_fields(&schema, get(DELTA_COLUMNS_PROPERTY))
+            .into_iter()
+            .filter(|f| is_integer(f));
+        for column in packed.map(|f| ColumnPath::from(f.name().as_str())) {
             props = props
                 .set_column_dictionary_enabled(column.clone(), false)
                 .set_column_encoding(column.clone(), Encoding::DELTA_BINARY_PACKED)
@@ -153,30 +153,18 @@ pub(crate) fn writer_properties(table: &DeltaTable) -> WriterProperties {
     props.build()
 }
 
-/// The columns of `columns` that `schema` types as integers (what DELTA_BINARY_PACKED
-/// encodes).
-fn integer_columns(
-    schema: &deltalake::kernel::StructType,
-    columns: Vec<ColumnPath>,
-) -> Vec<ColumnPath> {
+/// Whether `field` holds integers (what DELTA_BINARY_PACKED encodes).
+fn is_integer(field: &deltalake::kernel::StructField) -> bool {
     use deltalake::kernel::{DataType, PrimitiveType};
-    columns
-        .into_iter()
-        .filter(|c| {
-            schema.fields().any(|f| {
-                f.name() == &c.string()
-                    && matches!(
-                        f.data_type(),
-                        DataType::Primitive(
-                            PrimitiveType::Long
-                                | PrimitiveType::Integer
-                                | PrimitiveType::Short
-                                | PrimitiveType::Byte
-                        )
-                    )
-            })
-        })
-        .collect()
+    matches!(
+        field.data_type(),
+        DataType::Primitive(
+            PrimitiveType::Long
+                | PrimitiveType::Integer
+                | PrimitiveType::Short
+                | PrimitiveType::Byte
+        )
+    )
 }
 
 /// [`writer_properties`] of `table` for a file whose first batch is `first`: with the
@@ -196,6 +184,17 @@ pub(crate) fn writer_properties_for(
 /// The columns of `schema` named in `list` (comma-separated, any case), in their own
 /// spelling; a name the table lacks is ignored.
 fn listed_columns(schema: &deltalake::kernel::StructType, list: Option<&str>) -> Vec<ColumnPath> {
+    listed_fields(schema, list)
+        .into_iter()
+        .map(|f| ColumnPath::from(f.name().as_str()))
+        .collect()
+}
+
+/// The fields of `schema` named in `list`, as [`listed_columns`] finds them.
+fn listed_fields<'a>(
+    schema: &'a deltalake::kernel::StructType,
+    list: Option<&str>,
+) -> Vec<&'a deltalake::kernel::StructField> {
     let Some(list) = list else {
         return Vec::new();
     };
@@ -205,7 +204,6 @@ fn listed_columns(schema: &deltalake::kernel::StructType, list: Option<&str>) ->
             schema
                 .fields()
                 .find(|f| f.name().eq_ignore_ascii_case(name))
-                .map(|f| ColumnPath::from(f.name().as_str()))
         })
         .collect()
 }
