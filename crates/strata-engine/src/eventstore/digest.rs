@@ -16,16 +16,19 @@
 //! The digest is a cache, never the record: it is a function of the event store (the state at
 //! the latest applied version is the fold of the stored events), written after the store commit
 //! of the run that made it, and named by that store version (`state/digest-<version>.arrow`
-//! next to the event store: an Arrow IPC file of two uncompressed columns, read straight into
-//! memory). A run uses it only when its version is the store's and the target reflects the
-//! store; otherwise (a crash between the commits, a digest from an older strata,
-//! a changed schema, no digest yet) the run reads the target as before and writes a new one.
-//! It serves flows with one integer-like key, like the page-index store read (`eventstore/pages.rs`).
+//! next to the event store: an Arrow IPC file of uncompressed columns, read straight into
+//! memory). The file holds the keys in the order-preserving form the merge compares
+//! (`util::arrow::Ordered::Int`) and the hashes, used as read without a conversion; a key of
+//! another type than a 64-bit integer also keeps a column of its own values. A run uses it
+//! only when its version is the store's and the target reflects the store; otherwise (a
+//! crash between the commits, a digest from an older strata, a changed schema, no digest yet)
+//! the run reads the target as before and writes a new one. It serves flows with one
+//! integer-like key, like the page-index store read (`eventstore/pages.rs`).
 
 use crate::error::{Context, EngineError, Result};
 use crate::storage::location::Location;
 use deltalake::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, UInt32Array, UInt64Array};
-use deltalake::arrow::buffer::{Buffer, ScalarBuffer};
+use deltalake::arrow::buffer::ScalarBuffer;
 use deltalake::arrow::compute;
 use deltalake::arrow::datatypes::{DataType, Field, Schema, UInt64Type};
 use deltalake::arrow::ipc::reader::FileReader;
@@ -38,15 +41,18 @@ use std::sync::Arc;
 use twox_hash::XxHash3_64;
 
 /// Raised when the hashing or the file layout changes: older digests are then ignored.
-const FORMAT: &str = "2";
+const FORMAT: &str = "3";
 const STAMP_KEY: &str = "strata.digest";
 const HASH_COL: &str = "__strata_hash";
+/// The column of a digest file holding the keys in their order-preserving form.
+const ORDER_COL: &str = "__strata_key_order";
 
 /// Keys of one state, ascending, each with the hash of its other columns.
 pub(crate) struct Digest {
     keys: Keys,
-    /// The keys in order-preserving integer form (`util::arrow::Ordered::Int`).
-    ordered: Vec<u64>,
+    /// The keys in order-preserving integer form (`util::arrow::Ordered::Int`): made by a
+    /// sort, or as read from a digest file.
+    ordered: ScalarBuffer<u64>,
     hashes: ScalarBuffer<u64>,
 }
 
@@ -64,7 +70,7 @@ impl Digest {
     pub(crate) fn empty(key_type: &DataType) -> Digest {
         Digest {
             keys: Keys::Sorted(deltalake::arrow::array::new_empty_array(key_type)),
-            ordered: Vec::new(),
+            ordered: ScalarBuffer::from(Vec::new()),
             hashes: ScalarBuffer::from(Vec::new()),
         }
     }
@@ -87,27 +93,16 @@ impl Digest {
         compute::take(column.as_ref(), &idx, None).context(|| "reading digest keys".into())
     }
 
-    /// The whole key column in key order, and the hashes. 64-bit integer keys are turned
-    /// back from their order-preserving form in place, and the snapshot's key column and
-    /// row order are let go: a 10M-key digest being saved then holds 160 MB, not 320.
-    fn into_sorted(self) -> Result<(ArrayRef, ScalarBuffer<u64>)> {
-        if !matches!(self.keys, Keys::Int64) {
-            return Ok((self.sorted_keys()?, self.hashes));
-        }
-        let Digest {
-            mut ordered,
-            hashes,
-            ..
-        } = self;
-        for u in &mut ordered {
-            *u ^= 1 << 63;
-        }
-        let n = ordered.len();
-        let values = ScalarBuffer::<i64>::new(Buffer::from_vec(ordered), 0, n);
-        Ok((
-            Arc::new(deltalake::arrow::array::Int64Array::new(values, None)),
-            hashes,
-        ))
+    /// What a digest file holds: the order-preserving keys, the hashes, and the key column in
+    /// key order unless the keys are 64-bit integers (rebuilt from the first when read). The
+    /// snapshot's key column and row order are let go: a 10M-key digest being saved then
+    /// holds 160 MB, not 320.
+    fn into_parts(self) -> Result<(ScalarBuffer<u64>, ScalarBuffer<u64>, Option<ArrayRef>)> {
+        let keys = match self.keys {
+            Keys::Int64 => None,
+            _ => Some(self.sorted_keys()?),
+        };
+        Ok((self.ordered, self.hashes, keys))
     }
 
     /// The whole key column, in key order.
@@ -188,7 +183,7 @@ pub(crate) fn of_pieces(pieces: &[RecordBatch], key: usize) -> Result<Option<Sna
     Ok(Some(SnapshotDigest {
         digest: Digest {
             keys,
-            ordered,
+            ordered: ScalarBuffer::from(ordered),
             hashes: ScalarBuffer::from(hashes),
         },
         rows,
@@ -428,26 +423,32 @@ fn read(path: &Path, fingerprint: &str) -> Result<Option<Digest>> {
         [one] => one.clone(),
         _ => compute::concat_batches(&schema, &batches).context(what)?,
     };
-    if all.num_columns() != 2 {
-        return Ok(None);
-    }
-    let keys = all.column(0).clone();
-    let crate::util::arrow::Ordered::Int(ordered) = crate::util::arrow::Ordered::of(&keys, None)?
-    else {
+    let column = |name: &str| {
+        all.column_by_name(name)
+            .and_then(|c| c.as_primitive_opt::<UInt64Type>())
+            .filter(|c| c.null_count() == 0)
+            .map(|c| c.values().clone())
+    };
+    let (Some(ordered), Some(hashes)) = (column(ORDER_COL), column(HASH_COL)) else {
         return Ok(None);
     };
-    let hashes = all
-        .column(1)
-        .as_primitive_opt::<UInt64Type>()
-        .map(|a| a.values().clone());
-    match hashes {
-        Some(hashes) if hashes.len() == ordered.len() => Ok(Some(Digest {
-            keys: Keys::Sorted(keys),
-            ordered,
-            hashes,
-        })),
-        _ => Ok(None),
+    // The key column of its own type, when the keys are not 64-bit integers.
+    let keys = match schema
+        .fields()
+        .iter()
+        .position(|f| f.name() != ORDER_COL && f.name() != HASH_COL)
+    {
+        Some(i) => Keys::Sorted(all.column(i).clone()),
+        None => Keys::Int64,
+    };
+    if hashes.len() != ordered.len() {
+        return Ok(None);
     }
+    Ok(Some(Digest {
+        keys,
+        ordered,
+        hashes,
+    }))
 }
 
 /// Writes `digest` as the state after store version `store_version` (to a temporary name,
@@ -468,22 +469,24 @@ pub(crate) fn save(
 ) -> Result<()> {
     let what = || format!("writing the state digest in {}", dir.display());
     std::fs::create_dir_all(dir).context(what)?;
-    let (keys, hashes) = digest.into_sorted()?;
+    let (ordered, hashes, keys) = digest.into_parts()?;
     // The fingerprint rides in the schema's metadata: a digest made for other columns or
     // by another format is never used.
     let stamp = HashMap::from([(STAMP_KEY.to_string(), fingerprint.to_string())]);
-    let schema = Arc::new(Schema::new_with_metadata(
-        vec![
-            Field::new(key_name, keys.data_type().clone(), false),
-            Field::new(HASH_COL, DataType::UInt64, false),
-        ],
-        stamp,
-    ));
-    let batch = RecordBatch::try_new(
-        schema.clone(),
-        vec![keys, Arc::new(UInt64Array::new(hashes, None))],
-    )
-    .context(what)?;
+    let mut fields = vec![
+        Field::new(ORDER_COL, DataType::UInt64, false),
+        Field::new(HASH_COL, DataType::UInt64, false),
+    ];
+    let mut columns: Vec<ArrayRef> = vec![
+        Arc::new(UInt64Array::new(ordered, None)),
+        Arc::new(UInt64Array::new(hashes, None)),
+    ];
+    if let Some(keys) = keys {
+        fields.push(Field::new(key_name, keys.data_type().clone(), false));
+        columns.push(keys);
+    }
+    let schema = Arc::new(Schema::new_with_metadata(fields, stamp));
+    let batch = RecordBatch::try_new(schema.clone(), columns).context(what)?;
     let target = file_of(dir, store_version);
     let tmp = dir.join(format!(".digest-{store_version:020}.tmp"));
     if let Some(previous) = latest_file(dir).filter(|p| *p != target) {
@@ -663,11 +666,12 @@ mod tests {
                 .values(),
             &want[..]
         );
-        // Turned back in place when saved, with the hashes in the same order.
-        let hashes = d.digest.hashes.clone();
-        let (in_place, kept) = d.digest.into_sorted().unwrap();
-        assert_eq!(&in_place, &got);
-        assert_eq!(kept, hashes);
+        // Saved as sorted (no key column of its own: rebuilt from the sorted form), with
+        // the hashes in the same order.
+        let (ordered, hashes) = (d.digest.ordered.clone(), d.digest.hashes.clone());
+        let (kept_order, kept, own) = d.digest.into_parts().unwrap();
+        assert_eq!((kept_order, kept), (ordered, hashes));
+        assert!(own.is_none());
         let narrow = RecordBatch::try_new(
             Arc::new(Schema::new(vec![Field::new("k", DataType::Int32, false)])),
             vec![Arc::new(deltalake::arrow::array::Int32Array::from(vec![
@@ -681,6 +685,19 @@ mod tests {
             got.as_primitive::<deltalake::arrow::datatypes::Int32Type>()
                 .values(),
             &[-2, 4, 9]
+        );
+        // A narrow key is saved with its own column too, and read back from it.
+        let dir = tempfile::tempdir().unwrap();
+        save(dir.path(), 1, "f", "k", d.digest).unwrap();
+        let loaded = load(dir.path(), 1, "f").unwrap();
+        assert!(matches!(loaded.keys, Keys::Sorted(_)));
+        assert_eq!(
+            loaded
+                .keys_at(&[2, 0])
+                .unwrap()
+                .as_primitive::<deltalake::arrow::datatypes::Int32Type>()
+                .values(),
+            &[9, -2]
         );
         // Keys at sorted positions: a narrow key in pieces (gathered from them), a 64-bit
         // one (rebuilt from its sorted form) and one loaded from a file (as read).
