@@ -168,15 +168,15 @@ fn is_integer(field: &deltalake::kernel::StructField) -> bool {
 }
 
 /// [`writer_properties`] of `table` for a file whose first batch is `first`: with the
-/// dictionary off for the columns that batch shows it costs more than it saves
-/// (`storage/encoding.rs`).
+/// dictionary off for the columns that batch shows it costs more than it saves, and the codec
+/// off for those it would not shrink (`storage/encoding.rs`).
 pub(crate) fn writer_properties_for(
     table: &DeltaTable,
     first: Option<&RecordBatch>,
 ) -> WriterProperties {
     let props = writer_properties(table);
     match first {
-        Some(batch) => crate::storage::encoding::plain_where_distinct(props, batch),
+        Some(batch) => crate::storage::encoding::for_first_batch(props, batch),
         None => props,
     }
 }
@@ -537,8 +537,9 @@ fn write_local_files(
             None => {
                 let name = format!("part-00000-{}-c000{codec}.parquet", uuid::Uuid::new_v4());
                 let file = std::fs::File::create(dir.join(&name)).context(|| what(&name))?;
-                // Columns the first batch shows to be nearly distinct skip the dictionary.
-                let props = crate::storage::encoding::plain_where_distinct(props.clone(), &batch);
+                // Columns the first batch shows to be nearly distinct skip the dictionary,
+                // and those that would not shrink skip the codec.
+                let props = crate::storage::encoding::for_first_batch(props.clone(), &batch);
                 let writer = ArrowWriter::try_new(file, schema.clone(), Some(props))
                     .context(|| what(&name))?;
                 open.insert((name, writer))
