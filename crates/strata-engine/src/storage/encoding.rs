@@ -46,7 +46,7 @@ use deltalake::arrow::compute;
 use deltalake::arrow::datatypes::DataType;
 use deltalake::arrow::row::{RowConverter, SortField};
 use deltalake::datafusion::parquet::basic::{Compression, Encoding};
-use deltalake::datafusion::parquet::file::properties::WriterProperties;
+use deltalake::datafusion::parquet::file::properties::{WriterProperties, WriterPropertiesBuilder};
 use deltalake::datafusion::parquet::schema::types::ColumnPath;
 
 /// Rows in each sample.
@@ -92,31 +92,46 @@ fn uncompressed_where_it_saves_nothing(
     props: WriterProperties,
     batch: &RecordBatch,
 ) -> WriterProperties {
-    let off: Vec<ColumnPath> = batch
+    let off = columns_where(batch, |path, c| {
+        let plain = !props.dictionary_enabled(path)
+            && props.encoding(path).is_none_or(|e| e == Encoding::PLAIN);
+        plain
+            && plain_sample(c).is_some_and(|sample| {
+                compressed_len(props.compression(path), &sample)
+                    .is_some_and(|n| n as f64 >= INCOMPRESSIBLE_SHARE * sample.len() as f64)
+            })
+    });
+    for_each_column(props, off, |b, path| {
+        b.set_column_compression(path, Compression::UNCOMPRESSED)
+    })
+}
+
+/// The paths of the top-level columns of `batch` for which `keep` holds.
+fn columns_where(
+    batch: &RecordBatch,
+    keep: impl Fn(&ColumnPath, &ArrayRef) -> bool,
+) -> Vec<ColumnPath> {
+    batch
         .schema()
         .fields()
         .iter()
         .zip(batch.columns())
-        .filter(|(f, c)| {
-            let path = ColumnPath::from(f.name().as_str());
-            let plain = !props.dictionary_enabled(&path)
-                && props.encoding(&path).is_none_or(|e| e == Encoding::PLAIN);
-            plain
-                && plain_sample(c).is_some_and(|sample| {
-                    compressed_len(props.compression(&path), &sample)
-                        .is_some_and(|n| n as f64 >= INCOMPRESSIBLE_SHARE * sample.len() as f64)
-                })
-        })
-        .map(|(f, _)| ColumnPath::from(f.name().as_str()))
-        .collect();
-    if off.is_empty() {
+        .map(|(f, c)| (ColumnPath::from(f.name().as_str()), c))
+        .filter(|(path, c)| keep(path, c))
+        .map(|(path, _)| path)
+        .collect()
+}
+
+/// `props` with `set` applied for each of `columns`; `props` as they are when there is none.
+fn for_each_column(
+    props: WriterProperties,
+    columns: Vec<ColumnPath>,
+    set: impl Fn(WriterPropertiesBuilder, ColumnPath) -> WriterPropertiesBuilder,
+) -> WriterProperties {
+    if columns.is_empty() {
         return props;
     }
-    let mut builder = props.into_builder();
-    for path in off {
-        builder = builder.set_column_compression(path, Compression::UNCOMPRESSED);
-    }
-    builder.build()
+    columns.into_iter().fold(props.into_builder(), set).build()
 }
 
 /// The first values of `column` laid out as Parquet's PLAIN encoding writes them (fixed-width
@@ -126,53 +141,50 @@ fn plain_sample(column: &ArrayRef) -> Option<Vec<u8>> {
     if column.len() < MIN_SAMPLE_ROWS {
         return None;
     }
-    let mut out = Vec::with_capacity(CODEC_SAMPLE_BYTES + 64);
-    let mut push = |bytes: &[u8]| {
-        out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-        out.extend_from_slice(bytes);
-        out.len() < CODEC_SAMPLE_BYTES
+    // Byte arrays: each value after its length, until the sample is full.
+    let lengths_and_bytes = |values: &mut dyn Iterator<Item = &[u8]>| {
+        let mut out = Vec::with_capacity(CODEC_SAMPLE_BYTES + 64);
+        for v in values {
+            out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+            out.extend_from_slice(v);
+            if out.len() >= CODEC_SAMPLE_BYTES {
+                break;
+            }
+        }
+        out
     };
-    let mut i = 0;
-    match column.data_type() {
-        DataType::Utf8 => {
-            let a = column.as_string::<i32>();
-            while i < a.len() && push(a.value(i).as_bytes()) {
-                i += 1;
-            }
-        }
-        DataType::LargeUtf8 => {
-            let a = column.as_string::<i64>();
-            while i < a.len() && push(a.value(i).as_bytes()) {
-                i += 1;
-            }
-        }
+    let out = match column.data_type() {
+        DataType::Utf8 => lengths_and_bytes(
+            &mut column
+                .as_string::<i32>()
+                .iter()
+                .flatten()
+                .map(str::as_bytes),
+        ),
+        DataType::LargeUtf8 => lengths_and_bytes(
+            &mut column
+                .as_string::<i64>()
+                .iter()
+                .flatten()
+                .map(str::as_bytes),
+        ),
         DataType::Utf8View => {
-            let a = column.as_string_view();
-            while i < a.len() && push(a.value(i).as_bytes()) {
-                i += 1;
-            }
+            lengths_and_bytes(&mut column.as_string_view().iter().flatten().map(str::as_bytes))
         }
-        DataType::Binary => {
-            let a = column.as_binary::<i32>();
-            while i < a.len() && push(a.value(i)) {
-                i += 1;
-            }
-        }
-        DataType::BinaryView => {
-            let a = column.as_binary_view();
-            while i < a.len() && push(a.value(i)) {
-                i += 1;
-            }
-        }
+        DataType::Binary => lengths_and_bytes(&mut column.as_binary::<i32>().iter().flatten()),
+        DataType::BinaryView => lengths_and_bytes(&mut column.as_binary_view().iter().flatten()),
         DataType::Boolean => return None,
         dt => {
             let width = dt.primitive_width()?;
             let data = column.to_data();
             let rows = column.len().min(CODEC_SAMPLE_BYTES / width);
             let start = data.offset() * width;
-            out.extend_from_slice(data.buffers().first()?.get(start..start + rows * width)?);
+            data.buffers()
+                .first()?
+                .get(start..start + rows * width)?
+                .to_vec()
         }
-    }
+    };
     Some(out)
 }
 
@@ -195,35 +207,22 @@ fn plain_where_distinct(props: WriterProperties, batch: &RecordBatch) -> WriterP
     let group_rows = props.max_row_group_row_count().unwrap_or(batch.num_rows());
     let limit = props.dictionary_page_size_limit();
     let lookups = props.data_page_row_count_limit() <= LOOKUP_PAGE_ROWS;
-    let plain: Vec<ColumnPath> = batch
-        .schema()
-        .fields()
-        .iter()
-        .zip(batch.columns())
-        .filter(|(f, c)| {
-            let path = ColumnPath::from(f.name().as_str());
-            if !props.dictionary_enabled(&path) {
-                return false;
-            }
-            let Some(samples) = Samples::of(c) else {
-                return false;
-            };
-            if lookups {
-                samples.dictionary_bytes(group_rows) > LOOKUP_DICTIONARY_BYTES
-            } else {
-                samples.nearly_distinct(group_rows, limit) || samples.outgrows_cache(group_rows)
-            }
-        })
-        .map(|(f, _)| ColumnPath::from(f.name().as_str()))
-        .collect();
-    if plain.is_empty() {
-        return props;
-    }
-    let mut builder = props.into_builder();
-    for path in plain {
-        builder = builder.set_column_dictionary_enabled(path, false);
-    }
-    builder.build()
+    let plain = columns_where(batch, |path, c| {
+        if !props.dictionary_enabled(path) {
+            return false;
+        }
+        let Some(samples) = Samples::of(c) else {
+            return false;
+        };
+        if lookups {
+            samples.dictionary_bytes(group_rows) > LOOKUP_DICTIONARY_BYTES
+        } else {
+            samples.nearly_distinct(group_rows, limit) || samples.outgrows_cache(group_rows)
+        }
+    });
+    for_each_column(props, plain, |b, path| {
+        b.set_column_dictionary_enabled(path, false)
+    })
 }
 
 /// What the two samples of a column (the module docs) show.
