@@ -99,6 +99,7 @@ pub(crate) async fn set_aside(
         ];
         let mut moved = false;
         for (from, to) in moves {
+            wh.forget_table(&from);
             moved |= from.move_to(&to).await?;
         }
         // Caches derived from the old table and event store (the state digest, the record of

@@ -265,6 +265,9 @@ pub(crate) async fn run_plan(
         check_reset_allowed(wh, &plan, &tables).await?;
         report.set_aside = set_aside(wh, &tables, &run_id).await?;
     }
+    // From here on, a table is read from its log once per run; later opens read only the
+    // commits made since.
+    let wh = &wh.keeping_opened_tables();
     let memory = crate::util::memory::resolve(&options.configuration)
         .map_err(crate::error::EngineError::BadInput)?;
     let flow_retries = crate::load::settings::FlowRetries::resolve(&options.configuration)

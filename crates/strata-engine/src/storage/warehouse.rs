@@ -16,7 +16,7 @@ use crate::error::{Context, Result};
 use crate::storage::location::Location;
 use crate::storage::table::open_delta;
 use deltalake::DeltaTable;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use strata_sql::TableName;
@@ -37,6 +37,39 @@ pub struct Warehouse {
     private: Option<Arc<Private>>,
     /// Where the sinks of the pipeline this handle runs write (`CREATE SINK`).
     sinks: Option<Arc<BTreeMap<TableName, Location>>>,
+    /// The Delta tables this handle has opened, as last seen, when it keeps them (a run's
+    /// handle: [`Warehouse::keeping_opened_tables`]).
+    opened: Option<Arc<OpenedTables>>,
+}
+
+/// The Delta tables a run has opened, by location, each at the newest version the run has
+/// seen. Opening a table again brings the kept one up to date, which reads only the commits
+/// made since (one listing of the log on object storage) instead of the log from its last
+/// checkpoint (a listing, `_last_checkpoint`, the checkpoint and every commit after it).
+#[derive(Debug, Default)]
+struct OpenedTables(Mutex<HashMap<String, DeltaTable>>);
+
+impl OpenedTables {
+    fn get(&self, at: &Location) -> Option<DeltaTable> {
+        self.0.lock().ok()?.get(&at.to_string()).cloned()
+    }
+
+    /// Keeps `table` unless a newer version of it is kept already (flows running side by
+    /// side open the same source).
+    fn keep(&self, at: &Location, table: &DeltaTable) {
+        let Ok(mut kept) = self.0.lock() else { return };
+        let newer = |t: &DeltaTable| t.version() > table.version();
+        let key = at.to_string();
+        if !kept.get(&key).is_some_and(newer) {
+            kept.insert(key, table.clone());
+        }
+    }
+
+    fn forget(&self, at: &Location) {
+        if let Ok(mut kept) = self.0.lock() {
+            kept.remove(&at.to_string());
+        }
+    }
 }
 
 /// A pipeline's private datasets: their names and the folder they live in.
@@ -85,6 +118,7 @@ impl Warehouse {
             event_log: Arc::default(),
             private: None,
             sinks: None,
+            opened: None,
         })
     }
 
@@ -111,6 +145,17 @@ impl Warehouse {
     pub(crate) fn with_sinks(&self, sinks: BTreeMap<TableName, Location>) -> Warehouse {
         let mut wh = self.clone();
         wh.sinks = (!sinks.is_empty()).then(|| Arc::new(sinks));
+        wh
+    }
+
+    /// The warehouse as one run sees it: every Delta table opened through this handle (and
+    /// its clones) is kept, and opening it again reads only what was committed since. Only
+    /// for a handle that lives as long as one run: one that lives longer (`strata serve`)
+    /// would not see a table that was replaced, which a run's own steps announce
+    /// ([`Warehouse::forget_table`]).
+    pub(crate) fn keeping_opened_tables(&self) -> Warehouse {
+        let mut wh = self.clone();
+        wh.opened = Some(Arc::default());
         wh
     }
 
@@ -228,6 +273,79 @@ impl Warehouse {
 
     /// Opens an existing table; `None` if there is no Delta table at its location.
     pub async fn open_table(&self, name: &TableName) -> Result<Option<DeltaTable>> {
-        open_delta(&self.table_location(name)).await
+        self.open_at(&self.table_location(name)).await
+    }
+
+    /// Opens the Delta table at `at` (a table, an event store); `None` if there is none. A
+    /// handle that keeps opened tables brings a kept one up to date instead.
+    pub(crate) async fn open_at(&self, at: &Location) -> Result<Option<DeltaTable>> {
+        let Some(opened) = &self.opened else {
+            return open_delta(at).await;
+        };
+        let table = match opened.get(at) {
+            Some(mut kept) => {
+                kept.update_incremental(None)
+                    .await
+                    .context(|| format!("cannot read the log of Delta table {at}"))?;
+                kept
+            }
+            None => match open_delta(at).await? {
+                Some(table) => table,
+                None => return Ok(None),
+            },
+        };
+        opened.keep(at, &table);
+        Ok(Some(table))
+    }
+
+    /// Drops what this handle keeps of the Delta tables at `at` (set aside by a full
+    /// refresh, about to be rebuilt), so that the next open reads whatever is there then.
+    pub(crate) fn forget_table(&self, at: &Location) {
+        if let Some(opened) = &self.opened {
+            opened.forget(at);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::commit::PendingCommit;
+    use deltalake::arrow::array::Int64Array;
+    use deltalake::arrow::datatypes::{DataType, Field, Schema};
+    use deltalake::arrow::record_batch::RecordBatch;
+
+    #[tokio::test]
+    async fn a_run_sees_commits_made_since_it_opened_a_table_and_not_a_table_set_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        let wh = Warehouse::open(dir.path()).unwrap();
+        let run = wh.keeping_opened_tables();
+        let name = TableName::new(Some("default"), "t");
+        let at = wh.table_location(&name);
+        assert!(run.open_table(&name).await.unwrap().is_none());
+        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
+        crate::storage::table::create_delta(&at, "t", &schema, Vec::new(), None, Vec::new())
+            .await
+            .unwrap();
+        let first = run.open_table(&name).await.unwrap().unwrap();
+        assert_eq!(first.version(), Some(0));
+
+        // Another writer (a handle that keeps nothing, as another process) appends.
+        let other = wh.open_table(&name).await.unwrap().unwrap();
+        let batch =
+            RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(vec![1, 2]))]).unwrap();
+        crate::storage::write::append(&other, vec![batch], Vec::new(), &PendingCommit::default())
+            .await
+            .unwrap();
+        let again = run.open_table(&name).await.unwrap().unwrap();
+        assert_eq!(again.version(), Some(1));
+        assert_eq!(again.snapshot().unwrap().log_data().num_files(), 1);
+        // The table opened first is the caller's: bringing the kept one up to date left it.
+        assert_eq!(first.version(), Some(0));
+
+        // Set aside (as a full refresh does): the run reads what is there afterwards.
+        run.forget_table(&at);
+        assert!(at.move_to(&wh.state_root().join("aside")).await.unwrap());
+        assert!(run.open_table(&name).await.unwrap().is_none());
     }
 }

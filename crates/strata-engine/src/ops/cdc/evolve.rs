@@ -24,7 +24,7 @@ pub(crate) async fn evolve_tables(
     let mut added = Vec::new();
     let mut tables = [
         (
-            crate::storage::table::open_delta(&wh.event_store_location(&flow.target)).await?,
+            wh.open_at(&wh.event_store_location(&flow.target)).await?,
             &setup.event_schema,
         ),
         (target, &setup.target_schema),

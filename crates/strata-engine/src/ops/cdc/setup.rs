@@ -710,9 +710,7 @@ pub(crate) fn added_columns(before: &Schema, now: &Schema) -> Option<Vec<String>
 /// Checks an existing event store and target against the flow (R10) before anything runs.
 pub(crate) async fn check_existing(wh: &Warehouse, setup: &FlowSetup) -> Result<()> {
     let flow = &setup.flow;
-    if let Some(store) =
-        crate::storage::table::open_delta(&wh.event_store_location(&flow.target)).await?
-    {
+    if let Some(store) = wh.open_at(&wh.event_store_location(&flow.target)).await? {
         let schema = crate::storage::table::table_schema(&store)?;
         check_store_schema(setup, &schema)?;
     }
