@@ -1,8 +1,9 @@
-//! The golden-scenario runner shared by the `golden`, `golden_parallel`, `golden_s3` and
-//! `golden_azure` test targets: one test per `tests/scenarios/**/*.scn` file, named by its
-//! path there without `.scn` (`semantics/ties`), run against the real engine on real Delta
-//! tables in a temp dir (`golden_s3`: in the S3-compatible test server's bucket;
-//! `golden_azure`: in the Azure Storage emulator's container).
+//! The golden-scenario runner shared by the `golden`, `golden_parallel` and
+//! `golden_object_storage` test targets: one test per `tests/scenarios/**/*.scn` file, named
+//! by its path there without `.scn` (`semantics/ties`), run against the real engine on real
+//! Delta tables in a temp dir (`golden_object_storage`: each file twice, `s3:` and the name (`s3:` then `semantics/ties`)
+//! in the S3-compatible test server's bucket and `azure:` and the name in the Azure Storage
+//! emulator's container).
 //! The format and how to run, filter and complete scenarios are in `tests/scenarios/README.md`.
 //!
 //! The targets are libtest-mimic harnesses (`harness = false`), so the usual libtest
@@ -31,50 +32,46 @@ pub enum Mode {
     /// (`ops/cdc/bulk.rs`: sorted by DataFusion, folded a chunk at a time); and
     /// `STRATA_DV_INLINE_MAX_BYTES=0`: every deletion vector goes to a deletion-vector file.
     Parallel,
-    /// The default threshold, with each scenario's warehouse and input files under a prefix
-    /// of its own in the bucket of the S3-compatible server that
-    /// `scripts/services/with-services.sh` starts (`STRATA_TEST_S3_*`); deletion vectors in
-    /// deletion-vector files, as in `Parallel`.
-    S3,
-    /// The default threshold, with each scenario's warehouse and input files under a prefix
-    /// of its own in the container of the Azure Storage emulator (Azurite) that
-    /// `scripts/services/with-services.sh` starts (`STRATA_TEST_AZURE_*`), as `az://` URLs.
-    Azure,
+    /// The default threshold, each scenario twice: with its warehouse and input files under a
+    /// prefix of its own in the bucket of the S3-compatible server, and in the container of
+    /// the Azure Storage emulator (Azurite, as `az://` URLs), both started by
+    /// `scripts/services/with-services.sh` (`STRATA_TEST_S3_*`, `STRATA_TEST_AZURE_*`);
+    /// deletion vectors in deletion-vector files, as in `Parallel`. Each server answers one
+    /// request at a time on one core, so the two run side by side ([`OBJECT_STORAGE_THREADS`]
+    /// scenarios at once unless `--test-threads` says otherwise).
+    ObjectStorage,
 }
+
+/// How many scenarios `golden_object_storage` runs at once by default: two per server, whose
+/// time goes to the servers (moto and Azurite each use one core), not to this process.
+const OBJECT_STORAGE_THREADS: usize = 4;
 
 pub fn main(mode: Mode) -> ExitCode {
     // Before anything else runs (no thread exists yet, and the engine has not read it).
-    let storage = match mode {
+    let storages = match mode {
         Mode::SingleThread => {
             std::env::remove_var("STRATA_PARALLEL_MIN_ROWS");
             std::env::remove_var("STRATA_STREAM_MIN_ROWS");
             std::env::remove_var("STRATA_DV_INLINE_MAX_BYTES");
-            Storage::Local
+            vec![("", Ok(Storage::Local))]
         }
         Mode::Parallel => {
             std::env::set_var("STRATA_PARALLEL_MIN_ROWS", "1");
             std::env::set_var("STRATA_STREAM_MIN_ROWS", "1");
             std::env::set_var("STRATA_DV_INLINE_MAX_BYTES", "0");
-            Storage::Local
+            vec![("", Ok(Storage::Local))]
         }
-        Mode::S3 | Mode::Azure => {
+        Mode::ObjectStorage => {
             std::env::remove_var("STRATA_PARALLEL_MIN_ROWS");
             std::env::remove_var("STRATA_STREAM_MIN_ROWS");
             std::env::set_var("STRATA_DV_INLINE_MAX_BYTES", "0");
-            let (target, storage) = match mode {
-                Mode::S3 => ("golden_s3", s3_from_env()),
-                _ => ("golden_azure", azure_from_env()),
-            };
-            match storage {
-                Ok(s) => s,
-                Err(e) => {
-                    eprintln!("{target}: {e}");
-                    return ExitCode::FAILURE;
-                }
-            }
+            vec![("s3:", s3_from_env()), ("azure:", azure_from_env())]
         }
     };
-    let args = Arguments::from_args();
+    let mut args = Arguments::from_args();
+    if matches!(mode, Mode::ObjectStorage) && args.test_threads.is_none() {
+        args.test_threads = Some(OBJECT_STORAGE_THREADS);
+    }
     if std::env::var_os("STRATA_SCENARIO").is_some() {
         eprintln!(
             "STRATA_SCENARIO is no longer read: pass a filter instead, e.g. \
@@ -90,7 +87,7 @@ pub fn main(mode: Mode) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if complete && !matches!(storage, Storage::Local) {
+    if complete && matches!(mode, Mode::ObjectStorage) {
         eprintln!(
             "STRATA_GOLDEN_COMPLETE=1 completes scenarios from a run on local disk: use the \
              `golden` target (this one must then give the same rows)"
@@ -105,21 +102,45 @@ pub fn main(mode: Mode) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let trials = scenarios
-        .into_iter()
-        .map(|(name, path)| {
-            let display = path
-                .strip_prefix(&root)
-                .unwrap_or(&path)
-                .display()
-                .to_string();
+    libtest_mimic::run(&args, trials(&root, &scenarios, storages, complete)).exit_code()
+}
+
+/// One trial per scenario and storage, named `{prefix}{scenario}`, the storages of a scenario
+/// next to each other (so that each server has work from start to end). A storage whose
+/// server is not set up gives one failing trial, `{prefix}server`, saying how to start it
+/// (a filter for the other storage leaves it out).
+fn trials(
+    root: &Path,
+    scenarios: &[(String, PathBuf)],
+    storages: Vec<(&'static str, Result<Storage, String>)>,
+    complete: bool,
+) -> Vec<Trial> {
+    let mut out = Vec::new();
+    let mut ready = Vec::new();
+    for (prefix, storage) in storages {
+        match storage {
+            Ok(s) => ready.push((prefix, s)),
+            Err(e) => out.push(Trial::test(
+                format!("{prefix}server"),
+                move || Err(e.into()),
+            )),
+        }
+    }
+    for (name, path) in scenarios {
+        let display = path
+            .strip_prefix(root)
+            .unwrap_or(path)
+            .display()
+            .to_string();
+        for (prefix, storage) in &ready {
+            let (name, path, display) = (name.clone(), path.clone(), display.clone());
             let storage = storage.clone();
-            Trial::test(name.clone(), move || {
+            out.push(Trial::test(format!("{prefix}{name}"), move || {
                 scenario_test(&path, &name, &display, &storage, complete)
-            })
-        })
-        .collect();
-    libtest_mimic::run(&args, trials).exit_code()
+            }));
+        }
+    }
+    out
 }
 
 /// The checkout being tested. `cargo test` sets `CARGO_MANIFEST_DIR` when it runs the test,
@@ -234,8 +255,8 @@ fn scenario_test(
 /// The test server a mode of the target runs against, as `scripts/services/with-services.sh`
 /// starts it and names it.
 struct Server {
-    /// The test target (`golden_s3`).
-    target: &'static str,
+    /// Its trials' prefix in the test target (`s3:`).
+    prefix_of_trials: &'static str,
     /// What it is, for the message (`the S3-compatible test server`).
     what: &'static str,
     /// Its name in `STRATA_SERVICES` (`s3`).
@@ -250,11 +271,11 @@ impl Server {
         let key = format!("{}{name}", self.prefix);
         std::env::var(&key).map_err(|_| {
             format!(
-                "{key} is not set: the {} golden scenarios need {}; run them under \
+                "{key} is not set: the golden scenarios on {} need {}; run them under \
                  scripts/services/with-services.sh (scripts/test.sh does), e.g. \
                  `STRATA_SERVICES={} scripts/services/with-services.sh cargo test --workspace \
-                 --test {}`",
-                self.target, self.what, self.service, self.target
+                 --test golden_object_storage -- {}`",
+                self.service, self.what, self.service, self.prefix_of_trials
             )
         })
     }
@@ -285,7 +306,7 @@ fn run_prefix() -> String {
 /// caller removed. Each run of the target works under a prefix of its own.
 fn s3_from_env() -> Result<Storage, String> {
     let server = Server {
-        target: "golden_s3",
+        prefix_of_trials: "s3:",
         what: "the S3-compatible test server (moto)",
         service: "s3",
         prefix: "STRATA_TEST_S3_",
@@ -319,7 +340,7 @@ const AZURITE_KEY: &str =
 /// under a prefix of its own.
 fn azure_from_env() -> Result<Storage, String> {
     let server = Server {
-        target: "golden_azure",
+        prefix_of_trials: "azure:",
         what: "the Azure Storage emulator (Azurite)",
         service: "azurite",
         prefix: "STRATA_TEST_AZURE_",
