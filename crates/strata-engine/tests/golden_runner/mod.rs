@@ -1,9 +1,9 @@
 //! The golden-scenario runner shared by the `golden`, `golden_parallel` and
 //! `golden_object_storage` test targets: one test per `tests/scenarios/**/*.scn` file, named
 //! by its path there without `.scn` (`semantics/ties`), run against the real engine on real
-//! Delta tables in a temp dir (`golden_object_storage`: each file twice, `s3:` and the name (`s3:` then `semantics/ties`)
-//! in the S3-compatible test server's bucket and `azure:` and the name in the Azure Storage
-//! emulator's container).
+//! Delta tables in a temp dir (`golden_object_storage`: each file twice, as
+//! `s3:semantics/ties` in the S3-compatible test server's bucket and as
+//! `azure:semantics/ties` in the Azure Storage emulator's container).
 //! The format and how to run, filter and complete scenarios are in `tests/scenarios/README.md`.
 //!
 //! The targets are libtest-mimic harnesses (`harness = false`), so the usual libtest
@@ -46,6 +46,10 @@ pub enum Mode {
 /// time goes to the servers (moto and Azurite each use one core), not to this process.
 const OBJECT_STORAGE_THREADS: usize = 4;
 
+/// The prefixes of `golden_object_storage`'s test names: `s3:semantics/ties`.
+const S3_TRIALS: &str = "s3:";
+const AZURE_TRIALS: &str = "azure:";
+
 pub fn main(mode: Mode) -> ExitCode {
     // Before anything else runs (no thread exists yet, and the engine has not read it).
     let storages = match mode {
@@ -65,7 +69,7 @@ pub fn main(mode: Mode) -> ExitCode {
             std::env::remove_var("STRATA_PARALLEL_MIN_ROWS");
             std::env::remove_var("STRATA_STREAM_MIN_ROWS");
             std::env::set_var("STRATA_DV_INLINE_MAX_BYTES", "0");
-            vec![("s3:", s3_from_env()), ("azure:", azure_from_env())]
+            vec![(S3_TRIALS, s3_from_env()), (AZURE_TRIALS, azure_from_env())]
         }
     };
     let mut args = Arguments::from_args();
@@ -306,7 +310,7 @@ fn run_prefix() -> String {
 /// caller removed. Each run of the target works under a prefix of its own.
 fn s3_from_env() -> Result<Storage, String> {
     let server = Server {
-        prefix_of_trials: "s3:",
+        prefix_of_trials: S3_TRIALS,
         what: "the S3-compatible test server (moto)",
         service: "s3",
         prefix: "STRATA_TEST_S3_",
@@ -340,7 +344,7 @@ const AZURITE_KEY: &str =
 /// under a prefix of its own.
 fn azure_from_env() -> Result<Storage, String> {
     let server = Server {
-        prefix_of_trials: "azure:",
+        prefix_of_trials: AZURE_TRIALS,
         what: "the Azure Storage emulator (Azurite)",
         service: "azurite",
         prefix: "STRATA_TEST_AZURE_",
