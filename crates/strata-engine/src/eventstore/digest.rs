@@ -27,25 +27,39 @@
 
 use crate::error::{Context, EngineError, Result};
 use crate::storage::location::Location;
-use deltalake::arrow::array::{Array, ArrayRef, AsArray, RecordBatch, UInt32Array, UInt64Array};
+use deltalake::arrow::array::{
+    Array, ArrayRef, AsArray, RecordBatch, UInt16Array, UInt32Array, UInt64Array, UInt8Array,
+};
 use deltalake::arrow::buffer::ScalarBuffer;
 use deltalake::arrow::compute;
-use deltalake::arrow::datatypes::{DataType, Field, Schema, UInt64Type};
+use deltalake::arrow::datatypes::{
+    DataType, Field, Schema, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
+};
 use deltalake::arrow::ipc::reader::FileReader;
 use deltalake::arrow::ipc::writer::FileWriter;
 use deltalake::arrow::row::{RowConverter, SortField};
 use std::collections::HashMap;
 use std::io::{BufReader, BufWriter};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use twox_hash::XxHash3_64;
 
 /// Raised when the hashing or the file layout changes: older digests are then ignored.
-const FORMAT: &str = "3";
+const FORMAT: &str = "4";
 const STAMP_KEY: &str = "strata.digest";
 const HASH_COL: &str = "__strata_hash";
-/// The column of a digest file holding the keys in their order-preserving form.
+/// The column of a digest file holding the keys in their order-preserving form, each as its
+/// gap from the key before ([`gaps_of`]).
 const ORDER_COL: &str = "__strata_key_order";
+/// The schema metadata of a digest file holding its first key's order-preserving form.
+const FIRST_KEY: &str = "strata.digest.first";
+/// The schema metadata of a digest file holding its number of keys.
+const KEY_COUNT: &str = "strata.digest.keys";
+/// Keys in each batch of a digest file (small in tests, so that they write several).
+const BATCH_ROWS: usize = if cfg!(test) { 256 } else { 1 << 20 };
+/// More keys than a digest file can name: a count beyond this is not believed.
+const MAX_KEYS: usize = 1 << 36;
 
 /// Keys of one state, ascending, each with the hash of its other columns.
 pub(crate) struct Digest {
@@ -415,40 +429,129 @@ fn read(path: &Path, fingerprint: &str) -> Result<Option<Digest>> {
         return Ok(None);
     }
     let schema = reader.schema();
-    let batches = reader
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .context(what)?;
-    // Written as one batch; several are put together (a copy) all the same.
-    let all = match batches.as_slice() {
-        [one] => one.clone(),
-        _ => compute::concat_batches(&schema, &batches).context(what)?,
-    };
-    let column = |name: &str| {
-        all.column_by_name(name)
-            .and_then(|c| c.as_primitive_opt::<UInt64Type>())
-            .filter(|c| c.null_count() == 0)
-            .map(|c| c.values().clone())
-    };
-    let (Some(ordered), Some(hashes)) = (column(ORDER_COL), column(HASH_COL)) else {
+    let meta = |k: &str| schema.metadata().get(k).and_then(|v| v.parse::<u64>().ok());
+    let (Some(first), Some(count)) = (meta(FIRST_KEY), meta(KEY_COUNT)) else {
         return Ok(None);
     };
     // The key column of its own type, when the keys are not 64-bit integers.
-    let keys = match schema
+    let key_column = schema
         .fields()
         .iter()
-        .position(|f| f.name() != ORDER_COL && f.name() != HASH_COL)
-    {
-        Some(i) => Keys::Sorted(all.column(i).clone()),
+        .position(|f| f.name() != ORDER_COL && f.name() != HASH_COL);
+    let (Some(gaps_at), Some(hashes_at)) = (
+        schema.index_of(ORDER_COL).ok(),
+        schema.index_of(HASH_COL).ok(),
+    ) else {
+        return Ok(None);
+    };
+    // Batch by batch into buffers of the digest's length: no batch is held past its turn.
+    let count = usize::try_from(count).unwrap_or(usize::MAX).min(MAX_KEYS);
+    let mut ordered = Vec::with_capacity(count);
+    let mut hashes = Vec::with_capacity(count);
+    let mut key_pieces = Vec::new();
+    let mut key = first;
+    for batch in reader {
+        let batch = batch.context(what)?;
+        let h = batch.column(hashes_at);
+        let Some(h) = h
+            .as_primitive_opt::<UInt64Type>()
+            .filter(|h| h.null_count() == 0)
+        else {
+            return Ok(None);
+        };
+        hashes.extend_from_slice(h.values());
+        match keys_from_gaps(key, batch.column(gaps_at).as_ref(), &mut ordered) {
+            Some(last) => key = last,
+            None => return Ok(None),
+        }
+        if let Some(i) = key_column {
+            key_pieces.push(batch.column(i).clone());
+        }
+    }
+    let keys = match key_column {
+        Some(_) if key_pieces.is_empty() => return Ok(None),
+        Some(_) => Keys::Sorted(crate::util::arrow::concat_arrays(&key_pieces)?),
         None => Keys::Int64,
     };
-    if hashes.len() != ordered.len() {
+    if hashes.len() != ordered.len() || ordered.len() != count {
         return Ok(None);
     }
+    let (ordered, hashes) = (ScalarBuffer::from(ordered), ScalarBuffer::from(hashes));
     Ok(Some(Digest {
         keys,
         ordered,
         hashes,
     }))
+}
+
+/// The narrowest unsigned type that holds every gap between successive keys of `ordered`
+/// (ascending, in order-preserving form). A digest file holds each key as its gap from the
+/// key before (0 for the first, which the file's metadata holds): keys handed out in
+/// sequence take one byte each instead of eight, and a first load writes its digest into
+/// fresh page-cache pages, which cost this machine's host a fault each.
+fn gap_type(ordered: &[u64]) -> DataType {
+    let widest = ordered
+        .windows(2)
+        .map(|w| w[1].wrapping_sub(w[0]))
+        .max()
+        .unwrap_or(0);
+    match widest {
+        w if w <= u8::MAX as u64 => DataType::UInt8,
+        w if w <= u16::MAX as u64 => DataType::UInt16,
+        w if w <= u32::MAX as u64 => DataType::UInt32,
+        _ => DataType::UInt64,
+    }
+}
+
+/// The gaps of the keys `ordered[range]`, each from the key before it in `ordered` (0 for
+/// the very first key), as `width` ([`gap_type`] of `ordered`).
+fn gaps_in(ordered: &[u64], range: Range<usize>, width: &DataType) -> ArrayRef {
+    let gaps = range.map(|i| match i {
+        0 => 0,
+        _ => ordered[i].wrapping_sub(ordered[i - 1]),
+    });
+    match width {
+        DataType::UInt8 => Arc::new(UInt8Array::from_iter_values(gaps.map(|g| g as u8))),
+        DataType::UInt16 => Arc::new(UInt16Array::from_iter_values(gaps.map(|g| g as u16))),
+        DataType::UInt32 => Arc::new(UInt32Array::from_iter_values(gaps.map(|g| g as u32))),
+        _ => Arc::new(UInt64Array::from_iter_values(gaps)),
+    }
+}
+
+/// Appends to `out` the keys that `gaps` ([`gaps_in`]) lay out after the key `last` (the
+/// first key, before the first gap of all), and returns the last of them; `None` for a
+/// column of another type, with NULLs, or whose sums leave 64 bits (not a digest this code
+/// wrote).
+fn keys_from_gaps(last: u64, gaps: &dyn Array, out: &mut Vec<u64>) -> Option<u64> {
+    fn sums(mut key: u64, gaps: impl Iterator<Item = u64>, out: &mut Vec<u64>) -> Option<u64> {
+        for g in gaps {
+            key = key.checked_add(g)?;
+            out.push(key);
+        }
+        Some(key)
+    }
+    if gaps.null_count() != 0 {
+        return None;
+    }
+    match gaps.data_type() {
+        DataType::UInt8 => {
+            let values = gaps.as_primitive::<UInt8Type>().values();
+            sums(last, values.iter().map(|&g| g as u64), out)
+        }
+        DataType::UInt16 => {
+            let values = gaps.as_primitive::<UInt16Type>().values();
+            sums(last, values.iter().map(|&g| g as u64), out)
+        }
+        DataType::UInt32 => {
+            let values = gaps.as_primitive::<UInt32Type>().values();
+            sums(last, values.iter().map(|&g| g as u64), out)
+        }
+        DataType::UInt64 => {
+            let values = gaps.as_primitive::<UInt64Type>().values();
+            sums(last, values.iter().copied(), out)
+        }
+        _ => None,
+    }
 }
 
 /// Writes `digest` as the state after store version `store_version` (to a temporary name,
@@ -472,21 +575,39 @@ pub(crate) fn save(
     let (ordered, hashes, keys) = digest.into_parts()?;
     // The fingerprint rides in the schema's metadata: a digest made for other columns or
     // by another format is never used.
-    let stamp = HashMap::from([(STAMP_KEY.to_string(), fingerprint.to_string())]);
+    let width = gap_type(&ordered);
+    let stamp = HashMap::from([
+        (STAMP_KEY.to_string(), fingerprint.to_string()),
+        (
+            FIRST_KEY.to_string(),
+            ordered.first().copied().unwrap_or(0).to_string(),
+        ),
+        (KEY_COUNT.to_string(), ordered.len().to_string()),
+    ]);
     let mut fields = vec![
-        Field::new(ORDER_COL, DataType::UInt64, false),
+        Field::new(ORDER_COL, width.clone(), false),
         Field::new(HASH_COL, DataType::UInt64, false),
     ];
-    let mut columns: Vec<ArrayRef> = vec![
-        Arc::new(UInt64Array::new(ordered, None)),
-        Arc::new(UInt64Array::new(hashes, None)),
-    ];
-    if let Some(keys) = keys {
+    if let Some(keys) = &keys {
         fields.push(Field::new(key_name, keys.data_type().clone(), false));
-        columns.push(keys);
     }
     let schema = Arc::new(Schema::new_with_metadata(fields, stamp));
-    let batch = RecordBatch::try_new(schema.clone(), columns).context(what)?;
+    // In batches: the gaps of one batch at a time are all the memory the file takes.
+    let n = ordered.len();
+    let batches = (0..n.div_ceil(BATCH_ROWS).max(1)).map(|b| {
+        let range = b * BATCH_ROWS..((b + 1) * BATCH_ROWS).min(n);
+        let mut columns: Vec<ArrayRef> = vec![
+            gaps_in(&ordered, range.clone(), &width),
+            Arc::new(UInt64Array::new(
+                hashes.slice(range.start, range.len()),
+                None,
+            )),
+        ];
+        if let Some(keys) = &keys {
+            columns.push(keys.slice(range.start, range.len()));
+        }
+        RecordBatch::try_new(schema.clone(), columns)
+    });
     let target = file_of(dir, store_version);
     let tmp = dir.join(format!(".digest-{store_version:020}.tmp"));
     if let Some(previous) = latest_file(dir).filter(|p| *p != target) {
@@ -500,7 +621,9 @@ pub(crate) fn save(
         .open(&tmp)
         .context(what)?;
     let mut writer = FileWriter::try_new(BufWriter::new(file), &schema).context(what)?;
-    writer.write(&batch).context(what)?;
+    for batch in batches {
+        writer.write(&batch.context(what)?).context(what)?;
+    }
     writer.finish().context(what)?;
     let mut out = writer.into_inner().context(what)?;
     std::io::Write::flush(&mut out).context(what)?;
@@ -775,6 +898,74 @@ mod tests {
         assert_ne!(h[0], h[1]);
         assert_ne!(h[1], h[2]);
         assert_eq!(h[0], h[3]);
+    }
+
+    #[test]
+    fn keys_come_back_from_their_gaps_in_the_narrowest_type() {
+        let cases: [(&[u64], DataType); 5] = [
+            (&[], DataType::UInt8),
+            (&[7], DataType::UInt8),
+            (
+                &[1 << 63, (1 << 63) + 1, (1 << 63) + 3, (1 << 63) + 300],
+                DataType::UInt16,
+            ),
+            (&[5, 5, 70_005], DataType::UInt32),
+            (&[0, u64::MAX], DataType::UInt64),
+        ];
+        for (keys, width) in cases {
+            assert_eq!(gap_type(keys), width, "{keys:?}");
+            // Cut in two anywhere, the halves' gaps lay the keys out again.
+            for cut in 0..=keys.len() {
+                let first = keys.first().copied().unwrap_or(0);
+                let mut back = Vec::new();
+                let mut last = first;
+                for range in [0..cut, cut..keys.len()] {
+                    let gaps = gaps_in(keys, range.clone(), &width);
+                    assert_eq!(gaps.len(), range.len());
+                    last = keys_from_gaps(last, gaps.as_ref(), &mut back).unwrap();
+                }
+                assert_eq!(back, keys);
+            }
+        }
+        // Gaps that leave 64 bits, or of another type, are not a digest this code wrote.
+        let mut out = Vec::new();
+        assert!(keys_from_gaps(1, &UInt64Array::from(vec![0, u64::MAX]), &mut out).is_none());
+        assert!(keys_from_gaps(0, &Int64Array::from(vec![0]), &mut out).is_none());
+    }
+
+    #[test]
+    fn a_saved_digest_of_narrower_keys_keeps_their_column_across_batches() {
+        use deltalake::arrow::array::Int32Array;
+        let n = 1000;
+        let keys: Vec<i32> = (0..n).map(|i| (i * 7919) % 100_003 - 50_000).collect();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int32, false),
+            Field::new("v", DataType::Int32, true),
+        ]));
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(Int32Array::from(keys.clone())),
+            Arc::new(Int32Array::from_iter((0..n).map(Some))),
+        ];
+        let digest = || {
+            let b = RecordBatch::try_new(schema.clone(), columns.clone()).unwrap();
+            of_batch(&b, 0).unwrap().unwrap().digest
+        };
+        let dir = tempfile::tempdir().unwrap();
+        save(dir.path(), 1, "f", "k", digest()).unwrap();
+        let back = load(dir.path(), 1, "f").unwrap();
+        let made = digest();
+        assert_eq!(back.ordered, made.ordered);
+        assert_eq!(back.hashes, made.hashes);
+        let all: Vec<u32> = (0..n as u32).collect();
+        let mut sorted = keys.clone();
+        sorted.sort();
+        let read = back.keys_at(&all).unwrap();
+        assert_eq!(
+            read.as_primitive::<deltalake::arrow::datatypes::Int32Type>()
+                .values()
+                .to_vec(),
+            sorted
+        );
     }
 
     #[test]
