@@ -348,10 +348,20 @@ fn fold_values<'a>(
 
 /// The outcome of diffing a snapshot against the state before it.
 pub(crate) struct Diff {
-    /// Snapshot rows whose key is new or whose row changed, in key order.
-    pub(crate) upserts: Vec<u32>,
+    /// Snapshot rows whose key is new or whose row changed.
+    pub(crate) upserts: Upserts,
     /// Positions in the old digest of the keys the snapshot lacks, in key order.
     pub(crate) deletes: Vec<u32>,
+}
+
+/// Which snapshot rows a [`Diff`] upserts.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Upserts {
+    /// Every row (a diff against an empty state: a first snapshot's 10M rows need no list of
+    /// 40 MB saying so).
+    All,
+    /// These rows, in key order.
+    Rows(Vec<u32>),
 }
 
 /// Merges the snapshot's digest with the old state's. `Err(row)` names a snapshot row whose
@@ -359,8 +369,16 @@ pub(crate) struct Diff {
 pub(crate) fn diff(new: &SnapshotDigest, old: &Digest) -> std::result::Result<Diff, u32> {
     let (nk, nh) = (&new.digest.ordered, &new.digest.hashes);
     let (ok, oh) = (&old.ordered, &old.hashes);
-    // Against an empty state every row is an upsert: one allocation of the final size.
-    let mut upserts = Vec::with_capacity(if ok.is_empty() { nk.len() } else { 0 });
+    if ok.is_empty() {
+        return match (1..nk.len()).find(|&i| nk[i] == nk[i - 1]) {
+            Some(i) => Err(new.rows[i]),
+            None => Ok(Diff {
+                upserts: Upserts::All,
+                deletes: Vec::new(),
+            }),
+        };
+    }
+    let mut upserts = Vec::new();
     let mut deletes = Vec::new();
     let (mut i, mut j) = (0, 0);
     while i < nk.len() {
@@ -382,7 +400,10 @@ pub(crate) fn diff(new: &SnapshotDigest, old: &Digest) -> std::result::Result<Di
         i += 1;
     }
     deletes.extend(j as u32..ok.len() as u32);
-    Ok(Diff { upserts, deletes })
+    Ok(Diff {
+        upserts: Upserts::Rows(upserts),
+        deletes,
+    })
 }
 
 /// What a digest must have been made for: the data columns (names and types, key first) and
@@ -760,7 +781,7 @@ mod tests {
         let d = diff(&new, &old.digest).unwrap();
         // Rows of `new`: 3 (row 0) unchanged NULL, 7 (row 1) new, 1 (row 2) unchanged,
         // 5 (row 3) changed; old key 9 is gone.
-        assert_eq!(d.upserts, vec![3, 1]);
+        assert_eq!(d.upserts, Upserts::Rows(vec![3, 1]));
         let gone = old.digest.keys_at(&d.deletes).unwrap();
         assert_eq!(
             gone.as_primitive::<deltalake::arrow::datatypes::Int64Type>()
@@ -771,6 +792,11 @@ mod tests {
             .unwrap()
             .unwrap();
         assert!(matches!(diff(&twice, &old.digest), Err(r) if r == 0 || r == 2));
+        // Against the empty state: every row, or the row whose key appears twice.
+        let empty = Digest::empty(&DataType::Int64);
+        let d = diff(&new, &empty).unwrap();
+        assert_eq!((d.upserts, d.deletes), (Upserts::All, vec![]));
+        assert!(matches!(diff(&twice, &empty), Err(r) if r == 0 || r == 2));
     }
 
     /// A digest's keys come back in key order, negative and extreme ones included, for a

@@ -86,7 +86,7 @@ impl Snap {
     }
 
     /// [`make_events`] of every row, in order: one batch per piece, sharing its columns.
-    fn all_events(
+    pub(crate) fn all_events(
         &self,
         setup: &FlowSetup,
         v: &ScalarValue,

@@ -529,8 +529,11 @@ impl<'a> Applying<'a> {
         })?;
         self.step("diffed by digest");
         let run = self.run;
-        self.parts
-            .extend(snap.events(setup, &d.upserts, v, 0, run)?);
+        let upserts = match &d.upserts {
+            digest::Upserts::All => snap.all_events(setup, v, 0, run)?,
+            digest::Upserts::Rows(rows) => snap.events(setup, rows, v, 0, run)?,
+        };
+        self.parts.extend(upserts);
         self.parts
             .push(delete_events(setup, k, old.keys_at(&d.deletes)?, v, run)?);
         self.markers.push(marker(setup, v, run)?);
