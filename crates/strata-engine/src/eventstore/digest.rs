@@ -50,7 +50,7 @@ const FORMAT: &str = "4";
 const STAMP_KEY: &str = "strata.digest";
 const HASH_COL: &str = "__strata_hash";
 /// The column of a digest file holding the keys in their order-preserving form, each as its
-/// gap from the key before ([`gaps_of`]).
+/// gap from the key before ([`gaps_in`]).
 const ORDER_COL: &str = "__strata_key_order";
 /// The schema metadata of a digest file holding its first key's order-preserving form.
 const FIRST_KEY: &str = "strata.digest.first";
@@ -58,8 +58,8 @@ const FIRST_KEY: &str = "strata.digest.first";
 const KEY_COUNT: &str = "strata.digest.keys";
 /// Keys in each batch of a digest file (small in tests, so that they write several).
 const BATCH_ROWS: usize = if cfg!(test) { 256 } else { 1 << 20 };
-/// More keys than a digest file can name: a count beyond this is not believed.
-const MAX_KEYS: usize = 1 << 36;
+/// The fewest bytes a key takes in a digest file: a one-byte gap and its hash.
+const MIN_KEY_BYTES: u64 = 9;
 
 /// Keys of one state, ascending, each with the hash of its other columns.
 pub(crate) struct Digest {
@@ -439,6 +439,7 @@ fn read(path: &Path, fingerprint: &str) -> Result<Option<Digest>> {
         return Ok(None);
     };
     let what = || format!("reading {}", path.display());
+    let file_len = file.metadata().context(what)?.len();
     let reader = FileReader::try_new(BufReader::new(file), None).context(what)?;
     if reader
         .schema()
@@ -466,7 +467,13 @@ fn read(path: &Path, fingerprint: &str) -> Result<Option<Digest>> {
         return Ok(None);
     };
     // Batch by batch into buffers of the digest's length: no batch is held past its turn.
-    let count = usize::try_from(count).unwrap_or(usize::MAX).min(MAX_KEYS);
+    // A count the file is too short to hold is not believed (nor reserved).
+    let Some(count) = usize::try_from(count)
+        .ok()
+        .filter(|&n| n as u64 <= file_len / MIN_KEY_BYTES)
+    else {
+        return Ok(None);
+    };
     let mut ordered = Vec::with_capacity(count);
     let mut hashes = Vec::with_capacity(count);
     let mut key_pieces = Vec::new();
@@ -508,8 +515,9 @@ fn read(path: &Path, fingerprint: &str) -> Result<Option<Digest>> {
 /// The narrowest unsigned type that holds every gap between successive keys of `ordered`
 /// (ascending, in order-preserving form). A digest file holds each key as its gap from the
 /// key before (0 for the first, which the file's metadata holds): keys handed out in
-/// sequence take one byte each instead of eight, and a first load writes its digest into
-/// fresh page-cache pages, which cost this machine's host a fault each.
+/// sequence take one byte each instead of eight. A first load writes its digest into fresh
+/// page-cache pages, and on a virtual machine whose host takes back freed memory each of
+/// them costs a fault (benchmarks/README.md, "a smaller state digest").
 fn gap_type(ordered: &[u64]) -> DataType {
     let widest = ordered
         .windows(2)
@@ -957,6 +965,34 @@ mod tests {
         let mut out = Vec::new();
         assert!(keys_from_gaps(1, &UInt64Array::from(vec![0, u64::MAX]), &mut out).is_none());
         assert!(keys_from_gaps(0, &Int64Array::from(vec![0]), &mut out).is_none());
+    }
+
+    #[test]
+    fn a_digest_whose_count_its_file_cannot_hold_is_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = of_batch(&batch(vec![2, 1], vec![Some("b"), None]), 0)
+            .unwrap()
+            .unwrap()
+            .digest;
+        save(dir.path(), 1, "f", "k", d).unwrap();
+        assert_eq!(load(dir.path(), 1, "f").unwrap().ordered.len(), 2);
+        // The same file with its count raised past what its bytes can hold: ignored (and
+        // nothing of that size reserved), as a cache that cannot be read is.
+        let path = file_of(dir.path(), 1);
+        let file = std::fs::File::open(&path).unwrap();
+        let reader = FileReader::try_new(BufReader::new(file), None).unwrap();
+        let mut meta = reader.schema().metadata().clone();
+        let batches: Vec<_> = reader.map(|b| b.unwrap()).collect();
+        meta.insert(KEY_COUNT.to_string(), (1u64 << 60).to_string());
+        let schema = Arc::new(batches[0].schema().as_ref().clone().with_metadata(meta));
+        let out = std::fs::File::create(&path).unwrap();
+        let mut w = FileWriter::try_new(out, &schema).unwrap();
+        for b in batches {
+            let b = RecordBatch::try_new(schema.clone(), b.columns().to_vec()).unwrap();
+            w.write(&b).unwrap();
+        }
+        w.finish().unwrap();
+        assert!(load(dir.path(), 1, "f").is_none());
     }
 
     #[test]
