@@ -102,9 +102,10 @@ impl Snap {
             .collect()
     }
 
-    /// [`make_events`] of rows `idx`. Every row (`idx` as long as the snapshot, a first
-    /// snapshot's upserts) is the rows in the order they came, as [`take_rows`] keeps a batch
-    /// taken whole: one batch per piece, sharing its columns.
+    /// [`make_events`] of rows `idx`. Every row (`idx` as long as the snapshot: every key new
+    /// or changed) is the rows in the order they came, as [`take_rows`] keeps a batch taken
+    /// whole: one batch per piece, sharing its columns. (A first snapshot's diff says "every
+    /// row" without a list, and its caller takes [`Snap::all_events`] directly.)
     pub(crate) fn events(
         &self,
         setup: &FlowSetup,
