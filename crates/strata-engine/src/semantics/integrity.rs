@@ -8,6 +8,7 @@ use crate::util::arrow;
 use crate::util::arrow::Bounds;
 use crate::util::arrow::Ordered;
 use deltalake::arrow::array::RecordBatch;
+use deltalake::arrow::buffer::NullBuffer;
 use deltalake::arrow::util::display::ArrayFormatter;
 use deltalake::arrow::util::display::FormatOptions;
 use std::cmp::Ordering;
@@ -157,6 +158,51 @@ pub(crate) fn check_timelines(
     // Integers where the types allow (8 bytes a value), else Arrow's row format.
     let key_of = Ordered::of_columns(&batch.columns()[..n], None)?;
     let bounds = Bounds::new(start, end)?;
+    if findings == Findings::Ignored
+        && sound_in_key_order(&key_of, &bounds, end.nulls(), batch.num_rows() as u32)
+    {
+        return Ok(Vec::new());
+    }
+    all_violations(batch, keys, findings, &key_of, &bounds)
+}
+
+/// Whether rows `0..rows` come in strictly ascending key order with each key's versions one
+/// after another in start order, each ending after it starts (or open, NULL in `open_ends`)
+/// and before the next begins, so only a key's last version can be open: rows in which
+/// [`check_timelines`] finds nothing to report when gaps and keys without an open version
+/// are not findings. One pass over the rows, as a fold writes them, without the sort and
+/// the set of keys [`key_order`] needs for rows in any order; `false` decides nothing.
+fn sound_in_key_order(
+    key_of: &Ordered,
+    bounds: &Bounds,
+    open_ends: Option<&NullBuffer>,
+    rows: u32,
+) -> bool {
+    let open = |i: u32| open_ends.is_some_and(|n| n.is_null(i as usize));
+    (0..rows).all(|i| {
+        let ends_after_start = open(i) || bounds.start_vs_end(i, i) == Ordering::Less;
+        ends_after_start
+            && (i == 0
+                || match key_of.cmp(i - 1, i) {
+                    Ordering::Less => true,
+                    Ordering::Equal => {
+                        !open(i - 1) && bounds.start_vs_end(i, i - 1) != Ordering::Less
+                    }
+                    Ordering::Greater => false,
+                })
+    })
+}
+
+/// Every violation [`check_timelines`] reports, over rows in any order.
+fn all_violations(
+    batch: &RecordBatch,
+    keys: &[String],
+    findings: Findings,
+    key_of: &Ordered,
+    bounds: &Bounds,
+) -> Result<Vec<Violation>> {
+    let n = keys.len();
+    let end = batch.column(n + 1);
     let options = FormatOptions::default().with_null("NULL");
     let fmt = |c: usize| ArrayFormatter::try_new(batch.column(c).as_ref(), &options);
     let key_fmt = (0..n)
@@ -168,7 +214,7 @@ pub(crate) fn check_timelines(
         fmt(n + 1).context(|| "validate".into())?,
     );
     let describe = |i: u32| key_text(keys, &key_fmt, i as usize);
-    let order = key_order(&key_of, &bounds, batch.num_rows() as u32);
+    let order = key_order(key_of, bounds, batch.num_rows() as u32);
     let mut out = Vec::new();
     let mut i = 0;
     while i < order.len() {
@@ -287,5 +333,101 @@ mod tests {
         );
         assert!(v[0].problem.starts_with("gap: "), "{v:?}");
         assert!(v[1].problem.starts_with("has no open version"), "{v:?}");
+    }
+
+    /// The one-pass check of rows in key order agrees with the full check: on small random
+    /// timelines (sorted by key and start or shuffled, integer keys and bounds or text keys
+    /// in Arrow's row format), it passes only rows in which the full check finds nothing,
+    /// and it passes every sound timeline laid out as a fold writes it.
+    #[test]
+    fn the_one_pass_check_passes_only_what_the_full_check_passes() {
+        use deltalake::arrow::array::{ArrayRef, StringArray};
+        let mut x: u64 = 11;
+        let mut next = |m: u64| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) % m
+        };
+        let keys = vec!["id".to_string()];
+        let (mut passed, mut sound_seen) = (0, 0);
+        for round in 0..4000 {
+            let n = 1 + next(7) as usize;
+            // Each key's versions: random starts and ends, or a sound chain (each ends where
+            // the next starts, the last one open).
+            let mut rows: Vec<(i64, i64, Option<i64>)> = Vec::new();
+            let sound = round % 2 == 0;
+            let mut key = 0i64;
+            while rows.len() < n {
+                key += 1 + next(2) as i64;
+                let versions = 1 + next(3) as usize;
+                let mut at = next(3) as i64;
+                for v in 0..versions {
+                    if sound {
+                        let end = (v + 1 < versions).then(|| at + 1 + next(3) as i64);
+                        rows.push((key, at, end));
+                        at = end.unwrap_or(at);
+                    } else {
+                        let end = (next(4) != 0).then(|| next(6) as i64);
+                        rows.push((key, next(6) as i64, end));
+                    }
+                }
+            }
+            if round % 3 == 2 {
+                let (last, pick) = (rows.len() - 1, next(rows.len() as u64) as usize);
+                rows.swap(pick, last);
+            }
+            let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
+            let key_columns: [ArrayRef; 2] = [
+                Arc::new(Int64Array::from(ids.clone())),
+                Arc::new(StringArray::from_iter_values(
+                    ids.iter().map(|k| format!("k{k:03}")),
+                )),
+            ];
+            for key_column in key_columns {
+                let schema = Arc::new(Schema::new(vec![
+                    Field::new("id", key_column.data_type().clone(), true),
+                    Field::new("s", DataType::Int64, true),
+                    Field::new("e", DataType::Int64, true),
+                ]));
+                let batch = RecordBatch::try_new(
+                    schema,
+                    vec![
+                        key_column,
+                        Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1))),
+                        Arc::new(Int64Array::from(
+                            rows.iter().map(|r| r.2).collect::<Vec<_>>(),
+                        )),
+                    ],
+                )
+                .unwrap();
+                let key_of = Ordered::of_columns(&batch.columns()[..1], None).unwrap();
+                let bounds = Bounds::new(batch.column(1), batch.column(2)).unwrap();
+                let one_pass = sound_in_key_order(
+                    &key_of,
+                    &bounds,
+                    batch.column(2).nulls(),
+                    batch.num_rows() as u32,
+                );
+                let full =
+                    all_violations(&batch, &keys, Findings::Ignored, &key_of, &bounds).unwrap();
+                if one_pass {
+                    assert!(full.is_empty(), "{rows:?}: {full:?}");
+                    passed += 1;
+                }
+                if sound && round % 3 != 2 {
+                    assert!(one_pass, "{rows:?}");
+                    sound_seen += 1;
+                }
+                assert_eq!(
+                    check_timelines(&batch, &keys, Findings::Ignored).unwrap(),
+                    full
+                );
+            }
+        }
+        assert!(
+            passed > sound_seen && sound_seen > 1000,
+            "{passed} {sound_seen}"
+        );
     }
 }
