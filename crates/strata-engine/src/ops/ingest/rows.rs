@@ -54,8 +54,9 @@ impl Running {
 
 /// Applies the table's query to `input` rows and casts them to the table's schema. The flag
 /// is true when the query passed the input's rows and columns through unchanged, already in
-/// the table's column names and types (see `storage/adopt.rs`).
-async fn apply_query(
+/// the table's column names and types (see `storage/adopt.rs`). Queries may run side by side
+/// in sessions of their own (a [`Running`] each).
+pub(super) async fn apply_query(
     setup: &IngestSetup,
     running: &Running,
     input: DataFrame,
@@ -142,10 +143,30 @@ pub(super) async fn checked_rows(
     events: &mut HashMap<String, Vec<RecordBatch>>,
 ) -> Result<(Vec<RecordBatch>, bool)> {
     let steps = crate::util::steps::Steps::new(setup.flow_name(), "ingest: ");
+    let queried = apply_query(setup, running, input, place).await?;
+    crate::util::steps::step!(
+        debug,
+        steps,
+        format_args!("read and applied the query ({place})")
+    );
+    checked_queried_rows(setup, running, queried, place, report, events).await
+}
+
+/// The rest of [`checked_rows`], for rows [`apply_query`] gave (`queried`, with its flag):
+/// the rows an overlap window has seen dropped, the expectations applied, the downstream
+/// flows' checks.
+pub(super) async fn checked_queried_rows(
+    setup: &IngestSetup,
+    running: &Running,
+    queried: (Vec<RecordBatch>, bool),
+    place: &str,
+    report: &mut IngestReport,
+    events: &mut HashMap<String, Vec<RecordBatch>>,
+) -> Result<(Vec<RecordBatch>, bool)> {
+    let steps = crate::util::steps::Steps::new(setup.flow_name(), "ingest: ");
     let step =
         |what: &str| crate::util::steps::step!(debug, steps, format_args!("{what} ({place})"));
-    let (mut rows, mut unchanged) = apply_query(setup, running, input, place).await?;
-    step("read and applied the query");
+    let (mut rows, mut unchanged) = queried;
     if let Some(seen) = &running.seen {
         rows = seen.drop_seen(rows)?;
         unchanged = false;

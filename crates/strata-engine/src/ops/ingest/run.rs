@@ -5,7 +5,7 @@ use crate::error::{Context, EngineError, Result};
 use crate::ops::ingest::autoload;
 use crate::ops::ingest::commit::{commit_rows, files_commit, Taken};
 use crate::ops::ingest::files::read_input_file;
-use crate::ops::ingest::rows::{checked_rows, Running};
+use crate::ops::ingest::rows::{self, checked_rows, Running};
 use crate::ops::ingest::IngestReport;
 use crate::ops::ingest::IngestSetup;
 use crate::ops::ingest::Source;
@@ -15,9 +15,11 @@ use crate::storage::commit::{position, PendingCommit};
 use crate::storage::feed;
 use deltalake::arrow::array::RecordBatch;
 use deltalake::DeltaTable;
+use futures::future::BoxFuture;
+use futures::StreamExt;
 use std::collections::BTreeSet;
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use strata_sql::FileFormat;
 use strata_sql::ReadFiles;
 use strata_sql::TableName;
@@ -137,17 +139,34 @@ async fn take_files(
     // memory limit; past it the flows read the files back (a bulk load streams them).
     let mut keep_events = true;
     let mut not_kept = HashMap::new();
-    for (n, file) in new.iter().enumerate() {
-        let path = dir.file(file).await?;
-        let place = format!("file {}", path.display());
-        let df = read_input_file(setup, &path, file).await?;
+    // Two files are read and run through the query at a time, in sessions of their own
+    // (without joins, whose session is the warehouse's): the next file's read overlaps
+    // this one's checks and the end of its read, when one core is idle. The files are
+    // checked and taken one by one, in file-name order.
+    let lanes = match setup.joins {
+        None => vec![running, Running::new(scope.wh, setup).await?],
+        Some(_) => vec![running],
+    };
+    let reads: Vec<_> = (new.iter().enumerate())
+        .map(|(n, file)| read_and_query(setup, &lanes[n % lanes.len()], n, file))
+        .collect();
+    let mut queried = futures::stream::iter(reads).buffered(lanes.len());
+    while let Some(read) = queried.next().await {
+        let QueriedFile {
+            n,
+            path,
+            place,
+            rows,
+        } = read?;
         let events = match keep_events {
             true => &mut taken.events,
             false => &mut not_kept,
         };
-        let (rows, unchanged) = checked_rows(setup, &running, df, &place, report, events)
-            .await
-            .map_err(|e| name_the_line(setup, spec, &path, e))?;
+        let running = &lanes[n % lanes.len()];
+        let (rows, unchanged) =
+            rows::checked_queried_rows(setup, running, rows, &place, report, events)
+                .await
+                .map_err(|e| name_the_line(setup, spec, &path, e))?;
         not_kept.clear();
         if keep_events && kept_bytes(&taken.events) > scope.memory / KEPT_EVENTS_SHARE {
             taken.events.clear();
@@ -172,8 +191,47 @@ async fn take_files(
             report.rows_read
         ));
     }
+    drop(queried);
     report.files = new;
     Ok(Some(taken))
+}
+
+/// One input file read and run through the query, not checked yet.
+struct QueriedFile {
+    /// The file's place among the run's files.
+    n: usize,
+    path: PathBuf,
+    /// The file as errors name it.
+    place: String,
+    /// The query's rows, and whether they are the file's own (`rows::apply_query`).
+    rows: (Vec<RecordBatch>, bool),
+}
+
+/// Input `file` (the run's `n`th) read and run through the query in `running`'s session.
+/// Boxed: the futures go into a stream that is held across awaits.
+fn read_and_query<'a>(
+    setup: &'a IngestSetup,
+    running: &'a Running,
+    n: usize,
+    file: &'a str,
+) -> BoxFuture<'a, Result<QueriedFile>> {
+    Box::pin(async move {
+        let Source::Files { dir, spec, .. } = &setup.source else {
+            return Err(EngineError::internal("not a file source"));
+        };
+        let path = dir.file(file).await?;
+        let place = format!("file {}", path.display());
+        let df = read_input_file(setup, &path, file).await?;
+        let rows = rows::apply_query(setup, running, df, &place)
+            .await
+            .map_err(|e| name_the_line(setup, spec, &path, e))?;
+        Ok(QueriedFile {
+            n,
+            path,
+            place,
+            rows,
+        })
+    })
 }
 
 /// The share of the memory limit the checked events kept for the flows may take.
