@@ -62,6 +62,7 @@ pub(super) async fn apply_query(
     input: DataFrame,
     place: &str,
 ) -> Result<(Vec<RecordBatch>, bool)> {
+    let steps = crate::util::steps::Steps::new(setup.flow_name(), "ingest: ");
     let ctx = &running.ctx;
     let _ = ctx.deregister_table(SOURCE_PLACEHOLDER);
     ctx.register_table(SOURCE_PLACEHOLDER, input.into_view())
@@ -92,6 +93,11 @@ pub(super) async fn apply_query(
         })
         .collect::<Result<Vec<_>>>()
         .map_err(|e| setup.err(format!("{place}: {e}")))?;
+    crate::util::steps::step!(
+        debug,
+        steps,
+        format_args!("read and applied the query ({place})")
+    );
     Ok((
         cast.into_iter().filter(|b| b.num_rows() > 0).collect(),
         unchanged,
@@ -142,13 +148,7 @@ pub(super) async fn checked_rows(
     report: &mut IngestReport,
     events: &mut HashMap<String, Vec<RecordBatch>>,
 ) -> Result<(Vec<RecordBatch>, bool)> {
-    let steps = crate::util::steps::Steps::new(setup.flow_name(), "ingest: ");
     let queried = apply_query(setup, running, input, place).await?;
-    crate::util::steps::step!(
-        debug,
-        steps,
-        format_args!("read and applied the query ({place})")
-    );
     checked_queried_rows(setup, running, queried, place, report, events).await
 }
 
